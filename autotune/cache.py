@@ -1,0 +1,72 @@
+"""Cold-cache control: make the next read of a dataset come from storage, not RAM.
+
+DESIGN.md: before a cold measurement the dataset's pages are dropped, with
+`drop_caches` when root (the whole page cache), else `posix_fadvise(DONTNEED)` on every
+file that will be read (only that file's clean pages; works unprivileged). The method
+used is returned so every figure can say how cold it was.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Literal
+
+from autotune.errors import NotPermitted
+
+ColdMethod = Literal["drop_caches", "fadvise"]
+
+
+def drop_caches() -> None:
+    """Flush dirty pages, then drop the page cache, dentries and inodes (root only)."""
+    if os.geteuid() != 0:
+        raise NotPermitted("dropping the page cache needs root (/proc/sys/vm/drop_caches); "
+                           "run as root, or autotune falls back to posix_fadvise per file.")
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:  # read-only /proc/sys in some containers
+        raise NotPermitted(f"cannot write /proc/sys/vm/drop_caches ({e.strerror}); "
+                           "in a container, mount /proc/sys read-write or run on the host.") from e
+
+
+def evict_files(paths: Iterable[str | os.PathLike[str]]) -> int:
+    """Ask the kernel to drop the cached pages of each file; returns how many were evicted.
+
+    Files that vanish or cannot be opened are skipped: eviction is best effort by nature.
+    """
+    n = 0
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
+        except PermissionError:
+            try:  # O_NOATIME is refused on files we do not own
+                fd = os.open(p, os.O_RDONLY)
+            except OSError:
+                continue
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return n
+
+
+def make_cold(paths: Iterable[str | os.PathLike[str]] | None = None) -> ColdMethod:
+    """Drop caches as root; otherwise evict `paths` one by one. Returns the method used."""
+    if os.geteuid() == 0:
+        try:
+            drop_caches()
+            return "drop_caches"
+        except NotPermitted:
+            pass
+    if paths is None:
+        raise NotPermitted("cannot drop the page cache without root, and no file list was "
+                           "given to evict one by one.")
+    evict_files(paths)
+    return "fadvise"

@@ -1,0 +1,231 @@
+"""The `autotune` command line: a thin layer that parses, calls the library, prints.
+
+This is the only module that prints or exits. Library errors (AutotuneError) become one
+line on stderr and a documented exit status; a traceback is shown only with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from typing import Iterator
+
+from autotune import __version__
+from autotune.errors import AutotuneError, GateFailed, UsageError
+
+EXIT_CODES = """\
+exit status:
+  0    success
+  1    error: a measurement or tool failed (the message says which and how to fix it)
+  2    usage error: a bad option or argument
+  3    gate failed: a measured figure is below --min-iops / --min-seq-mibps
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); scratch files are removed first
+"""
+
+
+class _Terminated(BaseException):
+    """SIGTERM turned into an exception so that `finally` blocks clean up."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[str], None] | None]:
+    """A spinner on stderr that shows the current step (only on a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("starting") as status:
+        yield lambda msg: status.update(msg)
+
+
+def _positive_float(name: str) -> Callable[[str], float]:
+    def conv(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, but got {s!r}.") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be positive, but got {s}.")
+        return v
+    return conv
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    def conv(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, but got {s}.")
+        return v
+    return conv
+
+
+def _int_list(name: str) -> Callable[[str], list[int]]:
+    def conv(s: str) -> list[int]:
+        try:
+            vals = [int(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{name} must be comma-separated integers such as 1,4,16,64, but got {s!r}.") from None
+        if not vals or min(vals) < 1:
+            raise argparse.ArgumentTypeError(f"{name} values must be at least 1, but got {s!r}.")
+        return vals
+    return conv
+
+
+def _emit(args: argparse.Namespace, data: dict, renderable: object) -> None:
+    """Table to stdout (stderr when JSON goes to stdout); JSON to --json FILE or '-'."""
+    from rich.console import Console
+
+    from autotune import report
+
+    json_to_stdout = getattr(args, "json", None) == "-"
+    stream = sys.stderr if json_to_stdout else sys.stdout
+    # Wide enough for the tables when piped to a file or CI log (rich defaults to 80).
+    Console(file=stream, width=None if stream.isatty() else 110).print(renderable)
+    if args.json == "-":
+        sys.stdout.write(report.to_json(data))
+    elif args.json:
+        report.write_json_atomic(args.json, data)
+
+
+# ------------------------------------------------------------------ probe
+
+def _add_probe(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "probe", help="measure the storage under a dataset (fio + replay of its files)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Measure what the storage holding PATH can deliver to a data loader:
+  1. fio (the real program) on a scratch file that autotune creates, fills with data and
+     removes: sequential read (1 MiB, 4 jobs) and random read (4 KiB, iodepth 64, 4 jobs),
+     direct I/O; each figure is cross-checked against the disk's own counters.
+  2. a cold replay of up to --replay-files of the dataset's own files, read whole at
+     concurrency 1, 4, 16 and 64: files/s, MiB/s, per-file latency (this is the storage
+     ceiling `autotune search` uses).
+  3. a classification of the storage (nvme, ssd, hdd, network, memory) with its evidence.
+fio only ever touches the scratch file it created (it overwrites any file it is pointed
+at). Cold reads need root for drop_caches; otherwise pages are evicted per file.""",
+        epilog="examples:\n  autotune probe /data/imagenet/train\n"
+               "  autotune probe /mnt/nfs/ds --runtime 5 --json probe.json\n"
+               "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n\n"
+               + EXIT_CODES)
+    p.add_argument("path", metavar="PATH", help="dataset directory (or a file) on the storage to measure")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE ('-' for stdout)")
+    p.add_argument("--runtime", type=_positive_float("--runtime"), default=10.0, metavar="SECONDS",
+                   help="seconds per fio job (default 10)")
+    p.add_argument("--size", default="1G", metavar="SIZE",
+                   help="fio scratch file size, e.g. 256M, 4G (default 1G; larger than the "
+                        "device cache gives truer random figures)")
+    p.add_argument("--scratch", metavar="DIR",
+                   help="directory for fio's scratch file when PATH's filesystem is read-only "
+                        "(pick one on the same storage)")
+    p.add_argument("--replay-files", type=_positive_int("--replay-files"), default=2000, metavar="N",
+                   help="files sampled for the replay (default 2000)")
+    p.add_argument("--replay-seconds", type=_positive_float("--replay-seconds"), default=10.0,
+                   metavar="S", help="time budget per replay concurrency level (default 10)")
+    p.add_argument("--concurrency", type=_int_list("--concurrency"), default=[1, 4, 16, 64],
+                   metavar="LIST", help="replay concurrency levels (default 1,4,16,64)")
+    p.add_argument("--warm", action="store_true",
+                   help="do not drop the page cache before the replay (labelled warm)")
+    p.add_argument("--no-fio", action="store_true", help="skip fio (replay only)")
+    p.add_argument("--no-replay", action="store_true", help="skip the dataset replay (fio only)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the file sample (default 0)")
+    p.add_argument("--min-iops", type=float, metavar="N",
+                   help="gate: exit 3 when fio's random-read IOPS is below N (or not measured); "
+                        "small-file image training wants > 50000")
+    p.add_argument("--min-seq-mibps", type=float, metavar="N",
+                   help="gate: exit 3 when fio's sequential read MiB/s is below N (or not measured)")
+    p.set_defaults(func=_cmd_probe)
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from autotune import report
+    from autotune.probe import probe
+    from autotune.units import parse_size
+
+    size = parse_size(args.size, name="--size")
+    with _progress(not args.quiet) as prog:
+        res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
+                    replay_files=args.replay_files, concurrency=args.concurrency,
+                    replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
+                    run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
+                    progress=prog)
+    _emit(args, res.to_dict(), report.probe_renderable(res))
+    failed = []
+    for flag, threshold, job, attr, unit in (
+            ("--min-iops", args.min_iops, "rand_read", "iops", "random-read IOPS"),
+            ("--min-seq-mibps", args.min_seq_mibps, "seq_read", "bw_mib_s", "sequential MiB/s")):
+        if threshold is None:
+            continue
+        if res.fio is None or not res.fio.plausible:
+            why = res.fio_error if res.fio is None else "figures failed the plausibility check"
+            failed.append(f"{flag} {threshold:g}: {unit} not measured ({why})")
+            continue
+        value = getattr(getattr(res.fio, job), attr)
+        if value < threshold:
+            failed.append(f"{flag} {threshold:g}: measured {value:,.0f} {unit} on {res.path}")
+    if failed:
+        raise GateFailed("gate failed: " + "; ".join(failed))
+    return 0
+
+
+# ------------------------------------------------------------------ main
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="autotune", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find what holds a PyTorch input pipeline back (storage, CPU decode, "
+                    "DataLoader settings, or the training step) with measurements.",
+        epilog="Run `autotune COMMAND --help` for each command.\n\n" + EXIT_CODES)
+    ap.add_argument("--version", action="version", version=f"autotune {__version__}")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _add_probe(sub)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    debug = args.debug
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return int(args.func(args) or 0)
+    except AutotuneError as e:
+        if debug:
+            raise
+        print(f"autotune {args.command}: {'error: ' if e.exit_code != 3 else ''}{e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"autotune {args.command}: interrupted; scratch files removed", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print(f"autotune {args.command}: terminated; scratch files removed", file=sys.stderr)
+        return 143
+    except BrokenPipeError:
+        return 1
+    except Exception as e:  # a bug: say so in one line; the traceback is one flag away
+        if debug:
+            raise
+        print(f"autotune {args.command}: internal error: {type(e).__name__}: {e} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
