@@ -1,0 +1,57 @@
+"""Shared fixtures and the skip policy for hardware- and privilege-dependent tests.
+
+A test marked `root`, `fio` or `fuse` is skipped, with the reason, only where this
+machine cannot do that case; everything else still runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+def _fuse_reason() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "no /dev/fuse on this machine"
+    if not shutil.which("fusermount3"):
+        return "fusermount3 missing (apt-get install fuse3)"
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError:
+        return "pyfuse3 not importable (needs libfuse3-dev; scripts/setup installs it as root)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") and os.geteuid() != 0:
+        pytest.skip("needs root (drop_caches, cgroup blkio, FUSE mounts)")
+    if item.get_closest_marker("fio") and not shutil.which("fio"):
+        pytest.skip("fio is not installed (apt-get install fio)")
+    if item.get_closest_marker("fuse"):
+        reason = _fuse_reason()
+        if reason:
+            pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """64 ImageNet-like JPEGs in 4 classes, made once per test session."""
+    from autotune.synth import make_image_folder
+
+    root = tmp_path_factory.mktemp("ds") / "train"
+    make_image_folder(root, 64, 4, seed=1, workers=1)
+    return root
+
+
+@pytest.fixture
+def work_dir() -> Path:
+    """A temporary directory on the root disk (/var/tmp), not tmpfs: block-device tests
+    need a real disk behind the path, and /tmp may be tmpfs on some machines."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix="autotune-test-", dir="/var/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -1,0 +1,103 @@
+"""`autotune probe` end to end as a user runs it: a real process, real fio."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REQUIRED = {"path", "filesystem", "fio", "fio_error", "replay", "verdict"}
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True,
+                          text=True, timeout=300, env=env)
+
+
+def test_help_lists_commands_options_and_exit_codes():
+    top = run("--help")
+    assert top.returncode == 0 and "probe" in top.stdout and "exit status" in top.stdout
+    p = run("probe", "--help")
+    for opt in ("--json", "--runtime", "--size", "--scratch", "--min-iops", "--min-seq-mibps"):
+        assert opt in p.stdout
+
+
+@pytest.mark.fio
+@pytest.mark.slow
+def test_json_to_stdout_has_the_documented_keys(small_dataset, tmp_path):
+    r = run("-q", "probe", str(small_dataset), "--json", "-", "--size", "32M", "--runtime", "1",
+            "--replay-seconds", "5", "--concurrency", "1,4")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)  # stdout is pure JSON; the table went to stderr
+    assert REQUIRED <= d.keys()
+    assert {"type", "device", "class"} <= d["filesystem"].keys()
+    for job in ("seq_read", "rand_read"):
+        assert {"iops", "bw_mib_s", "lat_mean_ms", "lat_p99_ms"} <= d["fio"][job].keys()
+    assert d["fio"]["direct"] is True
+    rp = d["replay"]
+    assert rp["files_sampled"] == 64 and rp["mean_file_bytes"] > 10_000
+    assert [lv["concurrency"] for lv in rp["by_concurrency"]] == [1, 4]
+    assert {"files_per_s", "mib_per_s", "lat_p50_ms", "lat_p99_ms"} <= rp["by_concurrency"][0].keys()
+    assert "storage_files_per_s" in d["verdict"] and "Verdict" in r.stderr
+    assert not [p for p in os.listdir(small_dataset) if p.startswith(".autotune")]
+
+
+@pytest.mark.fio
+def test_gate_fails_with_exit_3(small_dataset):
+    r = run("-q", "probe", str(small_dataset), "--size", "16M", "--runtime", "0.5",
+            "--no-replay", "--min-iops", "1e12")
+    assert r.returncode == 3
+    assert "gate failed: --min-iops" in r.stderr and "random-read IOPS" in r.stderr
+
+
+def test_fio_missing_still_replays_and_says_why(small_dataset, tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    env = dict(os.environ, PATH=str(bindir))  # no fio on PATH
+    out = tmp_path / "p.json"
+    r = run("-q", "probe", str(small_dataset), "--json", str(out), "--concurrency", "1",
+            "--min-iops", "1", env=env)
+    assert r.returncode == 3  # the gate cannot pass on an unmeasured figure
+    d = json.loads(out.read_text())
+    assert d["fio"] is None and "apt-get install fio" in d["fio_error"]
+    assert d["replay"]["files_sampled"] == 64
+
+
+@pytest.mark.parametrize("args, msg", [
+    (("probe", "/nonexistent/dataset"), "no such file"),
+    (("probe", ".", "--size", "lots"), "--size must be a size"),
+    (("probe", ".", "--runtime", "0"), "--runtime must be positive"),
+    (("probe", ".", "--concurrency", "1,x"), "comma-separated"),
+])
+def test_bad_input_is_one_line_on_stderr_with_exit_2(args, msg):
+    r = run(*args)
+    assert r.returncode == 2
+    assert msg in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_read_only_path_reports_fio_error_and_suggests_scratch(small_dataset, tmp_path):
+    if os.geteuid() == 0:
+        # root ignores permission bits; a read-only bind mount is the honest case.
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        if subprocess.run(["mount", "--bind", "-o", "ro", str(small_dataset), str(ro)]).returncode:
+            pytest.skip("cannot make a read-only bind mount here")
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)])
+        try:
+            r = run("-q", "probe", str(ro), "--json", "-", "--concurrency", "1")
+        finally:
+            subprocess.run(["umount", str(ro)])
+    else:
+        ro = tmp_path / "ro"
+        shutil.copytree(small_dataset, ro)
+        os.chmod(ro, 0o555)
+        r = run("-q", "probe", str(ro), "--json", "-", "--concurrency", "1")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["fio"] is None and "--scratch" in d["fio_error"]
+    assert d["replay"]["files_sampled"] == 64

@@ -1,0 +1,70 @@
+"""fio JSON parsing and the plausibility check, on fio's own recorded output.
+
+These are in addition to the real-fio tests in test_fio_real.py, not instead of them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.probe.fio import FioError, check_plausible, parse_fio_json
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_parses_recorded_randread():
+    text = (DATA / "fio-3.33-randread-vda.json").read_text()
+    r = parse_fio_json(text, "rand_read")
+    doc = json.loads(text)["jobs"][0]["read"]
+    assert r.iops == pytest.approx(doc["iops"])
+    assert r.bw_mib_s == pytest.approx(doc["bw_bytes"] / 2**20)
+    assert r.lat_mean_ms == pytest.approx(doc["clat_ns"]["mean"] / 1e6)
+    assert r.lat_p99_ms == pytest.approx(doc["clat_ns"]["percentile"]["99.000000"] / 1e6)
+    assert r.lat_p50_ms < r.lat_p99_ms
+    assert r.io_bytes == doc["io_bytes"]
+
+
+def test_skips_warnings_printed_before_the_json():
+    text = "fio: this platform does not support process shared mutexes\n" + \
+        (DATA / "fio-3.33-randread-vda.json").read_text()
+    assert parse_fio_json(text).iops > 0
+
+
+@pytest.mark.parametrize("text, match", [
+    ("", "no JSON"),
+    ("fio: file creation disallowed", "no JSON"),
+    ('{"jobs": []}', "not the JSON expected"),
+    ('{"jobs": [{"jobname": "x", "error": 5, "read": {}}]}', "error 5"),
+    ('{"jobs": [{"jobname": "x", "error": 0, "read": {"io_bytes": 0, "iops": 0, "bw_bytes": 0}}]}',
+     "read 0 bytes"),
+    ('{"jobs": [{"jobname": "x", "err', "not the JSON expected"),
+])
+def test_bad_output_is_a_clear_error(text, match):
+    with pytest.raises(FioError, match=match):
+        parse_fio_json(text, "x")
+
+
+def test_unwritten_extents_recording_is_caught():
+    # Real fio output on a fallocate'd file: half a million "IOPS" the disk never saw.
+    r = parse_fio_json((DATA / "fio-3.33-randread-unwritten-extents.json").read_text(), "rand_read")
+    assert r.iops > 400_000
+    r.device_bytes = 0  # what /proc/diskstats showed during that run
+    check_plausible(r, direct=True, device="vda")
+    assert not r.plausible
+    assert "did not reach the disk" in r.warnings[0]
+
+
+def test_absolute_bound_catches_impossible_figures_without_a_device():
+    r = parse_fio_json((DATA / "fio-3.33-randread-vda.json").read_text(), "rand_read")
+    r.iops, r.bw_mib_s = 2e7, 47e3 * 1e6 / 2**20 * 100
+    check_plausible(r, direct=True, device=None)
+    assert not r.plausible
+
+
+def test_real_recording_is_plausible():
+    r = parse_fio_json((DATA / "fio-3.33-randread-vda.json").read_text(), "rand_read")
+    r.device_bytes = r.io_bytes
+    assert check_plausible(r, direct=True, device="vda").plausible
