@@ -292,15 +292,12 @@ def _die_with_parent() -> None:
 def _read_device_bytes(device: str | None) -> int | None:
     if not device:
         return None
+    from autotune.monitor.diskstats import DiskStatsReader
+
     try:
-        with open("/proc/diskstats") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) > 5 and parts[2] == device:
-                    return int(parts[5]) * 512  # sectors read are always 512-byte units
-    except OSError:
-        pass
-    return None
+        return DiskStatsReader(device).snapshot().counters.sectors_read * 512
+    except (OSError, LookupError):
+        return None
 
 
 def run_job(exe: str, file: Path, name: str, args: list[str], *, runtime: float,
