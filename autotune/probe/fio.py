@@ -289,6 +289,14 @@ def _die_with_parent() -> None:
         pass
 
 
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def _read_device_bytes(device: str | None) -> int | None:
     if not device:
         return None
@@ -314,17 +322,25 @@ def run_job(exe: str, file: Path, name: str, args: list[str], *, runtime: float,
     if not any(a.startswith("--size=") for a in args):
         cmd.append(f"--size={size}")
     before = _read_device_bytes(device)
+    # Threads, not forked job processes, and a process group of its own: on Ctrl-C or
+    # SIGTERM the whole of fio dies with us (forked job processes outlive a killed fio
+    # parent and would go on reading for the rest of --runtime).
+    proc = subprocess.Popen([*cmd, "--thread"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, preexec_fn=_die_with_parent)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=runtime + 120,
-                              preexec_fn=_die_with_parent)
+        stdout, stderr = proc.communicate(timeout=runtime + 120)
     except subprocess.TimeoutExpired as e:
+        _kill_group(proc)
         raise FioError(f"fio job {name} did not finish within {runtime + 120:.0f} s; "
                        "the storage may be hung.") from e
+    except BaseException:
+        _kill_group(proc)
+        raise
     after = _read_device_bytes(device)
     if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        msg = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise FioError(f"fio job {name} failed: {msg}")
-    res = parse_fio_json(proc.stdout, name)
+    res = parse_fio_json(stdout, name)
     if before is not None and after is not None:
         res.device_bytes = after - before
     return check_plausible(res, direct=direct, device=device)

@@ -113,8 +113,11 @@ def test_not_enough_space_is_a_clear_error(work_dir):
 
 
 @pytest.mark.slow
-def test_user_files_keep_their_hash_and_sigterm_cleans_up(work_dir):
-    """fio pointed 'anywhere' only touches its own scratch file; SIGTERM mid-fio removes it."""
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, b"terminated"),
+                                             (signal.SIGINT, 130, b"interrupted")])
+def test_user_files_keep_their_hash_and_a_signal_cleans_up(work_dir, sig, code, word):
+    """fio pointed 'anywhere' only touches its own scratch file; Ctrl-C or SIGTERM mid-fio
+    removes it and leaves no fio behind."""
     ds = work_dir / "ds"
     ds.mkdir()
     files = []
@@ -134,10 +137,10 @@ def test_user_files_keep_their_hash_and_sigterm_cleans_up(work_dir):
         out = subprocess.run(["pgrep", "-P", str(proc.pid), "fio"], capture_output=True)
         fio_seen = out.returncode == 0
     assert fio_seen, "fio never started"
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143, err
-    assert b"terminated" in err
+    assert proc.returncode == code, err
+    assert word in err
     assert _scratch_dirs(ds) == []
     assert {f: hashlib.sha256(f.read_bytes()).hexdigest() for f in files} == before
     time.sleep(0.5)
