@@ -181,6 +181,155 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ bench
+
+def _nonneg_int(name: str) -> Callable[[str], int]:
+    def conv(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 0, but got {s}.")
+        return v
+    return conv
+
+
+def _nonneg_float(name: str) -> Callable[[str], float]:
+    def conv(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number, but got {s!r}.") from None
+        if not v >= 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{name} must be a number >= 0, but got {s}.")
+        return v
+    return conv
+
+
+BENCH_EXIT_CODES = """\
+exit status:
+  0    the configuration was measured
+  1    the measurement failed (crashed or hung worker, full /dev/shm, too many open
+       files, OOM, timeout, too small a dataset): the table and JSON carry the reason
+       and a hint, and no process of the measurement is left running
+  2    usage error: a bad option, preset or dataset
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); the measurement is killed first
+"""
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from autotune.data.presets import list_presets
+
+    presets = ", ".join(list_presets()) or "none found"
+    p = sub.add_parser(
+        "bench", help="measure one DataLoader configuration (fresh process, cold cache)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=f"""\
+Measure what one DataLoader configuration delivers to a training step, honestly:
+  - in a fresh process (hard --timeout; the whole process group, workers included, is
+    killed and checked afterwards), so one configuration cannot poison the next;
+  - cold: the dataset's pages are dropped first (drop_caches as root, else
+    posix_fadvise per file); --warm skips that and every output says WARM. A cold run
+    stops at the end of its first pass over the dataset (a second pass would come from
+    the page cache) and says when the window was shortened;
+  - the loop times next(loader_iter) as data wait, then the step: an emulated step
+    holds each batch for --compute-ms (a sleep: the accelerator is busy, the CPU stays
+    free for the workers), or --step calls your function with (images, labels);
+  - warm-up batches are excluded (default: max(5, workers x prefetch), every batch the
+    loader requests at start); the window is split in 5 and images/s is the median;
+  - disk, CPU, process tree, /dev/shm and GPU are sampled from this process.
+
+Definitions:
+  images/s            samples delivered to the step per second (median of the windows)
+  data-wait fraction  time blocked in next() / wall time of the window
+  AU                  time in the step / wall time (MLPerf Storage); input-bound < 0.90
+
+Pipeline: read bytes, PIL decode, RGB, resize shorter side 256, crop 224 (random +
+flip for training presets), uint8 CHW tensor. Presets ({presets}) in
+configs/presets/*.yaml set batch size, step time, transform and loader defaults;
+options override them.""",
+        epilog="examples:\n"
+               "  autotune bench /data/train                        # resnet50 preset, cold\n"
+               "  autotune bench /data/train --workers 8 --prefetch-factor 4\n"
+               "  autotune bench /data/train --preset decode-only --warm   # CPU ceiling\n"
+               "  autotune bench /data/train --step mytrain:step --json bench.json\n"
+               "  autotune bench /data/train --timeline samples.jsonl --json -\n\n"
+               + BENCH_EXIT_CODES)
+    p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg)")
+    p.add_argument("--preset", default="resnet50", metavar="NAME",
+                   help=f"workload preset: {presets}, or a YAML file (default resnet50)")
+    p.add_argument("--format", choices=("auto", "folder", "lmdb", "wds"), default="auto",
+                   help="dataset format (default auto: manifest.json's, else folder; lmdb and "
+                        "wds are not supported yet)")
+    p.add_argument("--workers", type=_nonneg_int("--workers"), metavar="N",
+                   help="DataLoader num_workers (0 = load in the main process)")
+    p.add_argument("--prefetch-factor", type=_positive_int("--prefetch-factor"), metavar="N",
+                   help="batches each worker loads ahead (only with --workers > 0)")
+    p.add_argument("--batch-size", type=_positive_int("--batch-size"), metavar="N")
+    p.add_argument("--pin-memory", action=argparse.BooleanOptionalAction, default=None,
+                   help="DataLoader pin_memory (no effect without CUDA: the result says so)")
+    p.add_argument("--persistent-workers", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep workers between epochs (only with --workers > 0)")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--compute-ms", type=_nonneg_float("--compute-ms"), metavar="MS",
+                      help="emulated step: hold each batch MS milliseconds (0 = no step)")
+    step.add_argument("--step", metavar="MODULE:FUNCTION",
+                      help="call FUNCTION(batch) as the step; batch = (images uint8 [B,3,H,W], "
+                           "labels [B]); also path/to/file.py:function")
+    p.add_argument("--seconds", type=_positive_float("--seconds"), default=20.0, metavar="S",
+                   help="measured window after warm-up (default 20)")
+    p.add_argument("--warmup-batches", type=_nonneg_int("--warmup-batches"), metavar="N",
+                   help="batches excluded at start (default max(5, workers x prefetch))")
+    cache = p.add_mutually_exclusive_group()
+    cache.add_argument("--cold", dest="cold", action="store_true", default=True,
+                       help="drop the dataset's pages first (default)")
+    cache.add_argument("--warm", dest="cold", action="store_false",
+                       help="leave the page cache as it is (labelled WARM everywhere)")
+    p.add_argument("--timeout", type=_positive_float("--timeout"), metavar="S",
+                   help="hard limit for the whole measurement (default 2 x --seconds + 180)")
+    p.add_argument("--batch-timeout", type=_positive_float("--batch-timeout"), default=120.0,
+                   metavar="S", help="DataLoader timeout: fail when no batch arrives for S "
+                                     "seconds (default 120)")
+    p.add_argument("--jpeg-draft", action="store_true",
+                   help="let libjpeg decode at reduced scale (PIL draft mode): cheaper decode, "
+                        "not what torchvision does; labelled in every output")
+    p.add_argument("--max-open-files", type=_positive_int("--max-open-files"), metavar="N",
+                   help="RLIMIT_NOFILE for the measurement (reproduce a cluster's ulimit -n)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle and augmentation seed (default 0)")
+    p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE ('-' for stdout)")
+    p.add_argument("--timeline", metavar="FILE",
+                   help="write every monitor sample (JSONL, with its phase) to FILE")
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from autotune import report
+    from autotune.bench import BenchConfig, run_bench
+
+    if args.prefetch_factor is not None and args.workers == 0:
+        raise UsageError(f"--prefetch-factor {args.prefetch_factor} needs --workers > 0: with 0 "
+                         "workers the main process loads each batch when asked and nothing is "
+                         "prefetched.")
+    if args.persistent_workers and args.workers == 0:
+        raise UsageError("--persistent-workers needs --workers > 0 (there is no worker to keep).")
+    cfg = BenchConfig.from_preset(
+        args.preset, num_workers=args.workers, prefetch_factor=args.prefetch_factor,
+        batch_size=args.batch_size, pin_memory=args.pin_memory,
+        persistent_workers=args.persistent_workers, compute_ms=args.compute_ms, step=args.step,
+        seconds=args.seconds, warmup_batches=args.warmup_batches, cold=args.cold,
+        format=args.format, timeout_s=args.timeout, batch_timeout_s=args.batch_timeout,
+        max_open_files=args.max_open_files, seed=args.seed)
+    if args.jpeg_draft:
+        from dataclasses import replace
+
+        cfg.transform = replace(cfg.transform, draft=True)
+    with _progress(not args.quiet) as prog:
+        res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
+    _emit(args, res.to_dict(), report.bench_renderable(res))
+    return 1 if res.failed else 0
+
+
 # ------------------------------------------------------------------ main
 
 def build_parser() -> argparse.ArgumentParser:
@@ -194,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress display")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_probe(sub)
+    _add_bench(sub)
+    from autotune import cli_convert, cli_search
+
+    cli_search.add_search_parser(sub)
+    cli_convert.add_parser(sub)
+    cli_search.add_stage_parser(sub)
     return ap
 
 

@@ -37,11 +37,16 @@ def to_json(d: dict) -> str:
 
 def write_json_atomic(path: str | os.PathLike[str], d: dict) -> None:
     """Write JSON to `path` via a temporary file and rename: never a half-written file."""
+    write_text_atomic(path, to_json(d))
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write `text` to `path` via a temporary file, fsync and rename."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(to_json(d))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
@@ -111,4 +116,109 @@ def probe_renderable(r: Any) -> Group:
         parts.append(Text(f"  → {a}", style="bold"))
     for w in r.warnings:
         parts.append(Text(f"warning: {w}", style="yellow"))
+    return Group(*parts)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}" if x >= 0.1 else f"{x:.1%}"
+
+
+def _stat(d: dict | None, key: str = "median", fmt: str = "{:,.1f}") -> str:
+    if not d or d.get(key) is None:
+        return "-"
+    return fmt.format(d[key])
+
+
+def bench_renderable(r: Any) -> Group:
+    """Tables for a BenchResult: configuration, figures, system, warnings or failure."""
+    parts: list[Any] = []
+    c, ds = r.config, r.dataset
+    images = ds.get("images")
+    head = Text.assemble(("Bench ", "bold"), f"{ds.get('path')}",
+                         f" ({images:,} images, {ds.get('format')})" if images else "",
+                         "  ", (r.label, "bold cyan" if r.cold else "bold yellow"))
+    parts.append(head)
+    step = (f"--step {c['step']}" if c.get("step") else
+            f"emulated step {c['compute_ms']:g} ms" if c.get("compute_ms") else "no step (compute 0)")
+    tr = c.get("transform") or {}
+    parts.append(Text(
+        f"  preset {c.get('preset') or '-'}: batch {c['batch_size']}, workers {c['num_workers']}, "
+        f"prefetch {c['prefetch_factor'] if c.get('prefetch_factor') is not None else '-'}, "
+        f"pin_memory {c['pin_memory']}, persistent {c['persistent_workers']}, {step}",
+        style="dim"))
+    if tr:
+        from autotune.data.transforms import TransformSpec
+        parts.append(Text(f"  transform: {TransformSpec.from_dict(tr).describe()}", style="dim"))
+    if r.failed:
+        parts.append(Text.assemble(("FAILED", "bold red"), f" ({r.failure_kind}): {r.reason}"))
+        parts.append(Text(f"  → {r.hint}", style="bold"))
+    else:
+        t = Table(title="measured", title_justify="left", show_header=False)
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        t.add_column("note", style="dim")
+        sp = r.images_per_s_spread or {}
+        w = r.window
+        t.add_row("images/s", fmt_rate(r.images_per_s),
+                  f"median of {w.get('windows')} windows ({fmt_rate(sp.get('min'))}-"
+                  f"{fmt_rate(sp.get('max'))}); overall {fmt_rate(r.images_per_s_overall)}")
+        t.add_row("data-wait fraction", _pct(r.data_wait_fraction), "time blocked in next() / wall")
+        if r.au is not None:
+            t.add_row("AU", f"{r.au:.2f}", "step time / wall: "
+                      + ("INPUT-BOUND (< 0.90)" if r.input_bound else "not input-bound"))
+        else:
+            t.add_row("AU", "-", "no step (compute 0): not defined")
+        bw = r.batch_wait_ms or {}
+        t.add_row("batch wait p50 / p95", f"{_ms(bw.get('p50'))} / {_ms(bw.get('p95'))} ms",
+                  f"max {_ms(bw.get('max'))} ms")
+        if r.step_ms:
+            t.add_row("step p50 / p95", f"{_ms(r.step_ms.get('p50'))} / {_ms(r.step_ms.get('p95'))} ms", "")
+        t.add_row("CPU (process tree)", "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f} %",
+                  f"% of one core, main + workers; {r.environment.get('cores')} cores usable")
+        t.add_row("peak RSS (tree)", "-" if r.peak_rss_mib is None else f"{r.peak_rss_mib:,.0f} MiB",
+                  "sum over processes (shared pages counted per process)")
+        fb = w.get("first_batch_s")
+        t.add_row("window", f"{w.get('seconds', 0):.1f} s",
+                  f"{w.get('batches')} batches, {w.get('samples'):,} images"
+                  + (" (SHORTENED: end of the first cold pass)" if w.get("shortened") else "")
+                  + f"; warm-up {w.get('warmup_batches')} batches in {w.get('warmup_s', 0):.1f} s"
+                  + (f", first batch {fb:.1f} s" if fb is not None else ""))
+        parts.append(t)
+    s = r.system or {}
+    if s.get("samples"):
+        t = Table(title=f"system ({s.get('scope')}, {s.get('samples')} samples)",
+                  title_justify="left")
+        for col in ("figure", "median", "p95", "max"):
+            t.add_column(col, justify="left" if col == "figure" else "right")
+        disk = s.get("disk") or {}
+        if "unavailable" in disk:
+            t.add_row("disk", disk["unavailable"], "", "")
+        else:
+            dev = disk.get("device") or "?"
+            for key, label in (("reads_per_s", f"{dev} r/s"), ("read_mib_s", f"{dev} rMiB/s"),
+                               ("r_await_ms", f"{dev} r_await ms"), ("util_pct", f"{dev} %util")):
+                d = disk.get(key)
+                if d:
+                    t.add_row(label, _stat(d), _stat(d, "p95"), _stat(d, "max"))
+        cpu = s.get("cpu") or {}
+        for key, label in (("total_pct", "CPU % (all cores)"), ("iowait_pct", "iowait %")):
+            if cpu.get(key):
+                t.add_row(label, _stat(cpu[key]), _stat(cpu[key], "p95"), _stat(cpu[key], "max"))
+        if cpu.get("per_core_pct_mean"):
+            t.add_row("CPU % per core (mean)", " ".join(f"{x:.0f}" for x in cpu["per_core_pct_mean"]), "", "")
+        gpu = s.get("gpu") or {}
+        if "unavailable" in gpu:
+            t.add_row("GPU", str(gpu["unavailable"]), "", "")
+        else:
+            for k, d in gpu.items():
+                if k.endswith("util_pct"):
+                    t.add_row(k, _stat(d), _stat(d, "p95"), _stat(d, "max"))
+        if s.get("shm"):
+            t.add_row("/dev/shm used MiB", "", "", f"{s['shm']['used_mib_max']:,.0f} of "
+                                                  f"{s['shm']['total_mib']:,.0f}")
+        parts.append(t)
+    for wmsg in r.warnings:
+        parts.append(Text(f"warning: {wmsg}", style="yellow"))
+    if r.timeline_file:
+        parts.append(Text(f"timeline: {r.timeline_file}", style="dim"))
     return Group(*parts)

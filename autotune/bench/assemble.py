@@ -1,0 +1,280 @@
+"""Turning what a measurement left (the child's timings, the monitor's samples, how the
+process ended) into a BenchResult: figures, labels, warnings, or a failure with a hint."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from autotune.bench import procs
+from autotune.bench.config import BenchConfig
+from autotune.bench.failures import Failure, classify_error, classify_exit
+from autotune.bench.result import BenchResult
+from autotune.bench.stats import INPUT_BOUND_AU, UNSTEADY_SPREAD, Batch, window_figures
+from autotune.blockdev import BlockDevice
+from autotune.data.presets import usable_cores
+from autotune.monitor import Sample, SystemMonitor, resolve_disk, summarize
+
+_FEW_BATCHES = 10
+_DISK_FIGURES = ("reads_per_s", "read_mib_s", "r_await_ms", "util_pct", "aqu_sz", "rareq_sz_kib")
+
+
+def _in_window(samples: list[Sample], start: float, end: float) -> list[Sample]:
+    return [s for s in samples if start <= s.monotonic - s.interval_s / 2 <= end]
+
+
+def _proc_rec(s: Sample) -> dict[str, Any] | None:
+    d = s.proc.to_dict() if s.proc is not None and hasattr(s.proc, "to_dict") else None
+    return d if d and d.get("available") else None
+
+
+def _system(samples: list[Sample], start: float | None, end: float | None,
+            mon: SystemMonitor | None) -> tuple[dict[str, Any], list[Sample]]:
+    """Monitor summary over the measured window (or the whole run when there is none)."""
+    if start is not None and end is not None and end > start:
+        win = _in_window(samples, start, end)
+        scope = "measured window"
+    else:
+        win, scope = samples, "whole run"
+    if not win:
+        win, scope = samples, "whole run"
+    summ = summarize(win)
+    figs = summ["figures"]
+    out: dict[str, Any] = {"scope": scope, "samples": summ["samples"],
+                           "interval_s": mon.interval if mon else None}
+    dev = mon.device if mon is not None else None
+    disk = {k: figs[f"disk.{k}"] for k in _DISK_FIGURES if f"disk.{k}" in figs}
+    if disk:
+        disk["device"] = getattr(dev, "name", None)
+        out["disk"] = disk
+    else:
+        out["disk"] = {"unavailable": summ["unavailable"].get("disk")
+                       or getattr(dev, "reason", None) or "no samples"}
+    cpu = {k: figs[f"cpu.{k}"] for k in ("total_pct", "iowait_pct", "busiest_core_pct")
+           if f"cpu.{k}" in figs}
+    per_core: list[list[float]] = []
+    for s in win:
+        d = s.cpu.to_dict() if hasattr(s.cpu, "to_dict") else {}
+        if d.get("available"):
+            per_core.append(d["per_core_pct"])
+    if per_core:
+        n = min(len(p) for p in per_core)
+        cpu["per_core_pct_mean"] = [sum(p[i] for p in per_core) / len(per_core) for i in range(n)]
+    out["cpu"] = cpu
+    gpu = {k: v for k, v in figs.items() if k.startswith("gpu")}
+    out["gpu"] = gpu if gpu else {"unavailable": summ["unavailable"].get("gpu", "no GPU samples")}
+    shm = [s.shm.to_dict() for s in samples if hasattr(s.shm, "to_dict")]
+    shm = [d for d in shm if d.get("available")]
+    if shm:
+        out["shm"] = {"used_mib_max": max(d["used_bytes"] for d in shm) / 2**20,
+                      "total_mib": shm[-1]["total_bytes"] / 2**20}
+    procs_n = [r["processes"] for r in map(_proc_rec, samples) if r]
+    if procs_n:
+        out["processes_max"] = max(procs_n)
+    if mon is not None:
+        out["monitor_overhead_pct_of_core"] = mon.overhead().get("pct_of_core")
+    return out, win
+
+
+def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] | None,
+                  samples: list[Sample], cache: dict[str, Any], proc: subprocess.Popen | None,
+                  timed_out: bool, phase: str, log_tail: str, oom_kills: int,
+                  cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
+                  parent_marks: dict[str, float]) -> BenchResult:
+    marks = (child or {}).get("marks", {})
+    cuda = (child or {}).get("cuda")
+    res = BenchResult(
+        dataset=(child or {}).get("dataset") or {"path": str(root), "format": fmt},
+        config={**cfg.to_dict(), "label": cfg.describe()},
+        cold=cfg.cold, cold_method=cache.get("method"), cache=cache,
+        environment={"cores": usable_cores(), "cpu_count": os.cpu_count(),
+                     "torch": (child or {}).get("torch"), "cuda": cuda,
+                     "python": platform.python_version(), "kernel": platform.release(),
+                     "root": os.geteuid() == 0})
+    warnings = res.warnings
+    res.process = {"pid": proc.pid if proc else None,
+                   "returncode": proc.returncode if proc else None,
+                   "timed_out": timed_out,
+                   "nofile_limit": (child or {}).get("nofile_limit"),
+                   **(cleanup.to_dict() if cleanup else {})}
+    if cleanup and cleanup.stray:
+        warnings.append(f"{len(cleanup.stray)} process(es) of the measurement were still running "
+                        f"after SIGKILL: pids {cleanup.stray}")
+
+    # Labels that hold whatever the outcome.
+    if cfg.pin_memory and cuda is False:
+        warnings.append(f"pin_memory=True has no effect here: no CUDA device (torch "
+                        f"{(child or {}).get('torch')}); this figure is what pin_memory=False "
+                        "gives. Its cost or benefit shows only on a GPU machine.")
+    if cfg.transform.draft:
+        warnings.append("JPEG draft decoding is ON (libjpeg decodes at reduced scale): the "
+                        "decode cost differs from torchvision's pipeline.")
+    cores = usable_cores()
+    for w in (child or {}).get("warnings", []):
+        if "pin_memory" in w or "worker processes in total" in w:
+            continue  # said above / below in our own words
+        warnings.append(f"torch: {w}")
+    if cfg.num_workers > cores:
+        warnings.append(f"{cfg.num_workers} workers on {cores} usable cores: more workers than "
+                        "cores only pay off while workers wait on storage, not on decoding.")
+    if not cfg.cold:
+        frac = cache.get("resident_fraction_at_start")
+        warnings.append("WARM: the page cache was not dropped"
+                        + (f" ({frac:.0%} of a sample of the dataset's pages were cached at start)"
+                           if frac is not None else "")
+                        + "; this is not what a first epoch from storage gives.")
+    frac = cache.get("resident_fraction_after_evict")
+    if frac is not None and frac > 0.05:
+        warnings.append(f"cold by fadvise, but {frac:.0%} of the sampled pages stayed cached "
+                        "(mapped or dirty elsewhere): the figure may be partly warm; run as root "
+                        "for drop_caches.")
+
+    system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon)
+    res.system = system
+    rss = [r["rss_bytes"] for r in map(_proc_rec, samples) if r]
+    res.peak_rss_mib = max(rss) / 2**20 if rss else None
+    pct = [(r["cpu_pct"], s.interval_s) for s, r in ((s, _proc_rec(s)) for s in win) if r]
+    if pct and sum(w for _, w in pct) > 0:
+        res.cpu_percent = sum(c * w for c, w in pct) / sum(w for _, w in pct)
+
+    ctx = {"nofile_limit": (child or {}).get("nofile_limit"), "step": cfg.step,
+           "shm_used_bytes": (system.get("shm", {}).get("used_mib_max") or 0) * 2**20 or None,
+           "shm_total_bytes": (system.get("shm", {}).get("total_mib") or 0) * 2**20 or None}
+    failure: Failure | None = None
+    if child is None:
+        failure = classify_exit(proc.returncode if proc else None, timed_out=timed_out,
+                                timeout_s=cfg.effective_timeout, phase=phase, log_tail=log_tail,
+                                oom_kills=oom_kills, ctx=ctx)
+    elif not child.get("ok"):
+        failure = classify_error(child.get("error") or {}, ctx)
+    elif not child.get("batches"):
+        warm = child.get("warmup_done", 0)
+        failure = Failure(
+            "no_batches",
+            f"nothing was measured: one pass over {child.get('images')} images is "
+            f"{child.get('epoch_batches')} batches of {cfg.batch_size}, and the warm-up took "
+            f"{warm} of them; a cold run stops at the end of the first pass",
+            "use a larger dataset, a smaller --batch-size, fewer --warmup-batches, or --warm "
+            "(labelled warm)")
+    if failure is not None:
+        res.failed = True
+        res.failure_kind, res.reason, res.hint = failure.kind, failure.reason, failure.hint
+        res.process["log_tail"] = log_tail[-2000:]
+        if timed_out or child is None:
+            res.process["phase"] = phase
+        else:
+            res.process["phase"] = (child.get("error") or {}).get("phase")
+        return res
+
+    assert child is not None
+    batches = [Batch(*b) for b in child["batches"]]
+    f = window_figures(batches, marks["window_start"], cfg.windows)
+    res.images_per_s = f.images_per_s
+    res.images_per_s_overall = f.images_per_s_overall
+    res.images_per_s_spread = {"min": min(f.window_rates), "max": max(f.window_rates),
+                               "relative": f.spread, "windows": f.window_rates}
+    res.data_wait_fraction = f.data_wait_fraction
+    if cfg.has_step:
+        res.au = f.step_fraction
+        res.input_bound = f.step_fraction < INPUT_BOUND_AU
+    res.batch_wait_ms = {"p50": f.wait_ms_p50, "p95": f.wait_ms_p95, "max": f.wait_ms_max}
+    res.step_ms = ({"p50": f.step_ms_p50, "p95": f.step_ms_p95} if cfg.has_step else None)
+    shortened = child.get("stop_reason") == "epoch_end"
+    res.window = {
+        "seconds": f.wall_s, "requested_seconds": cfg.seconds, "batches": f.batches,
+        "samples": f.samples, "windows": len(f.window_rates),
+        "stop_reason": child.get("stop_reason"), "shortened": shortened,
+        "epochs": child.get("epochs"), "epoch_batches": child.get("epoch_batches"),
+        "warmup_batches": child.get("warmup_done"),
+        "warmup_s": marks["window_start"] - marks.get("loader_started", marks["window_start"]),
+        "first_batch_s": (marks["first_batch"] - marks["loader_started"]
+                          if "first_batch" in marks and "loader_started" in marks else None),
+        "startup_s": (marks["ready"] - parent_marks["spawn"]
+                      if "ready" in marks and "spawn" in parent_marks else None),
+        "scan_s": (marks["scanned"] - marks["go"]) if "scanned" in marks and "go" in marks else None,
+    }
+    if shortened:
+        warnings.append(
+            f"window shortened: cold, so the measurement stopped at the end of the first pass "
+            f"over the dataset after {f.wall_s:.1f} s of the requested {cfg.seconds:g} s "
+            f"({f.batches} batches); a second pass would be served from the page cache. Use a "
+            "larger dataset for a longer cold window.")
+    if not cfg.cold and (child.get("epochs") or 1) > 1:
+        warnings.append(f"WARM: the window spanned {child.get('epochs')} passes over the dataset.")
+    if f.batches < _FEW_BATCHES:
+        warnings.append(f"only {f.batches} batches were measured: the figure is rough; use a "
+                        "longer --seconds, a smaller batch or a larger dataset.")
+    if len(f.window_rates) > 1 and f.spread > UNSTEADY_SPREAD:
+        warnings.append(f"unsteady: images/s varied {f.spread:.0%} between the "
+                        f"{len(f.window_rates)} windows ({min(f.window_rates):,.0f}-"
+                        f"{max(f.window_rates):,.0f}); a longer --seconds gives a steadier figure.")
+    _check_cache(res, cfg, child, root, win)
+    return res
+
+
+def _check_cache(res: BenchResult, cfg: BenchConfig, child: dict[str, Any], root: Path,
+                 win: list[Sample]) -> None:
+    """Where the window's bytes came from, from the kernel's per-process I/O counters of
+    the measurement's own processes (other processes' disk traffic cannot blur it).
+
+    Cold: the dataset must come from storage; a low storage fraction means a cache the
+    drop did not reach served it, and the cold figure is too good. Warm: a high one means
+    the pages were evicted during the run (memory pressure, another process dropping
+    caches), and the figure is not the warm one it claims to be. Only judged on a local
+    block device (FUSE and network filesystems read through another process).
+    """
+    disk = [s.disk.to_dict() for s in win if s.disk is not None and hasattr(s.disk, "to_dict")]
+    disk = [d for d in disk if d.get("available")]
+    if disk:
+        res.system["disk_reads_in_window"] = sum(d["reads_per_s"] * d["interval_s"] for d in disk)
+    io = child.get("window_io")
+    if not io or io["read_chars"] < 2**18:
+        return
+    res.window["read_mib"] = io["read_chars"] / 2**20
+    if not isinstance(resolve_disk(root), BlockDevice):
+        # FUSE / network reads are served by another process (or the network client) and
+        # never show in these counters: no figure rather than a false "0 % from storage".
+        res.window["storage_read_fraction"] = None
+        return
+    frac = min(1.0, io["read_bytes"] / io["read_chars"])
+    res.window["storage_read_mib"] = io["read_bytes"] / 2**20
+    res.window["storage_read_fraction"] = frac
+    if cfg.cold and frac < 0.5:
+        res.warnings.append(
+            f"cold run, but only {frac:.0%} of the {io['read_chars'] / 2**20:,.0f} MiB read in "
+            "the window came from storage: the rest was cached where the drop did not reach, "
+            "so this cold figure may be too good.")
+    if not cfg.cold and frac > 0.5:
+        res.warnings.append(
+            f"WARM run, but {frac:.0%} of the {io['read_chars'] / 2**20:,.0f} MiB read in the "
+            "window came from storage: the dataset's pages were evicted (memory pressure, or "
+            "another process dropping caches); this is not a warm figure.")
+
+
+def _phase_of(t: float, marks: dict[str, float]) -> str:
+    if "go" in marks and t < marks["go"]:
+        return "startup"
+    if "loader_started" in marks and t < marks["loader_started"]:
+        return "scan"
+    if "window_start" in marks and t < marks["window_start"]:
+        return "warmup"
+    if "window_end" in marks and t <= marks["window_end"] + 1e-3:
+        return "measure"
+    if "window_end" in marks:
+        return "shutdown"
+    return "run"
+
+
+def write_timeline(path: str | os.PathLike[str], samples: list[Sample],
+                    child: dict[str, Any] | None, parent_marks: dict[str, float]) -> None:
+    marks = dict((child or {}).get("marks", {}))
+    marks.setdefault("go", parent_marks.get("go", float("inf")))
+    with open(path, "w", encoding="utf-8") as f:
+        for s in samples:
+            d = s.to_dict()
+            d["phase"] = _phase_of(s.monotonic - s.interval_s / 2, marks)
+            f.write(json.dumps(d) + "\n")

@@ -1,0 +1,362 @@
+"""The measurement process: one DataLoader configuration, timed, then a JSON result.
+
+    python -m autotune.bench.child SPEC.json RESULT.json STATUS_FD GO_FD
+
+Started by `autotune.bench.runner` in a new session (so its whole process group,
+DataLoader workers included, can be killed). The handshake keeps library start-up out of
+the cold measurement: the child imports torch, Pillow and the user's step, says "ready"
+on STATUS_FD, and waits for one byte on GO_FD; meanwhile the parent drops the page cache.
+Only then does the child scan the dataset and start the loader, as a fresh training job
+with its libraries in memory would.
+
+The result goes to RESULT.json (never stdout: a user's step may print), written by
+rename so the parent never reads half a file. The child prints nothing itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import importlib.util
+import json
+import os
+import random
+import resource
+import signal
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+_PR_SET_PDEATHSIG = 1
+
+
+class StepFailed(Exception):
+    """The user's --step raised; carries the original exception."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(str(original))
+        self.original = original
+
+
+class EpochEnd(Exception):
+    """A cold measurement reached the end of its first pass over the dataset."""
+
+
+def _die_with_parent(parent: int) -> None:
+    # If the bench parent is killed outright, do not measure on for nobody.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(3)
+
+
+def _worker_init(_worker_id: int) -> None:
+    """DataLoader worker_init_fn: die with the measurement process. PyTorch's own watchdog
+    only notices a dead parent every few seconds, and never in a stopped worker."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _status(fd: int, line: str) -> None:
+    try:
+        os.write(fd, (line + "\n").encode())
+    except OSError:
+        pass  # the parent stopped listening; the result file still tells
+
+
+def load_step(spec: str) -> Callable[[Any], Any]:
+    """'module:function' or 'path/to/file.py:function' -> the function."""
+    target, _, name = spec.rpartition(":")
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target).resolve()
+        mod_spec = importlib.util.spec_from_file_location(f"autotune_user_step_{path.stem}", path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise ImportError(f"cannot load {path} as a Python file")
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(target)
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise ImportError(f"{target} has no function {name!r}")
+    return fn
+
+
+def _error(e: BaseException, phase: str) -> dict[str, Any]:
+    orig = e.original if isinstance(e, StepFailed) else e
+    tb = "".join(traceback.format_exception(type(orig), orig, orig.__traceback__))
+    out = {"type": type(orig).__name__, "module": type(orig).__module__,
+           "message": str(orig), "phase": phase, "traceback": tb[-6000:],
+           "errno": getattr(orig, "errno", None)}
+    try:  # /dev/shm as this process sees it (a container may have its own)
+        st = os.statvfs("/dev/shm")
+        out["shm_used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+        out["shm_total_bytes"] = st.f_blocks * st.f_frsize
+    except OSError:
+        pass
+    return out
+
+
+class _PrimeData:
+    """A few synthetic JPEGs held in memory: a dataset that reads no file."""
+
+    def __init__(self, transform: Any, n: int) -> None:
+        from autotune.synth import render_jpeg
+
+        # Photo-like images (texture, varied sizes): the decoder's real code paths.
+        self.data = [render_jpeg(12345, i)[0] for i in range(n)]
+        self.transform, self.n = transform, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return self.transform(self.data[i]), i
+
+
+def _prime_pipeline(transform: Any, cfg: Any) -> Any:
+    """Run the whole loader path once on an in-memory JPEG, before the cache drop.
+
+    Decoding, resizing, collating in a worker and passing the batch through shared
+    memory touch code in libtorch and libjpeg that a fresh process has not paged in yet.
+    Kept alive (one persistent worker) across the drop, those pages stay mapped, and a
+    cache drop keeps mapped pages: the first cold batch then waits on the dataset, not
+    on paging in libraries from what may be the same throttled disk. Returns the live
+    iterator (the caller deletes it after the drop), or None without workers.
+    """
+    import torch.utils.data
+
+    import numpy.random  # noqa: F401  (workers seed it at start)
+
+    ds = _PrimeData(transform, 4)
+    if cfg.num_workers == 0:
+        torch.utils.data.default_collate([ds[0], ds[1]])
+        return None
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=1, shuffle=True,
+                                         drop_last=True, persistent_workers=True,
+                                         worker_init_fn=_worker_init)
+    it = iter(loader)
+    next(it)
+    next(it)
+    return it
+
+
+def _tree_io() -> dict[int, tuple[int, int]]:
+    """pid -> (bytes read by read() calls, bytes fetched from storage) for this process
+    and its workers (/proc/PID/io rchar and read_bytes)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            io = p.io_counters()
+            out[p.pid] = (io.read_chars, io.read_bytes)
+        except (psutil.Error, AttributeError):
+            continue
+    return out
+
+
+def _io_delta(a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]]) -> dict[str, int]:
+    rchar = rbytes = 0
+    for pid, (c, r) in b.items():
+        c0, r0 = a.get(pid, (0, 0))  # a worker born in the window counts from zero
+        rchar += max(0, c - c0)
+        rbytes += max(0, r - r0)
+    return {"read_chars": rchar, "read_bytes": rbytes}
+
+
+def _write_result(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -> Any:
+    """Measure; fills `out`; returns the live loader iterator (shut down by the caller)."""
+    from autotune.bench.config import BenchConfig
+
+    cfg = BenchConfig.from_dict(spec["config"])
+    marks: dict[str, float] = out["marks"]
+    if cfg.max_open_files is not None:
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        lim = cfg.max_open_files if hard == resource.RLIM_INFINITY else min(cfg.max_open_files, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lim, hard))
+    out["nofile_limit"] = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+    # Everything a worker will need, imported now: after the cache drop these files
+    # would be read from (possibly throttled) storage inside the measurement.
+    import numpy  # noqa: F401
+    import torch
+    import torch.utils.data
+    from PIL import Image, ImageEnhance  # noqa: F401
+
+    from autotune.data.sources import open_source
+    from autotune.data.torchds import ImageDataset
+    from autotune.data.transforms import build_transform
+
+    Image.preinit()
+    out["torch"] = torch.__version__
+    out["cuda"] = bool(torch.cuda.is_available())
+    primer = _prime_pipeline(build_transform(cfg.transform), cfg)
+    out["phase"] = "step-import"
+    step_fn = load_step(cfg.step) if cfg.step else None
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    marks["ready"] = time.monotonic()
+    out["phase"] = "ready"
+    _status(status_fd, "ready")
+    if not os.read(go_fd, 1):
+        os._exit(3)  # the parent is gone
+    marks["go"] = time.monotonic()
+    del primer  # its worker exits; the pages it touched stay cached for ours
+
+    out["phase"] = "scan"
+    source = open_source(spec["dataset"], cfg.format)
+    out["dataset"] = source.info()
+    marks["scanned"] = time.monotonic()
+    dataset = ImageDataset(source, build_transform(cfg.transform))
+    kwargs: dict[str, Any] = {}
+    if cfg.num_workers > 0:
+        kwargs.update(prefetch_factor=cfg.prefetch_factor, timeout=cfg.batch_timeout_s,
+                      persistent_workers=cfg.persistent_workers, worker_init_fn=_worker_init)
+    gen = torch.Generator()
+    gen.manual_seed(cfg.seed)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle, num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory, drop_last=True, generator=gen, **kwargs)
+    epoch_batches = len(loader)
+    out["epoch_batches"] = epoch_batches
+    if epoch_batches == 0:
+        raise ValueError(f"{spec['dataset']}: {len(source)} images is less than one batch of "
+                         f"{cfg.batch_size}; use a smaller batch size or a larger dataset")
+
+    sleep_s = cfg.compute_ms / 1000.0
+
+    def step(batch: Any) -> None:
+        if step_fn is not None:
+            try:
+                step_fn(batch)
+            except Exception as e:  # noqa: BLE001
+                raise StepFailed(e) from e
+        elif sleep_s > 0:
+            time.sleep(sleep_s)  # the accelerator is busy; the CPU stays free for workers
+
+    epochs = 1
+    state = {"it": iter(loader)}
+    marks["loader_started"] = time.monotonic()
+
+    def fetch() -> Any:
+        nonlocal epochs
+        try:
+            return next(state["it"])
+        except StopIteration:
+            if cfg.cold:
+                # A second pass would be served from the page cache: not a cold figure.
+                raise EpochEnd() from None
+            epochs += 1
+            state["it"] = iter(loader)  # part of the wait: the loop is blocked on input
+            return next(state["it"])
+
+    warmup = cfg.effective_warmup
+    out["phase"] = "warmup"
+    _status(status_fd, f"warmup {warmup}")
+    batches: list[list[float]] = []
+    out["batches"] = batches
+    warm_wait = 0.0
+    done_warm = 0
+    io0 = _tree_io() if warmup == 0 else {}
+    start = marks["loader_started"]
+    deadline = start + cfg.seconds if warmup == 0 else None
+    if warmup == 0:
+        out["phase"] = "measure"
+        _status(status_fd, f"measure {cfg.seconds:g}")
+    stop_reason = "time"
+    try:
+        while True:
+            t0 = time.monotonic()
+            batch = fetch()
+            t1 = time.monotonic()
+            if "first_batch" not in marks:
+                marks["first_batch"] = t1
+            step(batch)
+            t2 = time.monotonic()
+            if done_warm < warmup:
+                done_warm += 1
+                warm_wait += t1 - t0
+                if done_warm == warmup:
+                    # Storage reads of the window, from the kernel's per-process counters:
+                    # proof of where the bytes came from (page cache or disk).
+                    io0 = _tree_io()
+                    t2 = time.monotonic()
+                    start = t2
+                    deadline = t2 + cfg.seconds
+                    out["phase"] = "measure"
+                    _status(status_fd, f"measure {cfg.seconds:g}")
+                continue
+            n = len(batch[-1]) if isinstance(batch, (list, tuple)) else cfg.batch_size
+            batches.append([t1 - t0, t2 - t1, n, t2])
+            if deadline is not None and t2 >= deadline:
+                break
+    except EpochEnd:
+        stop_reason = "epoch_end"
+    if batches:
+        out["window_io"] = _io_delta(io0, _tree_io())
+    marks["window_start"] = start
+    marks["window_end"] = batches[-1][3] if batches else time.monotonic()
+    out.update(stop_reason=stop_reason, epochs=epochs, warmup_done=done_warm,
+               warmup_wait_s=warm_wait, images=len(source))
+    out["phase"] = "done"
+    return state["it"]
+
+
+def main(argv: list[str]) -> int:
+    spec_path, result_path, status_fd, go_fd = argv[1], argv[2], int(argv[3]), int(argv[4])
+    with open(spec_path) as f:
+        spec = json.load(f)
+    _die_with_parent(int(spec["parent_pid"]))
+    out: dict[str, Any] = {"ok": False, "pid": os.getpid(), "marks": {}, "phase": "startup",
+                           "warnings": []}
+    it = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            it = run(spec, status_fd, go_fd, out)
+            out["ok"] = True
+        except BaseException as e:  # noqa: BLE001  (everything becomes a result)
+            phase = "step" if isinstance(e, StepFailed) else out["phase"]
+            out["error"] = _error(e, phase)
+        seen: set[str] = set()
+        for w in caught:
+            msg = f"{w.category.__name__}: {w.message}"
+            if msg not in seen:
+                seen.add(msg)
+                out["warnings"].append(msg)
+    out["marks"]["result"] = time.monotonic()
+    _write_result(result_path, out)
+    _status(status_fd, "done")
+    if not out["ok"]:
+        # Workers may be hung or dead: do not wait on them; the parent kills the group.
+        os._exit(1)
+    del it  # orderly worker shutdown (joins the workers)
+    # Skip interpreter finalization: libtorch's static destructors touch code pages never
+    # used before, and on a throttled disk paging them in took seconds. The result is
+    # written and the workers are joined; nothing is left to finalize.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

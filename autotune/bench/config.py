@@ -1,0 +1,188 @@
+"""One DataLoader configuration to measure, and its validation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from autotune.data.presets import load_preset
+from autotune.data.sources import FORMATS
+from autotune.data.transforms import TransformSpec
+from autotune.errors import UsageError
+
+DEFAULT_PRESET = "resnet50"
+# Startup (torch import, a cold directory scan, worker start) and shutdown are not in the
+# measured window but are in the hard timeout; a first cold batch on slow storage can take
+# tens of seconds (a 300-IOPS disk: 7-10 s).
+_STARTUP_ALLOWANCE_S = 180.0
+
+
+@dataclass
+class BenchConfig:
+    """What to measure. Build it from a preset: `BenchConfig.from_preset("resnet50", num_workers=8)`.
+
+    batch_size, num_workers, prefetch_factor, pin_memory, persistent_workers: as for
+        torch.utils.data.DataLoader. prefetch_factor is None when num_workers is 0.
+    compute_ms: emulated step, the time the accelerator holds each batch (a sleep, which
+        leaves the CPU to the workers). 0 means no step: images/s is the loader alone.
+    step: 'module:function' or 'path/file.py:function' called with each batch
+        (images uint8 [B,3,H,W], labels int64 [B]) instead of the emulated step. It must
+        return when its work is done (call torch.cuda.synchronize() at its end on a GPU).
+    seconds: length of the measured window (after warm-up).
+    warmup_batches: batches excluded before the window; None = max(5, workers x prefetch),
+        i.e. at least every batch requested when the loader started.
+    windows: the window is split into this many parts; images/s is their median.
+    cold: drop the dataset's pages before the run (else: labelled warm).
+    batch_timeout_s: DataLoader `timeout`: a worker that delivers no batch for this long
+        fails the run (workers > 0 only).
+    timeout_s: hard limit for the whole measurement process; None = seconds x 2 + 180.
+    max_open_files: RLIMIT_NOFILE for the measurement process (to reproduce a cluster's
+        `ulimit -n`); None keeps the current limit.
+    """
+
+    batch_size: int = 256
+    compute_ms: float = 104.0
+    step: str | None = None
+    transform: TransformSpec = field(default_factory=lambda: TransformSpec(crop_mode="random", flip=True))
+    num_workers: int = 4
+    prefetch_factor: int | None = 2
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    seconds: float = 20.0
+    warmup_batches: int | None = None
+    windows: int = 5
+    cold: bool = True
+    format: str = "auto"
+    batch_timeout_s: float = 120.0
+    timeout_s: float | None = None
+    max_open_files: int | None = None
+    shuffle: bool = True
+    seed: int = 0
+    monitor_interval_s: float = 0.5
+    preset: str | None = None
+
+    @classmethod
+    def from_preset(cls, preset: str = DEFAULT_PRESET, **overrides: Any) -> BenchConfig:
+        """The preset's batch size, step, transform and loader settings, then `overrides`
+        (keys of BenchConfig; None values are ignored, so CLI options can pass through).
+
+        A preset's prefetch_factor is dropped when the resulting num_workers is 0; an
+        explicit prefetch_factor with num_workers 0 is an error (see validate()).
+        """
+        p = load_preset(preset)
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise UsageError(f"unknown bench setting(s) {', '.join(unknown)}.")
+        given = {k: v for k, v in overrides.items() if v is not None}
+        base = cls(batch_size=p.batch_size, compute_ms=p.compute_ms, transform=p.transform,
+                   num_workers=p.loader.num_workers, prefetch_factor=p.loader.prefetch_factor,
+                   pin_memory=p.loader.pin_memory, persistent_workers=p.loader.persistent_workers,
+                   preset=p.name)
+        cfg = replace(base, **given)
+        if cfg.num_workers == 0 and "prefetch_factor" not in given:
+            cfg.prefetch_factor = None
+        if cfg.num_workers == 0 and "persistent_workers" not in given:
+            cfg.persistent_workers = False
+        if "step" in given:
+            cfg.compute_ms = 0.0 if "compute_ms" not in given else cfg.compute_ms
+        return cfg
+
+    def validate(self) -> BenchConfig:
+        """Raise UsageError, in the words of the setting, for anything DataLoader would
+        refuse or that cannot give an honest figure. Returns self."""
+        def need_int(name: str, v: Any, lo: int) -> None:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise UsageError(f"{name} must be an integer, but got {v!r}.")
+            if v < lo:
+                raise UsageError(f"{name} must be at least {lo}, but got {v}.")
+
+        def need_pos(name: str, v: Any, allow_zero: bool = False) -> None:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            if not ok or v < 0 or (v == 0 and not allow_zero):
+                word = "a number >= 0" if allow_zero else "positive"
+                raise UsageError(f"{name} must be {word}, but got {v!r}.")
+
+        need_int("batch_size", self.batch_size, 1)
+        need_int("num_workers", self.num_workers, 0)
+        need_int("windows", self.windows, 1)
+        need_pos("compute_ms", self.compute_ms, allow_zero=True)
+        need_pos("seconds", self.seconds)
+        need_pos("batch_timeout_s", self.batch_timeout_s)
+        need_pos("monitor_interval_s", self.monitor_interval_s)
+        if self.timeout_s is not None:
+            need_pos("timeout_s", self.timeout_s)
+        if self.warmup_batches is not None:
+            need_int("warmup_batches", self.warmup_batches, 0)
+        if self.max_open_files is not None:
+            need_int("max_open_files", self.max_open_files, 8)
+        if self.prefetch_factor is not None:
+            need_int("prefetch_factor", self.prefetch_factor, 1)
+            if self.num_workers == 0:
+                raise UsageError(
+                    f"prefetch_factor={self.prefetch_factor} needs num_workers > 0: with 0 "
+                    "workers the main process loads each batch when it is asked for and "
+                    "nothing is prefetched. Drop prefetch_factor or set num_workers.")
+        elif self.num_workers > 0:
+            raise UsageError("prefetch_factor must be at least 1 when num_workers > 0, but got None.")
+        if self.persistent_workers and self.num_workers == 0:
+            raise UsageError("persistent_workers needs num_workers > 0 (with 0 workers there is "
+                             "no worker process to keep between epochs).")
+        if self.step is not None:
+            if not isinstance(self.step, str) or ":" not in self.step or self.step.endswith(":"):
+                raise UsageError(f"step must be 'module:function' or 'file.py:function', "
+                                 f"but got {self.step!r}.")
+            if self.compute_ms:
+                raise UsageError("give either compute_ms (an emulated step) or step (a real "
+                                 f"one), not both (compute_ms={self.compute_ms:g}).")
+        if self.format not in FORMATS:
+            raise UsageError(f"format must be one of {', '.join(FORMATS)}, but got {self.format!r}.")
+        if not isinstance(self.transform, TransformSpec):
+            raise UsageError("transform must be a TransformSpec.")
+        if self.timeout_s is not None and self.timeout_s <= self.seconds:
+            raise UsageError(f"timeout_s ({self.timeout_s:g} s) must be longer than the measured "
+                             f"window ({self.seconds:g} s) plus startup and warm-up.")
+        return self
+
+    @property
+    def effective_warmup(self) -> int:
+        """Warm-up batches: as given, else every batch the loader requests at start."""
+        if self.warmup_batches is not None:
+            return self.warmup_batches
+        return max(5, self.num_workers * (self.prefetch_factor or 0))
+
+    @property
+    def effective_timeout(self) -> float:
+        return self.timeout_s if self.timeout_s is not None else self.seconds * 2 + _STARTUP_ALLOWANCE_S
+
+    @property
+    def has_step(self) -> bool:
+        return self.step is not None or self.compute_ms > 0
+
+    def describe(self) -> str:
+        """A short label: 'resnet50 bs=256 w=4 pf=2 step=104ms cold'."""
+        parts = [self.preset or "custom", f"bs={self.batch_size}", f"w={self.num_workers}"]
+        if self.prefetch_factor is not None:
+            parts.append(f"pf={self.prefetch_factor}")
+        if self.pin_memory:
+            parts.append("pin")
+        if self.persistent_workers:
+            parts.append("persistent")
+        parts.append(f"step={self.step}" if self.step else f"step={self.compute_ms:g}ms")
+        parts.append("cold" if self.cold else "WARM")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["transform"] = self.transform.to_dict()
+        d["effective_warmup_batches"] = self.effective_warmup
+        d["effective_timeout_s"] = self.effective_timeout
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BenchConfig:
+        """Inverse of to_dict (the derived effective_* keys are ignored)."""
+        d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+        d["transform"] = TransformSpec.from_dict(d.get("transform"))
+        return cls(**d)

@@ -1,0 +1,179 @@
+"""Why a measurement failed, in words a user can act on: (kind, reason, hint).
+
+Inputs are what the parent can know: the error the child reported (type, message,
+traceback, phase), or, when the child left no result, how it ended (exit status or
+signal, our timeout) and the tail of its log. The patterns are PyTorch's own messages
+(torch/utils/data/dataloader.py, _utils/signal_handling.py, libshm).
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+SHM_HINT = ("DataLoader workers pass batches through /dev/shm: enlarge it (docker run "
+            "--shm-size=8g, or `mount -o remount,size=8G /dev/shm` as root), or lower "
+            "num_workers, prefetch_factor or the batch size")
+FILES_HINT = ("raise the limit (`ulimit -n 65536` in the shell that starts training; "
+              "LimitNOFILE= under systemd), or lower num_workers / prefetch_factor, or call "
+              "torch.multiprocessing.set_sharing_strategy('file_system') at start-up")
+OOM_HINT = ("use fewer workers, a lower prefetch_factor or a smaller batch (each worker "
+            "holds prefetch_factor batches); `dmesg | grep -i oom` shows the kernel's record")
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str      # worker_error, worker_killed, worker_crashed, shm, open_files, oom,
+                   # timeout, hung, step_error, startup, no_batches, crashed
+    reason: str
+    hint: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "reason": self.reason, "hint": self.hint}
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _worker_original(text: str) -> str:
+    """The last line of a worker's 'Original Traceback' (the real exception), if any."""
+    if "Original Traceback" not in text:
+        return ""
+    lines = [ln.strip() for ln in text.split("Original Traceback", 1)[1].splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def _fmt_mib(n: float | None) -> str:
+    return "?" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def classify_error(err: dict[str, Any], ctx: dict[str, Any]) -> Failure:
+    """The failure for an exception the child caught and reported.
+
+    ctx: nofile_limit, shm_used_bytes, shm_total_bytes, step, batch_timeout_s, workers.
+    """
+    etype, msg, phase = err.get("type", ""), err.get("message", ""), err.get("phase", "")
+    tb = err.get("traceback", "")
+    text = f"{msg}\n{tb}"
+    in_worker = "in DataLoader worker process" in text
+    original = _worker_original(text) if in_worker else ""
+    # The child's own view of /dev/shm when it reported one (a container may have its own).
+    own = err.get("shm_total_bytes") is not None
+    shm_used = err.get("shm_used_bytes") if own else ctx.get("shm_used_bytes")
+    shm_total = err.get("shm_total_bytes") if own else ctx.get("shm_total_bytes")
+    shm_note = (f" (/dev/shm {'at the failure' if own else 'peak'}: {_fmt_mib(shm_used)} used "
+                f"of {_fmt_mib(shm_total)})" if shm_total else "")
+
+    if phase == "step":
+        return Failure("step_error",
+                       f"the training step {ctx.get('step')} raised {etype}: {msg}",
+                       "fix the step function (it is called with (images uint8 [B,3,H,W], "
+                       "labels [B])); rerun with the emulated step (--compute-ms) to measure "
+                       "the loader alone")
+    if phase == "step-import":
+        return Failure("startup", f"cannot load the step {ctx.get('step')}: {etype}: {msg}",
+                       "give --step as module:function importable from the current directory, "
+                       "or as path/to/file.py:function")
+    if (re.search(r"No space left on device", text) and re.search(r"shm|torch_|shared memory", text)) \
+            or re.search(r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)", text) \
+            or "killed by signal: Bus error" in text or "out of shared memory" in text:
+        return Failure("shm", f"shared memory (/dev/shm) ran out{shm_note}: "
+                              f"{(original or msg).splitlines()[0][:300]}", SHM_HINT)
+    if "Too many open files" in text or "received 0 items of ancdata" in text \
+            or err.get("errno") == 24 or "[Errno 24]" in text:
+        lim = ctx.get("nofile_limit")
+        return Failure("open_files",
+                       f"too many open files (limit {lim if lim else '?'}, `ulimit -n`): "
+                       f"{(original or msg).splitlines()[0][:300]}", FILES_HINT)
+    m = re.search(r"DataLoader timed out after (\S+) seconds", text)
+    if m:
+        return Failure("timeout",
+                       f"no batch arrived for {m.group(1)} s (DataLoader timeout) during "
+                       f"{phase}: a worker is hung or the storage stalled",
+                       "check the storage (a hung network mount? `cat /proc/diskstats`), and "
+                       "the dataset code for a deadlock; raise --batch-timeout if a first cold "
+                       "batch is legitimately that slow")
+    m = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)", text)
+    if m:
+        pid, sig = m.group(1), m.group(2).strip()
+        if sig.lower() == "killed":
+            return Failure("worker_killed",
+                           f"DataLoader worker pid {pid} was killed by SIGKILL, most likely "
+                           "by the kernel OOM killer", OOM_HINT)
+        if "segmentation" in sig.lower():
+            return Failure("worker_crashed",
+                           f"DataLoader worker pid {pid} crashed (segmentation fault) in "
+                           "native code (an image decoder or an extension)",
+                           "rerun with --workers 0 to see which sample; check the file and "
+                           "the Pillow/libjpeg build")
+        return Failure("worker_crashed", f"DataLoader worker pid {pid} was killed by signal: {sig}",
+                       "rerun with --workers 0 to see the error in the main process")
+    m = re.search(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", text)
+    if m:
+        return Failure("worker_crashed",
+                       f"DataLoader worker(s) pid {m.group(1)} exited unexpectedly (no Python "
+                       "error: os._exit, a native crash, or a kill)",
+                       "rerun with --workers 0 to see the error in the main process; if memory "
+                       "is short, " + OOM_HINT)
+    if in_worker:
+        where = original or f"{etype}: {msg.splitlines()[0]}"
+        sample_hint = ("fix or remove the file named above and rerun"
+                       if "SampleError" in where or "cannot decode" in where or "cannot read" in where
+                       else "rerun with --workers 0 to get the full traceback in the main process")
+        return Failure("worker_error", f"a DataLoader worker raised while loading a sample: {where}",
+                       sample_hint)
+    if etype == "SampleError":
+        return Failure("worker_error", f"loading a sample failed: {msg}",
+                       "fix or remove the file named above and rerun")
+    if phase in ("startup", "scan", "ready"):
+        return Failure("startup", f"the measurement could not start ({phase}): {etype}: {msg}",
+                       "check the dataset path and format (an image folder is "
+                       "DATASET/CLASS/IMAGE.jpg)")
+    if etype == "MemoryError":
+        return Failure("oom", f"out of memory in the measurement process: {msg}", OOM_HINT)
+    return Failure("crashed", f"the measurement failed during {phase}: {etype}: {msg}",
+                   "see process.log_tail in the JSON result; rerun with --workers 0 for the full traceback")
+
+
+def classify_exit(returncode: int | None, *, timed_out: bool, timeout_s: float, phase: str,
+                  log_tail: str, oom_kills: int, ctx: dict[str, Any]) -> Failure:
+    """The failure for a child that ended without a result file."""
+    if timed_out:
+        return Failure("hung",
+                       f"no result after {timeout_s:g} s (hard timeout) during {phase}; the "
+                       "whole process group was killed",
+                       "a step or worker that never returns, or storage that stalls: check the "
+                       "step and the mount; raise --timeout if startup is legitimately that slow")
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+        if sig == signal.SIGKILL:
+            if oom_kills > 0:
+                return Failure("oom", "the measurement process was killed by the kernel OOM "
+                                      f"killer ({oom_kills} OOM kill(s) recorded in /proc/vmstat "
+                                      "during the run)", OOM_HINT)
+            return Failure("oom", "the measurement process was killed by SIGKILL (not by "
+                                  "autotune): most likely the OOM killer or a cgroup memory limit",
+                           OOM_HINT)
+        if sig == signal.SIGBUS:
+            return Failure("shm", "the measurement process died of SIGBUS: shared memory "
+                                  "(/dev/shm) ran out", SHM_HINT)
+        if sig == signal.SIGSEGV:
+            return Failure("crashed", "the measurement process crashed (segmentation fault) "
+                                      "in native code", "rerun with --workers 0; check the "
+                                      "Pillow/torch build")
+        return Failure("crashed", f"the measurement process was killed by {_signame(sig)}",
+                       "something outside autotune sent the signal (a job scheduler?)")
+    last = next((ln for ln in reversed(log_tail.splitlines()) if ln.strip()), "")
+    fake = {"type": "", "message": last, "traceback": log_tail, "phase": phase}
+    f = classify_error(fake, ctx)
+    if f.kind not in ("crashed", "startup"):
+        return f
+    return Failure("crashed", f"the measurement process exited with status {returncode} "
+                              f"during {phase} without a result" + (f": {last[:300]}" if last else ""),
+                   "see the log lines in the JSON result (process.log_tail)")

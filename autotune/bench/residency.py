@@ -1,0 +1,84 @@
+"""How much of a dataset is in the page cache (mincore), and loading it there.
+
+A figure labelled warm should say how warm: `resident_fraction` checks a sample of the
+files page by page, so "warm" in a result means "N % of the sampled pages were cached
+when the run started", not a hope.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import random
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+PAGE = mmap.PAGESIZE
+
+
+def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """(resident pages, total pages) of one file; (0, 0) for an empty or unreadable file.
+
+    Mapping a file does not read it: mincore only reports what the cache already holds.
+    """
+    try:
+        # O_NONBLOCK: a FIFO (or a device) in a dataset must not hang the check.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return 0, 0
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        if size == 0 or not stat.S_ISREG(st.st_mode):
+            return 0, 0
+        pages = (size + PAGE - 1) // PAGE
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, _MAP_FAILED):
+            return 0, 0
+        try:
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(addr, size, vec) != 0:
+                return 0, 0
+            return sum(v & 1 for v in vec), pages
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def resident_fraction(paths: Sequence[Path], sample: int = 256, seed: int = 0) -> float | None:
+    """Fraction of the pages of up to `sample` files (drawn at random) in the page cache."""
+    if not paths:
+        return None
+    picked = paths if len(paths) <= sample else random.Random(seed).sample(list(paths), sample)
+    res = tot = 0
+    for p in picked:
+        r, t = file_residency(p)
+        res += r
+        tot += t
+    return res / tot if tot else None
+
+
+def preload(paths: Iterable[Path], chunk: int = 1 << 20) -> int:
+    """Read every file once so that it is cached (for a warm ceiling); returns bytes read."""
+    n = 0
+    for p in paths:
+        try:
+            with open(p, "rb", buffering=0) as f:
+                while True:
+                    b = f.read(chunk)
+                    if not b:
+                        break
+                    n += len(b)
+        except OSError:
+            continue
+    return n

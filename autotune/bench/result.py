@@ -1,0 +1,92 @@
+"""The result of one bench: figures, labels, system summary, warnings, failure."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "autotune.bench/1"
+
+
+@dataclass
+class BenchResult:
+    """One measured configuration. Figures are None when the run failed.
+
+    images_per_s: median over the windows of samples delivered / window wall time.
+    data_wait_fraction: time blocked in next(loader_iter) / wall time of the window.
+    au: time in the step / wall time (None when there is no step: compute_ms 0).
+    batch_wait_ms: p50/p95/max of the per-batch wait.
+    cpu_percent: CPU of the measurement process tree (main + workers), time-weighted mean
+        over the window, in % of one core (200 = two cores busy).
+    peak_rss_mib: highest sum of RSS over the process tree during the run (shared pages
+        are counted in every process that maps them, as `ps` does: an upper bound).
+    cold / cold_method: the page cache was dropped before the run, and how; warm runs
+        carry `cache.resident_fraction_at_start`.
+    """
+
+    dataset: dict[str, Any]
+    config: dict[str, Any]
+    failed: bool = False
+    reason: str | None = None
+    hint: str | None = None
+    failure_kind: str | None = None
+    images_per_s: float | None = None
+    images_per_s_overall: float | None = None
+    images_per_s_spread: dict[str, Any] | None = None
+    data_wait_fraction: float | None = None
+    au: float | None = None
+    input_bound: bool | None = None
+    batch_wait_ms: dict[str, float] | None = None
+    step_ms: dict[str, float] | None = None
+    cpu_percent: float | None = None
+    peak_rss_mib: float | None = None
+    cold: bool = True
+    cold_method: str | None = None
+    cache: dict[str, Any] = field(default_factory=dict)
+    window: dict[str, Any] = field(default_factory=dict)
+    system: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    process: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    timeline_file: str | None = None
+    seconds_total: float = 0.0
+
+    @property
+    def label(self) -> str:
+        """'cold (drop_caches)' or 'WARM (93 % cached)': how every output names the cache."""
+        if self.cold:
+            return f"cold ({self.cold_method or '?'})"
+        frac = self.cache.get("resident_fraction_at_start")
+        return "WARM" + (f" ({frac:.0%} of sampled pages cached at start)" if frac is not None else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "dataset": self.dataset,
+            "config": self.config,
+            "failed": self.failed,
+            "reason": self.reason,
+            "hint": self.hint,
+            "failure_kind": self.failure_kind,
+            "images_per_s": self.images_per_s,
+            "images_per_s_overall": self.images_per_s_overall,
+            "images_per_s_spread": self.images_per_s_spread,
+            "data_wait_fraction": self.data_wait_fraction,
+            "au": self.au,
+            "input_bound": self.input_bound,
+            "batch_wait_ms": self.batch_wait_ms,
+            "step_ms": self.step_ms,
+            "cpu_percent": self.cpu_percent,
+            "peak_rss_mib": self.peak_rss_mib,
+            "cold": self.cold,
+            "cold_method": self.cold_method,
+            "cache_label": self.label,
+            "cache": self.cache,
+            "window": self.window,
+            "system": self.system,
+            "warnings": self.warnings,
+            "process": self.process,
+            "environment": self.environment,
+            "timeline_file": self.timeline_file,
+            "seconds_total": self.seconds_total,
+        }

@@ -1,0 +1,257 @@
+"""run_bench: one configuration in a fresh process, cold, monitored from outside.
+
+Sequence:
+  1. spawn `python -m autotune.bench.child` in a new session (its process group holds the
+     DataLoader workers too);
+  2. watch its process tree with SystemMonitor from this process, so sampling costs the
+     measured processes nothing;
+  3. when the child has imported torch and says "ready", move it under the I/O cap if
+     one is given, drop the page cache, then say "go";
+  4. wait for it under a hard timeout; kill the whole group whatever happened, reap
+     orphaned workers, check with /proc that nothing of the group is left;
+  5. hand its per-batch timings and the monitor samples to `assemble.build_result`.
+The library never prints; `progress` receives one-line status messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import autotune
+from autotune.bench import procs
+from autotune.bench.assemble import build_result, write_timeline
+from autotune.bench.config import BenchConfig
+from autotune.bench.residency import resident_fraction
+from autotune.bench.result import BenchResult
+from autotune.cache import make_cold
+from autotune.data.sources import FolderSource, resolve_format
+from autotune.errors import AutotuneError, NotPermitted, UsageError
+from autotune.monitor import SystemMonitor
+
+Progress = Callable[[str], None]
+Popen = Callable[..., subprocess.Popen]
+
+_LOG_TAIL = 4000
+
+
+def _has_class_dir(root: Path) -> bool:
+    with os.scandir(root) as it:
+        return any(e.is_dir() and not e.name.startswith(".") for e in it)
+
+
+def _oom_kills() -> int:
+    try:
+        with open("/proc/vmstat") as f:
+            for line in f:
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - _LOG_TAIL))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class _Status:
+    """Line reader for the child's status pipe (non-blocking, with a timeout)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def read(self, timeout: float) -> list[str]:
+        if self.eof:
+            time.sleep(min(timeout, 0.05))
+            return []
+        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if r:
+            data = os.read(self.fd, 4096)
+            if not data:
+                self.eof = True
+            self.buf += data
+        lines = self.buf.split(b"\n")
+        self.buf = lines.pop()
+        return [ln.decode(errors="replace") for ln in lines]
+
+
+def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None, *,
+              popen: Popen | None = None, throttle: Any = None,
+              monitor_path: str | os.PathLike[str] | None = None,
+              timeline: str | os.PathLike[str] | None = None,
+              progress: Progress | None = None) -> BenchResult:
+    """Measure one DataLoader configuration on `dataset` (see BenchConfig).
+
+    popen: how to start the measurement process (default subprocess.Popen), e.g. a
+        wrapper that runs it in another namespace.
+    throttle: an active `autotune.emulate.IoThrottle` (anything with add_pid(pid)): the
+        measurement process joins it once torch and the step are imported, just before the
+        cache drop, and its DataLoader workers, forked later, inherit the cap. Library
+        start-up stays off the capped disk, as a job's libraries live on local disk while
+        its dataset sits on the slow storage. (popen=cap.popen caps start-up too.)
+    monitor_path: the path whose disk the monitor watches (default: the dataset; give
+        the source directory when the dataset is a FUSE mirror of it).
+    timeline: write every monitor sample, labelled with its phase, as JSONL there.
+
+    Raises UsageError for a bad configuration or dataset. A measurement that fails
+    (crashed or hung worker, full /dev/shm, too many open files, OOM, timeout) returns a
+    BenchResult with failed=True, a reason and a hint; no process of it is left running.
+    """
+    cfg = (config or BenchConfig.from_preset()).validate()
+    say = progress or (lambda _msg: None)
+    t_begin = time.monotonic()
+    root = Path(dataset).absolute()
+    fmt = resolve_format(root, cfg.format)
+    is_root = os.geteuid() == 0
+    if fmt == "folder" and not root.is_dir():
+        raise UsageError(f"{root}: not a directory (an image folder is DATASET/CLASS/IMAGE.jpg).")
+    if fmt == "folder" and not _has_class_dir(root):
+        raise UsageError(f"{root}: no class subfolders; an image folder is "
+                         "DATASET/CLASS/IMAGE.jpg (labels are the sorted CLASS names).")
+    cache: dict[str, Any] = {"cold": cfg.cold, "method": None}
+    files: list[Path] | None = None
+    if not cfg.cold or not is_root:
+        say(f"scanning {root}")
+        files = list(FolderSource(root).files())
+    if not cfg.cold:
+        cache["resident_fraction_at_start"] = resident_fraction(files or [])
+        cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
+
+    tmp = Path(tempfile.mkdtemp(prefix="autotune-bench-"))
+    try:
+        spec_path, result_path, log_path = tmp / "spec.json", tmp / "result.json", tmp / "child.log"
+        spec = {"config": cfg.to_dict(), "dataset": str(root), "parent_pid": os.getpid()}
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)
+        repo = str(Path(autotune.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+        cmd = [sys.executable, "-m", "autotune.bench.child", str(spec_path), str(result_path)]
+
+        status_r, status_w = os.pipe()
+        go_r, go_w = os.pipe()
+        cmd += [str(status_w), str(go_r)]
+        log = open(log_path, "wb")
+        proc: subprocess.Popen | None = None
+        mon: SystemMonitor | None = None
+        timed_out = False
+        phase = "startup"
+        marks_parent: dict[str, float] = {}
+        cleanup: procs.Cleanup | None = None
+        oom0 = _oom_kills()
+        procs.acquire_subreaper()
+        try:
+            say("starting the measurement process (importing torch)")
+            proc = (popen or subprocess.Popen)(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, pass_fds=(status_w, go_r), env=env)
+            marks_parent["spawn"] = time.monotonic()
+            os.close(status_w)
+            os.close(go_r)
+            status_w = go_r = -1
+            try:
+                mon = SystemMonitor(path=monitor_path or root, pid=proc.pid,
+                                    interval=cfg.monitor_interval_s).start()
+            except AutotuneError:
+                mon = None  # the child already exited: its result or exit status tells why
+            deadline = marks_parent["spawn"] + cfg.effective_timeout
+            reader = _Status(status_r)
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now >= deadline:
+                    timed_out = True
+                    break
+                for line in reader.read(min(0.2, deadline - now)):
+                    word, _, arg = line.partition(" ")
+                    if word == "ready":
+                        phase = "dataset scan"
+                        if throttle is not None:
+                            throttle.add_pid(proc.pid)
+                        if cfg.cold:
+                            say("dropping the page cache")
+                            try:
+                                cache["method"] = make_cold(files)
+                            except NotPermitted:  # root, but /proc/sys is read-only here
+                                files = list(FolderSource(root).files())
+                                cache["method"] = make_cold(files)
+                            if cache["method"] == "fadvise":
+                                frac = resident_fraction(files or [])
+                                cache["resident_fraction_after_evict"] = frac
+                        marks_parent["go"] = time.monotonic()
+                        try:
+                            os.write(go_w, b"g")
+                        except BrokenPipeError:
+                            pass  # the child died meanwhile: its exit status tells why
+                        say(f"scanning the dataset, starting {cfg.num_workers} worker(s)")
+                    elif word == "warmup":
+                        phase = "warm-up"
+                        say(f"warm-up: {arg} batches (excluded)")
+                    elif word == "measure":
+                        phase = "measurement"
+                        say(f"measuring for {arg} s")
+                    elif word == "done":
+                        phase = "shutdown"
+                        say("stopping the workers")
+            if timed_out:
+                _kill_group(proc.pid)
+            proc.wait()
+        finally:
+            if proc is not None:
+                if proc.poll() is None:
+                    _kill_group(proc.pid)
+                    proc.wait()
+                cleanup = procs.end_group(proc.pid, leader=proc.pid)
+            procs.release_subreaper()
+            if mon is not None:
+                mon.stop()
+            for fd in (status_r, status_w, go_r, go_w):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            log.close()
+
+        child: dict[str, Any] | None = None
+        if result_path.exists():
+            try:
+                child = json.loads(result_path.read_text())
+            except ValueError:
+                child = None
+        log_tail = _log_tail(log_path)
+        samples = mon.records if mon is not None else []
+        res = build_result(cfg, root, fmt, child, samples, cache, proc, timed_out, phase,
+                            log_tail, _oom_kills() - oom0, cleanup, mon, marks_parent)
+        if timeline is not None:
+            write_timeline(timeline, samples, child, marks_parent)
+            res.timeline_file = str(timeline)
+        res.seconds_total = time.monotonic() - t_begin
+        return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+

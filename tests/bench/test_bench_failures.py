@@ -1,0 +1,205 @@
+"""Failures end as failed results with a reason and a hint, and leave no process behind.
+
+Real failures of real worker processes: a corrupt JPEG, a step that raises or hangs, a
+worker killed (as the OOM killer does) or stopped (a hung worker), a low open-files limit,
+and a full /dev/shm (a tiny tmpfs in a private mount namespace).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from autotune.bench import BenchConfig, run_bench
+
+
+def _cfg(**kw) -> BenchConfig:
+    base = dict(num_workers=2, batch_size=4, seconds=3, cold=False, timeout_s=90)
+    base.update(kw)
+    return BenchConfig.from_preset("decode-only", **base)
+
+
+@pytest.fixture
+def corrupt_ds(small_dataset: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "ds"
+    shutil.copytree(small_dataset, d)
+    (d / "class_0002" / "zz_corrupt.jpg").write_bytes(b"\xff\xd8 this is not a JPEG")
+    return d
+
+
+def test_corrupt_file_fails_naming_the_file(corrupt_ds: Path, no_leftovers) -> None:
+    r = run_bench(corrupt_ds, _cfg(seconds=30))  # the whole (warm) set is read: it hits the file
+    assert r.failed and r.failure_kind == "worker_error", (r.failure_kind, r.reason)
+    assert "zz_corrupt.jpg: cannot decode" in r.reason
+    assert "fix or remove the file" in r.hint
+    assert r.images_per_s is None
+    no_leftovers(r)
+
+
+def test_step_that_raises(small_dataset: Path, tmp_path: Path, no_leftovers) -> None:
+    step = tmp_path / "badstep.py"
+    step.write_text("def step(batch):\n    raise ValueError('loss is NaN at batch 0')\n")
+    r = run_bench(small_dataset, _cfg(step=f"{step}:step"))
+    assert r.failed and r.failure_kind == "step_error"
+    assert "raised ValueError: loss is NaN at batch 0" in r.reason and "--compute-ms" in r.hint
+    no_leftovers(r)
+
+
+def test_real_step_is_called_with_the_batch(small_dataset: Path, tmp_path: Path, no_leftovers) -> None:
+    step = tmp_path / "goodstep.py"
+    out = tmp_path / "shapes.txt"
+    step.write_text(
+        "import time\n"
+        f"def step(batch):\n"
+        f"    x, y = batch\n"
+        f"    open({str(out)!r}, 'a').write(f'{{tuple(x.shape)}} {{x.dtype}} {{len(y)}}\\n')\n"
+        "    time.sleep(0.02)\n")
+    r = run_bench(small_dataset, _cfg(step=f"{step}:step", seconds=1, warmup_batches=2))
+    assert not r.failed, r.reason
+    assert out.read_text().splitlines()[0] == "(4, 3, 224, 224) torch.uint8 4"
+    assert r.au is not None and r.step_ms["p50"] >= 19
+    no_leftovers(r)
+
+
+def _run_in_thread(ds: Path, cfg: BenchConfig) -> tuple[threading.Thread, dict]:
+    """run_bench in a thread; box["measuring"] is set once the measured window starts."""
+    box: dict = {"measuring": threading.Event()}
+
+    def progress(msg: str) -> None:
+        if msg.startswith("measuring"):
+            box["measuring"].set()
+
+    def target() -> None:
+        try:
+            box["res"] = run_bench(ds, cfg, progress=progress)
+        except BaseException as e:  # noqa: BLE001  (shown by the test, not lost in a thread)
+            box["error"] = e
+            box["measuring"].set()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, box
+
+
+def _workers(box: dict, n: int, measurement_processes, timeout: float = 60.0) -> list[psutil.Process]:
+    """The DataLoader workers (children of the measurement process) while it measures."""
+    assert box["measuring"].wait(timeout), "the measurement did not start"
+    assert "error" not in box, box["error"]
+    procs = measurement_processes()
+    root = next(p for p in procs if p.ppid() not in {q.pid for q in procs})
+    kids = [k for k in root.children() if k.status() != psutil.STATUS_ZOMBIE]
+    assert len(kids) == n, kids
+    return kids
+
+
+def test_worker_killed_like_the_oom_killer_does(bench_ds: Path, no_leftovers,
+                                                live_measurements) -> None:
+    t, box = _run_in_thread(bench_ds, _cfg(seconds=60, compute_ms=20))
+    victim = _workers(box, 2, live_measurements)[0]
+    victim.send_signal(signal.SIGKILL)
+    t.join(60)
+    r = box["res"]
+    assert r.failed and r.failure_kind == "worker_killed", (r.failure_kind, r.reason)
+    assert f"pid {victim.pid} was killed by SIGKILL" in r.reason and "OOM" in r.reason
+    assert "fewer workers" in r.hint
+    no_leftovers(r)
+
+
+def test_hung_worker_hits_the_dataloader_timeout(small_dataset: Path, tmp_path: Path,
+                                                 no_leftovers) -> None:
+    # A FIFO named like an image: the worker that opens it blocks in open(), as on a hung
+    # network mount, while its other threads (which hand batches over) stay alive.
+    d = tmp_path / "ds"
+    shutil.copytree(small_dataset, d)
+    os.mkfifo(d / "class_0001" / "zz_hung.jpg")
+    r = run_bench(d, _cfg(seconds=30, batch_timeout_s=3))
+    assert r.failed and r.failure_kind == "timeout", (r.failure_kind, r.reason)
+    assert "no batch arrived for 3" in r.reason and "--batch-timeout" in r.hint
+    no_leftovers(r)
+
+
+@pytest.mark.slow
+def test_frozen_worker_hits_the_hard_timeout(bench_ds: Path, no_leftovers,
+                                             live_measurements) -> None:
+    # SIGSTOP freezes every thread of the worker, including the one that passes batch
+    # file descriptors: the main process then blocks inside the queue read, beyond the
+    # DataLoader timeout's reach. Only the hard timeout ends it.
+    t, box = _run_in_thread(bench_ds, _cfg(seconds=10, batch_timeout_s=3, timeout_s=15))
+    stopped = _workers(box, 2, live_measurements)
+    for w in stopped:
+        w.send_signal(signal.SIGSTOP)
+    t.join(60)
+    r = box["res"]
+    assert r.failed and r.failure_kind in ("hung", "timeout"), (r.failure_kind, r.reason)
+    if r.failure_kind == "hung":
+        assert "no result after 15 s (hard timeout)" in r.reason and r.process["timed_out"]
+    assert all(not psutil.pid_exists(w.pid) for w in stopped)  # stopped, then killed
+    no_leftovers(r)
+
+
+def test_too_many_open_files(small_dataset: Path, no_leftovers) -> None:
+    r = run_bench(small_dataset, _cfg(num_workers=4, max_open_files=24))
+    assert r.failed and r.failure_kind == "open_files", (r.failure_kind, r.reason)
+    assert "too many open files (limit 24" in r.reason and "ulimit -n" in r.hint
+    no_leftovers(r)
+
+
+@pytest.mark.root
+def test_full_dev_shm(small_dataset: Path, no_leftovers) -> None:
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+
+    def tiny_shm(cmd, **kw):
+        # A private mount namespace whose /dev/shm holds 256 KiB: batches cannot fit.
+        return subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs -o size=256k tmpfs /dev/shm && exec "$@"', "sh", *cmd], **kw)
+
+    r = run_bench(small_dataset, _cfg(), popen=tiny_shm)
+    assert r.failed and r.failure_kind == "shm", (r.failure_kind, r.reason)
+    assert "/dev/shm" in r.reason and "--shm-size" in r.hint
+    assert "used of 0 MiB" in r.reason  # the child's own (tiny) /dev/shm, not ours
+    no_leftovers(r)
+
+
+def test_killed_bench_parent_takes_its_measurement_along(small_dataset: Path, tmp_path: Path,
+                                                         live_measurements) -> None:
+    # The process calling run_bench dies outright (SIGKILL: no finally runs): the
+    # measurement process and its workers must not outlive it.
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        "from autotune.bench import BenchConfig, run_bench\n"
+        "cfg = BenchConfig.from_preset('decode-only', num_workers=2, batch_size=4, seconds=60,\n"
+        "                              cold=False, compute_ms=50)\n"
+        "run_bench(sys.argv[1], cfg, progress=lambda m: print(m, flush=True))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, str(script), str(small_dataset)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    for line in parent.stdout:
+        if line.startswith("measuring"):
+            break
+    kids = [p for p in psutil.Process(parent.pid).children(recursive=True)]
+    assert len(kids) >= 3  # measurement process + 2 workers
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in kids):
+        time.sleep(0.1)
+    assert not [p.pid for p in kids if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

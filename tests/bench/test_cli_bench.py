@@ -1,0 +1,78 @@
+"""`autotune bench` on the command line: help, usage errors (exit 2), a real run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+
+
+def test_help_says_what_is_measured(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for text in ("data-wait fraction", "AU ", "input-bound < 0.90", "cold", "--warm",
+                 "resnet50", "decode-only", "heavy-augment", "examples:", "exit status:",
+                 "--prefetch-factor", "--step MODULE:FUNCTION", "--timeline", "--json"):
+        assert text in out, text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "bench" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--prefetch-factor", "0"], "--prefetch-factor must be at least 1, but got 0."),
+    (["--workers", "-1"], "--workers must be at least 0, but got -1."),
+    (["--workers", "0", "--prefetch-factor", "2"], "--prefetch-factor 2 needs --workers > 0"),
+    (["--workers", "0", "--persistent-workers"], "--persistent-workers needs --workers > 0"),
+    (["--compute-ms", "5", "--step", "m:f"], "not allowed with argument"),
+    (["--cold", "--warm"], "not allowed with argument"),
+    (["--seconds", "0"], "--seconds must be positive, but got 0."),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--format", "lmdb"], "format lmdb (as asked) is not yet supported"),
+    (["--step", "nocolon"], "step must be 'module:function'"),
+])
+def test_bad_arguments_exit_2(small_dataset: Path, capsys: pytest.CaptureFixture[str],
+                              argv: list[str], msg: str) -> None:
+    try:
+        rc = main(["-q", "bench", str(small_dataset), *argv])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_missing_dataset_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["-q", "bench", str(tmp_path / "nope")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_real_run_json_to_stdout(small_dataset: Path, tmp_path: Path,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    tl = tmp_path / "tl.jsonl"
+    rc = main(["-q", "bench", str(small_dataset), "--preset", "decode-only", "--warm",
+               "--workers", "1", "--batch-size", "4", "--seconds", "1", "--warmup-batches", "2",
+               "--pin-memory", "--json", "-", "--timeline", str(tl)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    d = json.loads(cap.out)  # only JSON on stdout; the table went to stderr
+    assert d["failed"] is False and d["images_per_s"] > 0 and d["cold"] is False
+    assert d["config"]["num_workers"] == 1 and d["config"]["preset"] == "decode-only"
+    assert "images/s" in cap.err and "WARM" in cap.err and "pin_memory=True has no effect" in cap.err
+    assert tl.read_text().count("\n") >= 1
+
+
+def test_failed_measurement_exits_1_with_reason(small_dataset: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    rc = main(["-q", "bench", str(small_dataset), "--preset", "decode-only", "--workers", "1",
+               "--batch-size", "16", "--json", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 1
+    assert "FAILED (no_batches)" in cap.out and "--warm" in cap.out
+    d = json.loads(out.read_text())
+    assert d["failed"] and d["reason"] and d["hint"] and d["images_per_s"] is None

@@ -1,0 +1,72 @@
+"""BenchConfig validation and the window arithmetic (pure, no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.bench import BenchConfig
+from autotune.bench.stats import Batch, split_windows, window_figures
+from autotune.errors import UsageError
+
+
+def test_from_preset_and_overrides() -> None:
+    c = BenchConfig.from_preset("resnet50", num_workers=8, batch_size=None)
+    assert (c.batch_size, c.num_workers, c.prefetch_factor, c.preset) == (256, 8, 2, "resnet50")
+    assert c.effective_warmup == 16  # every batch requested at loader start
+    z = BenchConfig.from_preset("resnet50", num_workers=0).validate()
+    assert z.prefetch_factor is None and z.effective_warmup == 5
+    s = BenchConfig.from_preset("resnet50", step="m:f")
+    assert s.compute_ms == 0 and s.has_step
+    assert BenchConfig.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"prefetch_factor": 0}, "prefetch_factor must be at least 1, but got 0."),
+    ({"num_workers": 0, "prefetch_factor": 2}, "prefetch_factor=2 needs num_workers > 0"),
+    ({"num_workers": 0, "persistent_workers": True}, "persistent_workers needs num_workers > 0"),
+    ({"num_workers": -1}, "num_workers must be at least 0, but got -1."),
+    ({"batch_size": 0}, "batch_size must be at least 1, but got 0."),
+    ({"seconds": 0}, "seconds must be positive, but got 0."),
+    ({"compute_ms": -1}, "compute_ms must be a number >= 0, but got -1."),
+    ({"step": "nocolon"}, "step must be 'module:function'"),
+    ({"step": "m:f", "compute_ms": 5}, "either compute_ms .* or step"),
+    ({"format": "tar"}, "format must be one of auto, folder, lmdb, wds"),
+    ({"timeout_s": 5, "seconds": 10}, r"timeout_s \(5 s\) must be longer"),
+    ({"max_open_files": 3}, "max_open_files must be at least 8"),
+])
+def test_validation_messages(kw: dict, msg: str) -> None:
+    with pytest.raises(UsageError, match=msg):
+        BenchConfig.from_preset("resnet50", **kw).validate()
+
+
+def test_split_windows() -> None:
+    assert split_windows(10, 5) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 10)]
+    assert split_windows(5, 5) == [(0, 2), (2, 5)]  # at least two batches per window
+    assert split_windows(1, 5) == [(0, 1)]
+    assert sum(b - a for a, b in split_windows(37, 5)) == 37
+
+
+def test_window_figures_from_known_timings() -> None:
+    # 10 batches of 4 samples: 30 ms wait then 70 ms step, back to back from t=100.
+    t, batches = 100.0, []
+    for _ in range(10):
+        t += 0.1
+        batches.append(Batch(wait_s=0.03, step_s=0.07, samples=4, end=t))
+    f = window_figures(batches, start=100.0, windows=5)
+    assert f.images_per_s == pytest.approx(40.0)
+    assert f.images_per_s_overall == pytest.approx(40.0)
+    assert f.data_wait_fraction == pytest.approx(0.3)
+    assert f.step_fraction == pytest.approx(0.7)
+    assert f.wait_ms_p50 == pytest.approx(30.0) and f.step_ms_p95 == pytest.approx(70.0)
+    assert f.spread == pytest.approx(0.0)
+
+
+def test_window_median_resists_one_stall() -> None:
+    t, batches = 0.0, []
+    for i in range(10):
+        t += 2.0 if i == 3 else 0.1  # one 2 s stall in the second window
+        batches.append(Batch(0.0, 0.0, 10, t))
+    f = window_figures(batches, start=0.0, windows=5)
+    assert f.images_per_s == pytest.approx(100.0)
+    assert f.images_per_s_overall == pytest.approx(100 / 2.9)
+    assert f.spread > 0.9

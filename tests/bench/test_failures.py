@@ -1,0 +1,59 @@
+"""Failure classification on PyTorch's own messages (unit level; the real failures are
+produced by real worker processes in test_bench_failures.py)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from autotune.bench.failures import classify_error, classify_exit
+
+WORKER_TB = ("Caught SampleError in DataLoader worker process 1.\nOriginal Traceback (most "
+             "recent call last):\n  File \"x.py\", line 1, in f\nautotune.data.sources.SampleError: "
+             "/d/c/bad.jpg: cannot decode (UnidentifiedImageError: nope); fix or remove the file")
+
+
+@pytest.mark.parametrize("err, kind, text", [
+    ({"type": "SampleError", "message": WORKER_TB, "phase": "measure"}, "worker_error", "bad.jpg"),
+    ({"type": "RuntimeError", "message": "DataLoader worker (pid 77) is killed by signal: Killed.",
+      "phase": "measure"}, "worker_killed", "OOM"),
+    ({"type": "RuntimeError", "message": "DataLoader worker (pid 77) is killed by signal: Bus "
+      "error. It is possible that dataloader's workers are out of shared memory.", "phase": "warmup"},
+     "shm", "/dev/shm"),
+    ({"type": "RuntimeError", "message": "Caught RuntimeError in DataLoader worker process 0.\n"
+      "Original Traceback (most recent call last):\nRuntimeError: unable to write to file "
+      "</torch_1_2_3>: No space left on device (28)", "phase": "measure"}, "shm", "torch_1_2_3"),
+    ({"type": "RuntimeError", "message": "received 0 items of ancdata", "phase": "measure"},
+     "open_files", "limit 1024"),
+    ({"type": "OSError", "message": "[Errno 24] Too many open files", "errno": 24,
+      "phase": "warmup"}, "open_files", "ulimit -n"),
+    ({"type": "RuntimeError", "message": "DataLoader timed out after 3.0 seconds",
+      "phase": "measure"}, "timeout", "3.0 s"),
+    ({"type": "RuntimeError", "message": "DataLoader worker (pid(s) 5, 6) exited unexpectedly",
+      "phase": "measure"}, "worker_crashed", "5, 6"),
+    ({"type": "ValueError", "message": "boom", "phase": "step"}, "step_error", "boom"),
+    ({"type": "ModuleNotFoundError", "message": "No module named 'x'", "phase": "step-import"},
+     "startup", "x"),
+])
+def test_classify_error(err: dict, kind: str, text: str) -> None:
+    f = classify_error(err, {"nofile_limit": 1024, "step": "m:f"})
+    assert f.kind == kind, f
+    assert text in f.reason + f.hint
+    assert f.hint
+
+
+def test_classify_exit() -> None:
+    ctx: dict = {}
+    hung = classify_exit(None, timed_out=True, timeout_s=30, phase="measurement", log_tail="",
+                         oom_kills=0, ctx=ctx)
+    assert hung.kind == "hung" and "30 s" in hung.reason
+    oom = classify_exit(-signal.SIGKILL, timed_out=False, timeout_s=30, phase="measurement",
+                        log_tail="", oom_kills=1, ctx=ctx)
+    assert oom.kind == "oom" and "OOM killer" in oom.reason and "fewer workers" in oom.hint
+    bus = classify_exit(-signal.SIGBUS, timed_out=False, timeout_s=30, phase="warm-up",
+                        log_tail="", oom_kills=0, ctx=ctx)
+    assert bus.kind == "shm"
+    crash = classify_exit(2, timed_out=False, timeout_s=30, phase="startup",
+                          log_tail="Traceback...\nImportError: no torch", oom_kills=0, ctx=ctx)
+    assert crash.kind == "crashed" and "no torch" in crash.reason
