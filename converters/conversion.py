@@ -1,0 +1,418 @@
+"""`convert()`: image folder (or file list) -> LMDB or WebDataset shards, resumable.
+
+Steps: lock DST -> reuse or make the plan (streaming scan, seeded shuffle, units) -> write
+the units not yet done, with `workers` processes -> publish -> manifest.json (last) ->
+remove the work directory. Kill it at any point and run it again with the same options:
+it continues from the last durable unit and ends with output identical to an
+uninterrupted run (see converters/__init__.py for the guarantees).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from converters._base import ConvertError, FormatWriter, UnitResult, set_progress_counter
+from converters.images import VERIFY_LEVELS, SampleOptions
+from converters.manifest import NAME as MANIFEST_NAME
+from converters.manifest import Manifest, read_manifest, write_manifest
+from converters.plan import Plan, make_plan
+from converters.scan import ScanSink, scan_file_list, scan_folder
+from converters.workdir import NAME as WORKDIR_NAME
+from converters.workdir import WorkDir
+
+FORMATS = ("lmdb", "wds")
+ON_ERROR = ("skip", "fail")
+DEFAULT_SHARD_SIZE = 64 << 20
+DEFAULT_READERS = 32
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Options of one conversion. Those in `fingerprint()` fix the output; `workers`,
+    `on_error` and `map_size` do not change a successful conversion's bytes."""
+
+    format: str
+    shard_size: int = DEFAULT_SHARD_SIZE
+    workers: int = 1
+    seed: int = 0
+    max_side: int | None = None
+    quality: int = 90
+    on_error: str = "skip"
+    verify: str = "header"
+    readers: int = DEFAULT_READERS
+    file_list: str | None = None
+    map_size: int | None = None  # LMDB: initial map size (default from the source size)
+
+    def validate(self) -> None:
+        if self.format not in FORMATS:
+            raise UsageError(f"--format must be lmdb or wds, but got {self.format!r}.")
+        if self.on_error not in ON_ERROR:
+            raise UsageError(f"--on-error must be skip or fail, but got {self.on_error!r}.")
+        if self.verify not in VERIFY_LEVELS:
+            raise UsageError(f"--verify must be header or decode, but got {self.verify!r}.")
+        if self.shard_size < 1 << 16:
+            raise UsageError(f"--shard-size must be at least 64KiB, but got {self.shard_size} "
+                             "bytes (shards of one image each defeat the purpose).")
+        if self.workers < 1:
+            raise UsageError(f"--workers must be at least 1, but got {self.workers}.")
+        if self.readers < 1:
+            raise UsageError(f"--readers must be at least 1, but got {self.readers}.")
+        if not -(1 << 63) <= self.seed < 1 << 63:
+            raise UsageError(f"--seed must fit in 64 bits, but got {self.seed}.")
+        if self.max_side is not None and self.max_side < 16:
+            raise UsageError(f"--max-side must be at least 16 pixels, but got {self.max_side}.")
+        if not 1 <= self.quality <= 100:
+            raise UsageError(f"--quality must be between 1 and 100, but got {self.quality}.")
+        if self.map_size is not None and self.map_size < 1 << 16:
+            raise UsageError(f"map_size must be at least 64KiB, but got {self.map_size}.")
+
+    def fingerprint(self, src: str) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": self.format, "source": src, "seed": self.seed,
+                             "verify": self.verify, "max_side": self.max_side,
+                             "file_list": self.file_list}
+        if self.max_side:
+            d["quality"] = self.quality
+        d["shard_size"] = self.shard_size  # WebDataset shard / LMDB commit batch
+        if self.format == "wds":
+            d["readers"] = self.readers
+        return d
+
+
+@dataclass
+class ConvertProgress:
+    """A snapshot for a progress display."""
+
+    phase: str  # "scan", "convert", "publish"
+    samples: int  # files scanned (scan) / processed (convert)
+    total: int  # 0 while scanning
+    source_bytes: int
+    total_bytes: int
+    elapsed: float
+    units_done: int = 0
+    units: int = 0
+
+
+@dataclass
+class ConvertResult:
+    dst: str
+    format: str
+    samples: int
+    classes: int
+    shards: int
+    output_bytes: int
+    source_files: int
+    source_bytes: int  # bytes of the scanned files
+    seconds: float
+    skipped: list[dict[str, str]]
+    skipped_by_kind: dict[str, int]
+    ignored: int  # files without an image extension
+    reencoded: int = 0
+    bytes_saved: int = 0
+    resumed_units: int = 0  # units a previous run had finished
+    already_complete: bool = False
+    warnings: list[str] = field(default_factory=list)
+    manifest: str = ""
+    read_bytes: int = 0  # source bytes read by this run
+    processed: int = 0  # source files this run read and checked (a resumed run: the rest)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.processed / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.read_bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["images_per_s"] = self.images_per_s
+        d["mb_per_s"] = self.mb_per_s
+        return d
+
+
+Progress = Callable[[ConvertProgress], None]
+
+
+def _writer_class(fmt: str) -> type[FormatWriter]:
+    if fmt == "lmdb":
+        from converters.lmdb_writer import LmdbWriter
+        return LmdbWriter
+    from converters.wds_writer import WdsWriter
+    return WdsWriter
+
+
+def _layout(fmt: str) -> str:
+    if fmt == "lmdb":
+        from converters.lmdb_writer import LAYOUT
+        return LAYOUT
+    from converters.wds_writer import LAYOUT
+    return LAYOUT
+
+
+def _check_paths(src: Path, dst: Path, file_list: str | None) -> None:
+    if not src.exists():
+        raise UsageError(f"{src}: no such file or directory.")
+    if not src.is_dir():
+        raise UsageError(f"{src}: not a directory (SRC is an image folder, or the root the "
+                         "--file-list paths are relative to).")
+    if file_list and not Path(file_list).is_file():
+        raise UsageError(f"{file_list}: no such file (--file-list).")
+    rs, rd = src.resolve(), dst.resolve()
+    if rd == rs or (rs in rd.parents and not file_list):  # a file list names its files
+        raise UsageError(f"{dst}: inside SRC {src}; the output would be scanned as input. "
+                         "Choose a DST outside SRC.")
+    if rd in rs.parents:
+        raise UsageError(f"{dst}: contains SRC {src}; choose a separate DST.")
+
+
+def _complete_result(dst: Path, m: Manifest) -> ConvertResult:
+    kinds = collections.Counter(s["reason"].split(" (", 1)[0] for s in m.skipped)
+    return ConvertResult(
+        dst=str(dst), format=m.format, samples=m.num_samples, classes=m.num_classes,
+        shards=len(m.shards), output_bytes=sum(int(s["bytes"]) for s in m.shards),
+        source_files=int(m.source.get("files", 0)), source_bytes=int(m.source.get("bytes", 0)),
+        seconds=0.0, skipped=m.skipped, skipped_by_kind=dict(kinds),
+        ignored=int(m.stats.get("ignored", 0)), reencoded=int(m.stats.get("reencoded", 0)),
+        bytes_saved=int(m.stats.get("bytes_saved", 0)), already_complete=True,
+        manifest=str(dst / MANIFEST_NAME), resumed_units=len(m.shards))
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
+            progress: Progress | None = None) -> ConvertResult:
+    """Convert SRC into DST (created if needed) as `opts.format`; resumes a killed run.
+
+    Raises UsageError for bad arguments or a DST that holds something else, and
+    ConvertError for failures (the message names the file and the fix).
+    """
+    opts.validate()
+    srcp, dstp = Path(src), Path(dst)
+    _check_paths(srcp, dstp, opts.file_list)
+    fl = os.path.abspath(opts.file_list) if opts.file_list else None
+    opts = ConvertOptions(**{**asdict(opts), "file_list": fl})
+    src_root = os.path.abspath(srcp)
+    fp = opts.fingerprint(src_root)
+    t0 = time.monotonic()
+
+    if (dstp / MANIFEST_NAME).exists():
+        m = read_manifest(dstp)
+        if m.options != fp:
+            raise UsageError(_differs(dstp, "a complete conversion", m.options, fp))
+        shutil.rmtree(dstp / WORKDIR_NAME, ignore_errors=True)  # a kill after the manifest
+        return _complete_result(dstp, m)
+    try:
+        dstp.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{dstp}: cannot create the output directory ({e.strerror}).") from e
+    wd = WorkDir(dstp)
+    if not wd.exists() and any(True for _ in dstp.iterdir()):
+        raise UsageError(f"{dstp}: not empty and not an autotune conversion; choose an empty "
+                         "or new DST.")
+    if not os.access(dstp, os.W_OK):
+        raise UsageError(f"{dstp}: not writable by this user; choose another DST.")
+    wd.lock()
+    writer: FormatWriter | None = None
+    plan: Plan | None = None
+    run = RunState()
+    try:
+        plan = Plan.load(wd.plan)
+        if plan is not None and plan.fingerprint != fp:
+            raise UsageError(_differs(dstp, "a partial conversion", plan.fingerprint, fp))
+        if plan is None:
+            plan = _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
+        wd.clear_tmp()
+        sample_opts = SampleOptions(root=src_root, verify=opts.verify, max_side=opts.max_side,
+                                    quality=opts.quality)
+        writer = _writer_class(opts.format)(dstp, wd, plan, opts, sample_opts)
+        results = _run_units(writer, plan, opts, progress, t0, run)
+        if progress:
+            progress(ConvertProgress("publish", plan.num_entries, plan.num_entries,
+                                     plan.planned_bytes, plan.planned_bytes,
+                                     time.monotonic() - t0, plan.units, plan.units))
+        shards = writer.publish(results)
+        FormatWriter.fsync_dir(dstp)  # every published name durable before the manifest
+        m = _manifest(plan, opts, fp, results, shards, wd)
+        write_manifest(dstp, m)
+    except OSError as e:
+        raise _os_error(e, dstp, run) from e
+    finally:
+        if writer is not None:
+            writer.close()
+        if plan is not None:
+            plan.close()
+        if wd.tmp.is_dir():
+            wd.clear_tmp()
+        wd.unlock()
+    wd.remove()
+    res = _complete_result(dstp, m)
+    res.already_complete = False
+    res.seconds = time.monotonic() - t0
+    res.resumed_units = run.resumed_units
+    res.read_bytes = run.read_bytes
+    res.processed = run.processed
+    res.warnings = list(plan.warnings)
+    return res
+
+
+@dataclass
+class RunState:
+    """What the unit runner knows, also when it stops on an error."""
+
+    resumed_units: int = 0
+    read_bytes: int = 0  # source bytes read by this run
+    processed: int = 0  # source files read by this run
+    remaining_bytes: int = 0  # source bytes of the units still to write
+
+
+def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    diffs = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k)]
+    how = ("rerun with the same options to resume" if what.startswith("a partial")
+           else "it is kept as it is")
+    return (f"{dst}: holds {what} made with other options ({'; '.join(diffs)}); {how}, or "
+            "choose another (or an emptied) DST.")
+
+
+def _os_error(e: OSError, dst: Path, run: RunState) -> Exception:
+    if e.errno == errno.ENOSPC:
+        from autotune.units import fmt_bytes
+
+        try:
+            st = os.statvfs(dst)
+            free = fmt_bytes(st.f_bavail * st.f_frsize)
+        except OSError:
+            free = "?"
+        left = (f"; about {fmt_bytes(run.remaining_bytes)} of source data still to write"
+                if run.remaining_bytes else "")
+        return ConvertError(
+            f"{e.filename or dst}: no space left on device ({free} free{left}); free space "
+            "and rerun the same `autotune convert` command to resume: finished units are kept.")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return ConvertError(f"{e.filename or dst}: {e.strerror}; DST must be writable "
+                            "(check permissions or a read-only mount).")
+    return ConvertError(f"{e.filename or dst}: {e.strerror or e}; fix it and rerun to resume.")
+
+
+def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, Any],
+                   src_root: str, progress: Progress | None, t0: float) -> Plan:
+    # A fresh scan: whatever an interrupted scan or an older plan left is discarded.
+    shutil.rmtree(wd.plan, ignore_errors=True)
+    wd.plan.mkdir(parents=True)
+    shutil.rmtree(wd.done, ignore_errors=True)
+    wd.done.mkdir(parents=True)
+    shutil.rmtree(wd.lmdb, ignore_errors=True)
+    sink = ScanSink(wd.plan, opts.seed, opts.on_error, src_root)
+
+    def scan_progress(files: int, nbytes: int) -> None:
+        if progress:
+            progress(ConvertProgress("scan", files, 0, nbytes, 0, time.monotonic() - t0))
+
+    if opts.file_list:
+        scan = scan_file_list(Path(opts.file_list), src, sink, scan_progress)
+    else:
+        scan = scan_folder(src, sink, scan_progress)
+    if scan.files == 0:
+        raise ConvertError(f"{src}: no usable images ({scan.skipped} skipped, {scan.ignored} "
+                           "files without an image extension); nothing to convert.")
+    dupes: list[str] = []
+    plan = make_plan(scan, wd.plan, fmt=opts.format, shard_size=opts.shard_size,
+                     readers=opts.readers, fingerprint=fp, source_root=src_root,
+                     dedupe=dupes.append)
+    if dupes:
+        if opts.on_error == "fail":
+            raise ConvertError(f"{opts.file_list}: names {dupes[0]} more than once "
+                               f"({len(dupes)} repeated paths); remove the repeats or rerun "
+                               "with --on-error skip to keep the first of each.")
+        import json
+        with open(wd.plan / "scan-skipped.jsonl", "a", encoding="utf-8") as f:
+            for p in dupes:
+                f.write(json.dumps({"path": p, "reason": "duplicate entry (the file list names "
+                                    "it more than once; kept once)"}) + "\n")
+    return plan
+
+
+# -- running the units --------------------------------------------------------------------
+
+def _run_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
+               progress: Progress | None, t0: float, run: RunState) -> list[UnitResult]:
+    """Write the pending units (inline, or `opts.workers` processes) and accept them in
+    unit order; returns every unit's result, earlier runs' included."""
+    done = writer.open()
+    results = {r.unit: r for r in done}
+    pending = writer.pending()
+    run.resumed_units = len(done)
+    done_entries = sum(len(plan.unit_range(u)) for u in results)
+    run.remaining_bytes = sum(plan.unit_sizes[u] for u in pending)
+    done_bytes = plan.planned_bytes - run.remaining_bytes
+
+    def report(counter: Any) -> None:
+        if progress:
+            progress(ConvertProgress("convert", done_entries + counter[0], plan.num_entries,
+                                     done_bytes + counter[1], plan.planned_bytes,
+                                     time.monotonic() - t0, len(results), plan.units))
+
+    workers = min(opts.workers, len(pending))
+    if workers <= 1:
+        counter = [0, 0]
+        set_progress_counter(counter)
+        try:
+            for u in pending:
+                results[u] = writer.accept(u, writer.work(u))
+                run.remaining_bytes -= plan.unit_sizes[u]
+                report(counter)
+        finally:
+            set_progress_counter(None)
+            run.processed, run.read_bytes = counter[0], counter[1]
+        return [results[u] for u in sorted(results)]
+
+    import multiprocessing as mp
+
+    from converters.pool import WorkerPool
+
+    ctx = mp.get_context("forkserver")
+    counter = ctx.Array("q", 2, lock=True)
+    # LMDB results carry a batch of image bytes: keep few waiting for their commit.
+    window = workers + 1 if opts.format == "lmdb" else 2 * workers
+    pool = WorkerPool(workers, writer.work, counter, ctx)
+    ok = False
+    try:
+        for u, out in pool.run(pending, window, tick=lambda: report(counter)):
+            results[u] = writer.accept(u, out)
+            run.remaining_bytes -= plan.unit_sizes[u]
+            report(counter)
+        ok = True
+    finally:
+        pool.close(kill=not ok)
+        run.processed, run.read_bytes = counter[0], counter[1]
+    return [results[u] for u in sorted(results)]
+
+
+def _manifest(plan: Plan, opts: ConvertOptions, fp: dict[str, Any], results: list[UnitResult],
+              shards: list[dict[str, Any]], wd: WorkDir) -> Manifest:
+    import json
+
+    skipped: list[dict[str, str]] = []
+    skp = wd.plan / "scan-skipped.jsonl"
+    if skp.exists():
+        with open(skp, encoding="utf-8") as f:
+            skipped.extend(json.loads(line) for line in f if line.strip())
+    for r in results:
+        skipped.extend(r.skipped)
+    skipped.sort(key=lambda s: (s["path"], s["reason"]))
+    samples = sum(r.samples for r in results)
+    src_read = sum(r.source_bytes for r in results)
+    stored = sum(r.stored_bytes for r in results)
+    reenc = sum(r.reencoded for r in results)
+    stats = {"source_bytes_stored": src_read, "stored_bytes": stored, "reencoded": reenc,
+             "bytes_saved": src_read - stored, "ignored": plan.ignored}
+    return Manifest(format=opts.format, num_samples=samples, num_classes=len(plan.classes),
+                    classes=plan.classes, shards=shards, skipped=skipped, source=plan.source,
+                    options=fp, layout=_layout(opts.format), stats=stats)

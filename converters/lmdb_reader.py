@@ -1,0 +1,257 @@
+"""Map-style reader of an autotune LMDB conversion that does not collapse on cold storage.
+
+The usual idiom, `lmdb.open(path, readonly=True, lock=False, readahead=False)` then
+`txn.get(key)`, reads a value through the memory map: on a cold cache every 4 KiB page of
+the value faults in as its own I/O (readahead is off), so a 110 KB image costs ~28 I/Os;
+at a 300-IOPS cap that is ~12 images/s, slower than the loose files it replaced. With
+readahead on instead, every fault reads a whole readahead window around it (read_ahead_kb
+of the device, often 128 KiB, here 8 MiB): right for a sequential pass, a waste of
+bandwidth for random access to a dataset larger than RAM.
+
+This reader (io="pread", the default) never asks LMDB for a value: the conversion's index
+(data.idx, see lmdb_layout) says where each value lies in data.mdb, and the value's byte
+range is read with one `os.pread`: one I/O per image for random access (a small random
+read is read as is), while a sequential pass still gets the kernel's readahead on the
+file descriptor. (Asking LMDB where a value is does not help: py-lmdb 3's get() touches
+every page of the value, even with buffers=True.)
+
+io modes:
+    "pread"             (default) index + one pread per value; random and sequential access
+    "mmap"              LMDB get() with readahead=True (sequential passes)
+    "mmap-noreadahead"  the usual idiom, readahead=False: for measurements only
+
+LMDB handles (the mmap modes) are opened lazily, in the process that reads, read-only with
+lock=False (no reader-table slot, no lock file needed, works on read-only storage), and
+reopened when the process changes (a DataLoader worker after fork); pickling drops them
+(spawn). py-lmdb allows one open handle per environment and process, and its registry of
+open handles is inherited across fork: readers of one environment in one process share a
+handle (reference counted), and a forked child closes its inherited copy (a process-local
+munmap and close with lock=False) before opening its own. The pread mode holds only a file
+descriptor and the index, also reopened per process.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from autotune.data.sources import SampleError, SampleSource
+from converters.lmdb_layout import INDEX_FILE, INDEX_RECORD, decode_value, index_dtype, key
+from converters.manifest import Manifest, read_manifest
+
+IO_MODES = ("pread", "mmap", "mmap-noreadahead")
+DATA_FILE = "data.mdb"
+
+
+# realpath of the environment directory -> [pid, env, readahead, users]
+_ENVS: dict[str, list[Any]] = {}
+
+
+def _acquire_env(root: str, readahead: bool, size: int) -> Any:
+    """This process's shared read-only handle of the environment at `root`."""
+    import lmdb
+
+    real = os.path.realpath(root)
+    e = _ENVS.get(real)
+    if e is not None and e[0] != os.getpid():
+        try:  # inherited across fork: drop the copy, never use it
+            e[1].close()
+        except lmdb.Error:
+            pass
+        del _ENVS[real]
+        e = None
+    if e is None:
+        try:
+            env = lmdb.open(real, readonly=True, lock=False, subdir=True, readahead=readahead,
+                            max_readers=1, map_size=max(size, 1 << 20))
+        except lmdb.Error as err:
+            raise SampleError(f"{real}/{DATA_FILE}: cannot open the LMDB environment ({err}); "
+                              "the file is damaged or not an LMDB: check its sha256 against "
+                              "manifest.json or convert again.") from None
+        info, psize = env.info(), env.stat()["psize"]
+        if (info["last_pgno"] + 1) * psize > size:
+            env.close()
+            raise SampleError(f"{real}/{DATA_FILE}: truncated: {size:,} bytes, the environment "
+                              f"needs {(info['last_pgno'] + 1) * psize:,}; copy (or convert) "
+                              "again.")
+        e = _ENVS[real] = [os.getpid(), env, readahead, 0]
+    elif e[2] != readahead:
+        raise SampleError(f"{real}: already open in this process with readahead={e[2]}; use one "
+                          "io mode per environment and process.")
+    e[3] += 1
+    return e[1]
+
+
+def _release_env(root: str) -> None:
+    real = os.path.realpath(root)
+    e = _ENVS.get(real)
+    if e is not None and e[0] == os.getpid():
+        e[3] -= 1
+        if e[3] <= 0:
+            e[1].close()
+            del _ENVS[real]
+
+
+class LmdbSource(SampleSource):
+    """Samples of an LMDB conversion by index: `read(i) -> (image bytes, label)`.
+
+    Args:
+        root: the conversion's directory (manifest.json + data.mdb).
+        io: "pread" (default), "mmap" or "mmap-noreadahead" (see the module doc).
+    """
+
+    format = "lmdb"
+
+    def __init__(self, root: str | os.PathLike[str], *, io: str = "pread",
+                 manifest: Manifest | None = None) -> None:
+        super().__init__(root)
+        if io not in IO_MODES:
+            raise ValueError(f"io must be one of {', '.join(IO_MODES)}, but got {io!r}")
+        self.io = io
+        self.manifest = manifest or read_manifest(self.root, expect_format="lmdb")
+        self.path = self.root / DATA_FILE
+        if not self.path.is_file():
+            raise SampleError(f"{self.path}: missing although {self.root}/manifest.json lists "
+                              "it; the conversion was moved or damaged: convert again.")
+        self.index_path = self.root / INDEX_FILE
+        self._n = self.manifest.num_samples
+        # A short file (a partial copy) would be read through the map as SIGBUS, or give
+        # short preads: refuse it now, naming it.
+        for f in self.manifest.shards:
+            p = self.root / f["file"]
+            try:
+                have = p.stat().st_size
+            except OSError:
+                raise SampleError(f"{p}: missing although manifest.json lists it; copy (or "
+                                  "convert) again.") from None
+            if have != int(f["bytes"]):
+                raise SampleError(f"{p}: {have:,} bytes but manifest.json says "
+                                  f"{int(f['bytes']):,}; the copy is incomplete or damaged: "
+                                  "copy (or convert) again.")
+        if io == "pread" and not self.index_path.is_file():
+            raise SampleError(f"{self.index_path}: missing; it tells the reader where each "
+                              "image lies in data.mdb. Convert again (or pass io='mmap').")
+        self._pid = -1
+        self._env: Any = None
+        self._txn: Any = None
+        self._fd = -1
+        self._index: Any = None
+        self._size = 0
+
+    # -- per-process handles -------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d.update(_pid=-1, _env=None, _txn=None, _fd=-1, _index=None)
+        return d
+
+    def _open(self) -> None:
+        if self._fd >= 0 and self._pid != os.getpid():
+            try:  # the parent's descriptor, inherited by fork: ours to close
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._env = self._txn = None
+        self._fd = -1
+        self._size = os.path.getsize(self.path)
+        if self.io == "pread":
+            if self._index is None:
+                self._index = self._load_index()
+            self._fd = os.open(self.path, os.O_RDONLY)
+        else:
+            self._env = _acquire_env(str(self.root), self.io == "mmap", self._size)
+            self._txn = self._env.begin(buffers=True)
+        self._pid = os.getpid()
+
+    def _load_index(self) -> Any:
+        import numpy as np
+
+        raw = self.index_path.read_bytes()
+        if len(raw) != INDEX_RECORD * self._n:
+            raise SampleError(f"{self.index_path}: {len(raw):,} bytes, expected "
+                              f"{INDEX_RECORD * self._n:,} for {self._n} samples; convert again.")
+        idx = np.frombuffer(raw, dtype=index_dtype())
+        end = int((idx["offset"] + idx["length"]).max()) if self._n else 0
+        if end > self._size:
+            raise SampleError(f"{self.index_path}: points {end:,} bytes into data.mdb, which has "
+                              f"{self._size:,}; the files do not belong together: convert again.")
+        return idx
+
+    def close(self) -> None:
+        """Release this process's handles (reopened on the next read)."""
+        if self._pid == os.getpid():
+            if self._txn is not None:
+                self._txn.abort()
+            if self._env is not None:
+                _release_env(str(self.root))
+            if self._fd >= 0:
+                os.close(self._fd)
+        self._env = self._txn = None
+        self._fd = -1
+        self._pid = -1
+
+    # -- SampleSource --------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._n
+
+    @property
+    def classes(self) -> list[str]:
+        return self.manifest.classes
+
+    def _value(self, index: int) -> bytes | memoryview:
+        if not 0 <= index < self._n:
+            raise IndexError(f"sample {index} out of range 0..{self._n - 1}")
+        if self._pid != os.getpid():
+            self._open()
+        if self._fd >= 0:
+            off, n = int(self._index["offset"][index]), int(self._index["length"][index])
+            data = os.pread(self._fd, n, off)
+            while len(data) < n:  # a short read is legal; finish it
+                more = os.pread(self._fd, n - len(data), off + len(data))
+                if not more:
+                    raise SampleError(f"{self.path}: ends at {off + len(data):,} inside sample "
+                                      f"{index}; the file is truncated: copy or convert again.")
+                data += more
+            return data
+        mv = self._txn.get(key(index))
+        if mv is None:
+            raise SampleError(f"{self.path}: key {key(index).decode()} missing (manifest says "
+                              f"{self._n} samples); the environment is damaged: convert again.")
+        return bytes(mv)
+
+    def record(self, index: int) -> tuple[bytes, int, str]:
+        """(image bytes, label, original relative path) of sample `index`."""
+        v = self._value(index)
+        try:
+            label, path, img = decode_value(v)
+        except ValueError as e:
+            raise SampleError(f"{self.path}: key {key(index).decode()}: {e}; the environment "
+                              "was not written by this autotune version or is damaged.") from None
+        return bytes(img), label, path
+
+    def records(self) -> Iterator[tuple[bytes, int, str]]:
+        """Every sample in index order: (image bytes, label, original path)."""
+        for i in range(self._n):
+            yield self.record(i)
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        data, label, _ = self.record(index)
+        return data, label
+
+    def describe(self, index: int) -> str:
+        try:
+            _, _, path = self.record(index)
+        except Exception:  # noqa: BLE001 (describing must not fail while reporting a failure)
+            path = "?"
+        return f"{self.path} key {key(index).decode()} ({path})"
+
+    def files(self) -> Iterator[Path]:
+        return iter([self.path, self.index_path])
+
+    def info(self) -> dict:
+        d = super().info()
+        d["io"] = self.io
+        return d

@@ -1,0 +1,281 @@
+"""One LMDB environment, written by the parent in commit batches; workers read and check.
+
+LMDB has a single writer, so `--workers` processes read, check and re-encode the samples
+of a batch, and the parent commits the batches in plan order, each in one transaction
+together with the progress record (`#progress`: next batch, samples so far, map size).
+A killed run's rerun reads that record and continues with the next batch: exactly where
+it stopped, nothing twice, nothing missing.
+
+Environment options: writemap=False (a crash cannot scribble over the map through stray
+pointers, and the file only grows by what is written); lock=False (this conversion holds
+its own lock on DST, and readers open read-only with lock=False too, so no lock.mdb is
+needed); sync=True and metasync=True (each commit is durable before it counts).
+The map starts at 1.25 x the source bytes + 64 MiB (or `map_size`) and doubles on
+MapFullError: the batch is aborted, the map grown, the batch retried.
+
+Every commit runs in a freshly opened environment. An open environment keeps state
+between transactions (the free pages it has reclaimed), so a run resumed with a new
+handle would place pages differently from an uninterrupted one; with a fresh handle per
+commit both runs make the same sequence of (open, transaction, close) on the same file,
+and the resumed data.mdb is byte-identical (tested with kill -9).
+
+The environment is written in DST/.autotune-convert/lmdb/ and renamed to DST/data.mdb
+after the last commit, an fsync and its sha256: DST never holds a partial data.mdb. Its
+index, DST/data.idx (where each value lies in data.mdb, see lmdb_layout), is built from
+the finished environment and published the same way, before data.mdb.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+from typing import Any
+
+from converters._base import ConvertError, FormatWriter, Sample, Skip, UnitResult
+from converters.lmdb_layout import (DESCRIPTION, HEADER, INDEX_FILE, LAYOUT_VERSION,
+                                    META_KEY, PROGRESS_KEY, buffer_address, encode_value, key,
+                                    map_base)
+from converters.workdir import write_json_atomic
+
+DATA_FILE = "data.mdb"
+LAYOUT = DESCRIPTION + f"; {INDEX_FILE}: u64 offset, u32 length, u32 label per sample"
+_MiB = 1 << 20
+
+
+def initial_map_size(source_bytes: int) -> int:
+    return ((source_bytes * 5 // 4 + 64 * _MiB) // _MiB + 1) * _MiB
+
+
+def sha256_file(path: os.PathLike[str] | str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(1 << 22)
+            if not b:
+                return n, h.hexdigest()
+            h.update(b)
+            n += len(b)
+
+
+class LmdbWriter(FormatWriter):
+    format = "lmdb"
+
+    _env: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_env"] = None  # an environment never crosses into a worker
+        return d
+
+    # -- resume ------------------------------------------------------------------------
+
+    def open(self) -> list[UnitResult]:
+        import lmdb
+
+        self._published = self._read_published()
+        self._complete = False
+        if self._published is not None:  # killed after publishing, before the manifest
+            self._next = self.plan.units
+            return self._load_results(self.plan.units)
+        self.workdir.lmdb.mkdir(parents=True, exist_ok=True)
+        progress = {"next_unit": 0, "samples": 0,
+                    "map_size": self.opts.map_size or initial_map_size(self.plan.planned_bytes)}
+        if (self.workdir.lmdb / DATA_FILE).exists():
+            env = lmdb.open(str(self.workdir.lmdb), readonly=True, lock=False, subdir=True)
+            try:
+                with env.begin() as txn:
+                    raw = txn.get(PROGRESS_KEY)
+                    self._complete = txn.get(META_KEY) is not None
+            finally:
+                env.close()
+            if raw is not None:
+                progress = json.loads(raw)
+        self._next = self.plan.units if self._complete else int(progress["next_unit"])
+        self._count = int(progress["samples"])
+        # The map size a resumed run opens with is the one the interrupted run had
+        # committed, so map growth (recorded in the meta page) happens at the same points.
+        self._map_size = int(progress["map_size"])
+        return self._load_results(self._next)
+
+    def _commit(self, write: Any, batch_bytes: int) -> None:
+        """Run `write(txn)` in one transaction of a fresh environment; grow and retry
+        on MapFullError."""
+        import lmdb
+
+        while True:
+            env = lmdb.open(str(self.workdir.lmdb), map_size=self._map_size, subdir=True,
+                            lock=False, writemap=False, readahead=False, meminit=True,
+                            sync=True, metasync=True, max_dbs=0)
+            self._env = env
+            try:
+                txn = env.begin(write=True)
+                try:
+                    write(txn)
+                    txn.commit()
+                    return
+                except lmdb.MapFullError:
+                    txn.abort()
+                except lmdb.Error as e:
+                    txn.abort()
+                    raise self._write_error(e, batch_bytes) from None
+                except BaseException:
+                    txn.abort()
+                    raise
+                # Deterministic in (size, batch): a resumed run grows at the same points.
+                self._map_size = max(2 * self._map_size,
+                                     self._map_size + 2 * batch_bytes + 16 * _MiB)
+            finally:
+                env.close()
+                self._env = None
+
+    def _load_results(self, upto: int) -> list[UnitResult]:
+        out = []
+        for u in range(upto):
+            r = self.workdir.read_done(u)
+            if r is None:
+                raise ConvertError(f"{self.workdir.done_path(u)}: the record of committed batch "
+                                   f"{u} is missing; delete {self.dst} and convert again.")
+            out.append(r)
+        return out
+
+    def _read_published(self) -> list[dict[str, Any]] | None:
+        try:
+            pub = json.loads((self.workdir.path / "published.json").read_text())
+            if all((self.dst / f["file"]).stat().st_size == f["bytes"] for f in pub):
+                return pub
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return None
+
+    def pending(self) -> list[int]:
+        return list(range(self._next, self.plan.units))
+
+    # -- writing -----------------------------------------------------------------------
+
+    def _write_error(self, e: Exception, batch_bytes: int) -> Exception:
+        """LMDB reports a full disk as EIO (a short write): say what it is."""
+        path = str(self.workdir.lmdb / DATA_FILE)
+        try:
+            st = os.statvfs(self.workdir.lmdb)
+            full = st.f_bavail * st.f_frsize < batch_bytes + 16 * _MiB
+        except OSError:
+            full = False
+        if full or "No space" in str(e):
+            return OSError(errno.ENOSPC, f"No space left on device (LMDB: {e})", path)
+        return ConvertError(f"{path}: LMDB write failed ({e}); check the disk, then rerun the "
+                            "same command to resume from the last committed batch.")
+
+    def work(self, unit: int) -> list[Sample | Skip]:
+        return list(self.samples(unit))
+
+    def accept(self, unit: int, out: list[Sample | Skip]) -> UnitResult:
+        assert unit == self._next, (unit, self._next)
+        res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
+        values = []
+        for s in out:
+            if isinstance(s, Skip):
+                res.skipped.append(s.to_dict())
+                continue
+            values.append(encode_value(s.label, s.relpath, s.data))
+            res.samples += 1
+            res.source_bytes += s.source_bytes
+            res.stored_bytes += len(s.data)
+            res.reencoded += s.reencoded
+        # The record first: a kill before the commit only leaves a record the rerun
+        # rewrites; after the commit, the record is there for the summary and manifest.
+        self.workdir.write_done(res)
+        count = self._count
+
+        def write(txn: Any) -> None:
+            for i, v in enumerate(values):
+                txn.put(key(count + i), v, append=True)
+            txn.put(PROGRESS_KEY, json.dumps(
+                {"next_unit": unit + 1, "samples": count + len(values),
+                 "map_size": self._map_size}, sort_keys=True).encode())
+
+        self._commit(write, sum(len(v) for v in values))
+        self._count += len(values)
+        self._next = unit + 1
+        return res
+
+    def publish(self, results: list[UnitResult]) -> list[dict[str, Any]]:
+        if self._published is None:
+            samples = sum(r.samples for r in results)
+            self._finish_env(samples)
+            env_dir = self.workdir.lmdb
+            idx = self._write_index(samples)
+            size, sha = sha256_file(env_dir / DATA_FILE)
+            isize, isha = sha256_file(idx)
+            # The index lists no samples of its own: the manifest's sample counts add up.
+            pub = [{"file": DATA_FILE, "samples": samples, "bytes": size, "sha256": sha},
+                   {"file": INDEX_FILE, "samples": 0, "bytes": isize, "sha256": isha}]
+            write_json_atomic(self.workdir.path / "published.json", pub)
+            os.replace(idx, self.dst / INDEX_FILE)
+            os.replace(env_dir / DATA_FILE, self.dst / DATA_FILE)
+            self.fsync_dir(self.dst)
+            self._published = pub
+        return [dict(f) for f in self._published]
+
+    def _write_index(self, samples: int) -> Any:
+        """data.idx from the finished environment: where each value lies in data.mdb.
+
+        Values are located through the memory map, so the environment is reopened every
+        64 MiB of values: unmapping drops those pages from this process's RSS, which
+        would otherwise grow to the size of data.mdb."""
+        import lmdb
+        import numpy as np
+
+        from converters.lmdb_layout import index_dtype
+
+        path = self.workdir.lmdb / DATA_FILE
+        size = path.stat().st_size
+        idx = np.zeros(samples, dtype=index_dtype())
+        i = 0
+        while i < samples:
+            env = lmdb.open(str(self.workdir.lmdb), readonly=True, lock=False, readahead=True,
+                            subdir=True, map_size=max(size, 1 << 20))
+            try:
+                base = map_base(str(path))
+                if base is None:
+                    raise ConvertError(f"{path}: cannot find its memory map in "
+                                       "/proc/self/maps; the LMDB index needs Linux /proc.")
+                seen = 0
+                with env.begin(buffers=True) as txn:
+                    while i < samples and seen < 64 * _MiB:
+                        v = txn.get(key(i))
+                        if v is None:
+                            raise ConvertError(f"{path}: key {key(i).decode()} missing after the "
+                                               "last commit; delete DST and convert again.")
+                        idx[i] = (buffer_address(v) - base, len(v), HEADER.unpack_from(v, 0)[1])
+                        seen += len(v) + 4096
+                        i += 1
+            finally:
+                env.close()
+        out = self.workdir.lmdb / INDEX_FILE
+        with open(out, "wb") as f:
+            f.write(idx.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        return out
+
+    def _finish_env(self, num_samples: int) -> None:
+        if not self._complete:
+            meta = json.dumps({"layout_version": LAYOUT_VERSION, "layout": DESCRIPTION,
+                               "num_samples": num_samples,
+                               "num_classes": len(self.plan.classes),
+                               "classes": self.plan.classes}, sort_keys=True).encode()
+
+            def write(txn: Any) -> None:
+                txn.delete(PROGRESS_KEY)
+                txn.put(META_KEY, meta)
+
+            self._commit(write, len(meta))
+            self._complete = True
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+            self._env = None

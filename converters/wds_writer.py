@@ -1,0 +1,103 @@
+"""WebDataset shards: each worker writes whole shards, published by rename when complete.
+
+Shard k is DST/shard-{k:06d}.tar. Each sample is three members, in this order:
+    KEY.cls   the label, ASCII decimal
+    KEY.EXT   the image (jpg, png, webp, ...: the original bytes unless re-encoded)
+    KEY.json  {"path": original relative path, "size": original bytes[, "reencoded": true]}
+KEY is the sample's position in the shuffled plan, 10 digits: unique, no dots or slashes.
+
+A shard is written under DST/.autotune-convert/tmp/, hashed while written, fsynced; then
+its result (samples, bytes, sha256, skipped) is recorded in done/, and only then is it
+renamed to its final name. A killed run leaves at most a temporary file, which the next
+run deletes and redoes; a shard under its final name with a done record is never redone.
+One fsync per shard: the record and the rename need none of their own, since losing
+either to a power cut only makes the rerun redo that (identical) shard; DST is fsynced
+once, before manifest.json is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from converters._base import FormatWriter, Sample, Skip, UnitResult
+from converters.tarfmt import TarShardWriter
+
+LAYOUT = ("tar shards shard-NNNNNN.tar; per sample KEY.cls (label), KEY.EXT (image bytes), "
+          "KEY.json (path, size); KEY = 10-digit plan position")
+
+
+def shard_name(unit: int) -> str:
+    return f"shard-{unit:06d}.tar"
+
+
+def sample_key(position: int) -> str:
+    return f"{position:010d}"
+
+
+class WdsWriter(FormatWriter):
+    format = "wds"
+
+    def open(self) -> list[UnitResult]:
+        self._done: dict[int, UnitResult] = {}
+        for unit in range(self.plan.units):
+            res = self.workdir.read_done(unit)
+            if res is None or res.shard is None:
+                continue
+            final = self.dst / res.shard["file"]
+            try:
+                ok = final.stat().st_size == res.shard["bytes"]
+            except OSError:
+                ok = False
+            if ok:
+                self._done[unit] = res
+        return list(self._done.values())
+
+    def pending(self) -> list[int]:
+        return [u for u in range(self.plan.units) if u not in self._done]
+
+    def work(self, unit: int) -> UnitResult:
+        name = shard_name(unit)
+        tmp = self.workdir.tmp / f"{name}.{os.getpid()}"
+        tw = TarShardWriter(tmp)
+        res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
+        try:
+            for s in self.samples(unit):
+                if isinstance(s, Skip):
+                    res.skipped.append(s.to_dict())
+                    continue
+                self._add(tw, s)
+                res.samples += 1
+                res.source_bytes += s.source_bytes
+                res.stored_bytes += len(s.data)
+                res.reencoded += s.reencoded
+            size, sha = tw.finish()
+        except BaseException:
+            tw.abort()
+            raise
+        res.shard = {"file": name, "samples": res.samples, "bytes": size, "sha256": sha}
+        self.workdir.write_done(res, durable=False)
+        os.replace(tmp, self.dst / name)
+        return res
+
+    @staticmethod
+    def _add(tw: TarShardWriter, s: Sample) -> None:
+        key = sample_key(s.position)
+        meta: dict[str, Any] = {"path": s.relpath, "size": s.source_bytes}
+        if s.reencoded:
+            meta["reencoded"] = True
+        tw.add(f"{key}.cls", str(s.label).encode("ascii"))
+        tw.add(f"{key}.{s.ext}", s.data)
+        tw.add(f"{key}.json", json.dumps(meta, ensure_ascii=True, sort_keys=True).encode("ascii"))
+
+    def accept(self, unit: int, out: UnitResult) -> UnitResult:
+        self._done[unit] = out
+        return out
+
+    def publish(self, results: list[UnitResult]) -> list[dict[str, Any]]:
+        shards = []
+        for r in sorted(results, key=lambda r: r.unit):
+            assert r.shard is not None
+            shards.append(dict(r.shard))
+        return shards

@@ -1,0 +1,68 @@
+"""`autotune convert` as a user runs it: a real process, its summary, JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+
+def test_help_lists_the_options_and_exit_codes(run_cli):
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for opt in ("--format", "--shard-size", "--workers", "--seed", "--max-side", "--quality",
+                "--on-error", "--verify", "--file-list", "--readers", "--json", "exit status"):
+        assert opt in r.stdout, opt
+
+
+def test_json_to_stdout_and_the_summary_to_stderr(img_src, work_dir, run_cli):
+    r = run_cli(img_src, work_dir / "out", "--format", "wds", "--readers", "2", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)  # stdout is pure JSON
+    assert d["samples"] == 96 and d["format"] == "wds" and d["skipped"] == []
+    assert d["images_per_s"] > 0 and d["mb_per_s"] > 0 and d["seconds"] > 0
+    assert "samples" in r.stderr and "96 in 4 classes" in r.stderr
+
+
+def test_summary_counts_skipped_by_reason(bad_src, work_dir, run_cli):
+    out = work_dir / "r.json"
+    r = run_cli(bad_src, work_dir / "out", "--format", "lmdb", "--json", out)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert d["skipped_by_kind"]["empty file"] == 1 and d["skipped_by_kind"]["directory loop"] == 2
+    for kind in ("truncated JPEG", "empty file", "not an image", "decompression bomb"):
+        assert kind in r.stdout, kind
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--format", "tar"], "invalid choice"),
+    (["--format", "wds", "--shard-size", "12parsecs"], "--shard-size must be a size"),
+    (["--format", "wds", "--workers", "0"], "--workers must be at least 1"),
+])
+def test_usage_errors_exit_2(img_src, work_dir, run_cli, args, says):
+    r = run_cli(img_src, work_dir / "out", *args)
+    assert r.returncode == 2 and says in r.stderr
+
+
+def test_a_foreign_dst_is_refused_in_one_line(img_src, work_dir, run_cli):
+    (work_dir / "mine.txt").write_text("x")
+    r = run_cli(img_src, work_dir, "--format", "wds")
+    assert r.returncode == 2
+    assert r.stderr.strip() == (f"autotune convert: error: {work_dir}: not empty and not an "
+                                "autotune conversion; choose an empty or new DST.")
+
+
+@pytest.mark.skipif(not __import__("shutil").which("script"), reason="needs script(1) for a tty")
+def test_progress_bar_on_a_terminal_shows_rates_and_eta(img_src, work_dir):
+    import subprocess
+    import sys
+
+    cmd = (f"{sys.executable} -m autotune.cli_convert {img_src} {work_dir / 'out'} --format wds "
+           "--readers 2 --workers 2")
+    log = work_dir / "typescript"
+    r = subprocess.run(["script", "-qec", cmd, str(log)], capture_output=True, timeout=120,
+                       cwd=__import__("pathlib").Path(__file__).resolve().parents[2])
+    out = log.read_bytes().decode(errors="replace")
+    assert r.returncode == 0, out[-2000:]
+    assert "converting" in out and "img/s" in out and "MB/s" in out and "ETA" in out
+    assert "Traceback" not in out

@@ -1,0 +1,141 @@
+"""The contract every writer/reader pair passes (LMDB and WebDataset alike): every image
+stored once with its original bytes and label, a truthful manifest, byte-identical output
+for the same input and options whatever the worker count, and a seeded shuffle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import UsageError
+from converters import ConvertOptions, convert, open_converted, read_manifest
+
+
+def _source_map(src: Path) -> dict[str, tuple[bytes, int]]:
+    classes = sorted(p.name for p in src.iterdir() if p.is_dir())
+    return {str(p.relative_to(src)): (p.read_bytes(), classes.index(p.relative_to(src).parts[0]))
+            for p in sorted(src.rglob("*.jpg"))}
+
+
+def _opts(fmt: str, **kw) -> ConvertOptions:
+    kw.setdefault("shard_size", 1 << 20)
+    kw.setdefault("readers", 2)
+    return ConvertOptions(format=fmt, **kw)
+
+
+def test_every_image_is_stored_once_with_its_original_bytes_and_label(img_src, fmt, work_dir,
+                                                                      read_all):
+    res = convert(img_src, work_dir / "out", _opts(fmt))
+    assert res.samples == 96 and res.skipped == [] and not res.already_complete
+    assert read_all(work_dir / "out") == _source_map(img_src)
+
+
+def test_manifest_lists_shards_with_true_sizes_and_checksums(img_src, fmt, work_dir):
+    dst = work_dir / "out"
+    res = convert(img_src, dst, _opts(fmt))
+    raw = json.loads((dst / "manifest.json").read_text())
+    assert list(raw)[0] == "version" and raw["version"] == 1
+    for k in ("format", "num_samples", "num_classes", "classes", "shards", "skipped", "source",
+              "options", "created"):
+        assert k in raw, k
+    m = read_manifest(dst)
+    assert (m.format, m.num_samples, m.num_classes) == (fmt, 96, 4)
+    assert m.classes == sorted(p.name for p in img_src.iterdir())
+    assert m.source["root"] == str(img_src) and m.source["files"] == 96
+    assert m.source["bytes"] == sum(p.stat().st_size for p in img_src.rglob("*.jpg"))
+    assert sum(s["samples"] for s in m.shards) == 96 == res.samples
+    for s in m.shards:
+        data = (dst / s["file"]).read_bytes()
+        assert len(data) == s["bytes"] and hashlib.sha256(data).hexdigest() == s["sha256"]
+    expected = {"data.mdb", "data.idx"} if fmt == "lmdb" else {s["file"] for s in m.shards}
+    assert {p.name for p in dst.iterdir()} == expected | {"manifest.json"}  # work dir gone
+    if fmt == "wds":
+        assert len(m.shards) % 2 == 0 and len(m.shards) >= 2  # a multiple of --readers 2
+
+
+def test_output_is_byte_identical_whatever_the_worker_count(img_src, fmt, work_dir, tree_digest):
+    convert(img_src, work_dir / "w1", _opts(fmt, workers=1))
+    convert(img_src, work_dir / "w2", _opts(fmt, workers=2))
+    a, b = tree_digest(work_dir / "w1"), tree_digest(work_dir / "w2")
+    assert a == b and len(a) >= 2
+
+
+def test_seed_changes_the_order_not_the_content(img_src, fmt, work_dir, tree_digest, read_all):
+    convert(img_src, work_dir / "s0", _opts(fmt, seed=0))
+    convert(img_src, work_dir / "s1", _opts(fmt, seed=1))
+    assert tree_digest(work_dir / "s0") != tree_digest(work_dir / "s1")
+    assert read_all(work_dir / "s0") == read_all(work_dir / "s1")
+
+
+def test_samples_are_shuffled_across_classes(img_src, fmt, work_dir):
+    convert(img_src, work_dir / "out", _opts(fmt))
+    labels = [label for _, label, _ in open_converted(work_dir / "out").records()]
+    assert sorted(labels) == sorted(i % 4 for i in range(96))
+    # ImageFolder order would be 24 x class 0, 24 x class 1, ...: every stretch of 12
+    # consecutive samples must mix classes.
+    assert all(len(set(labels[i:i + 12])) > 1 for i in range(0, 96, 12))
+
+
+def test_a_rerun_of_a_complete_conversion_does_nothing(img_src, fmt, work_dir, tree_digest):
+    dst = work_dir / "out"
+    convert(img_src, dst, _opts(fmt))
+    before = tree_digest(dst)
+    again = convert(img_src, dst, _opts(fmt))
+    assert again.already_complete and again.samples == 96 and tree_digest(dst) == before
+    with pytest.raises(UsageError, match="other options .*seed 0 -> 5"):
+        convert(img_src, dst, _opts(fmt, seed=5))
+
+
+def test_dst_must_be_ours_and_outside_src(img_src, fmt, work_dir):
+    foreign = work_dir / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("user data")
+    with pytest.raises(UsageError, match="not empty and not an autotune conversion"):
+        convert(img_src, foreign, _opts(fmt))
+    assert (foreign / "keep.txt").read_text() == "user data"
+    with pytest.raises(UsageError, match="inside SRC"):
+        convert(img_src, img_src / "out", _opts(fmt))
+    with pytest.raises(UsageError, match="no such file"):
+        convert(work_dir / "missing", work_dir / "o", _opts(fmt))
+
+
+def test_too_small_a_dataset_for_the_readers_is_said(img_src, fmt, work_dir):
+    res = convert(img_src, work_dir / "out", _opts(fmt, readers=200))
+    if fmt == "wds":
+        assert res.shards == 96 and any("fewer than the 200 readers" in w for w in res.warnings)
+    else:
+        assert res.shards == 2 and not res.warnings  # data.mdb + data.idx; read by index
+
+
+def test_reencode_shrinks_oversized_images_only(img_src, fmt, work_dir, read_all):
+    from PIL import Image
+    import io
+
+    res = convert(img_src, work_dir / "out", _opts(fmt, max_side=400, quality=80))
+    src = _source_map(img_src)
+    got = read_all(work_dir / "out")
+    assert got.keys() == src.keys()
+    big = [p for p in src if max(Image.open(img_src / p).size) > 400]
+    assert 0 < len(big) < 96 and res.reencoded == len(big)
+    for p, (data, label) in got.items():
+        assert label == src[p][1]
+        if p in big:
+            im = Image.open(io.BytesIO(data))
+            assert max(im.size) == 400 and im.format == "JPEG" and data != src[p][0]
+        else:
+            assert data == src[p][0]
+    m = read_manifest(work_dir / "out")
+    assert m.stats["reencoded"] == len(big) and m.stats["bytes_saved"] == res.bytes_saved > 0
+
+
+def test_progress_reports_every_phase_up_to_the_total(img_src, fmt, work_dir):
+    seen = []
+    convert(img_src, work_dir / "out", _opts(fmt, workers=2), progress=seen.append)
+    phases = [p.phase for p in seen]
+    assert "convert" in phases and phases[-1] == "publish"
+    last = [p for p in seen if p.phase == "convert"][-1]
+    assert last.samples == last.total == 96 and last.source_bytes == last.total_bytes
+    assert last.units_done == last.units

@@ -1,0 +1,175 @@
+"""The LMDB writer and reader with the real lmdb library and real worker processes:
+mdb_stat reads the environment, the map grows when full, the reader reopens per process
+under fork and spawn DataLoader workers, reads each value with one pread, and a damaged
+environment is named."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch.utils.data
+
+from autotune.data.sources import SampleError
+from converters import ConvertOptions, LmdbSource, convert
+
+
+@pytest.fixture(scope="module")
+def lmdb_dst(img_src, tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("lmdb") / "out"
+    convert(img_src, dst, ConvertOptions(format="lmdb", shard_size=1 << 20))
+    return dst
+
+
+def _expected(img_src: Path) -> dict[str, str]:
+    return {str(p.relative_to(img_src)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in img_src.rglob("*.jpg")}
+
+
+@pytest.mark.skipif(not shutil.which("mdb_stat"), reason="mdb_stat missing (apt-get install "
+                                                          "lmdb-utils)")
+def test_mdb_stat_reads_the_environment(lmdb_dst, tmp_path):
+    copy = tmp_path / "copy"  # mdb_stat creates lock.mdb; keep the conversion as written
+    shutil.copytree(lmdb_dst, copy)
+    out = subprocess.run(["mdb_stat", "-e", str(copy)], capture_output=True, text=True,
+                         check=True).stdout
+    assert int(re.search(r"Entries: (\d+)", out).group(1)) == 96 + 1  # samples + #meta
+    assert "Page size" in out
+
+
+def test_index_says_where_each_value_lies(lmdb_dst):
+    import lmdb
+    import numpy as np
+
+    from converters.lmdb_layout import index_dtype, key
+
+    idx = np.fromfile(lmdb_dst / "data.idx", dtype=index_dtype())
+    data = (lmdb_dst / "data.mdb").read_bytes()
+    env = lmdb.open(str(lmdb_dst), readonly=True, lock=False)
+    with env.begin() as txn:
+        for i in range(96):
+            off, n, label = (int(x) for x in idx[i])
+            assert data[off:off + n] == txn.get(key(i)) and data[off + 1] == label
+    env.close()
+
+
+def test_values_follow_the_documented_layout(lmdb_dst, img_src):
+    import lmdb
+
+    from converters.lmdb_layout import HEADER, decode_value, key
+
+    env = lmdb.open(str(lmdb_dst), readonly=True, lock=False)
+    with env.begin() as txn:
+        keys = [k for k, _ in txn.cursor()]
+        v = txn.get(key(5))
+    env.close()
+    assert keys[0] == b"#meta" and keys[1:] == [b"%010d" % i for i in range(96)]
+    version, label, plen = HEADER.unpack_from(v, 0)
+    path = v[7:7 + plen].decode()
+    assert version == 1 and v[7 + plen:] == (img_src / path).read_bytes()
+    assert decode_value(v)[:2] == (label, path)
+
+
+def test_pread_mmap_and_noreadahead_modes_return_the_same_bytes(lmdb_dst, img_src, monkeypatch):
+    want = _expected(img_src)
+    calls = []
+    real_pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: calls.append(n) or real_pread(fd, n, off))
+    for io in ("pread", "mmap", "mmap-noreadahead"):
+        calls.clear()
+        src = LmdbSource(lmdb_dst, io=io)
+        got = {p: hashlib.sha256(d).hexdigest() for d, _, p in src.records()}
+        assert got == want, io
+        if io == "pread":  # one pread per image, of the whole value
+            assert src._env is None and len(calls) == 96 and min(calls) > 10_000
+        else:
+            assert not calls
+        src.close()
+
+
+class _Digest(torch.utils.data.Dataset):
+    def __init__(self, src: LmdbSource) -> None:
+        self.src = src
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int):
+        data, label, path = self.src.record(i)
+        return path, hashlib.sha256(data).hexdigest(), label, os.getpid()
+
+
+@pytest.mark.parametrize("ctx, io", [("fork", "pread"), ("fork", "mmap"), ("spawn", "mmap")])
+def test_dataloader_workers_open_their_own_environment(lmdb_dst, img_src, ctx, io):
+    src = LmdbSource(lmdb_dst, io=io)
+    src.read(0)  # the parent opens the environment before the workers start
+    parent_env = src._env
+    loader = torch.utils.data.DataLoader(_Digest(src), batch_size=None, num_workers=2,
+                                         multiprocessing_context=ctx, shuffle=True)
+    rows = list(loader)
+    assert {p: h for p, h, _, _ in rows} == _expected(img_src)
+    pids = {pid for *_, pid in rows}
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert src._env is parent_env  # the parent's handle is untouched and still works
+    assert src.read(1)[0]
+    src.close()
+
+
+@pytest.mark.parametrize("io", ["pread", "mmap"])
+def test_pickled_source_reopens_lazily(lmdb_dst, io):
+    src = LmdbSource(lmdb_dst, io=io)
+    first = src.read(3)
+    clone = pickle.loads(pickle.dumps(src))
+    assert clone._env is None and clone._fd == -1 and clone.read(3) == first
+    clone.close()
+    src.close()
+
+
+def test_map_full_grows_the_map_and_retries(img_src, tmp_path, read_all):
+    dst = tmp_path / "tiny"
+    res = convert(img_src, dst, ConvertOptions(format="lmdb", shard_size=1 << 20,
+                                               map_size=1 << 16))
+    assert res.samples == 96
+    assert {p: d for p, (d, _) in read_all(dst).items()} == {
+        str(p.relative_to(img_src)): p.read_bytes() for p in img_src.rglob("*.jpg")}
+
+
+def test_a_damaged_environment_is_named(lmdb_dst, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(lmdb_dst, bad)
+    with open(bad / "data.mdb", "r+b") as f:
+        f.truncate(8192)
+    with pytest.raises(SampleError, match=r"data\.mdb: 8,192 bytes but manifest.json says"):
+        LmdbSource(bad)
+    # the manifest agreeing with a short file (both damaged) is caught by LMDB's own figures
+    m = json.loads((bad / "manifest.json").read_text())
+    m["shards"][0]["bytes"] = 8192
+    (bad / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(SampleError, match=r"data\.idx: points [\d,]+ bytes into data\.mdb, "
+                                          r"which has 8,192"):
+        LmdbSource(bad).read(50)
+    with pytest.raises(SampleError, match=r"data\.mdb: truncated: 8,192 bytes, the environment "
+                                          r"needs"):
+        LmdbSource(bad, io="mmap").read(50)
+    (bad / "data.idx").unlink()
+    with pytest.raises(SampleError, match=r"data\.idx: missing"):
+        LmdbSource(bad)
+    (bad / "data.mdb").unlink()
+    with pytest.raises(SampleError, match=r"data\.mdb: missing"):
+        LmdbSource(bad, io="mmap")
+
+
+def test_out_of_range_index_raises_index_error(lmdb_dst):
+    src = LmdbSource(lmdb_dst)
+    with pytest.raises(IndexError):
+        src.read(96)
+    assert len(src) == 96 and len(src.classes) == 4
+    assert list(src.files()) == [lmdb_dst / "data.mdb", lmdb_dst / "data.idx"]
+    assert "data.mdb key 0000000002 (" in src.describe(2)

@@ -1,0 +1,184 @@
+"""WebDataset shards with real clients (GNU tar, webdataset's own WebDataset) and the
+reader's contract: a partition across DataLoader workers and ranks, exact lengths, seeded
+shuffles, and clear errors for hostile or truncated shards (nothing ever extracted)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch.utils.data
+
+from autotune.data.sources import SampleError
+from converters import ConvertOptions, WdsSource, convert, read_manifest
+
+
+@pytest.fixture(scope="module")
+def wds_dst(img_src, tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("wds") / "out"
+    convert(img_src, dst, ConvertOptions(format="wds", shard_size=1 << 20, readers=4))
+    return dst
+
+
+def test_gnu_tar_lists_every_shard(wds_dst):
+    m = read_manifest(wds_dst)
+    names = []
+    for s in m.shards:
+        out = subprocess.run(["tar", "-tvf", str(wds_dst / s["file"])], capture_output=True,
+                             text=True, check=True).stdout.splitlines()
+        assert len(out) == 3 * s["samples"]
+        for line in out:
+            assert line.startswith("-r--r--r-- 0/0") and " 1970-01-01 00:00 " in line
+            name = line.split()[-1]
+            assert re.fullmatch(r"\d{10}\.(cls|jpg|json)", name)
+            names.append(name)
+    keys = Counter(n.split(".")[0] for n in names)
+    assert len(keys) == 96 and set(keys.values()) == {3}  # unique keys, three members each
+
+
+@pytest.mark.parametrize("name, size", [("0000000001.jpg", 91449), ("0000000001.cls", 1),
+                                        ("0000000000.json", 0), ("x" * 100, 8 ** 11 - 1)])
+def test_member_headers_are_what_tarfile_writes(name, size):
+    from converters.tarfmt import member_header
+
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o444, 0, 0, "", ""
+    assert member_header(name, size) == ti.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+def test_webdatasets_own_reader_reads_every_sample_with_the_right_label(wds_dst, img_src):
+    import webdataset as wds
+
+    urls = [str(wds_dst / s["file"]) for s in read_manifest(wds_dst).shards]
+    classes = sorted(p.name for p in img_src.iterdir())
+    seen = {}
+    for img, cls, meta in wds.WebDataset(urls, shardshuffle=False).to_tuple("jpg", "cls", "json"):
+        meta = json.loads(meta)
+        assert img == (img_src / meta["path"]).read_bytes() and meta["size"] == len(img)
+        assert classes[int(cls)] == meta["path"].split("/")[0]
+        seen[meta["path"]] = True
+    assert len(seen) == 96
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ranks_and_workers_partition_the_samples(wds_dst, world):
+    src = WdsSource(wds_dst)
+    everything = Counter()
+    for rank in range(world):
+        ds = src.dataset(None, seed=7, rank=rank, world_size=world)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                             multiprocessing_context="fork")
+        got = [data for data, _ in loader]
+        assert len(got) == len(ds)  # the length is this rank's exact count
+        everything.update(got)
+    assert sum(everything.values()) == 96 and set(everything.values()) == {1}
+
+
+def test_shuffle_is_seeded_per_epoch_and_off_on_request(wds_dst):
+    src = WdsSource(wds_dst)
+    ds = src.dataset(None, seed=1, shuffle_buffer=50)
+    e0 = [d for d, _ in ds]
+    ds.set_epoch(0)
+    assert [d for d, _ in ds] == e0  # same seed and epoch: same order
+    ds.set_epoch(1)
+    e1 = [d for d, _ in ds]
+    assert e1 != e0 and sorted(e1) == sorted(e0)
+    plain = [d for d, _, _ in src.records()]
+    assert [d for d, _ in src.dataset(None, shuffle=False)] == plain != e0
+
+
+def test_transform_errors_name_shard_key_and_path(wds_dst):
+    def boom(data: bytes):
+        raise ValueError("cannot decode")
+
+    with pytest.raises(SampleError, match=r"shard-\d{6}\.tar key \d{10} \(class_\d{4}/img_\d+\.jpg\)"
+                                          r": cannot decode"):
+        next(iter(WdsSource(wds_dst).dataset(boom)))
+
+
+def test_readers_note_and_read_by_index(wds_dst):
+    src = WdsSource(wds_dst)
+    assert src.readers_note(4) is None
+    assert "get no data" in src.readers_note(8, world_size=2)
+    with pytest.raises(SampleError, match="read sequentially"):
+        src.read(0)
+    assert len(src) == 96 and src.iterable and len(list(src.files())) == src.num_shards
+
+
+# -- hostile and damaged shards ---------------------------------------------------------
+
+def _fake_dataset(root: Path, members: list[tarfile.TarInfo | tuple[str, bytes]]) -> Path:
+    root.mkdir(parents=True)
+    with tarfile.open(root / "shard-000000.tar", "w", format=tarfile.GNU_FORMAT) as tf:
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                tf.addfile(m)
+            else:
+                ti = tarfile.TarInfo(m[0])
+                ti.size = len(m[1])
+                tf.addfile(ti, io.BytesIO(m[1]))
+    (root / "manifest.json").write_text(json.dumps({
+        "version": 1, "format": "wds", "num_samples": 1, "num_classes": 1, "classes": ["a"],
+        "shards": [{"file": "shard-000000.tar", "samples": 1, "bytes": 0, "sha256": ""}],
+        "skipped": [], "source": {}, "options": {}}))
+    return root
+
+
+def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.type = kind
+    ti.linkname = target
+    return ti
+
+
+@pytest.mark.parametrize("member, says", [
+    (("../evil.jpg", b"x"), r"member name '\.\./evil\.jpg' is not KEY\.EXT"),
+    (("/tmp/abs.jpg", b"x"), r"member name '/tmp/abs\.jpg' is not KEY\.EXT"),
+    (("dir/0000000000.jpg", b"x"), r"member name 'dir/0000000000\.jpg'"),
+    (_link("0000000000.jpg", "/etc/passwd", tarfile.SYMTYPE), r"is a symlink to '/etc/passwd'"),
+    (_link("0000000000.jpg", "../../x", tarfile.LNKTYPE), r"is a hard link to '\.\./\.\./x'"),
+])
+def test_hostile_members_are_refused_naming_the_shard(tmp_path, member, says):
+    root = _fake_dataset(tmp_path / "ds", [("0000000000.cls", b"0"), member])
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    for it in (lambda s: list(s.records()), lambda s: list(s.dataset(None))):
+        with pytest.raises(SampleError, match=r"ds/shard-000000\.tar: .*" + says):
+            it(WdsSource(root))
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing extracted
+    assert not Path("/tmp/abs.jpg").exists()
+
+
+def test_a_truncated_shard_is_named_with_how_far_it_got(wds_dst, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(wds_dst, bad)
+    shard = bad / read_manifest(bad).shards[0]["file"]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2])  # mid-member
+    with pytest.raises(SampleError, match=rf"{shard.name}: truncated or corrupt after \d+ members"):
+        list(WdsSource(bad).records())
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:  # cut after the first sample
+        offs = [m.offset for m in tf.getmembers()]
+    shard.write_bytes(data[: offs[3]])
+    with pytest.raises(SampleError, match=rf"{shard.name}: truncated: 1 of the \d+ samples"):
+        list(WdsSource(bad).dataset(None, shuffle=False))
+
+
+def test_the_training_transform_runs_in_dataloader_workers(wds_dst):
+    from autotune.data.transforms import TransformSpec, build_transform
+
+    ds = WdsSource(wds_dst).dataset(build_transform(TransformSpec.from_dict(None)), seed=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,
+                                         multiprocessing_context="spawn")
+    n = 0
+    for images, labels in loader:
+        assert images.shape[1] == 3 and images.dtype == torch.uint8 and labels.max() < 4
+        n += len(labels)
+    assert n == 96
