@@ -22,6 +22,7 @@ exit status:
   1    error: a measurement or tool failed (the message says which and how to fix it)
   2    usage error: a bad option or argument
   3    gate failed: a measured figure is below --min-iops / --min-seq-mibps
+  4    partial: some items failed and are named (stage); the rest is done; rerun to resume
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM); scratch files are removed first
 """
 

@@ -1,0 +1,153 @@
+"""The three ceilings a loader configuration cannot beat (DESIGN.md, in images/s).
+
+* storage: the cold replay's files/s at its best concurrency (`autotune probe`), one file
+  per image, cross-checked against fio's sequential bandwidth / mean file size;
+* decode: the sample pipeline's rate on one core from memory (no I/O), times the usable
+  cores;
+* demand: batch size / step time, what the (emulated) training step can consume.
+
+The smallest one names the bottleneck when the best configuration reaches it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.data.presets import usable_cores
+
+
+def cpu_quota_cores() -> float | None:
+    """Cores allowed by a cgroup CPU quota (containers, Slurm), or None when unlimited."""
+    for quota_f, period_f in (("/sys/fs/cgroup/cpu.max", None),
+                              ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
+                               "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
+        try:
+            if period_f is None:
+                q, _, per = Path(quota_f).read_text().strip().partition(" ")
+                if q == "max":
+                    return None
+                return int(q) / int(per)
+            q = int(Path(quota_f).read_text())
+            if q <= 0:
+                return None
+            return q / int(Path(period_f).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def effective_cores() -> int:
+    """Usable cores: the affinity mask, lowered by a cgroup CPU quota."""
+    n = usable_cores()
+    q = cpu_quota_cores()
+    return max(1, min(n, int(q))) if q else n
+
+
+@dataclass
+class Ceilings:
+    storage: float | None
+    decode: float | None
+    demand: float | None
+    cores: int
+    decode_per_core: float | None = None
+    storage_best_concurrency: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    probe: dict[str, Any] | None = None
+
+    def finite(self) -> dict[str, float]:
+        return {k: v for k, v in (("storage", self.storage), ("decode", self.decode),
+                                  ("demand", self.demand)) if v}
+
+    def smallest(self) -> tuple[str, float] | None:
+        f = self.finite()
+        if not f:
+            return None
+        k = min(f, key=f.__getitem__)
+        return k, f[k]
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.smallest()
+        return {"storage": self.storage, "decode": self.decode, "demand": self.demand,
+                "smallest": s[0] if s else None, "cores": self.cores,
+                "decode_per_core": self.decode_per_core,
+                "storage_best_concurrency": self.storage_best_concurrency,
+                "evidence": self.evidence}
+
+
+def sample_blobs(source: Any, n: int = 200, seed: int = 0) -> list[bytes]:
+    """Encoded bytes of up to `n` random samples of a SampleSource (unreadable ones skipped)."""
+    rng = random.Random(seed)
+    idx = list(range(len(source)))
+    pick = idx if len(idx) <= n else rng.sample(idx, n)
+    blobs = []
+    for i in pick:
+        try:
+            blobs.append(source.read(i)[0])
+        except Exception:  # noqa: BLE001 - a corrupt sample is not a decode-rate figure
+            continue
+    return blobs
+
+
+def decode_rate_per_core(blobs: list[bytes], transform: Callable[[bytes], Any], *,
+                         seconds: float = 3.0) -> tuple[float, int]:
+    """Images/s of `transform` on one core, from bytes already in memory (no I/O timed),
+    decoding round-robin for about `seconds`. Returns (rate, images decoded)."""
+    if not blobs:
+        return 0.0, 0
+    transform(blobs[0])  # first call imports numpy/torch/PIL plugins: not decode cost
+    n = 0
+    t0 = time.process_time()
+    w0 = time.monotonic()
+    while True:
+        transform(blobs[n % len(blobs)])
+        n += 1
+        if time.monotonic() - w0 >= seconds and n >= min(len(blobs), 20):
+            break
+    # CPU time, not wall time: another process on a shared machine must not lower the
+    # per-core figure (it would lower the wall-clock one).
+    cpu = max(time.process_time() - t0, 1e-9)
+    return n / cpu, n
+
+
+def demand_ceiling(batch_size: int, compute_ms: float) -> float | None:
+    """Images/s the step can consume; None when there is no step (infinite demand)."""
+    return batch_size * 1000.0 / compute_ms if compute_ms > 0 else None
+
+
+def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size: int, compute_ms: float, probe: Any | None,
+            decode_seconds: float = 3.0) -> Ceilings:
+    """All three ceilings. `probe` is a ProbeResult (or None when storage was not probed)."""
+    cores = effective_cores()
+    ev: list[str] = []
+    storage = best_c = None
+    probe_d = None
+    if probe is not None:
+        probe_d = probe.to_dict()
+        if probe.replay is not None:
+            best = probe.replay.best
+            storage, best_c = best.files_per_s, best.concurrency
+            ev.append(f"storage: cold replay of {probe.replay.files_sampled} files peaks at "
+                      f"{storage:,.0f} files/s with {best_c} reads in flight "
+                      f"(p50 {best.lat_p50_ms:.2f} ms per file)")
+            ev.extend(f"storage: {e}" for e in probe.verdict.get("evidence", [])
+                      if e.startswith("cross-check"))
+        else:
+            ev.append(f"storage: not measured ({probe.replay_error})")
+    per_core, n = decode_rate_per_core(blobs, transform, seconds=decode_seconds)
+    decode = per_core * cores if per_core else None
+    if decode:
+        ev.append(f"decode: {per_core:,.0f} images/s per core from memory ({n} decodes) x "
+                  f"{cores} usable core(s) = {decode:,.0f} images/s")
+    demand = demand_ceiling(batch_size, compute_ms)
+    if demand:
+        ev.append(f"demand: batch {batch_size} / {compute_ms:g} ms step = {demand:,.0f} images/s")
+    else:
+        ev.append("demand: no step (compute 0): the loader alone is measured")
+    return Ceilings(storage=storage, decode=decode, demand=demand, cores=cores,
+                    decode_per_core=per_core or None, storage_best_concurrency=best_c,
+                    evidence=ev, probe=probe_d)

@@ -1,0 +1,65 @@
+"""The recommendation: the knee of the measured configurations, and the baseline.
+
+knee (DESIGN.md): the cheapest configuration whose images/s is within 3 % of the best:
+fewest workers, then lowest prefetch, then least memory. Cheaper means fewer processes
+and less pinned/shared memory on a node that also runs the training job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.search.records import TrialRecord
+
+KNEE_TOLERANCE = 0.03
+
+
+def best_trial(trials: list[TrialRecord]) -> TrialRecord | None:
+    ok = [t for t in trials if t.ok]
+    return max(ok, key=lambda t: t.images_per_s) if ok else None  # type: ignore[arg-type, return-value]
+
+
+def knee(trials: list[TrialRecord], tolerance: float = KNEE_TOLERANCE) -> TrialRecord | None:
+    """The cheapest trial within `tolerance` of the best images/s."""
+    best = best_trial(trials)
+    if best is None:
+        return None
+    floor = best.images_per_s * (1.0 - tolerance)  # type: ignore[operator]
+    near = [t for t in trials if t.ok and t.images_per_s >= floor]  # type: ignore[operator]
+
+    def cost(t: TrialRecord) -> tuple:
+        p = t.params
+        return (p.get("num_workers", 0), p.get("prefetch_factor") or 0,
+                bool(p.get("persistent_workers")), bool(p.get("pin_memory")),
+                round(t.memory_mib), -(t.images_per_s or 0))
+
+    return min(near, key=cost)
+
+
+def baseline_params(cores: int) -> dict[str, Any]:
+    """The rule of thumb most people start from: num_workers = min(8, cores), prefetch 2,
+    pin_memory, persistent_workers."""
+    w = min(8, max(1, cores))
+    return {"num_workers": w, "prefetch_factor": 2, "persistent_workers": True,
+            "pin_memory": True}
+
+
+def dataloader_snippet(params: dict[str, Any], batch_size: int) -> str:
+    """Ready-to-paste DataLoader call for the recommended configuration."""
+    args = [f"batch_size={params.get('batch_size', batch_size)}", "shuffle=True",
+            f"num_workers={params['num_workers']}"]
+    if params["num_workers"] > 0:
+        args.append(f"prefetch_factor={params['prefetch_factor']}")
+        args.append(f"persistent_workers={params.get('persistent_workers', False)}")
+    args.append(f"pin_memory={params.get('pin_memory', False)}")
+    return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
+
+
+def yaml_block(params: dict[str, Any], batch_size: int) -> str:
+    lines = ["dataloader:", f"  batch_size: {params.get('batch_size', batch_size)}",
+             f"  num_workers: {params['num_workers']}"]
+    if params["num_workers"] > 0:
+        lines += [f"  prefetch_factor: {params['prefetch_factor']}",
+                  f"  persistent_workers: {str(bool(params.get('persistent_workers'))).lower()}"]
+    lines.append(f"  pin_memory: {str(bool(params.get('pin_memory'))).lower()}")
+    return "\n".join(lines)

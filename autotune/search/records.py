@@ -1,0 +1,70 @@
+"""One search trial as the search reasons about it (built from a BenchResult)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def _fig(d: dict[str, Any], *path: str) -> float | None:
+    for p in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(p)  # type: ignore[assignment]
+    return d if isinstance(d, (int, float)) else None
+
+
+@dataclass
+class TrialRecord:
+    number: int
+    params: dict[str, Any]
+    state: str                      # "complete", "failed", "rejected", "duplicate", "running"
+    images_per_s: float | None = None
+    images_per_s_spread: dict[str, Any] | None = None
+    au: float | None = None
+    data_wait_fraction: float | None = None
+    peak_rss_mib: float | None = None
+    shm_used_mib: float | None = None
+    cpu_percent: float | None = None
+    disk_util_pct: float | None = None
+    disk_r_await_ms: float | None = None
+    disk_reads_per_s: float | None = None
+    reason: str | None = None
+    hint: str | None = None
+    duplicate_of: int | None = None
+    seconds: float | None = None
+    timeline_file: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "complete" and self.images_per_s is not None
+
+    @property
+    def memory_mib(self) -> float:
+        return (self.peak_rss_mib or 0.0) + (self.shm_used_mib or 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_bench(cls, number: int, params: dict[str, Any], r: dict[str, Any]) -> TrialRecord:
+        """From BenchResult.to_dict()."""
+        system = r.get("system") or {}
+        return cls(
+            number=number, params=params,
+            state="failed" if r.get("failed") else "complete",
+            images_per_s=r.get("images_per_s"), images_per_s_spread=r.get("images_per_s_spread"),
+            au=r.get("au"), data_wait_fraction=r.get("data_wait_fraction"),
+            peak_rss_mib=r.get("peak_rss_mib"),
+            shm_used_mib=_fig(system, "shm", "used_mib_max"),
+            cpu_percent=r.get("cpu_percent"),
+            disk_util_pct=_fig(system, "disk", "util_pct", "median"),
+            disk_r_await_ms=_fig(system, "disk", "r_await_ms", "median"),
+            disk_reads_per_s=_fig(system, "disk", "reads_per_s", "median"),
+            reason=r.get("reason"), hint=r.get("hint"), seconds=r.get("seconds_total"),
+            timeline_file=r.get("timeline_file"), warnings=list(r.get("warnings") or []))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialRecord:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})

@@ -1,0 +1,73 @@
+"""Terminal rendering of a search result (rich renderables; never prints)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from autotune.units import fmt_rate
+
+
+def _f(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def search_renderable(d: dict[str, Any]) -> Group:
+    """From SearchResult.to_dict()."""
+    parts: list[Any] = []
+    c = d["ceilings"]
+    t = Table(title="Ceilings (images/s)", title_justify="left")
+    t.add_column("ceiling")
+    t.add_column("images/s", justify="right")
+    for k in ("storage", "decode", "demand"):
+        mark = " (smallest)" if c.get("smallest") == k else ""
+        t.add_row(k + mark, fmt_rate(c.get(k)) if c.get(k) else "unbounded" if k == "demand" else "-")
+    parts.append(t)
+    for e in c.get("evidence", []):
+        parts.append(Text(f"  · {e}", style="dim"))
+    tt = Table(title=f"Trials ({d['study']})", title_justify="left")
+    for col in ("#", "workers", "prefetch", "persist", "pin", "state", "images/s", "AU",
+                "wait", "RSS MiB", "reason"):
+        tt.add_column(col, justify="left" if col in ("state", "reason") else "right")
+    rows = ([("base", d["baseline"])] if d.get("baseline") else [])
+    rec_n = (d.get("recommended") or {}).get("trial")
+    for tr in d["trials"]:
+        p = tr["params"]
+        mark = " *" if tr["number"] == rec_n and tr["state"] == "complete" else ""
+        tt.add_row(f"{tr['number']}{mark}", str(p["num_workers"]), str(p.get("prefetch_factor") or "-"),
+                   "y" if p.get("persistent_workers") else "n", "y" if p.get("pin_memory") else "n",
+                   tr["state"] + (f" of {tr['duplicate_of']}" if tr.get("duplicate_of") is not None else ""),
+                   fmt_rate(tr["images_per_s"]), _f(tr["au"]), _f(tr["data_wait_fraction"]),
+                   _f(tr["peak_rss_mib"], ",.0f"), (tr.get("reason") or "")[:60])
+    for label, b in rows:
+        cfg = b["config"]
+        tt.add_row(label, str(cfg["num_workers"]), str(cfg.get("prefetch_factor") or "-"),
+                   "y" if cfg.get("persistent_workers") else "n", "y" if cfg.get("pin_memory") else "n",
+                   b.get("state") or "", fmt_rate(b.get("images_per_s")), _f(b.get("au")),
+                   _f(b.get("data_wait_fraction")), _f(b.get("peak_rss_mib"), ",.0f"),
+                   "baseline: rule of thumb")
+    parts.append(tt)
+    v = d.get("verdict")
+    if v:
+        parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"), f" — {v['summary']}"))
+        for e in v["evidence"]:
+            parts.append(Text(f"  · {e}"))
+        for a in v["advice"]:
+            parts.append(Text(f"  → {a}", style="bold"))
+    rec = d.get("recommended")
+    if rec:
+        gain = d.get("gain_vs_baseline")
+        parts.append(Text.assemble(
+            ("Recommended ", "bold"), f"(trial {rec['trial']}, the cheapest within 3 % of the best): ",
+            f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
+            f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
+        parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))
+        parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
+    parts.append(Text(f"stopped: {d['stop_reason']}; {d['seconds']:.0f} s; report: {d.get('report_html')}"))
+    for w in d.get("warnings", []):
+        parts.append(Text(f"note: {w}", style="yellow"))
+    return Group(*parts)

@@ -1,0 +1,69 @@
+"""The knee, the baseline and the verdict rules on hand-made trial records (pure logic)."""
+
+from __future__ import annotations
+
+from autotune.search.ceilings import Ceilings
+from autotune.search.recommend import baseline_params, dataloader_snippet, knee, yaml_block
+from autotune.search.records import TrialRecord
+from autotune.search.verdict import decide
+
+
+def rec(n, w, pf, ips, *, au=0.5, rss=500.0, cpu=50.0, util=10.0, state="complete"):
+    return TrialRecord(number=n, params={"num_workers": w, "prefetch_factor": pf if w else None,
+                                         "persistent_workers": False, "pin_memory": False},
+                       state=state, images_per_s=ips, au=au, data_wait_fraction=1 - au,
+                       peak_rss_mib=rss, cpu_percent=cpu, disk_util_pct=util)
+
+
+def test_knee_is_the_cheapest_within_3_percent():
+    trials = [rec(0, 8, 4, 400.0), rec(1, 4, 2, 395.0), rec(2, 4, 1, 389.0),
+              rec(3, 2, 1, 300.0), rec(4, 6, 1, 399.0)]
+    k = knee(trials)
+    assert (k.params["num_workers"], k.params["prefetch_factor"]) == (4, 1)  # 389 >= 0.97 * 400
+
+
+def test_knee_prefers_less_memory_at_equal_cost_and_ignores_failures():
+    trials = [rec(0, 4, 2, 400.0, rss=2000), rec(1, 4, 2, 399.0, rss=800),
+              rec(2, 1, 1, 900.0, state="failed"), rec(3, 4, 2, 1e9, state="rejected")]
+    assert knee(trials).number == 1
+
+
+def test_knee_of_nothing_is_none():
+    assert knee([rec(0, 1, 1, None, state="failed")]) is None
+
+
+def test_baseline_is_the_rule_of_thumb():
+    assert baseline_params(2) == {"num_workers": 2, "prefetch_factor": 2,
+                                  "persistent_workers": True, "pin_memory": True}
+    assert baseline_params(64)["num_workers"] == 8
+
+
+def test_snippets_are_valid_python_and_yaml():
+    import yaml
+
+    p = {"num_workers": 3, "prefetch_factor": 4, "persistent_workers": True, "pin_memory": False}
+    code = dataloader_snippet(p, 256)
+    compile(code, "<snippet>", "exec")
+    assert "num_workers=3" in code and "prefetch_factor=4" in code
+    assert yaml.safe_load(yaml_block(p, 256))["dataloader"]["num_workers"] == 3
+    p0 = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False}
+    assert "prefetch_factor" not in dataloader_snippet(p0, 32)
+
+
+def _ceil(storage=None, decode=None, demand=None):
+    return Ceilings(storage=storage, decode=decode, demand=demand, cores=2)
+
+
+def test_verdicts():
+    healthy = rec(0, 4, 2, 420.0, au=0.95)
+    assert decide(healthy, healthy, _ceil(5000, 700, 440)).bottleneck == "compute"
+    slow_disk = rec(0, 8, 2, 190.0, au=0.4, cpu=40, util=99)
+    v = decide(slow_disk, slow_disk, _ceil(200, 700, 440))
+    assert v.bottleneck == "storage" and "storage ceiling" in v.summary and v.advice
+    cpu = rec(0, 2, 2, 650.0, au=0.5, cpu=190, util=5)
+    assert decide(cpu, cpu, _ceil(5000, 700, 1000)).bottleneck == "decode"
+    idle = rec(0, 1, 1, 150.0, au=0.3, cpu=45, util=5)
+    v = decide(idle, idle, _ceil(5000, 700, 1000))
+    assert v.bottleneck == "loader" and "settings" in v.summary
+    # Evidence carries the figures behind the verdict.
+    assert any("storage ceiling 5,000" in e for e in v.evidence)

@@ -1,0 +1,104 @@
+"""`run_search` for real: Optuna study, bench subprocesses with DataLoader workers, real
+files, a real cgroup cap. Small data and short windows keep it to about a minute each."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from autotune.search import SearchOptions, run_search
+
+pytestmark = [pytest.mark.slow]
+TESTS = Path(__file__).parent
+
+
+def opts(tmp_path: Path, **kw) -> SearchOptions:
+    base = dict(preset="decode-only", batch_size=8, seconds=1.5, warmup_batches=1,
+                space=str(TESTS / "space-tiny.yaml"), out=str(tmp_path / "out"), trials=3,
+                probe_fio=False, cold=os.geteuid() == 0)
+    base.update(kw)
+    return SearchOptions(**base)
+
+
+def test_json_keys_report_and_resume(small_dataset, tmp_path):
+    r1 = run_search(small_dataset, opts(tmp_path, trials=2, compute_ms=5))
+    d = json.loads(Path(r1.json_file).read_text())
+    for k in ("recommended", "best", "baseline", "ceilings", "verdict", "trials"):
+        assert k in d, k
+    assert {"config", "images_per_s", "au"} <= d["recommended"].keys()
+    assert {"storage", "decode", "demand"} <= d["ceilings"].keys()
+    assert d["ceilings"]["storage"] and d["ceilings"]["decode"] and d["ceilings"]["demand"] == 1600
+    assert d["verdict"]["bottleneck"] in ("storage", "decode", "compute", "loader")
+    assert d["verdict"]["evidence"]
+    assert d["baseline"]["config"]["num_workers"] == min(8, os.cpu_count())
+    html = Path(r1.report_html).read_text()
+    assert html.count("<svg") >= 3 and "Optimization history" in html
+    measured1 = [t for t in r1.trials if t.state != "duplicate"]
+    assert len(measured1) == 2
+
+    # Same study, more trials: only the missing ones are measured; nothing is redone.
+    r2 = run_search(small_dataset, opts(tmp_path, trials=3, compute_ms=5))
+    measured2 = [t for t in r2.trials if t.state != "duplicate"]
+    assert len(measured2) == 3
+    assert [t.to_dict() for t in measured2[:2]] == [t.to_dict() for t in measured1]
+    assert r2.baseline.to_dict() == r1.baseline.to_dict()
+
+    # A study measured with other settings is not silently mixed.
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError, match="other settings"):
+        run_search(small_dataset, opts(tmp_path, trials=3, compute_ms=50))
+
+
+def test_a_failing_trial_is_recorded_and_the_study_goes_on(small_dataset, tmp_path, monkeypatch):
+    flag = tmp_path / "fail-next"
+    flag.write_text("x")
+    monkeypatch.setenv("AUTOTUNE_TEST_FAIL_FLAG", str(flag))
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = run_search(small_dataset, opts(tmp_path, trials=3, step="steps:fail_once",
+                                       baseline=False, probe=False))
+    states = [t.state for t in r.trials if t.state != "duplicate"]
+    assert states[0] == "failed" and states.count("complete") >= 1, states
+    failed = r.trials[0]
+    assert "injected step failure" in (failed.reason or "")
+    assert r.recommended is not None and r.recommended.state == "complete"
+
+
+def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_dataset, tmp_path):
+    # batch 8 every 250 ms: demand 32 images/s, far below what any loader here delivers.
+    r = run_search(small_dataset, opts(tmp_path, trials=5, compute_ms=250, seconds=2,
+                                       baseline=False, probe=False))
+    assert r.stop_reason.startswith("ceiling reached"), r.stop_reason
+    assert len([t for t in r.trials if t.state != "duplicate"]) < 5
+    assert r.verdict.bottleneck == "compute"
+    assert r.recommended.au >= 0.9
+
+
+@pytest.mark.root
+def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
+    from autotune.emulate import IoThrottle
+    from autotune.synth import make_image_folder
+
+    ds = work_dir / "train"
+    make_image_folder(ds, 160, 4, seed=3, workers=1)
+    # The whole search (probe replay, bench processes and their workers) runs under a
+    # 60-IOPS cap on the disk, cold: a few dozen small files per second at most.
+    with IoThrottle(ds, read_iops=60, name="search-test") as cap:
+        cap.add_pid(os.getpid())
+        r = run_search(ds, opts(tmp_path, trials=2, compute_ms=5, cold=True, seconds=2))
+    assert r.ceilings.storage < r.ceilings.decode
+    assert r.verdict.bottleneck == "storage", r.verdict.to_dict()
+    assert "storage ceiling" in r.verdict.summary
+
+
+def test_grid_measures_every_configuration_once(small_dataset, tmp_path):
+    r = run_search(small_dataset, opts(tmp_path, grid=True, compute_ms=5, baseline=False,
+                                       probe=False))
+    measured = [t for t in r.trials if t.state != "duplicate"]
+    keys = {tuple(sorted(t.params.items())) for t in measured}
+    assert len(measured) == len(keys) == 5  # workers 0 (no prefetch) + 2 workers x 2 prefetch
+    assert r.stop_reason == "grid complete"

@@ -1,0 +1,157 @@
+"""`autotune stage` for real: copies, verification read back from disk, resume after
+SIGKILL, the lock, free-space check, a vanished or changed source, a flipped bit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from converters.stage import StageError, stage, verify_staged
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def converted(tmp_path: Path) -> Path:
+    """A stand-in conversion: shard files + a manifest with their sizes and hashes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    shards = []
+    for i in range(12):
+        f = src / f"shard-{i:06d}.tar"
+        f.write_bytes(os.urandom(200_000 + i * 1000))
+        shards.append({"file": f.name, "samples": 10, "bytes": f.stat().st_size, "sha256": _sha(f)})
+    (src / "manifest.json").write_text(json.dumps({"version": 1, "format": "wds", "num_samples": 120,
+                                                   "num_classes": 2, "classes": ["a", "b"],
+                                                   "shards": shards}))
+    return src
+
+
+def test_stage_copies_verifies_and_writes_the_manifest_last(converted, tmp_path):
+    dst = tmp_path / "dst"
+    r = stage(converted, dst, workers=3)
+    assert not r.partial and r.copied == 12 and r.manifest_written
+    for f in converted.glob("shard-*.tar"):
+        assert _sha(dst / f.name) == _sha(f)
+    assert json.loads((dst / "manifest.json").read_text()) == json.loads((converted / "manifest.json").read_text())
+    again = stage(converted, dst)  # resume: everything already verified
+    assert again.copied == 0 and again.skipped == 12
+
+
+def test_plain_folder_gets_a_computed_manifest(small_dataset, tmp_path):
+    r = stage(small_dataset, tmp_path / "dst", workers=2)
+    assert r.copied == 64 and not r.partial
+    m = json.loads((tmp_path / "dst" / "manifest.json").read_text())
+    assert m["format"] == "folder" and len(m["shards"]) == 64
+    one = m["shards"][0]
+    assert one["sha256"] == _sha(small_dataset / one["file"])
+
+
+def test_not_enough_space_copies_nothing(converted, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        with pytest.raises(StageError, match=r"MiB needed .* MiB free.*Nothing was copied"):
+            stage(converted, mnt / "dst")
+        assert not list((mnt / "dst").glob("shard-*"))
+    finally:
+        subprocess.run(["umount", str(mnt)])
+
+
+def test_lock_refuses_a_second_stager(converted, tmp_path):
+    dst = tmp_path / "dst"
+    started = []
+
+    def slow(name: str) -> None:
+        if not started:
+            started.append(name)
+            code = ("import sys; sys.path.insert(0, %r)\n"
+                    "from converters.stage import stage\n"
+                    "try:\n stage(%r, %r)\nexcept Exception as e:\n print(e); sys.exit(7)\n"
+                    % (str(Path(__file__).parents[2]), str(converted), str(dst)))
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            started.append((p.returncode, p.stdout))
+
+    stage(converted, dst, workers=1, on_file=slow)
+    code, out = started[1]
+    assert code == 7 and "another `autotune stage`" in out
+
+
+def test_vanished_and_changed_sources_are_named_others_finish(converted, tmp_path):
+    dst = tmp_path / "dst"
+    names = sorted(p.name for p in converted.glob("shard-*.tar"))
+    victim, grower = names[-1], names[-2]
+
+    def hook(name: str) -> None:
+        if name == names[0]:
+            (converted / victim).unlink()
+            with open(converted / grower, "ab") as f:
+                f.write(b"more")
+
+    r = stage(converted, dst, workers=1, on_file=hook)
+    assert r.partial and not r.manifest_written
+    bad = {f.file: f.reason for f in r.failures}
+    assert set(bad) == {victim, grower}
+    assert "vanished" in bad[victim] and "changed" in bad[grower]
+    assert r.copied == 10
+    assert not (dst / victim).exists() and not (dst / grower).exists()
+    assert not (dst / "manifest.json").exists()
+
+
+def test_flipped_bit_is_caught_and_repaired(converted, tmp_path):
+    dst = tmp_path / "dst"
+    stage(converted, dst)
+    f = dst / "shard-000003.tar"
+    b = bytearray(f.read_bytes())
+    b[1234] ^= 0x01
+    st = f.stat()
+    f.write_bytes(bytes(b))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # a silent corruption keeps the mtime
+    v = verify_staged(dst)
+    assert [x.file for x in v.failures] == ["shard-000003.tar"]
+    assert "corrupt" in v.failures[0].reason
+    r = stage(converted, dst)
+    assert r.copied == 1 and not r.partial
+    assert _sha(f) == _sha(converted / f.name)
+
+
+@pytest.mark.slow
+def test_killed_stage_resumes_to_an_identical_copy(converted, tmp_path):
+    # Bigger shards so that the kills land mid-copy.
+    m = json.loads((converted / "manifest.json").read_text())
+    for i in range(6):
+        f = converted / f"big-{i}.tar"
+        f.write_bytes(os.urandom(8 << 20))
+        m["shards"].append({"file": f.name, "samples": 1, "bytes": f.stat().st_size, "sha256": _sha(f)})
+    (converted / "manifest.json").write_text(json.dumps(m))
+    dst = tmp_path / "dst"
+    code = ("import sys; sys.path.insert(0, %r)\nfrom converters.stage import stage\n"
+            "stage(%r, %r, workers=1)\n" % (str(Path(__file__).parents[2]), str(converted), str(dst)))
+    for delay in (0.05, 0.2, 0.4):
+        p = subprocess.Popen([sys.executable, "-c", code])
+        time.sleep(delay)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        # Nothing under a final name is partial: every published file equals its source.
+        for f in dst.glob("*"):
+            if f.is_file():
+                assert _sha(f) == _sha(converted / f.name), f
+        assert not (dst / "manifest.json").exists() or len(list(dst.glob("*.tar"))) == 18
+    r = stage(converted, dst)
+    assert not r.partial
+    for f in converted.iterdir():
+        if f.is_file() and f.name != "manifest.json":
+            assert _sha(dst / f.name) == _sha(f)
