@@ -226,16 +226,28 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     source = open_source(spec["dataset"], cfg.format)
     out["dataset"] = source.info()
     marks["scanned"] = time.monotonic()
-    dataset = ImageDataset(source, build_transform(cfg.transform))
     kwargs: dict[str, Any] = {}
     if cfg.num_workers > 0:
         kwargs.update(prefetch_factor=cfg.prefetch_factor, timeout=cfg.batch_timeout_s,
                       persistent_workers=cfg.persistent_workers, worker_init_fn=_worker_init)
-    gen = torch.Generator()
-    gen.manual_seed(cfg.seed)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle, num_workers=cfg.num_workers,
-        pin_memory=cfg.pin_memory, drop_last=True, generator=gen, **kwargs)
+    if getattr(source, "iterable", False):
+        # WebDataset shards: the dataset shuffles shards and a sample buffer itself and
+        # splits shards by worker; DataLoader must not add a sampler.
+        dataset = source.dataset(build_transform(cfg.transform), shuffle=cfg.shuffle,
+                                 seed=cfg.seed)
+        note = source.readers_note(cfg.num_workers)
+        if note:
+            out.setdefault("warnings", []).append(note)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
+            pin_memory=cfg.pin_memory, drop_last=True, **kwargs)
+    else:
+        dataset = ImageDataset(source, build_transform(cfg.transform))
+        gen = torch.Generator()
+        gen.manual_seed(cfg.seed)
+        loader = torch.utils.data.DataLoader(
+            dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle, num_workers=cfg.num_workers,
+            pin_memory=cfg.pin_memory, drop_last=True, generator=gen, **kwargs)
     epoch_batches = len(loader)
     out["epoch_batches"] = epoch_batches
     if epoch_batches == 0:

@@ -35,7 +35,7 @@ from autotune.bench.config import BenchConfig
 from autotune.bench.residency import resident_fraction
 from autotune.bench.result import BenchResult
 from autotune.cache import make_cold
-from autotune.data.sources import FolderSource, resolve_format
+from autotune.data.sources import open_source, resolve_format
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune.monitor import SystemMonitor
 
@@ -130,7 +130,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     files: list[Path] | None = None
     if not cfg.cold or not is_root:
         say(f"scanning {root}")
-        files = list(FolderSource(root).files())
+        files = list(open_source(root, fmt).files())
     if not cfg.cold:
         cache["resident_fraction_at_start"] = resident_fraction(files or [])
         cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
@@ -189,7 +189,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
                             try:
                                 cache["method"] = make_cold(files)
                             except NotPermitted:  # root, but /proc/sys is read-only here
-                                files = list(FolderSource(root).files())
+                                files = list(open_source(root, fmt).files())
                                 cache["method"] = make_cold(files)
                             if cache["method"] == "fadvise":
                                 frac = resident_fraction(files or [])

@@ -6,8 +6,9 @@ of its LMDB or WebDataset conversion differs only in how bytes reach the decoder
 exactly what the comparison must isolate.
 
 Formats: `folder` (class subfolders, as torchvision's ImageFolder) is implemented here.
-`lmdb` and `wds` are recognised (from `--format` or the `manifest.json` that
-`autotune convert` writes) and refused with a clear message until their readers exist.
+`lmdb` and `wds` (from `--format` or the `manifest.json` that `autotune convert` writes)
+are read by converters.LmdbSource (map-style) and converters.WdsSource (iterable: a
+loader iterates `source.dataset(transform)`; `source.iterable` is True).
 A reader must open its files lazily in the process that reads (DataLoader workers fork
 after the dataset is built: an LMDB environment must never cross a fork).
 """
@@ -166,10 +167,10 @@ def resolve_format(path: str | os.PathLike[str], format: str = "auto") -> str:
     if not p.exists():
         raise UsageError(f"{p}: no such file or directory.")
     fmt = detect_format(p) if format == "auto" else format
-    if fmt in ("lmdb", "wds"):
-        how = "from its manifest.json" if format == "auto" else "as asked"
-        raise UsageError(f"{p}: format {fmt} ({how}) is not yet supported by bench: its reader "
-                         "is not implemented yet; bench the source image folder instead.")
+    if fmt in ("lmdb", "wds") and not (p / MANIFEST).is_file():
+        raise UsageError(f"{p}: format {fmt} needs the manifest.json that `autotune convert` "
+                         "writes last; this directory is not a complete conversion (rerun "
+                         "`autotune convert` to finish it).")
     return fmt
 
 
@@ -180,5 +181,12 @@ def open_source(path: str | os.PathLike[str], format: str = "auto") -> SampleSou
     Raises UsageError for a missing path, an unknown or not yet supported format, or a
     folder that is not an image folder.
     """
-    resolve_format(path, format)
+    fmt = resolve_format(path, format)
+    if fmt in ("lmdb", "wds"):
+        from converters import open_converted
+
+        src = open_converted(path)
+        if src.format != fmt:
+            raise UsageError(f"{path}: manifest.json says format {src.format}, not {fmt}.")
+        return src
     return FolderSource(path)

@@ -81,6 +81,13 @@ class Ceilings:
 
 def sample_blobs(source: Any, n: int = 200, seed: int = 0) -> list[bytes]:
     """Encoded bytes of up to `n` random samples of a SampleSource (unreadable ones skipped)."""
+    if getattr(source, "iterable", False):  # shards: the first n records, read in order
+        blobs = []
+        for data, _label, _where in source.records():
+            blobs.append(data)
+            if len(blobs) >= n:
+                break
+        return blobs
     rng = random.Random(seed)
     idx = list(range(len(source)))
     pick = idx if len(idx) <= n else rng.sample(idx, n)
