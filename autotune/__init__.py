@@ -1,10 +1,24 @@
 """autotune: find what holds a PyTorch input pipeline back, and fix what can be fixed.
 
 Importing this package needs no GPU, no fio and no root: hardware- and tool-specific
-pieces (NVML, fio, FUSE) are imported or executed lazily where they are used.
+pieces (NVML, fio, FUSE) are imported or executed lazily where they are used, and so is
+`instrument` (from autotune.instrumentation: a module named like the function would
+be shadowed by it as an attribute of the package).
 """
+
+from __future__ import annotations
+
+from typing import Any
 
 from autotune.errors import AutotuneError
 
 __version__ = "0.1.0"
-__all__ = ["AutotuneError", "__version__"]
+__all__ = ["AutotuneError", "__version__", "instrument"]
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: `autotune.instrument(loader)` without importing it at package import.
+    if name == "instrument":
+        from autotune.instrumentation import instrument
+        return instrument
+    raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -345,11 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_probe(sub)
     _add_bench(sub)
-    from autotune import cli_convert, cli_search
+    from autotune import cli_analyze, cli_convert, cli_search
 
     cli_search.add_search_parser(sub)
     cli_convert.add_parser(sub)
     cli_search.add_stage_parser(sub)
+    cli_analyze.add_monitor_parser(sub)
+    cli_analyze.add_analyze_parser(sub)
     return ap
 
 

@@ -1,0 +1,459 @@
+"""`analyze(log)`: step timings of a training log, joined with system metrics, diagnosed.
+
+The log is read once, as a stream. Each record is weighted by the batches it stands for
+(pytorch/examples and timm print every Nth batch: a line at batch 50 after one at 40
+stands for 10), the first batches of the run are left out as warm-up (DESIGN.md:
+max(5, workers x prefetch)), and the rest is summed: data-time share, AU, step-time
+quantiles, images/s, per-epoch and over-the-run trends. Then the metrics of the same
+time window are joined and `rules.decide` gives the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.analyze import trend
+from autotune.analyze.join import SystemFigures, join_metrics
+from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
+from autotune.analyze.parsers.regex import RegexParser
+from autotune.analyze.reader import LineTimes, head_and_tail, iter_lines
+from autotune.analyze.rules import RuleInputs, Verdict, decide
+from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
+from autotune.errors import UsageError
+
+MIN_WARMUP = 5
+MAX_EPOCHS_KEPT = 10_000
+# Files `autotune monitor --out DIR` writes (see autotune.monitor_run).
+RUN_FILES = {"log": "train.log", "steps": "steps.jsonl", "metrics": "metrics.jsonl",
+             "run": "run.json"}
+
+
+@dataclass
+class Analysis:
+    """Everything `autotune analyze` found; `to_dict()` is the --json document."""
+
+    log: str
+    format: str
+    lines: dict[str, Any]
+    steps: int
+    batches: int
+    warmup_steps: int
+    epochs: int
+    ranks: int
+    batch_size: int | None
+    batch_size_source: str
+    data_time_share: float | None
+    au: float | None
+    step_time_s: dict[str, float | None]
+    iteration_time_s: dict[str, float | None]
+    data_wait_s: dict[str, float | None]
+    images_per_s: float | None
+    window: tuple[float, float] | None
+    times_from: str | None
+    trend: dict[str, Any]
+    system: SystemFigures | None
+    probe: dict[str, Any] | None
+    loader: dict[str, Any] | None
+    dataset: str | None
+    verdict: Verdict
+    profile: ProfileSummary | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "log": self.log, "format": self.format, "lines": self.lines,
+            "steps": self.steps, "batches": self.batches, "warmup_steps": self.warmup_steps,
+            "epochs": self.epochs, "ranks": self.ranks,
+            "batch_size": self.batch_size, "batch_size_source": self.batch_size_source,
+            "data_time_share": self.data_time_share, "au": self.au,
+            "input_bound": None if self.au is None else self.au < 0.90,
+            "step_time_s": self.step_time_s, "iteration_time_s": self.iteration_time_s,
+            "data_wait_s": self.data_wait_s, "images_per_s": self.images_per_s,
+            "window": list(self.window) if self.window else None, "times_from": self.times_from,
+            "trend": self.trend,
+            "metrics": self.system.to_dict() if self.system is not None else None,
+            "probe": _probe_brief(self.probe), "loader": self.loader, "dataset": self.dataset,
+            "profile": self.profile.to_dict() if self.profile else None,
+            "verdict": self.verdict.to_dict(), "warnings": self.warnings,
+        }
+
+
+def _probe_brief(probe: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not probe:
+        return None
+    v = probe.get("verdict") or {}
+    fio = probe.get("fio") or {}
+    return {"path": probe.get("path"), "storage_files_per_s": v.get("storage_files_per_s"),
+            "best_concurrency": v.get("best_concurrency"),
+            "rand_read_iops": (fio.get("rand_read") or {}).get("iops"), "class": v.get("class")}
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+@dataclass
+class _Inputs:
+    log: Path
+    metrics: Path | None
+    dataset: str | None
+    notes: list[str]
+
+
+def _has_steps(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            for i, raw in enumerate(f):
+                if b'"wait_s"' in raw:
+                    return True
+                if i > 50:
+                    break
+    except OSError:
+        return False
+    return False
+
+
+def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] | None,
+                   dataset: str | None) -> _Inputs:
+    """A log file, or an `autotune monitor` output directory (its step log when the job
+    was instrumented, else its train.log; its metrics.jsonl; the dataset from run.json)."""
+    p = Path(log)
+    notes: list[str] = []
+    if not p.exists():
+        raise UsageError(f"{p}: no such file or directory; give a training log or the "
+                         "directory `autotune monitor --out` wrote")
+    if p.is_dir():
+        steps, train = p / RUN_FILES["steps"], p / RUN_FILES["log"]
+        if _has_steps(steps):
+            chosen = steps
+        elif train.is_file():
+            chosen = train
+            if steps.exists():
+                notes.append(f"{steps} has no step, using {train}")
+        else:
+            raise UsageError(f"{p}: holds neither {RUN_FILES['steps']} nor {RUN_FILES['log']}; "
+                             "give the log file itself")
+        if metrics is None and (p / RUN_FILES["metrics"]).is_file():
+            metrics = p / RUN_FILES["metrics"]
+        if dataset is None and (p / RUN_FILES["run"]).is_file():
+            try:
+                dataset = json.loads((p / RUN_FILES["run"]).read_text()).get("data")
+            except (OSError, ValueError):
+                pass
+        p = chosen
+    return _Inputs(p, Path(metrics) if metrics is not None else None, dataset, notes)
+
+
+def load_probe(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON of `autotune probe --json FILE`."""
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except OSError as e:
+        raise UsageError(f"--probe {p}: {e.strerror}") from e
+    except ValueError as e:
+        raise UsageError(f"--probe {p}: not JSON ({e}); give the file `autotune probe "
+                         "--json FILE` wrote") from e
+    if not isinstance(d, dict) or "verdict" not in d:
+        raise UsageError(f"--probe {p}: no 'verdict' in it; give the file `autotune probe "
+                         "--json FILE` wrote")
+    return d
+
+
+def detect_format(log: str | os.PathLike[str]) -> str:
+    """The built-in format most lines of the log's head (and tail) match."""
+    parsers = {name: cls() for name, cls in BUILTIN.items()}
+    hits = dict.fromkeys(parsers, 0)
+    seen = 0
+    for ln in head_and_tail(log):
+        seen += 1
+        for name, parser in parsers.items():
+            if parser.sniff(ln):
+                hits[name] += 1
+    best = max(hits, key=lambda k: hits[k])   # ties: the first, most specific format
+    if hits[best] == 0:
+        raise UsageError(f"{log}: no known step-timing format in its first {min(seen, 5000)} "
+                         f"lines and last MiB (known: {', '.join(BUILTIN)}); pass --format, or "
+                         "--regex FILE with a pattern for your lines, or wrap the loader with "
+                         "autotune.instrument(loader)")
+    return best
+
+
+def make_parser(fmt: str, regex: str | os.PathLike[str] | None) -> LogParser:
+    if regex is not None:
+        return RegexParser.from_yaml(regex)
+    if fmt == "regex":
+        raise UsageError("--format regex needs --regex FILE (a YAML file with a 'pattern')")
+    try:
+        return BUILTIN[fmt]()
+    except KeyError:
+        raise UsageError(f"--format {fmt}: unknown; known: auto, {', '.join(BUILTIN)}, regex") from None
+
+
+# -- the pass over the log ----------------------------------------------------------------
+
+class _Pass:
+    """Streams records into the accumulators; holds only bounded state."""
+
+    def __init__(self, warmup: int | None, times: LineTimes | None) -> None:
+        self.warmup_fixed = warmup
+        self.times = times
+        self.measured = Totals()
+        self.warm = Totals()
+        self.warm_records: list[StepRecord] = []
+        self.hist_step, self.hist_iter, self.hist_data = LogHistogram(), LogHistogram(), LogHistogram()
+        self.timeline = Timeline()
+        self.epochs: dict[int, EpochStats] = {}
+        self.first_epoch: int | None = None
+        self.seen = 0
+        self.last_index: dict[tuple[int | None, int | None], tuple[int, int]] = {}
+        # The last 64 (rank, epoch, index) seen, as an ordered set: a repeat is another
+        # rank printing the same step.
+        self.recent: dict[tuple[int | None, int | None, int | None], None] = {}
+        self._warmup_for: tuple[int, int] | None = None   # (id(meta), steps)
+        self.repeats = 0
+        self.ranks: set[int] = set()
+        self.batches: dict[int, int] = {}   # batch size -> records (bounded)
+        self.times_used = False
+
+    def warmup_steps(self, meta: dict[str, Any]) -> int:
+        if self.warmup_fixed is not None:
+            return self.warmup_fixed
+        cached = self._warmup_for
+        if cached is not None and cached[0] == id(meta):
+            return cached[1]
+        w = self._warmup_of(meta)
+        self._warmup_for = (id(meta), w)
+        return w
+
+    @staticmethod
+    def _warmup_of(meta: dict[str, Any]) -> int:
+        loader = meta.get("loader") or {}
+        w, pf = loader.get("num_workers"), loader.get("prefetch_factor")
+        if isinstance(w, int) and w > 0:
+            return max(MIN_WARMUP, w * (pf if isinstance(pf, int) else 2))
+        return MIN_WARMUP
+
+    def add(self, r: StepRecord, line_end: int, meta: dict[str, Any]) -> None:
+        if r.end_time is None and self.times is not None:
+            r.end_time = self.times.time_of(line_end)
+            self.times_used = self.times_used or r.end_time is not None
+        if r.rank is not None:
+            self.ranks.add(r.rank)
+        if r.batch is not None and (r.batch in self.batches or len(self.batches) < 256):
+            self.batches[r.batch] = self.batches.get(r.batch, 0) + 1
+        # Weight: batches since the previous logged index of this (rank, epoch).
+        key3 = (r.rank, r.epoch, r.index)
+        if r.index is not None:
+            k = (r.rank, r.epoch)
+            prev = self.last_index.get(k)
+            if key3 in self.recent:
+                self.repeats += 1     # the same step again: another rank printing it
+                r.weight = prev[1] if prev else 1
+            else:
+                gap = r.index - prev[0] if prev is not None else 1
+                r.weight = gap if gap > 0 else 1
+                self.last_index[k] = (r.index, r.weight)
+                self.recent[key3] = None
+                if len(self.recent) > 64:
+                    del self.recent[next(iter(self.recent))]
+            if len(self.last_index) > 4096:
+                self.last_index.clear()
+        if r.epoch is not None:
+            if self.first_epoch is None:
+                self.first_epoch = r.epoch
+            ep = self.epochs.get(r.epoch)
+            if ep is None and len(self.epochs) < MAX_EPOCHS_KEPT:
+                ep = self.epochs[r.epoch] = EpochStats(r.epoch)
+            if ep is not None:
+                ep.add(r)
+        self.seen += 1
+        w = self.warmup_steps(meta)
+        in_first = r.epoch is None or r.epoch == self.first_epoch
+        is_warm = in_first and ((r.index is not None and r.index < w)
+                                or (r.index is None and self.seen <= w))
+        if is_warm:
+            self.warm.add(r)
+            if len(self.warm_records) < 4096:
+                self.warm_records.append(r)
+            return
+        self._measure(r)
+
+    def _measure(self, r: StepRecord) -> None:
+        self.measured.add(r)
+        self.timeline.add(r)
+        if r.step_s is not None:
+            self.hist_step.add(r.step_s)
+        if r.iter_s is not None:
+            self.hist_iter.add(r.iter_s)
+        if r.data_s is not None:
+            self.hist_data.add(r.data_s)
+
+    def finish(self) -> bool:
+        """Use the warm-up steps when nothing else was measured; True when that happened."""
+        if self.measured.n == 0 and self.warm_records:
+            for r in self.warm_records:
+                self._measure(r)
+            return True
+        return False
+
+
+def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | None = None,
+            probe: str | os.PathLike[str] | dict[str, Any] | None = None,
+            batch_size: int | None = None, format: str = "auto",
+            regex: str | os.PathLike[str] | None = None, dataset: str | None = None,
+            warmup: int | None = None) -> Analysis:
+    """Parse a training log, join it with metrics, and diagnose it.
+
+    Args:
+        log: the log file (any size, gzip allowed), or an `autotune monitor` output dir.
+        metrics: the monitor's metrics.jsonl (default: the one in a monitor dir).
+        probe: `autotune probe --json` output (path or dict): the storage ceiling.
+        batch_size: samples per step when the log does not say (imagenet, lightning).
+        format: auto, own, imagenet, timm, lightning or regex (with `regex`).
+        regex: YAML file with a user pattern (see autotune.analyze.parsers.regex).
+        dataset: the dataset path, for the next command (else from the step log's header
+            or the monitor's run.json).
+        warmup: steps at the start left out (default max(5, workers x prefetch)).
+
+    Raises UsageError for a missing/unreadable file or a log with no step timing.
+    """
+    inp = resolve_inputs(log, metrics, dataset)
+    warnings = list(inp.notes)
+    fmt = format
+    if regex is not None:
+        fmt = "regex"
+    elif fmt == "auto":
+        fmt = detect_format(inp.log)
+    parser = make_parser(fmt, regex)
+    times = LineTimes.for_log(inp.log)
+    acc = _Pass(warmup, times)
+    lines, profiles = _stream(parser, inp.log, acc)
+    used_warm = acc.finish()
+    if used_warm:
+        warnings.append(f"only {acc.warm.n} step(s), all within the warm-up: the figures include "
+                        "start-up")
+    meta = getattr(parser, "meta", {}) or {}
+    loader = meta.get("loader") if isinstance(meta.get("loader"), dict) else None
+    if dataset is None:
+        dataset = inp.dataset or ((loader or {}).get("dataset") or {}).get("root")
+    profile = profiles[-1] if profiles else None
+    m = acc.measured
+    if m.n == 0 and profile is None:
+        top = ", ".join(f"{k}: {v}" for k, v in list(lines["skipped_by_reason"].items())[:3])
+        raise UsageError(f"{inp.log}: no step timing found as format '{fmt}' in "
+                         f"{lines['total']:,} "
+                         f"lines ({top or 'empty file'}); check --format, or wrap the loader "
+                         "with autotune.instrument(loader)")
+
+    # -- figures -----------------------------------------------------------------------------
+    bs, bs_src = _batch_size(acc, batch_size, fmt, warnings)
+    data_share, au = m.data_share, m.au
+    images_per_s = m.images_per_s
+    if images_per_s is None and bs is not None and m.iter > 0:
+        images_per_s = bs * m.timed_w / m.iter
+    step_q = acc.hist_step.to_dict()
+    iter_q = acc.hist_iter.to_dict()
+    data_q = acc.hist_data.to_dict()
+    steps, batches = m.n, m.w
+    if profile is not None:
+        steps, batches = profile.data_calls, profile.data_calls
+        data_share, au, step_q, iter_q, ips = _profile_figures(profile, bs)
+        images_per_s = ips if ips is not None else images_per_s
+        warnings.append("Lightning's profiler gives totals only: step time is the mean of "
+                        "run_training_batch (no p95), no trend, no times to join metrics by")
+    window = (m.t_first, m.t_last) if m.t_first is not None and m.t_last is not None else None
+    times_from = None
+    if window is not None:
+        times_from = ("the monitor's line times (" + times.source + ")" if acc.times_used and times
+                      else "the log's timestamps")
+    if m.n:
+        trend_d = trend.findings(acc.epochs, acc.timeline, acc.hist_data, acc.first_epoch)
+    else:
+        trend_d = {"findings": ["no trend: the log holds totals only (a profiler report)"],
+                   "by_epoch": [], "epochs_listed": 0, "by_segment": []}
+
+    system = None
+    if inp.metrics is not None:
+        system = join_metrics(inp.metrics, window)
+        if system.joined_by != "time":
+            warnings.append(f"metrics joined by {system.joined_by}")
+    probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
+    unique = max(1, m.n + acc.warm.n - acc.repeats)
+    ranks = len(acc.ranks) or 1 + round(acc.repeats / unique)
+    verdict = decide(RuleInputs(au=au, data_share=data_share,
+                                step_time_s=step_q.get("p50"), images_per_s=images_per_s,
+                                batch_size=bs, steps=steps, loader=loader, system=system,
+                                probe=probe_d, dataset=dataset,
+                                job_cores=meta.get("cores") if isinstance(meta.get("cores"), int)
+                                else None))
+    return Analysis(
+        log=str(inp.log), format=fmt, lines=lines, steps=steps, batches=batches,
+        warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=ranks,
+        batch_size=bs, batch_size_source=bs_src, data_time_share=data_share, au=au,
+        step_time_s=step_q, iteration_time_s=iter_q, data_wait_s=data_q,
+        images_per_s=images_per_s, window=window, times_from=times_from, trend=trend_d,
+        system=system, probe=probe_d, loader=loader, dataset=dataset, verdict=verdict,
+        profile=profile, warnings=warnings + parser.notes)
+
+
+def _stream(parser: LogParser, path: Path, acc: _Pass) -> tuple[dict[str, Any], list[ProfileSummary]]:
+    """One pass over the log: records into `acc`; returns the line counts and any
+    aggregate tables."""
+    skipped: dict[str, int] = {}
+    total = parsed = 0
+    too_long = "line too long (over 1 MiB)"
+    for ln in iter_lines(path):
+        total += 1
+        if ln.too_long:
+            skipped[too_long] = skipped.get(too_long, 0) + 1
+            continue
+        try:
+            recs = parser.feed(ln.text, ln.lineno)
+        except Skip as e:
+            skipped[e.reason] = skipped.get(e.reason, 0) + 1
+            continue
+        parsed += 1
+        for r in recs:
+            acc.add(r, ln.end_offset, parser.meta)
+    profiles = parser.finish()
+    for reason, n in parser.dropped.items():
+        key = f"{reason} (piece of a spliced line)"
+        skipped[key] = skipped.get(key, 0) + n
+    return ({"total": total, "parsed": parsed, "skipped": total - parsed,
+             "skipped_by_reason": dict(sorted(skipped.items(), key=lambda kv: -kv[1]))},
+            profiles)
+
+
+def _profile_figures(p: ProfileSummary, bs: int | None) -> tuple[
+        float | None, float | None, dict[str, float | None], dict[str, float | None], float | None]:
+    """data share, AU, step and iteration "quantiles" (means) and images/s of a profiler
+    table: data wait = the dataloader row, wall = data wait + the training-batch row."""
+    none: dict[str, float | None] = {"p50": None, "p95": None, "p99": None, "max": None}
+    if p.step_total_s is None:
+        return None, None, none, none, None
+    wall = p.data_total_s + p.step_total_s
+    if wall <= 0:
+        return None, None, none, none, None
+    mean_step = p.step_total_s / p.step_calls if p.step_calls else None
+    mean_iter = wall / p.data_calls if p.data_calls else None
+    return (p.data_total_s / wall, p.step_total_s / wall, {**none, "p50": mean_step},
+            {**none, "p50": mean_iter}, bs * p.data_calls / wall if bs is not None else None)
+
+
+def _batch_size(acc: _Pass, given: int | None, fmt: str,
+                warnings: list[str]) -> tuple[int | None, str]:
+    if acc.batches:
+        # The most frequent size: an epoch's last batch is smaller, and timm's rate x time
+        # is off by a rounding here and there.
+        common = max(acc.batches, key=lambda b: (acc.batches[b], b))
+        src = ("the log (rate x time)" if fmt == "timm" else "the log")
+        if given is not None and given != common:
+            warnings.append(f"--batch-size {given} differs from the log's {common}: the log's "
+                            "is used")
+        return common, src
+    if given is not None:
+        return given, "--batch-size"
+    return None, "unknown (pass --batch-size for images/s)"

@@ -1,0 +1,137 @@
+"""Any other log, through a regular expression in a YAML file (`--regex FILE`).
+
+    # myformat.yaml
+    pattern: 'ep (?P<epoch>\\d+) it (?P<index>\\d+) data (?P<data>[\\d.]+) iter (?P<iter>[\\d.]+)'
+    anchor: 'ep \\d+ it '      # optional: where a record starts (splits spliced lines)
+    units: s                   # s (default) or ms: the unit of data/iter/step
+
+Named groups (Python `re` syntax), all optional except a data time and one of iter/step:
+  data, iter, step   the wait for the batch, the whole iteration, the step alone
+  epoch, index, total, batch, rate (samples/s), rank
+  time               epoch seconds, or an ISO timestamp '2024-05-01 12:00:00.123'
+The pattern is searched in each line (re.search), so a logging prefix does not matter.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from pathlib import Path
+from typing import Any
+
+from autotune.analyze.parsers._base import (BAD_NUMBER, TRUNCATED, LogParser, Skip,
+                                            StepRecord, finite, line_timestamp)
+from autotune.errors import UsageError
+
+_KNOWN = {"data", "iter", "step", "epoch", "index", "total", "batch", "rate", "rank", "time"}
+
+
+def _to_float(s: str | None) -> float | None:
+    if s is None:
+        return None
+    try:
+        return float(s)
+    except ValueError:
+        raise Skip(BAD_NUMBER) from None
+
+
+def _to_int(s: str | None) -> int | None:
+    if s is None:
+        return None
+    try:
+        return int(s)
+    except ValueError:
+        raise Skip(BAD_NUMBER) from None
+
+
+class RegexParser(LogParser):
+    name = "regex"
+    description = "a user regex from a YAML file (--regex FILE)"
+
+    def __init__(self, pattern: str, *, anchor: str | None = None, units: str = "s",
+                 source: str = "<pattern>") -> None:
+        super().__init__()
+        where = f"{source}: "
+        try:
+            self.pattern = re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"{where}pattern is not a valid regular expression ({e}); "
+                             "check the escaping (in YAML single quotes, write \\d as \\d)") from e
+        groups = set(self.pattern.groupindex)
+        unknown = sorted(groups - _KNOWN)
+        if unknown:
+            raise UsageError(f"{where}unknown group name(s) {', '.join(unknown)}; use "
+                             f"{', '.join(sorted(_KNOWN))}")
+        if "data" not in groups or not groups & {"iter", "step"}:
+            raise UsageError(f"{where}the pattern needs a (?P<data>...) group (the wait for "
+                             "the batch) and a (?P<iter>...) or (?P<step>...) group; it has "
+                             f"{', '.join(sorted(groups)) or 'none'}")
+        if units not in ("s", "ms"):
+            raise UsageError(f"{where}units must be 's' or 'ms', not {units!r}")
+        self.scale = 1e-3 if units == "ms" else 1.0
+        try:
+            self.anchor_re = re.compile(anchor) if anchor else None
+        except re.error as e:
+            raise UsageError(f"{where}anchor is not a valid regular expression ({e})") from e
+        self.anchor = self.anchor_re  # type: ignore[misc]  (the base class splits on it)
+        self.source = source
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str]) -> RegexParser:
+        """Load `pattern`, `anchor` and `units` from a YAML file."""
+        import yaml
+
+        p = Path(path)
+        try:
+            raw = yaml.safe_load(p.read_text())
+        except OSError as e:
+            raise UsageError(f"--regex {p}: {e.strerror}") from e
+        except yaml.YAMLError as e:
+            raise UsageError(f"--regex {p}: not valid YAML ({e}); quote the pattern with "
+                             "single quotes") from e
+        if not isinstance(raw, dict) or not isinstance(raw.get("pattern"), str):
+            raise UsageError(f"--regex {p}: expected a mapping with a 'pattern' string, e.g. "
+                             "pattern: 'data (?P<data>[\\d.]+) iter (?P<iter>[\\d.]+)'")
+        extra = sorted(set(raw) - {"pattern", "anchor", "units", "name"})
+        if extra:
+            raise UsageError(f"--regex {p}: unknown key(s) {', '.join(extra)}; known: "
+                             "pattern, anchor, units, name")
+        return cls(raw["pattern"], anchor=raw.get("anchor"), units=str(raw.get("units", "s")),
+                   source=f"--regex {p}")
+
+    def sniff(self, line: str) -> bool:
+        return self.pattern.search(line) is not None
+
+    def feed(self, line: str, lineno: int) -> list[StepRecord]:
+        if self.anchor_re is None:
+            return [self.parse_piece(line, lineno)]
+        return super().feed(line, lineno)
+
+    def parse_piece(self, piece: str, lineno: int) -> StepRecord:
+        m = self.pattern.search(piece)
+        if m is None:
+            raise Skip(TRUNCATED if self.anchor_re is not None else "other output")
+        g: dict[str, Any] = m.groupdict()
+        data, it, step = (_to_float(g.get(k)) for k in ("data", "iter", "step"))
+        data = None if data is None else data * self.scale
+        it = None if it is None else it * self.scale
+        step = None if step is None else step * self.scale
+        rate = _to_float(g.get("rate"))
+        if not finite(data, it, step, rate):
+            raise Skip(BAD_NUMBER)
+        end: float | None = None
+        if g.get("time"):
+            try:
+                end = float(g["time"])
+            except ValueError:
+                end = line_timestamp(g["time"])
+        elif (ts := line_timestamp(piece)) is not None:
+            end = ts
+        rec = StepRecord(data_s=data, iter_s=it, step_s=step, epoch=_to_int(g.get("epoch")),
+                         index=_to_int(g.get("index")), total=_to_int(g.get("total")),
+                         batch=_to_int(g.get("batch")), rate=rate, rank=_to_int(g.get("rank")),
+                         end_time=end, lineno=lineno)
+        return rec.complete()
+
+

@@ -1,0 +1,71 @@
+"""A terminal rendering of an Analysis (rich renderables; the CLI prints them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from autotune.analyze.analysis import Analysis
+
+_STYLE = {"compute": "bold green", "storage": "bold red", "decode": "bold red",
+          "loader": "bold yellow", "unknown": "bold magenta"}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}" if x < 0.1 else f"{x:.0%}"
+
+
+def _ms(x: float | None) -> str:
+    if x is None:
+        return "-"
+    ms = x * 1000
+    return f"{ms:.3g} ms" if ms < 100 else f"{ms:,.0f} ms"
+
+
+def verdict_lines(a: Analysis) -> list[Text]:
+    """The verdict block: summary, evidence, next command, advice."""
+    v = a.verdict
+    out = [Text.assemble(("Verdict: ", "bold"), (v.bottleneck, _STYLE.get(v.bottleneck, "bold")),
+                         f" - {v.summary}")]
+    out += [Text(f"  · {e}") for e in v.evidence]
+    out.append(Text.assemble(("  next: ", "bold"), (v.next_command, "cyan")))
+    out += [Text(f"  → {x}", style="dim") for x in v.advice]
+    return out
+
+
+def analysis_renderable(a: Analysis) -> Group:
+    parts: list[Any] = []
+    ln = a.lines
+    head = Text.assemble(("Analysis ", "bold"), a.log, f"  (format {a.format}; "
+                         f"{ln['parsed']:,} of {ln['total']:,} lines parsed)")
+    parts.append(head)
+    if ln["skipped_by_reason"]:
+        parts.append(Text("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in
+                                                    ln["skipped_by_reason"].items()), style="dim"))
+    t = Table(show_header=False, title="steps", title_justify="left")
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("steps measured", f"{a.steps:,} ({a.batches:,} batches; {a.warmup_steps} warm-up "
+              f"left out; {a.epochs} epoch(s)" + (f"; {a.ranks} ranks" if a.ranks > 1 else "") + ")")
+    t.add_row("data-time share", _pct(a.data_time_share))
+    t.add_row("AU (step / wall)", _pct(a.au) + ("  input-bound" if a.au is not None and a.au < 0.9 else ""))
+    t.add_row("step time p50 / p95", f"{_ms(a.step_time_s.get('p50'))} / {_ms(a.step_time_s.get('p95'))}")
+    t.add_row("data wait p50 / p95", f"{_ms(a.data_wait_s.get('p50'))} / {_ms(a.data_wait_s.get('p95'))}")
+    t.add_row("images/s", "-" if a.images_per_s is None else f"{a.images_per_s:,.0f}")
+    t.add_row("batch size", f"{a.batch_size if a.batch_size else '-'} ({a.batch_size_source})")
+    parts.append(t)
+    parts.append(Text("trend", style="bold"))
+    parts += [Text(f"  · {f}") for f in a.trend.get("findings", [])]
+    s = a.system
+    if s is not None:
+        parts.append(Text(f"system ({s.samples} of {s.samples_total} monitor samples, joined by "
+                          f"{s.joined_by})", style="bold"))
+        for sec, why in s.unavailable.items():
+            parts.append(Text(f"  {sec}: not measured ({why})", style="dim"))
+    parts += verdict_lines(a)
+    for w in a.warnings:
+        parts.append(Text(f"warning: {w}", style="yellow"))
+    return Group(*parts)

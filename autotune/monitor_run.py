@@ -1,0 +1,350 @@
+"""The library side of `autotune monitor -- CMD`: run a training command under the monitor.
+
+`run_monitored(cmd, out_dir)` starts the command, tees its stdout and stderr to
+OUT/train.log (and, when asked, to the caller's streams), samples the system monitor
+(disk behind `data`, CPU per core, the command's process tree, /dev/shm, GPU) to
+OUT/metrics.jsonl as it goes, forwards SIGINT and SIGTERM to the command, and returns
+its exit status with the run's figures. It never prints.
+
+Files in OUT:
+    train.log        the command's output, stdout and stderr, whole lines
+    train.log.times  "BYTE_OFFSET EPOCH_SECONDS" per burst of output (<= 50 ms apart): the
+                     time each line was printed, for logs that carry no timestamps
+    metrics.jsonl    one monitor Sample per interval (Sample.to_dict(), `time` in epoch s),
+                     plus "sched": the run-queue wait of the command's tasks (autotune.runqueue)
+    steps.jsonl      written by the command itself when it wraps its loader with
+                     autotune.instrument() (AUTOTUNE_STEPS_LOG points there)
+    run.json         the command, data path, times, exit status
+
+The command runs in its own process group, so a Ctrl-C at the terminal reaches it once,
+forwarded by the monitor (to the whole group, as the terminal would: DataLoader workers
+included); SIGTERM goes to the command alone (it must stop its own workers). Python
+commands get PYTHONUNBUFFERED=1 so that their lines arrive when printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from autotune.errors import AutotuneError, UsageError
+from autotune.instrumentation import STEPS_LOG_ENV
+from autotune.runqueue import RunQueueSampler
+
+LOG, TIMES, METRICS, STEPS, RUN = ("train.log", "train.log.times", "metrics.jsonl",
+                                   "steps.jsonl", "run.json")
+TIME_RESOLUTION_S = 0.05
+PARTIAL_FLUSH_S = 1.0          # a line without newline (a \r progress bar) after this long
+PARTIAL_MAX = 64 * 1024
+DRAIN_AFTER_EXIT_S = 5.0       # an orphan holding the pipe must not hang the monitor
+
+
+@dataclass
+class MonitorRun:
+    """What a monitored run did; `returncode` is the command's exit status (128+N when it
+    was killed by signal N, as a shell reports it)."""
+
+    command: list[str]
+    out_dir: str
+    pid: int
+    returncode: int
+    signal: int | None
+    started: float
+    ended: float
+    data: str | None
+    log: str
+    metrics: str
+    steps: str | None
+    samples: int
+    log_bytes: int
+    forwarded: list[str] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"command": self.command, "out_dir": self.out_dir, "pid": self.pid,
+                "returncode": self.returncode, "signal": self.signal,
+                "started": self.started, "ended": self.ended, "seconds": self.seconds,
+                "data": self.data, "log": self.log, "metrics": self.metrics,
+                "steps": self.steps, "samples": self.samples, "log_bytes": self.log_bytes,
+                "forwarded_signals": self.forwarded, "summary": self.summary,
+                "errors": self.errors}
+
+
+class _Tee:
+    """Whole lines of two streams into one log, with a time index; echo as they come."""
+
+    def __init__(self, log: IO[bytes], times: IO[str],
+                 echo: dict[int, IO[bytes] | None]) -> None:
+        self.log, self.times, self.echo = log, times, echo
+        self.offset = 0
+        self.partial: dict[int, bytearray] = {}
+        self.partial_since: dict[int, float] = {}
+        self.pending: tuple[int, float, float] | None = None  # offset, time, first time
+
+    def feed(self, key: int, data: bytes, now: float) -> None:
+        out = self.echo.get(key)
+        if out is not None:
+            try:
+                out.write(data)
+                out.flush()
+            except (OSError, ValueError):
+                self.echo[key] = None   # a closed terminal must not stop the log
+        buf = self.partial.setdefault(key, bytearray())
+        if not buf:
+            self.partial_since[key] = now
+        buf += data
+        cut = buf.rfind(b"\n") + 1
+        if cut:
+            self._write(bytes(buf[:cut]), now)
+            del buf[:cut]
+            self.partial_since[key] = now
+        if len(buf) > PARTIAL_MAX:
+            self.flush_partial(key, now)
+
+    def tick(self, now: float) -> None:
+        for key, buf in self.partial.items():
+            if buf and now - self.partial_since.get(key, now) >= PARTIAL_FLUSH_S:
+                self.flush_partial(key, now)
+
+    def flush_partial(self, key: int, now: float) -> None:
+        buf = self.partial.get(key)
+        if buf:
+            self._write(bytes(buf) + (b"\n" if not buf.endswith(b"\n") else b""), now)
+            buf.clear()
+
+    def _write(self, data: bytes, now: float) -> None:
+        self.log.write(data)
+        self.log.flush()   # readable as it grows: `tail -f`, `autotune analyze` meanwhile
+        self.offset += len(data)
+        if self.pending is not None and now - self.pending[2] < TIME_RESOLUTION_S:
+            self.pending = (self.offset, now, self.pending[2])
+        else:
+            self._flush_time()
+            self.pending = (self.offset, now, now)
+
+    def _flush_time(self) -> None:
+        if self.pending is not None:
+            self.times.write(f"{self.pending[0]} {self.pending[1]:.3f}\n")
+            self.times.flush()
+            self.pending = None
+
+    def close(self, now: float) -> None:
+        for key in list(self.partial):
+            self.flush_partial(key, now)
+        self._flush_time()
+        self.log.flush()
+        self.times.flush()
+
+
+class _Forwarder:
+    """SIGINT/SIGTERM handlers that pass the signal on to the command (main thread only)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.forwarded: list[str] = []
+        self.old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Forwarder:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self.old.items():
+            signal.signal(sig, old)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            if signum == signal.SIGINT:
+                os.killpg(self.proc.pid, signum)   # as a terminal's Ctrl-C would
+            else:
+                self.proc.send_signal(signum)
+            self.forwarded.append(signal.Signals(signum).name)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _sample_writer(path: Path, rq: RunQueueSampler | None
+                   ) -> tuple[Callable[[Any], None], IO[str], list[int]]:
+    fh = path.open("w", encoding="utf-8")
+    count = [0]
+
+    def write(sample: Any) -> None:
+        d = sample.to_dict()
+        if rq is not None:
+            # Run-queue wait of the job's tasks: CPU-starved or waiting on I/O?
+            try:
+                u = rq.sample(sample.monotonic)
+            except Exception as e:  # noqa: BLE001  (a figure, never a reason to stop)
+                d["sched"] = {"available": False, "reason": f"{type(e).__name__}: {e}"}
+            else:
+                d["sched"] = u.to_dict() if u is not None else None
+        fh.write(json.dumps(d) + "\n")
+        fh.flush()   # a killed monitor leaves every sample so far
+        count[0] += 1
+    return write, fh, count
+
+
+def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
+                  interval: float = 0.5, data: str | os.PathLike[str] | None = None,
+                  gpu: bool = True, env: dict[str, str] | None = None,
+                  echo_stdout: IO[bytes] | None = None, echo_stderr: IO[bytes] | None = None,
+                  popen: Callable[..., subprocess.Popen[bytes]] | None = None,
+                  forward_signals: bool = True) -> MonitorRun:
+    """Run `cmd` to completion under the system monitor; see the module docstring.
+
+    Args:
+        cmd: the command and its arguments (no shell).
+        out_dir: where the files go (created; files of an earlier run are replaced).
+        interval: seconds between monitor samples.
+        data: the dataset directory: the disk behind it is watched (default: the current
+            directory's disk) and it is recorded in run.json for the analysis.
+        gpu: sample NVML.
+        env: extra environment variables for the command.
+        echo_stdout, echo_stderr: binary streams to copy the command's output to as it
+            comes (the CLI passes its own stdout/stderr); None: the log only.
+        popen: how to start the command (subprocess.Popen by default; e.g.
+            IoThrottle(...).popen to run it under an I/O cap).
+        forward_signals: install SIGINT/SIGTERM handlers that forward to the command.
+
+    Raises UsageError when the command cannot be started or `out_dir` not created.
+    """
+    cmd = [os.fspath(c) for c in cmd]
+    if not cmd:
+        raise UsageError("no command to run: put it after `--`, e.g. "
+                         "`autotune monitor -- python train.py`")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--out {out}: {e.strerror}") from e
+    if data is not None and not Path(data).exists():
+        raise UsageError(f"--data {data}: no such file or directory (give the dataset "
+                         "directory, whose disk the monitor watches)")
+    steps = out / STEPS
+    steps.unlink(missing_ok=True)   # a stale step log would be analysed as this run's
+    full_env = dict(os.environ)
+    full_env.update({"PYTHONUNBUFFERED": "1", STEPS_LOG_ENV: str(steps.resolve()),
+                     "AUTOTUNE_MONITOR_DIR": str(out.resolve())})
+    full_env.update(env or {})
+    start = popen or subprocess.Popen
+    started = time.time()
+    try:
+        proc = start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, env=full_env, process_group=0)
+    except FileNotFoundError:
+        raise UsageError(f"{cmd[0]}: command not found (check the PATH, or give the full "
+                         "path)") from None
+    except PermissionError:
+        raise UsageError(f"{cmd[0]}: permission denied (not executable?)") from None
+
+    errors: list[str] = []
+    rq = RunQueueSampler(proc.pid)
+    rq.sample(time.monotonic())   # the baseline
+    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq)
+    from autotune.monitor import SystemMonitor
+
+    watch = os.fspath(data) if data is not None else os.getcwd()
+    try:
+        mon = SystemMonitor(path=watch, pid=proc.pid, interval=interval, gpu=gpu,
+                            callback=write_sample)
+    except AutotuneError as e:   # the command is already gone: sample the system alone
+        errors.append(str(e))
+        mon = SystemMonitor(path=watch, pid=None, interval=interval, gpu=gpu,
+                            callback=write_sample)
+    log_fh = (out / LOG).open("wb")
+    times_fh = (out / TIMES).open("w", encoding="utf-8")
+    tee = _Tee(log_fh, times_fh, {1: echo_stdout, 2: echo_stderr})
+    forwarder = _Forwarder(proc)
+    try:
+        mon.start()
+        with forwarder if forward_signals else _NoForward():
+            _pump(proc, tee)
+            proc.wait()
+    finally:
+        if proc.poll() is None:   # the monitor itself failed: do not leave the job behind
+            proc.kill()
+            proc.wait()
+        mon.stop()
+        tee.close(time.time())
+        log_fh.close()
+        times_fh.close()
+        metrics_fh.close()
+    ended = time.time()
+    rc = proc.returncode
+    sig = -rc if rc < 0 else None
+    errors.extend(mon.errors)
+    run = MonitorRun(command=cmd, out_dir=str(out), pid=proc.pid,
+                     returncode=128 + sig if sig else rc, signal=sig, started=started,
+                     ended=ended, data=os.path.abspath(data) if data is not None else None,
+                     log=str(out / LOG), metrics=str(out / METRICS),
+                     steps=str(steps) if steps.exists() else None, samples=count[0],
+                     log_bytes=tee.offset, forwarded=forwarder.forwarded,
+                     summary=mon.summary(), errors=errors)
+    try:
+        (out / RUN).write_text(json.dumps({k: v for k, v in run.to_dict().items()
+                                           if k != "summary"}, indent=2) + "\n")
+    except OSError as e:
+        errors.append(f"cannot write {out / RUN}: {e.strerror}")
+    return run
+
+
+class _NoForward:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _pump(proc: subprocess.Popen[bytes], tee: _Tee) -> None:
+    """Copy both pipes into the tee until EOF, or a while after the command exited (an
+    orphaned grandchild may keep a pipe open for ever)."""
+    sel = selectors.DefaultSelector()
+    for key, pipe in ((1, proc.stdout), (2, proc.stderr)):
+        assert pipe is not None
+        os.set_blocking(pipe.fileno(), False)
+        sel.register(pipe, selectors.EVENT_READ, key)
+    exit_seen: float | None = None
+    try:
+        while sel.get_map():
+            events = sel.select(timeout=0.2)
+            now = time.time()
+            for skey, _ in events:
+                try:
+                    chunk = os.read(skey.fileobj.fileno(), 65536)  # type: ignore[union-attr]
+                except BlockingIOError:
+                    continue
+                except InterruptedError:
+                    continue
+                if not chunk:
+                    sel.unregister(skey.fileobj)
+                    continue
+                tee.feed(skey.data, chunk, now)
+            tee.tick(now)
+            if proc.poll() is not None:
+                exit_seen = exit_seen or time.monotonic()
+                if time.monotonic() - exit_seen > DRAIN_AFTER_EXIT_S:
+                    break
+    finally:
+        sel.close()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()

@@ -1,0 +1,147 @@
+"""autotune.instrument(): what it records, what it costs nothing to import, and that ranks
+sharing one file never cut each other's lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.analyze import analyze
+from autotune.instrumentation import batch_len
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Slow:
+    """An iterable whose items take `delay` seconds each to produce."""
+
+    def __init__(self, n: int, delay: float, size: int = 4) -> None:
+        self.n, self.delay, self.size = n, delay, size
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.delay)
+            yield [i] * self.size
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _records(path: Path) -> tuple[list[dict], list[dict]]:
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    return [x for x in lines if "autotune" in x], [x for x in lines if "wait_s" in x]
+
+
+def test_wait_and_step_are_timed(tmp_path):
+    log = tmp_path / "s.jsonl"
+    it = autotune.instrument(Slow(6, 0.02), log=log, batch_size=4)
+    for _ in it:
+        time.sleep(0.03)
+    headers, recs = _records(log)
+    assert len(headers) == 1 and headers[0]["batch_size"] == 4
+    assert [r["step"] for r in recs] == list(range(6))
+    for r in recs:
+        assert 0.018 <= r["wait_s"] <= 0.06, r
+        assert 0.028 <= r["step_s"] <= 0.07, r
+        assert r["batch"] == 4 and r["epoch"] == 0
+    ts = [r["t"] for r in recs]
+    assert ts == sorted(ts) and abs(ts[0] - time.time()) < 5
+    s = it.summary()
+    assert s.steps == 6 and s.samples == 24 and 0.3 < s.data_wait_fraction < 0.5
+
+
+def test_break_exception_and_epochs(tmp_path):
+    log = tmp_path / "s.jsonl"
+    it = autotune.instrument(Slow(5, 0.0), log=log)
+    for i, _ in enumerate(it):
+        if i == 2:
+            time.sleep(0.02)
+            break                                   # the last step still gets its time
+    with pytest.raises(RuntimeError):
+        for i, _ in enumerate(it):
+            if i == 1:
+                raise RuntimeError("boom")
+    for _ in it:
+        pass
+    _, recs = _records(log)
+    assert [(r["epoch"], r["step"]) for r in recs] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1),
+                                                       (2, 0), (2, 1), (2, 2), (2, 3), (2, 4)]
+    assert recs[2]["step_s"] >= 0.018
+    assert it.summary().epochs == 3
+
+
+def test_batch_len():
+    np = pytest.importorskip("numpy")
+    assert batch_len(np.zeros((7, 3))) == 7
+    assert batch_len((np.zeros((5, 2)), np.zeros(5))) == 5
+    assert batch_len({"image": np.zeros((3, 1)), "label": [1, 2, 3]}) == 3
+    assert batch_len([[np.zeros((2, 2))]]) == 2
+    assert batch_len("abc") is None and batch_len(7) is None and batch_len(np.float64(1)) is None
+
+
+def test_dataloader_header_and_passthrough(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    monkeypatch.setenv("AUTOTUNE_STEPS_LOG", str(tmp_path / "env.jsonl"))
+    dl = DataLoader(TensorDataset(torch.zeros(20, 3), torch.zeros(20)), batch_size=8)
+    it = autotune.instrument(dl)                     # log from $AUTOTUNE_STEPS_LOG
+    assert len(it) == 3 and it.batch_size == 8 and it.dataset is dl.dataset
+    assert [len(x) for x, _ in it] == [8, 8, 4]
+    it.close()
+    headers, recs = _records(tmp_path / "env.jsonl")
+    loader = headers[0]["loader"]
+    assert loader["num_workers"] == 0 and loader["batch_size"] == 8
+    assert loader["dataset"] == {"type": "TensorDataset", "len": 20}
+    assert [r["batch"] for r in recs] == [8, 8, 4]
+    assert headers[0]["cores"] >= 1 and headers[0]["pid"] > 0
+
+
+def test_rank_placeholder(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    it = autotune.instrument(range(3), log=tmp_path / "s-{rank}.jsonl", batch_size=1)
+    list(it)
+    _, recs = _records(tmp_path / "s-3.jsonl")
+    assert {r["rank"] for r in recs} == {3}
+
+
+_WRITER = """
+import sys, autotune
+it = autotune.instrument(range(3000), log=sys.argv[1], batch_size=1, rank=int(sys.argv[2]))
+for _ in it:
+    pass
+"""
+
+
+def test_two_ranks_append_to_one_file_without_cutting_lines(tmp_path):
+    log = tmp_path / "shared.jsonl"
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(log), str(r)], cwd=REPO)
+             for r in (0, 1)]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    headers, recs = _records(log)              # json.loads of every line: none is cut
+    assert len(headers) == 2 and len(recs) == 6000
+    a = analyze(log, warmup=0)
+    assert a.ranks == 2 and a.lines["skipped"] == 0 and a.steps == 6000
+
+
+def test_import_autotune_stays_light():
+    code = ("import sys, autotune; assert 'torch' not in sys.modules; "
+            "assert 'autotune.instrumentation' not in sys.modules; "
+            "f = autotune.instrument; import autotune.instrumentation; "
+            "assert autotune.instrument is f and callable(f); print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_unwritable_log_names_the_file_and_fix(tmp_path):
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        iter(autotune.instrument(range(2), log=tmp_path / "no" / "dir" / "s.jsonl"))
+    assert "s.jsonl" in str(e.value) and "log=" in str(e.value)

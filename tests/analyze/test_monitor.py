@@ -1,0 +1,136 @@
+"""`autotune monitor -- CMD`: the log, the time index, the metrics, the exit status, and
+Ctrl-C / SIGTERM forwarded to the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.errors import UsageError
+from autotune.monitor_run import run_monitored
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHATTY = r"""
+import sys, time
+for i in range(6):
+    print(f"out {i}", flush=True)
+    print(f"err {i}", file=sys.stderr, flush=True)
+    time.sleep(0.1)
+sys.stdout.write("no newline at the end")
+sys.exit(3)
+"""
+
+
+def test_log_times_metrics_and_exit_status(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.time()
+    run = run_monitored([sys.executable, "-c", CHATTY], out, interval=0.1, gpu=False,
+                        data=tmp_path)
+    assert run.returncode == 3 and run.signal is None
+    lines = (out / "train.log").read_text().splitlines()
+    assert sorted(ln for ln in lines if ln.startswith(("out", "err"))) == sorted(
+        [f"out {i}" for i in range(6)] + [f"err {i}" for i in range(6)])
+    assert lines[-1] == "no newline at the end"       # a partial last line is kept, whole
+    times = [tuple(map(float, x.split())) for x in (out / "train.log.times").read_text().splitlines()]
+    offsets, stamps = [t[0] for t in times], [t[1] for t in times]
+    assert offsets == sorted(offsets) and offsets[-1] == (out / "train.log").stat().st_size
+    assert stamps == sorted(stamps) and t0 <= stamps[0] and stamps[-1] - stamps[0] >= 0.4
+    samples = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(samples) == run.samples >= 4
+    assert all(t0 - 1 < s["time"] < time.time() + 1 for s in samples)
+    assert any((s.get("proc") or {}).get("available") for s in samples)
+    assert any((s.get("sched") or {}).get("available") for s in samples)
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["returncode"] == 3 and meta["data"] == str(tmp_path)
+    assert run.steps is None                         # the command was not instrumented
+
+
+def test_killed_command_reports_128_plus_signal(tmp_path):
+    run = run_monitored([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"],
+                        tmp_path / "run", gpu=False)
+    assert run.returncode == 137 and run.signal == 9
+
+
+def test_command_not_found(tmp_path):
+    with pytest.raises(UsageError, match="no-such-program-xyz: command not found"):
+        run_monitored(["no-such-program-xyz"], tmp_path / "run", gpu=False)
+    with pytest.raises(UsageError, match="put it after `--`"):
+        run_monitored([], tmp_path / "run", gpu=False)
+
+
+def test_steps_log_env_reaches_the_command(tmp_path):
+    code = ("import autotune\n"
+            "for _ in autotune.instrument(range(20), batch_size=4):\n    pass\n")
+    run = run_monitored([sys.executable, "-c", code], tmp_path / "run", gpu=False)
+    assert run.returncode == 0
+    assert run.steps and sum('"wait_s"' in x for x in Path(run.steps).read_text().splitlines()) == 20
+
+
+TRAPS = r"""
+import signal, sys, time
+def on(sig, frame):
+    print(f"got {signal.Signals(sig).name}", flush=True)
+    sys.exit(7)
+signal.signal(signal.SIGTERM, on)
+signal.signal(signal.SIGINT, on)
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_forwards_signals_and_exits_with_the_commands_status(tmp_path, sig):
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "autotune.cli_analyze", "monitor", "--out",
+                          str(out), "--no-gpu", "--interval", "0.2", "--", sys.executable,
+                          "-c", TRAPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    deadline = time.time() + 30
+    while "ready" not in (out / "train.log").read_text() if (out / "train.log").exists() else True:
+        assert time.time() < deadline, "the command never started"
+        time.sleep(0.05)
+    p.send_signal(sig)
+    stdout, stderr = p.communicate(timeout=30)
+    assert p.returncode == 7, stderr
+    assert f"got {sig.name}" in (out / "train.log").read_text()
+    assert f"forwarded {sig.name}" in stderr
+    assert "no analysis" in stderr                # no step timing in this log: said, not fatal
+
+
+def test_cli_monitor_needs_a_command(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "autotune.cli_analyze", "monitor", "--out",
+                        str(tmp_path / "r"), "--"], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 2 and "put it after `--`" in r.stderr
+
+
+def test_run_queue_sampler_sees_cpu_demand_and_sleep():
+    from autotune.runqueue import RunQueueSampler, allowed_cpus, procs_running
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    nap = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.3)
+        samplers = {p.pid: RunQueueSampler(p.pid) for p in (spin, nap)}
+        t0 = time.monotonic()
+        for s in samplers.values():
+            assert s.sample(t0) is None              # the baseline
+        time.sleep(1.0)
+        t1 = time.monotonic()
+        busy, idle = samplers[spin.pid].sample(t1), samplers[nap.pid].sample(t1)
+    finally:
+        spin.kill()
+        nap.kill()
+        spin.wait()
+        nap.wait()
+    assert busy.wanted_pct > 80 and busy.on_cpu_pct > 20 and busy.tasks >= 1
+    assert idle.wanted_pct < 5
+    assert busy.cpus == sorted(os.sched_getaffinity(0)) == allowed_cpus(os.getpid())
+    assert procs_running() >= 1
