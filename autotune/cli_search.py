@@ -81,6 +81,13 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
     p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
     p.add_argument("--format", choices=("auto", "folder", "lmdb", "wds"), default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--convert", choices=("auto", "lmdb", "wds", "off"), default="off",
+                   help="when the verdict is storage: convert (auto: WebDataset for slow, "
+                        "network or throttled storage, LMDB for local flash), stage to "
+                        "--stage-dir, search again and report before/after (default off)")
+    p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to")
+    p.add_argument("--convert-dir", metavar="DIR",
+                   help="where to write the conversion (default OUT/converted-FORMAT)")
     p.add_argument("--json", metavar="FILE", help="also write the result JSON to FILE ('-' for stdout)")
     p.set_defaults(func=run_search_cmd)
 
@@ -99,6 +106,15 @@ def run_search_cmd(args: argparse.Namespace) -> int:
                          storage=args.storage, grid=args.grid, out=args.out,
                          max_memory_mib=max_mem, seed=args.seed, cold=not args.warm,
                          probe=not args.no_probe, probe_fio=not args.no_fio, format=args.format)
+    if args.convert != "off":
+        from autotune.search.loop import run_loop
+
+        with progress(not args.quiet) as prog:
+            loop = run_loop(args.dataset, opts, convert=args.convert, stage_dir=args.stage_dir,
+                            convert_dir=args.convert_dir, progress=prog)
+        d = loop.to_dict()
+        emit(args, d, loop_renderable(loop))
+        return 0 if loop.before.recommended else 1
     with progress(not args.quiet) as prog:
         res = run_search(args.dataset, opts, progress=prog)
     d = res.to_dict()
@@ -106,6 +122,38 @@ def run_search_cmd(args: argparse.Namespace) -> int:
     if res.stop_reason.startswith("interrupted"):
         return 130
     return 0 if res.recommended else 1
+
+
+def loop_renderable(loop):
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from autotune.search.render import search_renderable
+
+    parts = [Text("== before ==", style="bold"), search_renderable(loop.before.to_dict())]
+    if loop.after is not None:
+        parts += [Text("== after (converted, staged) ==", style="bold"),
+                  search_renderable(loop.after.to_dict())]
+        t = Table(title="Before and after", title_justify="left")
+        for c in ("", "images/s", "AU", "data wait", "verdict"):
+            t.add_column(c, justify="left" if c in ("", "verdict") else "right")
+        for label, r in (("before: baseline", loop.before.baseline),
+                         ("before: recommended", loop.before.recommended),
+                         ("after: recommended", loop.after.recommended)):
+            if r is None:
+                continue
+            v = (loop.before if label.startswith("before") else loop.after).verdict
+            t.add_row(label, f"{r.images_per_s or 0:,.0f}", f"{r.au or 0:.2f}",
+                      f"{r.data_wait_fraction or 0:.2f}", v.bottleneck if v else "-")
+        parts.append(t)
+        if loop.gain:
+            parts.append(Text(f"gain: {loop.gain:.2f}x the rule-of-thumb baseline on the source", style="bold"))
+        parts.append(Text(f"staged at {loop.staged['mib_per_s']:,.0f} MiB/s"))
+    parts.append(Text(f"decision: {loop.decision}"))
+    for c in loop.commands:
+        parts.append(Text(f"  $ {c}", style="dim"))
+    return Group(*parts)
 
 
 def add_stage_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,0 +1,166 @@
+"""The closed loop: search; if storage is the limit, convert, stage, and search again.
+
+The project does not stop at "your disk is slow": it repacks the dataset into shards,
+stages them on local disk (verified, atomic), measures the staged copy with the same
+search, and reports before and after side by side with the commands that reproduce
+each step.
+
+Format rule for `--convert auto` (documented in the README):
+* LMDB only when the source is local flash measured fast at random reads (class nvme,
+  ssd or memory, fio >= 50,000 random 4 KiB IOPS, and no more than 2x gain from
+  concurrency in the replay): random access keeps exact per-sample shuffling, and our
+  pread reader costs one I/O per image;
+* WebDataset otherwise (network, FUSE, spinning, throttled or unmeasured storage):
+  shards are read sequentially in large requests, the only pattern slow storage serves
+  well, and they stay usable in place if staging space runs out.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import UsageError
+from autotune.search.study import Progress, SearchOptions, SearchResult, run_search
+
+CONVERT_MODES = ("auto", "lmdb", "wds", "off")
+
+
+@dataclass
+class LoopResult:
+    before: SearchResult
+    after: SearchResult | None
+    decision: str
+    converted: dict[str, Any] | None = None
+    staged: dict[str, Any] | None = None
+    commands: list[str] = field(default_factory=list)
+
+    @staticmethod
+    def _side(r: SearchResult | None) -> dict[str, Any] | None:
+        if r is None:
+            return None
+        d = r.to_dict()
+        return {k: d[k] for k in ("dataset", "recommended", "best", "baseline", "verdict",
+                                  "ceilings", "gain_vs_baseline", "report_html")}
+
+    @property
+    def gain(self) -> float | None:
+        """After's recommended images/s over before's baseline (the starting point)."""
+        a = self.after.recommended if self.after else None
+        b = self.before.baseline
+        if a and b and b.ok and a.images_per_s:
+            return a.images_per_s / b.images_per_s  # type: ignore[operator]
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = self.before.to_dict()
+        d.update(before=self._side(self.before), after=self._side(self.after),
+                 decision=self.decision, converted=self.converted, staged=self.staged,
+                 commands=self.commands, gain_after_vs_baseline=self.gain)
+        return d
+
+
+def choose_format(mode: str, before: SearchResult) -> tuple[str, str]:
+    """The format and the reason (see the module doc for the rule)."""
+    if mode in ("lmdb", "wds"):
+        return mode, f"--convert {mode}"
+    probe = before.ceilings.probe or {}
+    fs = (probe.get("filesystem") or {})
+    klass = fs.get("behaves_like") or fs.get("class") or "unknown"
+    fio = probe.get("fio") or {}
+    iops = (fio.get("rand_read") or {}).get("iops")
+    levels = ((probe.get("replay") or {}).get("by_concurrency") or [])
+    gain = None
+    if levels:
+        one = levels[0]["files_per_s"] or 1e-9
+        gain = max(lv["files_per_s"] for lv in levels) / one
+    # LMDB only where random 4 KiB reads are known to be cheap; anything unmeasured,
+    # throttled or latency-bound gets sequential shards.
+    fast_random = klass in ("nvme", "ssd", "memory") and iops is not None and iops >= 50_000 \
+        and (gain is None or gain <= 2)
+    slow = not fast_random
+    if slow:
+        why = (f"source storage is {klass}" + (f", {iops:,.0f} random IOPS" if iops else "")
+               + (f", replay gains {gain:.1f}x from concurrency" if gain else "")
+               + ": WebDataset shards are read in large sequential requests")
+        return "wds", why
+    return "lmdb", f"source storage is {klass} (local flash): LMDB keeps random access"
+
+
+def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: str = "auto",
+             stage_dir: str | os.PathLike[str] | None = None,
+             convert_dir: str | os.PathLike[str] | None = None,
+             convert_workers: int | None = None,
+             progress: Progress | None = None) -> LoopResult:
+    """Search `dataset`; when the verdict is storage and `convert` is not 'off', convert,
+    stage to `stage_dir`, search the staged copy, and return both searches."""
+    if convert not in CONVERT_MODES:
+        raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, but got {convert!r}.")
+    if convert != "off" and stage_dir is None:
+        raise UsageError("--convert needs --stage-dir DIR: the local disk the converted "
+                         "dataset is staged to and measured on.")
+    say = progress or (lambda _m: None)
+    out = Path(opts.out)
+    root = Path(dataset).absolute()
+    q = shlex.quote
+    before = run_search(root, replace(opts, out=str(out / "before") if convert != "off" else opts.out),
+                        progress=lambda m: say(f"before: {m}"))
+    cmds = [f"autotune search {q(str(root))} --preset {opts.preset} --out {q(str(out / 'before'))}"]
+    v = before.verdict
+    if convert == "off":
+        return LoopResult(before, None, "conversion off (--convert off)", commands=cmds)
+    if v is None or v.bottleneck != "storage":
+        why = ("no configuration completed" if v is None else
+               f"the verdict is {v.bottleneck}, not storage: converting and staging would not "
+               "help. " + " ".join(v.advice))
+        return LoopResult(before, None, why, commands=cmds)
+    if stage_dir and Path(stage_dir).absolute() in (root, *root.parents):
+        raise UsageError(f"--stage-dir {stage_dir} contains the dataset; pick a directory on "
+                         "another (local) disk.")
+
+    from converters import ConvertOptions, convert as do_convert
+    from converters.stage import stage
+
+    fmt, why = choose_format(convert, before)
+    cdir = Path(convert_dir) if convert_dir else out / f"converted-{fmt}"
+    say(f"converting to {fmt} in {cdir} ({why})")
+    copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
+    cres = do_convert(root, cdir, copts)
+    cmds.append(f"autotune convert {q(str(root))} {q(str(cdir))} --format {fmt}")
+    sdir = Path(stage_dir) / cdir.name  # type: ignore[arg-type]
+    say(f"staging {cdir} to {sdir}")
+    seq = ((before.ceilings.probe or {}).get("fio") or {}).get("seq_read", {}).get("bw_mib_s")
+    sres = stage(cdir, sdir, source_seq_mib_s=seq)
+    if sres.partial:
+        raise UsageError(f"staging {cdir} to {sdir} was partial: "
+                         + "; ".join(f"{f.file}: {f.reason}" for f in sres.failures))
+    cmds.append(f"autotune stage {q(str(cdir))} {q(str(sdir))}")
+    after_opts = replace(opts, out=str(out / "after"), format="auto",
+                         study=(opts.study + "-after") if opts.study else None,
+                         monitor_path=None, popen=None)
+    after = run_search(sdir, after_opts, progress=lambda m: say(f"after: {m}"))
+    cmds.append(f"autotune search {q(str(sdir))} --preset {opts.preset} --out {q(str(out / 'after'))}")
+    conv = {"format": fmt, "why": why, "dir": str(cdir), "manifest": str(cdir / "manifest.json"),
+            "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None)}
+    staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,
+              "vs_source_seq": (sres.mib_per_s / seq) if seq else None}
+    decision = (f"storage-bound: converted to {fmt} ({why}), staged to {sdir}, searched again")
+    res = LoopResult(before, after, decision, conv, staged, cmds)
+    write_loop_outputs(res, out)
+    return res
+
+
+def write_loop_outputs(res: LoopResult, out: Path) -> None:
+    """out/search.json (both searches) and out/report.html (both side by side)."""
+    from autotune import report_html
+    from autotune.report import write_json_atomic, write_text_atomic
+
+    d = res.to_dict()
+    write_json_atomic(out / "search.json", d)
+    sections = [(f"before: {res.before.dataset}", res.before.to_dict())]
+    if res.after is not None:
+        sections.append((f"after: {res.after.dataset} (converted, staged)", res.after.to_dict()))
+    write_text_atomic(out / "report.html", report_html.render(sections, "autotune search: before and after"))
