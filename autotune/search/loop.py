@@ -83,9 +83,11 @@ def choose_format(mode: str, before: SearchResult) -> tuple[str, str]:
         and (gain is None or gain <= 2)
     slow = not fast_random
     if slow:
-        why = (f"source storage is {klass}" + (f", {iops:,.0f} random IOPS" if iops else "")
-               + (f", replay gains {gain:.1f}x from concurrency" if gain else "")
-               + ": WebDataset shards are read in large sequential requests")
+        why = (f"source storage ({klass}, "
+               + (f"{iops:,.0f} random IOPS" if iops else "fio not run")
+               + (f", replay {gain:.1f}x faster with concurrency" if gain else "")
+               + ") is not known to be fast at random reads: WebDataset shards are read in "
+               "large sequential requests")
         return "wds", why
     return "lmdb", f"source storage is {klass} (local flash): LMDB keeps random access"
 
