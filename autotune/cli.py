@@ -333,6 +333,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ main
 
+_AFTER_STOP = {
+    "probe": "scratch files removed",
+    "bench": "the measurement and its workers were killed",
+    "search": "measured trials are kept in the study; rerun to resume",
+    "convert": "finished shards are kept; rerun the same command to resume",
+    "stage": "verified files are kept; rerun to resume",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="autotune", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -368,10 +377,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"autotune {args.command}: {'error: ' if e.exit_code != 3 else ''}{e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(f"autotune {args.command}: interrupted; scratch files removed", file=sys.stderr)
+        print(f"autotune {args.command}: interrupted; {_AFTER_STOP.get(args.command, 'nothing partial was left')}",
+              file=sys.stderr)
         return 130
     except _Terminated:
-        print(f"autotune {args.command}: terminated; scratch files removed", file=sys.stderr)
+        print(f"autotune {args.command}: terminated; {_AFTER_STOP.get(args.command, 'nothing partial was left')}",
+              file=sys.stderr)
         return 143
     except BrokenPipeError:
         return 1

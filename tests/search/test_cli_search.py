@@ -1,0 +1,57 @@
+"""`autotune search` and `autotune stage` as a user runs them (real processes)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", "-q", *args], capture_output=True,
+                          text=True, timeout=600, **kw)
+
+
+def test_help_names_every_option():
+    out = run("search", "--help").stdout
+    for opt in ("--trials", "--timeout", "--compute-ms", "--step", "--study", "--storage",
+                "--grid", "--out", "--space", "--max-memory", "--convert", "--stage-dir"):
+        assert opt in out, opt
+
+
+def test_bad_input_is_one_line_with_exit_2(tmp_path):
+    r = run("search", str(tmp_path / "nope"))
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr
+    r = run("search", ".", "--convert", "wds")
+    assert r.returncode == 2 and "--stage-dir" in r.stderr
+
+
+@pytest.mark.slow
+def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path):
+    out = tmp_path / "out"
+    common = ["search", str(small_dataset), "--preset", "decode-only", "--batch-size", "8",
+              "--compute-ms", "5", "--seconds", "1.5", "--space", str(TESTS / "space-tiny.yaml"),
+              "--no-fio", "--out", str(out), "--study", "cli"]
+    r = run(*common, "--trials", "1", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["recommended"]["config"]["num_workers"] in (0, 1, 2)
+    assert (out / "report.html").is_file() and (out / "study.db").is_file()
+    # Ctrl-C in the middle of the next trials: exit 130, what was measured is kept.
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "-q", *common, "--trials", "5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    import optuna
+
+    study = optuna.load_study(study_name="cli", storage=f"sqlite:///{out / 'study.db'}")
+    assert len([t for t in study.trials if t.user_attrs.get("record")]) >= 1
