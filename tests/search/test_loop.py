@@ -1,0 +1,62 @@
+"""The closed loop's decision: convert + stage + search again only when storage-bound."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from autotune.search import SearchOptions
+from autotune.search.loop import run_loop
+
+pytestmark = [pytest.mark.slow]
+TESTS = Path(__file__).parent
+
+
+def opts(tmp_path: Path, **kw) -> SearchOptions:
+    base = dict(preset="decode-only", batch_size=8, seconds=2, warmup_batches=1,
+                space=str(TESTS / "space-tiny.yaml"), out=str(tmp_path / "out"), trials=2,
+                probe_fio=False)
+    base.update(kw)
+    return SearchOptions(**base)
+
+
+def test_compute_bound_is_not_converted(small_dataset, tmp_path):
+    r = run_loop(small_dataset, opts(tmp_path, compute_ms=250, baseline=False),
+                 convert="auto", stage_dir=tmp_path / "stage")
+    assert r.after is None and r.converted is None
+    assert "not storage" in r.decision and "compute" in r.decision
+    assert not (tmp_path / "stage").exists()
+
+
+@pytest.mark.root
+def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir):
+    from autotune.emulate import IoThrottle
+    from autotune.synth import make_image_folder
+
+    ds = work_dir / "train"
+    make_image_folder(ds, 160, 4, seed=5, workers=1)
+    stage_dir = Path(tempfile.mkdtemp(prefix="autotune-loop-", dir="/dev/shm"))
+    try:
+        with IoThrottle(ds, read_iops=60, name="loop-test") as cap:
+            cap.add_pid(os.getpid())
+            r = run_loop(ds, opts(tmp_path, compute_ms=5, cold=True), convert="auto",
+                         stage_dir=stage_dir)
+        assert r.before.verdict.bottleneck == "storage"
+        assert r.converted["format"] == "wds"  # throttled, unmeasured storage: shards
+        assert r.after is not None and r.after.recommended is not None
+        assert (Path(r.staged["dir"]) / "manifest.json").is_file()
+        assert r.after.recommended.images_per_s > r.before.best.images_per_s
+        d = json.loads((tmp_path / "out" / "search.json").read_text())
+        for k in ("before", "after", "converted", "staged", "commands", "recommended", "trials"):
+            assert k in d, k
+        assert len(d["commands"]) == 4
+        html = (tmp_path / "out" / "report.html").read_text()
+        assert "before:" in html and "after:" in html
+    finally:
+        import shutil
+
+        shutil.rmtree(stage_dir, ignore_errors=True)
