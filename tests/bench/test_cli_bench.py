@@ -33,7 +33,7 @@ def test_help_says_what_is_measured(capsys: pytest.CaptureFixture[str]) -> None:
     (["--cold", "--warm"], "not allowed with argument"),
     (["--seconds", "0"], "--seconds must be positive, but got 0."),
     (["--preset", "nope"], "unknown preset 'nope'"),
-    (["--format", "lmdb"], "format lmdb (as asked) is not yet supported"),
+    (["--format", "lmdb"], "format lmdb needs the manifest.json that `autotune convert` writes"),
     (["--step", "nocolon"], "step must be 'module:function'"),
 ])
 def test_bad_arguments_exit_2(small_dataset: Path, capsys: pytest.CaptureFixture[str],

@@ -50,13 +50,17 @@ def test_folder_errors_name_the_problem(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
-def test_other_formats_are_detected_and_refused(tmp_path: Path, fmt: str) -> None:
+def test_other_formats_are_detected_and_incomplete_ones_refused(tmp_path: Path, fmt: str) -> None:
+    # A manifest naming the format but not complete: refused naming the fix (a real
+    # conversion is read in tests/bench/test_formats.py).
     (tmp_path / "manifest.json").write_text(json.dumps({"format": fmt}))
     assert detect_format(tmp_path) == fmt
-    with pytest.raises(UsageError, match=f"format {fmt} .from its manifest.json. is not yet supported"):
+    with pytest.raises(UsageError, match="manifest version None.*convert the dataset again"):
         open_source(tmp_path)
-    with pytest.raises(UsageError, match="not yet supported"):
-        open_source(tmp_path, fmt)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with pytest.raises(UsageError, match="needs the manifest.json"):
+        open_source(bare, fmt)
     (tmp_path / "manifest.json").write_text("{oops")
     with pytest.raises(UsageError, match="manifest.json: not a readable autotune manifest"):
         detect_format(tmp_path)
