@@ -30,40 +30,8 @@ exit status:
 """
 
 
-def _positive_float(name: str) -> Callable[[str], float]:
-    def conv(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, but got {s!r}.") from None
-        if not v > 0:
-            raise argparse.ArgumentTypeError(f"{name} must be positive, but got {s}.")
-        return v
-    return conv
-
-
-def _positive_int(name: str) -> Callable[[str], int]:
-    def conv(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, but got {s}.")
-        return v
-    return conv
-
-
-def _nonneg_int(name: str) -> Callable[[str], int]:
-    def conv(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 0, but got {s}.")
-        return v
-    return conv
+# Argument types shared with the rest of the CLI (same wording everywhere).
+from autotune.cli import _nonneg_int, _positive_float, _positive_int  # noqa: E402
 
 
 def _add_analysis_options(p: argparse.ArgumentParser) -> None:
