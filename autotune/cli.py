@@ -261,8 +261,8 @@ options override them.""",
     p.add_argument("--preset", default="resnet50", metavar="NAME",
                    help=f"workload preset: {presets}, or a YAML file (default resnet50)")
     p.add_argument("--format", choices=("auto", "folder", "lmdb", "wds"), default="auto",
-                   help="dataset format (default auto: manifest.json's, else folder; lmdb and "
-                        "wds are not supported yet)")
+                   help="dataset format (default auto: manifest.json's, else folder; lmdb "
+                        "and wds read a conversion written by `autotune convert`)")
     p.add_argument("--workers", type=_nonneg_int("--workers"), metavar="N",
                    help="DataLoader num_workers (0 = load in the main process)")
     p.add_argument("--prefetch-factor", type=_positive_int("--prefetch-factor"), metavar="N",
@@ -292,6 +292,9 @@ options override them.""",
     p.add_argument("--batch-timeout", type=_positive_float("--batch-timeout"), default=120.0,
                    metavar="S", help="DataLoader timeout: fail when no batch arrives for S "
                                      "seconds (default 120)")
+    p.add_argument("--in-memory", type=_positive_int("--in-memory"), metavar="N",
+                   help="hold N images (a random subset) in memory and decode from there: "
+                        "the CPU ceiling, labelled FROM MEMORY (implies --warm)")
     p.add_argument("--jpeg-draft", action="store_true",
                    help="let libjpeg decode at reduced scale (PIL draft mode): cheaper decode, "
                         "not what torchvision does; labelled in every output")
@@ -318,9 +321,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         args.preset, num_workers=args.workers, prefetch_factor=args.prefetch_factor,
         batch_size=args.batch_size, pin_memory=args.pin_memory,
         persistent_workers=args.persistent_workers, compute_ms=args.compute_ms, step=args.step,
-        seconds=args.seconds, warmup_batches=args.warmup_batches, cold=args.cold,
+        seconds=args.seconds, warmup_batches=args.warmup_batches,
         format=args.format, timeout_s=args.timeout, batch_timeout_s=args.batch_timeout,
-        max_open_files=args.max_open_files, seed=args.seed)
+        max_open_files=args.max_open_files, seed=args.seed, in_memory=args.in_memory,
+        cold=False if args.in_memory else args.cold)
     if args.jpeg_draft:
         from dataclasses import replace
 

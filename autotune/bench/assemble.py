@@ -121,7 +121,13 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
     if cfg.num_workers > cores:
         warnings.append(f"{cfg.num_workers} workers on {cores} usable cores: more workers than "
                         "cores only pay off while workers wait on storage, not on decoding.")
-    if not cfg.cold:
+    if cfg.in_memory:
+        info = (child or {}).get("dataset") or {}
+        mib = (info.get("in_memory_bytes") or 0) / 2**20
+        warnings.append(f"FROM MEMORY: {info.get('images', cfg.in_memory)} images ({mib:,.0f} MiB) "
+                        "held in the measurement process; storage and the page cache play no "
+                        "part: this is the CPU (decode) ceiling, not a training figure.")
+    elif not cfg.cold:
         frac = cache.get("resident_fraction_at_start")
         warnings.append("WARM: the page cache was not dropped"
                         + (f" ({frac:.0%} of a sample of the dataset's pages were cached at start)"
@@ -243,6 +249,14 @@ def _check_cache(res: BenchResult, cfg: BenchConfig, child: dict[str, Any], root
     frac = min(1.0, io["read_bytes"] / io["read_chars"])
     res.window["storage_read_mib"] = io["read_bytes"] / 2**20
     res.window["storage_read_fraction"] = frac
+    res.window["major_faults"] = io.get("major_faults")
+    extra = io["read_bytes"] - io["read_chars"]
+    if extra > max(4 * 2**20, 0.5 * io["read_chars"]):
+        res.warnings.append(
+            f"the measurement's processes read {extra / 2**20:,.0f} MiB from storage beyond the "
+            f"dataset bytes they read ({io.get('major_faults', 0):,} major page faults): library "
+            "code or memory paged out by the kernel (memory pressure, or proactive reclaim such "
+            "as DAMON) was read back during the window, and the figure includes that stall.")
     if cfg.cold and frac < 0.5:
         res.warnings.append(
             f"cold run, but only {frac:.0%} of the {io['read_chars'] / 2**20:,.0f} MiB read in "

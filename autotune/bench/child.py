@@ -150,9 +150,20 @@ def _prime_pipeline(transform: Any, cfg: Any) -> Any:
     return it
 
 
-def _tree_io() -> dict[int, tuple[int, int]]:
-    """pid -> (bytes read by read() calls, bytes fetched from storage) for this process
-    and its workers (/proc/PID/io rchar and read_bytes)."""
+def _majflt(pid: int) -> int:
+    """Major page faults of a process (/proc/PID/stat field 12): pages read from storage
+    because a mapped file (library code, or memory the kernel paged out) was touched."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rfind(b")") + 2:].split()[9])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _tree_io() -> dict[int, tuple[int, int, int]]:
+    """pid -> (bytes read by read() calls, bytes fetched from storage, major faults) for
+    this process and its workers (/proc/PID/io rchar and read_bytes, /proc/PID/stat)."""
     import psutil
 
     me = psutil.Process()
@@ -160,19 +171,20 @@ def _tree_io() -> dict[int, tuple[int, int]]:
     for p in [me, *me.children(recursive=True)]:
         try:
             io = p.io_counters()
-            out[p.pid] = (io.read_chars, io.read_bytes)
+            out[p.pid] = (io.read_chars, io.read_bytes, _majflt(p.pid))
         except (psutil.Error, AttributeError):
             continue
     return out
 
 
-def _io_delta(a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]]) -> dict[str, int]:
-    rchar = rbytes = 0
-    for pid, (c, r) in b.items():
-        c0, r0 = a.get(pid, (0, 0))  # a worker born in the window counts from zero
+def _io_delta(a: dict[int, tuple[int, int, int]], b: dict[int, tuple[int, int, int]]) -> dict[str, int]:
+    rchar = rbytes = faults = 0
+    for pid, (c, r, m) in b.items():
+        c0, r0, m0 = a.get(pid, (0, 0, 0))  # a worker born in the window counts from zero
         rchar += max(0, c - c0)
         rbytes += max(0, r - r0)
-    return {"read_chars": rchar, "read_bytes": rbytes}
+        faults += max(0, m - m0)
+    return {"read_chars": rchar, "read_bytes": rbytes, "major_faults": faults}
 
 
 def _write_result(path: str, data: dict[str, Any]) -> None:
@@ -201,7 +213,7 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     import torch.utils.data
     from PIL import Image, ImageEnhance  # noqa: F401
 
-    from autotune.data.sources import open_source
+    from autotune.data.sources import MemorySource, open_source
     from autotune.data.torchds import ImageDataset
     from autotune.data.transforms import build_transform
 
@@ -224,6 +236,8 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
 
     out["phase"] = "scan"
     source = open_source(spec["dataset"], cfg.format)
+    if cfg.in_memory:
+        source = MemorySource(source, cfg.in_memory, seed=cfg.seed)
     out["dataset"] = source.info()
     marks["scanned"] = time.monotonic()
     kwargs: dict[str, Any] = {}

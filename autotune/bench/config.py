@@ -39,6 +39,9 @@ class BenchConfig:
     timeout_s: hard limit for the whole measurement process; None = seconds x 2 + 180.
     max_open_files: RLIMIT_NOFILE for the measurement process (to reproduce a cluster's
         `ulimit -n`); None keeps the current limit.
+    in_memory: hold this many images (a seeded random subset) in the measurement
+        process's memory and decode from there: the CPU ceiling, with storage and the
+        page cache out of the picture. Labelled FROM MEMORY; needs cold=False.
     """
 
     batch_size: int = 256
@@ -57,6 +60,7 @@ class BenchConfig:
     batch_timeout_s: float = 120.0
     timeout_s: float | None = None
     max_open_files: int | None = None
+    in_memory: int | None = None
     shuffle: bool = True
     seed: int = 0
     monitor_interval_s: float = 0.5
@@ -117,6 +121,11 @@ class BenchConfig:
             need_int("warmup_batches", self.warmup_batches, 0)
         if self.max_open_files is not None:
             need_int("max_open_files", self.max_open_files, 8)
+        if self.in_memory is not None:
+            need_int("in_memory", self.in_memory, 1)
+            if self.cold:
+                raise UsageError("in_memory reads no storage, so it cannot be cold: set "
+                                 "cold=False (--warm); it is labelled FROM MEMORY.")
         if self.prefetch_factor is not None:
             need_int("prefetch_factor", self.prefetch_factor, 1)
             if self.num_workers == 0:
@@ -170,7 +179,8 @@ class BenchConfig:
         if self.persistent_workers:
             parts.append("persistent")
         parts.append(f"step={self.step}" if self.step else f"step={self.compute_ms:g}ms")
-        parts.append("cold" if self.cold else "WARM")
+        parts.append(f"FROM MEMORY ({self.in_memory} images)" if self.in_memory
+                     else "cold" if self.cold else "WARM")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

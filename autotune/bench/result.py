@@ -54,6 +54,8 @@ class BenchResult:
     @property
     def label(self) -> str:
         """'cold (drop_caches)' or 'WARM (93 % cached)': how every output names the cache."""
+        if self.config.get("in_memory"):
+            return f"FROM MEMORY ({self.dataset.get('images', self.config['in_memory'])} images)"
         if self.cold:
             return f"cold ({self.cold_method or '?'})"
         frac = self.cache.get("resident_fraction_at_start")

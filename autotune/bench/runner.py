@@ -43,6 +43,21 @@ Progress = Callable[[str], None]
 Popen = Callable[..., subprocess.Popen]
 
 _LOG_TAIL = 4000
+_TMP_PREFIX = "autotune-bench-"
+
+
+def _remove_stale_tmp() -> None:
+    """Remove the scratch directories of bench runs whose process is gone (killed before
+    its `finally` could); a minute's grace for creators in another pid namespace."""
+    for d in Path(tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
+        pid = d.name[len(_TMP_PREFIX):].split("-", 1)[0]
+        try:
+            if not pid.isdigit() or Path(f"/proc/{pid}").exists() or \
+                    time.time() - d.stat().st_mtime < 60:
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _has_class_dir(root: Path) -> bool:
@@ -128,14 +143,19 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
                          "DATASET/CLASS/IMAGE.jpg (labels are the sorted CLASS names).")
     cache: dict[str, Any] = {"cold": cfg.cold, "method": None}
     files: list[Path] | None = None
-    if not cfg.cold or not is_root:
+    if cfg.in_memory:
+        cache["in_memory"] = cfg.in_memory
+        cache["note"] = ("from memory: the images are held in the measurement process; "
+                         "storage and the page cache play no part")
+    elif not cfg.cold or not is_root:
         say(f"scanning {root}")
         files = list(open_source(root, fmt).files())
-    if not cfg.cold:
+    if not cfg.cold and not cfg.in_memory:
         cache["resident_fraction_at_start"] = resident_fraction(files or [])
         cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
 
-    tmp = Path(tempfile.mkdtemp(prefix="autotune-bench-"))
+    _remove_stale_tmp()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
     try:
         spec_path, result_path, log_path = tmp / "spec.json", tmp / "result.json", tmp / "child.log"
         spec = {"config": cfg.to_dict(), "dataset": str(root), "parent_pid": os.getpid()}

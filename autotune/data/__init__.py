@@ -11,12 +11,12 @@ Importing this package does not import torch; `autotune.data.torchds.ImageDatase
 """
 
 from autotune.data.presets import LoaderDefaults, Preset, list_presets, load_preset, presets_dir
-from autotune.data.sources import (FORMATS, FolderSource, SampleError, SampleSource,
+from autotune.data.sources import (FORMATS, FolderSource, MemorySource, SampleError, SampleSource,
                                    detect_format, open_source, resolve_format)
 from autotune.data.transforms import TransformSpec, build_transform
 
 __all__ = [
-    "FORMATS", "FolderSource", "SampleError", "SampleSource", "detect_format", "open_source", "resolve_format",
+    "FORMATS", "FolderSource", "MemorySource", "SampleError", "SampleSource", "detect_format", "open_source", "resolve_format",
     "TransformSpec", "build_transform",
     "LoaderDefaults", "Preset", "list_presets", "load_preset", "presets_dir",
 ]

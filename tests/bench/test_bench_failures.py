@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -196,6 +197,9 @@ def test_killed_bench_parent_takes_its_measurement_along(small_dataset: Path, tm
     while time.monotonic() < deadline and any(_alive(p) for p in kids):
         time.sleep(0.1)
     assert not [p.pid for p in kids if _alive(p)]
+    # The killed parent could not remove its scratch directory; the next run_bench would.
+    for d in Path(tempfile.gettempdir()).glob(f"autotune-bench-{parent.pid}-*"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _alive(p: psutil.Process) -> bool:

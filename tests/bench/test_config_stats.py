@@ -33,6 +33,7 @@ def test_from_preset_and_overrides() -> None:
     ({"format": "tar"}, "format must be one of auto, folder, lmdb, wds"),
     ({"timeout_s": 5, "seconds": 10}, r"timeout_s \(5 s\) must be longer"),
     ({"max_open_files": 3}, "max_open_files must be at least 8"),
+    ({"in_memory": 100}, "in_memory reads no storage, so it cannot be cold"),
 ])
 def test_validation_messages(kw: dict, msg: str) -> None:
     with pytest.raises(UsageError, match=msg):
