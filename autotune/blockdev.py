@@ -8,6 +8,7 @@ anything it cannot resolve it answers None rather than guessing.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,33 +55,53 @@ class BlockDevice:
 
 
 def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as octal.
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+    # mountinfo escapes space, tab, newline and backslash as three octal digits.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+@dataclass(frozen=True)
+class MountEntry:
+    """One parsed line of /proc/self/mountinfo (fields as proc(5) names them)."""
+
+    majmin: str
+    root: str
+    mountpoint: str
+    fstype: str
+    source: str
+    super_options: str
+
+
+def mountinfo() -> list[MountEntry]:
+    """Every mount of this process's namespace, in mount order (later ones stack on top);
+    [] when /proc is not readable."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) < 5 or len(rparts) < 2:
+            continue
+        out.append(MountEntry(parts[2], _unescape(parts[3]), _unescape(parts[4]), rparts[0],
+                              _unescape(rparts[1]), rparts[2] if len(rparts) > 2 else ""))
+    return out
 
 
 def mount_for(path: str | os.PathLike[str]) -> MountInfo | None:
     """The mount holding `path` (the longest mountpoint prefix of its real path)."""
     real = os.path.realpath(path)
     best: MountInfo | None = None
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        parts = left.split()
-        rparts = right.split()
-        if len(parts) < 5 or len(rparts) < 2:
-            continue
-        mnt = _unescape(parts[4])
+    for e in mountinfo():
+        mnt = e.mountpoint
         if not (real == mnt or real.startswith(mnt.rstrip("/") + "/")):
             continue
         if best is not None and len(mnt) < len(best.mountpoint):
             continue
-        major, _, minor = parts[2].partition(":")
-        best = MountInfo(mountpoint=mnt, fstype=rparts[0], source=_unescape(rparts[1]),
-                         dev_major=int(major), dev_minor=int(minor),
-                         options=rparts[2] if len(rparts) > 2 else "")
+        major, _, minor = e.majmin.partition(":")
+        best = MountInfo(mountpoint=mnt, fstype=e.fstype, source=e.source,
+                         dev_major=int(major), dev_minor=int(minor), options=e.super_options)
     return best
 
 

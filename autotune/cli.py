@@ -60,16 +60,25 @@ def _positive_float(name: str) -> Callable[[str], float]:
     return conv
 
 
-def _positive_int(name: str) -> Callable[[str], int]:
+def _int_at_least(name: str, low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= low, refused in the words of the option."""
     def conv(s: str) -> int:
         try:
             v = int(s)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, but got {s}.")
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{name} must be at least {low}, but got {s}.")
         return v
     return conv
+
+
+def _positive_int(name: str) -> Callable[[str], int]:
+    return _int_at_least(name, 1)
+
+
+def _nonneg_int(name: str) -> Callable[[str], int]:
+    return _int_at_least(name, 0)
 
 
 def _int_list(name: str) -> Callable[[str], list[int]]:
@@ -183,18 +192,6 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ bench
-
-def _nonneg_int(name: str) -> Callable[[str], int]:
-    def conv(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 0, but got {s}.")
-        return v
-    return conv
-
 
 def _nonneg_float(name: str) -> Callable[[str], float]:
     def conv(s: str) -> float:

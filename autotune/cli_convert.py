@@ -29,16 +29,7 @@ def _default_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def _int_at_least(name: str, low: int) -> Callable[[str], int]:
-    def conv(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{name} must be at least {low}, but got {s}.")
-        return v
-    return conv
+from autotune.cli import _int_at_least  # noqa: E402  (shared argument types)
 
 
 def _size(name: str) -> Callable[[str], int]:

@@ -40,15 +40,17 @@ def write_json_atomic(path: str | os.PathLike[str], d: dict) -> None:
     write_text_atomic(path, to_json(d))
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` to `path` via a temporary file, fsync and rename."""
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:
+    """Write `text` to `path` via a temporary file (fsynced when `durable`) and rename:
+    readers see the old file or the whole new one, never half of it."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
         try:

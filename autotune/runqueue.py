@@ -18,18 +18,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.monitor.proctree import read_proc
+
 
 def _read(path: str) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 65536)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return read_proc(path, 65536)  # children lists and status can exceed a page
 
 
 def descendants(root: int) -> list[int]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.report import write_text_atomic
 
 WORK = ".autotune-stage"
 MANIFEST = "manifest.json"
@@ -201,9 +202,8 @@ class _State:
             self._save()
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.done))
-        os.replace(tmp, self.path)
+        # Not fsynced: a lost state only means files are verified again on resume.
+        write_text_atomic(self.path, json.dumps(self.done), durable=False)
         self._dirty = 0
 
 
@@ -362,11 +362,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
                 body = json.dumps({"version": 1, "format": "folder", "staged_from": str(s),
                                    "shards": [{"file": n, "bytes": v[0], "sha256": v[2]}
                                               for n, v in sorted(state.done.items())]}, indent=1)
-            tmp = d / WORK / "manifest.tmp"
-            tmp.write_text(body)
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, mp)
+            write_text_atomic(mp, body)
             _fsync_dir(d)
             wrote_manifest = True
         shutil.rmtree(tmpdir, ignore_errors=True)

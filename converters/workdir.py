@@ -28,23 +28,12 @@ NAME = ".autotune-convert"
 def write_json_atomic(path: Path, obj: Any, *, indent: int | None = None,
                       durable: bool = True) -> None:
     """JSON to `path` via a temporary file (fsynced when `durable`) and rename: never half
-    written."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=True, sort_keys=False, indent=indent,
-                      separators=(",", ": ") if indent else (",", ":"))
-            f.write("\n")
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    written. Compact separators keep the bytes reproducible between runs."""
+    from autotune.report import write_text_atomic
+
+    text = json.dumps(obj, ensure_ascii=True, sort_keys=False, indent=indent,
+                      separators=(",", ": ") if indent else (",", ":")) + "\n"
+    write_text_atomic(path, text, durable=durable)
 
 
 class WorkDir:

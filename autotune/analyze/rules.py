@@ -1,6 +1,6 @@
 """The verdict of a training log: what holds the job back, with the figures that show it.
 
-Same bottleneck names and AU threshold as the search's verdict (autotune.search.verdict),
+Same bottleneck names and thresholds (autotune.thresholds) as the search's verdict,
 decided from what a running job shows instead of from ceilings:
 
 1. AU (time in the step / wall time) >= 0.90: compute-bound, the input keeps up.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.analyze.join import SystemFigures
-from autotune.search.verdict import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
+from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
 
 BOTTLENECKS = ("storage", "decode", "loader", "compute", "unknown")
 GPU_STARVED_PCT = 40.0    # practitioners' rule: a GPU under 40 % busy is starved

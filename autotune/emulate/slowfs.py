@@ -14,7 +14,6 @@ From Python (a separate server process, unmounted and reaped on exit):
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,11 +24,8 @@ from pathlib import Path
 from types import TracebackType
 
 import autotune
+from autotune.blockdev import mountinfo
 from autotune.errors import AutotuneError, NotPermitted, UsageError
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mount_type(real_mnt: str) -> str | None:
@@ -39,11 +35,9 @@ def mount_type(real_mnt: str) -> str | None:
     server. The topmost mount wins when several are stacked.
     """
     found = None
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) >= 5 and rparts and _unescape(parts[4]) == real_mnt:
-            found = rparts[0]
+    for e in mountinfo():
+        if e.mountpoint == real_mnt:
+            found = e.fstype
     return found
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from autotune.blockdev import BlockDevice, block_device_for, mount_for
+from autotune.blockdev import BlockDevice, block_device_for, mount_for, mountinfo
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 
 CGROUP_PREFIX = "autotune-"
@@ -48,13 +48,7 @@ class IoStats:
 
 def _mountinfo() -> list[tuple[str, str, str, str]]:
     """(root, mountpoint, fstype, super options) of every mount."""
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) >= 5 and len(rparts) >= 3:
-            out.append((parts[3], parts[4], rparts[0], rparts[2]))
-    return out
+    return [(e.root, e.mountpoint, e.fstype, e.super_options) for e in mountinfo()]
 
 
 def _own_cgroup(match: Callable[[str, str], bool]) -> str:

@@ -67,9 +67,6 @@ class SearchSpace:
                 out.append(p)
         return out
 
-    def contains(self, p: dict[str, Any]) -> bool:
-        return config_key(p) in {config_key(g) for g in self.grid()}
-
 
 def config_key(p: dict[str, Any]) -> tuple:
     """A hashable identity of a configuration (for duplicates and look-ups)."""
@@ -169,8 +166,4 @@ def _bool_list(p: Path, name: str, v: Any) -> list[bool]:
     return sorted(set(v))
 
 
-def grid_size(space: SearchSpace) -> int:
-    return len(space.grid())
-
-
-__all__ = ["SearchSpace", "load_space", "max_workers_for", "config_key", "grid_size", "SPACES_DIR"]
+__all__ = ["SearchSpace", "load_space", "max_workers_for", "config_key", "SPACES_DIR"]

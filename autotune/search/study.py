@@ -290,8 +290,7 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
                                      and not (k == "persistent_workers" and p["num_workers"] == 0)})
             budget = len(todo)
         else:
-            done = sum(1 for r in measured.values())
-            budget = max(0, opts.trials - done)
+            budget = max(0, opts.trials - len(measured))
             if budget == 0:
                 stop_reason = "trials (already measured)"
         runs = dupes = 0

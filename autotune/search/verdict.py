@@ -8,11 +8,8 @@ from typing import Any
 
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
+from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
 
-AU_HEALTHY = 0.90      # MLPerf Storage: input-bound below this
-AT_CEILING = 0.85      # reaching this share of a ceiling means that ceiling is the limit
-CPU_SATURATED = 0.85   # share of all usable cores
-DISK_BUSY_PCT = 80.0
 
 BOTTLENECKS = ("storage", "decode", "compute", "loader")
 
