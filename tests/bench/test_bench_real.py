@@ -185,9 +185,11 @@ def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path, fast_
                                                     no_leftovers) -> None:
     from autotune.emulate import IoThrottle
 
-    # The same configuration, cold, on a disk capped at 50 IOPS: at least one read per
-    # file cannot feed 80 images/s.
-    with IoThrottle(small_images_ds, read_iops=50, name="bench-test") as cap:
+    # The same configuration, cold, on a disk capped at 25 IOPS: at least one read per
+    # file cannot feed 80 images/s. (At 50 IOPS the cap's burst at the start of a cgroup
+    # slice fills the prefetch queue, and the first short windows ran at the step's pace:
+    # 52-64 images/s measured against 77, too close to tell apart on a loaded CI box.)
+    with IoThrottle(small_images_ds, read_iops=25, name="bench-test") as cap:
         r = run_bench(small_images_ds, _step_cfg(pin_memory=True), throttle=cap)
     assert not r.failed, r.reason
     assert r.cold and r.window["storage_read_fraction"] > 0.9
@@ -206,7 +208,7 @@ def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftover
     # only limit when cold.
     cfg = _loader_cfg(num_workers=2)
     warm_cfg = BenchConfig.from_dict({**cfg.to_dict(), "cold": False})
-    with IoThrottle(small_images_ds, read_iops=50, name="bench-test") as cap:
+    with IoThrottle(small_images_ds, read_iops=25, name="bench-test") as cap:
         cold = run_bench(small_images_ds, cfg, throttle=cap)
         for _ in range(2):
             _warm(small_images_ds)
@@ -218,8 +220,9 @@ def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftover
     assert cold.window["storage_read_fraction"] > 0.9
     assert cold.cold and not warm.cold
     assert warm.images_per_s > 3 * cold.images_per_s, (cold.images_per_s, warm.images_per_s)
-    # 50 IOPS and at least one read per file: the cold figure cannot beat the cap by much
-    assert cold.images_per_s < 65
+    # 25 IOPS and at least one read per file: the cold figure cannot beat the cap by much
+    # (22 measured here; the start-of-slice burst can lift one short window)
+    assert cold.images_per_s < 40
     assert warm.cache["resident_fraction_at_start"] > 0.9
     no_leftovers(cold)
     no_leftovers(warm)
