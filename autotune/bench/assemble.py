@@ -84,7 +84,7 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                   samples: list[Sample], cache: dict[str, Any], proc: subprocess.Popen | None,
                   timed_out: bool, phase: str, log_tail: str, oom_kills: int,
                   cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
-                  parent_marks: dict[str, float]) -> BenchResult:
+                  parent_marks: dict[str, float], stopped: str | None = None) -> BenchResult:
     marks = (child or {}).get("marks", {})
     cuda = (child or {}).get("cuda")
     res = BenchResult(
@@ -151,7 +151,10 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
            "shm_used_bytes": (system.get("shm", {}).get("used_mib_max") or 0) * 2**20 or None,
            "shm_total_bytes": (system.get("shm", {}).get("total_mib") or 0) * 2**20 or None}
     failure: Failure | None = None
-    if child is None:
+    if stopped:
+        failure = Failure("pruned", stopped, "not an error: the search stopped a configuration "
+                                             "that was clearly slower than the best so far")
+    elif child is None:
         failure = classify_exit(proc.returncode if proc else None, timed_out=timed_out,
                                 timeout_s=cfg.effective_timeout, phase=phase, log_tail=log_tail,
                                 oom_kills=oom_kills, ctx=ctx)

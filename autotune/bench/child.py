@@ -64,6 +64,9 @@ def _worker_init(_worker_id: int) -> None:
         pass
 
 
+TICK_S = 1.0  # how often the measurement reports its running images/s to the parent
+
+
 def _status(fd: int, line: str) -> None:
     try:
         os.write(fd, (line + "\n").encode())
@@ -309,6 +312,8 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
         out["phase"] = "measure"
         _status(status_fd, f"measure {cfg.seconds:g}")
     stop_reason = "time"
+    window_images = 0
+    last_tick = start
     try:
         while True:
             t0 = time.monotonic()
@@ -326,13 +331,18 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
                     # proof of where the bytes came from (page cache or disk).
                     io0 = _tree_io()
                     t2 = time.monotonic()
-                    start = t2
+                    start = last_tick = t2
                     deadline = t2 + cfg.seconds
                     out["phase"] = "measure"
                     _status(status_fd, f"measure {cfg.seconds:g}")
                 continue
             n = len(batch[-1]) if isinstance(batch, (list, tuple)) else cfg.batch_size
             batches.append([t1 - t0, t2 - t1, n, t2])
+            window_images += n
+            if t2 - last_tick >= TICK_S:
+                # The running figure, so that a search can stop a clearly worse trial early.
+                last_tick = t2
+                _status(status_fd, f"tick {t2 - start:.3f} {window_images}")
             if deadline is not None and t2 >= deadline:
                 break
     except EpochEnd:

@@ -112,7 +112,8 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
               popen: Popen | None = None, throttle: Any = None,
               monitor_path: str | os.PathLike[str] | None = None,
               timeline: str | os.PathLike[str] | None = None,
-              progress: Progress | None = None) -> BenchResult:
+              progress: Progress | None = None,
+              on_tick: Callable[[float, float], str | None] | None = None) -> BenchResult:
     """Measure one DataLoader configuration on `dataset` (see BenchConfig).
 
     popen: how to start the measurement process (default subprocess.Popen), e.g. a
@@ -125,6 +126,9 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     monitor_path: the path whose disk the monitor watches (default: the dataset; give
         the source directory when the dataset is a FUSE mirror of it).
     timeline: write every monitor sample, labelled with its phase, as JSONL there.
+    on_tick: called about once a second during the window with (seconds into the window,
+        running images/s); a returned string stops the measurement there: the result is
+        failed with failure_kind "pruned" and that string as its reason (a search's pruner).
 
     Raises UsageError for a bad configuration or dataset. A measurement that fails
     (crashed or hung worker, full /dev/shm, too many open files, OOM, timeout) returns a
@@ -172,6 +176,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         proc: subprocess.Popen | None = None
         mon: SystemMonitor | None = None
         timed_out = False
+        stopped: str | None = None
         phase = "startup"
         marks_parent: dict[str, float] = {}
         cleanup: procs.Cleanup | None = None
@@ -226,10 +231,17 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
                     elif word == "measure":
                         phase = "measurement"
                         say(f"measuring for {arg} s")
+                    elif word == "tick" and on_tick is not None:
+                        secs, images = (float(x) for x in arg.split())
+                        stopped = on_tick(secs, images / secs if secs > 0 else 0.0)
+                        if stopped:
+                            break
                     elif word == "done":
                         phase = "shutdown"
                         say("stopping the workers")
-            if timed_out:
+                if stopped:
+                    break
+            if timed_out or stopped:
                 _kill_group(proc.pid)
             proc.wait()
         finally:
@@ -258,7 +270,8 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         log_tail = _log_tail(log_path)
         samples = mon.records if mon is not None else []
         res = build_result(cfg, root, fmt, child, samples, cache, proc, timed_out, phase,
-                            log_tail, _oom_kills() - oom0, cleanup, mon, marks_parent)
+                            log_tail, _oom_kills() - oom0, cleanup, mon, marks_parent,
+                            stopped=stopped)
         if timeline is not None:
             write_timeline(timeline, samples, child, marks_parent)
             res.timeline_file = str(timeline)

@@ -18,7 +18,7 @@ def _fig(d: dict[str, Any], *path: str) -> float | None:
 class TrialRecord:
     number: int
     params: dict[str, Any]
-    state: str                      # "complete", "failed", "rejected", "duplicate", "running"
+    state: str          # "complete", "failed", "rejected", "pruned", "duplicate", "running"
     images_per_s: float | None = None
     images_per_s_spread: dict[str, Any] | None = None
     au: float | None = None
@@ -53,7 +53,8 @@ class TrialRecord:
         system = r.get("system") or {}
         return cls(
             number=number, params=params,
-            state="failed" if r.get("failed") else "complete",
+            state=("pruned" if r.get("failure_kind") == "pruned" else
+                   "failed" if r.get("failed") else "complete"),
             images_per_s=r.get("images_per_s"), images_per_s_spread=r.get("images_per_s_spread"),
             au=r.get("au"), data_wait_fraction=r.get("data_wait_fraction"),
             peak_rss_mib=r.get("peak_rss_mib"),

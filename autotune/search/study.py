@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -58,6 +59,9 @@ class SearchOptions:
     format: str = "auto"
     baseline: bool = True
     early_stop: bool = True
+    # Stop a trial whose running images/s falls under this share of the best so far
+    # (None: never; the grid always measures every configuration whole).
+    prune_below: float | None = 0.7
     # How trials start (e.g. IoThrottle(...).popen) and which path's disk to watch.
     popen: Any = None
     monitor_path: str | None = None
@@ -72,6 +76,9 @@ class SearchOptions:
         if self.compute_ms is not None and self.step is not None:
             raise UsageError("give either --compute-ms (an emulated step) or --step (a real "
                              "one), not both.")
+        if self.prune_below is not None and not 0 < self.prune_below <= 1:
+            raise UsageError(f"prune_below must be in (0, 1], but got {self.prune_below:g}; "
+                             "0.7 stops trials running 30 % or more below the best so far.")
         if self.max_memory_mib is not None and self.max_memory_mib <= 0:
             raise UsageError(f"max_memory must be positive, but got {self.max_memory_mib:g} MiB.")
         return self
@@ -217,9 +224,15 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = (optuna.samplers.RandomSampler(seed=opts.seed) if opts.grid else
                optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=4))
+    pruner: Any = optuna.pruners.NopPruner()
+    if opts.prune_below is not None and not opts.grid:
+        from autotune.search.pruning import BestFractionPruner
+
+        # Judge after 40 % of the window: the first seconds carry the queue filled at warm-up.
+        pruner = BestFractionPruner(opts.prune_below, min_steps=max(2, math.ceil(0.4 * opts.seconds)))
     try:
         study = optuna.create_study(study_name=name, storage=_storage(url), direction="maximize",
-                                    sampler=sampler, load_if_exists=True)
+                                    sampler=sampler, pruner=pruner, load_if_exists=True)
     except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors: say which storage
         raise AutotuneError(f"cannot open Optuna storage {url} ({type(e).__name__}: {e}); "
                             "check the URL, or use a server database (PostgreSQL, MySQL) "
@@ -250,11 +263,25 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
 
         max_mem = psutil.virtual_memory().total / 2**20 / 2
 
-    def bench(params: dict[str, Any], label: str) -> TrialRecord:
+    def bench(params: dict[str, Any], label: str, trial: Any = None) -> TrialRecord:
         cfg = BenchConfig.from_preset(opts.preset, **overrides, **params).validate()
         tl = out / "timelines" / f"{label}.jsonl"
+        ticks = 0
+
+        def on_tick(secs: float, ips: float) -> str | None:
+            nonlocal ticks
+            ticks += 1
+            trial.report(ips, ticks)
+            if not trial.should_prune():
+                return None
+            best = study.best_value
+            return (f"pruned after {secs:.0f} s of the {opts.seconds:g} s window: "
+                    f"{ips:,.0f} images/s so far, under {opts.prune_below:.0%} of the best "
+                    f"trial's {best:,.0f}")
+
         r = run_bench(root, cfg, popen=opts.popen, monitor_path=opts.monitor_path,
-                      timeline=tl, progress=lambda m: say(f"{label}: {m}"))
+                      timeline=tl, progress=lambda m: say(f"{label}: {m}"),
+                      on_tick=on_tick if trial is not None and not opts.grid else None)
         rec = TrialRecord.from_bench(-1, params, r.to_dict())
         if rec.ok and rec.memory_mib > max_mem:
             rec.state = "rejected"
@@ -281,7 +308,7 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
         measured: dict[tuple, TrialRecord] = {}
         for t in study.trials:
             rec_d = t.user_attrs.get("record")
-            if rec_d and rec_d.get("state") in ("complete", "failed", "rejected"):
+            if rec_d and rec_d.get("state") in ("complete", "failed", "rejected", "pruned"):
                 measured.setdefault(config_key(rec_d["params"]), TrialRecord.from_dict(rec_d))
         if opts.grid:
             todo = [p for p in space.grid() if config_key(p) not in measured]
@@ -311,7 +338,8 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
                 if prev.ok:
                     study.tell(trial, prev.images_per_s)
                 else:
-                    study.tell(trial, state=TrialState.FAIL)
+                    study.tell(trial, state=TrialState.PRUNED if prev.state == "pruned"
+                               else TrialState.FAIL)
                 if dupes > 40:  # TPE keeps proposing measured points: the space is exhausted
                     stop_reason = "space exhausted"
                     break
@@ -322,7 +350,7 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
             say(f"trial {runs} of {n_total}: {params}"
                 + (f" (best so far {best_so_far:,.0f} images/s{left})" if best_so_far else left))
             try:
-                rec = bench(params, f"trial-{trial.number:03d}")
+                rec = bench(params, f"trial-{trial.number:03d}", trial)
             except KeyboardInterrupt:
                 rec = TrialRecord(trial.number, params, "failed", reason="interrupted (Ctrl-C)")
                 trial.set_user_attr("record", rec.to_dict())
@@ -333,6 +361,9 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
             measured[key] = rec
             if rec.ok:
                 study.tell(trial, rec.images_per_s)
+            elif rec.state == "pruned":
+                say(f"trial {runs}: {rec.reason}")
+                study.tell(trial, state=TrialState.PRUNED)
             else:
                 study.tell(trial, state=TrialState.FAIL)
             if opts.early_stop and not opts.grid and rec.ok:

@@ -155,6 +155,23 @@ def test_cold_window_stops_at_the_end_of_the_first_pass(small_dataset: Path, tmp
     no_leftovers(r)
 
 
+def test_on_tick_stops_the_measurement_and_leaves_nothing_running(small_dataset: Path,
+                                                                   no_leftovers) -> None:
+    cfg = BenchConfig.from_preset("decode-only", num_workers=2, persistent_workers=True,
+                                  batch_size=4, seconds=20, warmup_batches=2, cold=False)
+    ticks: list[tuple[float, float]] = []
+
+    def on_tick(secs: float, ips: float) -> str | None:
+        ticks.append((secs, ips))
+        return "stopped by the test" if len(ticks) == 2 else None
+
+    r = run_bench(small_dataset, cfg, on_tick=on_tick)
+    assert r.failed and r.failure_kind == "pruned" and r.reason == "stopped by the test"
+    assert len(ticks) == 2 and 0.9 < ticks[0][0] < ticks[1][0] < 5 and ticks[1][1] > 0
+    assert r.seconds_total < 20  # the 20 s window was not waited out
+    no_leftovers(r)
+
+
 def test_in_memory_ceiling_is_labelled(small_dataset: Path, no_leftovers) -> None:
     cfg = BenchConfig.from_preset("decode-only", num_workers=1, batch_size=4, seconds=1,
                                   warmup_batches=2, cold=False, in_memory=16)
