@@ -178,7 +178,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
                                 hlines=[("input-bound below", 0.9, "#d62728")]))
     rec = d.get("recommended") or {}
     rec_trial = next((t for t in trials if t["number"] == rec.get("trial")), None)
-    tl = _timeline(rec_trial and rec_trial.get("timeline_file"))
+    tl = _timeline((rec_trial or rec).get("timeline_file"))  # the baseline is not in trials
     if tl:
         t0 = tl[0]["time"]
         cpu = [(s["time"] - t0, _get(s, "proc", "cpu_pct")) for s in tl]

@@ -35,15 +35,19 @@ def main() -> int:
     ap.add_argument("--delay-ms", type=float, default=5.0)
     ap.add_argument("--trials", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--space", default="small")
+    ap.add_argument("--space", default="default")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--compute-ms", type=float, default=150.0)
     ap.add_argument("--setups", default="unthrottled,cap,fuse")
     ap.add_argument("--dir", default=str(ROOT / "data"))
+    ap.add_argument("--dataset", help="an existing image folder (default: DIR/benchN/train, made)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_search"))
     a = ap.parse_args()
-    ds = Path(a.dir) / f"bench{a.images}" / "train"
-    make_image_folder(ds, a.images, 100, seed=0)
+    if a.dataset:
+        ds = Path(a.dataset)
+    else:
+        ds = Path(a.dir) / f"bench{a.images}" / "train"
+        make_image_folder(ds, a.images, 100, seed=0)
     rows = []
     for setup in a.setups.split(","):
         with ExitStack() as st:
@@ -78,7 +82,8 @@ def main() -> int:
                          "time_share": ts / tg, "search_s": ts, "grid_s": tg,
                          "baseline_ips": base.images_per_s if base and base.ok else None,
                          "verdict": s.verdict.bottleneck if s.verdict else None})
-    print(f"dataset: {a.images} images; step {a.compute_ms:g} ms per batch of {a.batch_size}; "
+    n = sum(1 for _ in ds.rglob("*.jpg"))
+    print(f"dataset: {ds} ({n} images); step {a.compute_ms:g} ms per batch of {a.batch_size}; "
           f"{a.seconds:g} s windows; space {a.space}; TPE trials {a.trials}\n")
     print("| set-up | recommended | rec img/s | grid best | grid img/s | rec/grid | time share | baseline img/s | verdict |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -55,3 +55,20 @@ def work_dir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="autotune-test-", dir="/var/tmp"))
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def tiny_shm():
+    """A `popen=` that starts a process in a private mount namespace whose /dev/shm holds
+    256 KiB: DataLoader batches cannot fit (root and unshare needed)."""
+    import subprocess
+
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is not installed")
+
+    def popen(cmd, **kw):
+        return subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+             'mount -t tmpfs -o size=256k tmpfs /dev/shm && exec "$@"', "sh", *cmd], **kw)
+
+    return popen

@@ -45,6 +45,8 @@ def search_renderable(d: dict[str, Any]) -> Group:
                    _f(tr["peak_rss_mib"], ",.0f"), (tr.get("reason") or "")[:60])
     for label, b in rows:
         cfg = b["config"]
+        if rec_n == -1:
+            label += " *"
         tt.add_row(label, str(cfg["num_workers"]), str(cfg.get("prefetch_factor") or "-"),
                    "y" if cfg.get("persistent_workers") else "n", "y" if cfg.get("pin_memory") else "n",
                    b.get("state") or "", fmt_rate(b.get("images_per_s")), _f(b.get("au")),
@@ -62,7 +64,9 @@ def search_renderable(d: dict[str, Any]) -> Group:
     if rec:
         gain = d.get("gain_vs_baseline")
         parts.append(Text.assemble(
-            ("Recommended ", "bold"), f"(trial {rec['trial']}, the cheapest within 3 % of the best): ",
+            ("Recommended ", "bold"),
+            ("(the rule-of-thumb baseline: no trial beat it by more than 3 %): " if rec["trial"] == -1
+             else f"(trial {rec['trial']}, the cheapest within 3 % of the best): "),
             f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
             f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
         parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))

@@ -10,6 +10,7 @@ any Optuna storage URL, so several machines can share one study).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -23,6 +24,7 @@ from typing import Any
 from autotune.bench.config import BenchConfig
 from autotune.bench.runner import run_bench
 from autotune.errors import AutotuneError, UsageError
+from autotune.search import guard
 from autotune.search import recommend as rec_mod
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
@@ -116,7 +118,8 @@ class SearchResult:
             return None
         return {"config": t.params, "images_per_s": t.images_per_s, "au": t.au,
                 "data_wait_fraction": t.data_wait_fraction, "peak_rss_mib": t.peak_rss_mib,
-                "trial": t.number, "state": t.state, "reason": t.reason}
+                "trial": t.number, "state": t.state, "reason": t.reason,
+                "timeline_file": t.timeline_file}
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
@@ -204,7 +207,6 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     ("interrupted") and the result holds everything measured (stop_reason says so).
     """
     import optuna
-    from optuna.trial import TrialState
 
     opts = (opts or SearchOptions()).validate()
     say = progress or (lambda _m: None)
@@ -230,13 +232,28 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
 
         # Judge after 40 % of the window: the first seconds carry the queue filled at warm-up.
         pruner = BestFractionPruner(opts.prune_below, min_steps=max(2, math.ceil(0.4 * opts.seconds)))
-    try:
-        study = optuna.create_study(study_name=name, storage=_storage(url), direction="maximize",
-                                    sampler=sampler, pruner=pruner, load_if_exists=True)
-    except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors: say which storage
-        raise AutotuneError(f"cannot open Optuna storage {url} ({type(e).__name__}: {e}); "
-                            "check the URL, or use a server database (PostgreSQL, MySQL) "
-                            "when several machines share one study.") from e
+    db = guard.sqlite_path(url)
+    with contextlib.ExitStack() as held:
+        if db is not None:
+            held.enter_context(guard.StudyFileLock(db))
+        try:
+            study = optuna.create_study(study_name=name, storage=_storage(url),
+                                        direction="maximize", sampler=sampler, pruner=pruner,
+                                        load_if_exists=True)
+        except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors: say which storage
+            raise AutotuneError(f"cannot open Optuna storage {url} ({type(e).__name__}: {e}); "
+                                "check the URL, or use a server database (PostgreSQL, MySQL) "
+                                "when several machines share one study.") from e
+        return _run_study(study, root, name, url, opts, base, overrides, out, say, t0,
+                          exclusive=db is not None)
+
+
+def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
+               base: BenchConfig, overrides: dict[str, Any], out: Path, say: Progress,
+               t0: float, *, exclusive: bool) -> SearchResult:
+    import optuna
+    from optuna.trial import TrialState
+
     fp = _fingerprint(root, opts, base)
     old = study.user_attrs.get("fingerprint")
     if old is not None and old != fp:
@@ -305,6 +322,14 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
                 baseline.number = -1
                 study.set_user_attr("baseline", json.loads(json.dumps(baseline.to_dict())))
 
+        for t in guard.orphaned_trials(study, exclusive=exclusive):
+            owner = t.user_attrs.get("owner")
+            rec = TrialRecord(t.number, dict(t.params), "interrupted",
+                              reason=guard.interrupted_reason(owner))
+            optuna.trial.Trial(study, t._trial_id).set_user_attr("record", rec.to_dict())
+            study.tell(t.number, state=TrialState.FAIL)
+            say(f"trial {t.number}: {rec.reason}")
+
         measured: dict[tuple, TrialRecord] = {}
         for t in study.trials:
             rec_d = t.user_attrs.get("record")
@@ -327,6 +352,7 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
                 stop_reason = "timeout"
                 break
             trial = study.ask()
+            trial.set_user_attr("owner", guard.owner_tag())
             params = space.suggest(trial)
             key = config_key(params)
             prev = measured.get(key)
@@ -352,7 +378,8 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
             try:
                 rec = bench(params, f"trial-{trial.number:03d}", trial)
             except KeyboardInterrupt:
-                rec = TrialRecord(trial.number, params, "failed", reason="interrupted (Ctrl-C)")
+                rec = TrialRecord(trial.number, params, "interrupted",
+                                  reason="interrupted (Ctrl-C); measured again on resume")
                 trial.set_user_attr("record", rec.to_dict())
                 study.tell(trial, state=TrialState.FAIL)
                 raise
@@ -407,8 +434,11 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
         if d:
             trials.append(TrialRecord.from_dict(d))
     measured = [t for t in trials if t.state != "duplicate"]
-    best = rec_mod.best_trial(measured)
-    rec = rec_mod.knee(measured)
+    # The baseline was measured like any trial: when nothing the search tried beats it,
+    # it is the recommendation, never a slower configuration.
+    pool = measured + ([baseline] if baseline is not None and baseline.ok else [])
+    best = rec_mod.best_trial(pool)
+    rec = rec_mod.knee(pool)
     verdict = decide(rec, best, ceilings) if rec and best else None
     if best is None:
         warnings.append("no configuration completed: see each trial's reason and hint")

@@ -155,16 +155,7 @@ def test_too_many_open_files(small_dataset: Path, no_leftovers) -> None:
 
 
 @pytest.mark.root
-def test_full_dev_shm(small_dataset: Path, no_leftovers) -> None:
-    if not shutil.which("unshare"):
-        pytest.skip("unshare (util-linux) is not installed")
-
-    def tiny_shm(cmd, **kw):
-        # A private mount namespace whose /dev/shm holds 256 KiB: batches cannot fit.
-        return subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-             'mount -t tmpfs -o size=256k tmpfs /dev/shm && exec "$@"', "sh", *cmd], **kw)
-
+def test_full_dev_shm(small_dataset: Path, no_leftovers, tiny_shm) -> None:
     r = run_bench(small_dataset, _cfg(), popen=tiny_shm)
     assert r.failed and r.failure_kind == "shm", (r.failure_kind, r.reason)
     assert "/dev/shm" in r.reason and "--shm-size" in r.hint
