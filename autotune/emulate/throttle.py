@@ -12,13 +12,14 @@ writer under cgroup v1, so only read limits (and direct-I/O writes) are dependab
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
 import secrets
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -322,6 +323,18 @@ class IoThrottle:
             _write(procs, str(pid))
         except OSError as e:
             raise AutotuneError(f"cannot move pid {pid} into {procs}: {e.strerror}") from e
+
+    @contextlib.contextmanager
+    def joined(self) -> Iterator[None]:
+        """This process (all its threads, and children it starts meanwhile) under the cap
+        for the body, then back in the parent cgroup: e.g. a probe or a conversion that
+        reads the slow storage from the process that also starts uncapped work."""
+        self.add_pid(os.getpid())
+        try:
+            yield
+        finally:
+            assert self.backend is not None
+            _write(self.backend.parent / "cgroup.procs", str(os.getpid()))
 
     def pids(self) -> list[int]:
         """Processes currently inside the cgroup."""

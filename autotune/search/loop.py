@@ -17,6 +17,7 @@ Format rule for `--convert auto` (documented in the README):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from dataclasses import dataclass, field, replace
@@ -130,7 +131,9 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     cdir = Path(convert_dir) if convert_dir else out / f"converted-{fmt}"
     say(f"converting to {fmt} in {cdir} ({why})")
     copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
-    cres = do_convert(root, cdir, copts)
+    # The conversion reads the slow source: under the emulated cap when there is one.
+    with opts.throttle.joined() if opts.throttle is not None else contextlib.nullcontext():
+        cres = do_convert(root, cdir, copts)
     cmds.append(f"autotune convert {q(str(root))} {q(str(cdir))} --format {fmt}")
     sdir = Path(stage_dir) / cdir.name  # type: ignore[arg-type]
     say(f"staging {cdir} to {sdir}")
@@ -142,7 +145,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     cmds.append(f"autotune stage {q(str(cdir))} {q(str(sdir))}")
     after_opts = replace(opts, out=str(out / "after"), format="auto",
                          study=(opts.study + "-after") if opts.study else None,
-                         monitor_path=None, popen=None)
+                         monitor_path=None, popen=None, throttle=None)
     after = run_search(sdir, after_opts, progress=lambda m: say(f"after: {m}"))
     cmds.append(f"autotune search {q(str(sdir))} --preset {opts.preset} --out {q(str(out / 'after'))}")
     conv = {"format": fmt, "why": why, "dir": str(cdir), "manifest": str(cdir / "manifest.json"),

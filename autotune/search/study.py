@@ -67,6 +67,9 @@ class SearchOptions:
     # How trials start (e.g. IoThrottle(...).popen) and which path's disk to watch.
     popen: Any = None
     monitor_path: str | None = None
+    # An active IoThrottle: the storage probe runs under it, and each trial joins it once
+    # torch is imported (libraries stay on local disk, as a job's do; see run_bench).
+    throttle: Any = None
 
     def validate(self) -> SearchOptions:
         if self.trials < 1:
@@ -267,7 +270,8 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
         ceilings = _ceilings_from(study.user_attrs["ceilings"])
         say("resuming: ceilings from the study")
     else:
-        ceilings = _measure_ceilings(root, opts, base, say)
+        with opts.throttle.joined() if opts.throttle is not None else contextlib.nullcontext():
+            ceilings = _measure_ceilings(root, opts, base, say)
         study.set_user_attr("ceilings", json.loads(json.dumps(ceilings.to_dict())))
         if ceilings.probe is not None:
             (out / "probe.json").write_text(json.dumps(ceilings.probe, indent=1))
@@ -296,7 +300,8 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                     f"{ips:,.0f} images/s so far, under {opts.prune_below:.0%} of the best "
                     f"trial's {best:,.0f}")
 
-        r = run_bench(root, cfg, popen=opts.popen, monitor_path=opts.monitor_path,
+        r = run_bench(root, cfg, popen=opts.popen, throttle=opts.throttle,
+                      monitor_path=opts.monitor_path,
                       timeline=tl, progress=lambda m: say(f"{label}: {m}"),
                       on_tick=on_tick if trial is not None and not opts.grid else None)
         rec = TrialRecord.from_bench(-1, params, r.to_dict())
@@ -444,7 +449,8 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
         warnings.append("no configuration completed: see each trial's reason and hint")
     if baseline is not None and not baseline.ok:
         warnings.append(f"the rule-of-thumb baseline failed: {baseline.reason}")
-    options = {k: v for k, v in opts.__dict__.items() if k not in ("popen",)}
+    options = {k: v for k, v in opts.__dict__.items() if k not in ("popen", "throttle")}
+    options["throttled"] = repr(opts.throttle.limits) if opts.throttle is not None else None
     options["out"] = str(options["out"])
     return SearchResult(dataset=str(root), study=name, storage=url, options=options,
                         space=space.to_dict(), ceilings=ceilings, trials=trials,

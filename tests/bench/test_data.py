@@ -129,3 +129,42 @@ def test_presets(tmp_path: Path) -> None:
     bad.write_text("batch_size: 8\nloader: {workers: 3}\n")
     with pytest.raises(UsageError, match="unknown loader key"):
         load_preset(bad)
+
+
+@pytest.mark.parametrize("random_pos", [True, False])
+def test_fused_resize_crop_matches_resize_then_crop(small_dataset: Path, random_pos: bool) -> None:
+    # The pipeline resamples only the crop window (Pillow resize box=); it must give the
+    # pixels torchvision's Resize(256) + RandomCrop/CenterCrop(224) give, up to rounding.
+    import random
+
+    import numpy as np
+    from PIL import Image
+
+    from autotune.data import transforms as T
+
+    files = sorted(small_dataset.rglob("*.jpg"))[:20]
+    assert files
+    for f in files:
+        img = Image.open(f).convert("RGB")
+        random.seed(11)
+        ref = np.asarray(T._crop(T._resize_shorter(img, 256), 224, random_pos), dtype=int)
+        random.seed(11)
+        got = np.asarray(T._resize_crop(img, 256, 224, random_pos), dtype=int)
+        assert got.shape == ref.shape == (224, 224, 3)
+        # off by one level at most (rounding of the sub-pixel window), never more
+        assert np.abs(got - ref).mean() < 0.5 and np.abs(got - ref).max() <= 2, f
+
+
+@pytest.mark.parametrize("mode", ["L", "CMYK", "RGBA", "P"])
+def test_non_rgb_and_small_images_still_give_3x224x224(tmp_path: Path, mode: str) -> None:
+    from PIL import Image
+
+    from autotune.data.transforms import TransformSpec, build_transform
+
+    for size in ((500, 375), (100, 80)):  # the second is padded, as before
+        im = Image.new("RGB", size, (200, 30, 40)).convert(mode)
+        p = tmp_path / f"x-{size[0]}.{'png' if mode in ('RGBA', 'P') else 'jpg'}"
+        im.save(p)
+        t = build_transform(TransformSpec(resize=256, crop=224, crop_mode="random", flip=True))
+        out = t(p.read_bytes())
+        assert tuple(out.shape) == (3, 224, 224) and str(out.dtype) == "torch.uint8"

@@ -142,3 +142,40 @@ def test_script_usage_errors(tmp_path: Path) -> None:
     bad = subprocess.run([script, "--path", str(tmp_path), "--read-iops", "-3", "--", "true"],
                          capture_output=True, text=True)
     assert bad.returncode == 2
+
+
+@pytest.mark.root
+def test_joined_caps_this_process_for_the_body_only(disk_dir: Path, backend: CgroupBackend) -> None:
+    import time
+
+    files = []
+    for i in range(30):
+        f = disk_dir / f"f{i}"
+        f.write_bytes(os.urandom(8192))
+        files.append(f)
+    os.sync()
+
+    def read_cold() -> float:
+        t0 = time.monotonic()
+        for f in files:
+            fd = os.open(f, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # off the page cache
+            os.read(fd, 8192)
+            os.close(fd)
+        return time.monotonic() - t0
+
+    with IoThrottle(disk_dir, read_iops=20) as cap:
+        with cap.joined():
+            assert os.getpid() in cap.pids()
+            child = subprocess.Popen(["sleep", "30"])  # started inside: inherits the cap
+            inside = read_cold()
+        assert os.getpid() not in cap.pids() and child.pid in cap.pids()
+        assert str(os.getpid()) in (backend.parent / "cgroup.procs").read_text().split()
+        outside = read_cold()
+        child.kill()
+        child.wait()
+        with pytest.raises(RuntimeError), cap.joined():
+            raise RuntimeError("the body failed")
+        assert os.getpid() not in cap.pids()
+    # 30 reads at 20 IOPS take over a second; uncapped they take milliseconds.
+    assert inside > 0.8 and outside < inside / 4, (inside, outside)
