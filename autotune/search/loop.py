@@ -97,9 +97,12 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
              stage_dir: str | os.PathLike[str] | None = None,
              convert_dir: str | os.PathLike[str] | None = None,
              convert_workers: int | None = None,
-             progress: Progress | None = None) -> LoopResult:
+             progress: Progress | None = None, always: bool = False) -> LoopResult:
     """Search `dataset`; when the verdict is storage and `convert` is not 'off', convert,
-    stage to `stage_dir`, search the staged copy, and return both searches."""
+    stage to `stage_dir`, search the staged copy, and return both searches.
+
+    always: convert, stage and search again whatever the verdict (to measure whether it
+    pays where more workers may already hide the latency); the decision says so."""
     if convert not in CONVERT_MODES:
         raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, but got {convert!r}.")
     if convert != "off" and stage_dir is None:
@@ -115,7 +118,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     v = before.verdict
     if convert == "off":
         return LoopResult(before, None, "conversion off (--convert off)", commands=cmds)
-    if v is None or v.bottleneck != "storage":
+    if v is None or (v.bottleneck != "storage" and not always):
         why = ("no configuration completed" if v is None else
                f"the verdict is {v.bottleneck}, not storage: converting and staging would not "
                "help. " + " ".join(v.advice))
@@ -152,7 +155,8 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
             "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None)}
     staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,
               "vs_source_seq": (sres.mib_per_s / seq) if seq else None}
-    decision = (f"storage-bound: converted to {fmt} ({why}), staged to {sdir}, searched again")
+    head = "storage-bound" if v.bottleneck == "storage" else f"{v.bottleneck}-bound (converted anyway: always)"
+    decision = f"{head}: converted to {fmt} ({why}), staged to {sdir}, searched again"
     res = LoopResult(before, after, decision, conv, staged, cmds)
     write_loop_outputs(res, out)
     return res

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""The closed loop's target (issue 6): a generated image folder on slow storage ->
+search -> convert -> stage -> search again, before and after side by side, per set-up.
+
+    .venv/bin/python scripts/bench_loop.py --dataset /work/data/bench20k
+        [--setups hdd,nfs] [--iops 100] [--delay-ms 5] [--trials 6] [--seconds 8]
+
+hdd: a cgroup read cap of --iops on the dataset's disk (about what a 7200 rpm disk serves
+at random); the storage probe, the conversion's reads of the source and every trial read
+under it, from just after torch is imported (a job's libraries live on local disk).
+nfs: a --delay-ms FUSE delay on every open and read of the dataset.
+The stage directory is a tmpfs under /dev/shm, playing the local NVMe. Needs root.
+The workload: a step of 150 ms per batch of 64 (demand 427 images/s), cold cache.
+Targets: after the loop, AU >= 0.90 and >= 3.5x the rule-of-thumb baseline (hdd); for nfs,
+whatever the search on the source found, and whether converting and staging still paid.
+Run it on a quiet machine (another process dropping the page cache disturbs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from autotune.search import SearchOptions  # noqa: E402
+from autotune.search.loop import run_loop  # noqa: E402
+
+
+def _fig(t: dict | None, key: str, fmt: str) -> str:
+    v = (t or {}).get(key)
+    return "-" if v is None else format(v, fmt)
+
+
+def _cfg(t: dict | None) -> str:
+    c = (t or {}).get("config") or {}
+    if not c:
+        return "-"
+    return f"w{c['num_workers']} pf{c.get('prefetch_factor') or '-'}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", required=True, help="an image folder (DATASET/CLASS/IMAGE.jpg)")
+    ap.add_argument("--setups", default="hdd,nfs")
+    ap.add_argument("--iops", type=int, default=100)
+    ap.add_argument("--delay-ms", type=float, default=5.0)
+    ap.add_argument("--trials", type=int, default=6)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--space", default="small")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--compute-ms", type=float, default=150.0)
+    ap.add_argument("--out", default=str(ROOT / "out" / "bench_loop"))
+    a = ap.parse_args()
+    ds = Path(a.dataset).absolute()
+    n = sum(1 for _ in ds.rglob("*.jpg"))
+    rows = []
+    for setup in a.setups.split(","):
+        out = Path(a.out) / setup
+        shutil.rmtree(out, ignore_errors=True)
+        with ExitStack() as st:
+            stage = Path(tempfile.mkdtemp(prefix=f"autotune-bench-loop-{setup}-", dir="/dev/shm"))
+            st.callback(shutil.rmtree, stage, True)
+            path, mon, cap = ds, None, None
+            if setup == "hdd":
+                from autotune.emulate import IoThrottle
+
+                cap = st.enter_context(IoThrottle(ds, read_iops=a.iops, name="bench-loop"))
+            elif setup == "nfs":
+                from autotune.emulate import SlowMount
+
+                mnt = Path(st.enter_context(tempfile.TemporaryDirectory())) / "mnt"
+                st.enter_context(SlowMount(ds, mnt, delay_ms=a.delay_ms))
+                path, mon = mnt, str(ds)
+            else:
+                raise SystemExit(f"unknown set-up {setup!r}: use hdd or nfs")
+            t = time.monotonic()
+            opts = SearchOptions(preset="resnet50", batch_size=a.batch_size,
+                                 compute_ms=a.compute_ms, seconds=a.seconds, space=a.space,
+                                 trials=a.trials, out=str(out), probe_fio=False,
+                                 monitor_path=mon, throttle=cap)
+            # nfs: converted and staged whatever the verdict, to show whether it still pays.
+            loop = run_loop(path, opts, convert="auto", stage_dir=stage, always=setup == "nfs",
+                            progress=lambda m, s=setup: print(f"[{s}] {m}", flush=True))
+            d = loop.to_dict()
+            rows.append({"setup": setup, "seconds": time.monotonic() - t, "decision": loop.decision,
+                         "gain": loop.gain, "before": d["before"], "after": d["after"],
+                         "converted": d["converted"], "staged": d["staged"],
+                         "commands": d["commands"]})
+    print(f"\ndataset: {ds} ({n} images); step {a.compute_ms:g} ms per batch of {a.batch_size} "
+          f"(demand {a.batch_size / a.compute_ms * 1000:.0f} images/s); {a.seconds:g} s windows; "
+          f"space {a.space}; {a.trials} trials per search; cold; stage on tmpfs\n")
+    print("| set-up | baseline img/s (AU) | before: recommended, img/s (AU) | verdict | "
+          "convert s | stage MiB/s | after: recommended, img/s (AU) | after / baseline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        b, af = r["before"], r["after"] or {}
+        conv = r["converted"] or {}
+        print(f"| {r['setup']} | {_fig(b['baseline'], 'images_per_s', ',.0f')} "
+              f"({_fig(b['baseline'], 'au', '.2f')}) | {_cfg(b['recommended'])}, "
+              f"{_fig(b['recommended'], 'images_per_s', ',.0f')} ({_fig(b['recommended'], 'au', '.2f')}) | "
+              f"{(b.get('verdict') or {}).get('bottleneck')} | "
+              f"{conv.get('format', '-')} {_fig(conv, 'seconds', ',.0f')} | "
+              f"{_fig(r['staged'], 'mib_per_s', ',.0f')} | {_cfg(af.get('recommended'))}, "
+              f"{_fig(af.get('recommended'), 'images_per_s', ',.0f')} "
+              f"({_fig(af.get('recommended'), 'au', '.2f')}) | "
+              f"{'-' if r['gain'] is None else format(r['gain'], '.2f') + 'x'} |")
+    for r in rows:
+        print(f"\n{r['setup']}: {r['decision']} ({r['seconds']:.0f} s)")
+        for c in r["commands"]:
+            print(f"  {c}")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "bench_loop.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
