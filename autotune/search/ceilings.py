@@ -48,6 +48,9 @@ def effective_cores() -> int:
     return max(1, min(n, int(q))) if q else n
 
 
+OVERTAKEN = 1.15  # a trial this much above a ceiling shows the ceiling was wrong
+
+
 @dataclass
 class Ceilings:
     storage: float | None
@@ -58,13 +61,19 @@ class Ceilings:
     storage_best_concurrency: int | None = None
     evidence: list[str] = field(default_factory=list)
     probe: dict[str, Any] | None = None
+    # Ceilings a measured trial beat by more than OVERTAKEN: now "at least" that trial's
+    # figure (name -> why), and no longer a reason to stop the search.
+    lower_bounds: dict[str, str] = field(default_factory=dict)
 
     def finite(self) -> dict[str, float]:
         return {k: v for k, v in (("storage", self.storage), ("decode", self.decode),
                                   ("demand", self.demand)) if v}
 
-    def smallest(self) -> tuple[str, float] | None:
+    def smallest(self, *, firm: bool = False) -> tuple[str, float] | None:
+        """The lowest ceiling; firm=True leaves out those a trial has overtaken."""
         f = self.finite()
+        if firm:
+            f = {k: v for k, v in f.items() if k not in self.lower_bounds}
         if not f:
             return None
         k = min(f, key=f.__getitem__)
@@ -76,7 +85,34 @@ class Ceilings:
                 "smallest": s[0] if s else None, "cores": self.cores,
                 "decode_per_core": self.decode_per_core,
                 "storage_best_concurrency": self.storage_best_concurrency,
-                "evidence": self.evidence}
+                "evidence": self.evidence, "lower_bounds": self.lower_bounds}
+
+    def revise(self, number: int, images_per_s: float | None) -> str | None:
+        """Take a measured configuration into account: a storage or decode ceiling it beats
+        by more than OVERTAKEN was an underestimate. It becomes that figure, marked as a
+        lower bound (and said why); returns the note when one was overtaken now."""
+        if not images_per_s:
+            return None
+        note = None
+        for name in ("storage", "decode"):
+            v = getattr(self, name)
+            if not v:
+                continue
+            if name in self.lower_bounds:
+                setattr(self, name, max(v, images_per_s))
+            elif images_per_s > OVERTAKEN * v:
+                who = "the baseline" if number < 0 else f"trial {number}"
+                why = (" A cold replay of a few seconds can be spent mostly on the "
+                       "filesystem's metadata (directory and inode blocks) that a long run "
+                       "reads once; under a cgroup cap each of ext4's inode-readahead blocks "
+                       "is charged as one I/O." if name == "storage" else "")
+                note = (f"the {name} ceiling {v:,.0f} images/s was an underestimate: {who} "
+                        f"measured {images_per_s:,.0f}; taken as at least that from here on, "
+                        f"and no longer a reason to stop the search.{why}")
+                setattr(self, name, images_per_s)
+                self.lower_bounds[name] = note
+                self.evidence.append(note)
+        return note
 
 
 def sample_blobs(source: Any, n: int = 200, seed: int = 0) -> list[bytes]:

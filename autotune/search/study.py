@@ -326,6 +326,8 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                 baseline = bench(bp, "baseline")
                 baseline.number = -1
                 study.set_user_attr("baseline", json.loads(json.dumps(baseline.to_dict())))
+            if baseline.ok:
+                _revise(ceilings, baseline, say)
 
         for t in guard.orphaned_trials(study, exclusive=exclusive):
             owner = t.user_attrs.get("owner")
@@ -398,8 +400,10 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                 study.tell(trial, state=TrialState.PRUNED)
             else:
                 study.tell(trial, state=TrialState.FAIL)
+            if rec.ok:
+                _revise(ceilings, rec, say)
             if opts.early_stop and not opts.grid and rec.ok:
-                lim = ceilings.smallest()
+                lim = ceilings.smallest(firm=True)
                 if lim and rec.images_per_s >= (1 - CEILING_TOLERANCE) * lim[1]:
                     stop_reason = (f"ceiling reached: {rec.images_per_s:,.0f} images/s is within "
                                    f"{CEILING_TOLERANCE:.0%} of the {lim[0]} ceiling {lim[1]:,.0f}")
@@ -414,6 +418,12 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                     time.monotonic() - t0, base.batch_size, out, warnings)
     write_outputs(res)
     return res
+
+
+def _revise(ceilings: Ceilings, rec: TrialRecord, say: Progress) -> None:
+    note = ceilings.revise(rec.number, rec.images_per_s)
+    if note:
+        say(note)
 
 
 def write_outputs(res: SearchResult) -> None:
@@ -439,6 +449,9 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
         if d:
             trials.append(TrialRecord.from_dict(d))
     measured = [t for t in trials if t.state != "duplicate"]
+    for t in measured + ([baseline] if baseline is not None else []):
+        if t.ok:  # a resumed study: what an earlier run measured counts too
+            ceilings.revise(t.number, t.images_per_s)
     # The baseline was measured like any trial: when nothing the search tried beats it,
     # it is the recommendation, never a slower configuration.
     pool = measured + ([baseline] if baseline is not None and baseline.ok else [])
@@ -456,4 +469,5 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                         space=space.to_dict(), ceilings=ceilings, trials=trials,
                         baseline=baseline, best=best, recommended=rec, verdict=verdict,
                         stop_reason=stop_reason, seconds=seconds, batch_size=batch_size,
-                        out_dir=str(out), warnings=warnings + space.notes)
+                        out_dir=str(out),
+                        warnings=warnings + list(ceilings.lower_bounds.values()) + space.notes)

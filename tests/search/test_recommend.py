@@ -67,3 +67,17 @@ def test_verdicts():
     assert v.bottleneck == "loader" and "settings" in v.summary
     # Evidence carries the figures behind the verdict.
     assert any("storage ceiling 5,000" in e for e in v.evidence)
+
+
+def test_an_overtaken_ceiling_becomes_a_lower_bound_and_stops_nothing():
+    from autotune.search.ceilings import Ceilings
+
+    c = Ceilings(storage=15.0, decode=587.0, demand=427.0, cores=2)
+    assert c.smallest(firm=True) == ("storage", 15.0)
+    assert c.revise(0, 16.0) is None  # within noise of the ceiling: it stands
+    note = c.revise(-1, 290.0)
+    assert note and "storage ceiling 15 images/s was an underestimate: the baseline measured 290" in note
+    assert c.storage == 290.0 and "storage" in c.lower_bounds and note in c.evidence
+    assert c.smallest(firm=True) == ("demand", 427.0)  # no early stop on a known underestimate
+    assert c.revise(3, 300.0) is None and c.storage == 300.0  # the bound follows the best
+    assert c.to_dict()["lower_bounds"] == {"storage": note}

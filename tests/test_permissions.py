@@ -1,0 +1,134 @@
+"""Issue 8, case 12: permission denied on input files and on the output directory, and a
+read-only source filesystem, for every command that reads a dataset or writes results.
+Real mounts and a real unprivileged user; root sees through permission bits, so the
+read-only cases use a read-only bind mount and the unreadable-file case runs as nobody."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+NOBODY = 65534
+
+
+def cli(*args: str, user: int | None = None, **kw) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "autotune", "-q", *args]
+    if user is not None:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("setpriv (util-linux) is not installed")
+        cmd = [setpriv, f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "HOME": "/tmp"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, **kw)
+
+
+def one_line(r: subprocess.CompletedProcess) -> str:
+    err = r.stderr.strip()
+    assert err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.fixture
+def ro_mount(work_dir: Path):
+    """A function: ro_mount(dir) -> a read-only bind mount of dir (unmounted afterwards)."""
+    mounts: list[Path] = []
+
+    def make(src: Path) -> Path:
+        ro = work_dir / f"ro-{len(mounts)}"
+        ro.mkdir()
+        if subprocess.run(["mount", "--bind", str(src), str(ro)]).returncode != 0:
+            pytest.skip("cannot bind-mount here")
+        mounts.append(ro)
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+        return ro
+
+    yield make
+    for m in reversed(mounts):
+        subprocess.run(["umount", "-l", str(m)])
+
+
+def test_a_read_only_source_is_read_by_every_command(small_dataset, work_dir, ro_mount):
+    src = work_dir / "src"
+    shutil.copytree(small_dataset, src / "train")
+    ro = ro_mount(src) / "train"
+    with pytest.raises(OSError):
+        (ro / "x").write_text("x")  # the mount is really read-only
+    r = cli("convert", str(ro), str(work_dir / "wds"), "--format", "wds", "--workers", "1")
+    assert r.returncode == 0, r.stderr
+    r = cli("stage", str(ro), str(work_dir / "staged"), "--workers", "2")
+    assert r.returncode == 0, r.stderr
+    assert (work_dir / "staged" / "manifest.json").is_file()
+    r = cli("bench", str(ro), "--preset", "decode-only", "--batch-size", "8", "--workers", "1",
+            "--seconds", "1", "--warm", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["images_per_s"] > 0
+    r = cli("probe", str(ro), "--runtime", "1", "--size", "16M", "--replay-seconds", "1",
+            "--scratch", str(work_dir), "--json", "-")
+    assert r.returncode == 0, r.stderr  # fio runs on a scratch file in --scratch
+
+
+def test_a_read_only_output_is_one_clear_line_per_command(small_dataset, work_dir, ro_mount):
+    out = work_dir / "out"
+    out.mkdir()
+    ro = ro_mount(out)
+    cases = {
+        "convert": ("convert", str(small_dataset), str(ro / "wds"), "--format", "wds"),
+        "stage": ("stage", str(small_dataset), str(ro / "staged")),
+        "search": ("search", str(small_dataset), "--out", str(ro / "search"), "--no-probe",
+                   "--trials", "1", "--seconds", "1", "--warm"),
+        "bench --json": ("bench", str(small_dataset), "--preset", "decode-only", "--warm",
+                         "--seconds", "1", "--batch-size", "8", "--json", str(ro / "b.json")),
+    }
+    for name, args in cases.items():
+        r = cli(*args)
+        assert r.returncode in (1, 2), (name, r.returncode, r.stderr)
+        err = one_line(r)
+        assert str(ro) in err and "read-only" in err.lower(), (name, err)
+    assert not any(ro.iterdir())
+
+
+def test_an_unreadable_input_file_is_named_not_dropped(small_dataset, work_dir):
+    # As an unprivileged user: one image with mode 000 among readable ones.
+    if cli("--version", user=NOBODY).returncode != 0:
+        pytest.skip("user nobody cannot run this checkout's Python (its path is not "
+                    "world-readable)")
+    src = work_dir / "src" / "train"
+    shutil.copytree(small_dataset, src)
+    bad = sorted(src.rglob("*.jpg"))[3]
+    bad.chmod(0)
+    dst = work_dir / "dst"
+    dst.mkdir()
+    for p in [work_dir, work_dir / "src", *src.rglob("*")]:
+        if p != bad:
+            os.chown(p, NOBODY, NOBODY)
+    os.chown(src, NOBODY, NOBODY)
+    os.chown(dst, NOBODY, NOBODY)
+    rel = str(bad.relative_to(src))
+
+    r = cli("convert", str(src), str(dst / "wds"), "--format", "wds", "--workers", "1",
+            "--json", "-", user=NOBODY)
+    assert r.returncode == 0, r.stderr  # --on-error skip (the default): listed, the rest done
+    d = json.loads(r.stdout)
+    skipped = {s["path"]: s["reason"] for s in d["skipped"]}
+    assert "Permission denied" in skipped.get(rel, ""), d["skipped"]
+    assert d["samples"] == 63
+
+    r = cli("convert", str(src), str(dst / "wds-fail"), "--format", "wds", "--on-error", "fail",
+            user=NOBODY)
+    assert r.returncode == 1 and rel in one_line(r) and "Permission denied" in r.stderr
+
+    r = cli("stage", str(src), str(dst / "staged"), "--json", "-", user=NOBODY)
+    assert r.returncode == 4, r.stderr  # partial: the file is named, the others are staged
+    assert rel in r.stdout + r.stderr and "Permission denied" in r.stdout + r.stderr
+
+    r = cli("bench", str(src), "--preset", "decode-only", "--batch-size", "64", "--workers", "1",
+            "--seconds", "1", "--warmup-batches", "0", "--warm", "--json", "-", user=NOBODY)
+    assert r.returncode == 1
+    assert rel in json.loads(r.stdout)["reason"] or rel in r.stderr, (r.stdout[-500:], r.stderr)
