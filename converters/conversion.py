@@ -13,6 +13,7 @@ import collections
 import errno
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -378,10 +379,17 @@ def _run_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
     from converters.pool import WorkerPool
 
     ctx = mp.get_context("forkserver")
-    counter = ctx.Array("q", 2, lock=True)
+    try:
+        counter = ctx.Array("q", 2, lock=True)
+        pool = WorkerPool(workers, writer.work, counter, ctx)
+    except OSError as e:
+        # forkserver re-executes the interpreter: a user who may run this Python but not
+        # exec its real path (a venv built on a private pyenv under /root) ends up here.
+        raise ConvertError(f"cannot start {workers} worker processes from {sys.executable} "
+                           f"({e.strerror or e}); rerun with --workers 1 to convert in this "
+                           "process, or use a Python this user can execute.") from e
     # LMDB results carry a batch of image bytes: keep few waiting for their commit.
     window = workers + 1 if opts.format == "lmdb" else 2 * workers
-    pool = WorkerPool(workers, writer.work, counter, ctx)
     ok = False
     try:
         for u, out in pool.run(pending, window, tick=lambda: report(counter)):

@@ -222,7 +222,12 @@ def _copy_one(src: Path, dst: Path, e: FileEntry, verify: str, tmpdir: Path) -> 
     h = hashlib.sha256()
     n = 0
     try:
-        with open(sp, "rb") as fi, open(tmp, "wb") as fo:
+        fi = open(sp, "rb")
+    except OSError as err:  # permission denied, an I/O error: this file, not the stage
+        raise StageError(f"{e.name}: cannot read the source ({err.strerror or err}); "
+                         "fix its permissions or remove it, then rerun") from None
+    try:
+        with fi, open(tmp, "wb") as fo:
             while True:
                 b = fi.read(CHUNK)
                 if not b:
