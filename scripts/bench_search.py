@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -43,6 +44,9 @@ def main() -> int:
     ap.add_argument("--dir", default=str(ROOT / "data"))
     ap.add_argument("--dataset", help="an existing image folder (default: DIR/benchN/train, made)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_search"))
+    ap.add_argument("--fresh-search", action="store_true",
+                    help="measure the TPE search again from scratch (the grid's study resumes: "
+                         "configurations it measured are not measured again; its time adds up)")
     a = ap.parse_args()
     if a.dataset:
         ds = Path(a.dataset)
@@ -66,13 +70,19 @@ def main() -> int:
                 path, mon = mnt, str(ds)
             res = {}
             for mode in ("search", "grid"):
+                mdir = Path(f"{a.out}/{setup}-{mode}")
+                if mode == "search" and a.fresh_search:
+                    shutil.rmtree(mdir, ignore_errors=True)
+                # A grid resumed from an earlier run of this script: its time so far counts.
+                before = (json.loads((mdir / "search.json").read_text())["seconds"]
+                          if (mdir / "search.json").is_file() else 0.0)
                 t = time.monotonic()
                 r = run_search(path, SearchOptions(
                     preset="resnet50", batch_size=a.batch_size, compute_ms=a.compute_ms,
                     seconds=a.seconds, space=a.space, trials=a.trials, grid=mode == "grid",
                     out=f"{a.out}/{setup}-{mode}", probe_fio=False, monitor_path=mon, throttle=cap,
                     early_stop=mode == "search", baseline=mode == "search"))
-                res[mode] = (r, time.monotonic() - t)
+                res[mode] = (r, before + time.monotonic() - t)
             (s, ts), (g, tg) = res["search"], res["grid"]
             rec, best, base = s.recommended, g.best, s.baseline
             rows.append({"setup": setup, "recommended": rec.params if rec else None,

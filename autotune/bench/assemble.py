@@ -214,6 +214,14 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
             "larger dataset for a longer cold window.")
     if not cfg.cold and (child.get("epochs") or 1) > 1:
         warnings.append(f"WARM: the window spanned {child.get('epochs')} passes over the dataset.")
+    queue = cfg.num_workers * (cfg.prefetch_factor or 0)
+    if queue and f.batches < 2 * queue:
+        # Batches prepared during warm-up can still be in the queue when the window opens;
+        # a window this short partly measures it draining, not the steady rate.
+        warnings.append(f"the window ({f.batches} batches) is under twice the prefetch queue "
+                        f"({cfg.num_workers} workers x prefetch {cfg.prefetch_factor} = {queue} "
+                        "batches): the figure may include batches made during warm-up; a longer "
+                        "--seconds measures the steady rate.")
     if f.batches < _FEW_BATCHES:
         warnings.append(f"only {f.batches} batches were measured: the figure is rough; use a "
                         "longer --seconds, a smaller batch or a larger dataset.")

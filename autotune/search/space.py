@@ -76,14 +76,19 @@ def config_key(p: dict[str, Any]) -> tuple:
 def _pick(trial: Any, name: str, choices: list[Any]) -> Any:
     if len(choices) == 1:
         return choices[0]
-    if _is_range(choices):
-        # A contiguous integer range: TPE models it as ordered numbers.
-        return trial.suggest_int(name, choices[0], choices[-1])
+    if _is_ordered(choices):
+        # Ordered numbers (workers 0,1,2,3,4,6,8; prefetch 1,2,4,8): TPE models them as
+        # numbers, so a good 6 makes 8 likely next; as categories each is learnt alone and
+        # 8 trials of a 49-point space found 0.86 of the grid's best behind a 5 ms FUSE delay.
+        # The drawn integer snaps to the nearest choice (a grid's enqueued values are exact).
+        v = trial.suggest_int(name, choices[0], choices[-1])
+        return min(choices, key=lambda c: (abs(c - v), c))
     return trial.suggest_categorical(name, choices)
 
 
-def _is_range(xs: list[Any]) -> bool:
-    return len(xs) > 2 and all(isinstance(x, int) for x in xs) and xs == list(range(xs[0], xs[-1] + 1))
+def _is_ordered(xs: list[Any]) -> bool:
+    return (len(xs) > 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
+            and xs == sorted(set(xs)))
 
 
 def max_workers_for(cores: int, best_concurrency: int | None) -> tuple[int, str]:

@@ -81,3 +81,28 @@ def test_an_overtaken_ceiling_becomes_a_lower_bound_and_stops_nothing():
     assert c.smallest(firm=True) == ("demand", 427.0)  # no early stop on a known underestimate
     assert c.revise(3, 300.0) is None and c.storage == 300.0  # the bound follows the best
     assert c.to_dict()["lower_bounds"] == {"storage": note}
+
+
+def test_ordered_choices_are_numbers_to_tpe_and_snap_to_the_list():
+    import optuna
+
+    from autotune.search.space import load_space
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = load_space("default", cores=2, cuda=False, best_concurrency=16)
+    assert space.num_workers == [0, 1, 2, 3, 4, 6, 8]
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=1))
+    seen = set()
+    for _ in range(60):
+        t = study.ask()
+        p = space.suggest(t)
+        assert p["num_workers"] in space.num_workers
+        assert p["prefetch_factor"] in (space.prefetch_factor if p["num_workers"] else [None])
+        seen.add(p["num_workers"])
+        study.tell(t, 1.0)
+    assert seen == set(space.num_workers)  # every choice reachable, 5 and 7 snap to 4/6/8
+    dist = study.trials[0].distributions["num_workers"]
+    assert isinstance(dist, optuna.distributions.IntDistribution)
+    study.enqueue_trial({"num_workers": 6, "prefetch_factor": 8, "persistent_workers": True})
+    p = space.suggest(study.ask())  # a grid enqueues exact values: they come back as given
+    assert (p["num_workers"], p["prefetch_factor"], p["persistent_workers"]) == (6, 8, True)
