@@ -93,6 +93,27 @@ def choose_format(mode: str, before: SearchResult) -> tuple[str, str]:
     return "lmdb", f"source storage is {klass} (local flash): LMDB keeps random access"
 
 
+def search_flags(opts: SearchOptions) -> str:
+    """The `autotune search` options that reproduce `opts` (those not at their default)."""
+    d = SearchOptions()
+    pairs = [("--preset", opts.preset, d.preset), ("--batch-size", opts.batch_size, d.batch_size),
+             ("--compute-ms", opts.compute_ms, d.compute_ms), ("--step", opts.step, d.step),
+             ("--space", opts.space, d.space), ("--trials", opts.trials, d.trials),
+             ("--timeout", opts.timeout_s, d.timeout_s), ("--seconds", opts.seconds, d.seconds),
+             ("--seed", opts.seed, d.seed)]
+    out = "".join(f" {k} {shlex.quote(format(v, 'g') if isinstance(v, float) else str(v))}"
+                  for k, v, dv in pairs if v is not None and v != dv)
+    if not opts.cold:
+        out += " --warm"
+    if not opts.probe_fio:
+        out += " --no-fio"
+    if opts.prune_below is None:
+        out += " --no-prune"
+    elif opts.prune_below != d.prune_below:
+        out += f" --prune-below {opts.prune_below:g}"
+    return out
+
+
 def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: str = "auto",
              stage_dir: str | os.PathLike[str] | None = None,
              convert_dir: str | os.PathLike[str] | None = None,
@@ -114,7 +135,8 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     q = shlex.quote
     before = run_search(root, replace(opts, out=str(out / "before") if convert != "off" else opts.out),
                         progress=lambda m: say(f"before: {m}"))
-    cmds = [f"autotune search {q(str(root))} --preset {opts.preset} --out {q(str(out / 'before'))}"]
+    flags = search_flags(opts)
+    cmds = [f"autotune search {q(str(root))}{flags} --out {q(str(out / 'before'))}"]
     v = before.verdict
     if convert == "off":
         return LoopResult(before, None, "conversion off (--convert off)", commands=cmds)
@@ -150,7 +172,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
                          study=(opts.study + "-after") if opts.study else None,
                          monitor_path=None, popen=None, throttle=None)
     after = run_search(sdir, after_opts, progress=lambda m: say(f"after: {m}"))
-    cmds.append(f"autotune search {q(str(sdir))} --preset {opts.preset} --out {q(str(out / 'after'))}")
+    cmds.append(f"autotune search {q(str(sdir))}{flags} --out {q(str(out / 'after'))}")
     conv = {"format": fmt, "why": why, "dir": str(cdir), "manifest": str(cdir / "manifest.json"),
             "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None)}
     staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,

@@ -106,3 +106,14 @@ def test_ordered_choices_are_numbers_to_tpe_and_snap_to_the_list():
     study.enqueue_trial({"num_workers": 6, "prefetch_factor": 8, "persistent_workers": True})
     p = space.suggest(study.ask())  # a grid enqueues exact values: they come back as given
     assert (p["num_workers"], p["prefetch_factor"], p["persistent_workers"]) == (6, 8, True)
+
+
+def test_loop_commands_carry_the_search_options():
+    from autotune.search import SearchOptions
+    from autotune.search.loop import search_flags
+
+    f = search_flags(SearchOptions(batch_size=64, compute_ms=150.0, space="small", trials=6,
+                                   seconds=8.0, probe_fio=False, cold=False))
+    assert f == (" --batch-size 64 --compute-ms 150 --space small --trials 6 --seconds 8"
+                 " --warm --no-fio")
+    assert search_flags(SearchOptions()) == ""  # all defaults: nothing to add
