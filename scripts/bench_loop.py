@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.search import SearchOptions  # noqa: E402
 from autotune.search.loop import run_loop  # noqa: E402
+from _setups import enter_setup  # noqa: E402  (scripts/_setups.py)
 
 
 def _fig(t: dict | None, key: str, fmt: str) -> str:
@@ -68,19 +69,8 @@ def main() -> int:
         with ExitStack() as st:
             stage = Path(tempfile.mkdtemp(prefix=f"autotune-bench-loop-{setup}-", dir="/dev/shm"))
             st.callback(shutil.rmtree, stage, True)
-            path, mon, cap = ds, None, None
-            if setup == "hdd":
-                from autotune.emulate import IoThrottle
-
-                cap = st.enter_context(IoThrottle(ds, read_iops=a.iops, name="bench-loop"))
-            elif setup == "nfs":
-                from autotune.emulate import SlowMount
-
-                mnt = Path(st.enter_context(tempfile.TemporaryDirectory())) / "mnt"
-                st.enter_context(SlowMount(ds, mnt, delay_ms=a.delay_ms))
-                path, mon = mnt, str(ds)
-            else:
-                raise SystemExit(f"unknown set-up {setup!r}: use hdd or nfs")
+            path, mon, cap = enter_setup(st, setup, ds, iops=a.iops, delay_ms=a.delay_ms,
+                                         name="bench-loop")
             t = time.monotonic()
             opts = SearchOptions(preset="resnet50", batch_size=a.batch_size,
                                  compute_ms=a.compute_ms, seconds=a.seconds, space=a.space,

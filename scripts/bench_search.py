@@ -18,7 +18,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.search import SearchOptions, run_search  # noqa: E402
 from autotune.synth import make_image_folder  # noqa: E402
+from _setups import enter_setup  # noqa: E402  (scripts/_setups.py)
 
 
 def main() -> int:
@@ -56,18 +56,8 @@ def main() -> int:
     rows = []
     for setup in a.setups.split(","):
         with ExitStack() as st:
-            path, mon, cap = ds, None, None
-            if setup == "cap":
-                from autotune.emulate import IoThrottle
-
-                # The probe and each trial (once torch is imported) read under the cap.
-                cap = st.enter_context(IoThrottle(ds, read_iops=a.iops, name="bench-search"))
-            elif setup == "fuse":
-                from autotune.emulate import SlowMount
-
-                mnt = Path(st.enter_context(tempfile.TemporaryDirectory())) / "mnt"
-                st.enter_context(SlowMount(ds, mnt, delay_ms=a.delay_ms))
-                path, mon = mnt, str(ds)
+            path, mon, cap = enter_setup(st, setup, ds, iops=a.iops, delay_ms=a.delay_ms,
+                                         name="bench-search")
             res = {}
             for mode in ("search", "grid"):
                 mdir = Path(f"{a.out}/{setup}-{mode}")

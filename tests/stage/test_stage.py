@@ -21,20 +21,26 @@ def _sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def converted(tmp_path: Path) -> Path:
-    """A stand-in conversion: shard files + a manifest with their sizes and hashes."""
-    src = tmp_path / "src"
+def _stand_in_conversion(src: Path, sizes: list[int]) -> list[dict]:
+    """Shard files of random bytes + a manifest with their sizes and hashes; the shards."""
     src.mkdir()
     shards = []
-    for i in range(12):
+    for i, size in enumerate(sizes):
         f = src / f"shard-{i:06d}.tar"
-        f.write_bytes(os.urandom(200_000 + i * 1000))
+        f.write_bytes(os.urandom(size))
         shards.append({"file": f.name, "samples": 10, "bytes": f.stat().st_size, "sha256": _sha(f)})
-    (src / "manifest.json").write_text(json.dumps({"version": 1, "format": "wds", "num_samples": 120,
+    (src / "manifest.json").write_text(json.dumps({"version": 1, "format": "wds",
+                                                   "num_samples": 10 * len(sizes),
                                                    "num_classes": 2, "classes": ["a", "b"],
                                                    "shards": shards}))
-    return src
+    return shards
+
+
+@pytest.fixture
+def converted(tmp_path: Path) -> Path:
+    """A stand-in conversion: 12 shard files + a manifest with their sizes and hashes."""
+    _stand_in_conversion(tmp_path / "src", [200_000 + i * 1000 for i in range(12)])
+    return tmp_path / "src"
 
 
 def test_stage_copies_verifies_and_writes_the_manifest_last(converted, tmp_path):
@@ -166,15 +172,7 @@ def test_a_capped_source_is_slow_not_an_error(work_dir):
     from autotune.emulate import IoThrottle
 
     src = work_dir / "src"
-    src.mkdir()
-    shards = []
-    for i in range(6):
-        f = src / f"shard-{i:06d}.tar"
-        f.write_bytes(os.urandom(1_000_000))
-        shards.append({"file": f.name, "samples": 10, "bytes": f.stat().st_size, "sha256": _sha(f)})
-    (src / "manifest.json").write_text(json.dumps({"version": 1, "format": "wds", "num_samples": 60,
-                                                   "num_classes": 1, "classes": ["a"],
-                                                   "shards": shards}))
+    shards = _stand_in_conversion(src, [1_000_000] * 6)
     os.sync()
     ticks: list[tuple[float, int]] = []
     with IoThrottle(src, read_iops=40, read_bps=4 << 20, name="stage-test") as cap:

@@ -1,0 +1,30 @@
+"""Slow storage for the benchmark scripts: one place that puts a dataset behind an
+emulated HDD (a cgroup read-IOPS cap) or an NFS-like FUSE delay."""
+
+from __future__ import annotations
+
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+
+def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: float,
+                name: str) -> tuple[Path, str | None, Any]:
+    """(path to read, path whose disk to monitor or None, IoThrottle or None) for `setup`:
+    'cap'/'hdd' caps the dataset's disk (the probe and each trial read under it, from just
+    after torch is imported); 'fuse'/'nfs' mirrors it behind a FUSE delay; 'unthrottled'
+    leaves it as it is. Everything is undone when `stack` closes."""
+    if setup in ("cap", "hdd"):
+        from autotune.emulate import IoThrottle
+
+        return ds, None, stack.enter_context(IoThrottle(ds, read_iops=iops, name=name))
+    if setup in ("fuse", "nfs"):
+        from autotune.emulate import SlowMount
+
+        mnt = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "mnt"
+        stack.enter_context(SlowMount(ds, mnt, delay_ms=delay_ms))
+        return mnt, str(ds), None
+    if setup == "unthrottled":
+        return ds, None, None
+    raise SystemExit(f"unknown set-up {setup!r}: use unthrottled, cap (hdd) or fuse (nfs)")
