@@ -27,6 +27,7 @@ exit status:
 def add_search_parser(sub: argparse._SubParsersAction) -> None:
     from autotune.cli import _nonneg_float as nonneg_f
     from autotune.cli import _positive_float as pos_f
+    from autotune.cli import _nonneg_int as nonneg_i
     from autotune.cli import _positive_int as pos_i
 
     p = sub.add_parser(
@@ -44,7 +45,9 @@ Search DataLoader settings for DATASET and say what holds it back.
      a trial whose running images/s falls under --prune-below (0.7) of the best so far
      is stopped after 40 % of its window and recorded as pruned (TPE learns from it);
   3. stops early when the best trial is within 3 % of the smallest ceiling;
-  4. recommends the knee (the cheapest configuration within 3 % of the best), names the
+  4. measures the --confirm fastest configurations (and the cheapest near them) again
+     in a longer window: the best of many short windows is flattered by its noise;
+  5. recommends the knee (the cheapest confirmed configuration within 3 % of the best), names the
      bottleneck (storage, decode, compute, loader) with the figures, and measures the
      rule-of-thumb baseline (min(8, cores) workers, prefetch 2, pin, persistent).
 The study lives in --out/study.db (SQLite) unless --storage gives an Optuna URL; rerun
@@ -79,6 +82,12 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                        help="stop a trial whose running images/s is under FRACTION of the best "
                             "trial's, after 40%% of its window (default 0.7)")
     prune.add_argument("--no-prune", action="store_true", help="measure every trial's whole window")
+    p.add_argument("--confirm", type=nonneg_i("--confirm"), default=3, metavar="N",
+                   help="measure the N fastest configurations again before naming one "
+                        "(default 3; 0: name it from the trials)")
+    p.add_argument("--confirm-seconds", type=pos_f("--confirm-seconds"), metavar="S",
+                   help="confirmation window (default: twice --seconds, longer for a deep "
+                        "prefetch queue, at most four times)")
     p.add_argument("--out", default="autotune-out", metavar="DIR",
                    help="directory for study.db, search.json, report.html (default autotune-out)")
     p.add_argument("--max-memory", metavar="SIZE",
@@ -124,7 +133,8 @@ def run_search_cmd(args: argparse.Namespace) -> int:
                          storage=args.storage, grid=args.grid, out=args.out,
                          max_memory_mib=max_mem, seed=args.seed, cold=not args.warm,
                          probe=not args.no_probe, probe_fio=not args.no_fio, format=args.format,
-                         prune_below=None if args.no_prune else args.prune_below)
+                         prune_below=None if args.no_prune else args.prune_below,
+                         confirm=args.confirm, confirm_seconds=args.confirm_seconds)
     if args.convert != "off":
         from autotune.search.loop import run_loop
 

@@ -10,11 +10,13 @@ from typing import Any
 
 
 def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: float,
-                name: str) -> tuple[Path, str | None, Any]:
+                name: str, mount: Path | None = None) -> tuple[Path, str | None, Any]:
     """(path to read, path whose disk to monitor or None, IoThrottle or None) for `setup`:
     'cap'/'hdd' caps the dataset's disk (the probe and each trial read under it, from just
     after torch is imported); 'fuse'/'nfs' mirrors it behind a FUSE delay; 'unthrottled'
-    leaves it as it is. Everything is undone when `stack` closes."""
+    leaves it as it is. Everything is undone when `stack` closes. `mount`: where the FUSE
+    mirror goes (default a new temporary directory); a study names the path it measured,
+    so resuming one measured behind FUSE needs the same mount point."""
     if setup in ("cap", "hdd"):
         from autotune.emulate import IoThrottle
 
@@ -22,7 +24,11 @@ def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: 
     if setup in ("fuse", "nfs"):
         from autotune.emulate import SlowMount
 
-        mnt = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "mnt"
+        if mount is not None:
+            mount.mkdir(parents=True, exist_ok=True)
+            mnt = mount
+        else:
+            mnt = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "mnt"
         stack.enter_context(SlowMount(ds, mnt, delay_ms=delay_ms))
         return mnt, str(ds), None
     if setup == "unthrottled":

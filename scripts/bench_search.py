@@ -5,9 +5,13 @@ by side in one run, per storage set-up: unthrottled, a read-IOPS cap, a FUSE del
     .venv/bin/python scripts/bench_search.py --images 20000 [--iops 300] [--delay-ms 5]
         [--trials 8] [--seconds 8] [--space small] [--setups unthrottled,cap,fuse]
 
-For each set-up: a TPE search (--trials) and a grid search of the same space, each in
-its own study; prints recommended/grid-best images/s, the search's share of the grid's
-wall time, and the recommended against the rule-of-thumb baseline. Root for cap/FUSE.
+For each set-up: a TPE search (--trials, then its confirmation phase) and a grid search of
+the same space, each in its own study; the grid's best is confirmed the same way (the
+best of 49 short windows is flattered by its noise), but its confirmation is not counted
+in the grid's time. Then the recommended configuration, the grid's best and the
+rule-of-thumb baseline are measured again side by side, alternating, --rounds times each
+in the same longer window; the table gives their medians, the recommended's share of the
+grid best, and the search's share of the grid's wall time. Root for cap/FUSE.
 Run it on a quiet machine: another process dropping the page cache (any cold benchmark or
 test) makes this one re-read its own libraries through the cap mid-window.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import shutil
 import sys
 import time
@@ -25,9 +30,52 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from autotune.bench import BenchConfig, run_bench  # noqa: E402
 from autotune.search import SearchOptions, run_search  # noqa: E402
+from autotune.search.recommend import confirm_window  # noqa: E402
 from autotune.synth import make_image_folder  # noqa: E402
 from _setups import enter_setup  # noqa: E402  (scripts/_setups.py)
+
+
+def _cfg(p: dict | None) -> str:
+    if not p:
+        return "-"
+    return (f"w{p['num_workers']} pf{p.get('prefetch_factor') or '-'}"
+            + (" persistent" if p.get("persistent_workers") else ""))
+
+
+def _grid_seconds(mdir: Path, setup: str, out: Path) -> float:
+    """Seconds the grid has spent measuring so far (a ledger beside its study; an older
+    run of this script kept it in bench_search.json)."""
+    ledger = mdir / "grid_seconds.json"
+    if ledger.is_file():
+        return json.loads(ledger.read_text())["seconds"]
+    old = out / "bench_search.json"
+    if old.is_file() and (mdir / "study.db").is_file():
+        for r in json.loads(old.read_text()):
+            if r.get("setup") == setup and r.get("grid_s"):
+                return float(r["grid_s"])
+    return 0.0
+
+
+def side_by_side(path: Path, configs: dict[str, dict], a, mon, cap, log) -> dict[str, dict]:
+    """Each configuration measured --rounds times, alternating, in one window long enough
+    for the deepest prefetch queue among them: median and all figures per name."""
+    step_s = a.compute_ms / 1000
+    win = max(confirm_window(p, a.seconds, step_s) for p in configs.values())
+    figs: dict[str, list[float]] = {k: [] for k in configs}
+    for rnd in range(a.rounds):
+        for name, p in configs.items():
+            cfg = BenchConfig.from_preset("resnet50", batch_size=a.batch_size,
+                                          compute_ms=a.compute_ms, seconds=win, **p).validate()
+            r = run_bench(path, cfg, throttle=cap, monitor_path=mon)
+            ok = not r.failed and r.images_per_s
+            log(f"  side by side, round {rnd + 1}: {name} {_cfg(p)}: "
+                + (f"{r.images_per_s:,.0f} images/s" if ok else f"failed: {r.reason}"))
+            if ok:
+                figs[name].append(r.images_per_s)
+    return {k: {"config": configs[k], "window_s": win, "images_per_s": v,
+                "median": statistics.median(v) if v else None} for k, v in figs.items()}
 
 
 def main() -> int:
@@ -41,9 +89,14 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--compute-ms", type=float, default=150.0)
     ap.add_argument("--setups", default="unthrottled,cap,fuse")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="side-by-side measurements of each configuration (default 3)")
     ap.add_argument("--dir", default=str(ROOT / "data"))
     ap.add_argument("--dataset", help="an existing image folder (default: DIR/benchN/train, made)")
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_search"))
+    ap.add_argument("--mount", help="FUSE mount point (default a new temporary one); the grid "
+                    "study measured behind FUSE names its mount point, so give the same one "
+                    "to resume it")
     ap.add_argument("--fresh-search", action="store_true",
                     help="measure the TPE search again from scratch (the grid's study resumes: "
                          "configurations it measured are not measured again; its time adds up)")
@@ -53,49 +106,77 @@ def main() -> int:
     else:
         ds = Path(a.dir) / f"bench{a.images}" / "train"
         make_image_folder(ds, a.images, 100, seed=0)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
     rows = []
     for setup in a.setups.split(","):
         with ExitStack() as st:
             path, mon, cap = enter_setup(st, setup, ds, iops=a.iops, delay_ms=a.delay_ms,
-                                         name="bench-search")
-            res = {}
-            for mode in ("search", "grid"):
-                mdir = Path(f"{a.out}/{setup}-{mode}")
-                if mode == "search" and a.fresh_search:
-                    shutil.rmtree(mdir, ignore_errors=True)
-                # A grid resumed from an earlier run of this script: its time so far counts.
-                before = (json.loads((mdir / "search.json").read_text())["seconds"]
-                          if (mdir / "search.json").is_file() else 0.0)
-                t = time.monotonic()
-                r = run_search(path, SearchOptions(
+                                         name="bench-search",
+                                         mount=Path(a.mount) if a.mount else None)
+
+            def search(mode: str, **kw):
+                return run_search(path, SearchOptions(
                     preset="resnet50", batch_size=a.batch_size, compute_ms=a.compute_ms,
                     seconds=a.seconds, space=a.space, trials=a.trials, grid=mode == "grid",
-                    out=f"{a.out}/{setup}-{mode}", probe_fio=False, monitor_path=mon, throttle=cap,
-                    early_stop=mode == "search", baseline=mode == "search"))
-                res[mode] = (r, before + time.monotonic() - t)
-            (s, ts), (g, tg) = res["search"], res["grid"]
+                    out=str(out / f"{setup}-{mode}"), probe_fio=False, monitor_path=mon,
+                    throttle=cap, early_stop=mode == "search", baseline=mode == "search", **kw),
+                    progress=lambda m: log(f"{setup} {mode}: {m}"))
+
+            sdir, gdir = out / f"{setup}-search", out / f"{setup}-grid"
+            if a.fresh_search:
+                shutil.rmtree(sdir, ignore_errors=True)
+            t = time.monotonic()
+            s = search("search")
+            ts = time.monotonic() - t
+            # The grid: its measurements timed (and resumable); its confirmation apart.
+            tg = _grid_seconds(gdir, setup, out)
+            t = time.monotonic()
+            search("grid", confirm=0)
+            tg += time.monotonic() - t
+            gdir.mkdir(parents=True, exist_ok=True)
+            (gdir / "grid_seconds.json").write_text(json.dumps({"seconds": tg}))
+            g = search("grid")
             rec, best, base = s.recommended, g.best, s.baseline
-            rows.append({"setup": setup, "recommended": rec.params if rec else None,
-                         "recommended_ips": rec.images_per_s if rec else None,
-                         "grid_best": best.params if best else None,
-                         "grid_best_ips": best.images_per_s if best else None,
-                         "ratio": (rec.images_per_s / best.images_per_s) if rec and best else None,
-                         "time_share": ts / tg, "search_s": ts, "grid_s": tg,
-                         "baseline_ips": base.images_per_s if base and base.ok else None,
-                         "verdict": s.verdict.bottleneck if s.verdict else None})
+            configs = {"recommended": rec.params, "grid best": best.params}
+            if base is not None and base.ok:
+                configs["baseline"] = base.params
+            sbs = side_by_side(path, configs, a, mon, cap, log)
+            med = {k: v["median"] for k, v in sbs.items()}
+            rows.append({
+                "setup": setup, "recommended": rec.params, "recommended_chosen_ips": rec.images_per_s,
+                "grid_best": best.params, "grid_best_chosen_ips": best.images_per_s,
+                "side_by_side": sbs,
+                "ratio": (med["recommended"] / med["grid best"]
+                          if med["recommended"] and med["grid best"] else None),
+                "vs_baseline": (med["recommended"] / med["baseline"]
+                                if med.get("baseline") and med["recommended"] else None),
+                "time_share": ts / tg if tg else None, "search_s": ts, "grid_s": tg,
+                "search_trials": len([t for t in s.trials if t.state != "duplicate"]),
+                "confirmed": len(s.confirmations),
+                "verdict": s.verdict.bottleneck if s.verdict else None})
+            (out / "bench_search.json").write_text(json.dumps(rows, indent=1))
     n = sum(1 for _ in ds.rglob("*.jpg"))
     print(f"dataset: {ds} ({n} images); step {a.compute_ms:g} ms per batch of {a.batch_size}; "
-          f"{a.seconds:g} s windows; space {a.space}; TPE trials {a.trials}\n")
-    print("| set-up | recommended | rec img/s | grid best | grid img/s | rec/grid | time share | baseline img/s | verdict |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"{a.seconds:g} s windows; space {a.space}; TPE trials {a.trials}; side by side: "
+          f"{a.rounds} rounds, medians\n")
+    print("| set-up | recommended | grid best | side-by-side window | recommended img/s | grid best img/s "
+          "| rec / grid best | search time / grid time | baseline img/s | rec / baseline | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        def cfg(p):
-            return "-" if not p else f"w{p['num_workers']} pf{p.get('prefetch_factor') or '-'}"
-        print(f"| {r['setup']} | {cfg(r['recommended'])} | {r['recommended_ips'] or 0:,.0f} | "
-              f"{cfg(r['grid_best'])} | {r['grid_best_ips'] or 0:,.0f} | {r['ratio'] or 0:.2f} | "
-              f"{r['time_share']:.0%} | {r['baseline_ips'] or 0:,.0f} | {r['verdict']} |")
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "bench_search.json").write_text(json.dumps(rows, indent=1))
+        sb = r["side_by_side"]
+        def m(k):
+            v = sb.get(k, {}).get("median")
+            return "-" if v is None else f"{v:,.0f}"
+        print(f"| {r['setup']} | {_cfg(r['recommended'])} | {_cfg(r['grid_best'])} | "
+              f"{sb['recommended']['window_s']:g} s | {m('recommended')} | {m('grid best')} | "
+              f"{r['ratio'] or 0:.2f} | {r['search_s']:,.0f} / {r['grid_s']:,.0f} s = "
+              f"{r['time_share'] or 0:.0%} | {m('baseline')} | {r['vs_baseline'] or 0:.2f} | "
+              f"{r['verdict']} |")
     return 0
 
 

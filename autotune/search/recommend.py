@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.search.records import TrialRecord
+from autotune.search.space import config_key
 
 KNEE_TOLERANCE = 0.03
 
@@ -34,6 +35,30 @@ def knee(trials: list[TrialRecord], tolerance: float = KNEE_TOLERANCE) -> TrialR
                 round(t.memory_mib), -(t.images_per_s or 0))
 
     return min(near, key=cost)
+
+
+def confirm_candidates(trials: list[TrialRecord], k: int) -> list[TrialRecord]:
+    """The configurations to measure again before one is named: the `k` fastest and the
+    knee (the would-be recommendation), each once, fastest first."""
+    ok = sorted((t for t in trials if t.ok), key=lambda t: -(t.images_per_s or 0))
+    picked: list[TrialRecord] = []
+    seen: set[tuple] = set()
+    for t in ok[:k] + ([kn] if (kn := knee(trials)) is not None else []):
+        if config_key(t.params) not in seen:
+            seen.add(config_key(t.params))
+            picked.append(t)
+    return picked
+
+
+def confirm_window(params: dict[str, Any], seconds: float, step_s: float | None) -> float:
+    """Seconds for a confirmation window: twice the search's window, longer when the
+    configuration's prefetch queue (workers x prefetch batches, each one step long) would
+    still be draining (a queue filled during warm-up flatters a short window), at most
+    four times the search's window."""
+    queue_s = 0.0
+    if step_s:
+        queue_s = params.get("num_workers", 0) * (params.get("prefetch_factor") or 0) * step_s
+    return round(min(4 * seconds, max(2 * seconds, 2 * queue_s)), 1)
 
 
 def baseline_params(cores: int) -> dict[str, Any]:

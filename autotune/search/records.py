@@ -35,6 +35,9 @@ class TrialRecord:
     seconds: float | None = None
     timeline_file: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # Set on a confirmation: the trial's first images/s (its short window) and this window.
+    first_images_per_s: float | None = None
+    window_s: float | None = None
 
     @property
     def ok(self) -> bool:

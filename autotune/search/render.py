@@ -53,6 +53,21 @@ def search_renderable(d: dict[str, Any]) -> Group:
                    _f(b.get("data_wait_fraction")), _f(b.get("peak_rss_mib"), ",.0f"),
                    "baseline: rule of thumb")
     parts.append(tt)
+    conf = d.get("confirmed") or []
+    if conf:
+        ct = Table(title="Confirmed: the fastest measured again in a longer window",
+                   title_justify="left")
+        for col in ("#", "workers", "prefetch", "first images/s", "window s", "images/s", "AU"):
+            ct.add_column(col, justify="right")
+        for c in conf:
+            p = c["params"]
+            mark = " *" if c["number"] == rec_n else ""
+            ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
+                       str(p["num_workers"]), str(p.get("prefetch_factor") or "-"),
+                       fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), "g"),
+                       fmt_rate(c["images_per_s"]) if c["state"] == "complete"
+                       else f"{c['state']}: {(c.get('reason') or '')[:40]}", _f(c.get("au")))
+        parts.append(ct)
     v = d.get("verdict")
     if v:
         parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"), f" — {v['summary']}"))
@@ -68,6 +83,7 @@ def search_renderable(d: dict[str, Any]) -> Group:
             ("(the rule-of-thumb baseline: no trial beat it by more than 3 %): " if rec["trial"] == -1
              else f"(trial {rec['trial']}, the cheapest within 3 % of the best): "),
             f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
+            f" (confirmed in a {rec['window_s']:g} s window)" if rec.get("window_s") else "",
             f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
         parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))
         parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))

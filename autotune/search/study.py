@@ -64,6 +64,11 @@ class SearchOptions:
     # Stop a trial whose running images/s falls under this share of the best so far
     # (None: never; the grid always measures every configuration whole).
     prune_below: float | None = 0.7
+    # Before one configuration is named, measure the `confirm` fastest (and the knee) again
+    # in a longer window (confirm_seconds, or recommend.confirm_window): the best of many
+    # short noisy windows is flattered by its noise. 0: name the winner from the trials.
+    confirm: int = 3
+    confirm_seconds: float | None = None
     # How trials start (e.g. IoThrottle(...).popen) and which path's disk to watch.
     popen: Any = None
     monitor_path: str | None = None
@@ -84,6 +89,10 @@ class SearchOptions:
         if self.prune_below is not None and not 0 < self.prune_below <= 1:
             raise UsageError(f"prune_below must be in (0, 1], but got {self.prune_below:g}; "
                              "0.7 stops trials running 30 % or more below the best so far.")
+        if self.confirm < 0:
+            raise UsageError(f"confirm must be at least 0, but got {self.confirm}.")
+        if self.confirm_seconds is not None and self.confirm_seconds <= 0:
+            raise UsageError(f"confirm_seconds must be positive, but got {self.confirm_seconds:g}.")
         if self.max_memory_mib is not None and self.max_memory_mib <= 0:
             raise UsageError(f"max_memory must be positive, but got {self.max_memory_mib:g} MiB.")
         return self
@@ -109,12 +118,17 @@ class SearchResult:
     report_html: str | None = None
     json_file: str | None = None
     warnings: list[str] = field(default_factory=list)
+    confirmations: list[TrialRecord] = field(default_factory=list)
 
     @property
     def gain_vs_baseline(self) -> float | None:
         if not (self.recommended and self.baseline and self.baseline.ok):
             return None
-        return self.recommended.images_per_s / self.baseline.images_per_s  # type: ignore[operator]
+        # Like against like: the baseline's longer window when the recommendation has one.
+        base = next((c for c in self.confirmations if c.number == -1 and c.ok), None)
+        if base is None or self.recommended.window_s is None:
+            base = self.baseline
+        return self.recommended.images_per_s / base.images_per_s  # type: ignore[operator]
 
     def _brief(self, t: TrialRecord | None) -> dict[str, Any] | None:
         if t is None:
@@ -122,7 +136,8 @@ class SearchResult:
         return {"config": t.params, "images_per_s": t.images_per_s, "au": t.au,
                 "data_wait_fraction": t.data_wait_fraction, "peak_rss_mib": t.peak_rss_mib,
                 "trial": t.number, "state": t.state, "reason": t.reason,
-                "timeline_file": t.timeline_file}
+                "timeline_file": t.timeline_file, "window_s": t.window_s,
+                "first_images_per_s": t.first_images_per_s}
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
@@ -137,6 +152,7 @@ class SearchResult:
             "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size) if rec else None,
             "yaml": rec_mod.yaml_block(rec.params, self.batch_size) if rec else None,
             "trials": [t.to_dict() for t in self.trials],
+            "confirmed": [t.to_dict() for t in self.confirmations],
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
         }
@@ -284,8 +300,10 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
 
         max_mem = psutil.virtual_memory().total / 2**20 / 2
 
-    def bench(params: dict[str, Any], label: str, trial: Any = None) -> TrialRecord:
-        cfg = BenchConfig.from_preset(opts.preset, **overrides, **params).validate()
+    def bench(params: dict[str, Any], label: str, trial: Any = None,
+              seconds: float | None = None) -> TrialRecord:
+        o = {**overrides, "seconds": seconds} if seconds is not None else overrides
+        cfg = BenchConfig.from_preset(opts.preset, **o, **params).validate()
         tl = out / "timelines" / f"{label}.jsonl"
         ticks = 0
 
@@ -411,6 +429,9 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
         else:
             if opts.grid:
                 stop_reason = "grid complete"
+        if opts.confirm and stop_reason != "timeout":
+            pool = list(measured.values()) + ([baseline] if baseline is not None else [])
+            _confirm(study, pool, opts, base, bench, say, deadline)
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C): results so far"
 
@@ -418,6 +439,40 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                     time.monotonic() - t0, base.batch_size, out, warnings)
     write_outputs(res)
     return res
+
+
+def _confirmed(study: Any) -> dict[str, TrialRecord]:
+    return {k: TrialRecord.from_dict(d) for k, d in study.user_attrs.get("confirmed", {}).items()}
+
+
+def _ckey(params: dict[str, Any]) -> str:
+    return json.dumps(config_key(params))
+
+
+def _confirm(study: Any, pool: list[TrialRecord], opts: SearchOptions, base: BenchConfig,
+             bench: Callable[..., TrialRecord], say: Progress, deadline: float | None) -> None:
+    """Measure the candidates again, each in a longer window; kept in the study, so a
+    resumed search does not measure a confirmed configuration twice."""
+    cands = rec_mod.confirm_candidates(pool, opts.confirm)
+    if len(cands) < 2:
+        return  # nothing to choose between
+    done = _confirmed(study)
+    step_s = base.compute_ms / 1000 if base.compute_ms else None
+    todo = [t for t in cands if _ckey(t.params) not in done]
+    for i, t in enumerate(todo, 1):
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+        win = opts.confirm_seconds or rec_mod.confirm_window(t.params, opts.seconds, step_s)
+        label = "baseline" if t.number == -1 else f"trial {t.number}"
+        say(f"confirming {i} of {len(todo)}: {label} {t.params} ({t.images_per_s:,.0f} images/s "
+            f"in {opts.seconds:g} s) again in a {win:g} s window")
+        r = bench(t.params, f"confirm-{'baseline' if t.number == -1 else f'{t.number:03d}'}",
+                  seconds=win)
+        r.number, r.first_images_per_s, r.window_s = t.number, t.images_per_s, win
+        done[_ckey(t.params)] = r
+        study.set_user_attr("confirmed", json.loads(json.dumps(
+            {k: v.to_dict() for k, v in done.items()})))
+        say(f"  {label}: {r.images_per_s:,.0f} images/s" if r.ok else f"  {label}: {r.reason}")
 
 
 def _revise(ceilings: Ceilings, rec: TrialRecord, say: Progress) -> None:
@@ -455,6 +510,19 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
     # The baseline was measured like any trial: when nothing the search tried beats it,
     # it is the recommendation, never a slower configuration.
     pool = measured + ([baseline] if baseline is not None and baseline.ok else [])
+    # Name the winner from the longer windows when every candidate has one; a search that
+    # stopped before confirming (timeout, Ctrl-C) names it from the trials and says so.
+    confirmed = _confirmed(study)
+    cands = rec_mod.confirm_candidates(pool, opts.confirm) if opts.confirm else []
+    conf_ok = [c for c in confirmed.values() if c.ok]
+    if len(cands) > 1 and conf_ok and all(_ckey(c.params) in confirmed for c in cands):
+        for c in conf_ok:
+            ceilings.revise(c.number, c.images_per_s)
+        pool = conf_ok
+    elif len(cands) > 1:
+        warnings.append(f"the recommendation is not confirmed: the {len(cands)} fastest "
+                        "configurations were not measured again in a longer window "
+                        f"({stop_reason}); the figures are single {opts.seconds:g} s windows")
     best = rec_mod.best_trial(pool)
     rec = rec_mod.knee(pool)
     verdict = decide(rec, best, ceilings) if rec and best else None
@@ -469,5 +537,5 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                         space=space.to_dict(), ceilings=ceilings, trials=trials,
                         baseline=baseline, best=best, recommended=rec, verdict=verdict,
                         stop_reason=stop_reason, seconds=seconds, batch_size=batch_size,
-                        out_dir=str(out),
+                        out_dir=str(out), confirmations=list(confirmed.values()),
                         warnings=warnings + list(ceilings.lower_bounds.values()) + space.notes)

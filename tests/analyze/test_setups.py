@@ -4,13 +4,15 @@ generated JPEGs, an emulated step) run under `autotune monitor` as a real subpro
 set-ups whose verdicts must come out right every time:
 
   compute  2 workers (all cores), light transform, 250 ms step: the input keeps up
-  loader   0 workers, 5 ms step, warm data: the main process loads, one core busy
+  loader   0 workers, 5 ms step, warm data: the main process loads, one core busy;
+           and 1 worker, the same: one worker process decodes while a core idles
   decode   heavy-augment on all cores, 10 ms step, warm data: the CPUs are saturated
   storage  8 workers on a loop-device disk capped at 40 read IOPS, files evicted (cold),
            a cheap draft decode (light.yaml)
 
 Each set-up is sized for wide margins on a shared 2-core machine (see the figures in each
-assertion) and runs in well under 20 s.
+assertion) and runs in well under 20 s. With $AUTOTUNE_SETUPS_OUT set, each analysis is
+also copied there (scripts/bench_analyze.py runs these tests and tabulates the verdicts).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ def _monitor(out: Path, data: Path, loop_args: list[str], *, runner=subprocess.r
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Verdict:" in r.stdout, r.stdout[-3000:]
     d = json.loads((out / "analysis.json").read_text())
+    keep = os.environ.get("AUTOTUNE_SETUPS_OUT")
+    if keep:
+        name = os.environ.get("PYTEST_CURRENT_TEST", "setup").split("::")[-1].split(" ")[0]
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        (Path(keep) / f"{name}.json").write_text(json.dumps(d, indent=1))
     d["_stdout"] = r.stdout
     print(r.stdout[r.stdout.find("Verdict:"):])   # shown with -s, and on a failure
     return d
@@ -90,6 +97,17 @@ def test_loader_bound_zero_workers(an_dataset, tmp_path):
     assert d["au"] < 0.5, _explain(d)
     assert d["loader"]["num_workers"] == 0
     assert d["verdict"]["next_command"].startswith(f"autotune search {an_dataset}")
+    _same_from_text_log(tmp_path / "run", d)
+
+
+def test_loader_bound_one_worker(an_dataset, tmp_path):
+    if _cores() < 2:
+        pytest.skip("a loader-configuration verdict needs a second core to give workers")
+    d = _monitor(tmp_path / "run", an_dataset,
+                 ["--workers", "1", "--step-ms", "5", "--steps", "45", "--batch-size", "8"])
+    assert d["verdict"]["bottleneck"] == "loader", _explain(d)
+    assert d["au"] < 0.5, _explain(d)
+    assert d["loader"]["num_workers"] == 1
     _same_from_text_log(tmp_path / "run", d)
 
 

@@ -18,7 +18,7 @@ TESTS = Path(__file__).parent
 def opts(tmp_path: Path, **kw) -> SearchOptions:
     base = dict(preset="decode-only", batch_size=8, seconds=2, warmup_batches=1,
                 space=str(TESTS / "space-tiny.yaml"), out=str(tmp_path / "out"), trials=2,
-                probe_fio=False)
+                probe_fio=False, confirm=0)
     base.update(kw)
     return SearchOptions(**base)
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from autotune.search.ceilings import Ceilings
-from autotune.search.recommend import baseline_params, dataloader_snippet, knee, yaml_block
+from autotune.search.recommend import (baseline_params, confirm_candidates, confirm_window,
+                                       dataloader_snippet, knee, yaml_block)
 from autotune.search.records import TrialRecord
 from autotune.search.verdict import decide
 
@@ -30,6 +31,22 @@ def test_knee_prefers_less_memory_at_equal_cost_and_ignores_failures():
 
 def test_knee_of_nothing_is_none():
     assert knee([rec(0, 1, 1, None, state="failed")]) is None
+
+
+def test_confirmation_takes_the_fastest_and_the_knee_once_each():
+    trials = [rec(0, 8, 8, 364.0), rec(1, 3, 4, 311.0), rec(2, 8, 4, 350.0), rec(3, 2, 1, 360.0),
+              rec(4, 8, 8, 900.0, state="failed"), rec(5, 0, None, 50.0)]
+    assert [t.number for t in confirm_candidates(trials, 3)] == [0, 3, 2]  # 3 is also the knee
+    assert [t.number for t in confirm_candidates(trials, 1)] == [0, 3]  # the fastest + the knee
+    assert [t.number for t in confirm_candidates(trials[:1], 3)] == [0]
+
+
+def test_confirmation_window_outlasts_the_prefetch_queue():
+    # 8 workers x 8 batches x 150 ms = 9.6 s of queue: 19.2 s, under 4 x 5 s.
+    assert confirm_window({"num_workers": 8, "prefetch_factor": 8}, 5.0, 0.15) == 19.2
+    assert confirm_window({"num_workers": 2, "prefetch_factor": 2}, 5.0, 0.15) == 10.0
+    assert confirm_window({"num_workers": 8, "prefetch_factor": 8}, 5.0, 1.0) == 20.0  # capped
+    assert confirm_window({"num_workers": 0, "prefetch_factor": None}, 5.0, None) == 10.0
 
 
 def test_baseline_is_the_rule_of_thumb():
@@ -117,3 +134,26 @@ def test_loop_commands_carry_the_search_options():
     assert f == (" --batch-size 64 --compute-ms 150 --space small --trials 6 --seconds 8"
                  " --warm --no-fio")
     assert search_flags(SearchOptions()) == ""  # all defaults: nothing to add
+
+
+def _probed(klass, iops, files_per_s):
+    from types import SimpleNamespace
+
+    probe = {"filesystem": {"class": klass}, "fio": {"rand_read": {"iops": iops}} if iops else None,
+             "replay": {"by_concurrency": [{"concurrency": c, "files_per_s": f}
+                                           for c, f in zip((1, 4, 16, 64), files_per_s)]}}
+    return SimpleNamespace(ceilings=SimpleNamespace(probe=probe))
+
+
+def test_format_advice_never_sends_slow_storage_to_lmdb():
+    from autotune.search.loop import choose_format
+
+    # Figures of the probes in the README: local flash, a 500-IOPS cap, a 5 ms FUSE delay.
+    assert choose_format("auto", _probed("ssd", 96_362, [4412, 6669, 6000, 5800]))[0] == "lmdb"
+    fmt, why = choose_format("auto", _probed("hdd", 501, [463, 471, 470, 471]))
+    assert fmt == "wds" and "501 random IOPS" in why
+    fmt, why = choose_format("auto", _probed("network", None, [70, 250, 485, 480]))
+    assert fmt == "wds" and "fio not run" in why and "6.9x" in why
+    # Fast flash whose files come 3x faster with concurrency: latency-bound, shards.
+    assert choose_format("auto", _probed("nvme", 400_000, [1000, 3000, 3100, 3000]))[0] == "wds"
+    assert choose_format("lmdb", _probed("hdd", 100, [50, 50, 50, 50])) == ("lmdb", "--convert lmdb")

@@ -31,7 +31,7 @@ def _space(tmp_path: Path, workers: str) -> str:
 def _cmd(ds: Path, out: Path, space: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "autotune", "-q", "search", str(ds), "--preset", "decode-only",
             "--batch-size", "8", "--compute-ms", "5", "--seconds", "3", "--space", space,
-            "--no-fio", "--warm", "--out", str(out), "--study", "faults", *extra]
+            "--no-fio", "--warm", "--confirm", "0", "--out", str(out), "--study", "faults", *extra]
 
 
 def _measurements_of(pid: int) -> list[psutil.Process]:
@@ -92,7 +92,7 @@ def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_pat
     r = run_search(small_dataset, SearchOptions(
         preset="decode-only", batch_size=8, compute_ms=5, seconds=1.5, warmup_batches=1,
         space=_space(tmp_path, "0, 2"), trials=2, out=str(tmp_path / "out"), probe=False,
-        cold=False, popen=tiny_shm))
+        cold=False, confirm=0, popen=tiny_shm))
     by_w = {t.params["num_workers"]: t for t in r.trials if t.state != "duplicate"}
     assert by_w[2].state == "failed" and "/dev/shm" in by_w[2].reason, by_w[2]
     assert "--shm-size" in by_w[2].hint

@@ -18,13 +18,14 @@ TESTS = Path(__file__).parent
 def opts(tmp_path: Path, **kw) -> SearchOptions:
     base = dict(preset="decode-only", batch_size=8, seconds=1.5, warmup_batches=1,
                 space=str(TESTS / "space-tiny.yaml"), out=str(tmp_path / "out"), trials=3,
-                probe_fio=False, cold=os.geteuid() == 0)
+                probe_fio=False, cold=os.geteuid() == 0, confirm=0)
     base.update(kw)
     return SearchOptions(**base)
 
 
 def test_json_keys_report_and_resume(small_dataset, tmp_path):
-    r1 = run_search(small_dataset, opts(tmp_path, trials=2, compute_ms=5))
+    r1 = run_search(small_dataset, opts(tmp_path, trials=2, compute_ms=5, confirm=2,
+                                        confirm_seconds=2.0))
     d = json.loads(Path(r1.json_file).read_text())
     for k in ("recommended", "best", "baseline", "ceilings", "verdict", "trials"):
         assert k in d, k
@@ -38,13 +39,26 @@ def test_json_keys_report_and_resume(small_dataset, tmp_path):
     assert html.count("<svg") >= 3 and "Optimization history" in html
     measured1 = [t for t in r1.trials if t.state != "duplicate"]
     assert len(measured1) == 2
+    # Two trials and the baseline: the two fastest (and the knee) were measured again in
+    # 2 s windows, and the recommendation and the best carry those figures, not the first.
+    conf1 = {json.dumps(c.params, sort_keys=True): c for c in r1.confirmations}
+    assert len(conf1) >= 2 and all(c.window_s == 2.0 and c.first_images_per_s for c in conf1.values())
+    firsts = {t.number: t.images_per_s for t in measured1 + [r1.baseline]}
+    assert all(c.first_images_per_s == firsts[c.number] for c in conf1.values())
+    for chosen in (r1.recommended, r1.best):
+        c = conf1[json.dumps(chosen.params, sort_keys=True)]
+        assert chosen.window_s == 2.0 and chosen.images_per_s == c.images_per_s
+    assert d["recommended"]["window_s"] == 2.0 and len(d["confirmed"]) == len(conf1)
 
     # Same study, more trials: only the missing ones are measured; nothing is redone.
-    r2 = run_search(small_dataset, opts(tmp_path, trials=3, compute_ms=5))
+    r2 = run_search(small_dataset, opts(tmp_path, trials=3, compute_ms=5, confirm=2,
+                                        confirm_seconds=2.0))
     measured2 = [t for t in r2.trials if t.state != "duplicate"]
     assert len(measured2) == 3
     assert [t.to_dict() for t in measured2[:2]] == [t.to_dict() for t in measured1]
     assert r2.baseline.to_dict() == r1.baseline.to_dict()
+    conf2 = {json.dumps(c.params, sort_keys=True): c for c in r2.confirmations}
+    assert all(conf2[k].to_dict() == c.to_dict() for k, c in conf1.items())  # not measured twice
 
     # A study measured with other settings is not silently mixed.
     from autotune.errors import UsageError
