@@ -44,15 +44,14 @@ def _cfg(p: dict | None) -> str:
             + (" persistent" if p.get("persistent_workers") else ""))
 
 
-def _grid_seconds(mdir: Path, setup: str, out: Path) -> float:
+def _grid_seconds(mdir: Path, setup: str, old_rows: list[dict]) -> float:
     """Seconds the grid has spent measuring so far (a ledger beside its study; an older
-    run of this script kept it in bench_search.json)."""
+    run of this script kept it in its bench_search.json rows)."""
     ledger = mdir / "grid_seconds.json"
     if ledger.is_file():
         return json.loads(ledger.read_text())["seconds"]
-    old = out / "bench_search.json"
-    if old.is_file() and (mdir / "study.db").is_file():
-        for r in json.loads(old.read_text()):
+    if (mdir / "study.db").is_file():
+        for r in old_rows:
             if r.get("setup") == setup and r.get("grid_s"):
                 return float(r["grid_s"])
     return 0.0
@@ -108,6 +107,9 @@ def main() -> int:
         make_image_folder(ds, a.images, 100, seed=0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    # Read before this run rewrites it: an older run's grid times live there.
+    old_rows = (json.loads((out / "bench_search.json").read_text())
+                if (out / "bench_search.json").is_file() else [])
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -134,7 +136,7 @@ def main() -> int:
             s = search("search")
             ts = time.monotonic() - t
             # The grid: its measurements timed (and resumable); its confirmation apart.
-            tg = _grid_seconds(gdir, setup, out)
+            tg = _grid_seconds(gdir, setup, old_rows)
             t = time.monotonic()
             search("grid", confirm=0)
             tg += time.monotonic() - t

@@ -311,6 +311,9 @@ def decide(inp: RuleInputs) -> Verdict:
             why += f"; disk %util {util:.0f}"
         elif await_ms is not None and await_ms >= AWAIT_HIGH_MS:
             why += f"; each read takes {await_ms:.0f} ms (r_await)"
+        elif s.disk_util_pct is not None and s.disk_util_pct["p95"] >= DISK_BUSY_PCT:
+            why += (f"; the disk is busy in bursts (%util median {util:.0f}, p95 "
+                    f"{s.disk_util_pct['p95']:.0f}): reads come in waves the loaders wait out")
         elif s.disk_util_pct is None:
             why += " (disk figures unavailable: network or FUSE storage)"
         else:

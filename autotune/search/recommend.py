@@ -37,13 +37,18 @@ def knee(trials: list[TrialRecord], tolerance: float = KNEE_TOLERANCE) -> TrialR
     return min(near, key=cost)
 
 
-def confirm_candidates(trials: list[TrialRecord], k: int) -> list[TrialRecord]:
-    """The configurations to measure again before one is named: the `k` fastest and the
-    knee (the would-be recommendation), each once, fastest first."""
+def confirm_candidates(trials: list[TrialRecord], k: int,
+                       also: TrialRecord | None = None) -> list[TrialRecord]:
+    """The configurations to measure again before one is named: the `k` fastest, the
+    knee (the would-be recommendation) and `also` (the baseline: the gain against it is
+    then like against like), each once, fastest first."""
     ok = sorted((t for t in trials if t.ok), key=lambda t: -(t.images_per_s or 0))
     picked: list[TrialRecord] = []
     seen: set[tuple] = set()
-    for t in ok[:k] + ([kn] if (kn := knee(trials)) is not None else []):
+    extra = [kn] if (kn := knee(trials)) is not None else []
+    if also is not None and also.ok:
+        extra.append(also)
+    for t in ok[:k] + extra:
         if config_key(t.params) not in seen:
             seen.add(config_key(t.params))
             picked.append(t)

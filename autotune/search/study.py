@@ -431,7 +431,7 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                 stop_reason = "grid complete"
         if opts.confirm and stop_reason != "timeout":
             pool = list(measured.values()) + ([baseline] if baseline is not None else [])
-            _confirm(study, pool, opts, base, bench, say, deadline)
+            _confirm(study, pool, baseline, opts, base, bench, say, deadline)
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C): results so far"
 
@@ -449,11 +449,12 @@ def _ckey(params: dict[str, Any]) -> str:
     return json.dumps(config_key(params))
 
 
-def _confirm(study: Any, pool: list[TrialRecord], opts: SearchOptions, base: BenchConfig,
-             bench: Callable[..., TrialRecord], say: Progress, deadline: float | None) -> None:
+def _confirm(study: Any, pool: list[TrialRecord], baseline: TrialRecord | None,
+             opts: SearchOptions, base: BenchConfig, bench: Callable[..., TrialRecord],
+             say: Progress, deadline: float | None) -> None:
     """Measure the candidates again, each in a longer window; kept in the study, so a
     resumed search does not measure a confirmed configuration twice."""
-    cands = rec_mod.confirm_candidates(pool, opts.confirm)
+    cands = rec_mod.confirm_candidates(pool, opts.confirm, baseline)
     if len(cands) < 2:
         return  # nothing to choose between
     done = _confirmed(study)
@@ -513,7 +514,7 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
     # Name the winner from the longer windows when every candidate has one; a search that
     # stopped before confirming (timeout, Ctrl-C) names it from the trials and says so.
     confirmed = _confirmed(study)
-    cands = rec_mod.confirm_candidates(pool, opts.confirm) if opts.confirm else []
+    cands = rec_mod.confirm_candidates(pool, opts.confirm, baseline) if opts.confirm else []
     conf_ok = [c for c in confirmed.values() if c.ok]
     if len(cands) > 1 and conf_ok and all(_ckey(c.params) in confirmed for c in cands):
         for c in conf_ok:

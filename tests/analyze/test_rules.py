@@ -98,6 +98,13 @@ def test_storage_idle_loaders_busy_disk():
     assert v.next_command == "autotune convert /data/train /data/train-wds --format wds"
 
 
+def test_storage_bursty_disk_is_named():
+    s = system(tree=40, util=30, r_await=2, rps=400)
+    s.disk_util_pct = {"median": 30.0, "p95": 99.0, "max": 100.0, "mean": 45.0, "n": 10}
+    v = decide(inputs(0.2, s, workers=8))
+    assert v.bottleneck == "storage" and "busy in bursts (%util median 30, p95 99)" in v.summary
+
+
 def test_storage_on_network_filesystem_without_disk_figures():
     v = decide(inputs(0.2, system(tree=40, disk=False), workers=8))
     assert v.bottleneck == "storage" and "network or FUSE" in v.summary

@@ -39,6 +39,9 @@ def test_confirmation_takes_the_fastest_and_the_knee_once_each():
     assert [t.number for t in confirm_candidates(trials, 3)] == [0, 3, 2]  # 3 is also the knee
     assert [t.number for t in confirm_candidates(trials, 1)] == [0, 3]  # the fastest + the knee
     assert [t.number for t in confirm_candidates(trials[:1], 3)] == [0]
+    base = rec(-1, 2, 2, 300.0)
+    assert [t.number for t in confirm_candidates(trials, 1, base)] == [0, 3, -1]
+    assert [t.number for t in confirm_candidates(trials, 1, rec(-1, 2, 2, None, state="failed"))] == [0, 3]
 
 
 def test_confirmation_window_outlasts_the_prefetch_queue():
