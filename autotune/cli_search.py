@@ -82,9 +82,10 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                        help="stop a trial whose running images/s is under FRACTION of the best "
                             "trial's, after 40%% of its window (default 0.7)")
     prune.add_argument("--no-prune", action="store_true", help="measure every trial's whole window")
-    p.add_argument("--confirm", type=nonneg_i("--confirm"), default=3, metavar="N",
+    p.add_argument("--confirm", type=nonneg_i("--confirm"), default=2, metavar="N",
                    help="measure the N fastest configurations again before naming one "
-                        "(default 3; 0: name it from the trials)")
+                        "(and the cheapest near them, and the baseline; default 2; 0: name it "
+                        "from the trials)")
     p.add_argument("--confirm-seconds", type=pos_f("--confirm-seconds"), metavar="S",
                    help="confirmation window (default: twice --seconds, longer for a deep "
                         "prefetch queue, at most four times)")

@@ -67,7 +67,7 @@ class SearchOptions:
     # Before one configuration is named, measure the `confirm` fastest (and the knee) again
     # in a longer window (confirm_seconds, or recommend.confirm_window): the best of many
     # short noisy windows is flattered by its noise. 0: name the winner from the trials.
-    confirm: int = 3
+    confirm: int = 2
     confirm_seconds: float | None = None
     # How trials start (e.g. IoThrottle(...).popen) and which path's disk to watch.
     popen: Any = None
