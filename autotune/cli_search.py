@@ -45,10 +45,11 @@ Search DataLoader settings for DATASET and say what holds it back.
      a trial whose running images/s falls under --prune-below (0.7) of the best so far
      is stopped after 40 % of its window and recorded as pruned (TPE learns from it);
   3. stops early when the best trial is within 3 % of the smallest ceiling;
-  4. measures the --confirm fastest configurations (and the cheapest near them) again
-     in a longer window: the best of many short windows is flattered by its noise;
-  5. recommends the knee (the cheapest confirmed configuration within 3 % of the best), names the
-     bottleneck (storage, decode, compute, loader) with the figures, and measures the
+  4. measures the --confirm fastest configurations, the cheapest near them and the
+     baseline again in a longer window: the best of many short windows is flattered by
+     its noise;
+  5. recommends the knee (the cheapest confirmed configuration within 3 % of the best),
+     names the bottleneck (storage, decode, compute, loader) with the figures, and measures the
      rule-of-thumb baseline (min(8, cores) workers, prefetch 2, pin, persistent).
 The study lives in --out/study.db (SQLite) unless --storage gives an Optuna URL; rerun
 with the same --study to resume. Writes --out/search.json and --out/report.html.""",
@@ -87,8 +88,8 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                         "(and the cheapest near them, and the baseline; default 2; 0: name it "
                         "from the trials)")
     p.add_argument("--confirm-seconds", type=pos_f("--confirm-seconds"), metavar="S",
-                   help="confirmation window (default: twice --seconds, longer for a deep "
-                        "prefetch queue, at most four times)")
+                   help="confirmation window (default: twice --seconds; with an emulated "
+                        "step longer for a deep prefetch queue, at most four times)")
     p.add_argument("--out", default="autotune-out", metavar="DIR",
                    help="directory for study.db, search.json, report.html (default autotune-out)")
     p.add_argument("--max-memory", metavar="SIZE",
@@ -160,6 +161,7 @@ def loop_renderable(loop):
     from rich.text import Text
 
     from autotune.search.render import search_renderable
+    from autotune.search.study import like_for_like_baseline
 
     parts = [Text("== before ==", style="bold"), search_renderable(loop.before.to_dict())]
     if loop.after is not None:
@@ -168,7 +170,10 @@ def loop_renderable(loop):
         t = Table(title="Before and after", title_justify="left")
         for c in ("", "images/s", "AU", "data wait", "verdict"):
             t.add_column(c, justify="left" if c in ("", "verdict") else "right")
-        for label, r in (("before: baseline", loop.before.baseline),
+        base = loop.before.baseline
+        if base is not None and loop.after.recommended is not None:
+            base = like_for_like_baseline(loop.after.recommended, base, loop.before.baseline_confirmed)
+        for label, r in (("before: baseline", base),
                          ("before: recommended", loop.before.recommended),
                          ("after: recommended", loop.after.recommended)):
             if r is None:

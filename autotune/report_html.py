@@ -153,6 +153,8 @@ def search_section(d: dict[str, Any], title: str) -> str:
     hl = [(k, ceil.get(k), c) for k, c in (("storage", "#d62728"), ("decode", "#9467bd"),
                                            ("demand", "#2ca02c")) if ceil.get(k)]
     base = d.get("baseline") or {}
+    # Against a confirmed recommendation, the baseline's confirmation (like against like).
+    cbase = (d.get("baseline_confirmed") if (d.get("recommended") or {}).get("window_s") else None) or base
     if base.get("images_per_s"):
         hl.append(("baseline", base["images_per_s"], "#7f7f7f"))
     hist_pts = [(t["number"], t["images_per_s"]) for t in ok]
@@ -178,7 +180,9 @@ def search_section(d: dict[str, Any], title: str) -> str:
                                 hlines=[("input-bound below", 0.9, "#d62728")]))
     rec = d.get("recommended") or {}
     rec_trial = next((t for t in trials if t["number"] == rec.get("trial")), None)
-    tl = _timeline((rec_trial or rec).get("timeline_file"))  # the baseline is not in trials
+    # The recommendation's own window (a confirmation's, when confirmed); the baseline is
+    # not in trials.
+    tl = _timeline(rec.get("timeline_file") or (rec_trial or {}).get("timeline_file"))
     if tl:
         t0 = tl[0]["time"]
         cpu = [(s["time"] - t0, _get(s, "proc", "cpu_pct")) for s in tl]
@@ -204,14 +208,24 @@ def search_section(d: dict[str, Any], title: str) -> str:
              + "".join(f"<li><b>{html.escape(a)}</b></li>" for a in v.get("advice", [])) + "</ul>",
              "<h3>Recommendation</h3>",
              f"<pre>{html.escape(d.get('snippet') or '-')}</pre>",
-             f"<p>{_n(rec.get('images_per_s'))} images/s, AU {_n(rec.get('au'), '.2f')}; baseline "
-             f"(rule of thumb) {_n(base.get('images_per_s'))} images/s; gain "
-             f"{_n(d.get('gain_vs_baseline'), '.2f')}x. Stopped: {html.escape(d.get('stop_reason', ''))}.</p>",
+             f"<p>{_n(rec.get('images_per_s'))} images/s, AU {_n(rec.get('au'), '.2f')}"
+             + (f" (confirmed in a {rec['window_s']:g} s window)" if rec.get("window_s") else "")
+             + f"; baseline (rule of thumb) {_n(cbase.get('images_per_s'))} images/s"
+             + (f" (its {cbase['window_s']:g} s window)" if cbase.get("window_s") else "")
+             + f"; gain {_n(d.get('gain_vs_baseline'), '.2f')}x. "
+             f"Stopped: {html.escape(d.get('stop_reason', ''))}.</p>",
              "<h3>Ceilings</h3><ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in ceil.get("evidence", [])) + "</ul>",
              "<div class='charts'>" + "".join(charts) + "</div>",
              "<h3>Trials</h3>",
              _table(rows, ["#", "workers", "prefetch", "persistent", "pin", "state", "images/s",
                            "AU", "data wait", "peak RSS MiB", "reason"])]
+    if d.get("confirmed"):
+        crow = [[c["number"], c["params"]["num_workers"], c["params"].get("prefetch_factor"),
+                 _n(c.get("first_images_per_s")), _n(c.get("window_s"), "g"), c["state"],
+                 _n(c["images_per_s"]), _n(c["au"], ".2f")] for c in d["confirmed"]]
+        parts += ["<h3>Confirmed: measured again in a longer window</h3>",
+                  _table(crow, ["#", "workers", "prefetch", "first images/s", "window s",
+                                "state", "images/s", "AU"])]
     return "\n".join(parts)
 
 

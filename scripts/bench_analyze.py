@@ -38,8 +38,8 @@ def main() -> int:
         env = {**os.environ, "AUTOTUNE_SETUPS_OUT": str(run_dir)}
         r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             str(TESTS)], cwd=ROOT, env=env, capture_output=True, text=True)
-        print(f"run {i + 1}: pytest exit {r.returncode}: {r.stdout.strip().splitlines()[-1]}",
-              file=sys.stderr, flush=True)
+        last = (r.stdout.strip().splitlines() or [r.stderr.strip()[-300:]])[-1]
+        print(f"run {i + 1}: pytest exit {r.returncode}: {last}", file=sys.stderr, flush=True)
         for f in sorted(run_dir.glob("*.json")):
             runs[f.stem].append(json.loads(f.read_text()))
     print(f"tests/analyze/test_setups.py, {a.repeat} runs; each row: one set-up, its verdicts\n")
@@ -49,8 +49,9 @@ def main() -> int:
     for name, ds in runs.items():
         want = next((v for k, v in expected.items() if f"_{k}_" in f"_{name}_"), "?")
         verdicts = [d["verdict"]["bottleneck"] for d in ds]
-        au = ", ".join(format(d["au"], ".2f") for d in ds)
-        share = ", ".join(format(d["data_time_share"], ".2f") for d in ds)
+        au = ", ".join("-" if d.get("au") is None else format(d["au"], ".2f") for d in ds)
+        share = ", ".join("-" if d.get("data_time_share") is None else
+                          format(d["data_time_share"], ".2f") for d in ds)
         print(f"| {name.removeprefix('test_')} | {', '.join(verdicts)} | {au} | {share} | {want} |")
     print("\nEvidence (first run of each set-up):\n")
     for name, ds in runs.items():

@@ -48,12 +48,13 @@ def _grid_seconds(mdir: Path, setup: str, old_rows: list[dict]) -> float:
     """Seconds the grid has spent measuring so far (a ledger beside its study; an older
     run of this script kept it in its bench_search.json rows)."""
     ledger = mdir / "grid_seconds.json"
+    if not (mdir / "study.db").is_file():
+        return 0.0  # no study: nothing measured, whatever a stale ledger says
     if ledger.is_file():
         return json.loads(ledger.read_text())["seconds"]
-    if (mdir / "study.db").is_file():
-        for r in old_rows:
-            if r.get("setup") == setup and r.get("grid_s"):
-                return float(r["grid_s"])
+    for r in old_rows:
+        if r.get("setup") == setup and r.get("grid_s"):
+            return float(r["grid_s"])
     return 0.0
 
 
@@ -138,12 +139,17 @@ def main() -> int:
             # The grid: its measurements timed (and resumable); its confirmation apart.
             tg = _grid_seconds(gdir, setup, old_rows)
             t = time.monotonic()
-            search("grid", confirm=0)
+            g0 = search("grid", confirm=0)
             tg += time.monotonic() - t
             gdir.mkdir(parents=True, exist_ok=True)
             (gdir / "grid_seconds.json").write_text(json.dumps({"seconds": tg}))
+            if g0.stop_reason != "grid complete":  # Ctrl-C: the rest would go untimed
+                raise SystemExit(f"{setup}: the grid stopped ({g0.stop_reason}); rerun to resume it")
             g = search("grid")
             rec, best, base = s.recommended, g.best, s.baseline
+            if rec is None or best is None:
+                raise SystemExit(f"{setup}: nothing to compare (search: {s.stop_reason}; "
+                                 f"grid: {g.stop_reason}); see {out}")
             configs = {"recommended": rec.params, "grid best": best.params}
             if base is not None and base.ok:
                 configs["baseline"] = base.params

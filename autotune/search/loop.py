@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
-from autotune.search.study import Progress, SearchOptions, SearchResult, run_search
+from autotune.search.study import (Progress, SearchOptions, SearchResult, like_for_like_baseline,
+                                   run_search)
 
 CONVERT_MODES = ("auto", "lmdb", "wds", "off")
 
@@ -44,15 +45,17 @@ class LoopResult:
         if r is None:
             return None
         d = r.to_dict()
-        return {k: d[k] for k in ("dataset", "recommended", "best", "baseline", "verdict",
-                                  "ceilings", "gain_vs_baseline", "report_html")}
+        return {k: d[k] for k in ("dataset", "recommended", "best", "baseline", "baseline_confirmed",
+                                  "verdict", "ceilings", "gain_vs_baseline", "report_html")}
 
     @property
     def gain(self) -> float | None:
-        """After's recommended images/s over before's baseline (the starting point)."""
+        """After's recommended images/s over before's baseline (the starting point), in
+        windows of the same kind (both confirmed, or both first measurements)."""
         a = self.after.recommended if self.after else None
         b = self.before.baseline
         if a and b and b.ok and a.images_per_s:
+            b = like_for_like_baseline(a, b, self.before.baseline_confirmed)
             return a.images_per_s / b.images_per_s  # type: ignore[operator]
         return None
 
@@ -100,7 +103,8 @@ def search_flags(opts: SearchOptions) -> str:
              ("--compute-ms", opts.compute_ms, d.compute_ms), ("--step", opts.step, d.step),
              ("--space", opts.space, d.space), ("--trials", opts.trials, d.trials),
              ("--timeout", opts.timeout_s, d.timeout_s), ("--seconds", opts.seconds, d.seconds),
-             ("--seed", opts.seed, d.seed)]
+             ("--seed", opts.seed, d.seed), ("--confirm", opts.confirm, d.confirm),
+             ("--confirm-seconds", opts.confirm_seconds, d.confirm_seconds)]
     out = "".join(f" {k} {shlex.quote(format(v, 'g') if isinstance(v, float) else str(v))}"
                   for k, v, dv in pairs if v is not None and v != dv)
     if not opts.cold:

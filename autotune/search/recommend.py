@@ -45,13 +45,20 @@ def confirm_candidates(trials: list[TrialRecord], k: int,
     ok = sorted((t for t in trials if t.ok), key=lambda t: -(t.images_per_s or 0))
     picked: list[TrialRecord] = []
     seen: set[tuple] = set()
-    extra = [kn] if (kn := knee(trials)) is not None else []
-    if also is not None and also.ok:
-        extra.append(also)
-    for t in ok[:k] + extra:
+
+    def take(t: TrialRecord) -> None:
         if config_key(t.params) not in seen:
             seen.add(config_key(t.params))
             picked.append(t)
+
+    for t in ok:
+        if len(picked) == k:
+            break
+        take(t)
+    if (kn := knee(trials)) is not None:
+        take(kn)
+    if also is not None and also.ok:
+        take(also)
     return picked
 
 

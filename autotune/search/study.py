@@ -119,15 +119,14 @@ class SearchResult:
     json_file: str | None = None
     warnings: list[str] = field(default_factory=list)
     confirmations: list[TrialRecord] = field(default_factory=list)
+    # The baseline's configuration measured in the longer window (when it was confirmed).
+    baseline_confirmed: TrialRecord | None = None
 
     @property
     def gain_vs_baseline(self) -> float | None:
         if not (self.recommended and self.baseline and self.baseline.ok):
             return None
-        # Like against like: the baseline's longer window when the recommendation has one.
-        base = next((c for c in self.confirmations if c.number == -1 and c.ok), None)
-        if base is None or self.recommended.window_s is None:
-            base = self.baseline
+        base = like_for_like_baseline(self.recommended, self.baseline, self.baseline_confirmed)
         return self.recommended.images_per_s / base.images_per_s  # type: ignore[operator]
 
     def _brief(self, t: TrialRecord | None) -> dict[str, Any] | None:
@@ -147,6 +146,7 @@ class SearchResult:
             "ceilings": self.ceilings.to_dict(),
             "recommended": self._brief(rec), "best": self._brief(self.best),
             "baseline": self._brief(self.baseline),
+            "baseline_confirmed": self._brief(self.baseline_confirmed),
             "gain_vs_baseline": self.gain_vs_baseline,
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size) if rec else None,
@@ -156,6 +156,15 @@ class SearchResult:
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
         }
+
+
+def like_for_like_baseline(rec: TrialRecord, baseline: TrialRecord,
+                           confirmed: TrialRecord | None) -> TrialRecord:
+    """The baseline figure to set `rec` against: its confirmation when `rec` comes from a
+    confirmation window too (a short window against a long one would not compare)."""
+    if rec.window_s is not None and confirmed is not None and confirmed.ok:
+        return confirmed
+    return baseline
 
 
 def _cuda() -> bool:
@@ -431,7 +440,8 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                 stop_reason = "grid complete"
         if opts.confirm and stop_reason != "timeout":
             pool = list(measured.values()) + ([baseline] if baseline is not None else [])
-            _confirm(study, pool, baseline, opts, base, bench, say, deadline)
+            if not _confirm(study, pool, baseline, opts, base, bench, say, deadline):
+                stop_reason = "timeout (while confirming)"
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C): results so far"
 
@@ -441,39 +451,50 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
     return res
 
 
+CONFIRMED = "confirmed:"   # study user attribute per confirmed configuration
+
+
 def _confirmed(study: Any) -> dict[str, TrialRecord]:
-    return {k: TrialRecord.from_dict(d) for k, d in study.user_attrs.get("confirmed", {}).items()}
+    # One attribute per configuration: searches sharing a study (a server database) add
+    # theirs without overwriting each other's.
+    return {k[len(CONFIRMED):]: TrialRecord.from_dict(d) for k, d in study.user_attrs.items()
+            if k.startswith(CONFIRMED)}
 
 
 def _ckey(params: dict[str, Any]) -> str:
     return json.dumps(config_key(params))
 
 
+def _window(params: dict[str, Any], opts: SearchOptions, base: BenchConfig) -> float:
+    step_s = base.compute_ms / 1000 if base.compute_ms else None
+    return opts.confirm_seconds or rec_mod.confirm_window(params, opts.seconds, step_s)
+
+
 def _confirm(study: Any, pool: list[TrialRecord], baseline: TrialRecord | None,
              opts: SearchOptions, base: BenchConfig, bench: Callable[..., TrialRecord],
-             say: Progress, deadline: float | None) -> None:
+             say: Progress, deadline: float | None) -> bool:
     """Measure the candidates again, each in a longer window; kept in the study, so a
-    resumed search does not measure a confirmed configuration twice."""
+    resumed search does not measure a confirmed configuration twice (unless the window
+    changed). False when the deadline came first."""
     cands = rec_mod.confirm_candidates(pool, opts.confirm, baseline)
     if len(cands) < 2:
-        return  # nothing to choose between
+        return True  # nothing to choose between
     done = _confirmed(study)
-    step_s = base.compute_ms / 1000 if base.compute_ms else None
-    todo = [t for t in cands if _ckey(t.params) not in done]
+    todo = [t for t in cands if (prev := done.get(_ckey(t.params))) is None
+            or prev.window_s != _window(t.params, opts, base)]
     for i, t in enumerate(todo, 1):
         if deadline is not None and time.monotonic() >= deadline:
-            break
-        win = opts.confirm_seconds or rec_mod.confirm_window(t.params, opts.seconds, step_s)
+            return False
+        win = _window(t.params, opts, base)
         label = "baseline" if t.number == -1 else f"trial {t.number}"
         say(f"confirming {i} of {len(todo)}: {label} {t.params} ({t.images_per_s:,.0f} images/s "
             f"in {opts.seconds:g} s) again in a {win:g} s window")
         r = bench(t.params, f"confirm-{'baseline' if t.number == -1 else f'{t.number:03d}'}",
                   seconds=win)
         r.number, r.first_images_per_s, r.window_s = t.number, t.images_per_s, win
-        done[_ckey(t.params)] = r
-        study.set_user_attr("confirmed", json.loads(json.dumps(
-            {k: v.to_dict() for k, v in done.items()})))
+        study.set_user_attr(CONFIRMED + _ckey(t.params), json.loads(json.dumps(r.to_dict())))
         say(f"  {label}: {r.images_per_s:,.0f} images/s" if r.ok else f"  {label}: {r.reason}")
+    return True
 
 
 def _revise(ceilings: Ceilings, rec: TrialRecord, say: Progress) -> None:
@@ -516,14 +537,21 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
     confirmed = _confirmed(study)
     cands = rec_mod.confirm_candidates(pool, opts.confirm, baseline) if opts.confirm else []
     conf_ok = [c for c in confirmed.values() if c.ok]
-    if len(cands) > 1 and conf_ok and all(_ckey(c.params) in confirmed for c in cands):
+    for c in confirmed.values():
+        if not c.ok:
+            warnings.append(f"confirming {c.params} failed ({c.reason}): it is not a "
+                            "candidate for the recommendation")
+    missing = [c for c in cands if _ckey(c.params) not in confirmed]
+    if len(cands) > 1 and conf_ok and not missing:
         for c in conf_ok:
             ceilings.revise(c.number, c.images_per_s)
         pool = conf_ok
     elif len(cands) > 1:
-        warnings.append(f"the recommendation is not confirmed: the {len(cands)} fastest "
-                        "configurations were not measured again in a longer window "
-                        f"({stop_reason}); the figures are single {opts.seconds:g} s windows")
+        warnings.append(f"the recommendation is not confirmed: {len(missing) or len(cands)} of "
+                        f"the {len(cands)} configurations to confirm "
+                        + ("were not measured again in a longer window" if missing else
+                           "failed their confirmation")
+                        + f" ({stop_reason}); the figures are single {opts.seconds:g} s windows")
     best = rec_mod.best_trial(pool)
     rec = rec_mod.knee(pool)
     verdict = decide(rec, best, ceilings) if rec and best else None
@@ -539,4 +567,6 @@ def _conclude(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                         baseline=baseline, best=best, recommended=rec, verdict=verdict,
                         stop_reason=stop_reason, seconds=seconds, batch_size=batch_size,
                         out_dir=str(out), confirmations=list(confirmed.values()),
+                        baseline_confirmed=(confirmed.get(_ckey(baseline.params))
+                                            if baseline is not None else None),
                         warnings=warnings + list(ceilings.lower_bounds.values()) + space.notes)
