@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
+
+# A test suite started in the background by a non-interactive shell (`cmd &`, nohup, some
+# CI runners) inherits SIGINT ignored, and so would every process it starts: the Ctrl-C
+# tests would send a signal nobody receives. A user's Ctrl-C reaches a foreground
+# process with the default disposition; give the processes under test that one.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _fuse_reason() -> str | None:
