@@ -161,7 +161,6 @@ def loop_renderable(loop):
     from rich.text import Text
 
     from autotune.search.render import search_renderable
-    from autotune.search.study import like_for_like_baseline
 
     parts = [Text("== before ==", style="bold"), search_renderable(loop.before.to_dict())]
     if loop.after is not None:
@@ -170,10 +169,7 @@ def loop_renderable(loop):
         t = Table(title="Before and after", title_justify="left")
         for c in ("", "images/s", "AU", "data wait", "verdict"):
             t.add_column(c, justify="left" if c in ("", "verdict") else "right")
-        base = loop.before.baseline
-        if base is not None and loop.after.recommended is not None:
-            base = like_for_like_baseline(loop.after.recommended, base, loop.before.baseline_confirmed)
-        for label, r in (("before: baseline", base),
+        for label, r in (("before: baseline", loop.start),
                          ("before: recommended", loop.before.recommended),
                          ("after: recommended", loop.after.recommended)):
             if r is None:

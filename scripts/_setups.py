@@ -1,9 +1,12 @@
-"""Slow storage for the benchmark scripts: one place that puts a dataset behind an
-emulated HDD (a cgroup read-IOPS cap) or an NFS-like FUSE delay."""
+"""What the benchmark scripts share: one place that puts a dataset behind an emulated
+HDD (a cgroup read-IOPS cap) or an NFS-like FUSE delay; a timestamped progress line; a
+DataLoader configuration's short label."""
 
 from __future__ import annotations
 
+import sys
 import tempfile
+import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -34,3 +37,16 @@ def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: 
     if setup == "unthrottled":
         return ds, None, None
     raise SystemExit(f"unknown set-up {setup!r}: use unthrottled, cap (hdd) or fuse (nfs)")
+
+
+def log(msg: str) -> None:
+    """A progress line on stderr, with the time (stdout carries the results)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def config_label(params: dict | None) -> str:
+    """'w4 pf2 persistent' for a DataLoader configuration; '-' for none."""
+    if not params:
+        return "-"
+    return (f"w{params['num_workers']} pf{params.get('prefetch_factor') or '-'}"
+            + (" persistent" if params.get("persistent_workers") else ""))

@@ -32,19 +32,12 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.search import SearchOptions  # noqa: E402
 from autotune.search.loop import run_loop  # noqa: E402
-from _setups import enter_setup  # noqa: E402  (scripts/_setups.py)
+from _setups import config_label, enter_setup  # noqa: E402  (scripts/_setups.py)
 
 
 def _fig(t: dict | None, key: str, fmt: str) -> str:
     v = (t or {}).get(key)
     return "-" if v is None else format(v, fmt)
-
-
-def _cfg(t: dict | None) -> str:
-    c = (t or {}).get("config") or {}
-    if not c:
-        return "-"
-    return f"w{c['num_workers']} pf{c.get('prefetch_factor') or '-'}"
 
 
 def main() -> int:
@@ -94,11 +87,11 @@ def main() -> int:
         b, af = r["before"], r["after"] or {}
         conv = r["converted"] or {}
         print(f"| {r['setup']} | {_fig(b['baseline'], 'images_per_s', ',.0f')} "
-              f"({_fig(b['baseline'], 'au', '.2f')}) | {_cfg(b['recommended'])}, "
+              f"({_fig(b['baseline'], 'au', '.2f')}) | {config_label((b['recommended'] or {}).get('config'))}, "
               f"{_fig(b['recommended'], 'images_per_s', ',.0f')} ({_fig(b['recommended'], 'au', '.2f')}) | "
               f"{(b.get('verdict') or {}).get('bottleneck')} | "
               f"{conv.get('format', '-')} {_fig(conv, 'seconds', ',.0f')} | "
-              f"{_fig(r['staged'], 'mib_per_s', ',.0f')} | {_cfg(af.get('recommended'))}, "
+              f"{_fig(r['staged'], 'mib_per_s', ',.0f')} | {config_label((af.get('recommended') or {}).get('config'))}, "
               f"{_fig(af.get('recommended'), 'images_per_s', ',.0f')} "
               f"({_fig(af.get('recommended'), 'au', '.2f')}) | "
               f"{'-' if r['gain'] is None else format(r['gain'], '.2f') + 'x'} |")

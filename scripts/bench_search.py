@@ -34,14 +34,7 @@ from autotune.bench import BenchConfig, run_bench  # noqa: E402
 from autotune.search import SearchOptions, run_search  # noqa: E402
 from autotune.search.recommend import confirm_window  # noqa: E402
 from autotune.synth import make_image_folder  # noqa: E402
-from _setups import enter_setup  # noqa: E402  (scripts/_setups.py)
-
-
-def _cfg(p: dict | None) -> str:
-    if not p:
-        return "-"
-    return (f"w{p['num_workers']} pf{p.get('prefetch_factor') or '-'}"
-            + (" persistent" if p.get("persistent_workers") else ""))
+from _setups import config_label, enter_setup, log  # noqa: E402  (scripts/_setups.py)
 
 
 def _grid_seconds(mdir: Path, setup: str, old_rows: list[dict]) -> float:
@@ -58,7 +51,7 @@ def _grid_seconds(mdir: Path, setup: str, old_rows: list[dict]) -> float:
     return 0.0
 
 
-def side_by_side(path: Path, configs: dict[str, dict], a, mon, cap, log) -> dict[str, dict]:
+def side_by_side(path: Path, configs: dict[str, dict], a, mon, cap) -> dict[str, dict]:
     """Each configuration measured --rounds times, alternating, in one window long enough
     for the deepest prefetch queue among them: median and all figures per name."""
     step_s = a.compute_ms / 1000
@@ -70,7 +63,7 @@ def side_by_side(path: Path, configs: dict[str, dict], a, mon, cap, log) -> dict
                                           compute_ms=a.compute_ms, seconds=win, **p).validate()
             r = run_bench(path, cfg, throttle=cap, monitor_path=mon)
             ok = not r.failed and r.images_per_s
-            log(f"  side by side, round {rnd + 1}: {name} {_cfg(p)}: "
+            log(f"  side by side, round {rnd + 1}: {name} {config_label(p)}: "
                 + (f"{r.images_per_s:,.0f} images/s" if ok else f"failed: {r.reason}"))
             if ok:
                 figs[name].append(r.images_per_s)
@@ -112,9 +105,6 @@ def main() -> int:
     old_rows = (json.loads((out / "bench_search.json").read_text())
                 if (out / "bench_search.json").is_file() else [])
 
-    def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
     rows = []
     for setup in a.setups.split(","):
         with ExitStack() as st:
@@ -153,7 +143,7 @@ def main() -> int:
             configs = {"recommended": rec.params, "grid best": best.params}
             if base is not None and base.ok:
                 configs["baseline"] = base.params
-            sbs = side_by_side(path, configs, a, mon, cap, log)
+            sbs = side_by_side(path, configs, a, mon, cap)
             med = {k: v["median"] for k, v in sbs.items()}
             rows.append({
                 "setup": setup, "recommended": rec.params, "recommended_chosen_ips": rec.images_per_s,
@@ -180,7 +170,7 @@ def main() -> int:
         def m(k):
             v = sb.get(k, {}).get("median")
             return "-" if v is None else f"{v:,.0f}"
-        print(f"| {r['setup']} | {_cfg(r['recommended'])} | {_cfg(r['grid_best'])} | "
+        print(f"| {r['setup']} | {config_label(r['recommended'])} | {config_label(r['grid_best'])} | "
               f"{sb['recommended']['window_s']:g} s | {m('recommended')} | {m('grid best')} | "
               f"{r['ratio'] or 0:.2f} | {r['search_s']:,.0f} / {r['grid_s']:,.0f} s = "
               f"{r['time_share'] or 0:.0%} | {m('baseline')} | {r['vs_baseline'] or 0:.2f} | "

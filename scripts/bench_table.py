@@ -30,10 +30,7 @@ from autotune.bench import BenchConfig, BenchResult, run_bench  # noqa: E402
 from autotune.data.presets import load_preset, usable_cores  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
 from autotune.synth import make_image_folder  # noqa: E402
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+from _setups import log  # noqa: E402  (scripts/_setups.py)
 
 
 def busy_pct(seconds: float = 2.0) -> float:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune.search.records import TrialRecord
 from autotune.search.study import (Progress, SearchOptions, SearchResult, like_for_like_baseline,
                                    run_search)
 
@@ -49,13 +50,21 @@ class LoopResult:
                                   "verdict", "ceilings", "gain_vs_baseline", "report_html")}
 
     @property
-    def gain(self) -> float | None:
-        """After's recommended images/s over before's baseline (the starting point), in
-        windows of the same kind (both confirmed, or both first measurements)."""
+    def start(self) -> TrialRecord | None:
+        """Before's baseline (the starting point) as after's recommendation is set against
+        it: in a window of the same kind (both confirmed, or both first measurements)."""
         a = self.after.recommended if self.after else None
         b = self.before.baseline
+        if a is None or b is None:
+            return b
+        return like_for_like_baseline(a, b, self.before.baseline_confirmed)
+
+    @property
+    def gain(self) -> float | None:
+        """After's recommended images/s over the starting point (see `start`)."""
+        a = self.after.recommended if self.after else None
+        b = self.start
         if a and b and b.ok and a.images_per_s:
-            b = like_for_like_baseline(a, b, self.before.baseline_confirmed)
             return a.images_per_s / b.images_per_s  # type: ignore[operator]
         return None
 

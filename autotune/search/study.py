@@ -480,12 +480,12 @@ def _confirm(study: Any, pool: list[TrialRecord], baseline: TrialRecord | None,
     if len(cands) < 2:
         return True  # nothing to choose between
     done = _confirmed(study)
-    todo = [t for t in cands if (prev := done.get(_ckey(t.params))) is None
-            or prev.window_s != _window(t.params, opts, base)]
-    for i, t in enumerate(todo, 1):
+    windows = [(t, _window(t.params, opts, base)) for t in cands]
+    todo = [(t, win) for t, win in windows
+            if (prev := done.get(_ckey(t.params))) is None or prev.window_s != win]
+    for i, (t, win) in enumerate(todo, 1):
         if deadline is not None and time.monotonic() >= deadline:
             return False
-        win = _window(t.params, opts, base)
         label = "baseline" if t.number == -1 else f"trial {t.number}"
         say(f"confirming {i} of {len(todo)}: {label} {t.params} ({t.images_per_s:,.0f} images/s "
             f"in {opts.seconds:g} s) again in a {win:g} s window")

@@ -88,26 +88,16 @@ def test_compute_bound(an_dataset, tmp_path):
     _same_from_text_log(tmp_path / "run", d)
 
 
-def test_loader_bound_zero_workers(an_dataset, tmp_path):
+@pytest.mark.parametrize("workers", [0, 1], ids=["zero_workers", "one_worker"])
+def test_loader_bound(an_dataset, tmp_path, workers):
     if _cores() < 2:
         pytest.skip("a loader-configuration verdict needs a second core to give workers")
     d = _monitor(tmp_path / "run", an_dataset,
-                 ["--workers", "0", "--step-ms", "5", "--steps", "45", "--batch-size", "8"])
+                 ["--workers", str(workers), "--step-ms", "5", "--steps", "45", "--batch-size", "8"])
     assert d["verdict"]["bottleneck"] == "loader", _explain(d)
     assert d["au"] < 0.5, _explain(d)
-    assert d["loader"]["num_workers"] == 0
+    assert d["loader"]["num_workers"] == workers
     assert d["verdict"]["next_command"].startswith(f"autotune search {an_dataset}")
-    _same_from_text_log(tmp_path / "run", d)
-
-
-def test_loader_bound_one_worker(an_dataset, tmp_path):
-    if _cores() < 2:
-        pytest.skip("a loader-configuration verdict needs a second core to give workers")
-    d = _monitor(tmp_path / "run", an_dataset,
-                 ["--workers", "1", "--step-ms", "5", "--steps", "45", "--batch-size", "8"])
-    assert d["verdict"]["bottleneck"] == "loader", _explain(d)
-    assert d["au"] < 0.5, _explain(d)
-    assert d["loader"]["num_workers"] == 1
     _same_from_text_log(tmp_path / "run", d)
 
 
