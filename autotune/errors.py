@@ -1,26 +1,26 @@
-"""Exceptions raised by the library; the CLI maps them to one stderr line and an exit code.
+"""Exceptions raised by the library: the one tree the CLI maps to exit codes.
 
-Exit codes (documented in README and `autotune --help`):
-    0  success
-    1  error (a measurement or a tool failed; the message says which and how to fix it)
-    2  usage error (bad option or argument)
-    3  a gate failed (`--min-iops`, `--min-seq-mibps`: measured figure below the threshold)
-    130 interrupted (Ctrl-C / SIGTERM); partial results are kept where the command says so
+The base and the format errors live in `converters.errors` (the lower package: the
+formats wing imports nothing from autotune); they are re-exported here, with the errors
+of measurement added:
+
+    AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
+    ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
+    ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
+    ├── StageError           staging cannot start or go on (space, lock, manifest)
+    ├── SampleError          one sample cannot be read or decoded (names the file)
+    ├── GateFailed           a measured figure is under a threshold the user enforces       exit 3
+    ├── ToolMissing          an external program (iostat, ...) is not installed
+    ├── FioError             fio failed, printed something that is not its JSON, or is missing
+    └── NotPermitted         the operation needs root, FUSE or cgroups
+
+Exit codes (README and `autotune --help`): 0 success, 1 error, 2 usage error, 3 gate
+failed, 4 partial (stage: some files failed, named), 130 interrupted, 143 terminated.
 """
 
 from __future__ import annotations
 
-
-class AutotuneError(Exception):
-    """Base class: a failure a user can act on. `str(err)` is the one-line message."""
-
-    exit_code = 1
-
-
-class UsageError(AutotuneError):
-    """An option or argument is invalid."""
-
-    exit_code = 2
+from converters.errors import AutotuneError, ConvertError, SampleError, StageError, UsageError
 
 
 class GateFailed(AutotuneError):
@@ -33,5 +33,13 @@ class ToolMissing(AutotuneError):
     """An external program (fio, iostat, ...) is not installed."""
 
 
+class FioError(AutotuneError):
+    """fio failed, printed something that is not its JSON, or is not installed."""
+
+
 class NotPermitted(AutotuneError):
     """The operation needs privileges (root, FUSE, cgroups) this process does not have."""
+
+
+__all__ = ["AutotuneError", "ConvertError", "FioError", "GateFailed", "NotPermitted",
+           "SampleError", "StageError", "ToolMissing", "UsageError"]

@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.units import fmt_bytes, fmt_rate
+from converters.fsutil import write_text_atomic
+from converters.units import fmt_bytes, fmt_rate
 
 
 def _clean(o: Any) -> Any:
@@ -38,26 +37,6 @@ def to_json(d: dict) -> str:
 def write_json_atomic(path: str | os.PathLike[str], d: dict) -> None:
     """Write JSON to `path` via a temporary file and rename: never a half-written file."""
     write_text_atomic(path, to_json(d))
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:
-    """Write `text` to `path` via a temporary file (fsynced when `durable`) and rename:
-    readers see the old file or the whole new one, never half of it."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _ms(x: float | None) -> str:

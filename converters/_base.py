@@ -11,18 +11,14 @@ publishes the finished output (`publish`).
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
-
-
-class ConvertError(AutotuneError):
-    """A conversion failed; the message names the file, the figure and the fix."""
+from converters.errors import ConvertError
+from converters.fsutil import fsync_dir as _fsync_dir
 
 
 @dataclass(frozen=True)
@@ -151,14 +147,7 @@ class FormatWriter(ABC):
 
     # Shared helpers -------------------------------------------------------------------
 
-    @staticmethod
-    def fsync_dir(path: Path) -> None:
-        """Make a rename in `path` durable."""
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    fsync_dir = staticmethod(_fsync_dir)
 
 
 # Progress shared by the worker processes: (samples, source bytes) done, in a shared

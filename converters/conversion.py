@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from converters.errors import UsageError
 from converters._base import ConvertError, FormatWriter, UnitResult, set_progress_counter
 from converters.images import VERIFY_LEVELS, SampleOptions
 from converters.manifest import NAME as MANIFEST_NAME
@@ -284,7 +284,7 @@ def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> 
 
 def _os_error(e: OSError, dst: Path, run: RunState) -> Exception:
     if e.errno == errno.ENOSPC:
-        from autotune.units import fmt_bytes
+        from converters.units import fmt_bytes
 
         try:
             st = os.statvfs(dst)

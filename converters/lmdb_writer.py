@@ -28,16 +28,16 @@ the finished environment and published the same way, before data.mdb.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 from typing import Any
 
-from converters._base import ConvertError, FormatWriter, Sample, Skip, UnitResult
+from converters._base import FormatWriter, Sample, Skip, UnitResult
+from converters.errors import ConvertError
 from converters.lmdb_layout import (DESCRIPTION, HEADER, INDEX_FILE, LAYOUT_VERSION,
                                     META_KEY, PROGRESS_KEY, buffer_address, encode_value, key,
                                     map_base)
-from converters.workdir import write_json_atomic
+from converters.fsutil import sha256_file, write_json_atomic
 
 DATA_FILE = "data.mdb"
 LAYOUT = DESCRIPTION + f"; {INDEX_FILE}: u64 offset, u32 length, u32 label per sample"
@@ -46,18 +46,6 @@ _MiB = 1 << 20
 
 def initial_map_size(source_bytes: int) -> int:
     return ((source_bytes * 5 // 4 + 64 * _MiB) // _MiB + 1) * _MiB
-
-
-def sha256_file(path: os.PathLike[str] | str) -> tuple[int, str]:
-    h = hashlib.sha256()
-    n = 0
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(1 << 22)
-            if not b:
-                return n, h.hexdigest()
-            h.update(b)
-            n += len(b)
 
 
 class LmdbWriter(FormatWriter):

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import UsageError
+from converters.errors import UsageError
+from converters.fsutil import fsync_dir, write_json_atomic
 
 VERSION = 1
 NAME = "manifest.json"
@@ -75,17 +76,11 @@ class Manifest:
 
 def write_manifest(dst: Path, m: Manifest) -> Path:
     """Write DST/manifest.json atomically (temporary file, fsync, rename, dir fsync)."""
-    from converters.workdir import write_json_atomic
-
     if not m.created:
         m.created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = dst / NAME
     write_json_atomic(path, m.to_dict(), indent=1)
-    fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(dst)
     return path
 
 

@@ -105,7 +105,7 @@ class Plan:
         return d
 
     def save(self) -> None:
-        from converters.workdir import write_json_atomic
+        from converters.fsutil import write_json_atomic
 
         write_json_atomic(Path(self.dir) / "plan.json", self.to_json())
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.data.sources import IMG_EXTENSIONS
-from autotune.errors import UsageError
+from converters.errors import UsageError
 from converters._base import ConvertError, Skip
 
 RECORD = struct.Struct("<IIQ")  # raw label, path length, size; then the path (fs bytes)

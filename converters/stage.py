@@ -12,7 +12,6 @@ is copied is reported by name; the others finish and the result says partial.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -25,18 +24,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, UsageError
-from autotune.report import write_text_atomic
+from converters.errors import StageError, UsageError
+from converters.fsutil import PidLock, fsync_dir, sha256_file, write_text_atomic
 
 WORK = ".autotune-stage"
 MANIFEST = "manifest.json"
 CHUNK = 4 << 20
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
-
-
-class StageError(AutotuneError):
-    """Staging cannot start or go on (space, lock, manifest)."""
 
 
 @dataclass
@@ -88,28 +83,7 @@ class StageResult:
 
 
 def _sha256_file(path: Path, *, drop_cache: bool = False) -> str:
-    h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if drop_cache:
-            # Read back what is on the disk, not the pages we just wrote.
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        while True:
-            b = os.read(fd, CHUNK)
-            if not b:
-                break
-            h.update(b)
-    finally:
-        os.close(fd)
-    return h.hexdigest()
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return sha256_file(path, drop_cache=drop_cache, chunk=CHUNK)[1]
 
 
 def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
@@ -135,31 +109,10 @@ def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
     return entries, None
 
 
-class _Lock:
-    def __init__(self, dst: Path) -> None:
-        self.path = dst / WORK / "lock"
-        self.fd: int | None = None
-
-    def __enter__(self) -> _Lock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            other = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(self.fd)
-            self.fd = None
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise StageError(f"{self.path.parent.parent}: another `autotune stage` (pid "
-                                 f"{other}) is writing here; wait for it or pick another DST.") from None
-            raise
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
+def _lock(dst: Path) -> PidLock:
+    return PidLock(dst / WORK / "lock", lambda holder: StageError(
+        f"{dst}: another `autotune stage` (pid {holder}) is writing here; wait for it or "
+        "pick another DST."))
 
 
 class _State:
@@ -259,7 +212,7 @@ def _copy_one(src: Path, dst: Path, e: FileEntry, verify: str, tmpdir: Path) -> 
             raise StageError(f"{e.name}: the copy is {tmp.stat().st_size:,} bytes, not {e.bytes:,}")
         final.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return n, sha
     except BaseException:
         try:
@@ -314,7 +267,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
     t0 = time.monotonic()
     entries, manifest = list_source(s)
     d.mkdir(parents=True, exist_ok=True)
-    with _Lock(d):
+    with _lock(d):
         tmpdir = d / WORK / "tmp"
         shutil.rmtree(tmpdir, ignore_errors=True)  # partial copies of a killed run
         tmpdir.mkdir(parents=True)
@@ -368,7 +321,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
                                    "shards": [{"file": n, "bytes": v[0], "sha256": v[2]}
                                               for n, v in sorted(state.done.items())]}, indent=1)
             write_text_atomic(mp, body)
-            _fsync_dir(d)
+            fsync_dir(d)
             wrote_manifest = True
         shutil.rmtree(tmpdir, ignore_errors=True)
     return StageResult(str(s), str(d), len(entries), len(todo) - len(failures),

@@ -12,28 +12,16 @@ removed once manifest.json is written.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from converters._base import ConvertError, UnitResult
+from converters._base import UnitResult
+from converters.errors import ConvertError
+from converters.fsutil import PidLock, write_json_atomic
 
 NAME = ".autotune-convert"
-
-
-def write_json_atomic(path: Path, obj: Any, *, indent: int | None = None,
-                      durable: bool = True) -> None:
-    """JSON to `path` via a temporary file (fsynced when `durable`) and rename: never half
-    written. Compact separators keep the bytes reproducible between runs."""
-    from autotune.report import write_text_atomic
-
-    text = json.dumps(obj, ensure_ascii=True, sort_keys=False, indent=indent,
-                      separators=(",", ": ") if indent else (",", ":")) + "\n"
-    write_text_atomic(path, text, durable=durable)
 
 
 class WorkDir:
@@ -46,7 +34,12 @@ class WorkDir:
         self.done = self.path / "done"
         self.tmp = self.path / "tmp"
         self.lmdb = self.path / "lmdb"
-        self._lock_fd: int | None = None
+        self._lock: PidLock | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d["_lock"] = None  # the lock stays with the process that took it
+        return d
 
     def exists(self) -> bool:
         return self.path.is_dir()
@@ -58,25 +51,14 @@ class WorkDir:
     def lock(self) -> None:
         """Take the per-DST lock; a second conversion into DST is refused."""
         self.create()
-        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            other = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise ConvertError(f"{self.dst}: another `autotune convert` (pid {other}) is "
-                                   "writing here; wait for it, or stop it and rerun to "
-                                   "resume.") from None
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        self._lock = PidLock(self.path / "lock", lambda holder: ConvertError(
+            f"{self.dst}: another `autotune convert` (pid {holder}) is writing here; wait "
+            "for it, or stop it and rerun to resume.")).acquire()
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing releases the flock
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def clear_tmp(self) -> None:
         """Remove leftovers of a killed run: partial shards are redone, never reused."""

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autotune.errors import AutotuneError, ToolMissing
+from autotune.errors import FioError, ToolMissing
 
 SCRATCH_PREFIX = ".autotune-probe-"
 OWNER_FILE = "owner.pid"
@@ -42,10 +42,6 @@ MAX_PLAUSIBLE_BW_MIB_S = 100 * 1024.0
 MIN_DEVICE_SHARE = 0.5
 
 Progress = Callable[[str], None]
-
-
-class FioError(AutotuneError):
-    """fio failed, printed something that is not its JSON, or is not installed."""
 
 
 @dataclass

@@ -10,7 +10,6 @@ holds it), and machines that share a study are pointed at a server database.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
+from converters.fsutil import PidLock
 
 SERVER_HINT = ("several machines (or several searches) share one study through a server "
                "database: --storage postgresql://USER@HOST/DB or mysql://...")
@@ -31,40 +31,25 @@ def sqlite_path(url: str) -> Path | None:
     return None if rest in ("", ":memory:") else Path(rest).absolute()
 
 
-class StudyFileLock:
-    """An exclusive lock beside a SQLite study file (DB + '.lock'), held for the search.
-
-    The kernel drops it when the process dies, however it dies, so a killed search never
-    leaves a stale lock behind.
-    """
+class StudyFileLock(PidLock):
+    """An exclusive lock beside a SQLite study file (DB + '.lock'), held for the search
+    (a PidLock: the kernel drops it when the process dies, however it dies)."""
 
     def __init__(self, db: Path) -> None:
         self.db = db
-        self.path = db.with_name(db.name + ".lock")
-        self._fd: int | None = None
+        super().__init__(db.with_name(db.name + ".lock"), self._busy,
+                         tag=f"autotune search pid {os.getpid()} on {socket.gethostname()}")
 
-    def __enter__(self) -> StudyFileLock:
+    def _busy(self, holder: str) -> AutotuneError:
+        return AutotuneError(
+            f"{self.db}: this SQLite study file is in use by {holder}; two searches on one "
+            "file would contend for SQLite's lock and, on one machine, measure each other's "
+            f"load. Wait for it to finish, use another --out, or: {SERVER_HINT}.")
+
+    def acquire(self) -> StudyFileLock:
         _refuse_network_fs(self.db)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise AutotuneError(
-                f"{self.db}: this SQLite study file is in use by {holder}; two searches on one "
-                "file would contend for SQLite's lock and, on one machine, measure each other's "
-                f"load. Wait for it to finish, use another --out, or: {SERVER_HINT}.") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"autotune search pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        self._fd = fd
+        super().acquire()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the flock; the file stays (unlinking would race)
-            self._fd = None
 
 
 def _refuse_network_fs(db: Path) -> None:

@@ -1,0 +1,62 @@
+"""The exception tree of autotune and its formats wing, drawn once.
+
+The base and the format errors live here, in the lower package, so that `converters`
+depends on nothing in `autotune`; `autotune.errors` re-exports them and adds the errors
+of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.main`).
+
+    AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
+    ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
+    ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
+    ├── StageError           staging cannot start or go on (space, lock, manifest)
+    ├── SampleError          one sample cannot be read or decoded (names the file); also a
+    │                        RuntimeError, so a DataLoader worker re-raises it intact
+    ├── GateFailed           autotune.errors: a measured figure is under a threshold        exit 3
+    ├── ToolMissing          autotune.errors: an external program is not installed
+    │   └── FioError         autotune.errors: fio is missing or failed
+    └── NotPermitted         autotune.errors: needs root, FUSE or cgroups
+
+`setting`: the library speaks of settings by their Python names (`num_workers`,
+`metrics`); a caller that spells them otherwise (the CLI's `--workers`, `--metrics`) says
+so when it shows the message.
+"""
+
+from __future__ import annotations
+
+
+class AutotuneError(Exception):
+    """Base class: a failure a user can act on. `str(err)` is the one-line message.
+
+    setting: the name(s) of the setting the message is about, when there is one.
+    """
+
+    exit_code = 1
+
+    def __init__(self, message: str = "", *, setting: str | tuple[str, ...] | None = None) -> None:
+        super().__init__(message)
+        self.settings: tuple[str, ...] = ((setting,) if isinstance(setting, str)
+                                          else tuple(setting or ()))
+
+
+class UsageError(AutotuneError):
+    """An option, an argument or an input is invalid."""
+
+    exit_code = 2
+
+
+class ConvertError(AutotuneError):
+    """A conversion failed; the message names the file, the figure and the fix."""
+
+
+class StageError(AutotuneError):
+    """Staging cannot start or go on (space, lock, manifest)."""
+
+
+class SampleError(AutotuneError, RuntimeError):
+    """A sample that cannot be read or decoded; the message names the file.
+
+    Takes one message argument (and is a RuntimeError), so that a DataLoader worker can
+    re-raise it in the main process with its type intact.
+    """
+
+
+__all__ = ["AutotuneError", "ConvertError", "SampleError", "StageError", "UsageError"]
