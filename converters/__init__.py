@@ -1,8 +1,8 @@
-"""Dataset converters (image folder -> LMDB / WebDataset shards) and their readers.
+"""The formats wing: dataset formats (read and write), conversion, staging.
 
-    from converters import ConvertOptions, convert, LmdbSource, WdsSource
+    from converters import ConvertOptions, convert, open_source
     res = convert("/data/train", "/fast/train-wds", ConvertOptions(format="wds", workers=4))
-    src = WdsSource("/fast/train-wds")            # or LmdbSource("/fast/train-lmdb")
+    src = open_source("/fast/train-wds")          # a WdsSource, by its manifest
 
 Guarantees of `convert` (tested in tests/converters):
 - Deterministic: the same files and options give byte-identical shards / data.mdb and a
@@ -14,24 +14,21 @@ Guarantees of `convert` (tested in tests/converters):
 - Bad input is skipped and listed (or, with on_error="fail", stops the run naming the
   file); Pillow's global LOAD_TRUNCATED_IMAGES is never set.
 
-Readers, for bench and search (both yield the encoded bytes the folder reader yields, so
-the same decode pipeline applies; errors are autotune.data.sources.SampleError naming the
-file, shard or key):
-- `LmdbSource(root)`: a map-style SampleSource (`len`, `classes`, `read(i) -> (bytes,
-  label)`, `describe`, `files`); wrap it in ImageDataset like a FolderSource. Default
-  io="pread" never collapses on cold storage (see lmdb_reader).
-- `WdsSource(root)`: `iterable = True`; build the loader from
-  `WdsSource.dataset(transform, seed=...)`, an IterableDataset of (transform(bytes),
-  label) with shard shuffle, a sample shuffle buffer, splitting by rank and DataLoader
-  worker and an exact `len`; no sampler or shuffle= on the DataLoader. `readers_note(
-  num_workers, world_size)` says when there are more readers than shards.
-- `open_converted(root)` picks the reader from manifest.json; `files()` lists what a cold
-  measurement must evict.
+The house (this package imports nothing from `autotune`; autotune imports it):
+    errors.py      the exception tree's base and the format errors
+    fsutil.py      atomic writes, fsync_dir, the pid lock; units.py: sizes and rates
+    source.py      the reader contract (SampleSource); writer.py the writer contract
+                   (FormatWriter, which owns the lifecycle of an output)
+    registry.py    name -> reader, writer, sniff: every format choice reads it
+    folder.py      the image folder format (read-only)
+    wds/, lmdb/    one folder per format: reader, writer, layout
+    manifest.py    manifest.json, the versioned index a writer publishes last
+    scan, plan, images, pool, workdir, conversion: the conversion itself
+    stage.py       verified, atomic, resumable copies to local disk
 
-Modules: scan (streaming scan), plan (seeded shuffle, units), images (per-sample checks,
-re-encode), tarfmt (reproducible and safe tar), wds_writer / wds_reader, lmdb_layout /
-lmdb_writer / lmdb_reader, manifest, workdir (resume state), pool (worker processes),
-conversion (orchestration), _base (shared records and the writer base class).
+Readers yield the encoded bytes the folder reader yields, so the same decode pipeline
+applies; errors are SampleError naming the file, shard or key. A streamed reader
+(`iterable = True`, WdsSource) is read through `source.dataset(transform, seed=...)`.
 
 Names are imported lazily: `import converters` does not import torch or lmdb.
 """
@@ -40,27 +37,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from converters import registry
+from converters.registry import Format, open_source, register
+
 __all__ = ["convert", "ConvertOptions", "ConvertResult", "ConvertProgress", "ConvertError",
-           "LmdbSource", "WdsSource", "WdsDataset", "Manifest", "read_manifest",
-           "open_converted"]
+           "Format", "FolderSource", "LmdbSource", "Manifest", "SampleError", "SampleSource",
+           "UsageError", "WdsDataset", "WdsSource", "open_converted", "open_source",
+           "read_manifest", "register", "registry"]
 
 _WHERE = {"convert": "conversion", "ConvertOptions": "conversion", "ConvertResult": "conversion",
-          "ConvertProgress": "conversion", "ConvertError": "_base", "LmdbSource": "lmdb_reader",
-          "WdsSource": "wds_reader", "WdsDataset": "wds_reader", "Manifest": "manifest",
-          "read_manifest": "manifest"}
+          "ConvertProgress": "conversion", "ConvertError": "errors", "SampleError": "errors",
+          "UsageError": "errors", "LmdbSource": "lmdb.reader", "WdsSource": "wds.reader",
+          "WdsDataset": "wds.reader", "FolderSource": "folder", "SampleSource": "source",
+          "Manifest": "manifest", "read_manifest": "manifest"}
 
 
 def open_converted(path: Any, **kw: Any) -> Any:
-    """The reader for a conversion directory, by its manifest's format:
-    LmdbSource (map-style) or WdsSource (iterable: use `.dataset(transform)`)."""
+    """The reader of a conversion directory, by its manifest's format; `kw` go to the
+    reader (e.g. LmdbSource's io=)."""
     from converters.manifest import read_manifest
 
     m = read_manifest(path)
-    if m.format == "lmdb":
-        from converters.lmdb_reader import LmdbSource
-        return LmdbSource(path, manifest=m, **kw)
-    from converters.wds_reader import WdsSource
-    return WdsSource(path, manifest=m, **kw)
+    return registry.get(m.format).reader_class()(path, manifest=m, **kw)
 
 
 def __getattr__(name: str) -> Any:

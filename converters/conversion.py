@@ -15,22 +15,23 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters.errors import UsageError
-from converters._base import ConvertError, FormatWriter, UnitResult, set_progress_counter
+from converters import registry
+from converters.errors import ConvertError, UsageError
 from converters.images import VERIFY_LEVELS, SampleOptions
 from converters.manifest import NAME as MANIFEST_NAME
 from converters.manifest import Manifest, read_manifest, write_manifest
 from converters.plan import Plan, make_plan
+from converters.records import UnitResult, set_progress_counter
 from converters.scan import ScanSink, scan_file_list, scan_folder
 from converters.workdir import NAME as WORKDIR_NAME
 from converters.workdir import WorkDir
+from converters.writer import FormatWriter
 
-FORMATS = ("lmdb", "wds")
 ON_ERROR = ("skip", "fail")
 DEFAULT_SHARD_SIZE = 64 << 20
 DEFAULT_READERS = 32
@@ -54,8 +55,9 @@ class ConvertOptions:
     map_size: int | None = None  # LMDB: initial map size (default from the source size)
 
     def validate(self) -> None:
-        if self.format not in FORMATS:
-            raise UsageError(f"--format must be lmdb or wds, but got {self.format!r}.")
+        if self.format not in registry.names(writable=True):
+            raise UsageError(f"format must be one of {', '.join(registry.names(writable=True))}, "
+                             f"but got {self.format!r}.", setting="format")
         if self.on_error not in ON_ERROR:
             raise UsageError(f"--on-error must be skip or fail, but got {self.on_error!r}.")
         if self.verify not in VERIFY_LEVELS:
@@ -83,7 +85,7 @@ class ConvertOptions:
         if self.max_side:
             d["quality"] = self.quality
         d["shard_size"] = self.shard_size  # WebDataset shard / LMDB commit batch
-        if self.format == "wds":
+        if registry.get(self.format).writer_class().sharded:
             d["readers"] = self.readers
         return d
 
@@ -141,22 +143,6 @@ class ConvertResult:
 
 
 Progress = Callable[[ConvertProgress], None]
-
-
-def _writer_class(fmt: str) -> type[FormatWriter]:
-    if fmt == "lmdb":
-        from converters.lmdb_writer import LmdbWriter
-        return LmdbWriter
-    from converters.wds_writer import WdsWriter
-    return WdsWriter
-
-
-def _layout(fmt: str) -> str:
-    if fmt == "lmdb":
-        from converters.lmdb_writer import LAYOUT
-        return LAYOUT
-    from converters.wds_writer import LAYOUT
-    return LAYOUT
 
 
 def _check_paths(src: Path, dst: Path, file_list: str | None) -> None:
@@ -220,7 +206,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     if not os.access(dstp, os.W_OK):
         raise UsageError(f"{dstp}: not writable by this user; choose another DST.")
     wd.lock()
-    writer: FormatWriter | None = None
     plan: Plan | None = None
     run = RunState()
     try:
@@ -232,21 +217,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         wd.clear_tmp()
         sample_opts = SampleOptions(root=src_root, verify=opts.verify, max_side=opts.max_side,
                                     quality=opts.quality)
-        writer = _writer_class(opts.format)(dstp, wd, plan, opts, sample_opts)
-        results = _run_units(writer, plan, opts, progress, t0, run)
-        if progress:
-            progress(ConvertProgress("publish", plan.num_entries, plan.num_entries,
-                                     plan.planned_bytes, plan.planned_bytes,
-                                     time.monotonic() - t0, plan.units, plan.units))
-        shards = writer.publish(results)
-        FormatWriter.fsync_dir(dstp)  # every published name durable before the manifest
-        m = _manifest(plan, opts, fp, results, shards, wd)
+        writer = registry.get(opts.format).writer_class()(dstp, wd, plan, opts, sample_opts)
+        results, shards = _write_units(writer, plan, opts, progress, t0, run)
+        m = _manifest(plan, opts, fp, results, shards, wd, writer.LAYOUT)
         write_manifest(dstp, m)
     except OSError as e:
         raise _os_error(e, dstp, run) from e
     finally:
-        if writer is not None:
-            writer.close()
         if plan is not None:
             plan.close()
         if wd.tmp.is_dir():
@@ -324,7 +301,8 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
         raise ConvertError(f"{src}: no usable images ({scan.skipped} skipped, {scan.ignored} "
                            "files without an image extension); nothing to convert.")
     dupes: list[str] = []
-    plan = make_plan(scan, wd.plan, fmt=opts.format, shard_size=opts.shard_size,
+    plan = make_plan(scan, wd.plan, sharded=registry.get(opts.format).writer_class().sharded,
+                     shard_size=opts.shard_size,
                      readers=opts.readers, fingerprint=fp, source_root=src_root,
                      dedupe=dupes.append)
     if dupes:
@@ -342,69 +320,85 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
 
 # -- running the units --------------------------------------------------------------------
 
-def _run_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
-               progress: Progress | None, t0: float, run: RunState) -> list[UnitResult]:
-    """Write the pending units (inline, or `opts.workers` processes) and accept them in
-    unit order; returns every unit's result, earlier runs' included."""
-    done = writer.open()
-    results = {r.unit: r for r in done}
-    pending = writer.pending()
-    run.resumed_units = len(done)
-    done_entries = sum(len(plan.unit_range(u)) for u in results)
-    run.remaining_bytes = sum(plan.unit_sizes[u] for u in pending)
-    done_bytes = plan.planned_bytes - run.remaining_bytes
+def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
+                 progress: Progress | None, t0: float,
+                 run: RunState) -> tuple[list[UnitResult], list[dict[str, Any]]]:
+    """Let the writer write the pending units (inline, or `opts.workers` processes) and
+    publish them; returns every unit's result (earlier runs' included) and its shards."""
+    # (samples, source bytes) this run has read: a list inline, a shared array with workers.
+    live: dict[str, Any] = {"counter": [0, 0], "units": 0, "entries": 0, "bytes": 0}
 
-    def report(counter: Any) -> None:
+    def on_open(done: list[UnitResult], pending: list[int]) -> None:
+        run.resumed_units = live["units"] = len(done)
+        run.remaining_bytes = sum(plan.unit_sizes[u] for u in pending)
+        live["entries"] = plan.num_entries - sum(len(plan.unit_range(u)) for u in pending)
+        live["bytes"] = plan.planned_bytes - run.remaining_bytes
+
+    def tick() -> None:
         if progress:
-            progress(ConvertProgress("convert", done_entries + counter[0], plan.num_entries,
-                                     done_bytes + counter[1], plan.planned_bytes,
-                                     time.monotonic() - t0, len(results), plan.units))
+            c = live["counter"]
+            progress(ConvertProgress("convert", live["entries"] + c[0], plan.num_entries,
+                                     live["bytes"] + c[1], plan.planned_bytes,
+                                     time.monotonic() - t0, live["units"], plan.units))
 
-    workers = min(opts.workers, len(pending))
-    if workers <= 1:
-        counter = [0, 0]
-        set_progress_counter(counter)
-        try:
-            for u in pending:
-                results[u] = writer.accept(u, writer.work(u))
-                run.remaining_bytes -= plan.unit_sizes[u]
-                report(counter)
-        finally:
-            set_progress_counter(None)
-            run.processed, run.read_bytes = counter[0], counter[1]
-        return [results[u] for u in sorted(results)]
+    def on_unit(unit: int) -> None:
+        live["units"] += 1
+        run.remaining_bytes -= plan.unit_sizes[unit]
+        tick()
 
+    def execute(units: list[int], work: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
+        workers = min(opts.workers, len(units))
+        if workers <= 1:
+            return _inline(units, work, live["counter"])
+        return _in_pool(units, work, workers, writer.results_in_flight(workers), live, tick)
+
+    try:
+        results = writer.run(execute, on_open=on_open, on_unit=on_unit)
+    finally:
+        run.processed, run.read_bytes = live["counter"][0], live["counter"][1]
+    if progress:
+        progress(ConvertProgress("publish", plan.num_entries, plan.num_entries,
+                                 plan.planned_bytes, plan.planned_bytes,
+                                 time.monotonic() - t0, plan.units, plan.units))
+    return results
+
+
+def _inline(units: list[int], work: Callable[[int], Any],
+            counter: list[int]) -> Iterator[tuple[int, Any]]:
+    set_progress_counter(counter)
+    try:
+        for u in units:
+            yield u, work(u)
+    finally:
+        set_progress_counter(None)
+
+
+def _in_pool(units: list[int], work: Callable[[int], Any], workers: int, window: int,
+             live: dict[str, Any], tick: Callable[[], None]) -> Iterator[tuple[int, Any]]:
     import multiprocessing as mp
 
     from converters.pool import WorkerPool
 
     ctx = mp.get_context("forkserver")
     try:
-        counter = ctx.Array("q", 2, lock=True)
-        pool = WorkerPool(workers, writer.work, counter, ctx)
+        live["counter"] = ctx.Array("q", 2, lock=True)
+        pool = WorkerPool(workers, work, live["counter"], ctx)
     except OSError as e:
         # forkserver re-executes the interpreter: a user who may run this Python but not
         # exec its real path (a venv built on a private pyenv under /root) ends up here.
         raise ConvertError(f"cannot start {workers} worker processes from {sys.executable} "
                            f"({e.strerror or e}); rerun with --workers 1 to convert in this "
                            "process, or use a Python this user can execute.") from e
-    # LMDB results carry a batch of image bytes: keep few waiting for their commit.
-    window = workers + 1 if opts.format == "lmdb" else 2 * workers
     ok = False
     try:
-        for u, out in pool.run(pending, window, tick=lambda: report(counter)):
-            results[u] = writer.accept(u, out)
-            run.remaining_bytes -= plan.unit_sizes[u]
-            report(counter)
+        yield from pool.run(units, window, tick=tick)
         ok = True
     finally:
         pool.close(kill=not ok)
-        run.processed, run.read_bytes = counter[0], counter[1]
-    return [results[u] for u in sorted(results)]
 
 
 def _manifest(plan: Plan, opts: ConvertOptions, fp: dict[str, Any], results: list[UnitResult],
-              shards: list[dict[str, Any]], wd: WorkDir) -> Manifest:
+              shards: list[dict[str, Any]], wd: WorkDir, layout: str) -> Manifest:
     import json
 
     skipped: list[dict[str, str]] = []
@@ -423,4 +417,4 @@ def _manifest(plan: Plan, opts: ConvertOptions, fp: dict[str, Any], results: lis
              "bytes_saved": src_read - stored, "ignored": plan.ignored}
     return Manifest(format=opts.format, num_samples=samples, num_classes=len(plan.classes),
                     classes=plan.classes, shards=shards, skipped=skipped, source=plan.source,
-                    options=fp, layout=_layout(opts.format), stats=stats)
+                    options=fp, layout=layout, stats=stats)

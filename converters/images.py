@@ -27,7 +27,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
-from converters._base import Entry, Sample, Skip
+from converters.records import Entry, Sample, SkippedFile
 
 # Pillow format name -> member suffix. MPO is a camera JPEG with extra frames.
 FORMAT_EXT = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp",
@@ -72,13 +72,13 @@ def _noatime_ok() -> bool:
     return os.geteuid() == 0
 
 
-def load_sample(entry: Entry, opts: SampleOptions) -> Sample | Skip:
+def load_sample(entry: Entry, opts: SampleOptions) -> Sample | SkippedFile:
     """Read, check and maybe re-encode one source file."""
     path = os.path.join(opts.root, entry.relpath)
     try:
         data = read_file(path)
     except OSError as e:
-        return Skip(entry.relpath, f"unreadable ({e.strerror or e})")
+        return SkippedFile(entry.relpath, f"unreadable ({e.strerror or e})")
     try:
         fmt, size = check_image(data, opts.verify)
         if opts.max_side and max(size) > opts.max_side:
@@ -86,7 +86,7 @@ def load_sample(entry: Entry, opts: SampleOptions) -> Sample | Skip:
             return Sample(entry.position, entry.label, entry.relpath, "jpg", new,
                           source_bytes=len(data), reencoded=True)
     except BadImage as e:
-        return Skip(entry.relpath, str(e))
+        return SkippedFile(entry.relpath, str(e))
     return Sample(entry.position, entry.label, entry.relpath, FORMAT_EXT.get(fmt, fmt.lower()),
                   data, source_bytes=len(data))
 

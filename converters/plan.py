@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from converters._base import Entry
+from converters.records import Entry
 from converters.scan import RECORD, ScanResult, read_record
 
 PLAN_VERSION = 1
@@ -166,9 +166,10 @@ def _cut_batches(cum: np.ndarray, batch_bytes: int) -> list[int]:
     return [0, *cuts.tolist(), n]
 
 
-def make_plan(scan: ScanResult, plan_dir: Path, *, fmt: str, shard_size: int, readers: int,
+def make_plan(scan: ScanResult, plan_dir: Path, *, sharded: bool, shard_size: int, readers: int,
               fingerprint: dict[str, Any], source_root: str, dedupe: Any = None) -> Plan:
-    """Shuffle the scanned files by their seeded keys and cut them into units.
+    """Shuffle the scanned files by their seeded keys and cut them into units: shards
+    balanced for `readers` readers when `sharded`, else commit batches of `shard_size`.
 
     `dedupe(relpath)` is called for a repeated path (a file list naming a file twice);
     the later one is left out.
@@ -186,7 +187,7 @@ def make_plan(scan: ScanResult, plan_dir: Path, *, fmt: str, shard_size: int, re
     offs = offsets[order]
     cum = np.cumsum(sizes[order].astype(np.int64)) if n else np.zeros(0, np.int64)
     warnings = list(scan.warnings)
-    if fmt == "wds":
+    if sharded:
         k, warn = shard_count(int(cum[-1]) if n else 0, n, shard_size, readers)
         if warn:
             warnings.append(warn)

@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from converters._base import ConvertError, set_progress_counter
+from converters.errors import ConvertError
+from converters.records import set_progress_counter
 
 
 def _watch_parent(pid: int) -> None:

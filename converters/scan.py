@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.data.sources import IMG_EXTENSIONS
-from converters.errors import UsageError
-from converters._base import ConvertError, Skip
+from converters.errors import ConvertError, UsageError
+from converters.records import SkippedFile
+from converters.source import IMG_EXTENSIONS
 
 RECORD = struct.Struct("<IIQ")  # raw label, path length, size; then the path (fs bytes)
 _PROGRESS_EVERY = 4096
@@ -97,9 +97,9 @@ class ScanSink:
     def skip(self, relpath: str, reason: str, *, error: bool = True) -> None:
         """Record a skipped path; with --on-error fail an `error` stops the scan here."""
         if error and self.on_error == "fail":
-            raise ConvertError(skip_message(self.root, Skip(relpath, reason)))
+            raise ConvertError(SkippedFile(relpath, reason).message(self.root))
         self.skipped += 1
-        self._skp.write(json.dumps(Skip(relpath, reason).to_dict(), ensure_ascii=True) + "\n")
+        self._skp.write(json.dumps(SkippedFile(relpath, reason).to_dict(), ensure_ascii=True) + "\n")
 
     def close(self) -> None:
         for f in (self._rec, self._skp):
@@ -109,13 +109,6 @@ class ScanSink:
 
     def __len__(self) -> int:
         return len(self.offsets)
-
-
-def skip_message(root: str, skip: Skip) -> str:
-    """The --on-error fail message for one bad file."""
-    return (f"{os.path.join(root, skip.relpath)}: {skip.reason}; fix or remove the file, or "
-            "rerun with --on-error skip to leave it out (it is then listed in "
-            "manifest.json skipped[])")
 
 
 def _stat_file(sink: ScanSink, relpath: str, full: str, raw_label: int) -> bool:

@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from converters._base import UnitResult
 from converters.errors import ConvertError
 from converters.fsutil import PidLock, write_json_atomic
+from converters.records import UnitResult
 
 NAME = ".autotune-convert"
 

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch.utils.data
 
-from autotune.data.sources import SampleError, SampleSource
 from converters.manifest import Manifest, read_manifest
-from converters.tarfmt import ShardFormatError, iter_members
+from converters.source import SampleError, SampleSource
+from converters.wds.tarfmt import ShardFormatError, iter_members
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "pgm", "gif")
 

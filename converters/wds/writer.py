@@ -21,8 +21,9 @@ import json
 import os
 from typing import Any
 
-from converters._base import FormatWriter, Sample, Skip, UnitResult
-from converters.tarfmt import TarShardWriter
+from converters.records import Sample, SkippedFile, UnitResult
+from converters.wds.tarfmt import TarShardWriter
+from converters.writer import FormatWriter
 
 LAYOUT = ("tar shards shard-NNNNNN.tar; per sample KEY.cls (label), KEY.EXT (image bytes), "
           "KEY.json (path, size); KEY = 10-digit plan position")
@@ -38,8 +39,11 @@ def sample_key(position: int) -> str:
 
 class WdsWriter(FormatWriter):
     format = "wds"
+    LAYOUT = LAYOUT
+    sharded = True
+    output_noun = "shards"
 
-    def open(self) -> list[UnitResult]:
+    def _open(self) -> list[UnitResult]:
         self._done: dict[int, UnitResult] = {}
         for unit in range(self.plan.units):
             res = self.workdir.read_done(unit)
@@ -54,7 +58,7 @@ class WdsWriter(FormatWriter):
                 self._done[unit] = res
         return list(self._done.values())
 
-    def pending(self) -> list[int]:
+    def _pending(self) -> list[int]:
         return [u for u in range(self.plan.units) if u not in self._done]
 
     def work(self, unit: int) -> UnitResult:
@@ -64,7 +68,7 @@ class WdsWriter(FormatWriter):
         res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
         try:
             for s in self.samples(unit):
-                if isinstance(s, Skip):
+                if isinstance(s, SkippedFile):
                     res.skipped.append(s.to_dict())
                     continue
                 self._add(tw, s)
@@ -91,11 +95,11 @@ class WdsWriter(FormatWriter):
         tw.add(f"{key}.{s.ext}", s.data)
         tw.add(f"{key}.json", json.dumps(meta, ensure_ascii=True, sort_keys=True).encode("ascii"))
 
-    def accept(self, unit: int, out: UnitResult) -> UnitResult:
+    def _accept(self, unit: int, out: UnitResult) -> UnitResult:
         self._done[unit] = out
         return out
 
-    def publish(self, results: list[UnitResult]) -> list[dict[str, Any]]:
+    def _publish(self, results: list[UnitResult]) -> list[dict[str, Any]]:
         shards = []
         for r in sorted(results, key=lambda r: r.unit):
             assert r.shard is not None

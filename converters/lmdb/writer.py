@@ -32,12 +32,22 @@ import json
 import os
 from typing import Any
 
-from converters._base import FormatWriter, Sample, Skip, UnitResult
 from converters.errors import ConvertError
-from converters.lmdb_layout import (DESCRIPTION, HEADER, INDEX_FILE, LAYOUT_VERSION,
-                                    META_KEY, PROGRESS_KEY, buffer_address, encode_value, key,
-                                    map_base)
-from converters.fsutil import sha256_file, write_json_atomic
+from converters.fsutil import fsync_dir, sha256_file, write_json_atomic
+from converters.lmdb.layout import (
+    DESCRIPTION,
+    HEADER,
+    INDEX_FILE,
+    LAYOUT_VERSION,
+    META_KEY,
+    PROGRESS_KEY,
+    buffer_address,
+    encode_value,
+    key,
+    map_base,
+)
+from converters.records import Sample, SkippedFile, UnitResult
+from converters.writer import FormatWriter
 
 DATA_FILE = "data.mdb"
 LAYOUT = DESCRIPTION + f"; {INDEX_FILE}: u64 offset, u32 length, u32 label per sample"
@@ -50,6 +60,12 @@ def initial_map_size(source_bytes: int) -> int:
 
 class LmdbWriter(FormatWriter):
     format = "lmdb"
+    LAYOUT = LAYOUT
+    output_noun = "files (data.mdb, data.idx)"
+
+    @staticmethod
+    def results_in_flight(workers: int) -> int:
+        return workers + 1  # each result carries a batch of image bytes until its commit
 
     _env: Any = None
 
@@ -60,7 +76,7 @@ class LmdbWriter(FormatWriter):
 
     # -- resume ------------------------------------------------------------------------
 
-    def open(self) -> list[UnitResult]:
+    def _open(self) -> list[UnitResult]:
         import lmdb
 
         self._published = self._read_published()
@@ -138,7 +154,7 @@ class LmdbWriter(FormatWriter):
             pass
         return None
 
-    def pending(self) -> list[int]:
+    def _pending(self) -> list[int]:
         return list(range(self._next, self.plan.units))
 
     # -- writing -----------------------------------------------------------------------
@@ -156,15 +172,15 @@ class LmdbWriter(FormatWriter):
         return ConvertError(f"{path}: LMDB write failed ({e}); check the disk, then rerun the "
                             "same command to resume from the last committed batch.")
 
-    def work(self, unit: int) -> list[Sample | Skip]:
+    def work(self, unit: int) -> list[Sample | SkippedFile]:
         return list(self.samples(unit))
 
-    def accept(self, unit: int, out: list[Sample | Skip]) -> UnitResult:
+    def _accept(self, unit: int, out: list[Sample | SkippedFile]) -> UnitResult:
         assert unit == self._next, (unit, self._next)
         res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
         values = []
         for s in out:
-            if isinstance(s, Skip):
+            if isinstance(s, SkippedFile):
                 res.skipped.append(s.to_dict())
                 continue
             values.append(encode_value(s.label, s.relpath, s.data))
@@ -189,7 +205,7 @@ class LmdbWriter(FormatWriter):
         self._next = unit + 1
         return res
 
-    def publish(self, results: list[UnitResult]) -> list[dict[str, Any]]:
+    def _publish(self, results: list[UnitResult]) -> list[dict[str, Any]]:
         if self._published is None:
             samples = sum(r.samples for r in results)
             self._finish_env(samples)
@@ -203,7 +219,7 @@ class LmdbWriter(FormatWriter):
             write_json_atomic(self.workdir.path / "published.json", pub)
             os.replace(idx, self.dst / INDEX_FILE)
             os.replace(env_dir / DATA_FILE, self.dst / DATA_FILE)
-            self.fsync_dir(self.dst)
+            fsync_dir(self.dst)
             self._published = pub
         return [dict(f) for f in self._published]
 
@@ -216,7 +232,7 @@ class LmdbWriter(FormatWriter):
         import lmdb
         import numpy as np
 
-        from converters.lmdb_layout import index_dtype
+        from converters.lmdb.layout import index_dtype
 
         path = self.workdir.lmdb / DATA_FILE
         size = path.stat().st_size
@@ -263,7 +279,7 @@ class LmdbWriter(FormatWriter):
             self._commit(write, len(meta))
             self._complete = True
 
-    def close(self) -> None:
+    def _close(self) -> None:
         if self._env is not None:
             self._env.close()
             self._env = None

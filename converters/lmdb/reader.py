@@ -37,9 +37,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.data.sources import SampleError, SampleSource
-from converters.lmdb_layout import INDEX_FILE, INDEX_RECORD, decode_value, index_dtype, key
+from converters.lmdb.layout import (
+    INDEX_FILE,
+    INDEX_RECORD,
+    decode_value,
+    index_dtype,
+    key,
+)
 from converters.manifest import Manifest, read_manifest
+from converters.source import SampleError, SampleSource
 
 IO_MODES = ("pread", "mmap", "mmap-noreadahead")
 DATA_FILE = "data.mdb"

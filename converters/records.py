@@ -1,0 +1,106 @@
+"""The records that flow through a conversion: scanned entries, checked samples, skipped
+files, finished units; and the progress counter the reading workers share.
+
+A conversion is cut into *units* (a WebDataset shard, or an LMDB commit batch) fixed by
+the plan before any is written, so that the result does not depend on the number of
+workers, the order in which they finish, or where a killed run stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One scanned source file at its place in the plan (after the seeded shuffle)."""
+
+    position: int  # index in the shuffled plan (also the WebDataset key)
+    label: int
+    relpath: str  # relative to SRC (absolute only when a file list gave it so)
+    size: int  # bytes at scan time
+
+
+@dataclass
+class Sample:
+    """A checked sample, ready to store."""
+
+    position: int
+    label: int
+    relpath: str
+    ext: str  # member suffix / format: jpg, png, webp, ...
+    data: bytes
+    source_bytes: int  # bytes read from the source (differs from len(data) if re-encoded)
+    reencoded: bool = False
+
+
+@dataclass
+class SkippedFile:
+    """A source file left out, and why (the reason starts with a short kind phrase)."""
+
+    relpath: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.relpath, "reason": self.reason}
+
+    def message(self, root: str) -> str:
+        """The --on-error fail message for this file."""
+        return (f"{os.path.join(root, self.relpath)}: {self.reason}; fix or remove the file, "
+                "or rerun with --on-error skip to leave it out (it is then listed in "
+                "manifest.json skipped[])")
+
+    @property
+    def kind(self) -> str:
+        """'truncated JPEG' from 'truncated JPEG (image file is truncated ...)'."""
+        return self.reason.split(" (", 1)[0]
+
+
+@dataclass
+class UnitResult:
+    """What one finished unit contributes to the manifest and the summary."""
+
+    unit: int
+    samples: int
+    source_bytes: int  # bytes read from the source for the stored samples
+    stored_bytes: int  # image bytes stored (after any re-encode)
+    reencoded: int = 0
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    shard: dict[str, Any] | None = None  # {file, samples, bytes, sha256} for shard formats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"unit": self.unit, "samples": self.samples, "source_bytes": self.source_bytes,
+                "stored_bytes": self.stored_bytes, "reencoded": self.reencoded,
+                "skipped": self.skipped, "shard": self.shard}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> UnitResult:
+        return cls(unit=int(d["unit"]), samples=int(d["samples"]),
+                   source_bytes=int(d["source_bytes"]), stored_bytes=int(d["stored_bytes"]),
+                   reencoded=int(d.get("reencoded", 0)), skipped=list(d.get("skipped", [])),
+                   shard=d.get("shard"))
+
+
+# Progress shared by the worker processes: (samples, source bytes) done, in a shared
+# array set by the pool initializer (a plain list when converting inline).
+_progress: Any = None
+
+
+def set_progress_counter(counter: Any) -> None:
+    global _progress
+    _progress = counter
+
+
+def report_progress(samples: int, nbytes: int) -> None:
+    c = _progress
+    if c is None:
+        return
+    if isinstance(c, list):
+        c[0] += samples
+        c[1] += nbytes
+        return
+    with c.get_lock():
+        c[0] += samples
+        c[1] += nbytes

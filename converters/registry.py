@@ -1,0 +1,228 @@
+"""One registry of dataset formats: name -> reader, writer, sniff.
+
+Every place that needs to know the formats reads this: the CLI's `--format` choices,
+format detection, the writer `autotune convert` uses, and the format the closed loop
+converts to. Adding a format is one module (or folder) plus one `register(...)` line:
+
+    register(Format("toy", reader="mypkg.toy:ToySource", sniff="mypkg.toy:sniff"))
+
+Readers, writers and sniffs are named by import string ("module:attribute", or
+"path/to/file.py:attribute"), so that `import converters` stays light (no torch, no
+lmdb) and so that a measurement process can re-create a format registered at run time
+(`exported()` -> `register_all(...)` in the child).
+
+    reader   a converters.source.SampleSource subclass, built as Reader(root)
+    writer   a converters.writer.FormatWriter subclass, or None for a read-only format
+    sniff    f(path: Path) -> bool: whether `path` holds this format (cheap: no scan)
+    access   how its reader reads storage: "sequential" (large reads of shards: what slow,
+             network or throttled storage serves well) or "random" (a read per sample)
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from converters.errors import UsageError
+
+MANIFEST = "manifest.json"
+ACCESS = ("sequential", "random")
+
+
+@dataclass(frozen=True)
+class Format:
+    """A dataset format: how to read it, write it, and recognise it on disk."""
+
+    name: str
+    reader: str
+    sniff: str
+    writer: str | None = None
+    access: str = "random"
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"format name must be letters, digits, '-' or '_', but got {self.name!r}.")
+        if self.name == "auto":
+            raise ValueError("format name 'auto' is reserved: it means 'detect the format'.")
+        if self.access not in ACCESS:
+            raise ValueError(f"access must be one of {', '.join(ACCESS)}, but got {self.access!r}.")
+
+    def reader_class(self) -> type:
+        return load(self.reader)
+
+    def writer_class(self) -> type:
+        if self.writer is None:
+            raise UsageError(f"format {self.name} cannot be written (it has no writer); "
+                             f"writable formats: {', '.join(names(writable=True))}.")
+        return load(self.writer)
+
+    def sniffs(self, path: Path) -> bool:
+        return bool(load(self.sniff)(path))
+
+
+_FORMATS: dict[str, Format] = {}
+_BUILTIN: set[str] = set()
+
+
+def register(fmt: Format, *, replace: bool = False) -> Format:
+    """Add a format. A name already registered is refused unless `replace`."""
+    if fmt.name in _FORMATS and not replace:
+        raise ValueError(f"format {fmt.name!r} is already registered; pass replace=True to "
+                         "override it.")
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def unregister(name: str) -> None:
+    """Remove a format registered at run time (the built-in ones stay)."""
+    if name in _BUILTIN:
+        raise ValueError(f"format {name!r} is built in and cannot be removed.")
+    _FORMATS.pop(name, None)
+
+
+def get(name: str) -> Format:
+    try:
+        return _FORMATS[name]
+    except KeyError:
+        raise UsageError(f"format must be one of {', '.join(choices())}, but got {name!r}.",
+                         setting="format") from None
+
+
+def names(*, writable: bool | None = None, access: str | None = None) -> tuple[str, ...]:
+    """Registered format names (in registration order), filtered."""
+    return tuple(f.name for f in _FORMATS.values()
+                 if (writable is None or (f.writer is not None) == writable)
+                 and (access is None or f.access == access))
+
+
+def choices(*, writable: bool | None = None) -> tuple[str, ...]:
+    """What `--format` accepts: 'auto' and every registered name (writers: no 'auto')."""
+    return names(writable=True) if writable else ("auto", *names(writable=writable))
+
+
+def manifest_format(path: Path) -> str | None:
+    """The format a conversion's manifest.json names, None without one; UsageError for a
+    manifest that cannot be read."""
+    m = Path(path) / MANIFEST
+    if not m.is_file():
+        return None
+    try:
+        fmt = json.loads(m.read_text()).get("format")
+    except (OSError, ValueError, AttributeError) as e:
+        raise UsageError(f"{m}: not a readable autotune manifest ({e}); pass --format "
+                         "folder to read the directory as an image folder.",
+                         setting="format") from e
+    return fmt if isinstance(fmt, str) else repr(fmt)
+
+
+def detect(path: str | os.PathLike[str]) -> str:
+    """The format of `path`: what its manifest says, else the first registered format
+    whose sniff recognises it (the folder format last: it takes any directory)."""
+    p = Path(path)
+    named = manifest_format(p)
+    if named is not None:
+        if named not in _FORMATS:
+            raise UsageError(f"{p / MANIFEST}: unknown format {named!r} (known: "
+                             f"{', '.join(names())}); pass --format explicitly.",
+                             setting="format")
+        return named
+    order = [f for f in _FORMATS.values() if f.name != "folder"]
+    order += [f for f in _FORMATS.values() if f.name == "folder"]
+    for f in order:
+        if f.writer is None and f.sniffs(p):
+            return f.name
+    return "folder"
+
+
+def resolve(path: str | os.PathLike[str], format: str = "auto") -> str:
+    """The format to read `path` with; UsageError when it is unknown, missing, or not what
+    `path` holds, without scanning the dataset."""
+    if format != "auto":
+        get(format)
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{p}: no such file or directory.")
+    fmt = detect(p) if format == "auto" else format
+    f = _FORMATS[fmt]
+    if f.writer is not None and not (p / MANIFEST).is_file():
+        # Writers publish manifest.json last: without it the conversion is not complete.
+        raise UsageError(f"{p}: format {fmt} needs the manifest.json that `autotune convert` "
+                         "writes last; this directory is not a complete conversion (rerun "
+                         "`autotune convert` to finish it).")
+    if format != "auto" and not f.sniffs(p):
+        raise UsageError(f"{p}: does not hold format {fmt} ({f.description or 'its sniff says no'}).",
+                         setting="format")
+    return fmt
+
+
+def open_source(path: str | os.PathLike[str], format: str = "auto") -> Any:
+    """The SampleSource for a dataset directory ('auto': the manifest's format, else the
+    first format that recognises it, else folder). Raises UsageError for a missing path,
+    an unknown format, or a directory that does not hold it."""
+    fmt = resolve(path, format)
+    src = _FORMATS[fmt].reader_class()(path)
+    if src.format != fmt:
+        raise UsageError(f"{path}: read as format {src.format}, not {fmt}.", setting="format")
+    return src
+
+
+def load(spec: str) -> Any:
+    """'package.module:attr' or 'path/to/file.py:attr' -> the attribute."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ValueError(f"expected 'module:attribute', but got {spec!r}.")
+    if target.endswith(".py") or os.sep in target:
+        path = Path(target).resolve()
+        name = f"autotune_user_{path.stem}_{abs(hash(str(path))):x}"
+        module = sys.modules.get(name)
+        if module is None:
+            mspec = importlib.util.spec_from_file_location(name, path)
+            if mspec is None or mspec.loader is None:
+                raise ImportError(f"cannot load {path} as a Python file")
+            module = importlib.util.module_from_spec(mspec)
+            sys.modules[name] = module
+            mspec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ImportError(f"{target} has no attribute {attr!r}") from None
+
+
+def exported() -> list[dict[str, Any]]:
+    """Formats registered at run time, as dicts another process can `register_all`."""
+    return [asdict(f) for n, f in _FORMATS.items() if n not in _BUILTIN]
+
+
+def register_all(specs: list[dict[str, Any]]) -> None:
+    """Register what `exported()` gave (in a measurement process)."""
+    for d in specs:
+        register(Format(**d), replace=True)
+
+
+def _builtin(fmt: Format) -> None:
+    register(fmt)
+    _BUILTIN.add(fmt.name)
+
+
+# -- the built-in formats: one line each ------------------------------------------------
+_builtin(Format("wds", reader="converters.wds.reader:WdsSource", sniff="converters.wds:sniff",
+                writer="converters.wds.writer:WdsWriter", access="sequential",
+                description="WebDataset tar shards with manifest.json (autotune convert)"))
+_builtin(Format("lmdb", reader="converters.lmdb.reader:LmdbSource", sniff="converters.lmdb:sniff",
+                writer="converters.lmdb.writer:LmdbWriter", access="random",
+                description="one LMDB environment with manifest.json (autotune convert)"))
+_builtin(Format("folder", reader="converters.folder:FolderSource", sniff="converters.folder:sniff",
+                description="an image folder DATASET/CLASS/IMAGE.jpg"))
+
+__all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "load",
+           "manifest_format", "names", "open_source", "register", "register_all", "resolve",
+           "unregister"]

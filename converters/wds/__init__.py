@@ -1,0 +1,12 @@
+"""The `wds` format: WebDataset tar shards (writer.py, reader.py, tarfmt.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def sniff(path: Path) -> bool:
+    """A conversion whose manifest.json says wds."""
+    from converters.registry import manifest_format
+
+    return manifest_format(path) == "wds"
