@@ -163,7 +163,7 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
 def _cmd_probe(args: argparse.Namespace) -> int:
     from autotune import report
     from autotune.probe import probe
-    from autotune.units import parse_size
+    from converters.units import parse_size
 
     size = parse_size(args.size, name="--size")
     with _progress(not args.quiet) as prog:
@@ -218,6 +218,7 @@ exit status:
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
     from autotune.data.presets import list_presets
+    from converters import registry
 
     presets = ", ".join(list_presets()) or "none found"
     p = sub.add_parser(
@@ -257,7 +258,7 @@ options override them.""",
     p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg)")
     p.add_argument("--preset", default="resnet50", metavar="NAME",
                    help=f"workload preset: {presets}, or a YAML file (default resnet50)")
-    p.add_argument("--format", choices=("auto", "folder", "lmdb", "wds"), default="auto",
+    p.add_argument("--format", choices=registry.choices(), default="auto",
                    help="dataset format (default auto: manifest.json's, else folder; lmdb "
                         "and wds read a conversion written by `autotune convert`)")
     p.add_argument("--workers", type=_nonneg_int("--workers"), metavar="N",

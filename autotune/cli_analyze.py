@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 MONITOR_EXIT_CODES = """\
 exit status:

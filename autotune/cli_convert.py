@@ -35,7 +35,7 @@ from autotune.cli import _int_at_least  # noqa: E402  (shared argument types)
 def _size(name: str) -> Callable[[str], int]:
     def conv(s: str) -> int:
         from autotune.errors import UsageError
-        from autotune.units import parse_size
+        from converters.units import parse_size
 
         try:
             return parse_size(s, name=name)
@@ -46,6 +46,8 @@ def _size(name: str) -> Callable[[str], int]:
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the `convert` subcommand to an `autotune` subparsers object."""
+    from converters import registry
+
     p = sub.add_parser(
         "convert", help="repack an image folder into LMDB or WebDataset shards (resumable)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -71,7 +73,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
     p.add_argument("src", metavar="SRC", help="image folder (class subfolders), or the root "
                                               "of the --file-list paths")
     p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume)")
-    p.add_argument("--format", required=True, choices=("lmdb", "wds"),
+    p.add_argument("--format", required=True, choices=registry.choices(writable=True),
                    help="wds: WebDataset tar shards (sequential reading, best on slow or "
                         "network storage); lmdb: one LMDB environment (random access)")
     p.add_argument("--shard-size", type=_size("--shard-size"), default="64MiB", metavar="SIZE",
@@ -114,7 +116,7 @@ def _progress_display(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from autotune.units import fmt_bytes
+    from converters.units import fmt_bytes
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(),
                     TextColumn("{task.fields[count]}"), TextColumn("{task.fields[rates]}"),
@@ -148,13 +150,14 @@ def _summary(res: Any) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from autotune.units import fmt_bytes
+    from converters import registry
+    from converters.units import fmt_bytes
 
     t = Table(title=f"autotune convert: {res.dst} ({res.format})", title_justify="left",
               show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
-    unit = "shards" if res.format == "wds" else "files (data.mdb, data.idx)"
+    unit = registry.get(res.format).writer_class().output_noun
     t.add_row("samples", f"{res.samples:,} in {res.classes:,} classes")
     t.add_row("skipped", f"{len(res.skipped):,}")
     for kind, n in sorted(res.skipped_by_kind.items(), key=lambda kv: -kv[1]):

@@ -26,9 +26,11 @@ exit status:
 
 def add_search_parser(sub: argparse._SubParsersAction) -> None:
     from autotune.cli import _nonneg_float as nonneg_f
-    from autotune.cli import _positive_float as pos_f
     from autotune.cli import _nonneg_int as nonneg_i
+    from autotune.cli import _positive_float as pos_f
     from autotune.cli import _positive_int as pos_i
+    from autotune.search.loop import CONVERT_MODES
+    from converters import registry
 
     p = sub.add_parser(
         "search", help="find the best DataLoader settings (Optuna), the bottleneck and a report",
@@ -98,9 +100,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
     p.add_argument("--warm", action="store_true", help="do not drop caches (labelled WARM)")
     p.add_argument("--no-probe", action="store_true", help="skip the storage probe (no storage ceiling)")
     p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
-    p.add_argument("--format", choices=("auto", "folder", "lmdb", "wds"), default="auto")
+    p.add_argument("--format", choices=registry.choices(), default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--convert", choices=("auto", "lmdb", "wds", "off"), default="off",
+    p.add_argument("--convert", choices=CONVERT_MODES, default="off",
                    help="when the verdict is storage: convert (auto: WebDataset for slow, "
                         "network or throttled storage, LMDB for local flash), stage to "
                         "--stage-dir, search again and report before/after (default off)")
@@ -126,7 +128,7 @@ def run_search_cmd(args: argparse.Namespace) -> int:
     from autotune.cli import _progress as progress
     from autotune.search import SearchOptions, run_search
     from autotune.search.render import search_renderable
-    from autotune.units import parse_size
+    from converters.units import parse_size
 
     max_mem = parse_size(args.max_memory, name="--max-memory") / 2**20 if args.max_memory else None
     opts = SearchOptions(preset=args.preset, space=args.space, trials=args.trials,
@@ -241,7 +243,6 @@ def run_stage_cmd(args: argparse.Namespace) -> int:
 
     from autotune.cli import _emit as emit
     from autotune.cli import _progress as progress
-
     from converters.stage import stage, verify_staged
 
     if args.verify_only:

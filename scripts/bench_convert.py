@@ -93,7 +93,7 @@ def _child_read(kind: str, path: str, seconds: float) -> None:
         loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2, collate_fn=_lens)
     else:
         if kind == "folder":
-            from autotune.data.sources import FolderSource
+            from converters.folder import FolderSource
             src = FolderSource(path)
         else:
             from converters import LmdbSource
@@ -176,7 +176,7 @@ def _read(kind: str, path: Path, iops: int | None, seconds: float,
         _cold()
     else:  # "data": file data evicted, directory and inode caches kept warm
         from autotune.cache import evict_files
-        from autotune.data.sources import FolderSource
+        from converters.folder import FolderSource
 
         files = list(FolderSource(path).files())
         for f in files:

@@ -136,9 +136,8 @@ def _prime_pipeline(transform: Any, cfg: Any) -> Any:
     on paging in libraries from what may be the same throttled disk. Returns the live
     iterator (the caller deletes it after the drop), or None without workers.
     """
-    import torch.utils.data
-
     import numpy.random  # noqa: F401  (workers seed it at start)
+    import torch.utils.data
 
     ds = _PrimeData(transform, 4)
     if cfg.num_workers == 0:
@@ -216,9 +215,12 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     import torch.utils.data
     from PIL import Image, ImageEnhance  # noqa: F401
 
-    from autotune.data.sources import MemorySource, open_source
     from autotune.data.torchds import ImageDataset
     from autotune.data.transforms import build_transform
+    from converters.registry import open_source, register_all
+    from converters.source import MemorySource
+
+    register_all(spec.get("formats", []))  # formats the caller registered at run time
 
     Image.preinit()
     out["torch"] = torch.__version__

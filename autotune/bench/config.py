@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from autotune.data.presets import load_preset
-from autotune.data.sources import FORMATS
 from autotune.data.transforms import TransformSpec
 from autotune.errors import UsageError
+from converters import registry
 
 DEFAULT_PRESET = "resnet50"
 # Startup (torch import, a cold directory scan, worker start) and shutdown are not in the
@@ -145,8 +145,9 @@ class BenchConfig:
             if self.compute_ms:
                 raise UsageError("give either compute_ms (an emulated step) or step (a real "
                                  f"one), not both (compute_ms={self.compute_ms:g}).")
-        if self.format not in FORMATS:
-            raise UsageError(f"format must be one of {', '.join(FORMATS)}, but got {self.format!r}.")
+        if self.format not in registry.choices():
+            raise UsageError(f"format must be one of {', '.join(registry.choices())}, but got "
+                             f"{self.format!r}.", setting="format")
         if not isinstance(self.transform, TransformSpec):
             raise UsageError("transform must be a TransformSpec.")
         if self.timeout_s is not None and self.timeout_s <= self.seconds:

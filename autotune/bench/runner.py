@@ -35,9 +35,11 @@ from autotune.bench.config import BenchConfig
 from autotune.bench.residency import resident_fraction
 from autotune.bench.result import BenchResult
 from autotune.cache import make_cold
-from autotune.data.sources import open_source, resolve_format
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune.monitor import SystemMonitor
+from converters import registry
+from converters.registry import open_source
+from converters.registry import resolve as resolve_format
 
 Progress = Callable[[str], None]
 Popen = Callable[..., subprocess.Popen]
@@ -162,7 +164,8 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
     try:
         spec_path, result_path, log_path = tmp / "spec.json", tmp / "result.json", tmp / "child.log"
-        spec = {"config": cfg.to_dict(), "dataset": str(root), "parent_pid": os.getpid()}
+        spec = {"config": cfg.to_dict(), "dataset": str(root), "parent_pid": os.getpid(),
+                "formats": registry.exported()}
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
         repo = str(Path(autotune.__file__).resolve().parent.parent)

@@ -1,22 +1,30 @@
 """Datasets, sample transforms and workload presets for `autotune bench` (and search).
 
 - `open_source(path, format)`: a `SampleSource` (encoded bytes + label per index) for an
-  image folder; LMDB and WebDataset readers plug in behind the same interface later.
+  image folder or a conversion; the readers live in the formats wing (`converters`:
+  its registry knows every format), re-exported here for convenience.
 - `TransformSpec` / `build_transform`: the Pillow + torch sample pipeline (decode, RGB,
-  resize, crop, flip, jitter, uint8 CHW tensor).
+  resize, crop, flip, jitter, CHW tensor).
 - `load_preset(name)`: a workload from configs/presets/*.yaml (batch size, emulated step
   time, transform, default DataLoader settings).
 
 Importing this package does not import torch; `autotune.data.torchds.ImageDataset` does.
 """
 
-from autotune.data.presets import LoaderDefaults, Preset, list_presets, load_preset, presets_dir
-from autotune.data.sources import (FORMATS, FolderSource, MemorySource, SampleError, SampleSource,
-                                   detect_format, open_source, resolve_format)
+from autotune.data.presets import (
+    LoaderDefaults,
+    Preset,
+    list_presets,
+    load_preset,
+    presets_dir,
+)
 from autotune.data.transforms import TransformSpec, build_transform
+from converters.folder import FolderSource
+from converters.registry import open_source
+from converters.source import MemorySource, SampleError, SampleSource
 
 __all__ = [
-    "FORMATS", "FolderSource", "MemorySource", "SampleError", "SampleSource", "detect_format", "open_source", "resolve_format",
+    "FolderSource", "MemorySource", "SampleError", "SampleSource", "open_source",
     "TransformSpec", "build_transform",
     "LoaderDefaults", "Preset", "list_presets", "load_preset", "presets_dir",
 ]

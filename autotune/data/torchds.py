@@ -6,8 +6,8 @@ from typing import Any
 
 import torch.utils.data
 
-from autotune.data.sources import SampleError, SampleSource
 from autotune.data.transforms import SampleTransform
+from converters.source import SampleError, SampleSource
 
 
 class ImageDataset(torch.utils.data.Dataset):

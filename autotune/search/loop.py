@@ -5,14 +5,15 @@ stages them on local disk (verified, atomic), measures the staged copy with the 
 search, and reports before and after side by side with the commands that reproduce
 each step.
 
-Format rule for `--convert auto` (documented in the README):
-* LMDB only when the source is local flash measured fast at random reads (class nvme,
-  ssd or memory, fio >= 50,000 random 4 KiB IOPS, and no more than 2x gain from
-  concurrency in the replay): random access keeps exact per-sample shuffling, and our
-  pread reader costs one I/O per image;
-* WebDataset otherwise (network, FUSE, spinning, throttled or unmeasured storage):
-  shards are read sequentially in large requests, the only pattern slow storage serves
-  well, and they stay usable in place if staging space runs out.
+Format rule for `--convert auto` (documented in the README), by the registry's `access`
+of each writable format (converters.registry):
+* a random-access format (LMDB) only when the source is local flash measured fast at
+  random reads (class nvme, ssd or memory, fio >= 50,000 random 4 KiB IOPS, and no more
+  than 2x gain from concurrency in the replay): random access keeps exact per-sample
+  shuffling, and our pread reader costs one I/O per image;
+* a sequential format (WebDataset) otherwise (network, FUSE, spinning, throttled or
+  unmeasured storage): shards are read sequentially in large requests, the only pattern
+  slow storage serves well, and they stay usable in place if staging space runs out.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
+from converters import registry
 from autotune.search.records import TrialRecord
 from autotune.search.study import (Progress, SearchOptions, SearchResult, like_for_like_baseline,
                                    run_search)
 
-CONVERT_MODES = ("auto", "lmdb", "wds", "off")
+CONVERT_MODES = ("auto", *registry.names(writable=True), "off")
 
 
 @dataclass
@@ -78,7 +80,7 @@ class LoopResult:
 
 def choose_format(mode: str, before: SearchResult) -> tuple[str, str]:
     """The format and the reason (see the module doc for the rule)."""
-    if mode in ("lmdb", "wds"):
+    if mode != "auto":
         return mode, f"--convert {mode}"
     probe = before.ceilings.probe or {}
     fs = (probe.get("filesystem") or {})
@@ -94,15 +96,16 @@ def choose_format(mode: str, before: SearchResult) -> tuple[str, str]:
     # throttled or latency-bound gets sequential shards.
     fast_random = klass in ("nvme", "ssd", "memory") and iops is not None and iops >= 50_000 \
         and (gain is None or gain <= 2)
-    slow = not fast_random
-    if slow:
+    if not fast_random:
+        fmt = registry.names(writable=True, access="sequential")[0]
         why = (f"source storage ({klass}, "
                + (f"{iops:,.0f} random IOPS" if iops else "fio not run")
                + (f", replay {gain:.1f}x faster with concurrency" if gain else "")
-               + ") is not known to be fast at random reads: WebDataset shards are read in "
-               "large sequential requests")
-        return "wds", why
-    return "lmdb", f"source storage is {klass} (local flash): LMDB keeps random access"
+               + f") is not known to be fast at random reads: {fmt} is read in large "
+               "sequential requests")
+        return fmt, why
+    fmt = registry.names(writable=True, access="random")[0]
+    return fmt, f"source storage is {klass} (local flash): {fmt} keeps random access"
 
 
 def search_flags(opts: SearchOptions) -> str:

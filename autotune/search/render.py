@@ -9,7 +9,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from autotune.units import fmt_rate
+from converters.units import fmt_rate
 
 
 def _f(x: float | None, spec: str = ".2f") -> str:

@@ -193,9 +193,9 @@ def _storage(url: str) -> Any:
 
 def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
                       say: Progress) -> Ceilings:
-    from autotune.data.sources import open_source
     from autotune.data.transforms import build_transform
     from autotune.search import ceilings as ceil_mod
+    from converters.registry import open_source
 
     probe_res = None
     if opts.probe:

@@ -9,11 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from autotune.data import (FolderSource, TransformSpec, build_transform, detect_format,
-                           list_presets, load_preset, open_source)
+from autotune.data import (
+    FolderSource,
+    TransformSpec,
+    build_transform,
+    list_presets,
+    load_preset,
+    open_source,
+)
 from autotune.data.torchds import ImageDataset
 from autotune.data.transforms import _rrc_params
 from autotune.errors import UsageError
+from converters.registry import detect as detect_format
 
 
 def test_folder_labels_are_sorted_class_names(small_dataset: Path) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.bench.config import BenchConfig
 from autotune.bench.runner import run_bench
-from autotune.data.sources import open_source
+from converters.registry import open_source
 
 
 @pytest.fixture(params=["lmdb", "wds"])

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch.utils.data
 
-from autotune.data.sources import SampleError
 from converters import ConvertOptions, LmdbSource, convert
+from converters.errors import SampleError
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_index_says_where_each_value_lies(lmdb_dst):
     import lmdb
     import numpy as np
 
-    from converters.lmdb_layout import index_dtype, key
+    from converters.lmdb.layout import index_dtype, key
 
     idx = np.fromfile(lmdb_dst / "data.idx", dtype=index_dtype())
     data = (lmdb_dst / "data.mdb").read_bytes()
@@ -63,7 +63,7 @@ def test_index_says_where_each_value_lies(lmdb_dst):
 def test_values_follow_the_documented_layout(lmdb_dst, img_src):
     import lmdb
 
-    from converters.lmdb_layout import HEADER, decode_value, key
+    from converters.lmdb.layout import HEADER, decode_value, key
 
     env = lmdb.open(str(lmdb_dst), readonly=True, lock=False)
     with env.begin() as txn:

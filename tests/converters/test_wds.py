@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch.utils.data
 
-from autotune.data.sources import SampleError
 from converters import ConvertOptions, WdsSource, convert, read_manifest
+from converters.errors import SampleError
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_gnu_tar_lists_every_shard(wds_dst):
 @pytest.mark.parametrize("name, size", [("0000000001.jpg", 91449), ("0000000001.cls", 1),
                                         ("0000000000.json", 0), ("x" * 100, 8 ** 11 - 1)])
 def test_member_headers_are_what_tarfile_writes(name, size):
-    from converters.tarfmt import member_header
+    from converters.wds.tarfmt import member_header
 
     ti = tarfile.TarInfo(name)
     ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o444, 0, 0, "", ""
