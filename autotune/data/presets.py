@@ -41,11 +41,11 @@ def presets_dir() -> Path:
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (the affinity mask, not the machine's total)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """Whole cores this process may use: the affinity mask and every cgroup CPU quota of
+    its own cgroup and ancestors, rounded down (autotune.cpus), not the machine's total."""
+    from autotune.cpus import usable_cores as _usable
+
+    return _usable()
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,9 @@ def _verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None)
                           "to shards (`autotune convert`) so each read is large")
     if fio is not None:
         r, s = fio.rand_read, fio.seq_read
-        label = "" if fio.direct else " (buffered)"
+        label = "" if fio.direct else (
+            f" (buffered; {fio.device} served {r.device_share:.0%} of the random job's bytes)"
+            if r.device_share is not None else " (buffered)")
         if not fio.plausible:
             evidence.append("fio figures failed the plausibility check and are ignored: "
                             + "; ".join(fio.warnings))

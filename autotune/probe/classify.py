@@ -108,4 +108,9 @@ def classify(path: str | os.PathLike[str], fio: FioResult | None = None,
         ev.append(f"but measured {why}: behaves like {tier} (throttled or capped?)")
     elif why and f"measured {why}" not in ev and why not in " ".join(ev):
         ev.append(f"measured {why}")
+    if fio is not None and not fio.rand_read.plausible:
+        # Page-cache or RAM figures (buffered fio, tmpfs) would read as nvme: say they
+        # were left out, and why.
+        ev.append("fio's random-read figure not used for the class: "
+                  + " ".join(fio.rand_read.warnings or ["failed the plausibility check"]))
     return info

@@ -15,37 +15,21 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from autotune.data.presets import usable_cores
+from autotune.cpus import cpu_limit
 
 
 def cpu_quota_cores() -> float | None:
-    """Cores allowed by a cgroup CPU quota (containers, Slurm), or None when unlimited."""
-    for quota_f, period_f in (("/sys/fs/cgroup/cpu.max", None),
-                              ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us",
-                               "/sys/fs/cgroup/cpu/cpu.cfs_period_us")):
-        try:
-            if period_f is None:
-                q, _, per = Path(quota_f).read_text().strip().partition(" ")
-                if q == "max":
-                    return None
-                return int(q) / int(per)
-            q = int(Path(quota_f).read_text())
-            if q <= 0:
-                return None
-            return q / int(Path(period_f).read_text())
-        except (OSError, ValueError):
-            continue
-    return None
+    """Cores allowed by the smallest cgroup CPU quota on this process's own cgroup and its
+    ancestors (containers, Slurm, systemd slices), or None when unlimited."""
+    q = cpu_limit().quota
+    return None if q is None else q.cores
 
 
 def effective_cores() -> int:
-    """Usable cores: the affinity mask, lowered by a cgroup CPU quota."""
-    n = usable_cores()
-    q = cpu_quota_cores()
-    return max(1, min(n, int(q))) if q else n
+    """Usable whole cores (affinity mask and cgroup quotas, rounded down): autotune.cpus."""
+    return cpu_limit().whole
 
 
 OVERTAKEN = 1.15  # a trial this much above a ceiling shows the ceiling was wrong
@@ -165,7 +149,8 @@ def demand_ceiling(batch_size: int, compute_ms: float) -> float | None:
 def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size: int, compute_ms: float, probe: Any | None,
             decode_seconds: float = 3.0) -> Ceilings:
     """All three ceilings. `probe` is a ProbeResult (or None when storage was not probed)."""
-    cores = effective_cores()
+    limit = cpu_limit()
+    cores = limit.whole
     ev: list[str] = []
     storage = best_c = None
     probe_d = None
@@ -182,10 +167,11 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
         else:
             ev.append(f"storage: not measured ({probe.replay_error})")
     per_core, n = decode_rate_per_core(blobs, transform, seconds=decode_seconds)
-    decode = per_core * cores if per_core else None
+    # CPU time, not whole cores: a 1.5-core quota decodes 1.5 cores' worth.
+    decode = per_core * limit.cores if per_core else None
     if decode:
         ev.append(f"decode: {per_core:,.0f} images/s per core from memory ({n} decodes) x "
-                  f"{cores} usable core(s) = {decode:,.0f} images/s")
+                  f"{limit.cores:g} usable core(s) ({limit.source}) = {decode:,.0f} images/s")
     demand = demand_ceiling(batch_size, compute_ms)
     if demand:
         ev.append(f"demand: batch {batch_size} / {compute_ms:g} ms step = {demand:,.0f} images/s")

@@ -44,3 +44,22 @@ def test_measured_iops_corrects_or_qualifies_the_device_flag(work_dir):
     slow = classify(work_dir, _fio(500))
     assert "hdd" in (slow.klass, slow.behaves_like)
     assert any("500" in e for e in slow.evidence)
+
+
+def test_page_cache_figures_never_make_a_class(work_dir):
+    """A buffered run's page-cache "IOPS" (flagged implausible by fio.check_plausible) must
+    not turn a disk, or a filesystem with no visible disk, into nvme."""
+    cached = _fio(500_000)
+    cached.rand_read.plausible = False
+    cached.rand_read.warnings.append("rand_read: implausible: the page cache served the rest")
+    nodev = mount_for("/proc")
+    if nodev is None or block_device_for("/proc") is not None:
+        pytest.skip("/proc is not a filesystem without a block device here")
+    assert classify("/proc", _fio(500_000)).klass == "nvme"  # the rule the flag guards
+    info = classify("/proc", cached)
+    assert info.klass == "unknown"
+    assert any("not used for the class" in e and "page cache" in e for e in info.evidence)
+    dev = block_device_for(work_dir)
+    if dev is not None and not dev.name.startswith("nvme"):
+        disk = classify(work_dir, cached)
+        assert "nvme" not in (disk.klass, disk.behaves_like)

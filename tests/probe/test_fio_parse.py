@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.probe.fio import FioError, check_plausible, parse_fio_json
+from autotune.probe.fio import (
+    MIN_DEVICE_SHARE,
+    MIN_DEVICE_SHARE_BUFFERED,
+    FioError,
+    FioJobResult,
+    check_plausible,
+    parse_fio_json,
+)
 
 DATA = Path(__file__).parent / "data"
 
@@ -68,3 +75,49 @@ def test_real_recording_is_plausible():
     r = parse_fio_json((DATA / "fio-3.33-randread-vda.json").read_text(), "rand_read")
     r.device_bytes = r.io_bytes
     assert check_plausible(r, direct=True, device="vda").plausible
+
+
+def _recorded() -> FioJobResult:
+    return parse_fio_json((DATA / "fio-3.33-randread-vda.json").read_text(), "rand_read")
+
+
+def test_buffered_figure_the_disk_did_not_serve_is_implausible():
+    r = _recorded()
+    r.device_bytes = r.io_bytes // 50  # 2 %: what vda saw under a buffered page-cache run
+    check_plausible(r, direct=False, device="vda")
+    assert not r.plausible and r.device_share == pytest.approx(0.02, rel=0.01)
+    assert "page cache served the rest" in r.warnings[0] and "vda" in r.warnings[0]
+
+
+def test_buffered_figure_the_disk_served_stands():
+    r = _recorded()
+    r.device_bytes = r.io_bytes + r.io_bytes // 50  # readahead: the disk read a bit more
+    assert check_plausible(r, direct=False, device="vda").plausible, r.warnings
+
+
+def test_buffered_share_that_passes_direct_fails_buffered():
+    # 60 % is enough to show direct reads reached the disk, not that a buffered figure is
+    # the disk's (the cache served 40 % of it).
+    share = (MIN_DEVICE_SHARE + MIN_DEVICE_SHARE_BUFFERED) / 2
+    direct, buffered = _recorded(), _recorded()
+    for r in (direct, buffered):
+        r.device_bytes = int(r.io_bytes * share)
+    assert check_plausible(direct, direct=True, device="vda").plausible
+    assert not check_plausible(buffered, direct=False, device="vda").plausible
+
+
+def test_buffered_without_a_device_is_unverifiable():
+    r = check_plausible(_recorded(), direct=False, device=None)
+    assert not r.plausible and r.device_share is None
+    assert r.warnings[0].startswith("rand_read: unverifiable")
+
+
+def test_ram_backed_is_never_plausible_even_direct():
+    r = check_plausible(_recorded(), direct=True, device=None, memory_fs="tmpfs")
+    assert not r.plausible and "RAM-backed" in r.warnings[0] and "tmpfs" in r.warnings[0]
+
+
+def test_direct_without_a_device_stands_unchecked():
+    # NFS, overlay: O_DIRECT bypassed this host's page cache; there is nothing to compare.
+    r = check_plausible(_recorded(), direct=True, device=None)
+    assert r.plausible and r.device_share is None

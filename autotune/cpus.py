@@ -1,0 +1,198 @@
+"""How much CPU this process may use: its affinity mask and every cgroup CPU quota above it.
+
+A Slurm job, a systemd slice or a container without a cgroup namespace sets its quota on
+the process's own cgroup (or an ancestor of it), not on the hierarchy's root, so the
+root's `cpu.max` says "max" while the job may run 1.5 cores. This module reads
+`/proc/self/cgroup`, finds where each hierarchy is mounted (`/proc/self/mountinfo`) and
+walks from the process's own cgroup directory up to the mount's root, reading
+
+* cgroup v1, the hierarchy holding the `cpu` controller (mounted alone or as
+  `cpu,cpuacct`): `cpu.cfs_quota_us` / `cpu.cfs_period_us` (-1: no quota);
+* cgroup v2: `cpu.max` ("QUOTA PERIOD", or "max PERIOD" for none).
+
+The kernel enforces every quota on the way up, so the smallest one binds; the affinity
+mask (`os.sched_getaffinity`, which a cpuset or `taskset` narrows) is a bound as well, and
+the minimum of all of them wins.
+
+Rounding: a quota is CPU *time* (1.5 cores = 150 ms of CPU per 100 ms), so throughput
+scales with the fractional figure and `CpuLimit.cores` keeps it (the decode ceiling is
+per-core rate x 1.5). Whole processes do not: a third worker process under a 1.5-core
+quota finds no CPU time left and the quota throttles all of them at the end of each
+period, so `CpuLimit.whole` rounds *down*, and is at least 1 (one process always runs).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CpuLimit", "Quota", "cgroup_quotas", "cpu_limit", "usable_cores"]
+
+CGROUP_FILE = "/proc/self/cgroup"
+MOUNTINFO_FILE = "/proc/self/mountinfo"
+# A quota within this of a whole number is that number (150000/100000 is 1.5 exactly, but
+# a period of 33333 us makes 1 core 0.99999...).
+_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Quota:
+    """One cgroup CPU quota found on the way up."""
+
+    cores: float  # quota / period
+    file: str     # the file it was read from
+    raw: str      # its content, as the kernel wrote it
+
+    def describe(self) -> str:
+        return f"{self.file} = {self.raw} ({self.cores:g} core(s))"
+
+
+@dataclass(frozen=True)
+class CpuLimit:
+    """The CPUs this process may use and where the figure came from."""
+
+    cores: float                 # the binding figure; fractional when a quota binds
+    source: str                  # what bound it: the affinity mask or a quota file
+    affinity: int                # CPUs in the affinity mask
+    quota: Quota | None = None   # the smallest cgroup quota found, None when unlimited
+    quotas: tuple[Quota, ...] = ()  # every quota found, own cgroup first
+
+    @property
+    def whole(self) -> int:
+        """Whole cores for worker counts: rounded down, at least 1 (see module doc)."""
+        return max(1, math.floor(self.cores + _EPS))
+
+    def to_dict(self) -> dict:
+        return {"cores": self.cores, "whole": self.whole, "source": self.source,
+                "affinity": self.affinity,
+                "quota_cores": None if self.quota is None else self.quota.cores,
+                "quotas": [q.describe() for q in self.quotas]}
+
+
+def _affinity() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _unescape(field: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as a backslash and three octal
+    # digits.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _cgroup_mounts(mountinfo_text: str) -> list[tuple[str, str, str]]:
+    """(kind, mount root, mountpoint) of each v1 cpu and each v2 mount; kind is "v1"/"v2"."""
+    out = []
+    for line in mountinfo_text.splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) < 5 or not rparts:
+            continue
+        fstype = rparts[0]
+        opts = set(rparts[2].split(",")) if len(rparts) > 2 else set()
+        if fstype == "cgroup2":
+            out.append(("v2", _unescape(parts[3]), _unescape(parts[4])))
+        elif fstype == "cgroup" and "cpu" in opts:
+            out.append(("v1", _unescape(parts[3]), _unescape(parts[4])))
+    return out
+
+
+def _own_paths(cgroup_text: str) -> dict[str, str]:
+    """The process's cgroup path in the v1 cpu hierarchy and in the v2 one."""
+    paths: dict[str, str] = {}
+    for line in cgroup_text.splitlines():
+        hid, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not path:
+            continue
+        if hid == "0" and controllers == "":
+            paths["v2"] = path
+        elif "cpu" in controllers.split(","):
+            paths["v1"] = path
+    return paths
+
+
+def _read_quota(kind: str, d: Path) -> Quota | None:
+    """The quota set in cgroup directory `d`, None when none is set or none is readable."""
+    try:
+        if kind == "v2":
+            f = d / "cpu.max"
+            raw = f.read_text().strip()
+            q, _, period = raw.partition(" ")
+            if q == "max":
+                return None
+            return Quota(int(q) / int(period), str(f), raw)
+        f = d / "cpu.cfs_quota_us"
+        q = int(f.read_text())
+        if q <= 0:  # -1: no quota
+            return None
+        period = int((d / "cpu.cfs_period_us").read_text())
+        return Quota(q / period, str(f), f"{q} (period {period})")
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def cgroup_quotas(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
+                  mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE) -> list[Quota]:
+    """Every CPU quota set on the process's own cgroup and its ancestors, v1 and v2, own
+    cgroup first. Ancestors above what this mount namespace shows (a container's mount
+    root) cannot be read and are not in the list. [] when /proc is unreadable."""
+    try:
+        own = _own_paths(Path(cgroup_file).read_text())
+        mounts = _cgroup_mounts(Path(mountinfo_file).read_text())
+    except OSError:
+        return []
+    found: list[Quota] = []
+    seen: set[str] = set()
+    for kind, root, mnt in mounts:
+        path = own.get(kind)
+        if path is None:
+            continue
+        root = root.rstrip("/")
+        if not (path == root or path.startswith(root + "/") or root == ""):
+            continue  # this mount shows another part of the tree, not our cgroup
+        top = Path(mnt)
+        d = top / path[len(root):].lstrip("/")
+        while True:
+            key = os.path.realpath(d)
+            if key not in seen:  # a hierarchy mounted twice is read once
+                seen.add(key)
+                q = _read_quota(kind, d)
+                if q is not None:
+                    found.append(q)
+            if d == top or top not in d.parents:
+                break
+            d = d.parent
+    return found
+
+
+def cpu_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
+              mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE,
+              affinity: int | None = None) -> CpuLimit:
+    """The binding CPU limit: the affinity mask and every quota above the process, the
+    minimum wins (`affinity` overrides the mask, for tests)."""
+    n = _affinity() if affinity is None else affinity
+    quotas = cgroup_quotas(cgroup_file=cgroup_file, mountinfo_file=mountinfo_file)
+    smallest = min(quotas, key=lambda q: q.cores, default=None)
+    if smallest is not None and smallest.cores < n:
+        return CpuLimit(cores=smallest.cores, source=f"cgroup CPU quota {smallest.describe()}",
+                        affinity=n, quota=smallest, quotas=tuple(quotas))
+    return CpuLimit(cores=float(n), source=f"affinity mask ({n} CPUs)", affinity=n,
+                    quota=smallest, quotas=tuple(quotas))
+
+
+def usable_cores() -> int:
+    """Whole cores this process may use at once (worker counts): see `cpu_limit`."""
+    return cpu_limit().whole
