@@ -59,24 +59,32 @@ class ConvertOptions:
             raise UsageError(f"format must be one of {', '.join(registry.names(writable=True))}, "
                              f"but got {self.format!r}.", setting="format")
         if self.on_error not in ON_ERROR:
-            raise UsageError(f"--on-error must be skip or fail, but got {self.on_error!r}.")
+            raise UsageError(f"on_error must be skip or fail, but got {self.on_error!r}.",
+                             setting="on_error")
         if self.verify not in VERIFY_LEVELS:
-            raise UsageError(f"--verify must be header or decode, but got {self.verify!r}.")
+            raise UsageError(f"verify must be header or decode, but got {self.verify!r}.",
+                             setting="verify")
         if self.shard_size < 1 << 16:
-            raise UsageError(f"--shard-size must be at least 64KiB, but got {self.shard_size} "
-                             "bytes (shards of one image each defeat the purpose).")
+            raise UsageError(f"shard_size must be at least 64KiB, but got {self.shard_size} "
+                             "bytes (shards of one image each defeat the purpose).",
+                             setting="shard_size")
         if self.workers < 1:
-            raise UsageError(f"--workers must be at least 1, but got {self.workers}.")
+            raise UsageError(f"workers must be at least 1, but got {self.workers}.",
+                             setting="workers")
         if self.readers < 1:
-            raise UsageError(f"--readers must be at least 1, but got {self.readers}.")
+            raise UsageError(f"readers must be at least 1, but got {self.readers}.",
+                             setting="readers")
         if not -(1 << 63) <= self.seed < 1 << 63:
-            raise UsageError(f"--seed must fit in 64 bits, but got {self.seed}.")
+            raise UsageError(f"seed must fit in 64 bits, but got {self.seed}.", setting="seed")
         if self.max_side is not None and self.max_side < 16:
-            raise UsageError(f"--max-side must be at least 16 pixels, but got {self.max_side}.")
+            raise UsageError(f"max_side must be at least 16 pixels, but got {self.max_side}.",
+                             setting="max_side")
         if not 1 <= self.quality <= 100:
-            raise UsageError(f"--quality must be between 1 and 100, but got {self.quality}.")
+            raise UsageError(f"quality must be between 1 and 100, but got {self.quality}.",
+                             setting="quality")
         if self.map_size is not None and self.map_size < 1 << 16:
-            raise UsageError(f"map_size must be at least 64KiB, but got {self.map_size}.")
+            raise UsageError(f"map_size must be at least 64KiB, but got {self.map_size}.",
+                             setting="map_size")
 
     def fingerprint(self, src: str) -> dict[str, Any]:
         d: dict[str, Any] = {"format": self.format, "source": src, "seed": self.seed,
@@ -152,7 +160,7 @@ def _check_paths(src: Path, dst: Path, file_list: str | None) -> None:
         raise UsageError(f"{src}: not a directory (SRC is an image folder, or the root the "
                          "--file-list paths are relative to).")
     if file_list and not Path(file_list).is_file():
-        raise UsageError(f"{file_list}: no such file (--file-list).")
+        raise UsageError(f"{file_list}: no such file (the file list).", setting="file_list")
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or (rs in rd.parents and not file_list):  # a file list names its files
         raise UsageError(f"{dst}: inside SRC {src}; the output would be scanned as input. "

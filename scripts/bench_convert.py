@@ -138,7 +138,7 @@ def _convert(src: Path, dst: Path, fmt: str, workers: int, cold: bool = True) ->
     if cold:
         _cold()
     t0 = time.monotonic()
-    r = subprocess.run([PY, "-m", "autotune.cli_convert", "-q", str(src), str(dst), "--format",
+    r = subprocess.run([PY, "-m", "autotune", "convert", "-q", str(src), str(dst), "--format",
                         fmt, "--workers", str(workers), "--json", "-"], capture_output=True,
                        text=True, cwd=ROOT)
     wall = time.monotonic() - t0
@@ -248,7 +248,7 @@ def _rss_main(src: Path, dst: Path, fmt: str, workers: int) -> dict:
         os.chdir(ROOT)
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(null, 1)
-        os.execv(PY, [PY, "-m", "autotune.cli_convert", "-q", str(src), str(dst), "--format",
+        os.execv(PY, [PY, "-m", "autotune", "convert", "-q", str(src), str(dst), "--format",
                       fmt, "--workers", str(workers)])
     worker_peak = 0
     proc = psutil.Process(pid)

@@ -281,7 +281,7 @@ def main() -> int:
         print(ln)
     out = Path(a.json)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report.write_json_atomic(out, {"header": head, "rows": results})
+    report.write_json(out, {"header": head, "rows": results})
     log(f"JSON: {out}")
     return 0
 

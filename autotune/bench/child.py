@@ -245,10 +245,13 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
         source = MemorySource(source, cfg.in_memory, seed=cfg.seed)
     out["dataset"] = source.info()
     marks["scanned"] = time.monotonic()
-    kwargs: dict[str, Any] = {}
+    from autotune.params import loader_kwargs
+
+    # Built-in settings as the registry applies them (worker-only ones with workers);
+    # loader_extra as it is (the caller registered and checked those).
+    kwargs = {**loader_kwargs(cfg.loader_settings()), **cfg.loader_extra}
     if cfg.num_workers > 0:
-        kwargs.update(prefetch_factor=cfg.prefetch_factor, timeout=cfg.batch_timeout_s,
-                      persistent_workers=cfg.persistent_workers, worker_init_fn=_worker_init)
+        kwargs.update(timeout=cfg.batch_timeout_s, worker_init_fn=_worker_init)
     if getattr(source, "iterable", False):
         # WebDataset shards: the dataset shuffles shards and a sample buffer itself and
         # splits shards by worker; DataLoader must not add a sampler.
@@ -257,16 +260,13 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
         note = source.readers_note(cfg.num_workers)
         if note:
             out.setdefault("warnings", []).append(note)
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=cfg.batch_size, num_workers=cfg.num_workers,
-            pin_memory=cfg.pin_memory, drop_last=True, **kwargs)
+        loader = torch.utils.data.DataLoader(dataset, drop_last=True, **kwargs)
     else:
         dataset = ImageDataset(source, build_transform(cfg.transform))
         gen = torch.Generator()
         gen.manual_seed(cfg.seed)
-        loader = torch.utils.data.DataLoader(
-            dataset, batch_size=cfg.batch_size, shuffle=cfg.shuffle, num_workers=cfg.num_workers,
-            pin_memory=cfg.pin_memory, drop_last=True, generator=gen, **kwargs)
+        loader = torch.utils.data.DataLoader(dataset, shuffle=cfg.shuffle, drop_last=True,
+                                             generator=gen, **kwargs)
     epoch_batches = len(loader)
     out["epoch_batches"] = epoch_batches
     if epoch_batches == 0:

@@ -9,6 +9,7 @@ from typing import Any
 from autotune.data.presets import load_preset
 from autotune.data.transforms import TransformSpec
 from autotune.errors import UsageError
+from autotune.params import PARAMS
 from converters import registry
 
 DEFAULT_PRESET = "resnet50"
@@ -65,6 +66,8 @@ class BenchConfig:
     seed: int = 0
     monitor_interval_s: float = 0.5
     preset: str | None = None
+    # DataLoader settings of the search's parameter registry that are not fields here.
+    loader_extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_preset(cls, preset: str = DEFAULT_PRESET, **overrides: Any) -> BenchConfig:
@@ -76,19 +79,25 @@ class BenchConfig:
         """
         p = load_preset(preset)
         names = {f.name for f in fields(cls)}
-        unknown = sorted(set(overrides) - names)
+        unknown = sorted(set(overrides) - names - set(PARAMS))
         if unknown:
             raise UsageError(f"unknown bench setting(s) {', '.join(unknown)}.")
         given = {k: v for k, v in overrides.items() if v is not None}
+        extra = {k: given.pop(k) for k in list(given) if k not in names}
         base = cls(batch_size=p.batch_size, compute_ms=p.compute_ms, transform=p.transform,
                    num_workers=p.loader.num_workers, prefetch_factor=p.loader.prefetch_factor,
                    pin_memory=p.loader.pin_memory, persistent_workers=p.loader.persistent_workers,
                    preset=p.name)
-        cfg = replace(base, **given)
-        if cfg.num_workers == 0 and "prefetch_factor" not in given:
-            cfg.prefetch_factor = None
-        if cfg.num_workers == 0 and "persistent_workers" not in given:
-            cfg.persistent_workers = False
+        cfg = replace(base, **given, loader_extra={**base.loader_extra, **extra})
+        if cfg.num_workers == 0:
+            # A preset's worker-only settings do not apply without workers; given ones
+            # are refused by validate() in their own words. Extra settings that do not
+            # apply are dropped: loader_extra reaches DataLoader as it is.
+            for prm in PARAMS.values():
+                if prm.workers_only and prm.name not in given and prm.name in names:
+                    setattr(cfg, prm.name, prm.off)
+                if prm.workers_only and prm.name in cfg.loader_extra:
+                    del cfg.loader_extra[prm.name]
         if "step" in given:
             cfg.compute_ms = 0.0 if "compute_ms" not in given else cfg.compute_ms
         return cfg
@@ -98,15 +107,15 @@ class BenchConfig:
         refuse or that cannot give an honest figure. Returns self."""
         def need_int(name: str, v: Any, lo: int) -> None:
             if isinstance(v, bool) or not isinstance(v, int):
-                raise UsageError(f"{name} must be an integer, but got {v!r}.")
+                raise UsageError(f"{name} must be an integer, but got {v!r}.", setting=name)
             if v < lo:
-                raise UsageError(f"{name} must be at least {lo}, but got {v}.")
+                raise UsageError(f"{name} must be at least {lo}, but got {v}.", setting=name)
 
         def need_pos(name: str, v: Any, allow_zero: bool = False) -> None:
             ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
             if not ok or v < 0 or (v == 0 and not allow_zero):
                 word = "a number >= 0" if allow_zero else "positive"
-                raise UsageError(f"{name} must be {word}, but got {v!r}.")
+                raise UsageError(f"{name} must be {word}, but got {v!r}.", setting=name)
 
         need_int("batch_size", self.batch_size, 1)
         need_int("num_workers", self.num_workers, 0)
@@ -125,26 +134,31 @@ class BenchConfig:
             need_int("in_memory", self.in_memory, 1)
             if self.cold:
                 raise UsageError("in_memory reads no storage, so it cannot be cold: set "
-                                 "cold=False (--warm); it is labelled FROM MEMORY.")
+                                 "cold=False; it is labelled FROM MEMORY.",
+                                 setting=("in_memory", "cold"))
         if self.prefetch_factor is not None:
             need_int("prefetch_factor", self.prefetch_factor, 1)
             if self.num_workers == 0:
                 raise UsageError(
                     f"prefetch_factor={self.prefetch_factor} needs num_workers > 0: with 0 "
                     "workers the main process loads each batch when it is asked for and "
-                    "nothing is prefetched. Drop prefetch_factor or set num_workers.")
+                    "nothing is prefetched. Drop prefetch_factor or set num_workers.",
+                    setting=("prefetch_factor", "num_workers"))
         elif self.num_workers > 0:
-            raise UsageError("prefetch_factor must be at least 1 when num_workers > 0, but got None.")
+            raise UsageError("prefetch_factor must be at least 1 when num_workers > 0, but got "
+                             "None.", setting="prefetch_factor")
         if self.persistent_workers and self.num_workers == 0:
             raise UsageError("persistent_workers needs num_workers > 0 (with 0 workers there is "
-                             "no worker process to keep between epochs).")
+                             "no worker process to keep between epochs).",
+                             setting=("persistent_workers", "num_workers"))
         if self.step is not None:
             if not isinstance(self.step, str) or ":" not in self.step or self.step.endswith(":"):
                 raise UsageError(f"step must be 'module:function' or 'file.py:function', "
-                                 f"but got {self.step!r}.")
+                                 f"but got {self.step!r}.", setting="step")
             if self.compute_ms:
                 raise UsageError("give either compute_ms (an emulated step) or step (a real "
-                                 f"one), not both (compute_ms={self.compute_ms:g}).")
+                                 f"one), not both (compute_ms={self.compute_ms:g}).",
+                                 setting=("compute_ms", "step"))
         if self.format not in registry.choices():
             raise UsageError(f"format must be one of {', '.join(registry.choices())}, but got "
                              f"{self.format!r}.", setting="format")
@@ -152,8 +166,15 @@ class BenchConfig:
             raise UsageError("transform must be a TransformSpec.")
         if self.timeout_s is not None and self.timeout_s <= self.seconds:
             raise UsageError(f"timeout_s ({self.timeout_s:g} s) must be longer than the measured "
-                             f"window ({self.seconds:g} s) plus startup and warm-up.")
+                             f"window ({self.seconds:g} s) plus startup and warm-up.",
+                             setting=("timeout_s", "seconds"))
         return self
+
+    def loader_settings(self) -> dict[str, Any]:
+        """The DataLoader settings of the parameter registry as this configuration sets
+        them: its fields, then loader_extra (registered by the caller; already applicable)."""
+        names = {f.name for f in fields(self)}
+        return {**{k: getattr(self, k) for k in PARAMS if k in names}, **self.loader_extra}
 
     @property
     def effective_warmup(self) -> int:

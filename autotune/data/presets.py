@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from autotune.configfiles import load_yaml
 from autotune.data.transforms import TransformSpec
 from autotune.errors import UsageError
 
@@ -89,15 +88,7 @@ def load_preset(name_or_path: str | os.PathLike[str]) -> Preset:
         if not path.is_file():
             known = ", ".join(list_presets()) or f"none found in {presets_dir()}"
             raise UsageError(f"unknown preset {s!r}; available: {known} (or pass a YAML file).")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise UsageError(f"preset {path}: {e.strerror}.") from e
-    except yaml.YAMLError as e:
-        raise UsageError(f"preset {path}: not valid YAML ({e}).") from e
-    if not isinstance(raw, dict):
-        raise UsageError(f"preset {path}: expected a mapping of keys, got {type(raw).__name__}.")
-    return _parse(raw, path)
+    return _parse(load_yaml(path, "preset"), path)
 
 
 def _parse(raw: dict[str, Any], path: Path) -> Preset:

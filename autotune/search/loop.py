@@ -202,11 +202,12 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
 
 def write_loop_outputs(res: LoopResult, out: Path) -> None:
     """out/search.json (both searches) and out/report.html (both side by side)."""
-    from autotune import report_html
-    from autotune.report import write_json_atomic, write_text_atomic
+    from autotune.report import html as report_html
+    from autotune.report import write_json
+    from converters.fsutil import write_text_atomic
 
     d = res.to_dict()
-    write_json_atomic(out / "search.json", d)
+    write_json(out / "search.json", d)
     sections = [(f"before: {res.before.dataset}", res.before.to_dict())]
     if res.after is not None:
         sections.append((f"after: {res.after.dataset} (converted, staged)", res.after.to_dict()))

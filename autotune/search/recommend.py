@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.search.records import TrialRecord
-from autotune.search.space import config_key
+from autotune.params import PARAMS, config_key, cost_key
 
 KNEE_TOLERANCE = 0.03
 
@@ -29,10 +29,7 @@ def knee(trials: list[TrialRecord], tolerance: float = KNEE_TOLERANCE) -> TrialR
     near = [t for t in trials if t.ok and t.images_per_s >= floor]  # type: ignore[operator]
 
     def cost(t: TrialRecord) -> tuple:
-        p = t.params
-        return (p.get("num_workers", 0), p.get("prefetch_factor") or 0,
-                bool(p.get("persistent_workers")), bool(p.get("pin_memory")),
-                round(t.memory_mib), -(t.images_per_s or 0))
+        return (*cost_key(t.params), round(t.memory_mib), -(t.images_per_s or 0))
 
     return min(near, key=cost)
 
@@ -81,22 +78,21 @@ def baseline_params(cores: int) -> dict[str, Any]:
             "pin_memory": True}
 
 
+def _settings(params: dict[str, Any], batch_size: int) -> list[tuple[Any, Any]]:
+    """(Param, value) of each setting that applies, batch_size first."""
+    full = {"batch_size": batch_size, **params}
+    return [(PARAMS["batch_size"], full["batch_size"])] + [
+        (p, full[n]) for n, p in PARAMS.items()
+        if n != "batch_size" and n in full and p.applies(full)]
+
+
 def dataloader_snippet(params: dict[str, Any], batch_size: int) -> str:
     """Ready-to-paste DataLoader call for the recommended configuration."""
-    args = [f"batch_size={params.get('batch_size', batch_size)}", "shuffle=True",
-            f"num_workers={params['num_workers']}"]
-    if params["num_workers"] > 0:
-        args.append(f"prefetch_factor={params['prefetch_factor']}")
-        args.append(f"persistent_workers={params.get('persistent_workers', False)}")
-    args.append(f"pin_memory={params.get('pin_memory', False)}")
+    args = [f"{p.name}={p.python(v)}" for p, v in _settings(params, batch_size)]
+    args.insert(1, "shuffle=True")
     return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
 
 
 def yaml_block(params: dict[str, Any], batch_size: int) -> str:
-    lines = ["dataloader:", f"  batch_size: {params.get('batch_size', batch_size)}",
-             f"  num_workers: {params['num_workers']}"]
-    if params["num_workers"] > 0:
-        lines += [f"  prefetch_factor: {params['prefetch_factor']}",
-                  f"  persistent_workers: {str(bool(params.get('persistent_workers'))).lower()}"]
-    lines.append(f"  pin_memory: {str(bool(params.get('pin_memory'))).lower()}")
+    lines = ["dataloader:"] + [f"  {p.name}: {p.yaml(v)}" for p, v in _settings(params, batch_size)]
     return "\n".join(lines)

@@ -12,65 +12,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from autotune.configfiles import load_yaml
 from autotune.errors import UsageError
+from autotune.params import PARAMS, config_key
 
 SPACES_DIR = Path(__file__).resolve().parent.parent.parent / "configs" / "search"
-_KEYS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "batch_size")
 
 
 @dataclass
 class SearchSpace:
-    """Resolved choices for each setting; a single choice means the setting is fixed."""
+    """Resolved choices of each searched setting (autotune.params); a single choice means
+    the setting is fixed, a setting absent is not searched (the preset's value)."""
 
-    num_workers: list[int]
-    prefetch_factor: list[int]
-    persistent_workers: list[bool]
-    pin_memory: list[bool]
-    batch_size: list[int] | None = None  # None: the preset's batch size, not searched
+    choices: dict[str, list[Any]]
     notes: list[str] = field(default_factory=list)
     source: str = ""
 
+    def __getattr__(self, name: str) -> Any:
+        if name in PARAMS:
+            return self.__dict__["choices"].get(name)
+        raise AttributeError(name)
+
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in _KEYS} | {"notes": self.notes, "source": self.source}
+        return {k: self.choices.get(k) for k in PARAMS} | {"notes": self.notes,
+                                                            "source": self.source}
 
     def suggest(self, trial: Any) -> dict[str, Any]:
-        """Draw one configuration from an Optuna trial (prefetch only when workers > 0:
-        DataLoader refuses prefetch_factor with 0 workers)."""
-        p: dict[str, Any] = {"num_workers": _pick(trial, "num_workers", self.num_workers)}
-        if p["num_workers"] > 0:
-            p["prefetch_factor"] = _pick(trial, "prefetch_factor", self.prefetch_factor)
-            p["persistent_workers"] = _pick(trial, "persistent_workers", self.persistent_workers)
-        else:
-            p["prefetch_factor"] = None
-            p["persistent_workers"] = False
-        p["pin_memory"] = _pick(trial, "pin_memory", self.pin_memory)
-        if self.batch_size:
-            p["batch_size"] = _pick(trial, "batch_size", self.batch_size)
+        """Draw one configuration from an Optuna trial (worker-only settings only when
+        workers > 0: DataLoader refuses prefetch_factor with 0 workers)."""
+        p: dict[str, Any] = {}
+        for name, prm in PARAMS.items():
+            if name not in self.choices:
+                continue
+            p[name] = _pick(trial, name, self.choices[name]) if prm.applies(p) else prm.off
         return p
 
     def grid(self) -> list[dict[str, Any]]:
         """Every distinct configuration of the space (workers 0 has no prefetch choices)."""
         out: list[dict[str, Any]] = []
         seen: set[tuple] = set()
-        for w, pf, pers, pin, bs in itertools.product(
-                self.num_workers, self.prefetch_factor, self.persistent_workers,
-                self.pin_memory, self.batch_size or [None]):
-            p = {"num_workers": w, "prefetch_factor": pf if w else None,
-                 "persistent_workers": pers if w else False, "pin_memory": pin}
-            if bs is not None:
-                p["batch_size"] = bs
+        names = [n for n in PARAMS if n in self.choices]
+        for values in itertools.product(*(self.choices[n] for n in names)):
+            p: dict[str, Any] = {}
+            for n, v in zip(names, values):
+                p[n] = v if PARAMS[n].applies(p) else PARAMS[n].off
             key = config_key(p)
             if key not in seen:
                 seen.add(key)
                 out.append(p)
         return out
-
-
-def config_key(p: dict[str, Any]) -> tuple:
-    """A hashable identity of a configuration (for duplicates and look-ups)."""
-    return tuple((k, p.get(k)) for k in _KEYS if k in p or k != "batch_size")
 
 
 def _pick(trial: Any, name: str, choices: list[Any]) -> Any:
@@ -109,48 +99,32 @@ def load_space(path: str | Path | None = None, *, cores: int, cuda: bool,
     p = Path(path) if path else SPACES_DIR / "default.yaml"
     if not p.is_file() and path and (SPACES_DIR / f"{path}.yaml").is_file():
         p = SPACES_DIR / f"{path}.yaml"
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read the search space ({e.strerror}).") from e
-    except yaml.YAMLError as e:
-        raise UsageError(f"{p}: not valid YAML ({e}).") from e
-    if not isinstance(raw, dict):
-        raise UsageError(f"{p}: a search space is a mapping of setting -> choices.")
-    unknown = sorted(set(raw) - set(_KEYS))
+    raw = load_yaml(p, "search space")
+    unknown = sorted(set(raw) - set(PARAMS))
     if unknown:
         raise UsageError(f"{p}: unknown setting(s) {', '.join(unknown)}; a space may set "
-                         f"{', '.join(_KEYS)}.")
+                         f"{', '.join(PARAMS)}.")
+    ctx = {"cores": cores, "cuda": cuda,
+           "worker_bound": max_workers_for(cores, best_concurrency)}
     notes: list[str] = []
-
-    def choices(key: str, default: Any) -> Any:
-        entry = raw.get(key, {"choices": default})
+    choices: dict[str, list[Any]] = {}
+    for name, prm in PARAMS.items():
+        entry = raw.get(name, {"choices": prm.choices})
         if not isinstance(entry, dict):
             entry = {"choices": entry}
-        return entry.get("choices", default), entry
-
-    w, wentry = choices("num_workers", "auto")
-    if w == "auto":
-        bound, why = max_workers_for(cores, best_concurrency)
-        cands = wentry.get("candidates") or list(range(0, bound + 1))
-        w = sorted({c for c in cands if c <= bound} | {0, bound})
-        notes.append(f"num_workers 0..{bound}: {why}")
-    w = _int_list(p, "num_workers", w, 0)
-    pf = _int_list(p, "prefetch_factor", choices("prefetch_factor", [1, 2, 4, 8])[0], 1)
-    pers = _bool_list(p, "persistent_workers", choices("persistent_workers", [False, True])[0])
-    pin_raw = choices("pin_memory", "auto")[0]
-    if pin_raw == "auto":
-        pin = [False, True] if cuda else [False]
-        if not cuda:
-            notes.append("pin_memory fixed to false: no CUDA here, so pinning has no effect")
-    else:
-        pin = _bool_list(p, "pin_memory", pin_raw)
-    bs = choices("batch_size", None)[0]
-    bs = None if bs is None else _int_list(p, "batch_size", bs, 1)
-    if bs:
-        notes.append(f"batch size searched over {bs}: it changes training (learning rate, "
-                     "convergence); only images/s is compared here")
-    return SearchSpace(w, pf, pers, pin, bs, notes, str(p))
+        v = entry.get("choices", prm.choices)
+        if v is None:
+            continue  # not searched: the preset's value
+        if v == "auto" and prm.resolve is not None:
+            v, note = prm.resolve({**ctx, "candidates": entry.get("candidates")})
+            if note:
+                notes.append(note)
+        choices[name] = (_bool_list(p, name, v) if prm.kind is bool
+                         else _int_list(p, name, v, prm.minimum))
+    if "batch_size" in choices:
+        notes.append(f"batch size searched over {choices['batch_size']}: it changes training "
+                     "(learning rate, convergence); only images/s is compared here")
+    return SearchSpace(choices, notes, str(p))
 
 
 def _int_list(p: Path, name: str, v: Any, lo: int) -> list[int]:

@@ -505,14 +505,15 @@ def _revise(ceilings: Ceilings, rec: TrialRecord, say: Progress) -> None:
 
 def write_outputs(res: SearchResult) -> None:
     """out/search.json and out/report.html, each written whole or not at all."""
-    from autotune import report_html
-    from autotune.report import write_json_atomic, write_text_atomic
+    from autotune.report import html as report_html
+    from autotune.report import write_json
+    from converters.fsutil import write_text_atomic
 
     out = Path(res.out_dir)
     res.json_file = str(out / "search.json")
     res.report_html = str(out / "report.html")
     d = res.to_dict()
-    write_json_atomic(res.json_file, d)
+    write_json(res.json_file, d)
     write_text_atomic(res.report_html, report_html.render([(f"search: {res.dataset}", d)]))
 
 

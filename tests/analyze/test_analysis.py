@@ -192,11 +192,11 @@ def test_a_large_log_is_streamed_in_constant_memory(tmp_path):
 
 def test_cli_analyze_json_to_stdout_and_one_line_errors(tmp_path):
     log = own_log(tmp_path / "s.jsonl", [[(0.05, 0.1)] * 30])
-    r = subprocess.run([sys.executable, "-m", "autotune.cli_analyze", "analyze", str(log),
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(log),
                         "--json", "-"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["steps"] == 22 and "Verdict:" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "autotune.cli_analyze", "analyze",
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze",
                         str(tmp_path / "nope.log")], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert r.stderr.startswith("autotune analyze: error: ") and "nope.log" in r.stderr

@@ -89,7 +89,7 @@ time.sleep(30)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_cli_forwards_signals_and_exits_with_the_commands_status(tmp_path, sig):
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "autotune.cli_analyze", "monitor", "--out",
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "monitor", "--out",
                           str(out), "--no-gpu", "--interval", "0.2", "--", sys.executable,
                           "-c", TRAPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=REPO)
@@ -106,7 +106,7 @@ def test_cli_forwards_signals_and_exits_with_the_commands_status(tmp_path, sig):
 
 
 def test_cli_monitor_needs_a_command(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "autotune.cli_analyze", "monitor", "--out",
+    r = subprocess.run([sys.executable, "-m", "autotune", "monitor", "--out",
                         str(tmp_path / "r"), "--"], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2 and "put it after `--`" in r.stderr
 

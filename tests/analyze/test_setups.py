@@ -1,6 +1,6 @@
 """The proof of issue 7: a real training loop (real DataLoader, real worker processes,
 generated JPEGs, an emulated step) run under `autotune monitor` as a real subprocess
-(`python -m autotune.cli_analyze monitor --json FILE -- python train_loop.py ...`), in four
+(`python -m autotune monitor --json FILE -- python train_loop.py ...`), in four
 set-ups whose verdicts must come out right every time:
 
   compute  2 workers (all cores), light transform, 250 ms step: the input keeps up
@@ -41,7 +41,7 @@ def _cores() -> int:
 
 def _monitor(out: Path, data: Path, loop_args: list[str], *, runner=subprocess.run,
              timeout: float = 120) -> dict:
-    cmd = [sys.executable, "-m", "autotune.cli_analyze", "monitor", "--out", str(out),
+    cmd = [sys.executable, "-m", "autotune", "monitor", "--out", str(out),
            "--data", str(data), "--interval", "0.25", "--no-gpu", "--json", str(out / "analysis.json"),
            "--", sys.executable, str(TRAIN_LOOP), "--dataset", str(data), "--cpus", str(CPUS),
            *loop_args]

@@ -15,6 +15,7 @@ import torch.utils.data
 
 from autotune import report
 from autotune.bench import BenchConfig, run_bench
+from autotune.cli.tables.bench import bench_renderable
 from autotune.bench.residency import preload
 from autotune.data import TransformSpec, build_transform, open_source
 from autotune.data.torchds import ImageDataset
@@ -135,7 +136,7 @@ def _render(res) -> str:
     from rich.console import Console
 
     c = Console(width=200, record=True)
-    c.print(report.bench_renderable(res))
+    c.print(bench_renderable(res))
     return c.export_text()
 
 

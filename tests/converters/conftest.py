@@ -141,7 +141,7 @@ def bad_cases() -> dict[str, str | None]:
 def run_cli() -> Callable[..., subprocess.CompletedProcess]:
     """Run `autotune convert` as a user would: a real process."""
     def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "autotune.cli_convert", "-q", *map(str, args)],
+        return subprocess.run([sys.executable, "-m", "autotune", "convert", "-q", *map(str, args)],
                               capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     return run
 
@@ -149,7 +149,7 @@ def run_cli() -> Callable[..., subprocess.CompletedProcess]:
 @pytest.fixture
 def popen_cli() -> Callable[..., subprocess.Popen]:
     def start(*args: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "autotune.cli_convert", "-q",
+        return subprocess.Popen([sys.executable, "-m", "autotune", "convert", "-q",
                                  *map(str, args)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, cwd=ROOT)
     return start

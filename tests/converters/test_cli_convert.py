@@ -57,7 +57,7 @@ def test_progress_bar_on_a_terminal_shows_rates_and_eta(img_src, work_dir):
     import subprocess
     import sys
 
-    cmd = (f"{sys.executable} -m autotune.cli_convert {img_src} {work_dir / 'out'} --format wds "
+    cmd = (f"{sys.executable} -m autotune convert {img_src} {work_dir / 'out'} --format wds "
            "--readers 2 --workers 2")
     log = work_dir / "typescript"
     r = subprocess.run(["script", "-qec", cmd, str(log)], capture_output=True, timeout=120,

@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from autotune.params import cells, shown
+
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
@@ -197,8 +199,8 @@ def search_section(d: dict[str, Any], title: str) -> str:
                                     title=f"Recommended trial {rec.get('trial')}: disk r/s",
                                     xlabel="seconds", ylabel="r/s", x_ticks=_sec_ticks(rps)))
     v = d.get("verdict") or {}
-    rows = [[t["number"], t["params"]["num_workers"], t["params"].get("prefetch_factor"),
-             t["params"].get("persistent_workers"), t["params"].get("pin_memory"), t["state"],
+    cols = shown([t["params"] for t in d["trials"]])
+    rows = [[t["number"], *cells(t["params"], cols), t["state"],
              _n(t["images_per_s"]), _n(t["au"], ".2f"), _n(t["data_wait_fraction"], ".2f"),
              _n(t["peak_rss_mib"]), t.get("reason") or ""] for t in d["trials"]]
     parts = [f"<h2>{html.escape(title)}</h2>",
@@ -217,14 +219,14 @@ def search_section(d: dict[str, Any], title: str) -> str:
              "<h3>Ceilings</h3><ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in ceil.get("evidence", [])) + "</ul>",
              "<div class='charts'>" + "".join(charts) + "</div>",
              "<h3>Trials</h3>",
-             _table(rows, ["#", "workers", "prefetch", "persistent", "pin", "state", "images/s",
+             _table(rows, ["#", *(c.column for c in cols), "state", "images/s",
                            "AU", "data wait", "peak RSS MiB", "reason"])]
     if d.get("confirmed"):
-        crow = [[c["number"], c["params"]["num_workers"], c["params"].get("prefetch_factor"),
+        crow = [[c["number"], *cells(c["params"], cols),
                  _n(c.get("first_images_per_s")), _n(c.get("window_s"), "g"), c["state"],
                  _n(c["images_per_s"]), _n(c["au"], ".2f")] for c in d["confirmed"]]
         parts += ["<h3>Confirmed: measured again in a longer window</h3>",
-                  _table(crow, ["#", "workers", "prefetch", "first images/s", "window s",
+                  _table(crow, ["#", *(c.column for c in cols), "first images/s", "window s",
                                 "state", "images/s", "AU"])]
     return "\n".join(parts)
 

@@ -1,4 +1,5 @@
-"""Terminal rendering of a search result (rich renderables; never prints)."""
+"""The tables of `autotune search`: ceilings, trials, confirmations, verdict, recommendation;
+and of the closed loop (`--convert`): before and after."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from autotune.params import cells, shown
 from converters.units import fmt_rate
 
 
@@ -29,26 +31,21 @@ def search_renderable(d: dict[str, Any]) -> Group:
     parts.append(t)
     for e in c.get("evidence", []):
         parts.append(Text(f"  · {e}", style="dim"))
+    cols = shown([t["params"] for t in d["trials"]])
     tt = Table(title=f"Trials ({d['study']})", title_justify="left")
-    for col in ("#", "workers", "prefetch", "persist", "pin", "state", "images/s", "AU",
-                "wait", "RSS MiB", "reason"):
+    for col in ("#", *(c.column for c in cols), "state", "images/s", "AU", "wait", "RSS MiB",
+                "reason"):
         tt.add_column(col, justify="left" if col in ("state", "reason") else "right")
-    rows = ([("base", d["baseline"])] if d.get("baseline") else [])
     rec_n = (d.get("recommended") or {}).get("trial")
     for tr in d["trials"]:
-        p = tr["params"]
         mark = " *" if tr["number"] == rec_n and tr["state"] == "complete" else ""
-        tt.add_row(f"{tr['number']}{mark}", str(p["num_workers"]), str(p.get("prefetch_factor") or "-"),
-                   "y" if p.get("persistent_workers") else "n", "y" if p.get("pin_memory") else "n",
+        tt.add_row(f"{tr['number']}{mark}", *cells(tr["params"], cols),
                    tr["state"] + (f" of {tr['duplicate_of']}" if tr.get("duplicate_of") is not None else ""),
                    fmt_rate(tr["images_per_s"]), _f(tr["au"]), _f(tr["data_wait_fraction"]),
                    _f(tr["peak_rss_mib"], ",.0f"), (tr.get("reason") or "")[:60])
-    for label, b in rows:
-        cfg = b["config"]
-        if rec_n == -1:
-            label += " *"
-        tt.add_row(label, str(cfg["num_workers"]), str(cfg.get("prefetch_factor") or "-"),
-                   "y" if cfg.get("persistent_workers") else "n", "y" if cfg.get("pin_memory") else "n",
+    b = d.get("baseline")
+    if b:
+        tt.add_row("base" + (" *" if rec_n == -1 else ""), *cells(b["config"], cols),
                    b.get("state") or "", fmt_rate(b.get("images_per_s")), _f(b.get("au")),
                    _f(b.get("data_wait_fraction")), _f(b.get("peak_rss_mib"), ",.0f"),
                    "baseline: rule of thumb")
@@ -57,14 +54,12 @@ def search_renderable(d: dict[str, Any]) -> Group:
     if conf:
         ct = Table(title="Confirmed: the fastest measured again in a longer window",
                    title_justify="left")
-        for col in ("#", "workers", "prefetch", "first images/s", "window s", "images/s", "AU"):
+        for col in ("#", *(c.column for c in cols), "first images/s", "window s", "images/s", "AU"):
             ct.add_column(col, justify="right")
         for c in conf:
-            p = c["params"]
             mark = " *" if c["number"] == rec_n else ""
             ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
-                       str(p["num_workers"]), str(p.get("prefetch_factor") or "-"),
-                       fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), "g"),
+                       *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), "g"),
                        fmt_rate(c["images_per_s"]) if c["state"] == "complete"
                        else f"{c['state']}: {(c.get('reason') or '')[:40]}", _f(c.get("au")))
         parts.append(ct)
@@ -90,4 +85,31 @@ def search_renderable(d: dict[str, Any]) -> Group:
     parts.append(Text(f"stopped: {d['stop_reason']}; {d['seconds']:.0f} s; report: {d.get('report_html')}"))
     for w in d.get("warnings", []):
         parts.append(Text(f"note: {w}", style="yellow"))
+    return Group(*parts)
+
+
+def loop_renderable(loop: Any) -> Group:
+    """From a LoopResult: both searches, the before/after table, the decision."""
+    parts = [Text("== before ==", style="bold"), search_renderable(loop.before.to_dict())]
+    if loop.after is not None:
+        parts += [Text("== after (converted, staged) ==", style="bold"),
+                  search_renderable(loop.after.to_dict())]
+        t = Table(title="Before and after", title_justify="left")
+        for c in ("", "images/s", "AU", "data wait", "verdict"):
+            t.add_column(c, justify="left" if c in ("", "verdict") else "right")
+        for label, r in (("before: baseline", loop.start),
+                         ("before: recommended", loop.before.recommended),
+                         ("after: recommended", loop.after.recommended)):
+            if r is None:
+                continue
+            v = (loop.before if label.startswith("before") else loop.after).verdict
+            t.add_row(label, f"{r.images_per_s or 0:,.0f}", f"{r.au or 0:.2f}",
+                      f"{r.data_wait_fraction or 0:.2f}", v.bottleneck if v else "-")
+        parts.append(t)
+        if loop.gain:
+            parts.append(Text(f"gain: {loop.gain:.2f}x the rule-of-thumb baseline on the source", style="bold"))
+        parts.append(Text(f"staged at {loop.staged['mib_per_s']:,.0f} MiB/s"))
+    parts.append(Text(f"decision: {loop.decision}"))
+    for c in loop.commands:
+        parts.append(Text(f"  $ {c}", style="dim"))
     return Group(*parts)

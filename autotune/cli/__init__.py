@@ -1,0 +1,104 @@
+"""The `autotune` command line: a thin layer that parses, calls the library, prints.
+
+This package is the only place that prints or exits. One module per command (a `Command`
+in `COMMANDS`), their terminal tables in `tables/`, the argument types in `args`, and one
+`main` that maps the exception tree (autotune.errors) to exit codes: a library error
+becomes one line on stderr naming the option that sets what it is about; a traceback is
+shown only with --debug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+
+from autotune import __version__
+from autotune.cli._base import EXIT_CODES, Command
+from autotune.cli.analyze import Analyze, Monitor
+from autotune.cli.bench import Bench
+from autotune.cli.convert import Convert
+from autotune.cli.probe import Probe
+from autotune.cli.search import Search
+from autotune.cli.stage import Stage
+from autotune.errors import AutotuneError
+
+COMMANDS: tuple[type[Command], ...] = (Probe, Bench, Search, Convert, Stage, Monitor, Analyze)
+
+
+class _Terminated(BaseException):
+    """SIGTERM turned into an exception so that `finally` blocks clean up."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def _common() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name (`autotune -q convert` or
+    `autotune convert -q`)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks on errors")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress display")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="autotune", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Find what holds a PyTorch input pipeline back (storage, CPU decode, "
+                    "DataLoader settings, or the training step) with measurements.",
+        epilog="Run `autotune COMMAND --help` for each command.\n\n" + EXIT_CODES)
+    ap.add_argument("--version", action="version", version=f"autotune {__version__}")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _common()
+    for cls in COMMANDS:
+        cls().add_to(sub, common)
+    return ap
+
+
+def error_line(cmd: Command, e: AutotuneError) -> str:
+    """The one stderr line of a library error, naming the options that set what it is
+    about when the message does not already name them."""
+    msg = str(e)
+    flags = [f for s in e.settings if (f := cmd.flag_for(s)) and f not in msg]
+    if flags:
+        msg += f" (option{'s' if len(flags) > 1 else ''} {', '.join(flags)})"
+    return f"autotune {cmd.name}: {'error: ' if e.exit_code != 3 else ''}{msg}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cmd: Command = args.command_obj
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return int(cmd.run(args) or 0)
+    except AutotuneError as e:
+        if args.debug:
+            raise
+        print(error_line(cmd, e), file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"autotune {cmd.name}: interrupted; {cmd.after_stop}", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print(f"autotune {cmd.name}: terminated; {cmd.after_stop}", file=sys.stderr)
+        return 143
+    except BrokenPipeError:
+        return 1
+    except Exception as e:  # a bug: say so in one line; the traceback is one flag away
+        if args.debug:
+            raise
+        print(f"autotune {cmd.name}: internal error: {type(e).__name__}: {e} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+__all__ = ["COMMANDS", "Command", "build_parser", "error_line", "main"]

@@ -1,0 +1,99 @@
+"""What every command of the CLI is: a small class in the command table (as optuna's CLI).
+
+A command adds its options to its own subparser and runs; it returns the exit status or
+raises from the exception tree, which `autotune.cli.main` maps to exit codes in one
+place. The library names settings as Python does (`num_workers`); `flag_for` says which
+option of this command sets one, so an error can name the flag the user typed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+EXIT_CODES = """\
+exit status:
+  0    success
+  1    error: a measurement or tool failed (the message says which and how to fix it)
+  2    usage error: a bad option or argument
+  3    gate failed: a measured figure is below --min-iops / --min-seq-mibps
+  4    partial: some items failed and are named (stage); the rest is done; rerun to resume
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); scratch files are removed first
+"""
+
+
+class Command(ABC):
+    """One `autotune` subcommand. Subclasses set the class attributes and implement
+    `add_arguments` and `run`."""
+
+    name: str = ""
+    help: str = ""
+    description: str = ""
+    epilog: str = ""
+    # What is kept when Ctrl-C or SIGTERM stops the command (for the one-line message).
+    after_stop: str = "nothing partial was left"
+    # Library setting -> option, where the option's dest is not the setting's name.
+    settings: dict[str, str] = {}
+
+    def __init__(self) -> None:
+        self._flags: dict[str, str] = {}
+
+    def add_to(self, sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+        p = sub.add_parser(self.name, help=self.help, description=self.description,
+                           epilog=self.epilog, parents=[common],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.add_arguments(p)
+        p.set_defaults(command_obj=self)
+        for a in p._actions:
+            longs = [o for o in a.option_strings if o.startswith("--")]
+            if longs:
+                self._flags.setdefault(a.dest, longs[0])
+
+    @abstractmethod
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        """Add this command's options to its subparser."""
+
+    @abstractmethod
+    def run(self, args: argparse.Namespace) -> int:
+        """Run; return the exit status (or raise from the exception tree)."""
+
+    def flag_for(self, setting: str) -> str | None:
+        """The option of this command that sets a library setting, if any."""
+        return self.settings.get(setting) or self._flags.get(setting)
+
+
+def console(to_stderr: bool) -> Any:
+    """A rich console on stdout or stderr, wide enough for the tables when piped to a
+    file or a CI log (rich defaults to 80 columns there)."""
+    from rich.console import Console
+
+    stream = sys.stderr if to_stderr else sys.stdout
+    return Console(file=stream, width=None if stream.isatty() else 110)
+
+
+def emit(args: argparse.Namespace, data: dict[str, Any], renderable: Any) -> None:
+    """The table to stdout (stderr when JSON goes to stdout); JSON to --json FILE or '-'."""
+    from autotune import report
+
+    to_stdout = getattr(args, "json", None) == "-"
+    console(to_stdout).print(renderable)
+    if to_stdout:
+        sys.stdout.write(report.to_json(data))
+    elif getattr(args, "json", None):
+        report.write_json(args.json, data)
+
+
+@contextmanager
+def spinner(enabled: bool) -> Iterator[Callable[[str], None] | None]:
+    """A spinner on stderr that shows the current step (only on a terminal)."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status("starting") as status:
+        yield lambda msg: status.update(msg)

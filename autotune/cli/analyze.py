@@ -1,0 +1,177 @@
+"""`autotune monitor -- CMD` (run a training command while sampling disk, CPU and GPU) and
+`autotune analyze LOG` (its log, joined with those metrics, diagnosed)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from autotune.cli._base import Command, console
+from autotune.cli.args import nonneg_int, positive_float, positive_int
+
+MONITOR_EXIT = """\
+exit status:
+  the command's own exit status (128+N when a signal N killed it); Ctrl-C and SIGTERM
+  are forwarded to the command and the monitor waits for it to finish
+  2    usage error: no command, a command that cannot be started, a bad option
+"""
+
+ANALYZE_EXIT = """\
+exit status:
+  0    analysed (whatever the verdict)
+  1    error: a file could not be read
+  2    usage error: a bad option, an unknown format, or no step timing in the log
+"""
+
+
+class Monitor(Command):
+    name = "monitor"
+    help = "run a training command while sampling disk/CPU/GPU; keep its log"
+    description = """\
+Run a training command and watch what the machine does meanwhile:
+  - its stdout and stderr go to your terminal and to OUT/train.log (with OUT/train.log.times:
+    when each line was printed, so logs without timestamps can be joined with metrics);
+  - every --interval seconds the disk behind --data (iostat -x figures), each CPU core,
+    the command's process tree (DataLoader workers included), /dev/shm and the GPUs (NVML)
+    are sampled to OUT/metrics.jsonl;
+  - a loader wrapped with autotune.instrument(loader) writes its steps to OUT/steps.jsonl
+    (the monitor sets AUTOTUNE_STEPS_LOG);
+  - Ctrl-C and SIGTERM are forwarded to the command; the monitor exits with its status
+    and then prints the analysis of the run (`autotune analyze OUT`)."""
+    epilog = ("examples:\n"
+               "  autotune monitor --data /data/imagenet -- python main.py /data/imagenet -j 8\n"
+               "  autotune monitor --out run1 --interval 1 -- torchrun --nproc-per-node 8 train.py\n"
+               "  autotune analyze run1 --probe probe.json\n\n"
+              + MONITOR_EXIT)
+    after_stop = "the command was stopped; its log and metrics are kept"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", metavar="DIR",
+                       help="output directory (default monitor-YYYYmmdd-HHMMSS in the current one)")
+        p.add_argument("--interval", type=positive_float("--interval"), default=0.5, metavar="S",
+                       help="seconds between samples (default 0.5)")
+        p.add_argument("--data", metavar="PATH",
+                       help="the dataset directory: its disk is watched (default: the current "
+                            "directory's disk)")
+        p.add_argument("--no-gpu", action="store_true", help="do not sample NVML")
+        p.add_argument("--no-analysis", action="store_true",
+                       help="do not print the analysis at the end")
+        p.add_argument("--json", metavar="FILE",
+                       help="write the analysis as JSON to FILE ('-' for stdout)")
+        _add_analysis_options(p)
+        p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
+                       help="the training command and its arguments")
+
+    def run(self, args: argparse.Namespace) -> int:
+        return _run_monitor(args)
+
+
+class Analyze(Command):
+    name = "analyze"
+    help = "parse a training log, join it with metrics, diagnose"
+    description = """\
+Read the step timings of a training log and say what holds the job back:
+  formats: autotune.instrument() JSONL (own), pytorch/examples ImageNet main.py (imagenet),
+  timm train.py (timm), Lightning SimpleProfiler report (lightning), or --regex FILE;
+  a 10 GB log is streamed; unparseable lines are counted by reason, not fatal.
+Figures (warm-up left out): data-time share, AU = step / wall time (input-bound below
+90 %), step time p50/p95, images/s, and the trend (growth after the first epoch, spikes
+at epoch starts, drift, stalls). With --metrics (the monitor's metrics.jsonl) they are
+joined by time with GPU utilization, per-core CPU, the job's process tree and the disk's
+%util, r_await and r/s; with --probe, the read rate is compared with the storage ceiling.
+Verdict: storage, decode, loader (configuration), compute (healthy) or unknown, with the
+evidence and the next command to run.
+LOG may be the directory `autotune monitor --out` wrote."""
+    epilog = ("examples:\n"
+               "  autotune analyze monitor-20240501-120000\n"
+               "  autotune analyze train.log --metrics metrics.jsonl --batch-size 256\n"
+               "  autotune analyze timm.log --probe probe.json --json analysis.json\n"
+               "  autotune analyze my.log --regex myformat.yaml\n\n"
+              + ANALYZE_EXIT)
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("log", metavar="LOG", help="training log (or an `autotune monitor` output dir)")
+        p.add_argument("--metrics", metavar="FILE", help="metrics.jsonl of `autotune monitor`")
+        p.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
+        _add_analysis_options(p)
+
+    def run(self, args: argparse.Namespace) -> int:
+        """Print the analysis (and write --json); 0 whatever the verdict."""
+        from autotune.analyze import analyze
+
+        a = analyze(args.log, metrics=args.metrics, **_analyze_kwargs(args))
+        _emit_analysis(args, a)
+        return 0
+
+
+def _add_analysis_options(p: argparse.ArgumentParser) -> None:
+    from autotune.analyze.parsers import FORMATS
+
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="log format (default auto: detected from the log's first lines and "
+                        "its end)")
+    p.add_argument("--regex", metavar="FILE",
+                   help="YAML file with a 'pattern' whose named groups (data, iter or step, "
+                        "epoch, index, batch, rate, time) read your own log lines")
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N",
+                   help="samples per step, when the log does not say (imagenet, lightning)")
+    p.add_argument("--probe", metavar="FILE",
+                   help="`autotune probe --json` output: compare the read rate with the "
+                        "storage ceiling")
+    p.add_argument("--dataset", metavar="PATH",
+                   help="the dataset path, for the next command (default: from the step "
+                        "log or the monitor's run.json)")
+    p.add_argument("--warmup", type=nonneg_int("--warmup"), metavar="N",
+                   help="steps left out at the start (default max(5, workers x prefetch))")
+
+
+def _emit_analysis(args: argparse.Namespace, a: object) -> None:
+    from autotune import report
+    from autotune.cli.tables.analyze import analysis_renderable
+
+    to_stdout = getattr(args, "json", None) == "-"
+    console(to_stdout).print(analysis_renderable(a))  # type: ignore[arg-type]
+    if to_stdout:
+        sys.stdout.write(report.to_json(a.to_dict()))  # type: ignore[attr-defined]
+    elif getattr(args, "json", None):
+        report.write_json(args.json, a.to_dict())  # type: ignore[attr-defined]
+
+
+def _analyze_kwargs(args: argparse.Namespace) -> dict:
+    return {"batch_size": args.batch_size, "format": args.format, "regex": args.regex,
+            "probe": args.probe, "dataset": args.dataset, "warmup": args.warmup}
+
+
+def _run_monitor(args: argparse.Namespace) -> int:
+    """`autotune monitor`: run the command; its exit status is ours. Then the analysis."""
+    from autotune.errors import AutotuneError, UsageError
+    from autotune.monitor_run import run_monitored
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command to run: put it after `--`, e.g. "
+                         "`autotune monitor --data /data/train -- python train.py`")
+    out = args.out or time.strftime("monitor-%Y%m%d-%H%M%S")
+    run = run_monitored(cmd, out, interval=args.interval, data=args.data, gpu=not args.no_gpu,
+                        echo_stdout=sys.stdout.buffer, echo_stderr=sys.stderr.buffer)
+    err = console(True)
+    status = (f"exit status {run.returncode}" if run.signal is None
+              else f"killed by {run.signal} (status {run.returncode})")
+    err.print(f"autotune monitor: {' '.join(cmd)}: {status} after {run.seconds:,.1f} s; "
+              f"{run.samples} samples in {run.metrics}, log in {run.log}"
+              + (f"; forwarded {', '.join(run.forwarded)}" if run.forwarded else ""))
+    for e in run.errors:
+        err.print(f"autotune monitor: warning: {e}", style="yellow")
+    if not args.no_analysis:
+        from autotune.analyze import analyze
+
+        try:
+            a = analyze(out, **_analyze_kwargs(args))
+        except AutotuneError as e:
+            err.print(f"autotune monitor: no analysis: {e}", style="yellow")
+        else:
+            _emit_analysis(args, a)
+    return run.returncode

@@ -1,0 +1,149 @@
+"""`autotune bench DATASET`: one DataLoader configuration, measured honestly."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.cli._base import Command, emit, spinner
+from autotune.cli.args import int_at_least, nonneg_float, nonneg_int, positive_float, positive_int
+
+EXIT = """\
+exit status:
+  0    the configuration was measured
+  1    the measurement failed (crashed or hung worker, full /dev/shm, too many open
+       files, OOM, timeout, too small a dataset): the table and JSON carry the reason
+       and a hint, and no process of the measurement is left running
+  2    usage error: a bad option, preset or dataset
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); the measurement is killed first
+"""
+
+
+class Bench(Command):
+    name = "bench"
+    help = "measure one DataLoader configuration (fresh process, cold cache)"
+    epilog = ("examples:\n"
+              "  autotune bench /data/train                        # resnet50 preset, cold\n"
+              "  autotune bench /data/train --workers 8 --prefetch-factor 4\n"
+              "  autotune bench /data/train --preset decode-only --warm   # CPU ceiling\n"
+              "  autotune bench /data/train --step mytrain:step --json bench.json\n"
+              "  autotune bench /data/train --timeline samples.jsonl --json -\n\n" + EXIT)
+    after_stop = "the measurement and its workers were killed"
+    settings = {"num_workers": "--workers", "timeout_s": "--timeout",
+                "batch_timeout_s": "--batch-timeout", "warmup_batches": "--warmup-batches",
+                "cold": "--warm"}
+
+    @property
+    def description(self) -> str:  # type: ignore[override]
+        from autotune.data.presets import list_presets
+
+        presets = ", ".join(list_presets()) or "none found"
+        return f"""\
+Measure what one DataLoader configuration delivers to a training step, honestly:
+  - in a fresh process (hard --timeout; the whole process group, workers included, is
+    killed and checked afterwards), so one configuration cannot poison the next;
+  - cold: the dataset's pages are dropped first (drop_caches as root, else
+    posix_fadvise per file); --warm skips that and every output says WARM. A cold run
+    stops at the end of its first pass over the dataset (a second pass would come from
+    the page cache) and says when the window was shortened;
+  - the loop times next(loader_iter) as data wait, then the step: an emulated step
+    holds each batch for --compute-ms (a sleep: the accelerator is busy, the CPU stays
+    free for the workers), or --step calls your function with (images, labels);
+  - warm-up batches are excluded (default: max(5, workers x prefetch), every batch the
+    loader requests at start); the window is split in 5 and images/s is the median;
+  - disk, CPU, process tree, /dev/shm and GPU are sampled from this process.
+
+Definitions:
+  images/s            samples delivered to the step per second (median of the windows)
+  data-wait fraction  time blocked in next() / wall time of the window
+  AU                  time in the step / wall time (MLPerf Storage); input-bound < 0.90
+
+Pipeline: read bytes, PIL decode, RGB, resize shorter side 256, crop 224 (random +
+flip for training presets), uint8 CHW tensor. Presets ({presets}) in
+configs/presets/*.yaml set batch size, step time, transform and loader defaults;
+options override them."""
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from autotune.data.presets import list_presets
+        from converters import registry
+
+        presets = ", ".join(list_presets()) or "none found"
+        p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg)")
+        p.add_argument("--preset", default="resnet50", metavar="NAME",
+                       help=f"workload preset: {presets}, or a YAML file (default resnet50)")
+        p.add_argument("--format", choices=registry.choices(), default="auto",
+                       help="dataset format (default auto: manifest.json's, else folder; lmdb "
+                            "and wds read a conversion written by `autotune convert`)")
+        add_loader_options(p)
+        step = p.add_mutually_exclusive_group()
+        step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
+                          help="emulated step: hold each batch MS milliseconds (0 = no step)")
+        step.add_argument("--step", metavar="MODULE:FUNCTION",
+                          help="call FUNCTION(batch) as the step; batch = (images uint8 "
+                               "[B,3,H,W], labels [B]); also path/to/file.py:function")
+        p.add_argument("--seconds", type=positive_float("--seconds"), default=20.0, metavar="S",
+                       help="measured window after warm-up (default 20)")
+        p.add_argument("--warmup-batches", type=nonneg_int("--warmup-batches"), metavar="N",
+                       help="batches excluded at start (default max(5, workers x prefetch))")
+        cache = p.add_mutually_exclusive_group()
+        cache.add_argument("--cold", dest="cold", action="store_true", default=True,
+                           help="drop the dataset's pages first (default)")
+        cache.add_argument("--warm", dest="cold", action="store_false",
+                           help="leave the page cache as it is (labelled WARM everywhere)")
+        p.add_argument("--timeout", type=positive_float("--timeout"), metavar="S",
+                       help="hard limit for the whole measurement (default 2 x --seconds + 180)")
+        p.add_argument("--batch-timeout", type=positive_float("--batch-timeout"), default=120.0,
+                       metavar="S", help="DataLoader timeout: fail when no batch arrives for "
+                                         "S seconds (default 120)")
+        p.add_argument("--in-memory", type=positive_int("--in-memory"), metavar="N",
+                       help="hold N images (a random subset) in memory and decode from there: "
+                            "the CPU ceiling, labelled FROM MEMORY (implies --warm)")
+        p.add_argument("--jpeg-draft", action="store_true",
+                       help="let libjpeg decode at reduced scale (PIL draft mode): cheaper "
+                            "decode, not what torchvision does; labelled in every output")
+        p.add_argument("--max-open-files", type=positive_int("--max-open-files"), metavar="N",
+                       help="RLIMIT_NOFILE for the measurement (reproduce a cluster's ulimit -n)")
+        p.add_argument("--seed", type=int, default=0,
+                       help="shuffle and augmentation seed (default 0)")
+        p.add_argument("--json", metavar="FILE",
+                       help="also write the result as JSON to FILE ('-' for stdout)")
+        p.add_argument("--timeline", metavar="FILE",
+                       help="write every monitor sample (JSONL, with its phase) to FILE")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from autotune.bench import BenchConfig, run_bench
+        from autotune.cli.tables.bench import bench_renderable
+
+        cfg = BenchConfig.from_preset(
+            args.preset, **loader_settings(args), compute_ms=args.compute_ms, step=args.step, seconds=args.seconds,
+            warmup_batches=args.warmup_batches, format=args.format, timeout_s=args.timeout,
+            batch_timeout_s=args.batch_timeout, max_open_files=args.max_open_files,
+            seed=args.seed, in_memory=args.in_memory,
+            cold=False if args.in_memory else args.cold)
+        if args.jpeg_draft:
+            from dataclasses import replace
+
+            cfg.transform = replace(cfg.transform, draft=True)
+        with spinner(not args.quiet) as prog:
+            res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
+        emit(args, res.to_dict(), bench_renderable(res))
+        return 1 if res.failed else 0
+
+
+def add_loader_options(p: argparse.ArgumentParser) -> None:
+    """One option per DataLoader setting of the search's parameter registry."""
+    from autotune.params import PARAMS
+
+    for prm in PARAMS.values():
+        if prm.kind is bool:
+            p.add_argument(prm.flag, action=argparse.BooleanOptionalAction, default=None,
+                           help=prm.help)
+        else:
+            p.add_argument(prm.flag, type=int_at_least(prm.flag, prm.minimum), metavar="N",
+                           help=prm.help)
+
+
+def loader_settings(args: argparse.Namespace) -> dict[str, object]:
+    """The DataLoader settings given on the command line (None: the preset's)."""
+    from autotune.params import PARAMS
+
+    return {name: getattr(args, prm.dest) for name, prm in PARAMS.items()}

@@ -1,0 +1,141 @@
+"""`autotune convert SRC DST --format wds|lmdb`: repack an image folder into shards."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from autotune.cli._base import Command, emit
+from autotune.cli.args import int_at_least, size
+
+EXIT = """\
+exit status:
+  0    success (skipped files, if any, are listed in DST/manifest.json and the summary)
+  1    error: the conversion stopped (the message names the file and the fix); rerun the
+       same command to resume, finished shards are kept
+  2    usage error: a bad option or argument, or a DST holding something else
+  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); rerun to resume
+"""
+
+
+def _default_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+class Convert(Command):
+    name = "convert"
+    help = "repack an image folder into LMDB or WebDataset shards (resumable)"
+    description = """\
+Repack an image folder (SRC/CLASS/IMAGE, labels = sorted CLASS names, as torchvision's
+ImageFolder) or a --file-list into WebDataset tar shards or one LMDB environment, so that
+millions of small random reads become a few large sequential ones.
+  - samples are shuffled with --seed before they are cut into shards; the same input and
+    options give byte-identical output (only manifest.json's "created" differs)
+  - --workers processes read and check images; each shard is written to a temporary name,
+    fsynced, hashed (sha256) and renamed: kill it at any moment and rerun the same command
+    to resume; DST/manifest.json is written last and means "complete"
+  - bad images (truncated, empty, not an image, decompression bombs, unsupported modes)
+    are skipped and listed in the manifest, or stop the run with --on-error fail
+WebDataset: DST/shard-NNNNNN.tar, each sample KEY.cls, KEY.jpg|png|..., KEY.json.
+LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image bytes."""
+    epilog = ("examples:\n"
+               "  autotune convert /data/train /fast/train-wds --format wds --workers 8\n"
+               "  autotune convert /data/train /fast/train-lmdb --format lmdb\n"
+               "  autotune convert /data /fast/ds --format wds --file-list train.csv\n"
+               "  autotune convert /data/train /fast/small --format wds --max-side 512 "
+               "--quality 90\n\n"
+              + EXIT)
+    after_stop = "finished shards are kept; rerun the same command to resume"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from converters import registry
+
+        p.add_argument("src", metavar="SRC", help="image folder (class subfolders), or the root "
+                                                  "of the --file-list paths")
+        p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume)")
+        p.add_argument("--format", required=True, choices=registry.choices(writable=True),
+                       help="wds: WebDataset tar shards (sequential reading, best on slow or "
+                            "network storage); lmdb: one LMDB environment (random access)")
+        p.add_argument("--shard-size", type=size("--shard-size"), default="64MiB", metavar="SIZE",
+                       help="WebDataset: source bytes per shard; LMDB: per commit (default 64MiB)")
+        p.add_argument("--readers", type=int_at_least("--readers", 1), default=32, metavar="N",
+                       help="WebDataset: DataLoader workers x ranks that will read the shards; "
+                            "at least N shards, a multiple of N (default 32)")
+        p.add_argument("--workers", type=int_at_least("--workers", 1), default=_default_workers(),
+                       metavar="N", help="processes reading and checking images (default "
+                                         f"{_default_workers()}, the CPU count up to 8); "
+                                         "the output does not depend on it")
+        p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+        p.add_argument("--max-side", type=int_at_least("--max-side", 16), metavar="PX",
+                       help="re-encode images whose longer side exceeds PX to that size (RGB "
+                            "JPEG); smaller images keep their bytes")
+        p.add_argument("--quality", type=int_at_least("--quality", 1), default=90, metavar="Q",
+                       help="JPEG quality of re-encoded images (default 90)")
+        p.add_argument("--on-error", choices=("skip", "fail"), default="skip",
+                       help="skip (default): leave a bad image out and list it in the manifest; "
+                            "fail: stop at the first one, naming it")
+        p.add_argument("--verify", choices=("header", "decode"), default="header",
+                       help="header (default): header, size, mode and completeness checks (a "
+                            "reduced decode only for a JPEG/PNG without its end marker); decode: "
+                            "decode every image fully (slower, catches corrupt data mid-file)")
+        p.add_argument("--file-list", metavar="CSV",
+                       help="convert the files a CSV of path,label rows names (paths relative "
+                            "to SRC) instead of scanning SRC")
+        p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE "
+                                                      "('-' for stdout)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from autotune.cli.tables.convert import convert_summary
+        from converters import ConvertOptions, convert
+
+        opts = ConvertOptions(format=args.format, shard_size=args.shard_size,
+                              workers=args.workers, seed=args.seed, max_side=args.max_side,
+                              quality=args.quality, on_error=args.on_error, verify=args.verify,
+                              readers=args.readers, file_list=args.file_list)
+        with _progress_display(not args.quiet) as prog:
+            res = convert(args.src, args.dst, opts, progress=prog)
+        emit(args, res.to_dict(), convert_summary(res))
+        return 0
+
+
+@contextmanager
+def _progress_display(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
+    """A rich progress bar on stderr (images/s, MB/s, ETA); only on a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from converters.units import fmt_bytes
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.fields[count]}"), TextColumn("{task.fields[rates]}"),
+                    console=Console(stderr=True), transient=True)
+    task = prog.add_task("scanning", total=None, count="", rates="")
+    start: dict[str, Any] = {}
+
+    def update(p: Any) -> None:
+        if p.phase == "scan":
+            prog.update(task, description="scanning", completed=p.samples, total=None,
+                        count=f"{p.samples:,} files", rates=f"{fmt_bytes(p.source_bytes)} found")
+            return
+        if "t" not in start:  # rates of this run only (a resumed run starts mid-way)
+            start.update(t=p.elapsed, n=p.samples, b=p.source_bytes)
+        dt = max(p.elapsed - start["t"], 1e-6)
+        rate = (p.samples - start["n"]) / dt
+        mbs = (p.source_bytes - start["b"]) / dt / 1e6
+        left = (p.total_bytes - p.source_bytes) / (mbs * 1e6) if mbs > 0 else None
+        eta = "-" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+        prog.update(task, description="publishing" if p.phase == "publish" else "converting",
+                    completed=p.samples, total=p.total, count=f"{p.samples:,}/{p.total:,}",
+                    rates=f"{rate:,.0f} img/s  {mbs:,.1f} MB/s  ETA {eta}  "
+                          f"shards {p.units_done}/{p.units}")
+
+    with prog:
+        yield update

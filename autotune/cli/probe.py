@@ -1,0 +1,108 @@
+"""`autotune probe PATH`: what the storage under a dataset can deliver (fio + replay)."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.cli._base import EXIT_CODES, Command, emit, spinner
+from autotune.cli.args import int_list, positive_float, positive_int
+from autotune.errors import GateFailed
+
+
+class Probe(Command):
+    name = "probe"
+    help = "measure the storage under a dataset (fio + replay of its files)"
+    description = """\
+Measure what the storage holding PATH can deliver to a data loader:
+  1. fio (the real program) on a scratch file that autotune creates, fills with data and
+     removes: sequential read (1 MiB, 4 jobs) and random read (4 KiB, iodepth 64, 4 jobs),
+     direct I/O; each figure is cross-checked against the disk's own counters (a figure
+     the disk did not serve, from the page cache or RAM, is marked implausible).
+  2. a cold replay of up to --replay-files of the dataset's own files, read whole at
+     concurrency 1, 4, 16 and 64: files/s, MiB/s, per-file latency (this is the storage
+     ceiling `autotune search` uses).
+  3. a classification of the storage (nvme, ssd, hdd, network, memory) with its evidence.
+fio only ever touches the scratch file it created (it overwrites any file it is pointed
+at). Cold reads need root for drop_caches; otherwise pages are evicted per file."""
+    epilog = ("examples:\n  autotune probe /data/imagenet/train\n"
+              "  autotune probe /mnt/nfs/ds --runtime 5 --json probe.json\n"
+              "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n\n"
+              + EXIT_CODES)
+    after_stop = "scratch files removed"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("path", metavar="PATH",
+                       help="dataset directory (or a file) on the storage to measure")
+        p.add_argument("--json", metavar="FILE",
+                       help="also write the result as JSON to FILE ('-' for stdout)")
+        p.add_argument("--runtime", type=positive_float("--runtime"), default=10.0,
+                       metavar="SECONDS", help="seconds per fio job (default 10)")
+        p.add_argument("--size", default="1G", metavar="SIZE",
+                       help="fio scratch file size, e.g. 256M, 4G (default 1G; larger than "
+                            "the device cache gives truer random figures)")
+        p.add_argument("--scratch", metavar="DIR",
+                       help="directory for fio's scratch file when PATH's filesystem is "
+                            "read-only (pick one on the same storage)")
+        p.add_argument("--replay-files", type=positive_int("--replay-files"), default=2000,
+                       metavar="N", help="files sampled for the replay (default 2000)")
+        p.add_argument("--replay-seconds", type=positive_float("--replay-seconds"),
+                       default=10.0, metavar="S",
+                       help="time budget per replay concurrency level (default 10)")
+        p.add_argument("--concurrency", type=int_list("--concurrency"), default=[1, 4, 16, 64],
+                       metavar="LIST", help="replay concurrency levels (default 1,4,16,64)")
+        p.add_argument("--warm", action="store_true",
+                       help="do not drop the page cache before the replay (labelled warm)")
+        p.add_argument("--no-fio", action="store_true", help="skip fio (replay only)")
+        p.add_argument("--no-replay", action="store_true",
+                       help="skip the dataset replay (fio only)")
+        p.add_argument("--seed", type=int, default=0, help="seed of the file sample (default 0)")
+        p.add_argument("--min-iops", type=float, metavar="N",
+                       help="gate: exit 3 when fio's random-read IOPS is below N, not "
+                            "measured, or not served by the storage (page cache or RAM); "
+                            "small-file image training wants > 50000")
+        p.add_argument("--min-seq-mibps", type=float, metavar="N",
+                       help="gate: exit 3 when fio's sequential read MiB/s is below N, not "
+                            "measured, or not served by the storage (page cache or RAM)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from autotune.cli.tables.probe import probe_renderable
+        from autotune.probe import probe
+        from converters.units import parse_size
+
+        size = parse_size(args.size, name="--size")
+        with spinner(not args.quiet) as prog:
+            res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
+                        replay_files=args.replay_files, concurrency=args.concurrency,
+                        replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
+                        run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
+                        progress=prog)
+        emit(args, res.to_dict(), probe_renderable(res))
+        failed = _gates(res, [("--min-iops", args.min_iops, "rand_read", "iops", "random-read IOPS"),
+                              ("--min-seq-mibps", args.min_seq_mibps, "seq_read", "bw_mib_s",
+                               "sequential MiB/s")])
+        if failed:
+            raise GateFailed("gate failed: " + "; ".join(failed))
+        return 0
+
+
+def _gates(res: object, gates: list[tuple[str, float | None, str, str, str]]) -> list[str]:
+    """The gates that failed. Each judges its own job's figure, and only one the storage
+    itself served (cross-checked against the disk's counters, not RAM, not the page cache)."""
+    failed = []
+    fio = getattr(res, "fio")
+    for flag, threshold, job, attr, unit in gates:
+        if threshold is None:
+            continue
+        if fio is None:
+            failed.append(f"{flag} {threshold:g}: {unit} not measured ({getattr(res, 'fio_error')})")
+            continue
+        j = getattr(fio, job)
+        if not j.plausible:
+            failed.append(f"{flag} {threshold:g}: {unit} not the storage's figure "
+                          f"({' '.join(j.warnings) or 'failed the plausibility check'})")
+            continue
+        value = getattr(j, attr)
+        if value < threshold:
+            failed.append(f"{flag} {threshold:g}: measured {value:,.0f} {unit} on "
+                          f"{getattr(res, 'path')}")
+    return failed

@@ -1,0 +1,136 @@
+"""`autotune search DATASET`: the best DataLoader settings (Optuna), the bottleneck, a report;
+with --convert, the closed loop (convert, stage, search again)."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.cli._base import Command, emit, spinner
+from autotune.cli.args import fraction, nonneg_float, nonneg_int, positive_float, positive_int
+
+EXIT = """\
+exit status:
+  0    a recommendation was made
+  1    error, or no configuration completed (each trial's reason is in the table/JSON)
+  2    usage error
+  130  interrupted (Ctrl-C): the study keeps every measured trial; rerun to resume
+"""
+
+
+class Search(Command):
+    name = "search"
+    help = "find the best DataLoader settings (Optuna), the bottleneck and a report"
+    description = """\
+Search DataLoader settings for DATASET and say what holds it back.
+  1. ceilings (images/s): storage (cold replay of the dataset's files, cross-checked with
+     fio), decode (the pipeline on one core from memory x usable cores), demand (batch
+     size / step time);
+  2. an Optuna study (TPE, seeded): each trial is one `autotune bench` measurement
+     (fresh process, cold cache) of num_workers, prefetch_factor, persistent_workers,
+     pin_memory (where CUDA exists), batch size if the space asks; a configuration
+     already measured is not measured again; a failed one is recorded with its reason;
+     a trial whose running images/s falls under --prune-below (0.7) of the best so far
+     is stopped after 40 % of its window and recorded as pruned (TPE learns from it);
+  3. stops early when the best trial is within 3 % of the smallest ceiling;
+  4. measures the --confirm fastest configurations, the cheapest near them and the
+     baseline again in a longer window: the best of many short windows is flattered by
+     its noise;
+  5. recommends the knee (the cheapest confirmed configuration within 3 % of the best),
+     names the bottleneck (storage, decode, compute, loader) with the figures, and measures the
+     rule-of-thumb baseline (min(8, cores) workers, prefetch 2, pin, persistent).
+The study lives in --out/study.db (SQLite) unless --storage gives an Optuna URL; rerun
+with the same --study to resume. Writes --out/search.json and --out/report.html."""
+    epilog = ("examples:\n  autotune search /data/train\n"
+               "  autotune search /data/train --compute-ms 150 --batch-size 64 --trials 30\n"
+               "  autotune search /data/train --grid --space configs/search/small.yaml\n"
+               "  autotune search /data/train --storage postgresql://host/db --study imagenet\n\n"
+              + EXIT)
+    after_stop = "measured trials are kept in the study; rerun to resume"
+    settings = {"timeout_s": "--timeout", "max_memory_mib": "--max-memory",
+                "prune_below": "--prune-below", "confirm_seconds": "--confirm-seconds"}
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from autotune.search.loop import CONVERT_MODES
+        from converters import registry
+
+        p.add_argument("dataset", metavar="DATASET")
+        p.add_argument("--preset", default="resnet50", help="workload preset (default resnet50)")
+        p.add_argument("--space", metavar="FILE.yaml",
+                       help="search space YAML (default configs/search/default.yaml; 'small' names "
+                            "configs/search/small.yaml)")
+        p.add_argument("--trials", type=positive_int("--trials"), default=20, metavar="N",
+                       help="configurations to measure (default 20; duplicates are free)")
+        p.add_argument("--timeout", type=positive_float("--timeout"), metavar="S", help="stop after S seconds")
+        step = p.add_mutually_exclusive_group()
+        step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
+                          help="emulated step time per batch (default: the preset's)")
+        step.add_argument("--step", metavar="MODULE:FUNCTION", help="a real step function")
+        p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
+        p.add_argument("--seconds", type=positive_float("--seconds"), default=10.0, metavar="S",
+                       help="measured window per trial (default 10)")
+        p.add_argument("--study", metavar="NAME", help="study name (default: from dataset and preset)")
+        p.add_argument("--storage", metavar="URL",
+                       help="Optuna storage URL (default sqlite:///OUT/study.db)")
+        p.add_argument("--grid", action="store_true", help="measure every configuration of the space "
+                       "(whole windows: no pruning, no early stop)")
+        prune = p.add_mutually_exclusive_group()
+        prune.add_argument("--prune-below", type=fraction("--prune-below"), default=0.7, metavar="FRACTION",
+                           help="stop a trial whose running images/s is under FRACTION of the best "
+                                "trial's, after 40%% of its window (default 0.7)")
+        prune.add_argument("--no-prune", action="store_true", help="measure every trial's whole window")
+        p.add_argument("--confirm", type=nonneg_int("--confirm"), default=2, metavar="N",
+                       help="measure the N fastest configurations again before naming one "
+                            "(and the cheapest near them, and the baseline; default 2; 0: name it "
+                            "from the trials)")
+        p.add_argument("--confirm-seconds", type=positive_float("--confirm-seconds"), metavar="S",
+                       help="confirmation window (default: twice --seconds; with an emulated "
+                            "step longer for a deep prefetch queue, at most four times)")
+        p.add_argument("--out", default="autotune-out", metavar="DIR",
+                       help="directory for study.db, search.json, report.html (default autotune-out)")
+        p.add_argument("--max-memory", metavar="SIZE",
+                       help="reject configurations whose loader tree RSS + /dev/shm peak exceeds "
+                            "SIZE (default half the machine's RAM)")
+        p.add_argument("--warm", action="store_true", help="do not drop caches (labelled WARM)")
+        p.add_argument("--no-probe", action="store_true", help="skip the storage probe (no storage ceiling)")
+        p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
+        p.add_argument("--format", choices=registry.choices(), default="auto")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--convert", choices=CONVERT_MODES, default="off",
+                       help="when the verdict is storage: convert (auto: WebDataset for slow, "
+                            "network or throttled storage, LMDB for local flash), stage to "
+                            "--stage-dir, search again and report before/after (default off)")
+        p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to")
+        p.add_argument("--convert-dir", metavar="DIR",
+                       help="where to write the conversion (default OUT/converted-FORMAT)")
+        p.add_argument("--json", metavar="FILE", help="also write the result JSON to FILE ('-' for stdout)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from autotune.cli.tables.search import loop_renderable, search_renderable
+        from autotune.search import SearchOptions, run_search
+        from converters.units import parse_size
+
+        max_mem = parse_size(args.max_memory, name="--max-memory") / 2**20 if args.max_memory else None
+        opts = SearchOptions(preset=args.preset, space=args.space, trials=args.trials,
+                             timeout_s=args.timeout, compute_ms=args.compute_ms, step=args.step,
+                             batch_size=args.batch_size, seconds=args.seconds, study=args.study,
+                             storage=args.storage, grid=args.grid, out=args.out,
+                             max_memory_mib=max_mem, seed=args.seed, cold=not args.warm,
+                             probe=not args.no_probe, probe_fio=not args.no_fio, format=args.format,
+                             prune_below=None if args.no_prune else args.prune_below,
+                             confirm=args.confirm, confirm_seconds=args.confirm_seconds)
+        if args.convert != "off":
+            from autotune.search.loop import run_loop
+
+            with spinner(not args.quiet) as prog:
+                loop = run_loop(args.dataset, opts, convert=args.convert, stage_dir=args.stage_dir,
+                                convert_dir=args.convert_dir, progress=prog)
+            d = loop.to_dict()
+            emit(args, d, loop_renderable(loop))
+            return 0 if loop.before.recommended else 1
+        with spinner(not args.quiet) as prog:
+            res = run_search(args.dataset, opts, progress=prog)
+        d = res.to_dict()
+        emit(args, d, search_renderable(d))
+        if res.stop_reason.startswith("interrupted"):
+            return 130
+        return 0 if res.recommended else 1

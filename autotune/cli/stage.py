@@ -1,0 +1,77 @@
+"""`autotune stage SRC DST`: copy a converted dataset to local disk, verified and atomic."""
+
+from __future__ import annotations
+
+import argparse
+
+from autotune.cli._base import Command, emit, spinner
+from autotune.cli.args import positive_int
+from autotune.errors import AutotuneError
+
+EXIT = """\
+exit status:
+  0    every file staged and verified; manifest.json written last
+  1    error: nothing could be staged (space, lock, manifest); the message says why
+  2    usage error
+  4    partial: some files failed (named); the others are staged; rerun to resume
+  130  interrupted: files already verified stay; rerun to resume
+"""
+
+
+class Stage(Command):
+    name = "stage"
+    help = "copy a converted dataset to local disk, verified and atomic"
+    description = """\
+Copy SRC (a conversion with manifest.json, or any folder: a manifest is computed) to DST
+on local disk. Free space is checked first. Each file goes to a temporary name inside
+DST, is fsynced, read back from the disk and verified against the manifest's sha256
+(--verify size: sizes only), then renamed; manifest.json is copied last, so its
+presence means the staged copy is complete. A rerun skips files already verified; a
+lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt files
+(the next stage repairs them)."""
+    epilog = ("examples:\n  autotune stage /nfs/imagenet-wds /local/nvme/imagenet-wds\n"
+              "  autotune stage /nfs/ds /local/ds --verify-only\n\n" + EXIT)
+    after_stop = "verified files are kept; rerun to resume"
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("src", metavar="SRC")
+        p.add_argument("dst", metavar="DST")
+        p.add_argument("--workers", type=positive_int("--workers"), default=4, metavar="N",
+                       help="parallel copies (default 4)")
+        p.add_argument("--verify", choices=("sha256", "size"), default="sha256")
+        p.add_argument("--verify-only", action="store_true",
+                       help="only re-check DST against the manifest")
+        p.add_argument("--probe", metavar="FILE",
+                       help="`autotune probe --json` of the source: compare MB/s with its "
+                            "sequential figure")
+        p.add_argument("--json", metavar="FILE",
+                       help="also write the result JSON to FILE ('-' for stdout)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from autotune.cli.tables.stage import stage_renderable
+        from converters.stage import stage, verify_staged
+
+        if args.verify_only:
+            res = verify_staged(args.dst, src=args.src)
+        else:
+            seq = _source_seq(args.probe) if args.probe else None
+            with spinner(not args.quiet) as prog:
+                res = stage(args.src, args.dst, workers=args.workers, verify=args.verify,
+                            progress=(lambda done, total: prog(
+                                f"staging {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"))
+                            if prog else None, source_seq_mib_s=seq)
+        d = res.to_dict()
+        emit(args, d, stage_renderable(d))
+        return 4 if res.failures else 0
+
+
+def _source_seq(path: str) -> float:
+    """fio's sequential MiB/s from an `autotune probe --json` file."""
+    import json
+
+    try:
+        with open(path) as f:
+            return float(json.load(f)["fio"]["seq_read"]["bw_mib_s"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise AutotuneError(f"{path}: not an `autotune probe --json` result with a fio "
+                         f"sequential figure ({e}).", setting="probe") from e

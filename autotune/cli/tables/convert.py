@@ -1,0 +1,47 @@
+"""The summary of `autotune convert`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from converters import registry
+from converters.units import fmt_bytes
+
+
+def convert_summary(res: Any) -> Group:
+    """From a ConvertResult: counts, sizes, rate, skipped files."""
+    t = Table(title=f"autotune convert: {res.dst} ({res.format})", title_justify="left",
+              show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    unit = registry.get(res.format).writer_class().output_noun
+    t.add_row("samples", f"{res.samples:,} in {res.classes:,} classes")
+    t.add_row("skipped", f"{len(res.skipped):,}")
+    for kind, n in sorted(res.skipped_by_kind.items(), key=lambda kv: -kv[1]):
+        t.add_row(f"  {kind}", f"{n:,}")
+    if res.ignored:
+        t.add_row("ignored (no image extension)", f"{res.ignored:,}")
+    t.add_row(unit, f"{res.shards:,}, {fmt_bytes(res.output_bytes)}")
+    t.add_row("source", f"{res.source_files:,} files, {fmt_bytes(res.source_bytes)}")
+    if res.reencoded:
+        t.add_row("re-encoded", f"{res.reencoded:,} images, {fmt_bytes(res.bytes_saved)} saved")
+    if res.already_complete:
+        t.add_row("time", "already complete: nothing to do")
+    else:
+        t.add_row("time", f"{res.seconds:,.1f} s"
+                  + (f" (resumed: {res.resumed_units} units kept)" if res.resumed_units else ""))
+        t.add_row("rate", f"{res.images_per_s:,.0f} images/s, {res.mb_per_s:,.1f} MB/s read")
+    parts: list[Any] = [t]
+    for w in res.warnings:
+        parts.append(Text(f"warning: {w}", style="yellow"))
+    shown = res.skipped[:10]
+    for s in shown:
+        parts.append(Text(f"skipped: {s['path']}: {s['reason']}", style="dim"))
+    if len(res.skipped) > len(shown):
+        parts.append(Text(f"... and {len(res.skipped) - len(shown)} more in {res.manifest}",
+                          style="dim"))
+    return Group(*parts)

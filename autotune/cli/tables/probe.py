@@ -1,0 +1,69 @@
+"""The table of `autotune probe`: filesystem, fio, replay, verdict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from autotune.cli.tables import _ms
+from converters.units import fmt_bytes, fmt_rate
+
+
+def probe_renderable(r: Any) -> Group:
+    """Tables for a ProbeResult: filesystem, fio, replay, verdict."""
+    parts: list[Any] = []
+    fs = r.filesystem
+    head = Text.assemble(("Storage ", "bold"), f"{r.path}: ", (fs.klass, "bold cyan"),
+                         f"  ({fs.type or '?'} on {fs.device or fs.source or '?'}"
+                         + (f", behaves like {fs.behaves_like}" if fs.behaves_like else "") + ")")
+    parts.append(head)
+    for e in fs.evidence:
+        parts.append(Text(f"  · {e}", style="dim"))
+    if r.fio is not None:
+        t = Table(title=f"fio ({'direct' if r.fio.direct else 'BUFFERED'}, {r.fio.ioengine}, "
+                        f"{fmt_bytes(r.fio.file_bytes)} scratch file, {r.fio.runtime_s:g} s/job)",
+                  title_justify="left")
+        for c in ("job", "IOPS", "MiB/s", "lat mean ms", "p50 ms", "p99 ms", "device saw"):
+            t.add_column(c, justify="right" if c != "job" else "left")
+        for j, label in ((r.fio.seq_read, "seq read 1 MiB x4"),
+                         (r.fio.rand_read, "rand read 4 KiB qd64 x4")):
+            saw = ("-" if j.device_bytes is None
+                   else f"{j.device_bytes / j.io_bytes:.0%}" if j.io_bytes else "-")
+            t.add_row(label + ("" if j.plausible else " [red](implausible)[/]"), fmt_rate(j.iops),
+                      fmt_rate(j.bw_mib_s), _ms(j.lat_mean_ms), _ms(j.lat_p50_ms),
+                      _ms(j.lat_p99_ms), saw)
+        parts.append(t)
+    else:
+        parts.append(Text(f"fio: not run: {r.fio_error}", style="yellow"))
+    if r.replay is not None:
+        rp = r.replay
+        t = Table(title=f"dataset replay ({rp.files_sampled} files, mean "
+                        f"{fmt_bytes(rp.mean_file_bytes)}, cold: {rp.cold_method})",
+                  title_justify="left")
+        for c in ("concurrency", "files/s", "MiB/s", "p50 ms", "p99 ms", "files", "errors"):
+            t.add_column(c, justify="right")
+        best = rp.best.concurrency
+        for lv in rp.by_concurrency:
+            mark = " *" if lv.concurrency == best else ""
+            t.add_row(f"{lv.concurrency}{mark}", fmt_rate(lv.files_per_s), fmt_rate(lv.mib_per_s),
+                      _ms(lv.lat_p50_ms), _ms(lv.lat_p99_ms),
+                      f"{lv.files}{' (time)' if lv.cut_short else ''}", str(lv.errors))
+        parts.append(t)
+    else:
+        parts.append(Text(f"replay: not run: {r.replay_error}", style="yellow"))
+    v = r.verdict
+    parts.append(Text.assemble(("Verdict: ", "bold"), v["summary"]))
+    for rule in v["rules"]:
+        ok = "[PASS]" if rule["pass"] else "[FAIL]"
+        parts.append(Text(f"  {ok} {rule['rule']}: {rule['value']:,}",
+                          style="green" if rule["pass"] else "red"))
+    for e in v["evidence"]:
+        parts.append(Text(f"  · {e}"))
+    for a in v["advice"]:
+        parts.append(Text(f"  → {a}", style="bold"))
+    for w in r.warnings:
+        parts.append(Text(f"warning: {w}", style="yellow"))
+    return Group(*parts)
