@@ -11,30 +11,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
+from autotune.cli.args import positive_int, size
 from autotune.errors import AutotuneError, UsageError
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """'50M' -> 52428800 (binary units K, M, G; an optional trailing 'B' or 'iB')."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
-    if not m or float(m.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive size such as 50M")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
-    return int(text)
-
 
 def _split_cmd(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     argv = list(argv)
@@ -77,10 +60,10 @@ def throttle_main(argv: Sequence[str] | None = None) -> int:
         description="Run CMD in a cgroup that caps I/O to the disk holding DIR (root only). "
                     "Page-cache hits are not capped: use --drop-caches for cold reads.")
     p.add_argument("--path", required=True, help="a directory on the disk to cap")
-    p.add_argument("--read-iops", type=_positive_int)
-    p.add_argument("--read-bps", type=parse_size, help="bytes/s, e.g. 50M")
-    p.add_argument("--write-iops", type=_positive_int)
-    p.add_argument("--write-bps", type=parse_size)
+    p.add_argument("--read-iops", type=positive_int("--read-iops"))
+    p.add_argument("--read-bps", type=size("--read-bps"), help="bytes/s, e.g. 50M")
+    p.add_argument("--write-iops", type=positive_int("--write-iops"))
+    p.add_argument("--write-bps", type=size("--write-bps"))
     p.add_argument("--drop-caches", action="store_true",
                    help="sync and drop the page cache before CMD starts")
     p.add_argument("--name", help="label in the cgroup name")
@@ -115,7 +98,7 @@ def slowfs_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, required=True)
     p.add_argument("--delay-metadata", action="store_true",
                    help="also delay lookup, getattr and readdir")
-    p.add_argument("--max-tasks", type=_positive_int, default=64,
+    p.add_argument("--max-tasks", type=positive_int("--max-tasks"), default=64,
                    help="most requests served at once (default 64)")
     p.add_argument("--allow-other", action="store_true", help="let other users read it")
     p.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # set by SlowMount

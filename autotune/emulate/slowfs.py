@@ -131,7 +131,7 @@ class SlowMount:
                 exc.add_note(str(cleanup_err))
 
     def _start(self) -> None:
-        cmd = [sys.executable, "-m", "autotune.emulate.slowfs", self.src, self.mnt,
+        cmd = [sys.executable, "-m", "autotune.emulate", "slowfs", self.src, self.mnt,
                "--delay-ms", repr(self.delay_ms), "--max-tasks", str(self.max_tasks),
                "--parent-pid", str(os.getpid())]
         if self.delay_metadata:
@@ -202,8 +202,3 @@ class SlowMount:
                 except OSError:
                     pass
 
-
-if __name__ == "__main__":
-    from autotune.emulate.cli import slowfs_main
-
-    sys.exit(slowfs_main())

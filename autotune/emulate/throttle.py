@@ -360,10 +360,3 @@ class IoThrottle:
                 return IoStats(int(kv.get("rios", 0)), int(kv.get("rbytes", 0)))
         return IoStats(0, 0)
 
-
-if __name__ == "__main__":
-    import sys
-
-    from autotune.emulate.cli import throttle_main
-
-    sys.exit(throttle_main())
