@@ -5,7 +5,7 @@ other processes hold (contention): CPU % alone cannot tell. The scheduler can: e
 /proc/PID/task/TID/schedstat holds the nanoseconds it ran and the nanoseconds it sat
 runnable on a run queue. Their sum over an interval is the CPU the tree *wanted*; a task
 that sleeps (on I/O, on a queue) adds to neither. `autotune monitor` adds these figures
-to each metrics line as "sched" (see autotune.monitor_run).
+to each metrics line as "sched" (see autotune.monitor.run).
 
 Also the machine's run queue (procs_running in /proc/stat), the "r" column of vmstat, and
 the CPUs the job may run on (its affinity), so that a job pinned to 2 of 64 cores is

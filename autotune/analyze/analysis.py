@@ -21,13 +21,14 @@ from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
 from autotune.analyze.parsers.regex import RegexParser
 from autotune.analyze.reader import LineTimes, head_and_tail, iter_lines
-from autotune.analyze.rules import RuleInputs, Verdict, decide
+from autotune.analyze.rules import RuleInputs, decide
+from autotune.verdict import Verdict
 from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 from autotune.errors import UsageError
 
 MIN_WARMUP = 5
 MAX_EPOCHS_KEPT = 10_000
-# Files `autotune monitor --out DIR` writes (see autotune.monitor_run).
+# Files `autotune monitor --out DIR` writes (see autotune.monitor.run).
 RUN_FILES = {"log": "train.log", "steps": "steps.jsonl", "metrics": "metrics.jsonl",
              "run": "run.json"}
 

@@ -45,6 +45,7 @@ Run a training command and watch what the machine does meanwhile:
                "  autotune analyze run1 --probe probe.json\n\n"
               + MONITOR_EXIT)
     after_stop = "the command was stopped; its log and metrics are kept"
+    settings = {"out_dir": "--out"}
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--out", metavar="DIR",
@@ -146,7 +147,7 @@ def _analyze_kwargs(args: argparse.Namespace) -> dict:
 def _run_monitor(args: argparse.Namespace) -> int:
     """`autotune monitor`: run the command; its exit status is ours. Then the analysis."""
     from autotune.errors import AutotuneError, UsageError
-    from autotune.monitor_run import run_monitored
+    from autotune.monitor.run import run_monitored
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":

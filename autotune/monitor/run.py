@@ -227,48 +227,21 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
     Raises UsageError when the command cannot be started or `out_dir` not created.
     """
     cmd = [os.fspath(c) for c in cmd]
-    if not cmd:
-        raise UsageError("no command to run: put it after `--`, e.g. "
-                         "`autotune monitor -- python train.py`")
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UsageError(f"--out {out}: {e.strerror}") from e
-    if data is not None and not Path(data).exists():
-        raise UsageError(f"--data {data}: no such file or directory (give the dataset "
-                         "directory, whose disk the monitor watches)")
+    out = _prepare_out(cmd, out_dir, data)
     steps = out / STEPS
     steps.unlink(missing_ok=True)   # a stale step log would be analysed as this run's
     full_env = dict(os.environ)
     full_env.update({"PYTHONUNBUFFERED": "1", STEPS_LOG_ENV: str(steps.resolve()),
                      "AUTOTUNE_MONITOR_DIR": str(out.resolve())})
     full_env.update(env or {})
-    start = popen or subprocess.Popen
     started = time.time()
-    try:
-        proc = start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, env=full_env, process_group=0)
-    except FileNotFoundError:
-        raise UsageError(f"{cmd[0]}: command not found (check the PATH, or give the full "
-                         "path)") from None
-    except PermissionError:
-        raise UsageError(f"{cmd[0]}: permission denied (not executable?)") from None
-
+    proc = _start(popen or subprocess.Popen, cmd, full_env)
     errors: list[str] = []
     rq = RunQueueSampler(proc.pid)
     rq.sample(time.monotonic())   # the baseline
     write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq)
-    from autotune.monitor import SystemMonitor
-
-    watch = os.fspath(data) if data is not None else os.getcwd()
-    try:
-        mon = SystemMonitor(path=watch, pid=proc.pid, interval=interval, gpu=gpu,
-                            callback=write_sample)
-    except AutotuneError as e:   # the command is already gone: sample the system alone
-        errors.append(str(e))
-        mon = SystemMonitor(path=watch, pid=None, interval=interval, gpu=gpu,
-                            callback=write_sample)
+    mon = _monitor(os.fspath(data) if data is not None else os.getcwd(), proc.pid, interval,
+                   gpu, write_sample, errors)
     log_fh = (out / LOG).open("wb")
     times_fh = (out / TIMES).open("w", encoding="utf-8")
     tee = _Tee(log_fh, times_fh, {1: echo_stdout, 2: echo_stderr})
@@ -287,13 +260,12 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
         log_fh.close()
         times_fh.close()
         metrics_fh.close()
-    ended = time.time()
     rc = proc.returncode
     sig = -rc if rc < 0 else None
     errors.extend(mon.errors)
     run = MonitorRun(command=cmd, out_dir=str(out), pid=proc.pid,
                      returncode=128 + sig if sig else rc, signal=sig, started=started,
-                     ended=ended, data=os.path.abspath(data) if data is not None else None,
+                     ended=time.time(), data=os.path.abspath(data) if data is not None else None,
                      log=str(out / LOG), metrics=str(out / METRICS),
                      steps=str(steps) if steps.exists() else None, samples=count[0],
                      log_bytes=tee.offset, forwarded=forwarder.forwarded,
@@ -304,6 +276,46 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
     except OSError as e:
         errors.append(f"cannot write {out / RUN}: {e.strerror}")
     return run
+
+
+def _prepare_out(cmd: list[str], out_dir: str | os.PathLike[str],
+                 data: str | os.PathLike[str] | None) -> Path:
+    if not cmd:
+        raise UsageError("no command to run: put it after `--`, e.g. "
+                         "`autotune monitor -- python train.py`")
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"output directory {out}: {e.strerror}", setting="out_dir") from e
+    if data is not None and not Path(data).exists():
+        raise UsageError(f"dataset {data}: no such file or directory (give the dataset "
+                         "directory, whose disk the monitor watches)", setting="data")
+    return out
+
+
+def _start(start: Callable[..., subprocess.Popen[bytes]], cmd: list[str],
+           env: dict[str, str]) -> subprocess.Popen[bytes]:
+    try:
+        return start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=subprocess.PIPE, env=env, process_group=0)
+    except FileNotFoundError:
+        raise UsageError(f"{cmd[0]}: command not found (check the PATH, or give the full "
+                         "path)") from None
+    except PermissionError:
+        raise UsageError(f"{cmd[0]}: permission denied (not executable?)") from None
+
+
+def _monitor(watch: str, pid: int, interval: float, gpu: bool, callback: Any,
+             errors: list[str]) -> Any:
+    from autotune.monitor import SystemMonitor
+
+    try:
+        return SystemMonitor(path=watch, pid=pid, interval=interval, gpu=gpu, callback=callback)
+    except AutotuneError as e:   # the command is already gone: sample the system alone
+        errors.append(str(e))
+        return SystemMonitor(path=watch, pid=None, interval=interval, gpu=gpu,
+                             callback=callback)
 
 
 class _NoForward:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import UsageError
-from autotune.monitor_run import run_monitored
+from autotune.monitor.run import run_monitored
 
 REPO = Path(__file__).resolve().parents[2]
 
