@@ -10,6 +10,6 @@ Parsers stream the log (autotune.analyze.parsers: own, imagenet, timm, lightning
 """
 
 from autotune.analyze.analysis import Analysis, analyze, detect_format, load_probe
-from autotune.analyze.rules import BOTTLENECKS, Verdict
+from autotune.verdict import BOTTLENECKS, Verdict
 
 __all__ = ["Analysis", "BOTTLENECKS", "Verdict", "analyze", "detect_format", "load_probe"]

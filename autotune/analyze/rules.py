@@ -25,13 +25,13 @@ the main process may burn at most AU x one core in its step.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.analyze.join import SystemFigures
 from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
+from autotune.verdict import Verdict
 
-BOTTLENECKS = ("storage", "decode", "loader", "compute", "unknown")
 GPU_STARVED_PCT = 40.0    # practitioners' rule: a GPU under 40 % busy is starved
 CORE_PINNED_PCT = 85.0    # "one core near 100 %"
 OTHERS_IDLE_PCT = 40.0    # "... while the others idle"
@@ -40,20 +40,6 @@ LOADER_BUSY_CONTENDED = 0.30   # ... when other work saturates the machine's CPU
 LOADER_IDLE = 0.25
 AWAIT_HIGH_MS = 10.0      # r_await of a disk that makes each small read slow
 PROBE_HEADROOM = 0.5      # reading < half the probe's ceiling: the storage could give more
-
-
-@dataclass
-class Verdict:
-    bottleneck: str
-    summary: str
-    evidence: list[str] = field(default_factory=list)
-    next_command: str = ""
-    advice: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"bottleneck": self.bottleneck, "summary": self.summary,
-                "evidence": self.evidence, "next_command": self.next_command,
-                "advice": self.advice}
 
 
 @dataclass

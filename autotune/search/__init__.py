@@ -14,8 +14,10 @@ from autotune.search.ceilings import Ceilings
 from autotune.search.recommend import baseline_params, knee
 from autotune.search.records import TrialRecord
 from autotune.search.space import SearchSpace, load_space
-from autotune.search.study import SearchOptions, SearchResult, run_search
-from autotune.search.verdict import Verdict, decide
+from autotune.search.result import SearchResult
+from autotune.search.study import SearchOptions, run_search
+from autotune.search.verdict import decide
+from autotune.verdict import Verdict
 
 __all__ = ["Ceilings", "SearchOptions", "SearchResult", "SearchSpace", "TrialRecord", "Verdict",
            "baseline_params", "decide", "knee", "load_space", "run_search"]

@@ -3,26 +3,10 @@ loader's configuration, with the figures that show it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
-
-
-BOTTLENECKS = ("storage", "decode", "compute", "loader")
-
-
-@dataclass
-class Verdict:
-    bottleneck: str
-    summary: str
-    evidence: list[str] = field(default_factory=list)
-    advice: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+from autotune.verdict import Verdict
 
 
 def _pct(x: float | None) -> str:
@@ -49,7 +33,7 @@ def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings) -> Verdict:
     if rec.au is not None and rec.au >= AU_HEALTHY:
         return Verdict("compute", f"compute-bound (healthy): AU {rec.au:.0%} >= {AU_HEALTHY:.0%}, "
                        "the training step is the limit, the input pipeline keeps up", ev,
-                       ["nothing to fix in the input pipeline; a faster step (GPU, AMP, "
+                       advice=["nothing to fix in the input pipeline; a faster step (GPU, AMP, "
                         "larger batch) would raise throughput until a ceiling below is met"])
 
     io_ceils = {k: v for k, v in ceil.items() if k in ("storage", "decode")}
@@ -66,7 +50,7 @@ def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings) -> Verdict:
                   "or check for a slow step in the dataset's __getitem__")
     return Verdict("loader", f"loader-configuration-bound: best reaches only {share}, CPU "
                    f"{_pct(cpu_share)} and disk {'-' if util is None else f'{util:.0f} %'} busy: "
-                   "the settings, not the hardware, hold it back", ev, advice)
+                   "the settings, not the hardware, hold it back", ev, advice=advice)
 
 
 def _named(kind: str, ips: float, ceiling: float | None, cpu_share: float | None,
@@ -84,4 +68,4 @@ def _named(kind: str, ips: float, ceiling: float | None, cpu_share: float | None
                       "stored images: `autotune convert --max-side`), or decode on the GPU "
                       "(NVIDIA DALI); storage conversion would not help")
         summary = f"decode-bound (CPU): best {ips:,.0f} images/s{share}; CPU {_pct(cpu_share)}"
-    return Verdict(kind, summary, ev, advice)
+    return Verdict(kind, summary, ev, advice=advice)
