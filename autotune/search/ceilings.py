@@ -71,6 +71,14 @@ class Ceilings:
                 "storage_best_concurrency": self.storage_best_concurrency,
                 "evidence": self.evidence, "lower_bounds": self.lower_bounds}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Ceilings:
+        """Inverse of to_dict (a resumed study's ceilings; the probe stays in probe.json)."""
+        return cls(storage=d.get("storage"), decode=d.get("decode"), demand=d.get("demand"),
+                   cores=d.get("cores", 1), decode_per_core=d.get("decode_per_core"),
+                   storage_best_concurrency=d.get("storage_best_concurrency"),
+                   evidence=d.get("evidence", []), probe=None)
+
     def revise(self, number: int, images_per_s: float | None) -> str | None:
         """Take a measured configuration into account: a storage or decode ceiling it beats
         by more than OVERTAKEN was an underestimate. It becomes that figure, marked as a

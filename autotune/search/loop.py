@@ -28,8 +28,8 @@ from typing import Any
 from autotune.errors import UsageError
 from converters import registry
 from autotune.search.records import TrialRecord
-from autotune.search.study import (Progress, SearchOptions, SearchResult, like_for_like_baseline,
-                                   run_search)
+from autotune.search.result import SearchResult, like_for_like_baseline
+from autotune.search.study import Progress, SearchOptions, run_search
 
 CONVERT_MODES = ("auto", *registry.names(writable=True), "off")
 

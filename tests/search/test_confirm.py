@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from autotune.search import SearchOptions, run_search
-from autotune.search import study as study_mod
+from autotune.search import session as session_mod
 
 
 class _Result:
@@ -37,7 +37,7 @@ def _fake_bench(monkeypatch, figure) -> list[tuple[int, int, float]]:
                         "data_wait_fraction": 0.1, "peak_rss_mib": 100.0 * (cfg.num_workers + 1),
                         "seconds_total": cfg.seconds})
 
-    monkeypatch.setattr(study_mod, "run_bench", run)
+    monkeypatch.setattr(session_mod, "run_bench", run)
     return calls
 
 

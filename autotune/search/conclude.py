@@ -1,0 +1,92 @@
+"""The end of a search: the pool the recommendation is chosen from (the confirmed figures
+when every candidate has one), the knee, the verdict, the result and its files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.search import recommend as rec_mod
+from autotune.search.confirm import ckey, confirmed
+from autotune.search.records import TrialRecord
+from autotune.search.result import SearchResult, options_dict
+from autotune.search.session import Session
+from autotune.search.verdict import decide
+
+
+def _trial_records(study: Any) -> list[TrialRecord]:
+    return [TrialRecord.from_dict(d) for t in study.trials if (d := t.user_attrs.get("record"))]
+
+
+def _pool(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
+          conf: dict[str, TrialRecord], stop_reason: str,
+          warnings: list[str]) -> list[TrialRecord]:
+    """What the winner is named from: the longer windows when every candidate has one; a
+    search that stopped before confirming (timeout, Ctrl-C) names it from the trials and
+    says so. The baseline was measured like any trial: when nothing the search tried
+    beats it, it is the recommendation, never a slower configuration."""
+    pool = measured + ([baseline] if baseline is not None and baseline.ok else [])
+    cands = rec_mod.confirm_candidates(pool, s.opts.confirm, baseline) if s.opts.confirm else []
+    conf_ok = [c for c in conf.values() if c.ok]
+    for c in conf.values():
+        if not c.ok:
+            warnings.append(f"confirming {c.params} failed ({c.reason}): it is not a "
+                            "candidate for the recommendation")
+    missing = [c for c in cands if ckey(c.params) not in conf]
+    if len(cands) > 1 and conf_ok and not missing:
+        for c in conf_ok:
+            s.ceilings.revise(c.number, c.images_per_s)  # type: ignore[union-attr]
+        return conf_ok
+    if len(cands) > 1:
+        warnings.append(f"the recommendation is not confirmed: {len(missing) or len(cands)} of "
+                        f"the {len(cands)} configurations to confirm "
+                        + ("were not measured again in a longer window" if missing else
+                           "failed their confirmation")
+                        + f" ({stop_reason}); the figures are single {s.opts.seconds:g} s windows")
+    return pool
+
+
+def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop_reason: str,
+             seconds: float) -> Any:
+    """The SearchResult of a finished (or stopped) search."""
+    ceilings = s.ceilings
+    assert ceilings is not None and s.space is not None
+    trials = _trial_records(s.study)
+    measured = [t for t in trials if t.state != "duplicate"]
+    for t in measured + ([baseline] if baseline is not None else []):
+        if t.ok:  # a resumed study: what an earlier run measured counts too
+            ceilings.revise(t.number, t.images_per_s)
+    warnings: list[str] = []
+    conf = confirmed(s.study)
+    pool = _pool(s, measured, baseline, conf, stop_reason, warnings)
+    best = rec_mod.best_trial(pool)
+    rec = rec_mod.knee(pool)
+    verdict = decide(rec, best, ceilings) if rec and best else None
+    if best is None:
+        warnings.append("no configuration completed: see each trial's reason and hint")
+    if baseline is not None and not baseline.ok:
+        warnings.append(f"the rule-of-thumb baseline failed: {baseline.reason}")
+    return SearchResult(dataset=str(s.root), study=name, storage=url,
+                        options=options_dict(s.opts), space=s.space.to_dict(),
+                        ceilings=ceilings, trials=trials, baseline=baseline, best=best,
+                        recommended=rec, verdict=verdict, stop_reason=stop_reason,
+                        seconds=seconds, batch_size=s.base.batch_size, out_dir=str(s.out),
+                        confirmations=list(conf.values()),
+                        baseline_confirmed=(conf.get(ckey(baseline.params))
+                                            if baseline is not None else None),
+                        warnings=warnings + list(ceilings.lower_bounds.values())
+                        + s.space.notes)
+
+
+def write_outputs(res: Any) -> None:
+    """out/search.json and out/report.html, each written whole or not at all."""
+    from autotune.report import html as report_html
+    from autotune.report import write_json
+    from converters.fsutil import write_text_atomic
+
+    out = Path(res.out_dir)
+    res.json_file = str(out / "search.json")
+    res.report_html = str(out / "report.html")
+    d = res.to_dict()
+    write_json(res.json_file, d)
+    write_text_atomic(res.report_html, report_html.render([(f"search: {res.dataset}", d)]))

@@ -1,0 +1,57 @@
+"""Confirmation: before one configuration is named, the fastest few, the knee and the
+baseline are measured again in a longer window (the best of many short noisy windows is
+flattered by its noise). Kept in the study, one attribute per configuration, so searches
+sharing a server database add theirs without overwriting each other's, and a resumed
+search does not measure a confirmed configuration twice (unless the window changed)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from autotune.params import config_key
+from autotune.search import recommend as rec_mod
+from autotune.search.records import TrialRecord
+from autotune.search.session import Session, _stored
+
+CONFIRMED = "confirmed:"   # study user attribute per confirmed configuration
+
+
+def confirmed(study: Any) -> dict[str, TrialRecord]:
+    """Configuration key -> its confirmation, from the study."""
+    return {k[len(CONFIRMED):]: TrialRecord.from_dict(d) for k, d in study.user_attrs.items()
+            if k.startswith(CONFIRMED)}
+
+
+def ckey(params: dict[str, Any]) -> str:
+    return json.dumps(config_key(params))
+
+
+def window(s: Session, params: dict[str, Any]) -> float:
+    step_s = s.base.compute_ms / 1000 if s.base.compute_ms else None
+    return s.opts.confirm_seconds or rec_mod.confirm_window(params, s.opts.seconds, step_s)
+
+
+def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -> bool:
+    """Measure the candidates again, each in a longer window. False when the deadline
+    came first."""
+    cands = rec_mod.confirm_candidates(pool, s.opts.confirm, baseline)
+    if len(cands) < 2:
+        return True  # nothing to choose between
+    done = confirmed(s.study)
+    windows = [(t, window(s, t.params)) for t in cands]
+    todo = [(t, win) for t, win in windows
+            if (prev := done.get(ckey(t.params))) is None or prev.window_s != win]
+    for i, (t, win) in enumerate(todo, 1):
+        if s.deadline is not None and time.monotonic() >= s.deadline:
+            return False
+        label = "baseline" if t.number == -1 else f"trial {t.number}"
+        s.say(f"confirming {i} of {len(todo)}: {label} {t.params} ({t.images_per_s:,.0f} "
+              f"images/s in {s.opts.seconds:g} s) again in a {win:g} s window")
+        r = s.bench(t.params, f"confirm-{'baseline' if t.number == -1 else f'{t.number:03d}'}",
+                    seconds=win)
+        r.number, r.first_images_per_s, r.window_s = t.number, t.images_per_s, win
+        s.study.set_user_attr(CONFIRMED + ckey(t.params), _stored(r.to_dict()))
+        s.say(f"  {label}: {r.images_per_s:,.0f} images/s" if r.ok else f"  {label}: {r.reason}")
+    return True

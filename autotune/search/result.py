@@ -1,0 +1,91 @@
+"""The result of a search: everything it measured and concluded; `to_dict()` is
+search.json (schema autotune.search/1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.search import recommend as rec_mod
+from autotune.search.ceilings import Ceilings
+from autotune.search.records import TrialRecord
+from autotune.verdict import Verdict
+
+SCHEMA = "autotune.search/1"
+
+
+@dataclass
+class SearchResult:
+    dataset: str
+    study: str
+    storage: str
+    options: dict[str, Any]
+    space: dict[str, Any]
+    ceilings: Ceilings
+    trials: list[TrialRecord]
+    baseline: TrialRecord | None
+    best: TrialRecord | None
+    recommended: TrialRecord | None
+    verdict: Verdict | None
+    stop_reason: str
+    seconds: float
+    batch_size: int
+    out_dir: str
+    report_html: str | None = None
+    json_file: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    confirmations: list[TrialRecord] = field(default_factory=list)
+    # The baseline's configuration measured in the longer window (when it was confirmed).
+    baseline_confirmed: TrialRecord | None = None
+
+    @property
+    def gain_vs_baseline(self) -> float | None:
+        if not (self.recommended and self.baseline and self.baseline.ok):
+            return None
+        base = like_for_like_baseline(self.recommended, self.baseline, self.baseline_confirmed)
+        return self.recommended.images_per_s / base.images_per_s  # type: ignore[operator]
+
+    def _brief(self, t: TrialRecord | None) -> dict[str, Any] | None:
+        if t is None:
+            return None
+        return {"config": t.params, "images_per_s": t.images_per_s, "au": t.au,
+                "data_wait_fraction": t.data_wait_fraction, "peak_rss_mib": t.peak_rss_mib,
+                "trial": t.number, "state": t.state, "reason": t.reason,
+                "timeline_file": t.timeline_file, "window_s": t.window_s,
+                "first_images_per_s": t.first_images_per_s}
+
+    def to_dict(self) -> dict[str, Any]:
+        rec = self.recommended
+        return {
+            "schema": SCHEMA, "dataset": self.dataset, "study": self.study,
+            "storage": self.storage, "options": self.options, "space": self.space,
+            "ceilings": self.ceilings.to_dict(),
+            "recommended": self._brief(rec), "best": self._brief(self.best),
+            "baseline": self._brief(self.baseline),
+            "baseline_confirmed": self._brief(self.baseline_confirmed),
+            "gain_vs_baseline": self.gain_vs_baseline,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size) if rec else None,
+            "yaml": rec_mod.yaml_block(rec.params, self.batch_size) if rec else None,
+            "trials": [t.to_dict() for t in self.trials],
+            "confirmed": [t.to_dict() for t in self.confirmations],
+            "stop_reason": self.stop_reason, "seconds": self.seconds,
+            "report_html": self.report_html, "warnings": self.warnings,
+        }
+
+
+def like_for_like_baseline(rec: TrialRecord, baseline: TrialRecord,
+                           confirmed: TrialRecord | None) -> TrialRecord:
+    """The baseline figure to set `rec` against: its confirmation when `rec` comes from a
+    confirmation window too (a short window against a long one would not compare)."""
+    if rec.window_s is not None and confirmed is not None and confirmed.ok:
+        return confirmed
+    return baseline
+
+
+def options_dict(opts: Any) -> dict[str, Any]:
+    """The options as the result records them (no callables; the throttle by its limits)."""
+    options = {k: v for k, v in opts.__dict__.items() if k not in ("popen", "throttle")}
+    options["throttled"] = repr(opts.throttle.limits) if opts.throttle is not None else None
+    options["out"] = str(options["out"])
+    return options

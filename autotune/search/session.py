@@ -1,0 +1,171 @@
+"""One search over an open Optuna study: ceilings, space, the baseline and the trial loop.
+
+The study runs through Optuna's ask-and-tell interface so that the search, not Optuna,
+decides what a trial costs: a configuration already measured is answered from the study
+without measuring it again, a failed or over-memory configuration is recorded with its
+reason, and a trial left running by a search that died is marked interrupted (and its
+configuration measured again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.bench.config import BenchConfig
+from autotune.bench.runner import run_bench
+from autotune.errors import UsageError
+from autotune.params import config_key
+from autotune.search import guard
+from autotune.search import recommend as rec_mod
+from autotune.search.ceilings import Ceilings
+from autotune.search.records import TrialRecord
+from autotune.search.space import SearchSpace
+
+CEILING_TOLERANCE = 0.03
+Progress = Callable[[str], None]
+# A trial's record is measured (not a duplicate or an interruption) in these states.
+MEASURED_STATES = ("complete", "failed", "rejected", "pruned")
+
+
+def _stored(d: dict[str, Any]) -> Any:
+    """JSON-safe copy for a study attribute (the storage serialises it)."""
+    return json.loads(json.dumps(d))
+
+
+class Session:
+    """The state of one search: what it measures with, and what it measured.
+
+    `ceilings` and `space` are set by `prepare()`; `bench()` measures one configuration
+    in a fresh process and turns the result into a TrialRecord.
+    """
+
+    def __init__(self, study: Any, root: Path, opts: Any, base: BenchConfig,
+                 overrides: dict[str, Any], out: Path, say: Progress, t0: float) -> None:
+        self.study, self.root, self.opts, self.base = study, root, opts, base
+        self.overrides, self.out, self.say = overrides, out, say
+        self.deadline = t0 + opts.timeout_s if opts.timeout_s else None
+        self.ceilings: Ceilings | None = None
+        self.space: SearchSpace | None = None
+        self.max_mem = 0.0
+
+    # -- setting up --------------------------------------------------------------------
+
+    def check_fingerprint(self, fp: dict[str, Any], name: str, url: str) -> None:
+        old = self.study.user_attrs.get("fingerprint")
+        if old is not None and old != fp:
+            diff = ", ".join(f"{k}: {old.get(k)!r} -> {v!r}" for k, v in fp.items()
+                             if old.get(k) != v)
+            raise UsageError(f"study {name!r} in {url} was measured with other settings "
+                             f"({diff}); figures would not compare. Pass a new --study name or "
+                             "the same settings.")
+        self.study.set_user_attr("fingerprint", fp)
+
+    def prepare(self, measure_ceilings: Callable[[], Ceilings], cuda: bool) -> None:
+        """Ceilings (from the study when resuming), the space, the memory bound."""
+        from autotune.search.space import load_space
+
+        if "ceilings" in self.study.user_attrs:
+            self.ceilings = Ceilings.from_dict(self.study.user_attrs["ceilings"])
+            self.say("resuming: ceilings from the study")
+        else:
+            throttle = self.opts.throttle
+            with throttle.joined() if throttle is not None else contextlib.nullcontext():
+                self.ceilings = measure_ceilings()
+            self.study.set_user_attr("ceilings", _stored(self.ceilings.to_dict()))
+            if self.ceilings.probe is not None:
+                (self.out / "probe.json").write_text(json.dumps(self.ceilings.probe, indent=1))
+        self.space = load_space(self.opts.space, cores=self.ceilings.cores, cuda=cuda,
+                                best_concurrency=self.ceilings.storage_best_concurrency)
+        self.max_mem = self.opts.max_memory_mib
+        if self.max_mem is None:
+            import psutil
+
+            self.max_mem = psutil.virtual_memory().total / 2**20 / 2
+
+    # -- measuring -----------------------------------------------------------------------
+
+    def bench(self, params: dict[str, Any], label: str, trial: Any = None,
+              seconds: float | None = None) -> TrialRecord:
+        """One measurement of `params` (a pruned one when `trial` says so)."""
+        opts = self.opts
+        o = {**self.overrides, "seconds": seconds} if seconds is not None else self.overrides
+        cfg = BenchConfig.from_preset(opts.preset, **o, **params).validate()
+        on_tick = self._pruner(trial) if trial is not None and not opts.grid else None
+        r = run_bench(self.root, cfg, popen=opts.popen, throttle=opts.throttle,
+                      monitor_path=opts.monitor_path,
+                      timeline=self.out / "timelines" / f"{label}.jsonl",
+                      progress=lambda m: self.say(f"{label}: {m}"), on_tick=on_tick)
+        rec = TrialRecord.from_bench(-1, params, r.to_dict())
+        if rec.ok and rec.memory_mib > self.max_mem:
+            rec.state = "rejected"
+            rec.reason = (f"peak memory {rec.memory_mib:,.0f} MiB (RSS of the loader tree + "
+                          f"/dev/shm) is over --max-memory {self.max_mem:,.0f} MiB")
+            rec.hint = "fewer workers or a lower prefetch_factor"
+        return rec
+
+    def _pruner(self, trial: Any) -> Callable[[float, float], str | None]:
+        ticks = 0
+
+        def on_tick(secs: float, ips: float) -> str | None:
+            nonlocal ticks
+            ticks += 1
+            trial.report(ips, ticks)
+            if not trial.should_prune():
+                return None
+            return (f"pruned after {secs:.0f} s of the {self.opts.seconds:g} s window: "
+                    f"{ips:,.0f} images/s so far, under {self.opts.prune_below:.0%} of the "
+                    f"best trial's {self.study.best_value:,.0f}")
+
+        return on_tick
+
+    def revise(self, rec: TrialRecord) -> None:
+        assert self.ceilings is not None
+        note = self.ceilings.revise(rec.number, rec.images_per_s)
+        if note:
+            self.say(note)
+
+    def baseline(self) -> TrialRecord | None:
+        """The rule of thumb, measured once per study so the gain is honest."""
+        if not self.opts.baseline:
+            return None
+        assert self.ceilings is not None
+        if "baseline" in self.study.user_attrs:
+            b = TrialRecord.from_dict(self.study.user_attrs["baseline"])
+        else:
+            bp = rec_mod.baseline_params(self.ceilings.cores)
+            self.say(f"baseline (rule of thumb): {bp}")
+            b = self.bench(bp, "baseline")
+            b.number = -1
+            self.study.set_user_attr("baseline", _stored(b.to_dict()))
+        if b.ok:
+            self.revise(b)
+        return b
+
+    def reclaim_orphans(self, exclusive: bool) -> None:
+        """Trials a search that died left RUNNING: marked interrupted (measured again)."""
+        import optuna
+        from optuna.trial import TrialState
+
+        for t in guard.orphaned_trials(self.study, exclusive=exclusive):
+            rec = TrialRecord(t.number, dict(t.params), "interrupted",
+                              reason=guard.interrupted_reason(t.user_attrs.get("owner")))
+            optuna.trial.Trial(self.study, t._trial_id).set_user_attr("record", rec.to_dict())
+            self.study.tell(t.number, state=TrialState.FAIL)
+            self.say(f"trial {t.number}: {rec.reason}")
+
+    def measured(self) -> dict[tuple, TrialRecord]:
+        """Configuration -> its record, for every configuration the study measured."""
+        out: dict[tuple, TrialRecord] = {}
+        for t in self.study.trials:
+            d = t.user_attrs.get("record")
+            if d and d.get("state") in MEASURED_STATES:
+                out.setdefault(config_key(d["params"]), TrialRecord.from_dict(d))
+        return out
+
+    def timed_out(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline

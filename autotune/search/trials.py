@@ -1,0 +1,104 @@
+"""The trial loop: ask Optuna for a configuration, answer a duplicate from the study,
+measure a new one, tell Optuna, stop at the budget, the deadline or a ceiling."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from autotune.params import config_key
+from autotune.search import guard
+from autotune.search.records import TrialRecord
+from autotune.search.session import CEILING_TOLERANCE, Session, _stored
+
+MAX_DUPLICATES = 40  # TPE proposing only measured points this often: the space is exhausted
+
+
+def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
+    """Measure until the budget is spent; returns why the loop stopped."""
+    opts = s.opts
+    budget = _enqueue_grid(s, measured) if opts.grid else max(0, opts.trials - len(measured))
+    if budget == 0 and not opts.grid:
+        return "trials (already measured)"
+    runs = dupes = 0
+    while runs < budget:
+        if s.timed_out():
+            return "timeout"
+        trial = s.study.ask()
+        trial.set_user_attr("owner", guard.owner_tag())
+        params = s.space.suggest(trial)  # type: ignore[union-attr]
+        prev = measured.get(config_key(params))
+        if prev is not None:
+            dupes += 1
+            _answer_duplicate(s, trial, prev)
+            if dupes > MAX_DUPLICATES:
+                return "space exhausted"
+            continue
+        runs += 1
+        rec = _measure(s, trial, params, measured, f"trial {runs} of {budget}")
+        stop = _at_ceiling(s, rec)
+        if stop:
+            return stop
+    return "grid complete" if opts.grid else "trials"
+
+
+def _enqueue_grid(s: Session, measured: dict[tuple, TrialRecord]) -> int:
+    todo = [p for p in s.space.grid() if config_key(p) not in measured]  # type: ignore[union-attr]
+    for p in todo:
+        s.study.enqueue_trial({k: v for k, v in p.items() if v is not None
+                               and not (k == "persistent_workers" and p["num_workers"] == 0)})
+    return len(todo)
+
+
+def _answer_duplicate(s: Session, trial: Any, prev: TrialRecord) -> None:
+    """A configuration already measured: recorded as a duplicate of it, not measured."""
+    from optuna.trial import TrialState
+
+    rec = TrialRecord.from_dict(prev.to_dict())
+    rec.number, rec.state, rec.duplicate_of = trial.number, "duplicate", prev.number
+    trial.set_user_attr("record", rec.to_dict())
+    if prev.ok:
+        s.study.tell(trial, prev.images_per_s)
+    else:
+        s.study.tell(trial, state=TrialState.PRUNED if prev.state == "pruned"
+                     else TrialState.FAIL)
+
+
+def _measure(s: Session, trial: Any, params: dict[str, Any],
+             measured: dict[tuple, TrialRecord], which: str) -> TrialRecord:
+    from optuna.trial import TrialState
+
+    best = max((r.images_per_s for r in measured.values() if r.ok), default=None)
+    left = (f", {max(0, s.deadline - time.monotonic()):.0f} s left" if s.deadline else "")
+    s.say(f"{which}: {params}" + (f" (best so far {best:,.0f} images/s{left})" if best else left))
+    try:
+        rec = s.bench(params, f"trial-{trial.number:03d}", trial)
+    except KeyboardInterrupt:
+        rec = TrialRecord(trial.number, params, "interrupted",
+                          reason="interrupted (Ctrl-C); measured again on resume")
+        trial.set_user_attr("record", rec.to_dict())
+        s.study.tell(trial, state=TrialState.FAIL)
+        raise
+    rec.number = trial.number
+    trial.set_user_attr("record", _stored(rec.to_dict()))
+    measured[config_key(params)] = rec
+    if rec.ok:
+        s.study.tell(trial, rec.images_per_s)
+        s.revise(rec)
+    elif rec.state == "pruned":
+        s.say(f"{which.split(' of ')[0]}: {rec.reason}")
+        s.study.tell(trial, state=TrialState.PRUNED)
+    else:
+        s.study.tell(trial, state=TrialState.FAIL)
+    return rec
+
+
+def _at_ceiling(s: Session, rec: TrialRecord) -> str | None:
+    """Why to stop early: the trial is within the tolerance of the smallest firm ceiling."""
+    if not (s.opts.early_stop and not s.opts.grid and rec.ok):
+        return None
+    lim = s.ceilings.smallest(firm=True)  # type: ignore[union-attr]
+    if lim and rec.images_per_s >= (1 - CEILING_TOLERANCE) * lim[1]:  # type: ignore[operator]
+        return (f"ceiling reached: {rec.images_per_s:,.0f} images/s is within "
+                f"{CEILING_TOLERANCE:.0%} of the {lim[0]} ceiling {lim[1]:,.0f}")
+    return None
