@@ -81,40 +81,60 @@ def _system(samples: list[Sample], start: float | None, end: float | None,
 
 
 def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] | None,
-                  samples: list[Sample], cache: dict[str, Any], proc: subprocess.Popen | None,
-                  timed_out: bool, phase: str, log_tail: str, oom_kills: int,
-                  cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
-                  parent_marks: dict[str, float], stopped: str | None = None) -> BenchResult:
-    marks = (child or {}).get("marks", {})
-    cuda = (child or {}).get("cuda")
+                 samples: list[Sample], cache: dict[str, Any], proc: subprocess.Popen | None,
+                 timed_out: bool, phase: str, log_tail: str, oom_kills: int,
+                 cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
+                 parent_marks: dict[str, float], stopped: str | None = None) -> BenchResult:
+    """The BenchResult of what a measurement left: figures, labels and warnings, or a
+    failure with its reason and a hint."""
+    c = child or {}
     res = BenchResult(
-        dataset=(child or {}).get("dataset") or {"path": str(root), "format": fmt},
+        dataset=c.get("dataset") or {"path": str(root), "format": fmt},
         config={**cfg.to_dict(), "label": cfg.describe()},
         cold=cfg.cold, cold_method=cache.get("method"), cache=cache,
         environment={"cores": usable_cores(), "cpu_count": os.cpu_count(),
-                     "torch": (child or {}).get("torch"), "cuda": cuda,
+                     "torch": c.get("torch"), "cuda": c.get("cuda"),
                      "python": platform.python_version(), "kernel": platform.release(),
                      "root": os.geteuid() == 0})
-    warnings = res.warnings
     res.process = {"pid": proc.pid if proc else None,
                    "returncode": proc.returncode if proc else None,
-                   "timed_out": timed_out,
-                   "nofile_limit": (child or {}).get("nofile_limit"),
+                   "timed_out": timed_out, "nofile_limit": c.get("nofile_limit"),
                    **(cleanup.to_dict() if cleanup else {})}
     if cleanup and cleanup.stray:
-        warnings.append(f"{len(cleanup.stray)} process(es) of the measurement were still running "
-                        f"after SIGKILL: pids {cleanup.stray}")
+        res.warnings.append(f"{len(cleanup.stray)} process(es) of the measurement were still "
+                            f"running after SIGKILL: pids {cleanup.stray}")
+    _label(res, cfg, c, cache)
+    marks = c.get("marks", {})
+    res.system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon)
+    _process_figures(res, samples, win)
+    failure = _failure(cfg, child, res.system, proc, timed_out, phase, log_tail, oom_kills,
+                       stopped)
+    if failure is not None:
+        res.failed = True
+        res.failure_kind, res.reason, res.hint = failure.kind, failure.reason, failure.hint
+        res.process["log_tail"] = log_tail[-2000:]
+        res.process["phase"] = (phase if timed_out or child is None
+                                else (c.get("error") or {}).get("phase"))
+        return res
+    assert child is not None
+    _figures(res, cfg, child, parent_marks)
+    _check_cache(res, cfg, child, root, win)
+    return res
 
-    # Labels that hold whatever the outcome.
-    if cfg.pin_memory and cuda is False:
+
+def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
+           cache: dict[str, Any]) -> None:
+    """Labels that hold whatever the outcome (pin without CUDA, draft, warm, memory)."""
+    warnings = res.warnings
+    if cfg.pin_memory and child.get("cuda") is False:
         warnings.append(f"pin_memory=True has no effect here: no CUDA device (torch "
-                        f"{(child or {}).get('torch')}); this figure is what pin_memory=False "
+                        f"{child.get('torch')}); this figure is what pin_memory=False "
                         "gives. Its cost or benefit shows only on a GPU machine.")
     if cfg.transform.draft:
         warnings.append("JPEG draft decoding is ON (libjpeg decodes at reduced scale): the "
                         "decode cost differs from torchvision's pipeline.")
     cores = usable_cores()
-    for w in (child or {}).get("warnings", []):
+    for w in child.get("warnings", []):
         if "pin_memory" in w or "worker processes in total" in w:
             continue  # said above / below in our own words
         warnings.append(f"torch: {w}")
@@ -122,16 +142,16 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
         warnings.append(f"{cfg.num_workers} workers on {cores} usable cores: more workers than "
                         "cores only pay off while workers wait on storage, not on decoding.")
     if cfg.in_memory:
-        info = (child or {}).get("dataset") or {}
+        info = child.get("dataset") or {}
         mib = (info.get("in_memory_bytes") or 0) / 2**20
-        warnings.append(f"FROM MEMORY: {info.get('images', cfg.in_memory)} images ({mib:,.0f} MiB) "
-                        "held in the measurement process; storage and the page cache play no "
-                        "part: this is the CPU (decode) ceiling, not a training figure.")
+        warnings.append(f"FROM MEMORY: {info.get('images', cfg.in_memory)} images ({mib:,.0f} "
+                        "MiB) held in the measurement process; storage and the page cache play "
+                        "no part: this is the CPU (decode) ceiling, not a training figure.")
     elif not cfg.cold:
         frac = cache.get("resident_fraction_at_start")
         warnings.append("WARM: the page cache was not dropped"
-                        + (f" ({frac:.0%} of a sample of the dataset's pages were cached at start)"
-                           if frac is not None else "")
+                        + (f" ({frac:.0%} of a sample of the dataset's pages were cached at "
+                           "start)" if frac is not None else "")
                         + "; this is not what a first epoch from storage gives.")
     frac = cache.get("resident_fraction_after_evict")
     if frac is not None and frac > 0.05:
@@ -139,49 +159,50 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                         "(mapped or dirty elsewhere): the figure may be partly warm; run as root "
                         "for drop_caches.")
 
-    system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon)
-    res.system = system
+
+def _process_figures(res: BenchResult, samples: list[Sample], win: list[Sample]) -> None:
+    """Peak RSS of the tree (whole run) and its CPU (the window, weighted by interval)."""
     rss = [r["rss_bytes"] for r in map(_proc_rec, samples) if r]
     res.peak_rss_mib = max(rss) / 2**20 if rss else None
     pct = [(r["cpu_pct"], s.interval_s) for s, r in ((s, _proc_rec(s)) for s in win) if r]
     if pct and sum(w for _, w in pct) > 0:
         res.cpu_percent = sum(c * w for c, w in pct) / sum(w for _, w in pct)
 
+
+def _failure(cfg: BenchConfig, child: dict[str, Any] | None, system: dict[str, Any],
+             proc: subprocess.Popen | None, timed_out: bool, phase: str, log_tail: str,
+             oom_kills: int, stopped: str | None) -> Failure | None:
+    """Why the measurement gave no figure, or None."""
+    shm = system.get("shm", {})
     ctx = {"nofile_limit": (child or {}).get("nofile_limit"), "step": cfg.step,
-           "shm_used_bytes": (system.get("shm", {}).get("used_mib_max") or 0) * 2**20 or None,
-           "shm_total_bytes": (system.get("shm", {}).get("total_mib") or 0) * 2**20 or None}
-    failure: Failure | None = None
+           "shm_used_bytes": (shm.get("used_mib_max") or 0) * 2**20 or None,
+           "shm_total_bytes": (shm.get("total_mib") or 0) * 2**20 or None}
     if stopped:
-        failure = Failure("pruned", stopped, "not an error: the search stopped a configuration "
-                                             "that was clearly slower than the best so far")
-    elif child is None:
-        failure = classify_exit(proc.returncode if proc else None, timed_out=timed_out,
-                                timeout_s=cfg.effective_timeout, phase=phase, log_tail=log_tail,
-                                oom_kills=oom_kills, ctx=ctx)
-    elif not child.get("ok"):
-        failure = classify_error(child.get("error") or {}, ctx)
-    elif not child.get("batches"):
-        warm = child.get("warmup_done", 0)
-        failure = Failure(
+        return Failure("pruned", stopped, "not an error: the search stopped a configuration "
+                                          "that was clearly slower than the best so far")
+    if child is None:
+        return classify_exit(proc.returncode if proc else None, timed_out=timed_out,
+                             timeout_s=cfg.effective_timeout, phase=phase, log_tail=log_tail,
+                             oom_kills=oom_kills, ctx=ctx)
+    if not child.get("ok"):
+        return classify_error(child.get("error") or {}, ctx)
+    if not child.get("batches"):
+        return Failure(
             "no_batches",
             f"nothing was measured: one pass over {child.get('images')} images is "
             f"{child.get('epoch_batches')} batches of {cfg.batch_size}, and the warm-up took "
-            f"{warm} of them; a cold run stops at the end of the first pass",
+            f"{child.get('warmup_done', 0)} of them; a cold run stops at the end of the first "
+            "pass",
             "use a larger dataset, a smaller --batch-size, fewer --warmup-batches, or --warm "
             "(labelled warm)")
-    if failure is not None:
-        res.failed = True
-        res.failure_kind, res.reason, res.hint = failure.kind, failure.reason, failure.hint
-        res.process["log_tail"] = log_tail[-2000:]
-        if timed_out or child is None:
-            res.process["phase"] = phase
-        else:
-            res.process["phase"] = (child.get("error") or {}).get("phase")
-        return res
+    return None
 
-    assert child is not None
-    batches = [Batch(*b) for b in child["batches"]]
-    f = window_figures(batches, marks["window_start"], cfg.windows)
+
+def _figures(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
+             parent_marks: dict[str, float]) -> None:
+    """images/s, data wait, AU, per-batch times and the window of a measurement."""
+    marks = child["marks"]
+    f = window_figures([Batch(*b) for b in child["batches"]], marks["window_start"], cfg.windows)
     res.images_per_s = f.images_per_s
     res.images_per_s_overall = f.images_per_s_overall
     res.images_per_s_spread = {"min": min(f.window_rates), "max": max(f.window_rates),
@@ -192,11 +213,11 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
         res.input_bound = f.step_fraction < INPUT_BOUND_AU
     res.batch_wait_ms = {"p50": f.wait_ms_p50, "p95": f.wait_ms_p95, "max": f.wait_ms_max}
     res.step_ms = ({"p50": f.step_ms_p50, "p95": f.step_ms_p95} if cfg.has_step else None)
-    shortened = child.get("stop_reason") == "epoch_end"
     res.window = {
         "seconds": f.wall_s, "requested_seconds": cfg.seconds, "batches": f.batches,
         "samples": f.samples, "windows": len(f.window_rates),
-        "stop_reason": child.get("stop_reason"), "shortened": shortened,
+        "stop_reason": child.get("stop_reason"),
+        "shortened": child.get("stop_reason") == "epoch_end",
         "epochs": child.get("epochs"), "epoch_batches": child.get("epoch_batches"),
         "warmup_batches": child.get("warmup_done"),
         "warmup_s": marks["window_start"] - marks.get("loader_started", marks["window_start"]),
@@ -206,31 +227,37 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                       if "ready" in marks and "spawn" in parent_marks else None),
         "scan_s": (marks["scanned"] - marks["go"]) if "scanned" in marks and "go" in marks else None,
     }
-    if shortened:
-        warnings.append(
+    res.warnings.extend(_window_warnings(cfg, child, f))
+
+
+def _window_warnings(cfg: BenchConfig, child: dict[str, Any], f: Any) -> list[str]:
+    """What makes the window's figure rough: shortened, warm passes, a draining prefetch
+    queue, few batches, unsteady sub-windows."""
+    out = []
+    if child.get("stop_reason") == "epoch_end":
+        out.append(
             f"window shortened: cold, so the measurement stopped at the end of the first pass "
             f"over the dataset after {f.wall_s:.1f} s of the requested {cfg.seconds:g} s "
             f"({f.batches} batches); a second pass would be served from the page cache. Use a "
             "larger dataset for a longer cold window.")
     if not cfg.cold and (child.get("epochs") or 1) > 1:
-        warnings.append(f"WARM: the window spanned {child.get('epochs')} passes over the dataset.")
+        out.append(f"WARM: the window spanned {child.get('epochs')} passes over the dataset.")
     queue = cfg.num_workers * (cfg.prefetch_factor or 0)
     if queue and f.batches < 2 * queue:
         # Batches prepared during warm-up can still be in the queue when the window opens;
         # a window this short partly measures it draining, not the steady rate.
-        warnings.append(f"the window ({f.batches} batches) is under twice the prefetch queue "
-                        f"({cfg.num_workers} workers x prefetch {cfg.prefetch_factor} = {queue} "
-                        "batches): the figure may include batches made during warm-up; a longer "
-                        "--seconds measures the steady rate.")
+        out.append(f"the window ({f.batches} batches) is under twice the prefetch queue "
+                   f"({cfg.num_workers} workers x prefetch {cfg.prefetch_factor} = {queue} "
+                   "batches): the figure may include batches made during warm-up; a longer "
+                   "--seconds measures the steady rate.")
     if f.batches < _FEW_BATCHES:
-        warnings.append(f"only {f.batches} batches were measured: the figure is rough; use a "
-                        "longer --seconds, a smaller batch or a larger dataset.")
+        out.append(f"only {f.batches} batches were measured: the figure is rough; use a "
+                   "longer --seconds, a smaller batch or a larger dataset.")
     if len(f.window_rates) > 1 and f.spread > UNSTEADY_SPREAD:
-        warnings.append(f"unsteady: images/s varied {f.spread:.0%} between the "
-                        f"{len(f.window_rates)} windows ({min(f.window_rates):,.0f}-"
-                        f"{max(f.window_rates):,.0f}); a longer --seconds gives a steadier figure.")
-    _check_cache(res, cfg, child, root, win)
-    return res
+        out.append(f"unsteady: images/s varied {f.spread:.0%} between the "
+                   f"{len(f.window_rates)} windows ({min(f.window_rates):,.0f}-"
+                   f"{max(f.window_rates):,.0f}); a longer --seconds gives a steadier figure.")
+    return out
 
 
 def _check_cache(res: BenchResult, cfg: BenchConfig, child: dict[str, Any], root: Path,

@@ -16,8 +16,6 @@ rename so the parent never reads half a file. The child prints nothing itself.
 from __future__ import annotations
 
 import ctypes
-import importlib
-import importlib.util
 import json
 import os
 import random
@@ -27,7 +25,6 @@ import sys
 import time
 import traceback
 import warnings
-from pathlib import Path
 from typing import Any, Callable
 
 _PR_SET_PDEATHSIG = 1
@@ -76,21 +73,13 @@ def _status(fd: int, line: str) -> None:
 
 def load_step(spec: str) -> Callable[[Any], Any]:
     """'module:function' or 'path/to/file.py:function' -> the function."""
-    target, _, name = spec.rpartition(":")
-    if target.endswith(".py") or os.sep in target:
-        path = Path(target).resolve()
-        mod_spec = importlib.util.spec_from_file_location(f"autotune_user_step_{path.stem}", path)
-        if mod_spec is None or mod_spec.loader is None:
-            raise ImportError(f"cannot load {path} as a Python file")
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    else:
-        if os.getcwd() not in sys.path:
-            sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(target)
-    fn = getattr(module, name, None)
+    from converters.registry import load
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # a step module beside the user's command
+    fn = load(spec)
     if not callable(fn):
-        raise ImportError(f"{target} has no function {name!r}")
+        raise ImportError(f"{spec} is not a function")
     return fn
 
 
@@ -201,7 +190,20 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     from autotune.bench.config import BenchConfig
 
     cfg = BenchConfig.from_dict(spec["config"])
-    marks: dict[str, float] = out["marks"]
+    step_fn, primer = _prepare(spec, cfg, out)
+    out["marks"]["ready"] = time.monotonic()
+    out["phase"] = "ready"
+    _status(status_fd, "ready")
+    if not os.read(go_fd, 1):
+        os._exit(3)  # the parent is gone
+    out["marks"]["go"] = time.monotonic()
+    del primer  # its worker exits; the pages it touched stay cached for ours
+    loader = _build_loader(spec, cfg, out)
+    return _measure(loader, cfg, _step(cfg, step_fn), status_fd, out)
+
+
+def _prepare(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> tuple[Any, Any]:
+    """Limits, libraries, the primed pipeline and the user's step, before the cache drop."""
     if cfg.max_open_files is not None:
         _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         lim = cfg.max_open_files if hard == resource.RLIM_INFINITY else min(cfg.max_open_files, hard)
@@ -215,13 +217,11 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     import torch.utils.data
     from PIL import Image, ImageEnhance  # noqa: F401
 
-    from autotune.data.torchds import ImageDataset
+    from autotune.data.torchds import ImageDataset  # noqa: F401
     from autotune.data.transforms import build_transform
-    from converters.registry import open_source, register_all
-    from converters.source import MemorySource
+    from converters.registry import register_all
 
     register_all(spec.get("formats", []))  # formats the caller registered at run time
-
     Image.preinit()
     out["torch"] = torch.__version__
     out["cuda"] = bool(torch.cuda.is_available())
@@ -230,49 +230,55 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     step_fn = load_step(cfg.step) if cfg.step else None
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    return step_fn, primer
 
-    marks["ready"] = time.monotonic()
-    out["phase"] = "ready"
-    _status(status_fd, "ready")
-    if not os.read(go_fd, 1):
-        os._exit(3)  # the parent is gone
-    marks["go"] = time.monotonic()
-    del primer  # its worker exits; the pages it touched stay cached for ours
+
+def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
+    """Scan the dataset (cold) and build the DataLoader the configuration describes."""
+    import torch.utils.data
+
+    from autotune.data.torchds import ImageDataset
+    from autotune.data.transforms import build_transform
+    from autotune.params import loader_kwargs
+    from converters.registry import open_source
+    from converters.source import MemorySource
 
     out["phase"] = "scan"
     source = open_source(spec["dataset"], cfg.format)
     if cfg.in_memory:
         source = MemorySource(source, cfg.in_memory, seed=cfg.seed)
     out["dataset"] = source.info()
-    marks["scanned"] = time.monotonic()
-    from autotune.params import loader_kwargs
-
+    out["marks"]["scanned"] = time.monotonic()
     # Built-in settings as the registry applies them (worker-only ones with workers);
     # loader_extra as it is (the caller registered and checked those).
     kwargs = {**loader_kwargs(cfg.loader_settings()), **cfg.loader_extra}
     if cfg.num_workers > 0:
         kwargs.update(timeout=cfg.batch_timeout_s, worker_init_fn=_worker_init)
-    if getattr(source, "iterable", False):
-        # WebDataset shards: the dataset shuffles shards and a sample buffer itself and
+    transform = build_transform(cfg.transform)
+    if source.iterable:
+        # Streamed shards: the dataset shuffles shards and a sample buffer itself and
         # splits shards by worker; DataLoader must not add a sampler.
-        dataset = source.dataset(build_transform(cfg.transform), shuffle=cfg.shuffle,
-                                 seed=cfg.seed)
+        dataset = source.dataset(transform, shuffle=cfg.shuffle, seed=cfg.seed)
         note = source.readers_note(cfg.num_workers)
         if note:
             out.setdefault("warnings", []).append(note)
         loader = torch.utils.data.DataLoader(dataset, drop_last=True, **kwargs)
     else:
-        dataset = ImageDataset(source, build_transform(cfg.transform))
         gen = torch.Generator()
         gen.manual_seed(cfg.seed)
-        loader = torch.utils.data.DataLoader(dataset, shuffle=cfg.shuffle, drop_last=True,
-                                             generator=gen, **kwargs)
-    epoch_batches = len(loader)
-    out["epoch_batches"] = epoch_batches
-    if epoch_batches == 0:
+        loader = torch.utils.data.DataLoader(ImageDataset(source, transform), shuffle=cfg.shuffle,
+                                             drop_last=True, generator=gen, **kwargs)
+    out["epoch_batches"] = len(loader)
+    out["images"] = len(source)
+    if out["epoch_batches"] == 0:
         raise ValueError(f"{spec['dataset']}: {len(source)} images is less than one batch of "
                          f"{cfg.batch_size}; use a smaller batch size or a larger dataset")
+    return loader
 
+
+def _step(cfg: Any, step_fn: Any) -> Callable[[Any], None]:
+    """The training step: the user's function, or an emulated one that sleeps (the
+    accelerator is busy; the CPU stays free for the workers)."""
     sleep_s = cfg.compute_ms / 1000.0
 
     def step(batch: Any) -> None:
@@ -282,47 +288,55 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
             except Exception as e:  # noqa: BLE001
                 raise StepFailed(e) from e
         elif sleep_s > 0:
-            time.sleep(sleep_s)  # the accelerator is busy; the CPU stays free for workers
+            time.sleep(sleep_s)
 
-    epochs = 1
-    state = {"it": iter(loader)}
-    marks["loader_started"] = time.monotonic()
+    return step
 
-    def fetch() -> Any:
-        nonlocal epochs
+
+class _Batches:
+    """The loader's batches, pass after pass; a cold run ends at its first pass's end (a
+    second would be served from the page cache: not a cold figure)."""
+
+    def __init__(self, loader: Any, cold: bool) -> None:
+        self.loader, self.cold = loader, cold
+        self.epochs = 1
+        self.it = iter(loader)
+
+    def next(self) -> Any:
         try:
-            return next(state["it"])
+            return next(self.it)
         except StopIteration:
-            if cfg.cold:
-                # A second pass would be served from the page cache: not a cold figure.
+            if self.cold:
                 raise EpochEnd() from None
-            epochs += 1
-            state["it"] = iter(loader)  # part of the wait: the loop is blocked on input
-            return next(state["it"])
+            self.epochs += 1
+            self.it = iter(self.loader)  # part of the wait: the loop is blocked on input
+            return next(self.it)
 
+
+def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
+             out: dict[str, Any]) -> Any:
+    """Warm-up (excluded), then the window: each batch's wait and step, timed."""
+    marks = out["marks"]
+    src = _Batches(loader, cfg.cold)
+    marks["loader_started"] = start = time.monotonic()
     warmup = cfg.effective_warmup
     out["phase"] = "warmup"
     _status(status_fd, f"warmup {warmup}")
     batches: list[list[float]] = []
     out["batches"] = batches
-    warm_wait = 0.0
-    done_warm = 0
+    warm_wait, done_warm = 0.0, 0
     io0 = _tree_io() if warmup == 0 else {}
-    start = marks["loader_started"]
     deadline = start + cfg.seconds if warmup == 0 else None
     if warmup == 0:
         out["phase"] = "measure"
         _status(status_fd, f"measure {cfg.seconds:g}")
-    stop_reason = "time"
-    window_images = 0
-    last_tick = start
+    stop_reason, window_images, last_tick = "time", 0, start
     try:
         while True:
             t0 = time.monotonic()
-            batch = fetch()
+            batch = src.next()
             t1 = time.monotonic()
-            if "first_batch" not in marks:
-                marks["first_batch"] = t1
+            marks.setdefault("first_batch", t1)
             step(batch)
             t2 = time.monotonic()
             if done_warm < warmup:
@@ -332,8 +346,7 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
                     # Storage reads of the window, from the kernel's per-process counters:
                     # proof of where the bytes came from (page cache or disk).
                     io0 = _tree_io()
-                    t2 = time.monotonic()
-                    start = last_tick = t2
+                    start = last_tick = t2 = time.monotonic()
                     deadline = t2 + cfg.seconds
                     out["phase"] = "measure"
                     _status(status_fd, f"measure {cfg.seconds:g}")
@@ -353,10 +366,10 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
         out["window_io"] = _io_delta(io0, _tree_io())
     marks["window_start"] = start
     marks["window_end"] = batches[-1][3] if batches else time.monotonic()
-    out.update(stop_reason=stop_reason, epochs=epochs, warmup_done=done_warm,
-               warmup_wait_s=warm_wait, images=len(source))
+    out.update(stop_reason=stop_reason, epochs=src.epochs, warmup_done=done_warm,
+               warmup_wait_s=warm_wait)
     out["phase"] = "done"
-    return state["it"]
+    return src.it
 
 
 def main(argv: list[str]) -> int:

@@ -141,122 +141,98 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     t_begin = time.monotonic()
     root = Path(dataset).absolute()
     fmt = resolve_format(root, cfg.format)
-    is_root = os.geteuid() == 0
+    _check_folder(root, fmt)
+    m = _Measurement(root, fmt, cfg, throttle, say, on_tick)
+    m.prepare_cache()
+    _remove_stale_tmp()
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
+    try:
+        m.run(tmp, popen or subprocess.Popen, monitor_path or root)
+        res = m.result(tmp)
+        if timeline is not None:
+            write_timeline(timeline, m.samples, m.child, m.marks)
+            res.timeline_file = str(timeline)
+        res.seconds_total = time.monotonic() - t_begin
+        return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_folder(root: Path, fmt: str) -> None:
     if fmt == "folder" and not root.is_dir():
         raise UsageError(f"{root}: not a directory (an image folder is DATASET/CLASS/IMAGE.jpg).")
     if fmt == "folder" and not _has_class_dir(root):
         raise UsageError(f"{root}: no class subfolders; an image folder is "
                          "DATASET/CLASS/IMAGE.jpg (labels are the sorted CLASS names).")
-    cache: dict[str, Any] = {"cold": cfg.cold, "method": None}
-    files: list[Path] | None = None
-    if cfg.in_memory:
-        cache["in_memory"] = cfg.in_memory
-        cache["note"] = ("from memory: the images are held in the measurement process; "
-                         "storage and the page cache play no part")
-    elif not cfg.cold or not is_root:
-        say(f"scanning {root}")
-        files = list(open_source(root, fmt).files())
-    if not cfg.cold and not cfg.in_memory:
-        cache["resident_fraction_at_start"] = resident_fraction(files or [])
-        cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
 
-    _remove_stale_tmp()
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
-    try:
-        spec_path, result_path, log_path = tmp / "spec.json", tmp / "result.json", tmp / "child.log"
-        spec = {"config": cfg.to_dict(), "dataset": str(root), "parent_pid": os.getpid(),
-                "formats": registry.exported()}
-        spec_path.write_text(json.dumps(spec))
+
+class _Measurement:
+    """One measurement process, from spawn to a cleaned-up process group (see run_bench)."""
+
+    def __init__(self, root: Path, fmt: str, cfg: BenchConfig, throttle: Any, say: Progress,
+                 on_tick: Callable[[float, float], str | None] | None) -> None:
+        self.root, self.fmt, self.cfg = root, fmt, cfg
+        self.throttle, self.say, self.on_tick = throttle, say, on_tick
+        self.cache: dict[str, Any] = {"cold": cfg.cold, "method": None}
+        self.files: list[Path] | None = None
+        self.proc: subprocess.Popen | None = None
+        self.mon: SystemMonitor | None = None
+        self.timed_out = False
+        self.stopped: str | None = None
+        self.phase = "startup"
+        self.marks: dict[str, float] = {}
+        self.cleanup: procs.Cleanup | None = None
+        self.samples: list[Any] = []
+        self.child: dict[str, Any] | None = None
+        self.go_w = -1
+
+    def prepare_cache(self) -> None:
+        """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
+        cfg, cache = self.cfg, self.cache
+        if cfg.in_memory:
+            cache["in_memory"] = cfg.in_memory
+            cache["note"] = ("from memory: the images are held in the measurement process; "
+                             "storage and the page cache play no part")
+        elif not cfg.cold or os.geteuid() != 0:
+            self.say(f"scanning {self.root}")
+            self.files = list(open_source(self.root, self.fmt).files())
+        if not cfg.cold and not cfg.in_memory:
+            cache["resident_fraction_at_start"] = resident_fraction(self.files or [])
+            cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
+
+    def run(self, tmp: Path, popen: Popen, watch_path: Path | str) -> None:
+        """Spawn, watch under the hard timeout, and kill the whole group whatever happened."""
+        spec = {"config": self.cfg.to_dict(), "dataset": str(self.root),
+                "parent_pid": os.getpid(), "formats": registry.exported()}
+        (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
         repo = str(Path(autotune.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
-        cmd = [sys.executable, "-m", "autotune.bench.child", str(spec_path), str(result_path)]
-
         status_r, status_w = os.pipe()
-        go_r, go_w = os.pipe()
-        cmd += [str(status_w), str(go_r)]
-        log = open(log_path, "wb")
-        proc: subprocess.Popen | None = None
-        mon: SystemMonitor | None = None
-        timed_out = False
-        stopped: str | None = None
-        phase = "startup"
-        marks_parent: dict[str, float] = {}
-        cleanup: procs.Cleanup | None = None
-        oom0 = _oom_kills()
+        go_r, self.go_w = os.pipe()
+        cmd = [sys.executable, "-m", "autotune.bench.child", str(tmp / "spec.json"),
+               str(tmp / "result.json"), str(status_w), str(go_r)]
+        self.oom0 = _oom_kills()
         procs.acquire_subreaper()
+        log = open(tmp / "child.log", "wb")
         try:
-            say("starting the measurement process (importing torch)")
-            proc = (popen or subprocess.Popen)(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, pass_fds=(status_w, go_r), env=env)
-            marks_parent["spawn"] = time.monotonic()
+            self.say("starting the measurement process (importing torch)")
+            self.proc = popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True,
+                              pass_fds=(status_w, go_r), env=env)
+            self.marks["spawn"] = time.monotonic()
             os.close(status_w)
             os.close(go_r)
             status_w = go_r = -1
             try:
-                mon = SystemMonitor(path=monitor_path or root, pid=proc.pid,
-                                    interval=cfg.monitor_interval_s).start()
+                self.mon = SystemMonitor(path=watch_path, pid=self.proc.pid,
+                                         interval=self.cfg.monitor_interval_s).start()
             except AutotuneError:
-                mon = None  # the child already exited: its result or exit status tells why
-            deadline = marks_parent["spawn"] + cfg.effective_timeout
-            reader = _Status(status_r)
-            while proc.poll() is None:
-                now = time.monotonic()
-                if now >= deadline:
-                    timed_out = True
-                    break
-                for line in reader.read(min(0.2, deadline - now)):
-                    word, _, arg = line.partition(" ")
-                    if word == "ready":
-                        phase = "dataset scan"
-                        if throttle is not None:
-                            throttle.add_pid(proc.pid)
-                        if cfg.cold:
-                            say("dropping the page cache")
-                            try:
-                                cache["method"] = make_cold(files)
-                            except NotPermitted:  # root, but /proc/sys is read-only here
-                                files = list(open_source(root, fmt).files())
-                                cache["method"] = make_cold(files)
-                            if cache["method"] == "fadvise":
-                                frac = resident_fraction(files or [])
-                                cache["resident_fraction_after_evict"] = frac
-                        marks_parent["go"] = time.monotonic()
-                        try:
-                            os.write(go_w, b"g")
-                        except BrokenPipeError:
-                            pass  # the child died meanwhile: its exit status tells why
-                        say(f"scanning the dataset, starting {cfg.num_workers} worker(s)")
-                    elif word == "warmup":
-                        phase = "warm-up"
-                        say(f"warm-up: {arg} batches (excluded)")
-                    elif word == "measure":
-                        phase = "measurement"
-                        say(f"measuring for {arg} s")
-                    elif word == "tick" and on_tick is not None:
-                        secs, images = (float(x) for x in arg.split())
-                        stopped = on_tick(secs, images / secs if secs > 0 else 0.0)
-                        if stopped:
-                            break
-                    elif word == "done":
-                        phase = "shutdown"
-                        say("stopping the workers")
-                if stopped:
-                    break
-            if timed_out or stopped:
-                _kill_group(proc.pid)
-            proc.wait()
+                self.mon = None  # the child already exited: its result or status tells why
+            self._watch(_Status(status_r))
         finally:
-            if proc is not None:
-                if proc.poll() is None:
-                    _kill_group(proc.pid)
-                    proc.wait()
-                cleanup = procs.end_group(proc.pid, leader=proc.pid)
-            procs.release_subreaper()
-            if mon is not None:
-                mon.stop()
-            for fd in (status_r, status_w, go_r, go_w):
+            self._end()
+            for fd in (status_r, status_w, go_r, self.go_w):
                 if fd >= 0:
                     try:
                         os.close(fd)
@@ -264,24 +240,85 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
                         pass
             log.close()
 
-        child: dict[str, Any] | None = None
-        if result_path.exists():
+    def _watch(self, reader: _Status) -> None:
+        assert self.proc is not None
+        deadline = self.marks["spawn"] + self.cfg.effective_timeout
+        while self.proc.poll() is None:
+            now = time.monotonic()
+            if now >= deadline:
+                self.timed_out = True
+                break
+            for line in reader.read(min(0.2, deadline - now)):
+                word, _, arg = line.partition(" ")
+                self._on_status(word, arg)
+                if self.stopped:
+                    break
+            if self.stopped:
+                break
+        if self.timed_out or self.stopped:
+            _kill_group(self.proc.pid)
+        self.proc.wait()
+
+    def _on_status(self, word: str, arg: str) -> None:
+        if word == "ready":
+            self._go()
+        elif word == "warmup":
+            self.phase = "warm-up"
+            self.say(f"warm-up: {arg} batches (excluded)")
+        elif word == "measure":
+            self.phase = "measurement"
+            self.say(f"measuring for {arg} s")
+        elif word == "tick" and self.on_tick is not None:
+            secs, images = (float(x) for x in arg.split())
+            self.stopped = self.on_tick(secs, images / secs if secs > 0 else 0.0)
+        elif word == "done":
+            self.phase = "shutdown"
+            self.say("stopping the workers")
+
+    def _go(self) -> None:
+        """The child has its libraries in memory: cap it, drop the cache, let it start."""
+        assert self.proc is not None
+        self.phase = "dataset scan"
+        if self.throttle is not None:
+            self.throttle.add_pid(self.proc.pid)
+        if self.cfg.cold:
+            self.say("dropping the page cache")
             try:
-                child = json.loads(result_path.read_text())
+                self.cache["method"] = make_cold(self.files)
+            except NotPermitted:  # root, but /proc/sys is read-only here
+                self.files = list(open_source(self.root, self.fmt).files())
+                self.cache["method"] = make_cold(self.files)
+            if self.cache["method"] == "fadvise":
+                self.cache["resident_fraction_after_evict"] = resident_fraction(self.files or [])
+        self.marks["go"] = time.monotonic()
+        try:
+            os.write(self.go_w, b"g")
+        except BrokenPipeError:
+            pass  # the child died meanwhile: its exit status tells why
+        self.say(f"scanning the dataset, starting {self.cfg.num_workers} worker(s)")
+
+    def _end(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                _kill_group(self.proc.pid)
+                self.proc.wait()
+            self.cleanup = procs.end_group(self.proc.pid, leader=self.proc.pid)
+        procs.release_subreaper()
+        if self.mon is not None:
+            self.mon.stop()
+            self.samples = self.mon.records
+
+    def result(self, tmp: Path) -> BenchResult:
+        path = tmp / "result.json"
+        if path.exists():
+            try:
+                self.child = json.loads(path.read_text())
             except ValueError:
-                child = None
-        log_tail = _log_tail(log_path)
-        samples = mon.records if mon is not None else []
-        res = build_result(cfg, root, fmt, child, samples, cache, proc, timed_out, phase,
-                            log_tail, _oom_kills() - oom0, cleanup, mon, marks_parent,
-                            stopped=stopped)
-        if timeline is not None:
-            write_timeline(timeline, samples, child, marks_parent)
-            res.timeline_file = str(timeline)
-        res.seconds_total = time.monotonic() - t_begin
-        return res
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+                self.child = None
+        return build_result(self.cfg, self.root, self.fmt, self.child, self.samples, self.cache,
+                            self.proc, self.timed_out, self.phase, _log_tail(tmp / "child.log"),
+                            _oom_kills() - self.oom0, self.cleanup, self.mon, self.marks,
+                            stopped=self.stopped)
 
 
 def _kill_group(pgid: int) -> None:

@@ -36,72 +36,82 @@ def bench_renderable(r: Any) -> Group:
         parts.append(Text.assemble(("FAILED", "bold red"), f" ({r.failure_kind}): {r.reason}"))
         parts.append(Text(f"  → {r.hint}", style="bold"))
     else:
-        t = Table(title="measured", title_justify="left", show_header=False)
-        t.add_column("figure")
-        t.add_column("value", justify="right")
-        t.add_column("note", style="dim")
-        sp = r.images_per_s_spread or {}
-        w = r.window
-        t.add_row("images/s", fmt_rate(r.images_per_s),
-                  f"median of {w.get('windows')} windows ({fmt_rate(sp.get('min'))}-"
-                  f"{fmt_rate(sp.get('max'))}); overall {fmt_rate(r.images_per_s_overall)}")
-        t.add_row("data-wait fraction", _pct(r.data_wait_fraction), "time blocked in next() / wall")
-        if r.au is not None:
-            t.add_row("AU", f"{r.au:.2f}", "step time / wall: "
-                      + ("INPUT-BOUND (< 0.90)" if r.input_bound else "not input-bound"))
-        else:
-            t.add_row("AU", "-", "no step (compute 0): not defined")
-        bw = r.batch_wait_ms or {}
-        t.add_row("batch wait p50 / p95", f"{_ms(bw.get('p50'))} / {_ms(bw.get('p95'))} ms",
-                  f"max {_ms(bw.get('max'))} ms")
-        if r.step_ms:
-            t.add_row("step p50 / p95", f"{_ms(r.step_ms.get('p50'))} / {_ms(r.step_ms.get('p95'))} ms", "")
-        t.add_row("CPU (process tree)", "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f} %",
-                  f"% of one core, main + workers; {r.environment.get('cores')} cores usable")
-        t.add_row("peak RSS (tree)", "-" if r.peak_rss_mib is None else f"{r.peak_rss_mib:,.0f} MiB",
-                  "sum over processes (shared pages counted per process)")
-        fb = w.get("first_batch_s")
-        t.add_row("window", f"{w.get('seconds', 0):.1f} s",
-                  f"{w.get('batches')} batches, {w.get('samples'):,} images"
-                  + (" (SHORTENED: end of the first cold pass)" if w.get("shortened") else "")
-                  + f"; warm-up {w.get('warmup_batches')} batches in {w.get('warmup_s', 0):.1f} s"
-                  + (f", first batch {fb:.1f} s" if fb is not None else ""))
-        parts.append(t)
+        parts.append(_measured(r))
     s = r.system or {}
     if s.get("samples"):
-        t = Table(title=f"system ({s.get('scope')}, {s.get('samples')} samples)",
-                  title_justify="left")
-        for col in ("figure", "median", "p95", "max"):
-            t.add_column(col, justify="left" if col == "figure" else "right")
-        disk = s.get("disk") or {}
-        if "unavailable" in disk:
-            t.add_row("disk", disk["unavailable"], "", "")
-        else:
-            dev = disk.get("device") or "?"
-            for key, label in (("reads_per_s", f"{dev} r/s"), ("read_mib_s", f"{dev} rMiB/s"),
-                               ("r_await_ms", f"{dev} r_await ms"), ("util_pct", f"{dev} %util")):
-                d = disk.get(key)
-                if d:
-                    t.add_row(label, _stat(d), _stat(d, "p95"), _stat(d, "max"))
-        cpu = s.get("cpu") or {}
-        for key, label in (("total_pct", "CPU % (all cores)"), ("iowait_pct", "iowait %")):
-            if cpu.get(key):
-                t.add_row(label, _stat(cpu[key]), _stat(cpu[key], "p95"), _stat(cpu[key], "max"))
-        if cpu.get("per_core_pct_mean"):
-            t.add_row("CPU % per core (mean)", " ".join(f"{x:.0f}" for x in cpu["per_core_pct_mean"]), "", "")
-        gpu = s.get("gpu") or {}
-        if "unavailable" in gpu:
-            t.add_row("GPU", str(gpu["unavailable"]), "", "")
-        else:
-            for k, d in gpu.items():
-                if k.endswith("util_pct"):
-                    t.add_row(k, _stat(d), _stat(d, "p95"), _stat(d, "max"))
-        if s.get("shm"):
-            t.add_row("/dev/shm used MiB", "", "", f"{s['shm']['used_mib_max']:,.0f} of "
-                                                  f"{s['shm']['total_mib']:,.0f}")
-        parts.append(t)
+        parts.append(_system(s))
     for wmsg in r.warnings:
         parts.append(Text(f"warning: {wmsg}", style="yellow"))
     if r.timeline_file:
         parts.append(Text(f"timeline: {r.timeline_file}", style="dim"))
     return Group(*parts)
+
+
+def _measured(r: Any) -> Table:
+    """images/s, data wait, AU, batch and step times, CPU, RSS, the window."""
+    t = Table(title="measured", title_justify="left", show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_column("note", style="dim")
+    sp = r.images_per_s_spread or {}
+    w = r.window
+    t.add_row("images/s", fmt_rate(r.images_per_s),
+              f"median of {w.get('windows')} windows ({fmt_rate(sp.get('min'))}-"
+              f"{fmt_rate(sp.get('max'))}); overall {fmt_rate(r.images_per_s_overall)}")
+    t.add_row("data-wait fraction", _pct(r.data_wait_fraction), "time blocked in next() / wall")
+    if r.au is not None:
+        t.add_row("AU", f"{r.au:.2f}", "step time / wall: "
+                  + ("INPUT-BOUND (< 0.90)" if r.input_bound else "not input-bound"))
+    else:
+        t.add_row("AU", "-", "no step (compute 0): not defined")
+    bw = r.batch_wait_ms or {}
+    t.add_row("batch wait p50 / p95", f"{_ms(bw.get('p50'))} / {_ms(bw.get('p95'))} ms",
+              f"max {_ms(bw.get('max'))} ms")
+    if r.step_ms:
+        t.add_row("step p50 / p95", f"{_ms(r.step_ms.get('p50'))} / {_ms(r.step_ms.get('p95'))} ms", "")
+    t.add_row("CPU (process tree)", "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f} %",
+              f"% of one core, main + workers; {r.environment.get('cores')} cores usable")
+    t.add_row("peak RSS (tree)", "-" if r.peak_rss_mib is None else f"{r.peak_rss_mib:,.0f} MiB",
+              "sum over processes (shared pages counted per process)")
+    fb = w.get("first_batch_s")
+    t.add_row("window", f"{w.get('seconds', 0):.1f} s",
+              f"{w.get('batches')} batches, {w.get('samples'):,} images"
+              + (" (SHORTENED: end of the first cold pass)" if w.get("shortened") else "")
+              + f"; warm-up {w.get('warmup_batches')} batches in {w.get('warmup_s', 0):.1f} s"
+              + (f", first batch {fb:.1f} s" if fb is not None else ""))
+    return t
+
+
+def _system(s: dict[str, Any]) -> Table:
+    """What the monitor saw: disk, CPU, GPU, /dev/shm (median, p95, max)."""
+    t = Table(title=f"system ({s.get('scope')}, {s.get('samples')} samples)",
+              title_justify="left")
+    for col in ("figure", "median", "p95", "max"):
+        t.add_column(col, justify="left" if col == "figure" else "right")
+    disk = s.get("disk") or {}
+    if "unavailable" in disk:
+        t.add_row("disk", disk["unavailable"], "", "")
+    else:
+        dev = disk.get("device") or "?"
+        for key, label in (("reads_per_s", f"{dev} r/s"), ("read_mib_s", f"{dev} rMiB/s"),
+                           ("r_await_ms", f"{dev} r_await ms"), ("util_pct", f"{dev} %util")):
+            d = disk.get(key)
+            if d:
+                t.add_row(label, _stat(d), _stat(d, "p95"), _stat(d, "max"))
+    cpu = s.get("cpu") or {}
+    for key, label in (("total_pct", "CPU % (all cores)"), ("iowait_pct", "iowait %")):
+        if cpu.get(key):
+            t.add_row(label, _stat(cpu[key]), _stat(cpu[key], "p95"), _stat(cpu[key], "max"))
+    if cpu.get("per_core_pct_mean"):
+        t.add_row("CPU % per core (mean)", " ".join(f"{x:.0f}" for x in cpu["per_core_pct_mean"]), "", "")
+    gpu = s.get("gpu") or {}
+    if "unavailable" in gpu:
+        t.add_row("GPU", str(gpu["unavailable"]), "", "")
+    else:
+        for k, d in gpu.items():
+            if k.endswith("util_pct"):
+                t.add_row(k, _stat(d), _stat(d, "p95"), _stat(d, "max"))
+    if s.get("shm"):
+        t.add_row("/dev/shm used MiB", "", "", f"{s['shm']['used_mib_max']:,.0f} of "
+                                              f"{s['shm']['total_mib']:,.0f}")
+    return t
