@@ -101,9 +101,12 @@ def add_analyze_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="""\
 Read the step timings of a training log and say what holds the job back:
-  formats: autotune.instrument() JSONL (own), pytorch/examples ImageNet main.py (imagenet),
-  timm train.py (timm), Lightning SimpleProfiler report (lightning), or --regex FILE;
-  a 10 GB log is streamed; unparseable lines are counted by reason, not fatal.
+  formats: autotune.instrument() JSONL (own), timm, pytorch/examples ImageNet (imagenet),
+  torchvision MetricLogger and DeiT/DINO/MAE (metriclogger), semseg-style (semseg),
+  mmengine, mmcv, detectron2, yolox, lerobot, HuggingFace Trainer (hf_trainer: no data
+  time), Lightning SimpleProfiler (lightning), or --regex FILE; detected when not given;
+  a 10 GB log is streamed, gzip or standard input ('-'); unparseable lines are counted by
+  reason, not fatal.
 Figures (warm-up left out): data-time share, AU = step / wall time (input-bound below
 90 %), step time p50/p95, images/s, and the trend (growth after the first epoch, spikes
 at epoch starts, drift, stalls). With --metrics (the monitor's metrics.jsonl) they are
@@ -117,7 +120,8 @@ LOG may be the directory `autotune monitor --out` wrote.""",
                "  autotune analyze train.log --metrics metrics.jsonl --batch-size 256\n"
                "  autotune analyze timm.log --probe probe.json --json analysis.json\n"
                "  autotune analyze my.log --regex myformat.yaml\n\n" + ANALYZE_EXIT_CODES)
-    p.add_argument("log", metavar="LOG", help="training log (or an `autotune monitor` output dir)")
+    p.add_argument("log", metavar="LOG", help="training log ('-' for standard input; gzip "
+                   "allowed) or an `autotune monitor` output dir")
     p.add_argument("--metrics", metavar="FILE", help="metrics.jsonl of `autotune monitor`")
     p.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
     _add_analysis_options(p)

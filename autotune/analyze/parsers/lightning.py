@@ -145,23 +145,24 @@ class LightningParser(LogParser):
                 continue
             source, (_, calls, data_total, line) = data
             step, opt, epoch = pick(_STEP_ACTIONS), pick(_OPT_ACTIONS), pick(_EPOCH_ACTIONS)
-            note = ("Lightning's profiler gives totals only: step time is the mean of "
-                    "run_training_batch (no p95), no trend, no times to join metrics by")
+            note = ("Lightning's profiler gives totals only: no p95, no trend, no times to "
+                    "join metrics by; ")
             step_total: float | None = None
             step_calls: int | None = None
             if step is not None:
                 step_total, step_calls = step[1][2], step[1][1]
+                note += "the step time is the mean of run_training_batch"
             elif opt is not None:
                 step_total, step_calls = opt[1][2], opt[1][1]
-                note += ("; the table has no run_training_batch row, so the step is the "
+                note += ("the table has no run_training_batch row, so the step is the "
                          f"{opt[0]} row (forward, backward and update)")
             elif epoch is not None and epoch[1][2] > data_total:
                 step_total, step_calls = epoch[1][2] - data_total, calls
-                note += ("; the table has no run_training_batch row, so the step is "
+                note += ("the table has no run_training_batch row, so the step is "
                          "run_training_epoch minus the data wait (callbacks and validation "
                          "inside the epoch included)")
             else:
-                note += "; the table has no row for the step: no share"
+                note += "the table has no row for the step: no share"
             return [ProfileSummary(
                 data_total_s=data_total, data_calls=calls, step_total_s=step_total,
                 step_calls=step_calls, epoch_total_s=epoch[1][2] if epoch else None,
