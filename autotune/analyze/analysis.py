@@ -239,7 +239,7 @@ class _Pass:
         self.times_used = False
         # Batches between two logged lines, per rank; a rank's first line waits for it.
         self.interval: dict[int | None, int] = {}
-        self.pending: dict[int | None, tuple[StepRecord, dict[str, Any]]] = {}
+        self.pending: dict[int | None, list[tuple[StepRecord, dict[str, Any]]]] = {}
         # Epoch starts: the first line of each (rank, epoch) and the batches before the
         # warm-up count; `steady` is the measured steps without them.
         self.started: set[tuple[int | None, int | None]] = set()
@@ -287,7 +287,10 @@ class _Pass:
                 self.duplicates += 1
                 return False
             self.repeats += 1     # the same step again: another rank printing it
-            r.weight = prev[1] if prev else 1
+            if r.rank in self.pending:
+                wait = True       # ... the log's first line: it waits with it
+            else:
+                r.weight = prev[1] if prev else 1
         else:
             if prev is not None:
                 gap = r.index - prev[0]
@@ -306,13 +309,12 @@ class _Pass:
                 del self.recent[next(iter(self.recent))]
             if len(self.last_index) > 4096:
                 self.last_index.clear()
-        held = self.pending.pop(r.rank, None)
-        if held is not None:
-            self._release(*held)
         if wait:
-            self.pending[r.rank] = (r, meta)
-        else:
-            self._accept(r, meta)
+            self.pending.setdefault(r.rank, []).append((r, meta))
+            return True
+        for held in self.pending.pop(r.rank, []):
+            self._release(*held)
+        self._accept(r, meta)
         return True
 
     def _release(self, r: StepRecord, meta: dict[str, Any]) -> None:
@@ -377,8 +379,9 @@ class _Pass:
     def finish(self) -> bool:
         """Take the lines still waiting for their weight, then use the warm-up steps when
         nothing else was measured; True when that happened."""
-        for r, meta in list(self.pending.values()):
-            self._release(r, meta)
+        for held in self.pending.values():
+            for r, meta in held:
+                self._release(r, meta)
         self.pending.clear()
         if self.measured.n == 0 and self.warm_records:
             for r in self.warm_records:
