@@ -47,6 +47,14 @@ def _float(s: str) -> float | None:
     return v if v == v and v >= 0 else None
 
 
+def _pick(rows: dict[str, _Row], names: tuple[str, ...]) -> tuple[str, _Row] | None:
+    """The first row whose action holds one of `names`, with its action."""
+    for k, v in rows.items():
+        if any(n in k for n in names):
+            return k, v
+    return None
+
+
 def _cells(line: str) -> tuple[list[str], bool]:
     """A row's cells, and whether it looks like a table row at all (pipes or tabs)."""
     s = line.strip().lstrip(">").strip().replace("`", "").replace("**", "")
@@ -135,16 +143,12 @@ class LightningParser(LogParser):
     def finish(self) -> list[ProfileSummary]:
         self._close_table()
         for rows in reversed(self._tables):
-            def pick(names: tuple[str, ...]) -> tuple[str, _Row] | None:
-                for k, v in rows.items():
-                    if any(n in k for n in names):
-                        return k, v
-                return None
-            data = pick(_DATA_ACTIONS)
+            data = _pick(rows, _DATA_ACTIONS)
             if data is None:
                 continue
             source, (_, calls, data_total, line) = data
-            step, opt, epoch = pick(_STEP_ACTIONS), pick(_OPT_ACTIONS), pick(_EPOCH_ACTIONS)
+            step, opt, epoch = (_pick(rows, names) for names in
+                                (_STEP_ACTIONS, _OPT_ACTIONS, _EPOCH_ACTIONS))
             note = ("Lightning's profiler gives totals only: no p95, no trend, no times to "
                     "join metrics by; ")
             step_total: float | None = None
