@@ -44,7 +44,8 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
                    help="YAML file with a 'pattern' whose named groups (data, iter or step, "
                         "epoch, index, batch, rate, time) read your own log lines")
     p.add_argument("--batch-size", type=_positive_int("--batch-size"), metavar="N",
-                   help="samples per step, when the log does not say (imagenet, lightning)")
+                   help="samples per step, when the log does not say (most text logs; timm, "
+                        "hf_trainer and autotune's own log do)")
     p.add_argument("--probe", metavar="FILE",
                    help="`autotune probe --json` output: compare the read rate with the "
                         "storage ceiling")
