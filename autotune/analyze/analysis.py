@@ -35,6 +35,11 @@ MAX_EPOCHS_KEPT = 10_000
 SHORT_LOG_LINES = 20    # fewer measured step lines: the share is given with a confidence note
 OTHER_APART = 2.0       # the line's other reading disagrees this many times: say both
 MAX_STARTS_LISTED = 100
+WHY_APART_RUNNING = ("the printed lines are a sample of the batches, the running averages count "
+                     "every batch: a wait between printed lines (a slow start, a stall every "
+                     "N batches) shows only in the averages")
+WHY_APART_SAMPLE = ("one iteration per line is a small sample: a stall in it, or one that "
+                    "missed it, moves it far from the averages")
 # Files `autotune monitor --out DIR` writes (see autotune.monitor_run).
 RUN_FILES = {"log": "train.log", "steps": "steps.jsonl", "metrics": "metrics.jsonl",
              "run": "run.json"}
@@ -410,7 +415,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
             `autotune monitor` output dir.
         metrics: the monitor's metrics.jsonl (default: the one in a monitor dir).
         probe: `autotune probe --json` output (path or dict): the storage ceiling.
-        batch_size: samples per step when the log does not say (imagenet, lightning).
+        batch_size: samples per step when the log does not say (most text logs).
         format: auto, a name in autotune.analyze.parsers.BUILTIN, or regex (with `regex`).
         regex: YAML file with a user pattern (see autotune.analyze.parsers.regex).
         dataset: the dataset path, for the next command (else from the step log's header
@@ -481,7 +486,8 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     if m.n:
         trend_d = trend.findings(acc.epochs, acc.timeline, acc.hist_data, acc.first_epoch)
     else:
-        trend_d = {"findings": ["no trend: the log holds totals only (a profiler table or a run summary)"],
+        trend_d = {"findings": ["no trend: the log holds totals only (a profiler table or a "
+                                "run summary)"],
                    "by_epoch": [], "epochs_listed": 0, "by_segment": []}
 
     system = None
@@ -534,12 +540,11 @@ def _shares(acc: _Pass, parser: LogParser, share: float | None, profile: Profile
         share_from.update(other=parser.other_figures, other_share=other)
         if share is not None and min(share, other) > 0 and \
                 max(share, other) / min(share, other) > OTHER_APART:
+            why = (WHY_APART_RUNNING if parser.other_kind == "running" else WHY_APART_SAMPLE)
             warnings.append(
                 f"the share ({share:.0%}) is computed from {parser.figures}; "
                 f"{parser.other_figures} give {other:.0%}, "
-                f"{max(share, other) / min(share, other):.1f}x apart: the printed lines are a "
-                "sample of the batches, and a wait that falls between them (or a slow start) "
-                "shows only in the other reading")
+                f"{max(share, other) / min(share, other):.1f}x apart: {why}")
     conf: dict[str, Any] = {"level": "normal", "note": None}
     if profile is None and 0 < m.n < SHORT_LOG_LINES:
         conf = {"level": "low", "note": (
