@@ -2,16 +2,21 @@
 
 The log is read once, as a stream. Each record is weighted by the batches it stands for
 (pytorch/examples and timm print every Nth batch: a line at batch 50 after one at 40
-stands for 10), the first batches of the run are left out as warm-up (DESIGN.md:
-max(5, workers x prefetch)), and the rest is summed: data-time share, AU, step-time
-quantiles, images/s, per-epoch and over-the-run trends. Then the metrics of the same
-time window are joined and `rules.decide` gives the verdict.
+stands for 10; the first line of an epoch for the batches since the epoch began, at most
+one logging interval, since an excerpt may begin mid-epoch), the first batches of the run
+are left out as warm-up (max(5, workers x prefetch)), and the rest is summed: data-time
+share, AU, step-time quantiles, images/s, per-epoch and over-the-run trends. The share
+counts every other step line, epoch-start stalls included; `steady_data_time_share` leaves
+out the first lines of each epoch (when the workers start), and those are reported apart
+(`epoch_starts`). A line printed twice (two log handlers) counts once. Then the metrics of
+the same time window are joined and `rules.decide` gives the verdict.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,14 +25,22 @@ from autotune.analyze import trend
 from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
 from autotune.analyze.parsers.regex import RegexParser
-from autotune.analyze.reader import LineTimes, head_and_tail, iter_lines
+from autotune.analyze.reader import STDIN, LineTimes, head_and_tail, iter_lines, spooled
 from autotune.analyze.rules import RuleInputs, decide
-from autotune.verdict import Verdict
 from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 from autotune.errors import UsageError
+from autotune.verdict import Verdict
 
 MIN_WARMUP = 5
 MAX_EPOCHS_KEPT = 10_000
+SHORT_LOG_LINES = 20    # fewer measured step lines: the share is given with a confidence note
+OTHER_APART = 2.0       # the line's other reading disagrees this many times: say both
+MAX_STARTS_LISTED = 100
+WHY_APART_RUNNING = ("the printed lines are a sample of the batches, the running averages count "
+                     "every batch: a wait between printed lines (a slow start, a stall every "
+                     "N batches) shows only in the averages")
+WHY_APART_SAMPLE = ("one iteration per line is a small sample: a stall in it, or one that "
+                    "missed it, moves it far from the averages")
 # Files `autotune monitor --out DIR` writes (see autotune.monitor.run).
 RUN_FILES = {"log": "train.log", "steps": "steps.jsonl", "metrics": "metrics.jsonl",
              "run": "run.json"}
@@ -63,6 +76,10 @@ class Analysis:
     verdict: Verdict
     profile: ProfileSummary | None = None
     warnings: list[str] = field(default_factory=list)
+    steady_data_time_share: float | None = None
+    epoch_starts: dict[str, Any] | None = None
+    share_from: dict[str, Any] | None = None
+    confidence: dict[str, Any] = field(default_factory=lambda: {"level": "normal", "note": None})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -70,7 +87,8 @@ class Analysis:
             "steps": self.steps, "batches": self.batches, "warmup_steps": self.warmup_steps,
             "epochs": self.epochs, "ranks": self.ranks,
             "batch_size": self.batch_size, "batch_size_source": self.batch_size_source,
-            "data_time_share": self.data_time_share, "au": self.au,
+            "data_time_share": self.data_time_share,
+            "steady_data_time_share": self.steady_data_time_share, "au": self.au,
             "input_bound": None if self.au is None else self.au < 0.90,
             "step_time_s": self.step_time_s, "iteration_time_s": self.iteration_time_s,
             "data_wait_s": self.data_wait_s, "images_per_s": self.images_per_s,
@@ -79,6 +97,8 @@ class Analysis:
             "metrics": self.system.to_dict() if self.system is not None else None,
             "probe": _probe_brief(self.probe), "loader": self.loader, "dataset": self.dataset,
             "profile": self.profile.to_dict() if self.profile else None,
+            "epoch_starts": self.epoch_starts, "share_from": self.share_from,
+            "confidence": self.confidence,
             "verdict": self.verdict.to_dict(), "warnings": self.warnings,
         }
 
@@ -198,9 +218,11 @@ def make_parser(fmt: str, regex: str | os.PathLike[str] | None) -> LogParser:
 class _Pass:
     """Streams records into the accumulators; holds only bounded state."""
 
-    def __init__(self, warmup: int | None, times: LineTimes | None) -> None:
+    def __init__(self, warmup: int | None, times: LineTimes | None,
+                 other_kind: str | None = None) -> None:
         self.warmup_fixed = warmup
         self.times = times
+        self.other_kind = other_kind
         self.measured = Totals()
         self.warm = Totals()
         self.warm_records: list[StepRecord] = []
@@ -210,14 +232,30 @@ class _Pass:
         self.first_epoch: int | None = None
         self.seen = 0
         self.last_index: dict[tuple[int | None, int | None], tuple[int, int]] = {}
-        # The last 64 (rank, epoch, index) seen, as an ordered set: a repeat is another
-        # rank printing the same step.
-        self.recent: dict[tuple[int | None, int | None, int | None], None] = {}
+        # The last 64 (rank, epoch, index) seen with their figures, as an ordered set: a
+        # repeat with other figures is another rank printing the same step; with the same
+        # figures, the same line printed twice.
+        self.recent: dict[tuple[int | None, int | None, int | None],
+                          tuple[float | None, float | None]] = {}
         self._warmup_for: tuple[int, int] | None = None   # (id(meta), steps)
         self.repeats = 0
+        self.duplicates = 0
         self.ranks: set[int] = set()
         self.batches: dict[int, int] = {}   # batch size -> records (bounded)
         self.times_used = False
+        # Batches between two logged lines, per rank; a rank's first line waits for it.
+        self.interval: dict[int | None, int] = {}
+        self.pending: dict[int | None, list[tuple[StepRecord, dict[str, Any]]]] = {}
+        # Epoch starts: the first line of each (rank, epoch) and the batches before the
+        # warm-up count; `steady` is the measured steps without them.
+        self.started: set[tuple[int | None, int | None]] = set()
+        self.starts = Totals()
+        self.starts_listed: list[dict[str, Any]] = []
+        self.steady = Totals()
+        # The lines' other reading (StepRecord.alt_*): summed like the main figures
+        # ("sample"), or the last running average of each (rank, epoch) ("running").
+        self.other = Totals()
+        self.other_last: dict[tuple[int | None, int | None], tuple[float, float, int]] = {}
 
     def warmup_steps(self, meta: dict[str, Any]) -> int:
         if self.warmup_fixed is not None:
@@ -237,31 +275,64 @@ class _Pass:
             return max(MIN_WARMUP, w * (pf if isinstance(pf, int) else 2))
         return MIN_WARMUP
 
-    def add(self, r: StepRecord, line_end: int, meta: dict[str, Any]) -> None:
+    def add(self, r: StepRecord, line_end: int, meta: dict[str, Any]) -> bool:
+        """Take one record; False when it is a line already counted (printed twice)."""
         if r.end_time is None and self.times is not None:
             r.end_time = self.times.time_of(line_end)
             self.times_used = self.times_used or r.end_time is not None
+        if r.index is None:
+            self._accept(r, meta)
+            return True
+        k = (r.rank, r.epoch)
+        key3 = (r.rank, r.epoch, r.index)
+        figures = (r.data_s, r.iter_s)
+        prev = self.last_index.get(k)
+        wait = False
+        if key3 in self.recent:
+            if self.recent[key3] == figures:
+                self.duplicates += 1
+                return False
+            self.repeats += 1     # the same step again: another rank printing it
+            if r.rank in self.pending:
+                wait = True       # ... the log's first line: it waits with it
+            else:
+                r.weight = prev[1] if prev else 1
+        else:
+            if prev is not None:
+                gap = r.index - prev[0]
+                r.weight = gap if gap > 0 else 1
+                if gap > 0 and (r.rank in self.interval or len(self.interval) < 4096):
+                    self.interval[r.rank] = gap
+            elif r.rank in self.interval:
+                # An epoch's first line stands for the batches since the epoch began, but
+                # for no more than one logging interval: an excerpt can begin mid-epoch.
+                r.weight = max(1, min(r.index, self.interval[r.rank]))
+            else:
+                wait = True       # the log's first line: its weight needs the interval
+            self.last_index[k] = (r.index, r.weight)
+            self.recent[key3] = figures
+            if len(self.recent) > 64:
+                del self.recent[next(iter(self.recent))]
+            if len(self.last_index) > 4096:
+                self.last_index.clear()
+        if wait:
+            self.pending.setdefault(r.rank, []).append((r, meta))
+            return True
+        for held in self.pending.pop(r.rank, []):
+            self._release(*held)
+        self._accept(r, meta)
+        return True
+
+    def _release(self, r: StepRecord, meta: dict[str, Any]) -> None:
+        iv = self.interval.get(r.rank)
+        r.weight = max(1, min(r.index or 0, iv)) if iv else 1
+        self._accept(r, meta)
+
+    def _accept(self, r: StepRecord, meta: dict[str, Any]) -> None:
         if r.rank is not None:
             self.ranks.add(r.rank)
         if r.batch is not None and (r.batch in self.batches or len(self.batches) < 256):
             self.batches[r.batch] = self.batches.get(r.batch, 0) + 1
-        # Weight: batches since the previous logged index of this (rank, epoch).
-        key3 = (r.rank, r.epoch, r.index)
-        if r.index is not None:
-            k = (r.rank, r.epoch)
-            prev = self.last_index.get(k)
-            if key3 in self.recent:
-                self.repeats += 1     # the same step again: another rank printing it
-                r.weight = prev[1] if prev else 1
-            else:
-                gap = r.index - prev[0] if prev is not None else 1
-                r.weight = gap if gap > 0 else 1
-                self.last_index[k] = (r.index, r.weight)
-                self.recent[key3] = None
-                if len(self.recent) > 64:
-                    del self.recent[next(iter(self.recent))]
-            if len(self.last_index) > 4096:
-                self.last_index.clear()
         if r.epoch is not None:
             if self.first_epoch is None:
                 self.first_epoch = r.epoch
@@ -275,12 +346,31 @@ class _Pass:
         in_first = r.epoch is None or r.epoch == self.first_epoch
         is_warm = in_first and ((r.index is not None and r.index < w)
                                 or (r.index is None and self.seen <= w))
+        k = (r.rank, r.epoch)
+        is_start = k not in self.started or (r.index is not None and r.index < w)
+        if k not in self.started and len(self.started) < MAX_EPOCHS_KEPT:
+            self.started.add(k)
+        if is_start:
+            self.starts.add(r)
+            if len(self.starts_listed) < MAX_STARTS_LISTED:
+                self.starts_listed.append({"epoch": r.epoch, "rank": r.rank, "line": r.lineno,
+                                           "data_wait_s": r.data_s, "batches": r.weight,
+                                           "warmup": is_warm})
+        if r.alt_data_s is not None and r.alt_iter_s is not None:
+            if self.other_kind == "running" and (k in self.other_last
+                                                 or len(self.other_last) < MAX_EPOCHS_KEPT):
+                self.other_last[k] = (r.alt_data_s, r.alt_iter_s, max(1, r.index or 0))
+            elif self.other_kind == "sample" and not is_warm:
+                self.other.add(StepRecord(data_s=r.alt_data_s, iter_s=r.alt_iter_s,
+                                          weight=r.weight))
         if is_warm:
             self.warm.add(r)
             if len(self.warm_records) < 4096:
                 self.warm_records.append(r)
             return
         self._measure(r)
+        if not is_start:
+            self.steady.add(r)
 
     def _measure(self, r: StepRecord) -> None:
         self.measured.add(r)
@@ -293,12 +383,25 @@ class _Pass:
             self.hist_data.add(r.data_s)
 
     def finish(self) -> bool:
-        """Use the warm-up steps when nothing else was measured; True when that happened."""
+        """Take the lines still waiting for their weight, then use the warm-up steps when
+        nothing else was measured; True when that happened."""
+        for held in self.pending.values():
+            for r, meta in held:
+                self._release(r, meta)
+        self.pending.clear()
         if self.measured.n == 0 and self.warm_records:
             for r in self.warm_records:
                 self._measure(r)
             return True
         return False
+
+    def other_share(self) -> float | None:
+        """The data share from the lines' other reading."""
+        if self.other_kind == "running":
+            data = sum(d * n for d, _, n in self.other_last.values())
+            it = sum(i * n for _, i, n in self.other_last.values())
+            return data / it if it > 0 else None
+        return self.other.data_share
 
 
 def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | None = None,
@@ -309,11 +412,12 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     """Parse a training log, join it with metrics, and diagnose it.
 
     Args:
-        log: the log file (any size, gzip allowed), or an `autotune monitor` output dir.
+        log: the log file (any size, gzip allowed), "-" for standard input, or an
+            `autotune monitor` output dir.
         metrics: the monitor's metrics.jsonl (default: the one in a monitor dir).
         probe: `autotune probe --json` output (path or dict): the storage ceiling.
-        batch_size: samples per step when the log does not say (imagenet, lightning).
-        format: auto, own, imagenet, timm, lightning or regex (with `regex`).
+        batch_size: samples per step when the log does not say (most text logs).
+        format: auto, a name in autotune.analyze.parsers.BUILTIN, or regex (with `regex`).
         regex: YAML file with a user pattern (see autotune.analyze.parsers.regex).
         dataset: the dataset path, for the next command (else from the step log's header
             or the monitor's run.json).
@@ -321,6 +425,16 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
 
     Raises UsageError for a missing/unreadable file or a log with no step timing.
     """
+    kw = {"metrics": metrics, "probe": probe, "batch_size": batch_size, "format": format,
+          "regex": regex, "dataset": dataset, "warmup": warmup}
+    if os.fspath(log) == STDIN:
+        with spooled(sys.stdin.buffer) as tmp:
+            try:
+                a = analyze(tmp, **kw)  # type: ignore[arg-type]
+            except UsageError as e:
+                raise UsageError(str(e).replace(str(tmp), "- (standard input)")) from None
+        a.log = STDIN
+        return a
     inp = resolve_inputs(log, metrics, dataset)
     warnings = list(inp.notes)
     fmt = format
@@ -330,7 +444,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         fmt = detect_format(inp.log)
     parser = make_parser(fmt, regex)
     times = LineTimes.for_log(inp.log)
-    acc = _Pass(warmup, times)
+    acc = _Pass(warmup, times, parser.other_kind)
     lines, profiles = _stream(parser, inp.log, acc)
     used_warm = acc.finish()
     if used_warm:
@@ -344,13 +458,14 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     m = acc.measured
     if m.n == 0 and profile is None:
         top = ", ".join(f"{k}: {v}" for k, v in list(lines["skipped_by_reason"].items())[:3])
+        hint = f"{parser.no_timing_hint}; or" if parser.no_timing_hint else "; check --format, or"
         raise UsageError(f"{inp.log}: no step timing found as format '{fmt}' in "
                          f"{lines['total']:,} "
-                         f"lines ({top or 'empty file'}); check --format, or wrap the loader "
+                         f"lines ({top or 'empty file'}){hint} wrap the loader "
                          "with autotune.instrument(loader)")
 
     # -- figures -----------------------------------------------------------------------------
-    bs, bs_src = _batch_size(acc, batch_size, fmt, warnings)
+    bs, bs_src = _batch_size(acc, batch_size, fmt, warnings, meta)
     data_share, au = m.data_share, m.au
     images_per_s = m.images_per_s
     if images_per_s is None and bs is not None and m.iter > 0:
@@ -363,8 +478,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         steps, batches = profile.data_calls, profile.data_calls
         data_share, au, step_q, iter_q, ips = _profile_figures(profile, bs)
         images_per_s = ips if ips is not None else images_per_s
-        warnings.append("Lightning's profiler gives totals only: step time is the mean of "
-                        "run_training_batch (no p95), no trend, no times to join metrics by")
+        warnings.append(profile.note or "the log gives totals only: no p95, no trend")
     window = (m.t_first, m.t_last) if m.t_first is not None and m.t_last is not None else None
     times_from = None
     if window is not None:
@@ -373,7 +487,8 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     if m.n:
         trend_d = trend.findings(acc.epochs, acc.timeline, acc.hist_data, acc.first_epoch)
     else:
-        trend_d = {"findings": ["no trend: the log holds totals only (a profiler report)"],
+        trend_d = {"findings": ["no trend: the log holds totals only (a profiler table or a "
+                                "run summary)"],
                    "by_epoch": [], "epochs_listed": 0, "by_segment": []}
 
     system = None
@@ -381,6 +496,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         system = join_metrics(inp.metrics, window)
         if system.joined_by != "time":
             warnings.append(f"metrics joined by {system.joined_by}")
+    steady, starts, share_from, conf = _shares(acc, parser, data_share, profile, warnings)
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     unique = max(1, m.n + acc.warm.n - acc.repeats)
     ranks = len(acc.ranks) or 1 + round(acc.repeats / unique)
@@ -390,6 +506,10 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
                                 probe=probe_d, dataset=dataset,
                                 job_cores=meta.get("cores") if isinstance(meta.get("cores"), int)
                                 else None))
+    if parser.caveat:
+        verdict.evidence.append(parser.caveat)
+    if conf["note"]:
+        verdict.evidence.append(conf["note"])
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=steps, batches=batches,
         warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=ranks,
@@ -397,7 +517,50 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         step_time_s=step_q, iteration_time_s=iter_q, data_wait_s=data_q,
         images_per_s=images_per_s, window=window, times_from=times_from, trend=trend_d,
         system=system, probe=probe_d, loader=loader, dataset=dataset, verdict=verdict,
-        profile=profile, warnings=warnings + parser.notes)
+        profile=profile, warnings=warnings + parser.notes, steady_data_time_share=steady,
+        epoch_starts=starts, share_from=share_from, confidence=conf)
+
+
+def _shares(acc: _Pass, parser: LogParser, share: float | None, profile: ProfileSummary | None,
+            warnings: list[str]) -> tuple[float | None, dict[str, Any] | None, dict[str, Any],
+                                          dict[str, Any]]:
+    """Steady share, epoch starts, what the share is computed from (and the lines' other
+    reading), and the confidence of a short excerpt; the warnings they call for."""
+    m = acc.measured
+    steady = acc.steady.data_share if m.n else None
+    starts = None
+    if acc.starts.n:
+        t, st = acc.starts, acc.steady
+        starts = {"lines": t.n, "batches": t.w, "data_wait_s": t.data,
+                  "mean_wait_s": t.data / t.timed_w if t.timed_w else None,
+                  "steady_mean_wait_s": st.data / st.timed_w if st.timed_w else None,
+                  "listed": acc.starts_listed}
+    share_from: dict[str, Any] = {"figures": parser.figures or None}
+    other = acc.other_share() if parser.other_kind else None
+    if other is not None:
+        share_from.update(other=parser.other_figures, other_share=other)
+        if share is not None and min(share, other) > 0 and \
+                max(share, other) / min(share, other) > OTHER_APART:
+            why = (WHY_APART_RUNNING if parser.other_kind == "running" else WHY_APART_SAMPLE)
+            warnings.append(
+                f"the share ({share:.0%}) is computed from {parser.figures}; "
+                f"{parser.other_figures} give {other:.0%}, "
+                f"{max(share, other) / min(share, other):.1f}x apart: {why}")
+    conf: dict[str, Any] = {"level": "normal", "note": None}
+    if profile is None and 0 < m.n < SHORT_LOG_LINES:
+        conf = {"level": "low", "note": (
+            f"a short excerpt: {m.n} step line(s) standing for {m.w:,} batch(es); the shares "
+            "are estimates that a few slow batches move (a longer log, or "
+            "autotune.instrument(loader), gives firmer figures)")}
+    if share is None and profile is not None and profile.data_total_s is None:
+        share_from["figures"] = "none: the log has no data-loading time"
+    return steady, starts, share_from, conf
+
+
+TOO_LONG = "line too long (over 1 MiB)"
+BLANK = "blank line"
+DUPLICATE_LINE = "line printed twice (the same as the one before)"
+DUPLICATE_STEP = "step printed twice (same epoch, index and figures)"
 
 
 def _stream(parser: LogParser, path: Path, acc: _Pass) -> tuple[dict[str, Any], list[ProfileSummary]]:
@@ -405,20 +568,27 @@ def _stream(parser: LogParser, path: Path, acc: _Pass) -> tuple[dict[str, Any], 
     aggregate tables."""
     skipped: dict[str, int] = {}
     total = parsed = 0
-    too_long = "line too long (over 1 MiB)"
     for ln in iter_lines(path):
         total += 1
-        if ln.too_long:
-            skipped[too_long] = skipped.get(too_long, 0) + 1
-            continue
-        try:
-            recs = parser.feed(ln.text, ln.lineno)
-        except Skip as e:
-            skipped[e.reason] = skipped.get(e.reason, 0) + 1
-            continue
-        parsed += 1
-        for r in recs:
-            acc.add(r, ln.end_offset, parser.meta)
+        reason = (TOO_LONG if ln.too_long else DUPLICATE_LINE if ln.duplicate
+                  else BLANK if not ln.text.strip() else None)
+        if reason is None:
+            try:
+                recs = parser.feed(ln.text, ln.lineno)
+            except Skip as e:
+                reason = e.reason
+            else:
+                kept = 0
+                for r in recs:
+                    if r.rank is None:
+                        r.rank = ln.rank      # torchrun's [rankN]: prefix
+                    kept += acc.add(r, ln.end_offset, parser.meta)
+                if recs and not kept:
+                    reason = DUPLICATE_STEP
+        if reason is not None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+        else:
+            parsed += 1
     profiles = parser.finish()
     for reason, n in parser.dropped.items():
         key = f"{reason} (piece of a spliced line)"
@@ -433,6 +603,12 @@ def _profile_figures(p: ProfileSummary, bs: int | None) -> tuple[
     """data share, AU, step and iteration "quantiles" (means) and images/s of a profiler
     table: data wait = the dataloader row, wall = data wait + the training-batch row."""
     none: dict[str, float | None] = {"p50": None, "p95": None, "p99": None, "max": None}
+    if p.data_total_s is None:
+        # A run's closing summary: wall time per step, data included; no share.
+        per = p.step_total_s / p.step_calls if p.step_total_s and p.step_calls else None
+        ips = p.samples_per_s or (bs * p.step_calls / p.step_total_s
+                                  if bs and p.step_calls and p.step_total_s else None)
+        return None, None, {**none, "p50": per}, {**none, "p50": per}, ips
     if p.step_total_s is None:
         return None, None, none, none, None
     wall = p.data_total_s + p.step_total_s
@@ -444,8 +620,8 @@ def _profile_figures(p: ProfileSummary, bs: int | None) -> tuple[
             {**none, "p50": mean_iter}, bs * p.data_calls / wall if bs is not None else None)
 
 
-def _batch_size(acc: _Pass, given: int | None, fmt: str,
-                warnings: list[str]) -> tuple[int | None, str]:
+def _batch_size(acc: _Pass, given: int | None, fmt: str, warnings: list[str],
+                meta: dict[str, Any]) -> tuple[int | None, str]:
     if acc.batches:
         # The most frequent size: an epoch's last batch is smaller, and timm's rate x time
         # is off by a rounding here and there.
@@ -455,6 +631,12 @@ def _batch_size(acc: _Pass, given: int | None, fmt: str,
             warnings.append(f"--batch-size {given} differs from the log's {common}: the log's "
                             "is used")
         return common, src
+    logged = meta.get("batch_size")
+    if isinstance(logged, int) and logged > 0:
+        if given is not None and given != logged:
+            warnings.append(f"--batch-size {given} differs from the log's {logged}: the log's "
+                            "is used")
+        return logged, "the log"
     if given is not None:
         return given, "--batch-size"
     return None, "unknown (pass --batch-size for images/s)"

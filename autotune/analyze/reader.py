@@ -1,5 +1,15 @@
 """Reading a log as a stream of lines, never whole: a 10 GB log costs one line of memory.
 
+Each line is given as it reads on a terminal, which is what the parsers expect:
+  - a progress bar redrawn in place (`\\r`) leaves its states and the next line printed after
+    it on one line: only what follows the last carriage return is kept (also when the bar
+    ran on for more than MAX_LINE bytes);
+  - torchrun's `[rank0]:` / `[default0]:` prefix is taken off and kept as the line's rank;
+  - a line identical to the previous non-blank one (a logger with two handlers writing to
+    one file: every line twice) is flagged `duplicate`.
+A log may be gzip-compressed, or standard input (`spooled`: copied to a temporary file,
+since the analysis reads the head twice and seeks to the end).
+
 Also the time index `autotune monitor` writes next to the log it tees (LOG.times: one
 "BYTE_OFFSET EPOCH_SECONDS" pair per burst of output), which gives each line of a log
 without timestamps the time it was printed, so that steps can be joined with metrics.
@@ -10,25 +20,47 @@ from __future__ import annotations
 import bisect
 import gzip
 import os
+import re
+import shutil
+import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, BinaryIO
 
 from autotune.errors import UsageError
 
 MAX_LINE = 1 << 20          # longer "lines" (binary junk, \r progress bars) are cut here
 TIMES_SUFFIX = ".times"
+STDIN = "-"
+_RANK = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 
 
 @dataclass(slots=True)
 class Line:
-    """One line: its number (1-based), byte offset just past it, text without newline."""
+    """One line: its number (1-based), byte offset just past it, text without newline (as
+    `clean` leaves it), and the rank of a torchrun prefix."""
 
     lineno: int
     end_offset: int
     text: str
     too_long: bool = False
+    rank: int | None = None
+    duplicate: bool = False
+
+
+def clean(text: str) -> tuple[int | None, str]:
+    """(rank, text) of a raw line: torchrun's rank prefix taken off (it starts the physical
+    line), then only the last non-blank part after a carriage return kept."""
+    rank = None
+    m = _RANK.match(text)
+    if m is not None:
+        rank, text = int(m[1]), text[m.end():]
+    if "\r" in text:
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    return rank, text
 
 
 def _open(path: Path) -> IO[bytes]:
@@ -46,13 +78,45 @@ def _open(path: Path) -> IO[bytes]:
         raise UsageError(f"{path}: {e.strerror}") from e
 
 
+@contextmanager
+def spooled(stream: BinaryIO) -> Iterator[Path]:
+    """A byte stream (standard input) copied to a temporary file, removed afterwards."""
+    fd, name = tempfile.mkstemp(prefix="autotune-stdin-", suffix=".log")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(stream, f, 1 << 20)
+        yield Path(name)
+    finally:
+        os.unlink(name)
+
+
+def _drain(f: IO[bytes], raw: bytes) -> tuple[bytes | None, int]:
+    """The rest of an over-long line: (what follows its last carriage return, when there is
+    one and that fits in MAX_LINE, else None; the bytes read). Holds at most ~MAX_LINE."""
+    tail = raw.rsplit(b"\r", 1)[-1] if b"\r" in raw else None
+    read = 0
+    while True:
+        more = f.readline(MAX_LINE)
+        read += len(more)
+        end = len(more) - (2 if more.endswith(b"\r\n") else 1 if more.endswith(b"\n") else 0)
+        body = more[:end]
+        if b"\r" in body:
+            tail = body.rsplit(b"\r", 1)[-1]
+        elif tail is not None:
+            tail = tail + body if len(tail) + len(body) <= MAX_LINE else None
+        if not more or end < len(more):
+            return (tail if tail is not None and tail.strip() else None), read
+
+
 def iter_lines(path: str | os.PathLike[str], *, start: int = 0) -> Iterator[Line]:
-    """Lines of a text (or gzip) file, decoded as UTF-8 with replacement.
+    """Lines of a text (or gzip) file, decoded as UTF-8 with replacement, cleaned (`clean`).
 
     A line longer than MAX_LINE is returned cut, `too_long` set, and the rest of it
-    skipped without being held in memory.
+    skipped without being held in memory, unless what follows its last carriage return
+    (a log line printed after a long-running progress bar) fits.
     """
     p = Path(path)
+    previous: tuple[int | None, str] | None = None
     with _open(p) as f:
         if start:
             f.seek(start)
@@ -66,14 +130,18 @@ def iter_lines(path: str | os.PathLike[str], *, start: int = 0) -> Iterator[Line
             lineno += 1
             too_long = False
             if not raw.endswith(b"\n") and len(raw) >= MAX_LINE:
-                too_long = True
-                while True:   # drain the rest of the over-long line
-                    more = f.readline(MAX_LINE)
-                    offset += len(more)
-                    if not more or more.endswith(b"\n"):
-                        break
-            text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            yield Line(lineno, offset, text, too_long)
+                tail, read = _drain(f, raw)
+                offset += read
+                if tail is None:
+                    too_long = True
+                else:   # the torchrun prefix starts the physical line: keep it
+                    m = _RANK.match(raw[:32].decode("ascii", errors="replace"))
+                    raw = (raw[:m.end()] if m else b"") + tail
+            rank, text = clean(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+            dup = bool(text.strip()) and previous == (rank, text)
+            if text.strip():
+                previous = (rank, text)
+            yield Line(lineno, offset, text, too_long, rank, dup)
 
 
 def head_and_tail(path: str | os.PathLike[str], head_lines: int = 5000,
@@ -98,8 +166,8 @@ def head_and_tail(path: str | os.PathLike[str], head_lines: int = 5000,
             tail = f.read(tail_bytes)
     except OSError:
         return
-    for b in tail.splitlines():
-        yield b.decode("utf-8", errors="replace").rstrip("\r\n")
+    for b in tail.split(b"\n"):
+        yield clean(b.decode("utf-8", errors="replace").rstrip("\r\n"))[1]
 
 
 class LineTimes:

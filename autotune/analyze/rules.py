@@ -150,6 +150,10 @@ def decide(inp: RuleInputs) -> Verdict:
                       f"{inp.images_per_s / files:.0%} of the storage ceiling {files:,.0f} "
                       "files/s (probe)")
             return _storage(inp, ev, cmd, "at the probe's storage ceiling")
+        # The log alone shows the wait, not its cause: say so, and what would tell.
+        ev.append(f"input-bound: the step waits for its data {_pct(inp.data_share)} of the "
+                  "time; without system metrics storage, decode and loader settings look the "
+                  f"same: `{cmd['monitor']}` tells them apart")
         workers = (inp.loader or {}).get("num_workers")
         hint = (["num_workers=0 in the step log: the main process loads every batch; "
                  "`autotune search` finds how many workers it needs"] if workers == 0 else [])

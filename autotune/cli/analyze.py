@@ -73,9 +73,12 @@ class Analyze(Command):
     help = "parse a training log, join it with metrics, diagnose"
     description = """\
 Read the step timings of a training log and say what holds the job back:
-  formats: autotune.instrument() JSONL (own), pytorch/examples ImageNet main.py (imagenet),
-  timm train.py (timm), Lightning SimpleProfiler report (lightning), or --regex FILE;
-  a 10 GB log is streamed; unparseable lines are counted by reason, not fatal.
+  formats: autotune.instrument() JSONL (own), timm, pytorch/examples ImageNet (imagenet),
+  torchvision MetricLogger and DeiT/DINO/MAE (metriclogger), semseg-style (semseg),
+  mmengine, mmcv, detectron2, yolox, lerobot, HuggingFace Trainer (hf_trainer: no data
+  time), Lightning SimpleProfiler (lightning), or --regex FILE; detected when not given;
+  a 10 GB log is streamed, gzip or standard input ('-'); unparseable lines are counted by
+  reason, not fatal.
 Figures (warm-up left out): data-time share, AU = step / wall time (input-bound below
 90 %), step time p50/p95, images/s, and the trend (growth after the first epoch, spikes
 at epoch starts, drift, stalls). With --metrics (the monitor's metrics.jsonl) they are
@@ -92,7 +95,8 @@ LOG may be the directory `autotune monitor --out` wrote."""
               + ANALYZE_EXIT)
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("log", metavar="LOG", help="training log (or an `autotune monitor` output dir)")
+        p.add_argument("log", metavar="LOG", help="training log ('-' for standard input; gzip "
+                       "allowed) or an `autotune monitor` output dir")
         p.add_argument("--metrics", metavar="FILE", help="metrics.jsonl of `autotune monitor`")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
         _add_analysis_options(p)
@@ -116,7 +120,8 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
                    help="YAML file with a 'pattern' whose named groups (data, iter or step, "
                         "epoch, index, batch, rate, time) read your own log lines")
     p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N",
-                   help="samples per step, when the log does not say (imagenet, lightning)")
+                   help="samples per step, when the log does not say (most text logs; timm, "
+                        "hf_trainer and autotune's own log do)")
     p.add_argument("--probe", metavar="FILE",
                    help="`autotune probe --json` output: compare the read rate with the "
                         "storage ceiling")

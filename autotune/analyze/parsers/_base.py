@@ -29,6 +29,8 @@ class StepRecord:
     time of the whole iteration (data + step); `step_s`: time in the step (iter - data
     when the log does not say). `end_time`: epoch seconds when the step ended, when known.
     `weight` is filled in by the analysis (batches a sampled log line stands for).
+    `alt_data_s`/`alt_iter_s`: the other reading the same line prints (the running average
+    in brackets, or detectron2's last iteration), compared with the share's (LogParser.other_kind).
     """
 
     data_s: float | None
@@ -43,6 +45,8 @@ class StepRecord:
     rank: int | None = None
     lineno: int = 0
     weight: int = 1
+    alt_data_s: float | None = None
+    alt_iter_s: float | None = None
 
     def complete(self) -> StepRecord:
         """Fill step_s or iter_s from the other two (clamped: rounding can make d > i)."""
@@ -57,21 +61,26 @@ class StepRecord:
 
 @dataclass
 class ProfileSummary:
-    """An aggregate table (Lightning's SimpleProfiler): totals, no per-step timings."""
+    """Totals without per-step timings: Lightning's SimpleProfiler table, or a run's closing
+    summary (HuggingFace Trainer's train_runtime). `data_total_s` is None when the log has
+    no data time at all; `data_calls` is then the number of steps the totals cover."""
 
-    data_total_s: float
+    data_total_s: float | None
     data_calls: int
     step_total_s: float | None
     step_calls: int | None
     epoch_total_s: float | None = None
     lineno: int = 0
     source: str = ""
+    samples_per_s: float | None = None
+    # What these totals are, in one sentence: shown with the analysis.
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"data_total_s": self.data_total_s, "data_calls": self.data_calls,
                 "step_total_s": self.step_total_s, "step_calls": self.step_calls,
                 "epoch_total_s": self.epoch_total_s, "line": self.lineno,
-                "source": self.source}
+                "source": self.source, "samples_per_s": self.samples_per_s}
 
 
 class Skip(Exception):
@@ -121,6 +130,17 @@ class LogParser:
     anchor: ClassVar[re.Pattern[str] | None] = None
     # Lines that look like records of a kind this analysis leaves out (evaluation).
     ignore: ClassVar[re.Pattern[str] | None] = None
+    # What the share is computed from, in words (shown with the share).
+    figures: ClassVar[str] = ""
+    # The other reading of each line (StepRecord.alt_*), and how it adds up: "running" (a
+    # running average since the epoch began: its last line per epoch covers every batch) or
+    # "sample" (a per-line value, weighted like the main one).
+    other_figures: ClassVar[str] = ""
+    other_kind: ClassVar[str | None] = None
+    # A caveat on what the figures mean, added to the verdict's evidence.
+    caveat: ClassVar[str] = ""
+    # Why a log of this format may hold no timing, and what to do (for the error message).
+    no_timing_hint: ClassVar[str] = ""
 
     def __init__(self) -> None:
         self.meta: dict[str, Any] = {}

@@ -4,7 +4,9 @@
 
 Meters are joined by tabs; each prints `NAME VAL (AVG)`: the current batch's value, then
 the running average over the epoch. `Time` is the whole iteration (it includes `Data`,
-the wait for the batch). Evaluation prints `Test: [ 10/196]` with no Data meter: left out.
+the wait for the batch). The share uses the current values (a sample: one batch in
+print_freq); the running averages, which count every batch, are the other reading.
+Evaluation prints `Test: [ 10/196]` with no Data meter: left out.
 The batch size is not in these lines: give `--batch-size`.
 """
 
@@ -12,13 +14,10 @@ from __future__ import annotations
 
 import re
 
-from autotune.analyze.parsers._base import (BAD_NUMBER, NUM, TRUNCATED, LogParser, Skip,
-                                            StepRecord, finite)
+from autotune.analyze.parsers._base import TRUNCATED, LogParser, Skip, StepRecord
+from autotune.analyze.parsers._fields import meter, timed
 
-_RECORD = re.compile(
-    r"Epoch: \[(?P<epoch>\d+)\]\[\s*(?P<index>\d+)/(?P<total>\d+)\]"
-    rf"\s+Time\s+(?P<iter>{NUM})\s+\(\s*(?P<iter_avg>{NUM})\)"
-    rf"\s+Data\s+(?P<data>{NUM})\s+\(\s*(?P<data_avg>{NUM})\)")
+_HEAD = re.compile(r"Epoch: \[(?P<epoch>\d+)\]\[\s*(?P<index>\d+)/(?P<total>\d+)\]\s+Time\s")
 
 
 class ImagenetParser(LogParser):
@@ -26,13 +25,17 @@ class ImagenetParser(LogParser):
     description = "pytorch/examples imagenet/main.py (Epoch: [E][ i/N]  Time ..  Data ..)"
     anchor = re.compile(r"Epoch: \[\d+\]\[")
     ignore = re.compile(r"Test: \[\s*\d+/\d+\]")
+    figures = "Time and Data: each printed line's current batch"
+    other_figures = "the running averages in brackets (every batch of the epoch so far)"
+    other_kind = "running"
 
     def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
-        m = _RECORD.match(piece)
-        if m is None:
+        h = _HEAD.match(piece)
+        it = meter(piece, "Time") if h else None
+        data = meter(piece, "Data") if h else None
+        if h is None or it is None or data is None:
             raise Skip(TRUNCATED)
-        it, data = float(m["iter"]), float(m["data"])
-        if not finite(it, data):
-            raise Skip(BAD_NUMBER)
-        return StepRecord(data_s=data, iter_s=it, epoch=int(m["epoch"]), index=int(m["index"]),
-                          total=int(m["total"]), lineno=lineno).complete()
+        rec = timed(data=data[0], iter_s=it[0], epoch=int(h["epoch"]), index=int(h["index"]),
+                    total=int(h["total"]), lineno=lineno)
+        rec.alt_data_s, rec.alt_iter_s = data[1], it[1]
+        return rec

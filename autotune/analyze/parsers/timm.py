@@ -26,6 +26,9 @@ class TimmParser(LogParser):
     description = "timm train.py (Train: E [ i/N (p%)]  ...  Time: Xs, R/s  ...  Data: D (A))"
     anchor = re.compile(r"Train: \d+ \[")
     ignore = re.compile(r"Test(?: \(EMA\))?: \[\s*\d+/\d+\]")
+    figures = "Time and Data: each printed line's current update"
+    other_figures = "the running averages in brackets (every update of the epoch so far)"
+    other_kind = "running"
 
     def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
         h = _HEAD.match(piece)
@@ -36,5 +39,7 @@ class TimmParser(LogParser):
         it, rate, data = float(t["iter"]), float(t["rate"]), float(d["data"])
         if not finite(it, rate, data):
             raise Skip(BAD_NUMBER)
-        return StepRecord(data_s=data, iter_s=it, rate=rate, epoch=int(h["epoch"]),
-                          index=int(h["index"]), total=int(h["total"]), lineno=lineno).complete()
+        rec = StepRecord(data_s=data, iter_s=it, rate=rate, epoch=int(h["epoch"]),
+                         index=int(h["index"]), total=int(h["total"]), lineno=lineno).complete()
+        rec.alt_data_s, rec.alt_iter_s = float(d["data_avg"]), float(t["iter_avg"])
+        return rec

@@ -45,12 +45,20 @@ def analysis_renderable(a: Analysis) -> Group:
     if ln["skipped_by_reason"]:
         parts.append(Text("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in
                                                     ln["skipped_by_reason"].items()), style="dim"))
+    if a.share_from and a.share_from.get("figures"):
+        parts.append(Text(f"  share from {a.share_from['figures']}", style="dim"))
     t = Table(show_header=False, title="steps", title_justify="left")
     t.add_column("figure")
     t.add_column("value", justify="right")
     t.add_row("steps measured", f"{a.steps:,} ({a.batches:,} batches; {a.warmup_steps} warm-up "
               f"left out; {a.epochs} epoch(s)" + (f"; {a.ranks} ranks" if a.ranks > 1 else "") + ")")
-    t.add_row("data-time share", _pct(a.data_time_share))
+    t.add_row("data-time share", _pct(a.data_time_share) if a.data_time_share is not None
+              else "- (the log has no data-loading time)")
+    if a.steady_data_time_share is not None and a.epoch_starts:
+        st = a.epoch_starts
+        t.add_row("  steady (without epoch starts)", _pct(a.steady_data_time_share))
+        t.add_row("  epoch starts", f"{st['lines']} line(s), data wait {_ms(st['mean_wait_s'])}"
+                  f" per batch vs {_ms(st['steady_mean_wait_s'])} steady")
     t.add_row("AU (step / wall)", _pct(a.au) + ("  input-bound" if a.au is not None and a.au < 0.9 else ""))
     t.add_row("step time p50 / p95", f"{_ms(a.step_time_s.get('p50'))} / {_ms(a.step_time_s.get('p95'))}")
     t.add_row("data wait p50 / p95", f"{_ms(a.data_wait_s.get('p50'))} / {_ms(a.data_wait_s.get('p95'))}")

@@ -1,0 +1,334 @@
+"""The traps of real logs, each on the logs of tests/analyze/data/formats (their hand-
+computed shares are in test_formats.py): evaluation lines with times, progress bars glued
+to the next line, blank lines, every line logged twice, units, tabs expanded, warnings in
+between, torchrun prefixes, standard input and gzip, `current (running average)` pairs,
+epoch-start stalls against the steady share, and short excerpts."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autotune.analyze import analyze
+from autotune.analyze.parsers import (Detectron2Parser, HFTrainerParser, ImagenetParser,
+                                      LerobotParser, MetricLoggerParser, MMCVParser,
+                                      MMEngineParser, SemsegParser, Skip, TimmParser,
+                                      YoloxParser)
+from autotune.analyze.reader import MAX_LINE
+
+DATA = Path(__file__).resolve().parent / "data" / "formats"
+REPO = Path(__file__).resolve().parents[2]
+
+# Shares by hand (see test_formats.py for the arithmetic).
+MMCV_SHARE, YOLOX_SHARE, IMAGENET_SHARE = 2.55 / 8.7, 3.1 / 12, 5.5 / 21.6
+BAR = "\r{p:3d}%|{bar:<10}| {i}/300 [00:{s:02d}<00:30, 9.87it/s]"
+
+
+def _lines(name: str) -> list[str]:
+    return (DATA / f"{name}.log").read_text().splitlines()
+
+
+def _write(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _steps(name: str) -> list[str]:
+    """The log's training lines (what its parser turns into records)."""
+    parser = {"mmcv": MMCVParser, "yolox": YoloxParser, "imagenet": ImagenetParser}[name]()
+    out = []
+    for line in _lines(name):
+        try:
+            if parser.feed(line, 1):
+                out.append(line)
+        except Skip:
+            pass
+    return out
+
+
+# -- evaluation lines carry times too ------------------------------------------------------
+
+@pytest.mark.parametrize("parser, line", [
+    (MetricLoggerParser, "Test:   [ 0/50]  eta: 0:00:12  loss: 6.9 (6.9)  acc1: 0.0 (0.0)  "
+                         "time: 0.3000  data: 0.2500  max mem: 10234"),
+    (ImagenetParser, "Test: [ 1/10]\tTime  0.300 ( 0.300)\tLoss 6.9000e+00 (6.9000e+00)"),
+    (TimmParser, "Test: [   0/10]  Time: 0.300 (0.300)  Loss:  6.9000 (6.9000)"),
+    (SemsegParser, "Test: [10/63] Data 0.001 (0.012) Batch 0.500 (0.520) Loss 0.3000 (0.3500)"),
+    (MMEngineParser, "Epoch(val)  [1][ 5/10]    eta: 0:00:01  time: 0.1000  data_time: 0.0500"),
+    (MMEngineParser, "Epoch(val) [1][10/10]    accuracy/top1: 76.5000  data_time: 0.0500  time: 0.1000"),
+    (MMCVParser, "Epoch(val) [1][500]\tlr: 1.000e-02, time: 0.215, data_time: 0.050, bbox_mAP: 0.3580"),
+    (Detectron2Parser, "Inference done 11/125. Dataloading: 0.0012 s/iter. Inference: 0.0412 "
+                       "s/iter. Eval: 0.0001 s/iter. Total: 0.0430 s/iter. ETA=0:00:05"),
+    (YoloxParser, "Average forward time: 5.12 ms, Average NMS time: 1.23 ms, Average inference "
+                  "time: 6.35 ms"),
+    (LerobotParser, "step:2K smpl:64K ep:160 epch:0.50 ∑rwrd:12.345 success:45.0 eval_s:30.123"),
+    (HFTrainerParser, "{'eval_loss': 0.5, 'eval_runtime': 12.3, 'eval_samples_per_second': 81.2, "
+                      "'eval_steps_per_second': 10.2, 'epoch': 1.0}"),
+])
+def test_evaluation_lines_with_times_are_not_training_steps(parser, line):
+    with pytest.raises(Skip) as e:
+        parser().feed(line, 1)
+    assert e.value.reason == "evaluation line"
+
+
+def test_a_log_with_more_evaluation_than_training_lines(tmp_path):
+    # mmengine: each epoch's 4 training lines, then 40 validation iterations that wait 10x
+    # longer for their data; the share is the training lines' alone (1.78 / 4.2).
+    out = []
+    for line in _lines("mmengine"):
+        out.append(line)
+        if "Saving checkpoint" in line:
+            out += [f"Epoch(val)  [1][{i:>2}/40]    eta: 0:00:01  time: 0.5000  data_time: "
+                    "0.4000  memory: 1200" for i in range(1, 41)]
+    a = analyze(_write(tmp_path / "val.log", out))
+    assert a.format == "mmengine" and a.steps == 8
+    assert a.data_time_share == pytest.approx(1.78 / 4.2)
+    assert a.lines["skipped_by_reason"]["evaluation line"] == 4 + 80
+
+
+# -- progress bars -------------------------------------------------------------------------
+
+def test_progress_bar_without_newline_glued_to_the_next_line(tmp_path):
+    # tqdm redraws with '\r' and no newline; the next log line ends up after the bar.
+    glued = []
+    for k, line in enumerate(_lines("mmcv")):
+        bar = "".join(BAR.format(p=i // 3, bar="#" * (i // 30), i=i, s=i % 60)
+                      for i in range(k * 10, k * 10 + 10))
+        glued.append(bar + line)
+    a = analyze(_write(tmp_path / "bar.log", glued))
+    assert a.format == "mmcv" and a.steps == 18
+    assert a.data_time_share == pytest.approx(MMCV_SHARE)
+
+
+def test_hf_dicts_written_by_tqdm_write_between_bar_redraws(tmp_path):
+    # tqdm.write clears the bar ('\r' + spaces + '\r'), prints, and the bar comes back.
+    lines = _lines("hf_trainer")
+    out = [("\r" + " " * 60 + "\r" + ln) if ln.startswith("{") else ln for ln in lines]
+    a = analyze(_write(tmp_path / "hf.log", out))
+    assert a.format == "hf_trainer" and a.steps == 1000
+
+
+def test_a_progress_bar_longer_than_a_line_then_a_record(tmp_path):
+    # Hours of bar redraws without a newline (over MAX_LINE bytes), then a record: the
+    # record is read, the bar is not held in memory.
+    steps = _steps("imagenet")
+    log = tmp_path / "long.log"
+    with log.open("w") as f:
+        f.write(steps[0] + "\n")
+        n = MAX_LINE // 40 + 1000
+        f.write("".join(BAR.format(p=i % 100, bar="#", i=i, s=i % 60) for i in range(n)))
+        f.write(steps[1] + "\n")
+        f.write("x" * (MAX_LINE + 10) + "\n")                 # junk without \r: still cut
+        f.writelines(s + "\n" for s in steps[2:])
+    a = analyze(log)
+    assert a.steps + a.warmup_steps == len(steps)
+    assert a.lines["skipped_by_reason"] == {"line too long (over 1 MiB)": 1}
+
+
+# -- blank lines, every line twice ---------------------------------------------------------
+
+def test_blank_lines_between_entries(tmp_path):
+    lines = _lines("mmcv")
+    a = analyze(_write(tmp_path / "blank.log", [x for ln in lines for x in (ln, "", "   ")]))
+    assert a.data_time_share == pytest.approx(MMCV_SHARE) and a.steps == 18
+    assert a.lines["skipped_by_reason"]["blank line"] == 2 * len(lines)
+
+
+def test_every_line_logged_twice_counts_once(tmp_path):
+    # One logger with two handlers on one file: each line twice in a row.
+    lines = _lines("yolox")
+    a = analyze(_write(tmp_path / "twice.log", [x for ln in lines for x in (ln, ln)]))
+    assert a.steps == 20 and a.batches == 200 and a.ranks == 1
+    assert a.data_time_share == pytest.approx(YOLOX_SHARE)
+    assert a.lines["skipped_by_reason"]["line printed twice (the same as the one before)"] == len(lines)
+
+
+def test_the_same_step_printed_by_two_handlers_in_two_formats(tmp_path):
+    # The file handler adds a timestamp, the console handler (redirected to the same file)
+    # does not: not the same text, the same step and figures.
+    out = []
+    for line in _steps("mmcv"):
+        bare = line.split(" - INFO - ", 1)[1]
+        out += [line, bare]
+    a = analyze(_write(tmp_path / "two.log", out))
+    assert a.steps == 18 and a.ranks == 1
+    assert a.data_time_share == pytest.approx(MMCV_SHARE)
+    assert a.lines["skipped_by_reason"] == {"step printed twice (same epoch, index and figures)": 18}
+
+
+# -- units, tabs, warnings -----------------------------------------------------------------
+
+def test_units_such_as_2_564s_and_ms():
+    [r] = MMCVParser().feed("Epoch [1][50/300]\tlr: 1.000e-02, eta: 0:01:00, time: 2.564s, "
+                            "data_time: 1282ms, memory: 3511", 1)
+    assert (r.iter_s, r.data_s) == (2.564, 1.282)
+    [r] = ImagenetParser().feed("Epoch: [0][ 11/50]\tTime 2.564s (2.600s)\tData 1.282s (1.300s)", 1)
+    assert (r.iter_s, r.data_s, r.alt_iter_s, r.alt_data_s) == (2.564, 1.282, 2.6, 1.3)
+    [r] = Detectron2Parser().feed(" iter: 39  total_loss: 1.2  time: 2.564s  data_time: 0.5s  lr: 0.01", 1)
+    assert (r.iter_s, r.data_s) == (2.564, 0.5)
+
+
+@pytest.mark.parametrize("name, share", [("imagenet", IMAGENET_SHARE), ("mmcv", MMCV_SHARE)])
+def test_tabs_expanded_to_spaces(tmp_path, name, share):
+    lines = _lines(name)
+    assert any("\t" in ln for ln in lines)
+    a = analyze(_write(tmp_path / "spaces.log", [ln.expandtabs() for ln in lines]))
+    assert a.format == name and a.data_time_share == pytest.approx(share)
+
+
+def test_warnings_interleaved_and_glued(tmp_path):
+    warn = ["/usr/lib/python3/site-packages/torch/utils/data/dataloader.py:560: UserWarning: "
+            "This DataLoader will create 16 worker processes in total. Our suggested max "
+            "number of worker in current system is 8, which is smaller than what this "
+            "DataLoader is going to create.", "  warnings.warn(_create_warning_msg("]
+    out = []
+    for k, line in enumerate(_lines("mmcv")):
+        out.append(line + (warn[0] if k % 5 == 4 else ""))   # stderr glued to a line
+        if k % 3 == 0:
+            out += warn
+    a = analyze(_write(tmp_path / "warn.log", out))
+    assert a.data_time_share == pytest.approx(MMCV_SHARE) and a.steps == 18
+    # The warnings are other output, one count per line added.
+    assert a.lines["skipped_by_reason"]["other output"] == 6 + 2 * len(range(0, 27, 3))
+
+
+def test_a_warning_inside_a_lightning_table(tmp_path):
+    table = _lines("lightning")
+    out = table[:6] + ["lightning/pytorch/trainer/connectors/data_connector.py:441: "
+                       "PossibleUserWarning: The 'train_dataloader' does not have many "
+                       "workers which may be a bottleneck."] + table[6:]
+    a = analyze(_write(tmp_path / "fit.log", out))
+    assert a.data_time_share == pytest.approx(0.25)       # 30 / (30 + 90), as without it
+
+
+# -- torchrun ranks ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prefix", ["[rank{r}]:", "[default{r}]:", None])
+def test_torchrun_rank_prefixes(tmp_path, prefix):
+    # pytorch/examples prints on every rank. Rank 0 waits 0.100 s of 0.400 s, rank 1 0.300 s
+    # of 0.400 s, at batches 10..100 (10 batches a line): (10*0.1 + 10*0.3) / (20*0.4) = 0.5.
+    out = []
+    for i in range(10, 101, 10):
+        for r, d in ((0, 0.1), (1, 0.3)):
+            line = f"Epoch: [0][{i:3d}/100]\tTime  0.400 ( 0.400)\tData  {d:.3f} ( {d:.3f})"
+            out.append((prefix.format(r=r) if prefix else "") + line)
+    a = analyze(_write(tmp_path / "ddp.log", out))
+    assert a.format == "imagenet" and a.ranks == 2
+    assert a.data_time_share == pytest.approx(0.5)
+    assert a.batches == 200                               # 2 ranks x 10 lines x 10 batches
+
+
+# -- standard input, gzip ------------------------------------------------------------------
+
+def _cli(stdin: bytes, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "autotune", "analyze", "-", *args],
+                          input=stdin, capture_output=True, cwd=REPO)
+
+
+def test_log_from_standard_input_plain_and_gzipped():
+    raw = (DATA / "yolox.log").read_bytes()
+    for data in (raw, gzip.compress(raw)):
+        r = _cli(data, "--json", "-")
+        assert r.returncode == 0, r.stderr.decode()[-2000:]
+        d = json.loads(r.stdout)
+        assert d["log"] == "-" and d["format"] == "yolox"
+        assert d["data_time_share"] == pytest.approx(YOLOX_SHARE, abs=1e-4)   # JSON: 4 digits
+    r = _cli(b"nothing to see\n" * 3)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.count("\n") == 1
+    assert "- (standard input)" in err and "autotune-stdin-" not in err
+
+
+@pytest.mark.parametrize("name", ["metriclogger", "detectron2", "lightning"])
+def test_gzipped_log_file(tmp_path, name):
+    gz = tmp_path / f"{name}.log.gz"
+    gz.write_bytes(gzip.compress((DATA / f"{name}.log").read_bytes()))
+    plain = analyze(DATA / f"{name}.log")
+    a = analyze(gz)
+    assert a.format == name and a.data_time_share == pytest.approx(plain.data_time_share)
+
+
+# -- current (running average) -------------------------------------------------------------
+
+def test_current_and_running_average_apart_are_both_said():
+    # semseg's stall at batch 0 is never printed: the current values say 5 %, the running
+    # averages 0.050 / 0.430 = 11.6 %; over 2x apart, both are given.
+    a = analyze(DATA / "semseg.log")
+    assert a.share_from["figures"].startswith("Data and Batch: each printed line's current")
+    assert a.share_from["other_share"] == pytest.approx(0.05 / 0.43)
+    [w] = [w for w in a.warnings if "apart" in w]
+    assert "(5%)" in w and "give 12%" in w and "2.3x apart" in w and "running averages" in w
+
+
+def test_current_and_running_average_close_stay_quiet():
+    # imagenet: the printed batches hold the stall; the averages at [41]: 0.085 / 0.283 =
+    # 0.300 against 0.255: within 2x, no warning, the other share still in the JSON.
+    a = analyze(DATA / "imagenet.log")
+    assert a.share_from["other_share"] == pytest.approx(0.085 / 0.283)
+    assert not any("apart" in w for w in a.warnings)
+
+
+def test_detectron2_last_iteration_apart_from_the_averages(tmp_path):
+    # last_data_time 0.2400 against data_time 0.0300 at the same time 0.3000: 0.8 vs 0.1.
+    out = [f" eta: 0:01:00  iter: {it}  total_loss: 1.2  time: 0.3000  last_time: 0.3000  "
+           f"data_time: 0.0300  last_data_time: 0.2400   lr: 0.01" for it in range(19, 400, 20)]
+    a = analyze(_write(tmp_path / "d2.log", out))
+    assert a.data_time_share == pytest.approx(0.1)
+    assert a.share_from["other_share"] == pytest.approx(0.8)
+    [w] = [w for w in a.warnings if "apart" in w]
+    assert "8.0x apart" in w and "last_time and last_data_time" in w
+    assert "one iteration per line is a small sample" in w and "running averages" not in w
+
+
+# -- epoch starts, steady share, excerpts ---------------------------------------------------
+
+def test_epoch_start_stalls_in_the_share_apart_in_the_steady_share():
+    a = analyze(DATA / "yolox.log")
+    # Both epochs' first lines (1.100 s of 1.500 s, 10 batches each) are in the share (3.1 /
+    # 12) and out of the steady one (0.05 / 0.5), and listed on their own.
+    assert a.data_time_share == pytest.approx(YOLOX_SHARE)
+    assert a.steady_data_time_share == pytest.approx(0.1)
+    st = a.epoch_starts
+    assert (st["lines"], st["batches"]) == (2, 20)
+    assert st["mean_wait_s"] == pytest.approx(1.1) and st["steady_mean_wait_s"] == pytest.approx(0.05)
+    assert [(s["epoch"], s["batches"]) for s in st["listed"]] == [(1, 10), (2, 10)]
+    assert "steady_data_time_share" in a.to_dict() and a.to_dict()["epoch_starts"] == st
+
+
+def test_an_excerpt_from_mid_epoch_weighs_its_first_line_as_one_interval(tmp_path):
+    # mmcv lines at 2550..2950 of 5005: the first stands for 50 batches, not 2550.
+    out = [f"Epoch [7][{i}/5005]\tlr: 1.000e-02, eta: 1:00:00, time: 0.400, data_time: "
+           f"{0.2 if i == 2550 else 0.1:.3f}, memory: 3511" for i in range(2550, 2951, 50)]
+    a = analyze(_write(tmp_path / "mid.log", out))
+    assert a.batches == 9 * 50
+    # (0.2 + 8 * 0.1) / (9 * 0.4) = 1.0 / 3.6
+    assert a.data_time_share == pytest.approx(1.0 / 3.6)
+
+
+@pytest.mark.parametrize("name, hand", [
+    # mmcv, epoch 1's first 5 lines: (0.6 + 4 * 0.05) / (0.9 + 4 * 0.4) = 0.8 / 2.5
+    ("mmcv", 0.8 / 2.5),
+    # yolox, epoch 1's first 5 lines: (1.1 + 4 * 0.05) / (1.5 + 4 * 0.5) = 1.3 / 3.5
+    ("yolox", 1.3 / 3.5),
+    # imagenet's first 5 lines: [1] is the warm-up, then 4 x 0.05 / 0.25
+    ("imagenet", 0.2),
+])
+def test_a_short_excerpt_still_gives_the_share_with_a_confidence_note(tmp_path, name, hand):
+    a = analyze(_write(tmp_path / "paste.log", _steps(name)[:5]))
+    assert a.data_time_share == pytest.approx(hand)
+    assert a.confidence["level"] == "low"
+    assert "short excerpt" in a.confidence["note"] and a.confidence["note"] in a.verdict.evidence
+    assert a.verdict.bottleneck == "unknown" and a.verdict.next_command.startswith("autotune monitor")
+
+
+def test_a_full_log_has_no_confidence_note(tmp_path):
+    lines = [f"Epoch [1][{i}/5000]\tlr: 1.000e-02, eta: 1:00:00, time: 0.400, data_time: 0.010, "
+             "memory: 3511" for i in range(50, 5001, 50)]
+    a = analyze(_write(tmp_path / "full.log", lines))
+    assert a.confidence == {"level": "normal", "note": None}
+    assert a.verdict.bottleneck == "compute"              # 0.01 / 0.4: the step hardly waits
