@@ -214,14 +214,14 @@ def _builtin(fmt: Format) -> None:
 
 
 # -- the built-in formats: one line each ------------------------------------------------
-_builtin(Format("wds", reader="converters.wds.reader:WdsSource", sniff="converters.wds:sniff",
-                writer="converters.wds.writer:WdsWriter", access="sequential",
-                description="WebDataset tar shards with manifest.json (autotune convert)"))
+_builtin(Format("folder", reader="converters.folder:FolderSource", sniff="converters.folder:sniff",
+                description="an image folder DATASET/CLASS/IMAGE.jpg"))
 _builtin(Format("lmdb", reader="converters.lmdb.reader:LmdbSource", sniff="converters.lmdb:sniff",
                 writer="converters.lmdb.writer:LmdbWriter", access="random",
                 description="one LMDB environment with manifest.json (autotune convert)"))
-_builtin(Format("folder", reader="converters.folder:FolderSource", sniff="converters.folder:sniff",
-                description="an image folder DATASET/CLASS/IMAGE.jpg"))
+_builtin(Format("wds", reader="converters.wds.reader:WdsSource", sniff="converters.wds:sniff",
+                writer="converters.wds.writer:WdsWriter", access="sequential",
+                description="WebDataset tar shards with manifest.json (autotune convert)"))
 
 __all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "load",
            "manifest_format", "names", "open_source", "register", "register_all", "resolve",

@@ -111,5 +111,5 @@ def test_registry_refuses_misuse() -> None:
         Format("auto", reader="x:y", sniff="x:z")
     with pytest.raises(ValueError, match="built in"):
         registry.unregister("lmdb")
-    with pytest.raises(UsageError, match="format must be one of auto, wds, lmdb, folder"):
+    with pytest.raises(UsageError, match="format must be one of auto, folder, lmdb, wds"):
         registry.get("parquet")
