@@ -206,7 +206,8 @@ def _figures(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
     res.images_per_s = f.images_per_s
     res.images_per_s_overall = f.images_per_s_overall
     res.images_per_s_spread = {"min": min(f.window_rates), "max": max(f.window_rates),
-                               "relative": f.spread, "windows": f.window_rates}
+                               "median": f.images_per_s_median, "relative": f.spread,
+                               "windows": f.window_rates}
     res.data_wait_fraction = f.data_wait_fraction
     if cfg.has_step:
         res.au = f.step_fraction

@@ -12,7 +12,8 @@ SCHEMA = "autotune.bench/1"
 class BenchResult:
     """One measured configuration. Figures are None when the run failed.
 
-    images_per_s: median over the windows of samples delivered / window wall time.
+    images_per_s: samples delivered in the measured window / its wall time (the whole
+        window; the sub-windows' median and spread are in images_per_s_spread).
     data_wait_fraction: time blocked in next(loader_iter) / wall time of the window.
     au: time in the step / wall time (None when there is no step: compute_ms 0).
     batch_wait_ms: p50/p95/max of the per-batch wait.

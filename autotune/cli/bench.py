@@ -49,11 +49,12 @@ Measure what one DataLoader configuration delivers to a training step, honestly:
     holds each batch for --compute-ms (a sleep: the accelerator is busy, the CPU stays
     free for the workers), or --step calls your function with (images, labels);
   - warm-up batches are excluded (default: max(5, workers x prefetch), every batch the
-    loader requests at start); the window is split in 5 and images/s is the median;
+    loader requests at start); images/s is the whole window's samples / its seconds
+    (its 5 sub-windows' spread is shown beside it as a stability figure);
   - disk, CPU, process tree, /dev/shm and GPU are sampled from this process.
 
 Definitions:
-  images/s            samples delivered to the step per second (median of the windows)
+  images/s            samples delivered to the step in the window / its seconds
   data-wait fraction  time blocked in next() / wall time of the window
   AU                  time in the step / wall time (MLPerf Storage); input-bound < 0.90
 

@@ -42,7 +42,8 @@ def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -
     done = confirmed(s.study)
     windows = [(t, window(s, t.params)) for t in cands]
     todo = [(t, win) for t, win in windows
-            if (prev := done.get(ckey(t.params))) is None or prev.window_s != win]
+            if (prev := done.get(ckey(t.params))) is None
+            or (prev.requested_window_s or prev.window_s) != win]
     for i, (t, win) in enumerate(todo, 1):
         if s.deadline is not None and time.monotonic() >= s.deadline:
             return False
@@ -51,7 +52,8 @@ def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -
               f"images/s in {s.opts.seconds:g} s) again in a {win:g} s window")
         r = s.bench(t.params, f"confirm-{'baseline' if t.number == -1 else f'{t.number:03d}'}",
                     seconds=win)
-        r.number, r.first_images_per_s, r.window_s = t.number, t.images_per_s, win
+        r.number, r.first_images_per_s, r.requested_window_s = t.number, t.images_per_s, win
+        r.window_s = r.measured_s or win
         s.study.set_user_attr(CONFIRMED + ckey(t.params), _stored(r.to_dict()))
         s.say(f"  {label}: {r.images_per_s:,.0f} images/s" if r.ok else f"  {label}: {r.reason}")
     return True

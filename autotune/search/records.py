@@ -35,9 +35,14 @@ class TrialRecord:
     seconds: float | None = None
     timeline_file: str | None = None
     warnings: list[str] = field(default_factory=list)
-    # Set on a confirmation: the trial's first images/s (its short window) and this window.
+    # Set on a confirmation: the trial's first images/s (its short window), the window
+    # measured (a cold pass that ends early makes it shorter) and the one asked for.
     first_images_per_s: float | None = None
     window_s: float | None = None
+    requested_window_s: float | None = None
+    # Every measurement: the seconds and batches of its measured window.
+    measured_s: float | None = None
+    batches: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,6 +72,8 @@ class TrialRecord:
             disk_r_await_ms=_fig(system, "disk", "r_await_ms", "median"),
             disk_reads_per_s=_fig(system, "disk", "reads_per_s", "median"),
             reason=r.get("reason"), hint=r.get("hint"), seconds=r.get("seconds_total"),
+            measured_s=_fig(r, "window", "seconds"),
+            batches=int(b) if (b := _fig(r, "window", "batches")) is not None else None,
             timeline_file=r.get("timeline_file"), warnings=list(r.get("warnings") or []))
 
     @classmethod

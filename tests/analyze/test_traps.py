@@ -1,5 +1,5 @@
 """The traps of real logs, each on the logs of tests/analyze/data/formats (their hand-
-computed shares are in test_formats.py): evaluation lines with times, progress bars glued
+computed shares are in test_log_formats.py): evaluation lines with times, progress bars glued
 to the next line, blank lines, every line logged twice, units, tabs expanded, warnings in
 between, torchrun prefixes, standard input and gzip, `current (running average)` pairs,
 epoch-start stalls against the steady share, and short excerpts."""
@@ -24,7 +24,7 @@ from autotune.analyze.reader import MAX_LINE
 DATA = Path(__file__).resolve().parent / "data" / "formats"
 REPO = Path(__file__).resolve().parents[2]
 
-# Shares by hand (see test_formats.py for the arithmetic).
+# Shares by hand (see test_log_formats.py for the arithmetic).
 MMCV_SHARE, YOLOX_SHARE, IMAGENET_SHARE = 2.55 / 8.7, 3.1 / 12, 5.5 / 21.6
 BAR = "\r{p:3d}%|{bar:<10}| {i}/300 [00:{s:02d}<00:30, 9.87it/s]"
 

@@ -56,8 +56,8 @@ def _measured(r: Any) -> Table:
     sp = r.images_per_s_spread or {}
     w = r.window
     t.add_row("images/s", fmt_rate(r.images_per_s),
-              f"median of {w.get('windows')} windows ({fmt_rate(sp.get('min'))}-"
-              f"{fmt_rate(sp.get('max'))}); overall {fmt_rate(r.images_per_s_overall)}")
+              f"whole window; {w.get('windows')} sub-windows {fmt_rate(sp.get('min'))}-"
+              f"{fmt_rate(sp.get('max'))} (median {fmt_rate(sp.get('median'))})")
     t.add_row("data-wait fraction", _pct(r.data_wait_fraction), "time blocked in next() / wall")
     if r.au is not None:
         t.add_row("AU", f"{r.au:.2f}", "step time / wall: "
