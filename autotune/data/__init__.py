@@ -2,8 +2,11 @@
 
 - `open_source(path, format)`: a `SampleSource` (encoded bytes + label per index) for an
   image folder; LMDB and WebDataset readers plug in behind the same interface later.
-- `TransformSpec` / `build_transform`: the Pillow + torch sample pipeline (decode, RGB,
-  resize, crop, flip, jitter, uint8 CHW tensor).
+- `TransformSpec` / `build_transform`: the sample pipeline (decode, crop, resize, flip,
+  jitter, float32 normalised CHW tensor), torchvision's own step for step unless a faster,
+  labelled variant is asked for (decoder simplejpeg, JPEG draft, exact: false).
+- `ImagenetTrainTransform`: torchvision's ImageNet training transform on encoded images,
+  exact or fast (`fast=True`), for a training loop of your own.
 - `load_preset(name)`: a workload from configs/presets/*.yaml (batch size, emulated step
   time, transform, default DataLoader settings).
 
@@ -13,10 +16,10 @@ Importing this package does not import torch; `autotune.data.torchds.ImageDatase
 from autotune.data.presets import LoaderDefaults, Preset, list_presets, load_preset, presets_dir
 from autotune.data.sources import (FORMATS, FolderSource, MemorySource, SampleError, SampleSource,
                                    detect_format, open_source, resolve_format)
-from autotune.data.transforms import TransformSpec, build_transform
+from autotune.data.transforms import ImagenetTrainTransform, TransformSpec, build_transform
 
 __all__ = [
     "FORMATS", "FolderSource", "MemorySource", "SampleError", "SampleSource", "detect_format", "open_source", "resolve_format",
-    "TransformSpec", "build_transform",
+    "ImagenetTrainTransform", "TransformSpec", "build_transform",
     "LoaderDefaults", "Preset", "list_presets", "load_preset", "presets_dir",
 ]
