@@ -105,10 +105,13 @@ def _resize(t: torch.Tensor, w: int, h: int) -> torch.Tensor:
 
 
 def _chw(arr: Any) -> torch.Tensor:
+    """CHW view of HWC pixels (no copy)."""
+    if arr.flags.writeable:
+        return torch.from_numpy(arr).permute(2, 0, 1)
     with warnings.catch_warnings():
         # Pillow's array is read-only; nothing writes to this view (every step copies).
         warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(arr).permute(2, 0, 1)  # CHW view of the HWC pixels
+        return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 def fast(opened: Opened, geo: Geometry, k: int, spec: Any,

@@ -164,7 +164,8 @@ class TransformSpec:
             parts.append("flip")
         if self.jitter is not None:
             parts.append("jitter " + "/".join(f"{x:g}" for x in self.jitter))
-        parts.append("float32 normalised" if self.normalize else self.output)
+        parts.append("float32 normalised" if self.normalize else
+                     "float32 [0, 1]" if self.output == "float32" else "uint8")
         if self.decoder != "pil":
             parts.append(f"{self.decoder} decoder")
         if self.draft:
