@@ -3,28 +3,25 @@
 - `open_source(path, format)`: a `SampleSource` (encoded bytes + label per index) for an
   image folder or a conversion; the readers live in the formats wing (`converters`:
   its registry knows every format), re-exported here for convenience.
-- `TransformSpec` / `build_transform`: the Pillow + torch sample pipeline (decode, RGB,
-  resize, crop, flip, jitter, CHW tensor).
+- `TransformSpec` / `build_transform`: the sample pipeline (decode, crop, resize, flip,
+  jitter, float32 normalised CHW tensor), torchvision's own step for step unless a faster,
+  labelled variant is asked for (decoder simplejpeg, JPEG draft, exact: false).
+- `ImagenetTrainTransform`: torchvision's ImageNet training transform on encoded images,
+  exact or fast (`fast=True`), for a training loop of your own.
 - `load_preset(name)`: a workload from configs/presets/*.yaml (batch size, emulated step
   time, transform, default DataLoader settings).
 
 Importing this package does not import torch; `autotune.data.torchds.ImageDataset` does.
 """
 
-from autotune.data.presets import (
-    LoaderDefaults,
-    Preset,
-    list_presets,
-    load_preset,
-    presets_dir,
-)
-from autotune.data.transforms import TransformSpec, build_transform
+from autotune.data.presets import LoaderDefaults, Preset, list_presets, load_preset, presets_dir
+from autotune.data.transforms import ImagenetTrainTransform, TransformSpec, build_transform
 from converters.folder import FolderSource
 from converters.registry import open_source
 from converters.source import MemorySource, SampleError, SampleSource
 
 __all__ = [
     "FolderSource", "MemorySource", "SampleError", "SampleSource", "open_source",
-    "TransformSpec", "build_transform",
+    "ImagenetTrainTransform", "TransformSpec", "build_transform",
     "LoaderDefaults", "Preset", "list_presets", "load_preset", "presets_dir",
 ]

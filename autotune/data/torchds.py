@@ -11,7 +11,7 @@ from converters.source import SampleError, SampleSource
 
 
 class ImageDataset(torch.utils.data.Dataset):
-    """Map-style dataset: index -> (uint8 tensor [3, crop, crop], label).
+    """Map-style dataset: index -> (transform output, e.g. float32 [3, crop, crop]; label).
 
     A sample that cannot be decoded raises SampleError naming its file (PIL's own message
     names only an in-memory buffer), so a failed bench says which file to fix.

@@ -1,40 +1,62 @@
-"""The per-sample pipeline with Pillow and torch only (no torchvision).
+"""The per-sample pipeline: encoded bytes -> CHW tensor, with Pillow and torch only.
 
-bytes -> PIL decode -> RGB -> [resize shorter side] -> crop -> [flip] -> [colour jitter]
--> uint8 CHW tensor. Each step does what torchvision's transform of the same name does on
-a PIL image (same interpolation, same crop arithmetic), so the CPU cost per image is the
-cost of the usual ImageNet training pipeline:
+By default it is torchvision's own pipeline, step for step and at its cost (pil_loader +
+transforms.v2 on a PIL image), for the three transforms ImageNet jobs run:
 
-    Resize(256) + RandomCrop(224) / CenterCrop(224) + RandomHorizontalFlip + PILToTensor
-    RandomResizedCrop(224) + RandomHorizontalFlip + ColorJitter(b, c, s) + PILToTensor
+    RandomResizedCrop(224) + RandomHorizontalFlip [+ ColorJitter] + ToImage
+        + ToDtype(float32, scale=True) + Normalize(ImageNet mean, std)       training
+    Resize(256) + CenterCrop(224) (or RandomCrop) + the same conversion          eval
 
-`draft=True` lets libjpeg decode at a reduced scale (1/2, 1/4, 1/8) when the image is
-large enough for the target size. It can cut decode time severalfold on large photos but
-it is not what torchvision does, so it is off by default and labelled when on.
+The random draws are torchvision's, on torch's generator (`geometry`), so a seed gives
+the crops and flips torchvision gives. The output is float32: a batch of 256 images of
+224 x 224 is 154 MB, four times the bytes of uint8, and collate, pin_memory and the
+copy to the device move all of it (`output: uint8` keeps bytes, for a pipeline that
+normalises on the GPU).
 
-Randomness uses Python's `random` module, which DataLoader seeds per worker.
+Faster variants are opt-in and labelled (`describe()`): `exact: false` (the same crop
+boxes and flips, fewer passes over the pixels; see `pixels`), `decoder: simplejpeg` and
+`draft: true` (a JPEG decoded at 1/2, 1/4 or 1/8 of its size where the crop still only
+shrinks; see `decode`). Their output stays within FAST_TOLERANCE of the exact pipeline.
 """
 
 from __future__ import annotations
 
-import io
-import math
-import random
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
+from autotune.data.decode import DECODERS, require_simplejpeg
 from autotune.errors import UsageError
 
 CROP_MODES = ("center", "random", "random_resized")
+OUTPUTS = ("float32", "uint8")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+# How far the fast pipeline (exact: false, either decoder, draft on) may be from the
+# exact one on the same crop box and flip: the mean absolute difference per value of one
+# image, in levels of the 0-255 input scale (in normalised units: divided by 255 x std).
+# Tested on synthetic photo-like JPEGs (tests/bench/test_transforms.py), which have more
+# fine texture than photos and so differ more: up to about 0.3 at full scale (torch's and
+# Pillow's antialiased bilinear round differently), up to about 1.9 for an image decoded
+# at 1/2 to 1/8 (the DCT-domain downscale is a different low-pass from Pillow's filter).
+FAST_TOLERANCE = {"full_scale": 0.5, "dct_scaled": 2.5}
+
+
+def _three(name: str, v: Any) -> tuple[float, float, float]:
+    if (not isinstance(v, (list, tuple)) or len(v) != 3
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+        raise UsageError(f"transform {name} must be three numbers (R, G, B), but got {v!r}.")
+    return (float(v[0]), float(v[1]), float(v[2]))
 
 
 @dataclass(frozen=True)
 class TransformSpec:
     """What to do to each sample. Sizes in pixels.
 
-    resize: shorter side after resizing (bilinear, antialiased like PIL/torchvision);
-        None skips the resize. Ignored by crop_mode 'random_resized', which resizes its
-        crop straight to `crop`.
+    resize: shorter side after resizing (bilinear, antialiased, as torchvision's
+        Resize on a PIL image); None skips the resize. Ignored by crop_mode
+        'random_resized', which resizes its crop straight to `crop`.
     crop: output side (square).
     crop_mode: 'center' (eval), 'random' (RandomCrop) or 'random_resized'
         (RandomResizedCrop with `scale` and `ratio`).
@@ -42,7 +64,16 @@ class TransformSpec:
     jitter: (brightness, contrast, saturation[, hue]) strengths as in torchvision's
         ColorJitter, applied in random order: PIL ImageEnhance for the first three, an HSV
         round trip for hue (as torchvision does on PIL images); None for no jitter.
-    draft: JPEG draft-mode decoding (reduced-scale DCT); off by default (see module doc).
+    output: 'float32' (ToDtype(float32, scale=True): values in [0, 1]) or 'uint8'
+        (PILToTensor). float32 is 4x the bytes per batch to collate, pin and copy.
+    normalize: subtract `mean` and divide by `std` per channel (needs float32).
+    decoder: 'pil' (Pillow, what torchvision's ImageFolder uses) or 'simplejpeg'
+        (libjpeg-turbo straight into numpy; `pip install 'autotune[fast]'`).
+    draft: decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT domain) when the drawn crop,
+        that much smaller, still covers the output: cheaper on large photos, not what
+        torchvision does; off by default and labelled when on.
+    exact: True does each step as torchvision does (its pixels and its cost); False
+        takes the same crops with fewer copies (output within FAST_TOLERANCE).
     """
 
     resize: int | None = 256
@@ -52,7 +83,13 @@ class TransformSpec:
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = False
     jitter: tuple[float, ...] | None = None
+    output: str = "float32"
+    normalize: bool = True
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    decoder: str = "pil"
     draft: bool = False
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if self.crop_mode not in CROP_MODES:
@@ -74,6 +111,20 @@ class TransformSpec:
             raise UsageError("transform jitter must be [brightness, contrast, saturation] or "
                              "[brightness, contrast, saturation, hue], each >= 0 and hue <= 0.5, "
                              f"but got {self.jitter!r}.")
+        for name in ("flip", "normalize", "draft", "exact"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"transform {name} must be true or false, but got "
+                                 f"{getattr(self, name)!r}.")
+        if self.output not in OUTPUTS:
+            raise UsageError(f"transform output must be float32 or uint8, but got {self.output!r}.")
+        if self.decoder not in DECODERS:
+            raise UsageError(f"transform decoder must be pil or simplejpeg, but got {self.decoder!r}.")
+        if self.normalize and self.output != "float32":
+            raise UsageError(f"transform normalize needs output float32, but got output "
+                             f"{self.output!r}; set normalize: false to keep uint8.")
+        _three("mean", self.mean)
+        if min(_three("std", self.std)) <= 0:
+            raise UsageError(f"transform std must be three numbers > 0, but got {list(self.std)}.")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> TransformSpec:
@@ -87,17 +138,21 @@ class TransformSpec:
         for k in ("scale", "ratio", "jitter"):
             if d.get(k) is not None:
                 d[k] = tuple(float(x) for x in d[k])
+        for k in ("mean", "std"):
+            if k in d:
+                d[k] = _three(k, d[k])
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("scale", "ratio", "jitter"):
+        for k in ("scale", "ratio", "jitter", "mean", "std"):
             if d[k] is not None:
                 d[k] = list(d[k])
         return d
 
     def describe(self) -> str:
-        """One line for tables, e.g. 'resize 256, random crop 224, flip'."""
+        """One line for tables, e.g. 'random-resized crop 224 (scale 0.08-1), flip,
+        float32 normalised'."""
         parts = []
         if self.crop_mode == "random_resized":
             parts.append(f"random-resized crop {self.crop} (scale {self.scale[0]:g}-{self.scale[1]:g})")
@@ -109,56 +164,59 @@ class TransformSpec:
             parts.append("flip")
         if self.jitter is not None:
             parts.append("jitter " + "/".join(f"{x:g}" for x in self.jitter))
+        parts.append("float32 normalised" if self.normalize else
+                     "float32 [0, 1]" if self.output == "float32" else "uint8")
+        if self.decoder != "pil":
+            parts.append(f"{self.decoder} decoder")
         if self.draft:
             parts.append("JPEG DRAFT decode")
+        if not self.exact:
+            parts.append("FAST (not torchvision's exact pixels)")
         return ", ".join(parts)
 
 
 @dataclass
 class SampleTransform:
-    """Callable: encoded bytes -> uint8 tensor [3, crop, crop]. Picklable."""
+    """Callable: encoded image (bytes, or a file path) -> tensor [3, crop, crop],
+    float32 (normalised unless `normalize: false`) or uint8. Picklable, so DataLoader
+    workers get their own copy; randomness from torch's generator, which DataLoader
+    seeds in each worker."""
 
     spec: TransformSpec
+    _consts: tuple[Any, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
-    def decode(self, data: bytes) -> Any:
-        from PIL import Image
+    def __post_init__(self) -> None:
+        if self.spec.decoder == "simplejpeg":
+            require_simplejpeg()  # now, with the fix in the message, not in a worker
 
-        img = Image.open(io.BytesIO(data))
-        if self.spec.draft and img.format == "JPEG":
-            target = self.spec.crop if self.spec.crop_mode == "random_resized" else (
-                self.spec.resize or self.spec.crop)
-            img.draft("RGB", (target, target))
-        img.load()
-        # torchvision's pil_loader converts always; for a file already RGB that is a
-        # full copy of the decoded image for the same pixels, so skip it then.
-        return img if img.mode == "RGB" else img.convert("RGB")
+    def _constants(self) -> tuple[Any, ...]:
+        if self._consts is None:
+            import torch
 
-    def augment(self, img: Any) -> Any:
-        from PIL import Image
+            mean = torch.tensor(self.spec.mean, dtype=torch.float32).view(3, 1, 1)
+            std = torch.tensor(self.spec.std, dtype=torch.float32).view(3, 1, 1)
+            if self.spec.normalize:  # (x / 255 - mean) / std = x * scale + bias
+                scale, bias = 1.0 / (255.0 * std), -mean / std
+            else:
+                scale, bias = torch.full((3, 1, 1), 1.0 / 255), torch.zeros((3, 1, 1))
+            self._consts = (mean, std, scale, bias)
+        return self._consts
 
+    def __call__(self, data: bytes | str | os.PathLike[str]) -> Any:
+        from autotune.data import geometry, pixels
+        from autotune.data.decode import open_image
+
+        if isinstance(data, (str, os.PathLike)):
+            data = Path(data).read_bytes()
         s = self.spec
-        if s.crop_mode == "random_resized":
-            i, j, h, w = _rrc_params(img.width, img.height, s.scale, s.ratio)
-            img = img.crop((j, i, j + w, i + h)).resize((s.crop, s.crop), Image.BILINEAR)
-        elif s.resize is not None and min(_resized_size(img.size, s.resize)) >= s.crop:
-            img = _resize_crop(img, s.resize, s.crop, random_pos=s.crop_mode == "random")
-        else:
-            if s.resize is not None:
-                img = _resize_shorter(img, s.resize)
-            img = _crop(img, s.crop, random_pos=s.crop_mode == "random")
-        if s.flip and random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        if s.jitter is not None:
-            img = _color_jitter(img, s.jitter)
-        return img
-
-    def __call__(self, data: bytes) -> Any:
-        import numpy as np
-        import torch
-
-        img = self.augment(self.decode(data))
-        # PILToTensor: HWC uint8 -> CHW view (collate stacks it into one batch tensor).
-        return torch.from_numpy(np.array(img, dtype=np.uint8, copy=True)).permute(2, 0, 1)
+        opened = open_image(data, s.decoder)
+        geo = geometry.plan(s, *opened.size)  # crop, then flip: torchvision's draw order
+        k = geo.reduction() if s.draft else 1
+        jitter = geometry.jitter_params(s.jitter) if s.jitter else None
+        mean, std, scale, bias = self._constants()
+        if s.exact:
+            return pixels.exact(opened, geo, k, s, jitter, mean, std)
+        return pixels.fast(opened, geo, k, s, jitter, scale, bias)
 
 
 def build_transform(spec: TransformSpec) -> SampleTransform:
@@ -166,109 +224,37 @@ def build_transform(spec: TransformSpec) -> SampleTransform:
     return SampleTransform(spec)
 
 
-def _resized_size(wh: tuple[int, int], size: int) -> tuple[int, int]:
-    w, h = wh
-    short, long = (w, h) if w <= h else (h, w)
-    if short == size:
-        return w, h
-    new_long = int(size * long / short)  # torchvision's arithmetic (truncates)
-    return (size, new_long) if w <= h else (new_long, size)
+class ImagenetTrainTransform(SampleTransform):
+    """torchvision's standard ImageNet training transform on encoded images, for your
+    own training loop: RandomResizedCrop(size) (scale 0.08-1, ratio 3/4-4/3, bilinear,
+    antialiased), RandomHorizontalFlip, float32 in [0, 1], Normalize(ImageNet mean, std),
+    CHW. Input: an image file's bytes or its path.
 
+    fast=False is torchvision's pipeline step for step (the `resnet50` preset).
+    fast=True is the `resnet50-fast` preset: simplejpeg decoding (`pip install
+    'autotune[fast]'`, or pass decoder='pil'), a JPEG decoded at reduced scale where
+    the crop allows it, and fewer copies; the same random crops and flips, pixels within
+    FAST_TOLERANCE of the exact pipeline. The output is float32: a batch moves 4x the
+    bytes of a uint8 one through collate, pin_memory and the copy to the GPU.
 
-def _resize_crop(img: Any, size: int, crop: int, random_pos: bool) -> Any:
-    """Resize(size) then RandomCrop/CenterCrop(crop), computing only the crop's pixels:
-    the crop window is mapped back to the source and resampled straight to crop x crop
-    (Pillow's resize box=). Same window, same random draws, same filter; a third less
-    resampling work on ImageNet-sized images (the pixels differ by rounding only)."""
-    from PIL import Image
+        from torch.utils.data import DataLoader
+        from autotune.data import FolderSource, ImagenetTrainTransform
+        from autotune.data.torchds import ImageDataset
 
-    w, h = img.size
-    nw, nh = _resized_size((w, h), size)
-    if random_pos:
-        top, left = random.randint(0, nh - crop), random.randint(0, nw - crop)
-    else:
-        top, left = int(round((nh - crop) / 2.0)), int(round((nw - crop) / 2.0))
-    if (nw, nh) == (w, h):
-        return img.crop((left, top, left + crop, top + crop))
-    sx, sy = w / nw, h / nh
-    return img.resize((crop, crop), Image.BILINEAR,
-                      box=(left * sx, top * sy, (left + crop) * sx, (top + crop) * sy))
+        ds = ImageDataset(FolderSource("/data/imagenet/train"), ImagenetTrainTransform(fast=True))
+        loader = DataLoader(ds, batch_size=256, shuffle=True, num_workers=8, pin_memory=True)
 
+    With torchvision's ImageFolder, hand it the bytes:
+    `ImageFolder(root, loader=pathlib.Path.read_bytes, transform=ImagenetTrainTransform())`.
+    """
 
-def _resize_shorter(img: Any, size: int) -> Any:
-    from PIL import Image
-
-    w, h = img.size
-    short, long = (w, h) if w <= h else (h, w)
-    if short == size:
-        return img
-    new_long = int(size * long / short)  # torchvision's arithmetic (truncates)
-    new = (size, new_long) if w <= h else (new_long, size)
-    return img.resize(new, Image.BILINEAR)
-
-
-def _crop(img: Any, size: int, random_pos: bool) -> Any:
-    w, h = img.size
-    if w < size or h < size:  # RandomCrop(pad_if_needed=False) would fail; centre-pad instead
-        from PIL import Image
-
-        canvas = Image.new("RGB", (max(w, size), max(h, size)))
-        canvas.paste(img, ((canvas.width - w) // 2, (canvas.height - h) // 2))
-        img, (w, h) = canvas, canvas.size
-    if random_pos:
-        top, left = random.randint(0, h - size), random.randint(0, w - size)
-    else:
-        top, left = int(round((h - size) / 2.0)), int(round((w - size) / 2.0))
-    return img.crop((left, top, left + size, top + size))
-
-
-def _rrc_params(width: int, height: int, scale: tuple[float, float],
-                ratio: tuple[float, float]) -> tuple[int, int, int, int]:
-    """torchvision's RandomResizedCrop.get_params: (top, left, height, width)."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * random.uniform(scale[0], scale[1])
-        aspect = math.exp(random.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return random.randint(0, height - h), random.randint(0, width - w), h, w
-    in_ratio = width / height  # fallback: whole image, clamped to the ratio range
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
-def _adjust_hue(img: Any, factor: float) -> Any:
-    # torchvision.transforms.functional_pil.adjust_hue: shift H in HSV space (uint8 wraps).
-    import numpy as np
-    from PIL import Image
-
-    h, s, v = img.convert("HSV").split()
-    h_arr = np.array(h, dtype=np.uint8)
-    h_arr += np.uint8(int(factor * 255) % 256)
-    return Image.merge("HSV", (Image.fromarray(h_arr, "L"), s, v)).convert("RGB")
-
-
-def _color_jitter(img: Any, strengths: tuple[float, ...]) -> Any:
-    from PIL import ImageEnhance
-
-    ops: list[tuple[Any, float]] = [(ImageEnhance.Brightness, strengths[0]),
-                                    (ImageEnhance.Contrast, strengths[1]),
-                                    (ImageEnhance.Color, strengths[2])]
-    if len(strengths) == 4:
-        ops.append(("hue", strengths[3]))
-    random.shuffle(ops)  # ColorJitter applies its adjustments in random order
-    for op, s in ops:
-        if s <= 0:
-            continue
-        if op == "hue":
-            img = _adjust_hue(img, random.uniform(-s, s))
-        else:
-            img = op(img).enhance(random.uniform(max(0.0, 1 - s), 1 + s))
-    return img
+    def __init__(self, size: int = 224, *, fast: bool = False, decoder: str | None = None,
+                 scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3),
+                 mean: tuple[float, float, float] = IMAGENET_MEAN,
+                 std: tuple[float, float, float] = IMAGENET_STD) -> None:
+        super().__init__(TransformSpec(
+            resize=None, crop=size, crop_mode="random_resized", scale=tuple(scale),
+            ratio=tuple(ratio), flip=True, output="float32", normalize=True, mean=tuple(mean),
+            std=tuple(std), decoder=decoder or ("simplejpeg" if fast else "pil"), draft=fast,
+            exact=not fast))

@@ -66,7 +66,7 @@ def test_real_step_is_called_with_the_batch(small_dataset: Path, tmp_path: Path,
         "    time.sleep(0.02)\n")
     r = run_bench(small_dataset, _cfg(step=f"{step}:step", seconds=1, warmup_batches=2))
     assert not r.failed, r.reason
-    assert out.read_text().splitlines()[0] == "(4, 3, 224, 224) torch.uint8 4"
+    assert out.read_text().splitlines()[0] == "(4, 3, 224, 224) torch.float32 4"
     assert r.au is not None and r.step_ms["p50"] >= 19
     no_leftovers(r)
 

@@ -179,6 +179,6 @@ def test_the_training_transform_runs_in_dataloader_workers(wds_dst):
                                          multiprocessing_context="spawn")
     n = 0
     for images, labels in loader:
-        assert images.shape[1] == 3 and images.dtype == torch.uint8 and labels.max() < 4
+        assert images.shape[1] == 3 and images.dtype == torch.float32 and labels.max() < 4
         n += len(labels)
     assert n == 96
