@@ -86,6 +86,29 @@ def _sha256_file(path: Path, *, drop_cache: bool = False) -> str:
     return sha256_file(path, drop_cache=drop_cache, chunk=CHUNK)[1]
 
 
+def _withdraw(d: Path, entries: list[FileEntry], state: _State) -> None:
+    """Before a (re-)stage copies anything: the old manifest.json no longer vouches for
+    what DST will hold, so it goes first (durably); files an earlier stage put there
+    (listed by the old manifest or the stage's own record) that the new source does not
+    list are removed. Nothing else in DST is touched. The new manifest is published last,
+    only when every file is verified."""
+    mp = d / MANIFEST
+    ours = set(state.done)
+    if mp.exists():
+        try:
+            ours |= {str(sh["file"]) for sh in json.loads(mp.read_text()).get("shards", [])}
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # an unreadable manifest vouches for nothing: it goes all the same
+        mp.unlink()
+        fsync_dir(d)
+    keep = {e.name for e in entries}
+    for rel in sorted(ours - keep):
+        p = (d / rel).resolve()
+        if d.resolve() in p.parents and p.is_file():
+            p.unlink()
+        state.drop(rel)
+
+
 def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
     """The files to stage: the manifest's shards when SRC is a conversion, else every
     regular file under SRC (no symlinks followed), hashes computed while copying."""
@@ -272,6 +295,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
         shutil.rmtree(tmpdir, ignore_errors=True)  # partial copies of a killed run
         tmpdir.mkdir(parents=True)
         state = _State(d)
+        _withdraw(d, entries, state)
         todo = [e for e in entries if not state.trusted(d, e)]
         need = sum(e.bytes for e in todo)
         free = shutil.disk_usage(d).free
@@ -289,6 +313,10 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
             try:
                 n, sha = _copy_one(s, d, e, verify, tmpdir)
             except StageError as err:
+                # Whatever an earlier stage left under this name is not what the source
+                # now holds: it goes too (nothing stale under a final name).
+                (d / e.name).unlink(missing_ok=True)
+                state.drop(e.name)
                 with lock:
                     failures.append(StageFailure(e.name, str(err)))
                 return 0

@@ -117,6 +117,27 @@ def test_vanished_and_changed_sources_are_named_others_finish(converted, tmp_pat
     assert not (dst / "manifest.json").exists()
 
 
+def test_a_restage_withdraws_the_old_manifest_and_the_files_it_no_longer_lists(tmp_path):
+    # Stage v1; the source becomes v2 (other shards, one missing): the re-stage fails
+    # partly (exit 4), and DST must not keep v1's manifest claiming a complete copy, nor
+    # v1's shards that v2 does not list. A file of the user's own in DST stays.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _stand_in_conversion(src, [50_000] * 4)
+    assert not stage(src, dst).partial
+    (dst / "notes.txt").write_text("mine")
+    for f in src.iterdir():
+        f.unlink()
+    src.rmdir()
+    v2 = _stand_in_conversion(src, [60_000] * 2)
+    (src / v2[1]["file"]).unlink()                       # a shard of v2 missing
+    r = stage(src, dst)
+    assert r.partial and [f.file for f in r.failures] == [v2[1]["file"]]
+    assert not (dst / "manifest.json").exists()            # withdrawn, not republished
+    assert sorted(p.name for p in dst.glob("shard-*.tar")) == [v2[0]["file"]]
+    assert _sha(dst / v2[0]["file"]) == v2[0]["sha256"]  # v2's, not v1's same name
+    assert (dst / "notes.txt").read_text() == "mine"
+
+
 def test_flipped_bit_is_caught_and_repaired(converted, tmp_path):
     dst = tmp_path / "dst"
     stage(converted, dst)
