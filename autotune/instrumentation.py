@@ -27,6 +27,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ class InstrumentSummary:
     wait_s: float
     step_s: float
     samples: int | None
+    lost_lines: int = 0   # step lines that could not be written (full disk, I/O error)
 
     @property
     def data_wait_fraction(self) -> float | None:
@@ -67,7 +69,8 @@ class InstrumentSummary:
     def to_dict(self) -> dict[str, Any]:
         return {"steps": self.steps, "epochs": self.epochs, "wait_s": self.wait_s,
                 "step_s": self.step_s, "samples": self.samples,
-                "data_wait_fraction": self.data_wait_fraction, "au": self.au}
+                "data_wait_fraction": self.data_wait_fraction, "au": self.au,
+                "lost_lines": self.lost_lines}
 
 
 def _env_int(*names: str) -> int | None:
@@ -124,10 +127,10 @@ def loader_info(iterable: Any) -> dict[str, Any]:
 
 
 def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """Affinity mask and cgroup CPU quotas of this process (autotune.cpus)."""
+    from autotune.cpus import usable_cores
+
+    return usable_cores()
 
 
 class _Writer:
@@ -144,6 +147,7 @@ class _Writer:
         self.buf: list[str] = []
         self.last_flush = time.monotonic()
         self.lock = threading.Lock()
+        self.lost = 0
 
     def add(self, line: str, now: float) -> None:
         self.buf.append(line)
@@ -155,6 +159,7 @@ class _Writer:
             if self.fd is None or not self.buf:
                 return
             data = "".join(self.buf).encode()
+            lines = len(self.buf)
             self.buf.clear()
             self.last_flush = time.monotonic() if now is None else now
             try:
@@ -163,8 +168,16 @@ class _Writer:
                 while data:
                     n = os.write(self.fd, data)
                     data = data[n:]
-            except OSError:
-                pass  # a full disk must not kill the training job; lines are lost
+            except OSError as e:
+                # A full disk must not kill the training job: the lines are lost, counted,
+                # and said once (the analysis of this log would be missing steps).
+                lost = data.count(b"\n") or lines
+                if self.lost == 0:
+                    warnings.warn(f"autotune.instrument: cannot write the step log {self.path} "
+                                  f"({e.strerror or e}); step lines are lost and counted "
+                                  "(InstrumentSummary.lost_lines); free space or pass log= "
+                                  "another path", RuntimeWarning, stacklevel=2)
+                self.lost += lost
 
     def close(self) -> None:
         self.flush()
@@ -198,6 +211,7 @@ class Instrumented(Generic[T]):
         # Ranks that share one file must not truncate each other's lines.
         self._append = append or (self.rank is not None and "{rank}" not in raw)
         self._writer: _Writer | None = None
+        self._lost = 0
         self._epochs = 0
         self._steps = 0
         self._wait = 0.0
@@ -221,7 +235,8 @@ class Instrumented(Generic[T]):
     def summary(self) -> InstrumentSummary:
         """Steps, wait and step time recorded so far by this object."""
         return InstrumentSummary(self._steps, self._epochs, self._wait, self._step,
-                                 self._samples if self._samples_known else None)
+                                 self._samples if self._samples_known else None,
+                                 self._writer.lost if self._writer is not None else self._lost)
 
     def flush(self) -> None:
         """Write buffered lines now (they are also written every second and at exit)."""
@@ -232,6 +247,7 @@ class Instrumented(Generic[T]):
         """Flush and close the log file (iterating again reopens it in append mode)."""
         if self._writer is not None:
             self._writer.close()
+            self._lost = self._writer.lost
             self._writer = None
             self._append = True
 

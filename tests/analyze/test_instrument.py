@@ -145,3 +145,22 @@ def test_unwritable_log_names_the_file_and_fix(tmp_path):
     with pytest.raises(UsageError) as e:
         iter(autotune.instrument(range(2), log=tmp_path / "no" / "dir" / "s.jsonl"))
     assert "s.jsonl" in str(e.value) and "log=" in str(e.value)
+
+
+def test_lines_a_full_disk_swallows_are_counted_and_warned():
+    # /dev/full: every write fails with ENOSPC, as on a full disk. The job goes on, the
+    # lost step lines are counted, and it is said once (the log would be missing steps).
+    import warnings
+
+    import autotune
+
+    loader = autotune.instrument(list(range(10)), log="/dev/full", append=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in loader:
+            pass
+        loader.close()
+    s = loader.summary()
+    assert s.steps == 10 and s.lost_lines >= 10
+    msgs = [str(w.message) for w in caught if "autotune.instrument" in str(w.message)]
+    assert len(msgs) == 1 and "/dev/full" in msgs[0] and "lost" in msgs[0]
