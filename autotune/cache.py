@@ -17,15 +17,29 @@ from autotune.errors import NotPermitted
 ColdMethod = Literal["drop_caches", "fadvise"]
 
 
-def drop_caches() -> None:
-    """Flush dirty pages, then drop the page cache, dentries and inodes (root only)."""
+def ram_backed(path: str | os.PathLike[str]) -> str | None:
+    """Why data under `path` can never be read cold (tmpfs, ramfs, /dev/shm: its pages are
+    the data, and no cache drop evicts them), or None."""
+    from autotune.blockdev import MEMORY_FS, mount_for
+
+    m = mount_for(path)
+    if m is not None and m.fstype in MEMORY_FS:
+        return (f"{path} is on {m.fstype} ({m.mountpoint}): RAM-backed, its pages are the "
+                "data and no cache drop evicts them")
+    return None
+
+
+def drop_caches(level: int = 3) -> None:
+    """Flush dirty pages, then drop the page cache, and with level 3 dentries and inodes
+    too (root only). Level 1 keeps the inodes: a re-read then costs the data's I/O alone,
+    as in the steady state of a long run whose metadata is already cached."""
     if os.geteuid() != 0:
         raise NotPermitted("dropping the page cache needs root (/proc/sys/vm/drop_caches); "
                            "run as root, or autotune falls back to posix_fadvise per file.")
     os.sync()
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+            f.write(f"{level}\n")
     except OSError as e:  # read-only /proc/sys in some containers
         raise NotPermitted(f"cannot write /proc/sys/vm/drop_caches ({e.strerror}); "
                            "in a container, mount /proc/sys read-write or run on the host.") from e
@@ -57,11 +71,13 @@ def evict_files(paths: Iterable[str | os.PathLike[str]]) -> int:
     return n
 
 
-def make_cold(paths: Iterable[str | os.PathLike[str]] | None = None) -> ColdMethod:
-    """Drop caches as root; otherwise evict `paths` one by one. Returns the method used."""
+def make_cold(paths: Iterable[str | os.PathLike[str]] | None = None, *,
+              keep_inodes: bool = False) -> ColdMethod:
+    """Drop caches as root (the page cache only with keep_inodes); otherwise evict `paths`
+    one by one (which never drops inodes). Returns the method used."""
     if os.geteuid() == 0:
         try:
-            drop_caches()
+            drop_caches(1 if keep_inodes else 3)
             return "drop_caches"
         except NotPermitted:
             pass

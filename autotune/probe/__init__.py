@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.blockdev import block_device_for, mount_for
+from autotune.cache import ram_backed
 from autotune.errors import AutotuneError, UsageError
 from autotune.probe.classify import FilesystemInfo, classify
 from autotune.probe.fio import FioResult
 from autotune.probe.replay import DEFAULT_CONCURRENCY, ReplayResult
+from autotune.probe.samples import SampleReplay
 
 __all__ = ["ProbeResult", "probe", "SMALL_FILE_MIN_IOPS"]
 
@@ -42,6 +44,8 @@ class ProbeResult:
     scratch_dir: str | None
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    # A conversion (manifest.json): cold reads through its format's reader, samples/s.
+    samples: SampleReplay | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -55,6 +59,7 @@ class ProbeResult:
             "scratch_dir": self.scratch_dir,
             "seconds": round(self.seconds, 2),
             "warnings": self.warnings,
+            "samples": self.samples.to_dict() if self.samples else None,
         }
 
 
@@ -67,11 +72,19 @@ def _verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None)
     best_c = None
     if rp is not None:
         best = rp.best
-        ceiling, best_c = best.files_per_s, best.concurrency
+        lv, which = rp.ceiling
+        ceiling, best_c = lv.files_per_s, lv.concurrency
         one = next((lv for lv in rp.by_concurrency if lv.concurrency == 1), None)
         evidence.append(f"replay of {rp.files_sampled} files (mean {rp.mean_file_bytes / 1e3:.0f} KB, "
                         f"{rp.cold_method}): best {best.files_per_s:,.0f} files/s at concurrency "
                         f"{best.concurrency}, p50 {best.lat_p50_ms:.2f} ms")
+        st = rp.best_steady
+        if st is not None:
+            evidence.append(f"steady state (page cache dropped, inodes kept): best "
+                            f"{st.files_per_s:,.0f} files/s at concurrency {st.concurrency} "
+                            f"({st.files_per_s / max(best.files_per_s, 1e-9):.1f}x the fully "
+                            "cold pass, whose metadata reads a long run pays once); the "
+                            "storage ceiling uses it")
         if one is not None and best.concurrency > 1 and best.files_per_s > 2 * one.files_per_s:
             evidence.append(f"latency-bound: {one.files_per_s:,.0f} files/s at concurrency 1 "
                             f"grows to {best.files_per_s:,.0f} at {best.concurrency}")
@@ -118,6 +131,7 @@ def _verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None)
     if ceiling is not None:
         summary += f": at most ~{ceiling:,.0f} files/s for this dataset's files"
     return {"class": fs.klass, "storage_files_per_s": None if ceiling is None else round(ceiling, 1),
+            "storage_pass": rp.ceiling[1] if rp is not None else None,
             "best_concurrency": best_c, "rules": rules, "evidence": evidence,
             "advice": advice, "summary": summary}
 
@@ -177,12 +191,47 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
             rp_err = str(e)
     else:
         rp_err = "skipped (--no-replay)"
+    samples = _sample_replay(p, replay_seconds, cold, seed, progress, warnings) \
+        if run_replay else None
     fs = classify(p, fio_res, rp)
     if fio_res:
         warnings.extend(fio_res.warnings)
     if rp:
         warnings.extend(rp.warnings)
+    verdict = _verdict(fs, fio_res, rp)
+    ram = ram_backed(p)
+    verdict["cold"] = bool(cold and rp is not None and ram is None)
+    verdict["cold_reason"] = ram if ram else (None if cold else "--warm: the cache was kept")
+    if ram and rp is not None:
+        rp.cold_method = "RAM-backed (never cold)"
+        warnings.append(f"NOT COLD: {ram}; the replay measured RAM, not storage.")
+    if samples is not None and samples.by_concurrency:
+        b = samples.best
+        verdict["storage_samples_per_s"] = round(b.samples_per_s, 1)
+        verdict["samples_best_concurrency"] = b.concurrency
+        verdict["evidence"].insert(0, f"{samples.format} conversion read through its reader "
+                                   f"(bytes only, {samples.cold_method}): best "
+                                   f"{b.samples_per_s:,.0f} samples/s with {b.concurrency} "
+                                   "reader(s): its storage ceiling in samples, not files")
     return ProbeResult(path=str(p), filesystem=fs, fio=fio_res, fio_error=fio_err, replay=rp,
-                       replay_error=rp_err, verdict=_verdict(fs, fio_res, rp),
+                       replay_error=rp_err, verdict=verdict,
                        scratch_dir=str(sdir) if run_fio else None,
-                       seconds=time.monotonic() - t0, warnings=warnings)
+                       seconds=time.monotonic() - t0, warnings=warnings, samples=samples)
+
+
+def _sample_replay(p: Path, seconds: float, cold: bool, seed: int,
+                   progress: Callable[[str], None] | None,
+                   warnings: list[str]) -> SampleReplay | None:
+    """For a conversion (a format other than an image folder): samples/s through its reader."""
+    from converters import registry
+
+    try:
+        if not p.is_dir() or registry.detect(p) == "folder":
+            return None
+        from autotune.probe.samples import sample_replay
+
+        return sample_replay(registry.open_source(p), seconds_per_level=seconds, cold=cold,
+                             seed=seed, progress=progress)
+    except AutotuneError as e:
+        warnings.append(f"sample replay: not run ({e})")
+        return None

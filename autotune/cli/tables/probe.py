@@ -43,15 +43,19 @@ def probe_renderable(r: Any) -> Group:
         t = Table(title=f"dataset replay ({rp.files_sampled} files, mean "
                         f"{fmt_bytes(rp.mean_file_bytes)}, cold: {rp.cold_method})",
                   title_justify="left")
-        for c in ("concurrency", "files/s", "MiB/s", "p50 ms", "p99 ms", "files", "errors"):
+        for c in ("pass", "concurrency", "files/s", "MiB/s", "p50 ms", "p99 ms", "files",
+                  "errors"):
             t.add_column(c, justify="right")
-        best = rp.best.concurrency
-        for lv in rp.by_concurrency:
-            mark = " *" if lv.concurrency == best else ""
-            t.add_row(f"{lv.concurrency}{mark}", fmt_rate(lv.files_per_s), fmt_rate(lv.mib_per_s),
-                      _ms(lv.lat_p50_ms), _ms(lv.lat_p99_ms),
-                      f"{lv.files}{' (time)' if lv.cut_short else ''}", str(lv.errors))
+        ceil = rp.ceiling[0]
+        for which, levels in (("cold", rp.by_concurrency), ("steady", rp.steady)):
+            for lv in levels:
+                mark = " *" if lv is ceil else ""
+                t.add_row(which, f"{lv.concurrency}{mark}", fmt_rate(lv.files_per_s),
+                          fmt_rate(lv.mib_per_s), _ms(lv.lat_p50_ms), _ms(lv.lat_p99_ms),
+                          f"{lv.files}{' (time)' if lv.cut_short else ''}", str(lv.errors))
         parts.append(t)
+        parts.append(Text(f"  * the storage ceiling: the {rp.ceiling[1]} pass (steady: page cache "
+                          "dropped, inodes kept, as in a long run)", style="dim"))
     else:
         parts.append(Text(f"replay: not run: {r.replay_error}", style="yellow"))
     v = r.verdict
