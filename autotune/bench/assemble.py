@@ -18,8 +18,8 @@ from autotune.bench.stats import INPUT_BOUND_AU, UNSTEADY_SPREAD, Batch, window_
 from autotune.blockdev import BlockDevice
 from autotune.data.presets import usable_cores
 from autotune.monitor import Sample, SystemMonitor, resolve_disk, summarize
+from autotune.monitor.figures import figures_of
 
-_FEW_BATCHES = 10
 _DISK_FIGURES = ("reads_per_s", "read_mib_s", "r_await_ms", "util_pct", "aqu_sz", "rareq_sz_kib")
 
 
@@ -84,14 +84,19 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                  samples: list[Sample], cache: dict[str, Any], proc: subprocess.Popen | None,
                  timed_out: bool, phase: str, log_tail: str, oom_kills: int,
                  cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
-                 parent_marks: dict[str, float], stopped: str | None = None) -> BenchResult:
+                 parent_marks: dict[str, float], stopped: str | None = None,
+                 sched: dict[float, Any] | None = None) -> BenchResult:
     """The BenchResult of what a measurement left: figures, labels and warnings, or a
     failure with its reason and a hint."""
     c = child or {}
     res = BenchResult(
         dataset=c.get("dataset") or {"path": str(root), "format": fmt},
         config={**cfg.to_dict(), "label": cfg.describe()},
-        cold=cfg.cold, cold_method=cache.get("method"), cache=cache,
+        cold=cfg.cold and not cache.get("ram_backed"), cold_method=cache.get("method"),
+        cold_reason=(None if cfg.cold and not cache.get("ram_backed") else
+                     cache.get("ram_backed") or ("from memory" if cfg.in_memory else
+                                                 "warm: the page cache was left as it was")),
+        cache=cache,
         environment={"cores": usable_cores(), "cpu_count": os.cpu_count(),
                      "torch": c.get("torch"), "cuda": c.get("cuda"),
                      "python": platform.python_version(), "kernel": platform.release(),
@@ -107,6 +112,10 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
     marks = c.get("marks", {})
     res.system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon)
     _process_figures(res, samples, win)
+    # What the verdict engine reads (autotune.verdict), from this window's samples.
+    res.system["figures"] = figures_of(
+        (_record(s, sched) for s in win), source="bench monitor",
+        joined_by=res.system.get("scope", "measured window")).to_dict()
     failure = _failure(cfg, child, res.system, proc, timed_out, phase, log_tail, oom_kills,
                        stopped)
     if failure is not None:
@@ -119,7 +128,37 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
     assert child is not None
     _figures(res, cfg, child, parent_marks)
     _check_cache(res, cfg, child, root, win)
+    few = _too_few(cfg, res.window)
+    if few is not None:  # figures kept for the record, but not a measurement
+        res.failed = True
+        res.failure_kind, res.reason, res.hint = few.kind, few.reason, few.hint
     return res
+
+
+def _too_few(cfg: BenchConfig, window: dict[str, Any]) -> Failure | None:
+    """A window of fewer batches than cfg.min_batches is not a measurement: it never
+    wins, overtakes a ceiling, stops a search or counts in a gain."""
+    n, need = window.get("batches") or 0, cfg.min_batches
+    if n >= need:
+        return None
+    queue = cfg.num_workers * (cfg.prefetch_factor or 0)
+    why = (f"at least {need} (10, and twice the prefetch queue of {queue} batches)"
+           if need > 10 else "at least 10")
+    end = (" before the end of the first cold pass over the dataset"
+           if window.get("shortened") else "")
+    return Failure("too_few_batches",
+                   f"only {n} batches were measured{end} ({window.get('samples')} samples in "
+                   f"{window.get('seconds', 0):.1f} s); a figure needs {why}: this is not a "
+                   "measurement",
+                   "use a longer --seconds, a smaller --batch-size, fewer workers or a lower "
+                   "prefetch_factor, a larger dataset, or --warm (later passes labelled warm)")
+
+
+def _record(s: Sample, sched: dict[float, Any] | None) -> dict[str, Any]:
+    d = s.to_dict()
+    if sched is not None and s.monotonic in sched:
+        d["sched"] = sched[s.monotonic]
+    return d
 
 
 def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
@@ -153,6 +192,9 @@ def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
                         + (f" ({frac:.0%} of a sample of the dataset's pages were cached at "
                            "start)" if frac is not None else "")
                         + "; this is not what a first epoch from storage gives.")
+    if cache.get("ram_backed") and cfg.cold:
+        warnings.append(f"NOT COLD: {cache['ram_backed']}; this figure is what RAM gives, not "
+                        "a first epoch from storage (stage to a real disk to measure cold).")
     frac = cache.get("resident_fraction_after_evict")
     if frac is not None and frac > 0.05:
         warnings.append(f"cold by fadvise, but {frac:.0%} of the sampled pages stayed cached "
@@ -232,8 +274,8 @@ def _figures(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
 
 
 def _window_warnings(cfg: BenchConfig, child: dict[str, Any], f: Any) -> list[str]:
-    """What makes the window's figure rough: shortened, warm passes, a draining prefetch
-    queue, few batches, unsteady sub-windows."""
+    """What makes the window's figure rough: shortened, warm passes, unsteady sub-windows
+    (too few batches is a failure: see _too_few)."""
     out = []
     if child.get("stop_reason") == "epoch_end":
         out.append(
@@ -243,17 +285,6 @@ def _window_warnings(cfg: BenchConfig, child: dict[str, Any], f: Any) -> list[st
             "larger dataset for a longer cold window.")
     if not cfg.cold and (child.get("epochs") or 1) > 1:
         out.append(f"WARM: the window spanned {child.get('epochs')} passes over the dataset.")
-    queue = cfg.num_workers * (cfg.prefetch_factor or 0)
-    if queue and f.batches < 2 * queue:
-        # Batches prepared during warm-up can still be in the queue when the window opens;
-        # a window this short partly measures it draining, not the steady rate.
-        out.append(f"the window ({f.batches} batches) is under twice the prefetch queue "
-                   f"({cfg.num_workers} workers x prefetch {cfg.prefetch_factor} = {queue} "
-                   "batches): the figure may include batches made during warm-up; a longer "
-                   "--seconds measures the steady rate.")
-    if f.batches < _FEW_BATCHES:
-        out.append(f"only {f.batches} batches were measured: the figure is rough; use a "
-                   "longer --seconds, a smaller batch or a larger dataset.")
     if len(f.window_rates) > 1 and f.spread > UNSTEADY_SPREAD:
         out.append(f"unsteady: images/s varied {f.spread:.0%} between the "
                    f"{len(f.window_rates)} windows ({min(f.window_rates):,.0f}-"
@@ -323,11 +354,12 @@ def _phase_of(t: float, marks: dict[str, float]) -> str:
 
 
 def write_timeline(path: str | os.PathLike[str], samples: list[Sample],
-                    child: dict[str, Any] | None, parent_marks: dict[str, float]) -> None:
+                   child: dict[str, Any] | None, parent_marks: dict[str, float],
+                   sched: dict[float, Any] | None = None) -> None:
     marks = dict((child or {}).get("marks", {}))
     marks.setdefault("go", parent_marks.get("go", float("inf")))
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
-            d = s.to_dict()
+            d = _record(s, sched)
             d["phase"] = _phase_of(s.monotonic - s.interval_s / 2, marks)
             f.write(json.dumps(d) + "\n")

@@ -17,6 +17,7 @@ DEFAULT_PRESET = "resnet50"
 # measured window but are in the hard timeout; a first cold batch on slow storage can take
 # tens of seconds (a 300-IOPS disk: 7-10 s).
 _STARTUP_ALLOWANCE_S = 180.0
+MIN_WINDOW_BATCHES = 10
 
 
 @dataclass
@@ -28,7 +29,7 @@ class BenchConfig:
     compute_ms: emulated step, the time the accelerator holds each batch (a sleep, which
         leaves the CPU to the workers). 0 means no step: images/s is the loader alone.
     step: 'module:function' or 'path/file.py:function' called with each batch
-        (images uint8 [B,3,H,W], labels int64 [B]) instead of the emulated step. It must
+        (images float32 [B,3,H,W] as the preset makes them, labels int64 [B]) instead of the emulated step. It must
         return when its work is done (call torch.cuda.synchronize() at its end on a GPU).
     seconds: length of the measured window (after warm-up).
     warmup_batches: batches excluded before the window; None = max(5, workers x prefetch),
@@ -182,6 +183,12 @@ class BenchConfig:
         if self.warmup_batches is not None:
             return self.warmup_batches
         return max(5, self.num_workers * (self.prefetch_factor or 0))
+
+    @property
+    def min_batches(self) -> int:
+        """Fewest measured batches that make a figure: 10, and twice the prefetch queue
+        (batches made during warm-up can still be draining when the window opens)."""
+        return max(MIN_WINDOW_BATCHES, 2 * self.num_workers * (self.prefetch_factor or 0))
 
     @property
     def effective_timeout(self) -> float:

@@ -73,7 +73,7 @@ def classify_error(err: dict[str, Any], ctx: dict[str, Any]) -> Failure:
     if phase == "step":
         return Failure("step_error",
                        f"the training step {ctx.get('step')} raised {etype}: {msg}",
-                       "fix the step function (it is called with (images uint8 [B,3,H,W], "
+                       "fix the step function (it is called with (images float32 [B,3,H,W], "
                        "labels [B])); rerun with the emulated step (--compute-ms) to measure "
                        "the loader alone")
     if phase == "step-import":

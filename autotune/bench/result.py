@@ -43,6 +43,7 @@ class BenchResult:
     peak_rss_mib: float | None = None
     cold: bool = True
     cold_method: str | None = None
+    cold_reason: str | None = None    # why not cold (warm, from memory, RAM-backed data)
     cache: dict[str, Any] = field(default_factory=dict)
     window: dict[str, Any] = field(default_factory=dict)
     system: dict[str, Any] = field(default_factory=dict)
@@ -57,6 +58,8 @@ class BenchResult:
         """'cold (drop_caches)' or 'WARM (93 % cached)': how every output names the cache."""
         if self.config.get("in_memory"):
             return f"FROM MEMORY ({self.dataset.get('images', self.config['in_memory'])} images)"
+        if self.cache.get("ram_backed"):
+            return "RAM-backed (never cold)"
         if self.cold:
             return f"cold ({self.cold_method or '?'})"
         frac = self.cache.get("resident_fraction_at_start")
@@ -82,6 +85,7 @@ class BenchResult:
             "cpu_percent": self.cpu_percent,
             "peak_rss_mib": self.peak_rss_mib,
             "cold": self.cold,
+            "cold_reason": self.cold_reason,
             "cold_method": self.cold_method,
             "cache_label": self.label,
             "cache": self.cache,

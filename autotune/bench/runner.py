@@ -34,9 +34,10 @@ from autotune.bench.assemble import build_result, write_timeline
 from autotune.bench.config import BenchConfig
 from autotune.bench.residency import resident_fraction
 from autotune.bench.result import BenchResult
-from autotune.cache import make_cold
+from autotune.cache import make_cold, ram_backed
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune.monitor import SystemMonitor
+from autotune.runqueue import RunQueueSampler
 from converters import registry
 from converters.registry import open_source
 from converters.registry import resolve as resolve_format
@@ -150,7 +151,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         m.run(tmp, popen or subprocess.Popen, monitor_path or root)
         res = m.result(tmp)
         if timeline is not None:
-            write_timeline(timeline, m.samples, m.child, m.marks)
+            write_timeline(timeline, m.samples, m.child, m.marks, m.sched)
             res.timeline_file = str(timeline)
         res.seconds_total = time.monotonic() - t_begin
         return res
@@ -185,10 +186,14 @@ class _Measurement:
         self.samples: list[Any] = []
         self.child: dict[str, Any] | None = None
         self.go_w = -1
+        self.sched: dict[float, dict[str, Any] | None] = {}
 
     def prepare_cache(self) -> None:
         """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
         cfg, cache = self.cfg, self.cache
+        ram = ram_backed(self.root)
+        if ram is not None and not cfg.in_memory:
+            cache["ram_backed"] = ram
         if cfg.in_memory:
             cache["in_memory"] = cfg.in_memory
             cache["note"] = ("from memory: the images are held in the measurement process; "
@@ -226,7 +231,8 @@ class _Measurement:
             status_w = go_r = -1
             try:
                 self.mon = SystemMonitor(path=watch_path, pid=self.proc.pid,
-                                         interval=self.cfg.monitor_interval_s).start()
+                                         interval=self.cfg.monitor_interval_s,
+                                         callback=self._sched_of(self.proc.pid)).start()
             except AutotuneError:
                 self.mon = None  # the child already exited: its result or status tells why
             self._watch(_Status(status_r))
@@ -239,6 +245,23 @@ class _Measurement:
                     except OSError:
                         pass
             log.close()
+
+    def _sched_of(self, pid: int) -> Callable[[Any], None]:
+        """Monitor callback: the tree's run-queue wait per sample (CPU-starved, or waiting
+        on I/O?), kept by the sample's time for the verdict's figures."""
+        rq = RunQueueSampler(pid)
+        rq.sample(time.monotonic())  # the baseline
+
+        def on_sample(sample: Any) -> None:
+            try:
+                u = rq.sample(sample.monotonic)
+            except Exception as e:  # noqa: BLE001 - a figure, never a reason to stop
+                self.sched[sample.monotonic] = {"available": False,
+                                                "reason": f"{type(e).__name__}: {e}"}
+            else:
+                self.sched[sample.monotonic] = u.to_dict() if u is not None else None
+
+        return on_sample
 
     def _watch(self, reader: _Status) -> None:
         assert self.proc is not None
@@ -318,7 +341,7 @@ class _Measurement:
         return build_result(self.cfg, self.root, self.fmt, self.child, self.samples, self.cache,
                             self.proc, self.timed_out, self.phase, _log_tail(tmp / "child.log"),
                             _oom_kills() - self.oom0, self.cleanup, self.mon, self.marks,
-                            stopped=self.stopped)
+                            stopped=self.stopped, sched=self.sched)
 
 
 def _kill_group(pgid: int) -> None:

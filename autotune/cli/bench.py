@@ -58,8 +58,9 @@ Definitions:
   data-wait fraction  time blocked in next() / wall time of the window
   AU                  time in the step / wall time (MLPerf Storage); input-bound < 0.90
 
-Pipeline: read bytes, PIL decode, RGB, resize shorter side 256, crop 224 (random +
-flip for training presets), uint8 CHW tensor. Presets ({presets}) in
+Pipeline (resnet50 preset): torchvision's ImageNet training transform, step for step:
+RandomResizedCrop(224), RandomHorizontalFlip, float32 scaled and normalised, CHW (the
+resnet50-fast preset: the same with libjpeg-turbo/draft decoding, labelled FAST). Presets ({presets}) in
 configs/presets/*.yaml set batch size, step time, transform and loader defaults;
 options override them."""
 
@@ -79,7 +80,7 @@ options override them."""
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step: hold each batch MS milliseconds (0 = no step)")
         step.add_argument("--step", metavar="MODULE:FUNCTION",
-                          help="call FUNCTION(batch) as the step; batch = (images uint8 "
+                          help="call FUNCTION(batch) as the step; batch = (images float32 "
                                "[B,3,H,W], labels [B]); also path/to/file.py:function")
         p.add_argument("--seconds", type=positive_float("--seconds"), default=20.0, metavar="S",
                        help="measured window after warm-up (default 20)")
