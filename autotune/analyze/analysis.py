@@ -26,7 +26,7 @@ from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
 from autotune.analyze.parsers.regex import RegexParser
 from autotune.analyze.reader import STDIN, LineTimes, head_and_tail, iter_lines, spooled
-from autotune.analyze.rules import RuleInputs, decide
+from autotune.verdict.rules import RuleInputs, decide
 from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 from autotune.errors import UsageError
 from autotune.verdict import Verdict

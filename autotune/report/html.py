@@ -208,6 +208,8 @@ def search_section(d: dict[str, Any], title: str) -> str:
              f"{html.escape(v.get('summary', ''))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in v.get("evidence", []))
              + "".join(f"<li><b>{html.escape(a)}</b></li>" for a in v.get("advice", [])) + "</ul>",
+             (f"<p class='verdict'><b>NOT COLD</b>: {html.escape(d['cold_reason'])}</p>"
+              if d.get("cold") is False and d.get("cold_reason") else ""),
              "<h3>Recommendation</h3>",
              f"<pre>{html.escape(d.get('snippet') or '-')}</pre>",
              f"<p>{_n(rec.get('images_per_s'))} images/s, AU {_n(rec.get('au'), '.2f')}"

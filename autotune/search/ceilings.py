@@ -37,6 +37,13 @@ OVERTAKEN = 1.15  # a trial this much above a ceiling shows the ceiling was wron
 
 @dataclass
 class Ceilings:
+    """The three ceilings (images/s), each measured apart from the trials they judge.
+
+    A ceiling a trial overtakes by more than OVERTAKEN is a wrong measurement: it is said
+    so (`lower_bounds`: the measured value, the trial figure it is at least, and why) and
+    is never used as a ceiling again; it is never replaced by the trials' own figure.
+    """
+
     storage: float | None
     decode: float | None
     demand: float | None
@@ -45,44 +52,57 @@ class Ceilings:
     storage_best_concurrency: int | None = None
     evidence: list[str] = field(default_factory=list)
     probe: dict[str, Any] | None = None
-    # Ceilings a measured trial beat by more than OVERTAKEN: now "at least" that trial's
-    # figure (name -> why), and no longer a reason to stop the search.
-    lower_bounds: dict[str, str] = field(default_factory=dict)
+    lower_bounds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    storage_unit: str = "files/s"     # loose files: files/s = images/s; a conversion: samples/s
+    samples: int | None = None        # the dataset's size (for the minimum window)
+    ram_backed: str | None = None     # why the dataset can never be read cold
 
     def finite(self) -> dict[str, float]:
+        """The ceilings that hold (measured, and not overtaken)."""
         return {k: v for k, v in (("storage", self.storage), ("decode", self.decode),
-                                  ("demand", self.demand)) if v}
+                                  ("demand", self.demand)) if v and k not in self.lower_bounds}
 
     def smallest(self, *, firm: bool = False) -> tuple[str, float] | None:
-        """The lowest ceiling; firm=True leaves out those a trial has overtaken."""
+        """The lowest ceiling that holds (`firm` is kept for callers: overtaken ceilings
+        are never ceilings)."""
         f = self.finite()
-        if firm:
-            f = {k: v for k, v in f.items() if k not in self.lower_bounds}
         if not f:
             return None
         k = min(f, key=f.__getitem__)
         return k, f[k]
 
+    def valid(self, name: str) -> float | None:
+        return self.finite().get(name)
+
     def to_dict(self) -> dict[str, Any]:
         s = self.smallest()
-        return {"storage": self.storage, "decode": self.decode, "demand": self.demand,
-                "smallest": s[0] if s else None, "cores": self.cores,
+        return {"storage": self.valid("storage"), "decode": self.valid("decode"),
+                "demand": self.demand, "smallest": s[0] if s else None, "cores": self.cores,
                 "decode_per_core": self.decode_per_core,
                 "storage_best_concurrency": self.storage_best_concurrency,
-                "evidence": self.evidence, "lower_bounds": self.lower_bounds}
+                "storage_unit": self.storage_unit, "samples": self.samples,
+                "ram_backed": self.ram_backed, "evidence": self.evidence,
+                "lower_bounds": self.lower_bounds,
+                "measured": {"storage": self.storage, "decode": self.decode}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ceilings:
-        """Inverse of to_dict (a resumed study's ceilings; the probe stays in probe.json)."""
-        return cls(storage=d.get("storage"), decode=d.get("decode"), demand=d.get("demand"),
-                   cores=d.get("cores", 1), decode_per_core=d.get("decode_per_core"),
+        """Inverse of to_dict (a resumed study's ceilings; its probe is kept apart)."""
+        m = d.get("measured") or {}
+        lb = d.get("lower_bounds") or {}
+        return cls(storage=m.get("storage", d.get("storage")), decode=m.get("decode", d.get("decode")),
+                   demand=d.get("demand"), cores=d.get("cores", 1),
+                   decode_per_core=d.get("decode_per_core"),
                    storage_best_concurrency=d.get("storage_best_concurrency"),
-                   evidence=d.get("evidence", []), probe=None)
+                   evidence=d.get("evidence", []), probe=None,
+                   lower_bounds={k: v for k, v in lb.items() if isinstance(v, dict)},
+                   storage_unit=d.get("storage_unit", "files/s"), samples=d.get("samples"),
+                   ram_backed=d.get("ram_backed"))
 
     def revise(self, number: int, images_per_s: float | None) -> str | None:
         """Take a measured configuration into account: a storage or decode ceiling it beats
-        by more than OVERTAKEN was an underestimate. It becomes that figure, marked as a
-        lower bound (and said why); returns the note when one was overtaken now."""
+        by more than OVERTAKEN was a wrong measurement, said so (and why it may be), and is
+        no ceiling from here on. Returns the note when one was overtaken now."""
         if not images_per_s:
             return None
         note = None
@@ -90,19 +110,24 @@ class Ceilings:
             v = getattr(self, name)
             if not v:
                 continue
-            if name in self.lower_bounds:
-                setattr(self, name, max(v, images_per_s))
+            lb = self.lower_bounds.get(name)
+            if lb is not None:
+                lb["at_least"] = max(lb["at_least"], images_per_s)
             elif images_per_s > OVERTAKEN * v:
                 who = "the baseline" if number < 0 else f"trial {number}"
                 why = (" A cold replay of a few seconds can be spent mostly on the "
                        "filesystem's metadata (directory and inode blocks) that a long run "
                        "reads once; under a cgroup cap each of ext4's inode-readahead blocks "
-                       "is charged as one I/O." if name == "storage" else "")
-                note = (f"the {name} ceiling {v:,.0f} images/s was an underestimate: {who} "
-                        f"measured {images_per_s:,.0f}; taken as at least that from here on, "
-                        f"and no longer a reason to stop the search.{why}")
-                setattr(self, name, images_per_s)
-                self.lower_bounds[name] = note
+                       "is charged as one I/O; and a cache autotune cannot drop (a host's, a "
+                       "server's) serves a long run better than a short sample."
+                       if name == "storage" else
+                       " The decode rate is measured on one core from memory: a busy "
+                       "machine during that measurement lowers it.")
+                note = (f"the {name} ceiling {v:,.0f} images/s was a wrong measurement: {who} "
+                        f"measured {images_per_s:,.0f}; it is no ceiling from here on (not "
+                        f"replaced by the trials' figure) and stops nothing.{why}")
+                self.lower_bounds[name] = {"measured": v, "at_least": images_per_s,
+                                           "reason": note}
                 self.evidence.append(note)
         return note
 
@@ -155,21 +180,32 @@ def demand_ceiling(batch_size: int, compute_ms: float) -> float | None:
 
 
 def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size: int, compute_ms: float, probe: Any | None,
-            decode_seconds: float = 3.0) -> Ceilings:
-    """All three ceilings. `probe` is a ProbeResult (or None when storage was not probed)."""
+            decode_seconds: float = 3.0, samples: int | None = None) -> Ceilings:
+    """All three ceilings. `probe` is a ProbeResult (or None when storage was not probed);
+    a conversion's storage ceiling is its samples/s through the format's reader."""
     limit = cpu_limit()
     cores = limit.whole
     ev: list[str] = []
     storage = best_c = None
+    unit = "files/s"
     probe_d = None
     if probe is not None:
         probe_d = probe.to_dict()
-        if probe.replay is not None:
-            best = probe.replay.best
+        if probe.samples is not None and probe.samples.by_concurrency:
+            b = probe.samples.best
+            storage, best_c, unit = b.samples_per_s, b.concurrency, "samples/s"
+            ev.append(f"storage: {probe.samples.format} read cold through its reader (bytes "
+                      f"only): {storage:,.0f} samples/s with {best_c} reader(s), "
+                      f"{b.mib_per_s:,.0f} MiB/s; a conversion's ceiling is in samples, not "
+                      "its shard files")
+        elif probe.replay is not None:
+            best, which = probe.replay.ceiling
             storage, best_c = best.files_per_s, best.concurrency
-            ev.append(f"storage: cold replay of {probe.replay.files_sampled} files peaks at "
+            cold = probe.replay.best
+            ev.append(f"storage: {which} replay of {probe.replay.files_sampled} files peaks at "
                       f"{storage:,.0f} files/s with {best_c} reads in flight "
-                      f"(p50 {best.lat_p50_ms:.2f} ms per file)")
+                      f"(p50 {best.lat_p50_ms:.2f} ms per file); fully cold "
+                      f"{cold.files_per_s:,.0f} files/s at {cold.concurrency}")
             ev.extend(f"storage: {e}" for e in probe.verdict.get("evidence", [])
                       if e.startswith("cross-check"))
         else:
@@ -187,4 +223,4 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
         ev.append("demand: no step (compute 0): the loader alone is measured")
     return Ceilings(storage=storage, decode=decode, demand=demand, cores=cores,
                     decode_per_core=per_core or None, storage_best_concurrency=best_c,
-                    evidence=ev, probe=probe_d)
+                    evidence=ev, probe=probe_d, storage_unit=unit, samples=samples)

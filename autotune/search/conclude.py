@@ -11,7 +11,7 @@ from autotune.search.confirm import ckey, confirmed
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult, options_dict
 from autotune.search.session import Session
-from autotune.search.verdict import decide
+from autotune.search.verdict import decide, worker_bound_of
 
 
 def _trial_records(study: Any) -> list[TrialRecord]:
@@ -61,7 +61,10 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
     pool = _pool(s, measured, baseline, conf, stop_reason, warnings)
     best = rec_mod.best_trial(pool)
     rec = rec_mod.knee(pool)
-    verdict = decide(rec, best, ceilings) if rec and best else None
+    step_s = s.base.compute_ms / 1000 if s.base.step is None and s.base.compute_ms else None
+    verdict = decide(rec, best, ceilings, batch_size=s.base.batch_size, step_s=step_s,
+                     dataset=str(s.root),
+                     worker_bound=worker_bound_of(s.space)) if rec and best else None
     if best is None:
         warnings.append("no configuration completed: see each trial's reason and hint")
     if baseline is not None and not baseline.ok:
@@ -74,7 +77,8 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         confirmations=list(conf.values()),
                         baseline_confirmed=(conf.get(ckey(baseline.params))
                                             if baseline is not None else None),
-                        warnings=warnings + list(ceilings.lower_bounds.values())
+                        dataset_format=s.fmt,
+                        warnings=warnings + [lb["reason"] for lb in ceilings.lower_bounds.values()]
                         + s.space.notes)
 
 

@@ -86,10 +86,13 @@ def _settings(params: dict[str, Any], batch_size: int) -> list[tuple[Any, Any]]:
         if n != "batch_size" and n in full and p.applies(full)]
 
 
-def dataloader_snippet(params: dict[str, Any], batch_size: int) -> str:
-    """Ready-to-paste DataLoader call for the recommended configuration."""
+def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
+                       iterable: bool = False) -> str:
+    """Ready-to-paste DataLoader call for the recommended configuration. An iterable
+    dataset (streamed shards) shuffles itself: DataLoader refuses shuffle= for it."""
     args = [f"{p.name}={p.python(v)}" for p, v in _settings(params, batch_size)]
-    args.insert(1, "shuffle=True")
+    if not iterable:
+        args.insert(1, "shuffle=True")
     return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
 
 

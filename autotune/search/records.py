@@ -43,6 +43,9 @@ class TrialRecord:
     # Every measurement: the seconds and batches of its measured window.
     measured_s: float | None = None
     batches: int | None = None
+    step_ms: float | None = None      # p50 of the (emulated or real) step
+    # What the monitor saw in the window (autotune.monitor.figures): the verdict's evidence.
+    system_figures: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -72,7 +75,8 @@ class TrialRecord:
             disk_r_await_ms=_fig(system, "disk", "r_await_ms", "median"),
             disk_reads_per_s=_fig(system, "disk", "reads_per_s", "median"),
             reason=r.get("reason"), hint=r.get("hint"), seconds=r.get("seconds_total"),
-            measured_s=_fig(r, "window", "seconds"),
+            measured_s=_fig(r, "window", "seconds"), step_ms=_fig(r, "step_ms", "p50"),
+            system_figures=system.get("figures"),
             batches=int(b) if (b := _fig(r, "window", "batches")) is not None else None,
             timeline_file=r.get("timeline_file"), warnings=list(r.get("warnings") or []))
 

@@ -37,6 +37,27 @@ class SearchResult:
     confirmations: list[TrialRecord] = field(default_factory=list)
     # The baseline's configuration measured in the longer window (when it was confirmed).
     baseline_confirmed: TrialRecord | None = None
+    dataset_format: str = "folder"
+
+    @property
+    def iterable(self) -> bool:
+        """Whether the dataset is read as an IterableDataset (streamed shards)."""
+        from converters import registry
+
+        try:
+            return bool(registry.get(self.dataset_format).reader_class().iterable)
+        except Exception:  # noqa: BLE001 - an unknown format: the map-style snippet
+            return False
+
+    @property
+    def cold(self) -> bool:
+        return bool(self.options.get("cold")) and not self.ceilings.ram_backed
+
+    @property
+    def cold_reason(self) -> str | None:
+        if self.ceilings.ram_backed:
+            return self.ceilings.ram_backed
+        return None if self.options.get("cold") else "--warm: the page cache was kept"
 
     @property
     def gain_vs_baseline(self) -> float | None:
@@ -59,13 +80,16 @@ class SearchResult:
         return {
             "schema": SCHEMA, "dataset": self.dataset, "study": self.study,
             "storage": self.storage, "options": self.options, "space": self.space,
+            "cold": self.cold, "cold_reason": self.cold_reason,
             "ceilings": self.ceilings.to_dict(),
             "recommended": self._brief(rec), "best": self._brief(self.best),
             "baseline": self._brief(self.baseline),
             "baseline_confirmed": self._brief(self.baseline_confirmed),
             "gain_vs_baseline": self.gain_vs_baseline,
             "verdict": self.verdict.to_dict() if self.verdict else None,
-            "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size) if rec else None,
+            "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size,
+                                                  iterable=self.iterable) if rec else None,
+            "dataset_format": self.dataset_format,
             "yaml": rec_mod.yaml_block(rec.params, self.batch_size) if rec else None,
             "trials": [t.to_dict() for t in self.trials],
             "confirmed": [t.to_dict() for t in self.confirmations],

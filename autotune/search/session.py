@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.bench.config import BenchConfig
+from autotune.bench.config import MIN_WINDOW_BATCHES, BenchConfig
 from autotune.bench.runner import run_bench
 from autotune.errors import UsageError
 from autotune.params import config_key
@@ -51,6 +51,7 @@ class Session:
         self.deadline = t0 + opts.timeout_s if opts.timeout_s else None
         self.ceilings: Ceilings | None = None
         self.space: SearchSpace | None = None
+        self.fmt = "folder"
         self.max_mem = 0.0
 
     # -- setting up --------------------------------------------------------------------
@@ -69,23 +70,59 @@ class Session:
         """Ceilings (from the study when resuming), the space, the memory bound."""
         from autotune.search.space import load_space
 
-        if "ceilings" in self.study.user_attrs:
-            self.ceilings = Ceilings.from_dict(self.study.user_attrs["ceilings"])
-            self.say("resuming: ceilings from the study")
+        from converters import registry
+
+        self.fmt = registry.resolve(self.root, self.opts.format)
+        attrs = self.study.user_attrs
+        if "ceilings" in attrs:
+            self.ceilings = Ceilings.from_dict(attrs["ceilings"])
+            # The probe too: a resumed search gives the same evidence and format advice.
+            self.ceilings.probe = attrs.get("probe")
+            self.say("resuming: ceilings and probe from the study")
         else:
             throttle = self.opts.throttle
             with throttle.joined() if throttle is not None else contextlib.nullcontext():
                 self.ceilings = measure_ceilings()
             self.study.set_user_attr("ceilings", _stored(self.ceilings.to_dict()))
             if self.ceilings.probe is not None:
+                self.study.set_user_attr("probe", _stored(self.ceilings.probe))
                 (self.out / "probe.json").write_text(json.dumps(self.ceilings.probe, indent=1))
+        self._check_window()
         self.space = load_space(self.opts.space, cores=self.ceilings.cores, cuda=cuda,
                                 best_concurrency=self.ceilings.storage_best_concurrency)
+        self._batch_note()
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
             import psutil
 
             self.max_mem = psutil.virtual_memory().total / 2**20 / 2
+
+    def _check_window(self) -> None:
+        """A cold pass too short for any measurement is said up front (exit 2), not
+        decided from noise: the cheapest configuration needs 5 warm-up batches and 10
+        measured ones before the pass ends (deeper prefetch queues need more)."""
+        n, bs = self.ceilings.samples, self.base.batch_size  # type: ignore[union-attr]
+        need = 5 + MIN_WINDOW_BATCHES
+        if not self.opts.cold or n is None or n // bs >= need:
+            return
+        raise UsageError(
+            f"{self.root}: {n:,} images make {n // bs} batches of {bs} per cold pass; a "
+            f"measurement needs at least {need} (5 warm-up + {MIN_WINDOW_BATCHES} measured) "
+            "before the pass ends, more with deep prefetch queues. Use a smaller batch size "
+            f"(at most {max(1, n // need)}), --warm (later passes labelled warm), or a "
+            "larger dataset.", setting="batch_size")
+
+    def _batch_note(self) -> None:
+        bss = self.space.choices.get("batch_size")  # type: ignore[union-attr]
+        if not bss or self.base.step is not None or not self.base.compute_ms:
+            return
+        per = self.base.compute_ms / self.base.batch_size
+        self.space.notes.append(  # type: ignore[union-attr]
+            f"the emulated step scales with the batch: {self.base.compute_ms:g} ms per batch "
+            f"of {self.base.batch_size} is {per:.3g} ms per image, so "
+            + ", ".join(f"{b}: {per * b:,.0f} ms" for b in bss)
+            + f"; the demand ceiling is {1000 / per:,.0f} images/s at every size (a larger "
+            "batch is not free)")
 
     # -- measuring -----------------------------------------------------------------------
 
@@ -93,8 +130,15 @@ class Session:
               seconds: float | None = None) -> TrialRecord:
         """One measurement of `params` (a pruned one when `trial` says so)."""
         opts = self.opts
-        o = {**self.overrides, "seconds": seconds} if seconds is not None else self.overrides
-        cfg = BenchConfig.from_preset(opts.preset, **o, **params).validate()
+        settings = {**self.overrides, **params}
+        if seconds is not None:
+            settings["seconds"] = seconds
+        bs = params.get("batch_size")
+        if bs and self.base.step is None and self.base.compute_ms:
+            # The emulated step's cost scales with the batch (compute_ms is per batch at
+            # the preset's or --batch-size): a larger batch is not free.
+            settings["compute_ms"] = self.base.compute_ms * bs / self.base.batch_size
+        cfg = BenchConfig.from_preset(opts.preset, **settings).validate()
         on_tick = self._pruner(trial) if trial is not None and not opts.grid else None
         r = run_bench(self.root, cfg, popen=opts.popen, throttle=opts.throttle,
                       monitor_path=opts.monitor_path,
@@ -152,7 +196,8 @@ class Session:
         from optuna.trial import TrialState
 
         for t in guard.orphaned_trials(self.study, exclusive=exclusive):
-            rec = TrialRecord(t.number, dict(t.params), "interrupted",
+            params = t.user_attrs.get("params") or self.space.from_optuna(dict(t.params))  # type: ignore[union-attr]
+            rec = TrialRecord(t.number, params, "interrupted",
                               reason=guard.interrupted_reason(t.user_attrs.get("owner")))
             optuna.trial.Trial(self.study, t._trial_id).set_user_attr("record", rec.to_dict())
             self.study.tell(t.number, state=TrialState.FAIL)

@@ -118,6 +118,7 @@ def _storage(url: str) -> Any:
 
 def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
                       say: Progress) -> Ceilings:
+    from autotune.cache import ram_backed
     from autotune.data.transforms import build_transform
     from autotune.search import ceilings as ceil_mod
     from converters.registry import open_source
@@ -134,8 +135,11 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
     source = open_source(root, base.format)
     blobs = ceil_mod.sample_blobs(source, 200, seed=opts.seed)
     demand_ms = base.compute_ms if base.step is None else 0.0
-    return ceil_mod.measure(transform=build_transform(base.transform), blobs=blobs,
-                            batch_size=base.batch_size, compute_ms=demand_ms, probe=probe_res)
+    c = ceil_mod.measure(transform=build_transform(base.transform), blobs=blobs,
+                         batch_size=base.batch_size, compute_ms=demand_ms, probe=probe_res,
+                         samples=len(source))
+    c.ram_backed = ram_backed(root)
+    return c
 
 
 def _fingerprint(root: Path, opts: SearchOptions, base: BenchConfig) -> dict[str, Any]:

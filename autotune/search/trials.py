@@ -3,6 +3,7 @@ measure a new one, tell Optuna, stop at the budget, the deadline or a ceiling.""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -21,17 +22,21 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
     if budget == 0 and not opts.grid:
         return "trials (already measured)"
     runs = dupes = 0
+    rng = random.Random(opts.seed)
     while runs < budget:
         if s.timed_out():
             return "timeout"
         trial = s.study.ask()
         trial.set_user_attr("owner", guard.owner_tag())
         params = s.space.suggest(trial)  # type: ignore[union-attr]
+        trial.set_user_attr("params", params)
         prev = measured.get(config_key(params))
         if prev is not None:
+            # Answered from the study; not a trial of the budget. Ask again, and make the
+            # next one an unmeasured point of the space (TPE would keep proposing this).
             dupes += 1
             _answer_duplicate(s, trial, prev)
-            if dupes > MAX_DUPLICATES:
+            if not _enqueue_unmeasured(s, measured, rng) or dupes > MAX_DUPLICATES:
                 return "space exhausted"
             continue
         runs += 1
@@ -42,11 +47,20 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
     return "grid complete" if opts.grid else "trials"
 
 
+def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
+                        rng: random.Random) -> bool:
+    """Queue a random configuration not measured yet; False when none is left."""
+    left = [p for p in s.space.grid() if config_key(p) not in measured]  # type: ignore[union-attr]
+    if not left:
+        return False
+    s.study.enqueue_trial(s.space.optuna_params(rng.choice(left)))  # type: ignore[union-attr]
+    return True
+
+
 def _enqueue_grid(s: Session, measured: dict[tuple, TrialRecord]) -> int:
     todo = [p for p in s.space.grid() if config_key(p) not in measured]  # type: ignore[union-attr]
     for p in todo:
-        s.study.enqueue_trial({k: v for k, v in p.items() if v is not None
-                               and not (k == "persistent_workers" and p["num_workers"] == 0)})
+        s.study.enqueue_trial(s.space.optuna_params(p))  # type: ignore[union-attr]
     return len(todo)
 
 
@@ -79,6 +93,10 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
         trial.set_user_attr("record", rec.to_dict())
         s.study.tell(trial, state=TrialState.FAIL)
         raise
+    except Exception as e:  # noqa: BLE001 - a bug of ours: the trial never stays RUNNING
+        rec = TrialRecord(trial.number, params, "failed",
+                          reason=f"internal error: {type(e).__name__}: {e}",
+                          hint="a bug in autotune: rerun with --debug and report the traceback")
     rec.number = trial.number
     trial.set_user_attr("record", _stored(rec.to_dict()))
     measured[config_key(params)] = rec

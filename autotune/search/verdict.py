@@ -1,71 +1,65 @@
-"""What holds the job back: storage, decode (CPU), compute (the step: healthy) or the
-loader's configuration, with the figures that show it."""
+"""The search's verdict: the one engine (autotune.verdict) fed with the recommended
+configuration's own window (what the monitor saw its processes and the disk do) and the
+ceilings measured apart from the trials. A ceiling a trial overtook is not given: it was
+a wrong measurement, and the best trial being "at" it would be true by construction."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from autotune.monitor.figures import SystemFigures
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
-from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
-from autotune.verdict import Verdict
+from autotune.verdict import RuleInputs, Verdict
+from autotune.verdict import decide as decide_rules
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
-def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings) -> Verdict:
-    """The verdict for the recommended configuration `rec` (best: the fastest trial)."""
-    ev: list[str] = []
-    advice: list[str] = []
+def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings, *,
+           batch_size: int | None = None, step_s: float | None = None,
+           dataset: str | None = None, worker_bound: int | None = None) -> Verdict:
+    """The verdict for the recommended configuration `rec` (best: the fastest measured)."""
+    figs = SystemFigures.from_dict(rec.system_figures) if rec.system_figures else None
+    no_step = rec.au is None
+    p = rec.params
+    inp = RuleInputs(
+        # No step: the loader alone is measured, input-bound by construction.
+        au=0.0 if no_step else rec.au, data_share=rec.data_wait_fraction,
+        step_time_s=rec.step_ms / 1000 if rec.step_ms else step_s,
+        images_per_s=rec.images_per_s, batch_size=p.get("batch_size", batch_size),
+        steps=rec.batches or 0,
+        loader={"num_workers": p.get("num_workers"), "prefetch_factor": p.get("prefetch_factor")},
+        job_cores=ceilings.cores, system=figs, probe=ceilings.probe, dataset=dataset,
+        storage_ceiling=ceilings.valid("storage"), storage_unit=ceilings.storage_unit,
+        storage_concurrency=ceilings.storage_best_concurrency,
+        decode_ceiling=ceilings.valid("decode"), worker_bound=worker_bound)
+    v = decide_rules(inp)
+    v.evidence[1:1] = _search_lines(rec, best, ceilings, no_step)
+    return v
+
+
+def _search_lines(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings,
+                  no_step: bool) -> list[str]:
     ips = best.images_per_s or 0.0
-    cores = ceilings.cores
-    cpu_share = (rec.cpu_percent or 0.0) / (100.0 * cores) if rec.cpu_percent is not None else None
-    util = rec.disk_util_pct
-    ev.append(f"recommended {rec.images_per_s:,.0f} images/s, AU {_pct(rec.au)}, data wait "
-              f"{_pct(rec.data_wait_fraction)}; best measured {ips:,.0f} images/s")
-    ceil = ceilings.finite()
-    for name, v in sorted(ceil.items(), key=lambda kv: kv[1]):
-        ev.append(f"{name} ceiling {v:,.0f} images/s: best = {ips / v:.0%} of it")
-    ev.append(f"CPU {_pct(cpu_share)} of {cores} core(s) (loader process tree)"
-              + (f"; disk %util {util:.0f}" if util is not None else "; disk %util unavailable")
-              + (f", r_await {rec.disk_r_await_ms:.1f} ms" if rec.disk_r_await_ms is not None else ""))
-
-    if rec.au is not None and rec.au >= AU_HEALTHY:
-        return Verdict("compute", f"compute-bound (healthy): AU {rec.au:.0%} >= {AU_HEALTHY:.0%}, "
-                       "the training step is the limit, the input pipeline keeps up", ev,
-                       advice=["nothing to fix in the input pipeline; a faster step (GPU, AMP, "
-                        "larger batch) would raise throughput until a ceiling below is met"])
-
-    io_ceils = {k: v for k, v in ceil.items() if k in ("storage", "decode")}
-    lim = min(io_ceils, key=io_ceils.__getitem__) if io_ceils else None
-    if lim is not None and ips >= AT_CEILING * io_ceils[lim]:
-        return _named(lim, ips, io_ceils[lim], cpu_share, util, ev, advice)
-    if cpu_share is not None and cpu_share >= CPU_SATURATED:
-        return _named("decode", ips, ceil.get("decode"), cpu_share, util, ev, advice)
-    if util is not None and util >= DISK_BUSY_PCT:
-        return _named("storage", ips, ceil.get("storage"), cpu_share, util, ev, advice)
-    smallest = ceilings.smallest()
-    share = f"{ips / smallest[1]:.0%} of the {smallest[0]} ceiling" if smallest else "no ceiling"
-    advice.append("try more workers or a deeper prefetch than the space allowed (--space), "
-                  "or check for a slow step in the dataset's __getitem__")
-    return Verdict("loader", f"loader-configuration-bound: best reaches only {share}, CPU "
-                   f"{_pct(cpu_share)} and disk {'-' if util is None else f'{util:.0f} %'} busy: "
-                   "the settings, not the hardware, hold it back", ev, advice=advice)
+    lines: list[str] = [f"recommended {rec.images_per_s:,.0f} images/s, AU {_pct(rec.au)}, "
+                        f"data wait {_pct(rec.data_wait_fraction)}; best measured {ips:,.0f} "
+                        "images/s"]
+    if no_step:
+        lines.append("no step (compute 0): the loader alone is measured, so it is the "
+                     "limit by construction; the verdict says which part of it")
+    for name, v in sorted(ceilings.finite().items(), key=lambda kv: kv[1]):
+        lines.append(f"{name} ceiling {v:,.0f} images/s: best = {ips / v:.0%} of it")
+    for name, lb in ceilings.lower_bounds.items():
+        lines.append(f"{name} ceiling: not used ({lb['measured']:,.0f} measured, overtaken "
+                     f"by {lb['at_least']:,.0f}: a wrong measurement)")
+    if ceilings.ram_backed:
+        lines.append(f"the dataset is RAM-backed ({ceilings.ram_backed}): never cold")
+    return lines
 
 
-def _named(kind: str, ips: float, ceiling: float | None, cpu_share: float | None,
-           util: float | None, ev: list[str], advice: list[str]) -> Verdict:
-    c = f"{ceiling:,.0f}" if ceiling else "?"
-    share = f" = {ips / ceiling:.0%} of the {kind} ceiling {c} images/s" if ceiling else ""
-    if kind == "storage":
-        advice.append("convert the dataset to shards (`autotune convert`) and stage them on "
-                      "local NVMe (`autotune stage`): large sequential reads instead of small "
-                      "random ones")
-        summary = (f"storage-bound: best {ips:,.0f} images/s{share}; CPU {_pct(cpu_share)}"
-                   + (f"; disk %util {util:.0f}" if util is not None else ""))
-    else:
-        advice.append("decode is the limit: more CPU cores, a lighter pipeline (smaller "
-                      "stored images: `autotune convert --max-side`), or decode on the GPU "
-                      "(NVIDIA DALI); storage conversion would not help")
-        summary = f"decode-bound (CPU): best {ips:,.0f} images/s{share}; CPU {_pct(cpu_share)}"
-    return Verdict(kind, summary, ev, advice=advice)
+def worker_bound_of(space: Any) -> int | None:
+    w = getattr(space, "num_workers", None)
+    return max(w) if w else None

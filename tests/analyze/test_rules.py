@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autotune.analyze.join import SystemFigures
-from autotune.analyze.rules import RuleInputs, decide
+from autotune.verdict.rules import RuleInputs, decide
 from autotune.search.verdict import AU_HEALTHY
 
 

@@ -82,6 +82,8 @@ def search_renderable(d: dict[str, Any]) -> Group:
             f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
         parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))
         parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
+    if d.get("cold") is False and d.get("cold_reason"):
+        parts.append(Text(f"NOT COLD: {d['cold_reason']}", style="bold yellow"))
     parts.append(Text(f"stopped: {d['stop_reason']}; {d['seconds']:.0f} s; report: {d.get('report_html')}"))
     for w in d.get("warnings", []):
         parts.append(Text(f"note: {w}", style="yellow"))

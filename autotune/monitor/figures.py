@@ -1,0 +1,155 @@
+"""System figures of a measured window: median / p95 / max / mean of what the monitor
+sampled (CPU, the job's process tree and its run-queue wait, the disk, the GPUs).
+
+One summary for a training log's window (`autotune analyze`) and for a bench trial's
+window (`autotune search`), so that one verdict engine reads the same figures from both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autotune.monitor.summary import percentile
+
+
+def _stat(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": percentile(values, 50), "p95": percentile(values, 95),
+            "max": max(values), "mean": sum(values) / len(values), "n": len(values)}
+
+
+@dataclass
+class SystemFigures:
+    """median / p95 / max / mean of each figure over the joined samples (None: not measured)."""
+
+    source: str
+    joined_by: str                      # "time" or "whole run (...)"
+    samples: int
+    samples_total: int
+    bad_lines: int = 0
+    window: tuple[float, float] | None = None
+    cores: int | None = None
+    cpu_total_pct: dict[str, float] | None = None
+    cpu_iowait_pct: dict[str, float] | None = None
+    busiest_core_pct: dict[str, float] | None = None
+    other_cores_pct: dict[str, float] | None = None   # mean of the other cores, per sample
+    proc_cpu_pct: dict[str, float] | None = None      # training process tree, % of one core
+    proc_processes: dict[str, float] | None = None
+    sched_wanted_pct: dict[str, float] | None = None  # tree on a CPU + waiting for one
+    sched_run_wait_pct: dict[str, float] | None = None
+    procs_running: dict[str, float] | None = None     # the machine's run queue
+    job_cpus: dict[str, float] | None = None          # CPUs the job may run on
+    job_cpus_busy_pct: dict[str, float] | None = None  # mean busy % of those CPUs
+    disk_device: str | None = None
+    disk_util_pct: dict[str, float] | None = None
+    disk_r_await_ms: dict[str, float] | None = None
+    disk_reads_per_s: dict[str, float] | None = None
+    disk_read_mib_s: dict[str, float] | None = None
+    gpu_util_pct: dict[str, float] | None = None
+    gpus: int = 0
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def med(s: dict[str, float] | None) -> float | None:
+        return None if s is None else s["median"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SystemFigures:
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if isinstance(kw.get("window"), list):
+            kw["window"] = tuple(kw["window"])
+        return cls(**kw)
+
+
+FIGURES = ("cpu_total_pct", "cpu_iowait_pct", "busiest_core_pct", "other_cores_pct",
+         "proc_cpu_pct", "proc_processes", "sched_wanted_pct", "sched_run_wait_pct",
+         "procs_running", "job_cpus", "job_cpus_busy_pct", "disk_util_pct", "disk_r_await_ms",
+         "disk_reads_per_s", "disk_read_mib_s", "gpu_util_pct")
+
+
+def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: dict[str, str],
+             info: dict[str, Any]) -> None:
+    cpu = rec.get("cpu") or {}
+    if cpu.get("available"):
+        series["cpu_total_pct"].append(float(cpu["total_pct"]))
+        series["cpu_iowait_pct"].append(float(cpu.get("iowait_pct", 0.0)))
+        per = [float(x) for x in cpu.get("per_core_pct") or []]
+        if per:
+            top = max(per)
+            series["busiest_core_pct"].append(top)
+            if len(per) > 1:
+                series["other_cores_pct"].append((sum(per) - top) / (len(per) - 1))
+            info["cores"] = max(info.get("cores", 0), len(per))
+    elif cpu:
+        unavailable["cpu"] = cpu.get("reason", "")
+    proc = rec.get("proc")
+    if proc and proc.get("available"):
+        series["proc_cpu_pct"].append(float(proc["cpu_pct"]))
+        series["proc_processes"].append(float(proc["processes"]))
+    elif proc:
+        unavailable["proc"] = proc.get("reason", "")
+    sched = rec.get("sched")
+    if sched and sched.get("available"):
+        series["sched_wanted_pct"].append(float(sched["wanted_pct"]))
+        series["sched_run_wait_pct"].append(float(sched["run_wait_pct"]))
+        if sched.get("procs_running") is not None:
+            series["procs_running"].append(float(sched["procs_running"]))
+        ids = sched.get("cpus")
+        per = (cpu.get("per_core_pct") or []) if cpu.get("available") else []
+        if ids:
+            series["job_cpus"].append(float(len(ids)))
+            if per and max(ids) < len(per):
+                series["job_cpus_busy_pct"].append(sum(float(per[i]) for i in ids) / len(ids))
+    disk = rec.get("disk")
+    if disk and disk.get("available"):
+        info["disk_device"] = disk.get("device")
+        for key, name in (("util_pct", "disk_util_pct"), ("r_await_ms", "disk_r_await_ms"),
+                          ("reads_per_s", "disk_reads_per_s"),
+                          ("read_mib_s", "disk_read_mib_s")):
+            if disk.get(key) is not None:
+                series[name].append(float(disk[key]))
+    elif disk:
+        unavailable["disk"] = disk.get("reason", "")
+    gpu = rec.get("gpu")
+    if gpu and gpu.get("available"):
+        utils = [float(d["util_pct"]) for d in gpu.get("devices") or []
+                 if d.get("util_pct") is not None]
+        if utils:
+            series["gpu_util_pct"].append(sum(utils) / len(utils))
+            info["gpus"] = max(info.get("gpus", 0), len(utils))
+    elif gpu:
+        unavailable["gpu"] = gpu.get("reason", "")
+
+
+def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: dict[str, Any],
+           **kw: Any) -> SystemFigures:
+    """The SystemFigures of collected series (kw: source, joined_by, samples, ...)."""
+    figs = SystemFigures(cores=info.get("cores"), disk_device=info.get("disk_device"),
+                         gpus=info.get("gpus", 0), **kw)
+    for k in FIGURES:
+        setattr(figs, k, _stat(series[k]))
+    # A section measured in the window is not "unavailable" for the analysis.
+    for sec, key in (("cpu", "cpu_total_pct"), ("proc", "proc_cpu_pct"),
+                     ("disk", "disk_util_pct"), ("gpu", "gpu_util_pct")):
+        if sec in unavailable and getattr(figs, key) is None:
+            figs.unavailable[sec] = unavailable[sec]
+    return figs
+
+
+def figures_of(records: Iterable[dict[str, Any]], source: str, joined_by: str) -> SystemFigures:
+    """The figures of monitor samples (their to_dict(), with "sched" when sampled)."""
+    series: dict[str, list[float]] = {k: [] for k in FIGURES}
+    unavailable: dict[str, str] = {}
+    info: dict[str, Any] = {}
+    n = 0
+    for rec in records:
+        collect(rec, series, unavailable, info)
+        n += 1
+    return finish(series, unavailable, info, source=source, joined_by=joined_by, samples=n,
+                  samples_total=n)
