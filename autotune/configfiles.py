@@ -1,6 +1,11 @@
-"""The one YAML loader: presets, search spaces and log-format patterns are read here, and
-a file that cannot be read, is not YAML or is not a mapping is refused in one line that
-names it and says what was expected."""
+"""The one YAML loader, and where the shipped YAML files are.
+
+Presets, search spaces and log-format patterns are read by `load_yaml`: a file that
+cannot be read, is not YAML or is not a mapping is refused in one line that names it and
+says what was expected. `config_dir(kind)` finds the shipped presets/spaces: in a checkout
+the repository's configs/ (next to the autotune package that is running), else the
+package data installed with the wheel (`autotune_configs`, mapped from configs/).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,16 @@ from typing import Any
 import yaml
 
 from autotune.errors import UsageError
+
+
+def config_dir(kind: str) -> Path:
+    """configs/KIND ('presets' or 'search') of this checkout, else of the installed wheel."""
+    here = Path(__file__).resolve().parent.parent / "configs" / kind
+    if here.is_dir():
+        return here
+    from importlib.resources import files
+
+    return Path(str(files("autotune_configs") / kind))
 
 
 def load_yaml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.configfiles import load_yaml
+from autotune.configfiles import config_dir, load_yaml
 from autotune.data.transforms import TransformSpec
 from autotune.errors import UsageError
 
@@ -36,7 +36,7 @@ def presets_dir() -> Path:
     env = os.environ.get("AUTOTUNE_PRESETS")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "configs" / "presets"
+    return config_dir("presets")
 
 
 def usable_cores() -> int:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.configfiles import load_yaml
+from autotune.configfiles import config_dir, load_yaml
 from autotune.errors import UsageError
 from autotune.params import PARAMS, config_key
 
-SPACES_DIR = Path(__file__).resolve().parent.parent.parent / "configs" / "search"
+SPACES_DIR = config_dir("search")
 
 
 @dataclass

@@ -58,6 +58,24 @@ def test_baseline_is_the_rule_of_thumb():
     assert baseline_params(64)["num_workers"] == 8
 
 
+def test_the_snippet_runs_for_a_map_style_and_an_iterable_dataset():
+    # Executed, not only compiled: DataLoader refuses shuffle= for an IterableDataset.
+    import torch.utils.data
+
+    p = {"num_workers": 0, "prefetch_factor": None, "persistent_workers": False, "pin_memory": False}
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    for dataset, iterable in ((list(range(8)), False), (Stream(), True)):
+        code = dataloader_snippet(p, 4, iterable=iterable)
+        ns = {"torch": torch, "dataset": dataset}
+        exec(code, ns)
+        assert len(list(ns["loader"])) == 2
+    assert "shuffle" not in dataloader_snippet(p, 4, iterable=True)
+
+
 def test_snippets_are_valid_python_and_yaml():
     import yaml
 
@@ -74,33 +92,72 @@ def _ceil(storage=None, decode=None, demand=None):
     return Ceilings(storage=storage, decode=decode, demand=demand, cores=2)
 
 
-def test_verdicts():
-    healthy = rec(0, 4, 2, 420.0, au=0.95)
+def _s(v):
+    return {"median": v, "p95": v, "max": v, "mean": v, "n": 10}
+
+
+def _figs(*, total, busiest, others, tree, util=5.0, rps=50.0, disk=True):
+    """What the monitor saw in a trial's window (SystemFigures.to_dict())."""
+    d = {"source": "bench monitor", "joined_by": "measured window", "samples": 20,
+         "samples_total": 20, "cores": 2, "cpu_total_pct": _s(total),
+         "cpu_iowait_pct": _s(0.0), "busiest_core_pct": _s(busiest),
+         "other_cores_pct": _s(others), "proc_cpu_pct": _s(tree), "unavailable": {}}
+    if disk:
+        d.update(disk_device="vda", disk_util_pct=_s(util), disk_r_await_ms=_s(1.0),
+                 disk_reads_per_s=_s(rps), disk_read_mib_s=_s(rps / 10))
+    return d
+
+
+def _with(r, **figs):
+    r.system_figures = _figs(**figs)
+    r.batches, r.step_ms = 100, 100.0
+    return r
+
+
+def test_verdicts_come_from_the_window_of_the_recommendation():
+    healthy = _with(rec(0, 4, 2, 420.0, au=0.95), total=60, busiest=70, others=50, tree=120)
     assert decide(healthy, healthy, _ceil(5000, 700, 440)).bottleneck == "compute"
-    slow_disk = rec(0, 8, 2, 190.0, au=0.4, cpu=40, util=99)
-    v = decide(slow_disk, slow_disk, _ceil(200, 700, 440))
-    assert v.bottleneck == "storage" and "storage ceiling" in v.summary and v.advice
-    cpu = rec(0, 2, 2, 650.0, au=0.5, cpu=190, util=5)
+    # Loaders idle, the disk busy: storage, from the monitor, not from a ceiling.
+    slow_disk = _with(rec(0, 8, 2, 190.0, au=0.4), total=20, busiest=25, others=15, tree=40,
+                      util=99, rps=300)
+    v = decide(slow_disk, slow_disk, _ceil(None, 700, 440), worker_bound=8)
+    assert v.bottleneck == "storage" and "disk %util 99" in v.summary and v.advice
+    cpu = _with(rec(0, 2, 2, 650.0, au=0.5), total=97, busiest=98, others=96, tree=190)
     assert decide(cpu, cpu, _ceil(5000, 700, 1000)).bottleneck == "decode"
-    idle = rec(0, 1, 1, 150.0, au=0.3, cpu=45, util=5)
-    v = decide(idle, idle, _ceil(5000, 700, 1000))
-    assert v.bottleneck == "loader" and "settings" in v.summary
-    # Evidence carries the figures behind the verdict.
-    assert any("storage ceiling 5,000" in e for e in v.evidence)
+    one = _with(rec(0, 1, 1, 150.0, au=0.3), total=50, busiest=97, others=5, tree=95)
+    v = decide(one, one, _ceil(5000, 700, 1000))
+    assert v.bottleneck == "loader" and "too few workers" in v.summary
+    # Evidence carries the figures behind the verdict, the ceilings included.
+    assert any("storage ceiling 5,000 images/s" in e for e in v.evidence)
 
 
-def test_an_overtaken_ceiling_becomes_a_lower_bound_and_stops_nothing():
-    from autotune.search.ceilings import Ceilings
+def test_a_trial_above_a_ceiling_never_makes_the_verdict_circular():
+    # Before: a storage ceiling of 60 overtaken by trials at 300 and 180 became 300, and
+    # the best was "100 % of the storage ceiling 300": storage, by construction.
+    c = _ceil(60, 700, 440)
+    c.revise(1, 180.0)
+    c.revise(0, 300.0)
+    assert c.valid("storage") is None and c.to_dict()["storage"] is None
+    assert c.lower_bounds["storage"]["measured"] == 60 and c.lower_bounds["storage"]["at_least"] == 300
+    best = _with(rec(0, 2, 2, 300.0, au=0.6), total=96, busiest=97, others=95, tree=190)
+    v = decide(best, best, c)
+    assert v.bottleneck == "decode"                          # the CPUs say so
+    assert not any("of the storage ceiling" in e for e in v.evidence)
+    assert any("storage ceiling: not used (60 measured, overtaken by 300" in e for e in v.evidence)
 
+
+def test_an_overtaken_ceiling_is_a_wrong_measurement_and_stops_nothing():
     c = Ceilings(storage=15.0, decode=587.0, demand=427.0, cores=2)
     assert c.smallest(firm=True) == ("storage", 15.0)
     assert c.revise(0, 16.0) is None  # within noise of the ceiling: it stands
     note = c.revise(-1, 290.0)
-    assert note and "storage ceiling 15 images/s was an underestimate: the baseline measured 290" in note
-    assert c.storage == 290.0 and "storage" in c.lower_bounds and note in c.evidence
-    assert c.smallest(firm=True) == ("demand", 427.0)  # no early stop on a known underestimate
-    assert c.revise(3, 300.0) is None and c.storage == 300.0  # the bound follows the best
-    assert c.to_dict()["lower_bounds"] == {"storage": note}
+    assert note and "storage ceiling 15 images/s was a wrong measurement: the baseline measured 290" in note
+    assert c.storage == 15.0 and c.valid("storage") is None and note in c.evidence
+    assert c.smallest() == ("demand", 427.0)  # no early stop on a known wrong measurement
+    assert c.revise(3, 300.0) is None and c.lower_bounds["storage"]["at_least"] == 300.0
+    assert c.to_dict()["lower_bounds"]["storage"]["reason"] == note
+    back = Ceilings.from_dict(c.to_dict())                   # a resumed study keeps it
+    assert back.valid("storage") is None and back.storage == 15.0
 
 
 def test_ordered_choices_are_numbers_to_tpe_and_snap_to_the_list():
@@ -120,12 +177,17 @@ def test_ordered_choices_are_numbers_to_tpe_and_snap_to_the_list():
         assert p["prefetch_factor"] in (space.prefetch_factor if p["num_workers"] else [None])
         seen.add(p["num_workers"])
         study.tell(t, 1.0)
-    assert seen == set(space.num_workers)  # every choice reachable, 5 and 7 snap to 4/6/8
-    dist = study.trials[0].distributions["num_workers"]
-    assert isinstance(dist, optuna.distributions.IntDistribution)
-    study.enqueue_trial({"num_workers": 6, "prefetch_factor": 8, "persistent_workers": True})
+    assert seen == set(space.num_workers)  # every choice reachable
+    # Optuna records an index into the ordered choices: the value measured, exactly
+    # (before: an int drawn in 0..8 and snapped, so Optuna learnt 5 for a measured 4).
+    t0 = study.trials[0]
+    dist = t0.distributions["num_workers_index"]
+    assert isinstance(dist, optuna.distributions.IntDistribution) and (dist.low, dist.high) == (0, 6)
+    assert space.num_workers[t0.params["num_workers_index"]] == space.from_optuna(t0.params)["num_workers"]
+    cfg = {"num_workers": 6, "prefetch_factor": 8, "persistent_workers": True, "pin_memory": False}
+    study.enqueue_trial(space.optuna_params(cfg))
     p = space.suggest(study.ask())  # a grid enqueues exact values: they come back as given
-    assert (p["num_workers"], p["prefetch_factor"], p["persistent_workers"]) == (6, 8, True)
+    assert p == cfg
 
 
 def test_loop_commands_carry_the_search_options():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.analyze.join import SystemFigures
+from autotune.monitor.figures import SystemFigures
 from autotune.verdict.rules import RuleInputs, decide
-from autotune.search.verdict import AU_HEALTHY
+from autotune.thresholds import AU_HEALTHY
 
 
 def _s(v: float) -> dict[str, float]:
@@ -174,3 +174,32 @@ def test_a_job_pinned_to_two_of_64_cores_is_judged_on_those_two():
                for e in v.evidence)
     s.job_cpus = s.job_cpus_busy_pct = None          # unpinned: 2 busy workers of 64 cores
     assert decide(inputs(0.2, s, workers=2)).bottleneck == "loader"
+
+
+def test_latency_beyond_the_worker_bound_is_storage():
+    # The NFS-like case: the loaders wait on reads, the storage gives more only with 64
+    # reads in flight, and the search may use 8 workers: settings cannot hide it.
+    probe = {"verdict": {"storage_files_per_s": 2000.0, "best_concurrency": 64}}
+    fuse = system(tree=40, disk=False)
+    v = decide(inputs(0.3, fuse, workers=8, probe=probe, ips=300.0, worker_bound=8))
+    assert v.bottleneck == "storage" and "latency" in v.summary and "8-worker bound" in v.summary
+    assert any("only with 64 reads in flight, more than the 8 workers" in e for e in v.evidence)
+    # Within the bound the settings can: loader (latency), as before.
+    v = decide(inputs(0.3, fuse, workers=8, probe=probe, ips=300.0, worker_bound=64))
+    assert v.bottleneck == "loader" and "latency" in v.summary
+
+
+def test_a_ceiling_measured_apart_is_used_in_its_own_unit():
+    # A conversion's storage ceiling is samples/s through its reader, given by the search.
+    v = decide(inputs(0.4, system(tree=150, util=30), workers=8, ips=480.0,
+                      storage_ceiling=500.0, storage_unit="samples/s", storage_concurrency=4))
+    assert v.bottleneck == "storage" and "measured apart" in v.summary
+    assert any("96% of the storage ceiling 500 samples/s" in e for e in v.evidence)
+
+
+def test_at_the_decode_ceiling_with_busy_cpus_is_decode():
+    # Reading at 90 % of what the pipeline decodes from memory on every usable core.
+    v = decide(inputs(0.5, system(cores=2, total=70, busiest=75, others=65, tree=140),
+                      workers=2, ips=630.0, decode_ceiling=700.0))
+    assert v.bottleneck == "decode"
+    assert any("90% of the decode ceiling 700" in e for e in v.evidence)
