@@ -102,12 +102,13 @@ class Session:
         decided from noise: the cheapest configuration needs 5 warm-up batches and 10
         measured ones before the pass ends (deeper prefetch queues need more)."""
         n, bs = self.ceilings.samples, self.base.batch_size  # type: ignore[union-attr]
-        need = 5 + MIN_WINDOW_BATCHES
+        warm = self.base.warmup_batches if self.base.warmup_batches is not None else 5
+        need = warm + MIN_WINDOW_BATCHES
         if not self.opts.cold or n is None or n // bs >= need:
             return
         raise UsageError(
             f"{self.root}: {n:,} images make {n // bs} batches of {bs} per cold pass; a "
-            f"measurement needs at least {need} (5 warm-up + {MIN_WINDOW_BATCHES} measured) "
+            f"measurement needs at least {need} ({warm} warm-up + {MIN_WINDOW_BATCHES} measured) "
             "before the pass ends, more with deep prefetch queues. Use a smaller batch size "
             f"(at most {max(1, n // need)}), --warm (later passes labelled warm), or a "
             "larger dataset.", setting="batch_size")

@@ -16,7 +16,7 @@ TESTS = Path(__file__).parent
 
 
 def opts(tmp_path: Path, **kw) -> SearchOptions:
-    base = dict(preset="decode-only", batch_size=8, seconds=1.5, warmup_batches=1,
+    base = dict(preset="decode-only", batch_size=4, seconds=1.5, warmup_batches=1,
                 space=str(TESTS / "space-tiny.yaml"), out=str(tmp_path / "out"), trials=3,
                 probe_fio=False, cold=os.geteuid() == 0, confirm=0)
     base.update(kw)
