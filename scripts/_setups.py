@@ -12,6 +12,26 @@ from pathlib import Path
 from typing import Any
 
 
+def own_disk(stack: ExitStack, ds: Path, work: Path) -> Path:
+    """A copy of `ds` on a disk of its own (an ext4 image on a loop device), so that a cap
+    on that disk slows the dataset alone: Python, torch and a staged copy on the root disk
+    stay at local speed, as on a node whose data sits on a slow volume. Unmounted when
+    `stack` closes."""
+    import shutil
+    import subprocess
+
+    size = sum(p.stat().st_size for p in ds.rglob("*") if p.is_file())
+    img, mnt = work / "disk.img", work / "disk"
+    with open(img, "wb") as f:
+        f.truncate(size * 13 // 10 + (64 << 20))
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(img)], check=True)
+    mnt.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], check=True)
+    stack.callback(subprocess.run, ["umount", "-l", str(mnt)], check=False)
+    shutil.copytree(ds, mnt / ds.name)
+    return mnt / ds.name
+
+
 def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: float,
                 name: str, mount: Path | None = None) -> tuple[Path, str | None, Any]:
     """(path to read, path whose disk to monitor or None, IoThrottle or None) for `setup`:
@@ -45,8 +65,7 @@ def log(msg: str) -> None:
 
 
 def config_label(params: dict | None) -> str:
-    """'w4 pf2 persistent' for a DataLoader configuration; '-' for none."""
-    if not params:
-        return "-"
-    return (f"w{params['num_workers']} pf{params.get('prefetch_factor') or '-'}"
-            + (" persistent" if params.get("persistent_workers") else ""))
+    """'w4 pf2 persistent' for a DataLoader configuration (autotune.params.label); '-'."""
+    from autotune.params import label
+
+    return label(params) if params else "-"

@@ -33,13 +33,19 @@ def _proc_rec(s: Sample) -> dict[str, Any] | None:
 
 
 def _system(samples: list[Sample], start: float | None, end: float | None,
-            mon: SystemMonitor | None) -> tuple[dict[str, Any], list[Sample]]:
-    """Monitor summary over the measured window (or the whole run when there is none)."""
+            mon: SystemMonitor | None, go: float | None = None) -> tuple[dict[str, Any], list[Sample]]:
+    """Monitor summary over the measured window; a window shorter than two samples (a
+    cold pass that ended early) widens to the loader's whole run from the cache drop on
+    (its start-up excluded), and without a window to the whole run."""
     if start is not None and end is not None and end > start:
         win = _in_window(samples, start, end)
         scope = "measured window"
     else:
         win, scope = samples, "whole run"
+    if len(win) < 2 and go is not None and end is not None:
+        wider = _in_window(samples, go, end)
+        if len(wider) > len(win):
+            win, scope = wider, "loader run from the cache drop (the window was under two samples)"
     if not win:
         win, scope = samples, "whole run"
     summ = summarize(win)
@@ -110,7 +116,8 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                             f"running after SIGKILL: pids {cleanup.stray}")
     _label(res, cfg, c, cache)
     marks = c.get("marks", {})
-    res.system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon)
+    res.system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon,
+                              go=parent_marks.get("go"))
     _process_figures(res, samples, win)
     # What the verdict engine reads (autotune.verdict), from this window's samples.
     res.system["figures"] = figures_of(

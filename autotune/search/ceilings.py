@@ -159,6 +159,21 @@ def decode_rate_per_core(blobs: list[bytes], transform: Callable[[bytes], Any], 
     decoding round-robin for about `seconds`. Returns (rate, images decoded)."""
     if not blobs:
         return 0.0, 0
+    import torch
+
+    # One thread, as in a DataLoader worker (torch sets it there): with torch's default
+    # thread pool the CPU time of a resize spreads over every core, and a "per core"
+    # figure would come out a fraction of a worker's.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _decode_loop(blobs, transform, seconds)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _decode_loop(blobs: list[bytes], transform: Callable[[bytes], Any],
+                 seconds: float) -> tuple[float, int]:
     transform(blobs[0])  # first call imports numpy/torch/PIL plugins: not decode cost
     n = 0
     t0 = time.process_time()

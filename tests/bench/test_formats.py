@@ -27,7 +27,7 @@ def test_auto_format_reads_the_manifest(converted):
 @pytest.mark.slow
 def test_bench_measures_a_conversion(converted):
     fmt, dst = converted
-    cfg = BenchConfig.from_preset("decode-only", batch_size=8, num_workers=2, prefetch_factor=2,
+    cfg = BenchConfig.from_preset("decode-only", batch_size=4, num_workers=2, prefetch_factor=2,
                                   seconds=1.0, warmup_batches=1, cold=True)
     r = run_bench(dst, cfg)
     assert not r.failed, (r.reason, r.hint)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -33,10 +34,22 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path):
     assert r.returncode == 2 and "--stage-dir" in r.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="cold needs root here (drop_caches)")
+def test_a_dataset_too_small_for_a_cold_window_is_refused_up_front(small_dataset, tmp_path):
+    # 64 images in batches of 16: 4 batches per cold pass, a measurement needs 15. Before,
+    # the search decided from a drained prefetch queue; now it says so and measures nothing.
+    r = run("search", str(small_dataset), "--batch-size", "16", "--no-fio",
+            "--out", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert "64 images make 4 batches of 16 per cold pass" in r.stderr
+    assert "--warm" in r.stderr and "at most 4" in r.stderr and "--batch-size" in r.stderr
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
 @pytest.mark.slow
 def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path):
     out = tmp_path / "out"
-    common = ["search", str(small_dataset), "--preset", "decode-only", "--batch-size", "8",
+    common = ["search", str(small_dataset), "--preset", "decode-only", "--batch-size", "4",
               "--compute-ms", "5", "--seconds", "1.5", "--space", str(TESTS / "space-tiny.yaml"),
               "--no-fio", "--confirm-seconds", "2", "--out", str(out), "--study", "cli"]
     r = run(*common, "--trials", "1", "--json", "-")

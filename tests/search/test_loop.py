@@ -16,7 +16,7 @@ TESTS = Path(__file__).parent
 
 
 def opts(tmp_path: Path, **kw) -> SearchOptions:
-    base = dict(preset="decode-only", batch_size=8, seconds=2, warmup_batches=1,
+    base = dict(preset="decode-only", batch_size=4, seconds=2, warmup_batches=1,
                 space=str(TESTS / "space-tiny.yaml"), out=str(tmp_path / "out"), trials=2,
                 probe_fio=False, confirm=0)
     base.update(kw)
@@ -24,7 +24,7 @@ def opts(tmp_path: Path, **kw) -> SearchOptions:
 
 
 def test_compute_bound_is_not_converted(small_dataset, tmp_path):
-    r = run_loop(small_dataset, opts(tmp_path, compute_ms=250, baseline=False),
+    r = run_loop(small_dataset, opts(tmp_path, compute_ms=250, seconds=3, baseline=False),
                  convert="auto", stage_dir=tmp_path / "stage")
     assert r.after is None and r.converted is None
     assert "not storage" in r.decision and "compute" in r.decision

@@ -29,7 +29,7 @@ def _space(tmp_path: Path, workers: str) -> str:
 
 def _cmd(ds: Path, out: Path, space: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "autotune", "-q", "search", str(ds), "--preset", "decode-only",
-            "--batch-size", "8", "--compute-ms", "5", "--seconds", "3", "--space", space,
+            "--batch-size", "4", "--compute-ms", "5", "--seconds", "3", "--space", space,
             "--no-fio", "--warm", "--confirm", "0", "--out", str(out), "--study", "faults", *extra]
 
 
@@ -89,7 +89,7 @@ def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_pat
 
     # Each trial in a private mount namespace whose /dev/shm holds 256 KiB.
     r = run_search(small_dataset, SearchOptions(
-        preset="decode-only", batch_size=8, compute_ms=5, seconds=1.5, warmup_batches=1,
+        preset="decode-only", batch_size=4, compute_ms=5, seconds=1.5, warmup_batches=1,
         space=_space(tmp_path, "0, 2"), trials=2, out=str(tmp_path / "out"), probe=False,
         cold=False, confirm=0, popen=tiny_shm))
     by_w = {t.params["num_workers"]: t for t in r.trials if t.state != "duplicate"}

@@ -31,9 +31,11 @@ def test_json_keys_report_and_resume(small_dataset, tmp_path):
         assert k in d, k
     assert {"config", "images_per_s", "au"} <= d["recommended"].keys()
     assert {"storage", "decode", "demand"} <= d["ceilings"].keys()
-    assert d["ceilings"]["storage"] and d["ceilings"]["decode"] and d["ceilings"]["demand"] == 1600
-    assert d["verdict"]["bottleneck"] in ("storage", "decode", "compute", "loader")
-    assert d["verdict"]["evidence"]
+    assert d["ceilings"]["storage"] and d["ceilings"]["decode"] and d["ceilings"]["demand"] == 800
+    # The verdict reads the recommendation's own window: the monitor's CPU and disk lines
+    # are in its evidence (which bottleneck a 64-image set shows is the other tests' job).
+    ev = " | ".join(d["verdict"]["evidence"])
+    assert "CPU: machine" in ev and "system figures:" in ev and "monitor samples" in ev, ev
     assert d["baseline"]["config"]["num_workers"] == min(8, os.cpu_count())
     html = Path(r1.report_html).read_text()
     assert html.count("<svg") >= 3 and "Optimization history" in html
@@ -42,13 +44,16 @@ def test_json_keys_report_and_resume(small_dataset, tmp_path):
     # Two trials and the baseline: the two fastest (and the knee) were measured again in
     # 2 s windows, and the recommendation and the best carry those figures, not the first.
     conf1 = {json.dumps(c.params, sort_keys=True): c for c in r1.confirmations}
-    assert len(conf1) >= 2 and all(c.window_s == 2.0 and c.first_images_per_s for c in conf1.values())
+    # The window recorded is the one measured: a 64-image cold pass ends before 2 s.
+    assert len(conf1) >= 2 and all(c.requested_window_s == 2.0 and c.first_images_per_s
+                                   and c.window_s == c.measured_s <= 2.0 for c in conf1.values())
     firsts = {t.number: t.images_per_s for t in measured1 + [r1.baseline]}
     assert all(c.first_images_per_s == firsts[c.number] for c in conf1.values())
     for chosen in (r1.recommended, r1.best):
         c = conf1[json.dumps(chosen.params, sort_keys=True)]
-        assert chosen.window_s == 2.0 and chosen.images_per_s == c.images_per_s
-    assert d["recommended"]["window_s"] == 2.0 and len(d["confirmed"]) == len(conf1)
+        assert chosen.window_s == c.window_s and chosen.images_per_s == c.images_per_s
+    assert d["recommended"]["window_s"] == pytest.approx(r1.recommended.window_s, abs=1e-3)
+    assert len(d["confirmed"]) == len(conf1)
 
     # Same study, more trials: only the missing ones are measured; nothing is redone.
     r2 = run_search(small_dataset, opts(tmp_path, trials=3, compute_ms=5, confirm=2,
@@ -83,8 +88,9 @@ def test_a_failing_trial_is_recorded_and_the_study_goes_on(small_dataset, tmp_pa
 
 
 def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_dataset, tmp_path):
-    # batch 8 every 250 ms: demand 32 images/s, far below what any loader here delivers.
-    r = run_search(small_dataset, opts(tmp_path, trials=5, compute_ms=250, seconds=2,
+    # batch 4 every 250 ms: demand 16 images/s, far below what any loader here delivers
+    # (3 s: the 10 batches a measurement needs at 4 batches a second).
+    r = run_search(small_dataset, opts(tmp_path, trials=5, compute_ms=250, seconds=3,
                                        baseline=False, probe=False))
     assert r.stop_reason.startswith("ceiling reached"), r.stop_reason
     assert len([t for t in r.trials if t.state != "duplicate"]) < 5
@@ -149,3 +155,22 @@ def test_a_clearly_slower_trial_is_pruned_early(small_dataset, tmp_path):
     states = {t.number: t.state.name for t in study.trials}
     assert states[new[0].number] == "PRUNED"
     assert len(study.trials[new[0].number].intermediate_values) >= 2
+
+
+def test_two_batch_sizes_the_larger_is_not_free(small_dataset, tmp_path):
+    # Before: batch_size in a space crashed (passed twice), and a step that sleeps the
+    # same for any batch made the largest always win. Now the emulated step scales.
+    sp = tmp_path / "space.yaml"
+    sp.write_text("num_workers: {choices: [1]}\nprefetch_factor: {choices: [2]}\n"
+                  "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n"
+                  "batch_size: {choices: [4, 8]}\n")
+    r = run_search(small_dataset, opts(tmp_path, space=str(sp), grid=True, compute_ms=20,
+                                       cold=False, seconds=2.0))
+    done = {t.params["batch_size"]: t for t in r.trials if t.state == "complete"}
+    assert set(done) == {4, 8}, [(t.params, t.state, t.reason) for t in r.trials]
+    assert done[8].step_ms == pytest.approx(2 * done[4].step_ms, rel=0.25)
+    demand = r.ceilings.demand                               # 4 / 20 ms = 200 images/s
+    assert demand == pytest.approx(200.0)
+    assert all(t.images_per_s <= 1.05 * demand for t in done.values())
+    assert any("scales with the batch" in n and "8: 40 ms" in n for n in r.warnings)
+    assert not [t for t in r.trials if t.state == "running"]
