@@ -13,7 +13,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 
 __version__ = "0.1.0"
-__all__ = ["AutotuneError", "__version__", "instrument"]
+__all__ = ["AutotuneError", "__version__", "instrument", "loader_kwargs", "tune"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +21,7 @@ def __getattr__(name: str) -> Any:
     if name == "instrument":
         from autotune.instrumentation import instrument
         return instrument
+    if name in ("loader_kwargs", "tune"):
+        from autotune import handoff
+        return getattr(handoff, name)
     raise AttributeError(f"module 'autotune' has no attribute {name!r}")

@@ -11,7 +11,10 @@ import shutil
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
+
+from autotune.bench.procs import group_members
 
 # A test suite started in the background by a non-interactive shell (`cmd &`, nohup, some
 # CI runners) inherits SIGINT ignored, and so would every process it starts: the Ctrl-C
@@ -80,3 +83,37 @@ def tiny_shm():
              'mount -t tmpfs -o size=256k tmpfs /dev/shm && exec "$@"', "sh", *cmd], **kw)
 
     return popen
+
+
+def measurement_processes() -> list[psutil.Process]:
+    """Live descendants of this test process that run the bench child (or its workers,
+    which are forks of it and share its command line)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and "autotune.bench.child" in " ".join(p.cmdline()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def assert_no_leftovers(res) -> None:
+    """Nothing of the measurement's process group remains, not even a zombie."""
+    pgid = res.process["pid"]
+    assert pgid, res.process
+    assert group_members(pgid) == [], f"left in group {pgid}: {group_members(pgid)}"
+    assert measurement_processes() == []
+    assert res.process["stray"] == []
+
+
+@pytest.fixture
+def no_leftovers():
+    """The assert_no_leftovers check, as a fixture (test modules here are not a package)."""
+    return assert_no_leftovers
+
+
+@pytest.fixture
+def live_measurements():
+    """measurement_processes, as a fixture."""
+    return measurement_processes

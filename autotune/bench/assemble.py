@@ -134,6 +134,8 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
         return res
     assert child is not None
     _figures(res, cfg, child, parent_marks)
+    if child.get("ranks"):
+        _rank_figures(res, cfg, child["ranks"])
     _check_cache(res, cfg, child, root, win)
     few = _too_few(cfg, res.window)
     if few is not None:  # figures kept for the record, but not a measurement
@@ -184,9 +186,16 @@ def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
         if "pin_memory" in w or "worker processes in total" in w:
             continue  # said above / below in our own words
         warnings.append(f"torch: {w}")
-    if cfg.num_workers > cores:
-        warnings.append(f"{cfg.num_workers} workers on {cores} usable cores: more workers than "
+    per_node = cfg.num_workers * cfg.procs_per_node
+    if per_node > cores:
+        warnings.append(f"{cfg.num_workers} workers x {cfg.procs_per_node} rank(s) on {cores} "
+                        "usable cores: more workers than cores only pay off while workers wait "
+                        "on storage, not on decoding." if cfg.procs_per_node > 1 else
+                        f"{cfg.num_workers} workers on {cores} usable cores: more workers than "
                         "cores only pay off while workers wait on storage, not on decoding.")
+    if cfg.procs_per_node > cores:
+        warnings.append(f"{cfg.procs_per_node} ranks on {cores} usable cores: more ranks than "
+                        "cores share them (allowed; the figures say what that costs).")
     if cfg.in_memory:
         info = child.get("dataset") or {}
         mib = (info.get("in_memory_bytes") or 0) / 2**20
@@ -224,6 +233,7 @@ def _failure(cfg: BenchConfig, child: dict[str, Any] | None, system: dict[str, A
     """Why the measurement gave no figure, or None."""
     shm = system.get("shm", {})
     ctx = {"nofile_limit": (child or {}).get("nofile_limit"), "step": cfg.step,
+           "factory": cfg.dataset_factory,
            "shm_used_bytes": (shm.get("used_mib_max") or 0) * 2**20 or None,
            "shm_total_bytes": (shm.get("total_mib") or 0) * 2**20 or None}
     if stopped:
@@ -278,6 +288,35 @@ def _figures(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
         "scan_s": (marks["scanned"] - marks["go"]) if "scanned" in marks and "go" in marks else None,
     }
     res.warnings.extend(_window_warnings(cfg, child, f))
+
+
+def _rank_figures(res: BenchResult, cfg: BenchConfig, ranks: list[dict[str, Any]]) -> None:
+    """Each rank's figures, and the node's: every DDP step waits for the slowest rank, so
+    the node delivers ranks x the slowest rank's images/s (the sum is shown beside it)."""
+    per = []
+    for rk in ranks:
+        m = rk.get("marks") or {}
+        if not rk.get("batches") or "window_start" not in m:
+            continue
+        f = window_figures([Batch(*b) for b in rk["batches"]], m["window_start"], cfg.windows)
+        per.append({"rank": rk["rank"], "images_per_s": f.images_per_s,
+                    "au": f.step_fraction if cfg.has_step else None,
+                    "data_wait_fraction": f.data_wait_fraction, "batches": f.batches,
+                    "seconds": f.wall_s})
+    if not per:
+        return
+    slow = min(per, key=lambda r: r["images_per_s"])
+    res.per_rank = per
+    res.images_per_s = len(per) * slow["images_per_s"]
+    res.images_per_s_sum = sum(r["images_per_s"] for r in per)
+    res.data_wait_fraction = slow["data_wait_fraction"]
+    if cfg.has_step:
+        res.au = slow["au"]
+        res.input_bound = slow["au"] < INPUT_BOUND_AU
+    res.window["batches"] = min(r["batches"] for r in per)
+    res.window["ranks"] = len(per)
+    if len(per) < cfg.procs_per_node:
+        res.warnings.append(f"only {len(per)} of {cfg.procs_per_node} ranks measured a window")
 
 
 def _window_warnings(cfg: BenchConfig, child: dict[str, Any], f: Any) -> list[str]:

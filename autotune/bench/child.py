@@ -244,6 +244,8 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
     from converters.source import MemorySource
 
     out["phase"] = "scan"
+    if cfg.dataset_factory:
+        return _factory_loader(spec, cfg, out)
     source = open_source(spec["dataset"], cfg.format)
     if cfg.in_memory:
         source = MemorySource(source, cfg.in_memory, seed=cfg.seed)
@@ -255,25 +257,87 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
     if cfg.num_workers > 0:
         kwargs.update(timeout=cfg.batch_timeout_s, worker_init_fn=_worker_init)
     transform = build_transform(cfg.transform)
+    rank, world = int(spec.get("rank", 0)), int(spec.get("world", 1))
     if source.iterable:
         # Streamed shards: the dataset shuffles shards and a sample buffer itself and
-        # splits shards by worker; DataLoader must not add a sampler.
-        dataset = source.dataset(transform, shuffle=cfg.shuffle, seed=cfg.seed)
-        note = source.readers_note(cfg.num_workers)
+        # splits shards by rank and worker; DataLoader must not add a sampler.
+        dataset = source.dataset(transform, shuffle=cfg.shuffle, seed=cfg.seed,
+                                 **({"rank": rank, "world_size": world} if world > 1 else {}))
+        note = source.readers_note(cfg.num_workers, world)
         if note:
             out.setdefault("warnings", []).append(note)
         loader = torch.utils.data.DataLoader(dataset, drop_last=True, **kwargs)
     else:
-        gen = torch.Generator()
-        gen.manual_seed(cfg.seed)
-        loader = torch.utils.data.DataLoader(ImageDataset(source, transform), shuffle=cfg.shuffle,
-                                             drop_last=True, generator=gen, **kwargs)
+        loader = _map_loader(ImageDataset(source, transform), cfg, rank, world, kwargs)
     out["epoch_batches"] = len(loader)
     out["images"] = len(source)
     if out["epoch_batches"] == 0:
         raise ValueError(f"{spec['dataset']}: {len(source)} images is less than one batch of "
                          f"{cfg.batch_size}; use a smaller batch size or a larger dataset")
     return loader
+
+
+def _factory_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
+    """The DataLoader over the user's own dataset (autotune.bench.factory)."""
+    import torch.utils.data
+
+    from autotune.bench import factory
+    from autotune.params import loader_kwargs
+
+    out["phase"] = "factory"
+    ud = factory.build(cfg.dataset_factory, spec["dataset"])
+    out["dataset"] = ud.info(cfg.dataset_factory, spec["dataset"])
+    out["marks"]["scanned"] = time.monotonic()
+    kwargs = {**loader_kwargs(cfg.loader_settings()), **cfg.loader_extra}
+    if cfg.num_workers > 0:
+        kwargs.update(timeout=cfg.batch_timeout_s,
+                      worker_init_fn=_chain(ud.worker_init_fn, _worker_init))
+    if ud.collate_fn is not None:
+        kwargs["collate_fn"] = ud.collate_fn
+    if ud.iterable:
+        loader = torch.utils.data.DataLoader(ud.dataset, drop_last=True, **kwargs)
+    elif ud.sampler is not None:
+        loader = torch.utils.data.DataLoader(ud.dataset, sampler=ud.sampler, drop_last=True,
+                                             **kwargs)
+    else:
+        loader = _map_loader(ud.dataset, cfg, int(spec.get("rank", 0)),
+                             int(spec.get("world", 1)), kwargs)
+    try:
+        out["epoch_batches"] = len(loader)
+    except TypeError:  # an IterableDataset without a length: the pass ends when it ends
+        out["epoch_batches"] = None
+    out["images"] = out["dataset"]["images"]
+    if out["epoch_batches"] == 0:
+        raise ValueError(f"{spec['dataset']}: the factory's dataset has {out['images']} samples, "
+                         f"less than one batch of {cfg.batch_size}; use a smaller batch size")
+    return loader
+
+
+def _map_loader(dataset: Any, cfg: Any, rank: int, world: int, kwargs: dict[str, Any]) -> Any:
+    """A map-style dataset's loader: shuffled (seeded); with ranks, this rank's share as
+    DistributedSampler gives it (equal shares, the remainder dropped, as DDP does)."""
+    import torch.utils.data
+
+    if world > 1:
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=cfg.shuffle, seed=cfg.seed,
+            drop_last=True)
+        return torch.utils.data.DataLoader(dataset, sampler=sampler, drop_last=True, **kwargs)
+    gen = torch.Generator()
+    gen.manual_seed(cfg.seed)
+    return torch.utils.data.DataLoader(dataset, shuffle=cfg.shuffle, drop_last=True,
+                                       generator=gen, **kwargs)
+
+
+def _chain(first: Any, then: Callable[[int], None]) -> Callable[[int], None]:
+    if first is None:
+        return then
+
+    def both(worker_id: int) -> None:
+        then(worker_id)
+        first(worker_id)
+
+    return both
 
 
 def _step(cfg: Any, step_fn: Any) -> Callable[[Any], None]:
@@ -316,6 +380,8 @@ class _Batches:
 def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
              out: dict[str, Any]) -> Any:
     """Warm-up (excluded), then the window: each batch's wait and step, timed."""
+    from autotune.bench.factory import batch_len
+
     marks = out["marks"]
     src = _Batches(loader, cfg.cold)
     marks["loader_started"] = start = time.monotonic()
@@ -351,7 +417,7 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                     out["phase"] = "measure"
                     _status(status_fd, f"measure {cfg.seconds:g}")
                 continue
-            n = len(batch[-1]) if isinstance(batch, (list, tuple)) else cfg.batch_size
+            n = batch_len(batch, cfg.batch_size)
             batches.append([t1 - t0, t2 - t1, n, t2])
             window_images += n
             if t2 - last_tick >= TICK_S:
@@ -380,13 +446,20 @@ def main(argv: list[str]) -> int:
     out: dict[str, Any] = {"ok": False, "pid": os.getpid(), "marks": {}, "phase": "startup",
                            "warnings": []}
     it = None
+    world = int(spec["config"].get("procs_per_node") or 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            it = run(spec, status_fd, go_fd, out)
+            if world > 1 and "rank" not in spec:
+                from autotune.bench.ranks import launch
+
+                launch(spec, world, status_fd, go_fd, out)  # the ranks measure
+            else:
+                it = run(spec, status_fd, go_fd, out)
             out["ok"] = True
         except BaseException as e:  # noqa: BLE001  (everything becomes a result)
-            phase = "step" if isinstance(e, StepFailed) else out["phase"]
+            phase = ("step" if isinstance(e, StepFailed) else getattr(e, "phase", None)
+                     or out["phase"])
             out["error"] = _error(e, phase)
         seen: set[str] = set()
         for w in caught:

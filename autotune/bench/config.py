@@ -69,6 +69,11 @@ class BenchConfig:
     preset: str | None = None
     # DataLoader settings of the search's parameter registry that are not fields here.
     loader_extra: dict[str, Any] = field(default_factory=dict)
+    # The user's own dataset: 'file.py:function' or 'module:function', called with the
+    # dataset path in each measurement process (autotune.bench.factory).
+    dataset_factory: str | None = None
+    # Ranks on the node, each with its own DataLoader over its share (DDP-like).
+    procs_per_node: int = 1
 
     @classmethod
     def from_preset(cls, preset: str = DEFAULT_PRESET, **overrides: Any) -> BenchConfig:
@@ -152,6 +157,15 @@ class BenchConfig:
             raise UsageError("persistent_workers needs num_workers > 0 (with 0 workers there is "
                              "no worker process to keep between epochs).",
                              setting=("persistent_workers", "num_workers"))
+        need_int("procs_per_node", self.procs_per_node, 1)
+        if self.dataset_factory is not None and (not isinstance(self.dataset_factory, str)
+                                                 or ":" not in self.dataset_factory
+                                                 or self.dataset_factory.endswith(":")):
+            raise UsageError(f"dataset_factory must be 'file.py:function' or 'module:function', "
+                             f"but got {self.dataset_factory!r}.", setting="dataset_factory")
+        if self.dataset_factory and self.in_memory:
+            raise UsageError("in_memory holds images of autotune's own pipeline; it does not "
+                             "apply to a dataset_factory.", setting=("in_memory", "dataset_factory"))
         if self.step is not None:
             if not isinstance(self.step, str) or ":" not in self.step or self.step.endswith(":"):
                 raise UsageError(f"step must be 'module:function' or 'file.py:function', "

@@ -70,6 +70,19 @@ def classify_error(err: dict[str, Any], ctx: dict[str, Any]) -> Failure:
     shm_note = (f" (/dev/shm {'at the failure' if own else 'peak'}: {_fmt_mib(shm_used)} used "
                 f"of {_fmt_mib(shm_total)})" if shm_total else "")
 
+    if etype == "RankFailed":
+        return Failure("rank", msg, "rerun with --procs-per-node 1 to see that rank's error in "
+                                    "one process")
+    if phase == "factory":
+        return Failure("factory", msg, "fix the dataset factory; run it once in Python with the "
+                                       "dataset path to see the full traceback")
+    if re.search(r"default_collate|batch must contain tensors|collate", text) and \
+            etype in ("TypeError", "RuntimeError") and ctx.get("factory"):
+        first = (original or msg).splitlines()[0][:300]
+        return Failure("collate", f"the samples of the dataset factory {ctx['factory']} cannot be "
+                                  f"batched: {first}",
+                       "return samples of tensors, numbers, dicts or lists of them, or a dict "
+                       "with 'dataset' and a 'collate_fn' from the factory")
     if phase == "step":
         return Failure("step_error",
                        f"the training step {ctx.get('step')} raised {etype}: {msg}",

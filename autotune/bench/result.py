@@ -52,6 +52,10 @@ class BenchResult:
     environment: dict[str, Any] = field(default_factory=dict)
     timeline_file: str | None = None
     seconds_total: float = 0.0
+    # With ranks (procs_per_node > 1): each rank's figures; images_per_s is the node's
+    # (ranks x the slowest rank), images_per_s_sum what the ranks delivered together.
+    per_rank: list[dict[str, Any]] | None = None
+    images_per_s_sum: float | None = None
 
     @property
     def label(self) -> str:
@@ -96,4 +100,6 @@ class BenchResult:
             "environment": self.environment,
             "timeline_file": self.timeline_file,
             "seconds_total": self.seconds_total,
+            "per_rank": self.per_rank,
+            "images_per_s_sum": self.images_per_s_sum,
         }

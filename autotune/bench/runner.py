@@ -141,8 +141,16 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     say = progress or (lambda _msg: None)
     t_begin = time.monotonic()
     root = Path(dataset).absolute()
-    fmt = resolve_format(root, cfg.format)
-    _check_folder(root, fmt)
+    if cfg.dataset_factory:
+        from autotune.bench import factory
+
+        factory.check(cfg.dataset_factory)
+        if not root.exists():
+            raise UsageError(f"{root}: no such file or directory.")
+        fmt = "factory"
+    else:
+        fmt = resolve_format(root, cfg.format)
+        _check_folder(root, fmt)
     m = _Measurement(root, fmt, cfg, throttle, say, on_tick)
     m.prepare_cache()
     _remove_stale_tmp()
@@ -200,10 +208,19 @@ class _Measurement:
                              "storage and the page cache play no part")
         elif not cfg.cold or os.geteuid() != 0:
             self.say(f"scanning {self.root}")
-            self.files = list(open_source(self.root, self.fmt).files())
+            self.files = self._files()
         if not cfg.cold and not cfg.in_memory:
             cache["resident_fraction_at_start"] = resident_fraction(self.files or [])
             cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
+
+    def _files(self) -> list[Path]:
+        """What a cold run evicts: the format's files, or everything under a factory's
+        dataset path (autotune cannot know which of them the factory reads)."""
+        if self.fmt != "factory":
+            return list(open_source(self.root, self.fmt).files())
+        if self.root.is_file():
+            return [self.root]
+        return [Path(d) / f for d, _dirs, fs in os.walk(self.root) for f in fs]
 
     def run(self, tmp: Path, popen: Popen, watch_path: Path | str) -> None:
         """Spawn, watch under the hard timeout, and kill the whole group whatever happened."""
@@ -309,7 +326,7 @@ class _Measurement:
             try:
                 self.cache["method"] = make_cold(self.files)
             except NotPermitted:  # root, but /proc/sys is read-only here
-                self.files = list(open_source(self.root, self.fmt).files())
+                self.files = self._files()
                 self.cache["method"] = make_cold(self.files)
             if self.cache["method"] == "fadvise":
                 self.cache["resident_fraction_after_evict"] = resident_fraction(self.files or [])

@@ -76,6 +76,7 @@ options override them."""
                        help="dataset format (default auto: manifest.json's, else folder; lmdb "
                             "and wds read a conversion written by `autotune convert`)")
         add_loader_options(p)
+        add_job_options(p)
         step = p.add_mutually_exclusive_group()
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step: hold each batch MS milliseconds (0 = no step)")
@@ -115,8 +116,12 @@ options override them."""
         from autotune.bench import BenchConfig, run_bench
         from autotune.cli.tables.bench import bench_renderable
 
+        from autotune.search.study import procs_per_node
+
         cfg = BenchConfig.from_preset(
-            args.preset, **loader_settings(args), compute_ms=args.compute_ms, step=args.step, seconds=args.seconds,
+            args.preset, **loader_settings(args), dataset_factory=args.dataset_factory,
+            procs_per_node=procs_per_node(args.procs_per_node),
+            compute_ms=args.compute_ms, step=args.step, seconds=args.seconds,
             warmup_batches=args.warmup_batches, format=args.format, timeout_s=args.timeout,
             batch_timeout_s=args.batch_timeout, max_open_files=args.max_open_files,
             seed=args.seed, in_memory=args.in_memory,
@@ -129,6 +134,19 @@ options override them."""
             res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
         emit(args, res.to_dict(), bench_renderable(res))
         return 1 if res.failed else 0
+
+
+def add_job_options(p: argparse.ArgumentParser) -> None:
+    """The user's own job: their Dataset and their ranks on the node."""
+    p.add_argument("--dataset-factory", metavar="FILE.py:FUNCTION",
+                   help="your own Dataset: FUNCTION(DATASET) returns a torch Dataset or "
+                        "IterableDataset, or a dict with 'dataset' and optionally "
+                        "'collate_fn', 'sampler', 'worker_init_fn'; called in each "
+                        "measurement process (also module:function)")
+    p.add_argument("--procs-per-node", type=positive_int("--procs-per-node"), metavar="N",
+                   help="ranks on this node, as DDP runs them: N processes, each with its own "
+                        "DataLoader over its share of the samples (default LOCAL_WORLD_SIZE, "
+                        "else 1); --workers is per rank")
 
 
 def add_loader_options(p: argparse.ArgumentParser) -> None:

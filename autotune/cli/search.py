@@ -65,6 +65,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step time per batch (default: the preset's)")
         step.add_argument("--step", metavar="MODULE:FUNCTION", help="a real step function")
+        from autotune.cli.bench import add_job_options
+
+        add_job_options(p)
         p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
         p.add_argument("--seconds", type=positive_float("--seconds"), default=10.0, metavar="S",
                        help="measured window per trial (default 10)")
@@ -117,7 +120,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                              max_memory_mib=max_mem, seed=args.seed, cold=not args.warm,
                              probe=not args.no_probe, probe_fio=not args.no_fio, format=args.format,
                              prune_below=None if args.no_prune else args.prune_below,
-                             confirm=args.confirm, confirm_seconds=args.confirm_seconds)
+                             confirm=args.confirm, confirm_seconds=args.confirm_seconds,
+                             dataset_factory=args.dataset_factory,
+                             procs_per_node=args.procs_per_node)
         if args.convert != "off":
             from autotune.search.loop import run_loop
 

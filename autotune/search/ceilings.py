@@ -56,6 +56,7 @@ class Ceilings:
     storage_unit: str = "files/s"     # loose files: files/s = images/s; a conversion: samples/s
     samples: int | None = None        # the dataset's size (for the minimum window)
     ram_backed: str | None = None     # why the dataset can never be read cold
+    iterable: bool = False            # the dataset is an IterableDataset (no shuffle=)
 
     def finite(self) -> dict[str, float]:
         """The ceilings that hold (measured, and not overtaken)."""
@@ -81,7 +82,8 @@ class Ceilings:
                 "decode_per_core": self.decode_per_core,
                 "storage_best_concurrency": self.storage_best_concurrency,
                 "storage_unit": self.storage_unit, "samples": self.samples,
-                "ram_backed": self.ram_backed, "evidence": self.evidence,
+                "ram_backed": self.ram_backed, "iterable": self.iterable,
+                "evidence": self.evidence,
                 "lower_bounds": self.lower_bounds,
                 "measured": {"storage": self.storage, "decode": self.decode}}
 
@@ -97,7 +99,7 @@ class Ceilings:
                    evidence=d.get("evidence", []), probe=None,
                    lower_bounds={k: v for k, v in lb.items() if isinstance(v, dict)},
                    storage_unit=d.get("storage_unit", "files/s"), samples=d.get("samples"),
-                   ram_backed=d.get("ram_backed"))
+                   ram_backed=d.get("ram_backed"), iterable=bool(d.get("iterable")))
 
     def revise(self, number: int, images_per_s: float | None) -> str | None:
         """Take a measured configuration into account: a storage or decode ceiling it beats
@@ -189,13 +191,52 @@ def _decode_loop(blobs: list[bytes], transform: Callable[[bytes], Any],
     return n / cpu, n
 
 
+def factory_rate_per_core(dataset: Any, *, n: int = 200, seconds: float = 3.0,
+                          seed: int = 0) -> tuple[float, int]:
+    """Samples/s per core of a user's dataset (its own reading and transform), its files
+    warm: up to `n` samples are read once (pages cached), then again for about `seconds`,
+    timed in CPU time on one torch thread as a worker runs it."""
+    import torch
+    import torch.utils.data
+
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        def items() -> Any:
+            for k, x in enumerate(dataset):
+                if k >= n:
+                    return
+                yield x
+    else:
+        idx = list(range(len(dataset)))
+        pick = idx if len(idx) <= n else random.Random(seed).sample(idx, n)
+
+        def items() -> Any:
+            return (dataset[i] for i in pick)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in items():   # warms the files and the libraries: not decode cost
+            pass
+        k, t0, w0 = 0, time.process_time(), time.monotonic()
+        while time.monotonic() - w0 < seconds:
+            before = k
+            for _ in items():
+                k += 1
+            if k == before:
+                break
+        return k / max(time.process_time() - t0, 1e-9), k
+    finally:
+        torch.set_num_threads(threads)
+
+
 def demand_ceiling(batch_size: int, compute_ms: float) -> float | None:
     """Images/s the step can consume; None when there is no step (infinite demand)."""
     return batch_size * 1000.0 / compute_ms if compute_ms > 0 else None
 
 
 def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size: int, compute_ms: float, probe: Any | None,
-            decode_seconds: float = 3.0, samples: int | None = None) -> Ceilings:
+            decode_seconds: float = 3.0, samples: int | None = None,
+            user_dataset: Any = None) -> Ceilings:
     """All three ceilings. `probe` is a ProbeResult (or None when storage was not probed);
     a conversion's storage ceiling is its samples/s through the format's reader."""
     limit = cpu_limit()
@@ -225,11 +266,16 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
                       if e.startswith("cross-check"))
         else:
             ev.append(f"storage: not measured ({probe.replay_error})")
-    per_core, n = decode_rate_per_core(blobs, transform, seconds=decode_seconds)
+    if user_dataset is not None:
+        per_core, n = factory_rate_per_core(user_dataset, seconds=decode_seconds)
+        how = f"the dataset factory's own samples, files warm ({n} samples)"
+    else:
+        per_core, n = decode_rate_per_core(blobs, transform, seconds=decode_seconds)
+        how = f"from memory ({n} decodes)"
     # CPU time, not whole cores: a 1.5-core quota decodes 1.5 cores' worth.
     decode = per_core * limit.cores if per_core else None
     if decode:
-        ev.append(f"decode: {per_core:,.0f} images/s per core from memory ({n} decodes) x "
+        ev.append(f"decode: {per_core:,.0f} images/s per core {how} x "
                   f"{limit.cores:g} usable core(s) ({limit.source}) = {decode:,.0f} images/s")
     demand = demand_ceiling(batch_size, compute_ms)
     if demand:

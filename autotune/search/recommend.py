@@ -78,24 +78,29 @@ def baseline_params(cores: int) -> dict[str, Any]:
             "pin_memory": True}
 
 
-def _settings(params: dict[str, Any], batch_size: int) -> list[tuple[Any, Any]]:
-    """(Param, value) of each setting that applies, batch_size first."""
+def kwargs_of(params: dict[str, Any], batch_size: int, *, iterable: bool = False) -> dict[str, Any]:
+    """The DataLoader keywords of a configuration, in the order a person writes them:
+    batch_size, shuffle (not for an IterableDataset: DataLoader refuses it), then each
+    setting that applies (no prefetch_factor without workers). The snippet, the YAML
+    block and autotune.loader_kwargs() are all this dict."""
     full = {"batch_size": batch_size, **params}
-    return [(PARAMS["batch_size"], full["batch_size"])] + [
-        (p, full[n]) for n, p in PARAMS.items()
-        if n != "batch_size" and n in full and p.applies(full)]
+    kw: dict[str, Any] = {"batch_size": full["batch_size"]}
+    if not iterable:
+        kw["shuffle"] = True
+    for n, p in PARAMS.items():
+        if n != "batch_size" and n in full and p.applies(full):
+            kw[n] = full[n]
+    return kw
 
 
 def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
                        iterable: bool = False) -> str:
-    """Ready-to-paste DataLoader call for the recommended configuration. An iterable
-    dataset (streamed shards) shuffles itself: DataLoader refuses shuffle= for it."""
-    args = [f"{p.name}={p.python(v)}" for p, v in _settings(params, batch_size)]
-    if not iterable:
-        args.insert(1, "shuffle=True")
+    """Ready-to-paste DataLoader call for the recommended configuration."""
+    args = [f"{k}={v!r}" for k, v in kwargs_of(params, batch_size, iterable=iterable).items()]
     return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
 
 
-def yaml_block(params: dict[str, Any], batch_size: int) -> str:
-    lines = ["dataloader:"] + [f"  {p.name}: {p.yaml(v)}" for p, v in _settings(params, batch_size)]
-    return "\n".join(lines)
+def yaml_block(params: dict[str, Any], batch_size: int, *, iterable: bool = False) -> str:
+    kw = kwargs_of(params, batch_size, iterable=iterable)
+    return "\n".join(["dataloader:"] + [f"  {k}: {str(v).lower() if isinstance(v, bool) else v}"
+                                        for k, v in kw.items()])

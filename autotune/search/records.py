@@ -46,6 +46,7 @@ class TrialRecord:
     step_ms: float | None = None      # p50 of the (emulated or real) step
     # What the monitor saw in the window (autotune.monitor.figures): the verdict's evidence.
     system_figures: dict[str, Any] | None = None
+    per_rank: list[dict[str, Any]] | None = None   # procs_per_node > 1: each rank's figures
 
     @property
     def ok(self) -> bool:
@@ -76,7 +77,7 @@ class TrialRecord:
             disk_reads_per_s=_fig(system, "disk", "reads_per_s", "median"),
             reason=r.get("reason"), hint=r.get("hint"), seconds=r.get("seconds_total"),
             measured_s=_fig(r, "window", "seconds"), step_ms=_fig(r, "step_ms", "p50"),
-            system_figures=system.get("figures"),
+            system_figures=system.get("figures"), per_rank=r.get("per_rank"),
             batches=int(b) if (b := _fig(r, "window", "batches")) is not None else None,
             timeline_file=r.get("timeline_file"), warnings=list(r.get("warnings") or []))
 

@@ -42,12 +42,7 @@ class SearchResult:
     @property
     def iterable(self) -> bool:
         """Whether the dataset is read as an IterableDataset (streamed shards)."""
-        from converters import registry
-
-        try:
-            return bool(registry.get(self.dataset_format).reader_class().iterable)
-        except Exception:  # noqa: BLE001 - an unknown format: the map-style snippet
-            return False
+        return self.ceilings.iterable
 
     @property
     def cold(self) -> bool:
@@ -73,14 +68,14 @@ class SearchResult:
                 "data_wait_fraction": t.data_wait_fraction, "peak_rss_mib": t.peak_rss_mib,
                 "trial": t.number, "state": t.state, "reason": t.reason,
                 "timeline_file": t.timeline_file, "window_s": t.window_s,
-                "first_images_per_s": t.first_images_per_s}
+                "first_images_per_s": t.first_images_per_s, "per_rank": t.per_rank}
 
     def to_dict(self) -> dict[str, Any]:
         rec = self.recommended
         return {
             "schema": SCHEMA, "dataset": self.dataset, "study": self.study,
             "storage": self.storage, "options": self.options, "space": self.space,
-            "cold": self.cold, "cold_reason": self.cold_reason,
+            "cold": self.cold, "cold_reason": self.cold_reason, "batch_size": self.batch_size,
             "ceilings": self.ceilings.to_dict(),
             "recommended": self._brief(rec), "best": self._brief(self.best),
             "baseline": self._brief(self.baseline),
@@ -90,7 +85,10 @@ class SearchResult:
             "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size,
                                                   iterable=self.iterable) if rec else None,
             "dataset_format": self.dataset_format,
-            "yaml": rec_mod.yaml_block(rec.params, self.batch_size) if rec else None,
+            "yaml": rec_mod.yaml_block(rec.params, self.batch_size,
+                                       iterable=self.iterable) if rec else None,
+            "loader_kwargs": rec_mod.kwargs_of(rec.params, self.batch_size,
+                                               iterable=self.iterable) if rec else None,
             "trials": [t.to_dict() for t in self.trials],
             "confirmed": [t.to_dict() for t in self.confirmations],
             "stop_reason": self.stop_reason, "seconds": self.seconds,

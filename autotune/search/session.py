@@ -72,7 +72,8 @@ class Session:
 
         from converters import registry
 
-        self.fmt = registry.resolve(self.root, self.opts.format)
+        self.fmt = ("factory" if self.base.dataset_factory
+                    else registry.resolve(self.root, self.opts.format))
         attrs = self.study.user_attrs
         if "ceilings" in attrs:
             self.ceilings = Ceilings.from_dict(attrs["ceilings"])
@@ -88,14 +89,25 @@ class Session:
                 self.study.set_user_attr("probe", _stored(self.ceilings.probe))
                 (self.out / "probe.json").write_text(json.dumps(self.ceilings.probe, indent=1))
         self._check_window()
-        self.space = load_space(self.opts.space, cores=self.ceilings.cores, cuda=cuda,
+        # The workers are per rank: each rank's share of the node's cores (more only where
+        # the storage probe shows latency to hide).
+        self.space = load_space(self.opts.space, cores=self.cores_per_rank, cuda=cuda,
                                 best_concurrency=self.ceilings.storage_best_concurrency)
+        if self.base.procs_per_node > 1:
+            self.space.notes.append(
+                f"{self.base.procs_per_node} ranks on {self.ceilings.cores} usable cores: "
+                f"num_workers is per rank (bound from {self.cores_per_rank} core(s) each); "
+                "images/s is the node's (ranks x the slowest rank), memory is summed")
         self._batch_note()
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
             import psutil
 
             self.max_mem = psutil.virtual_memory().total / 2**20 / 2
+
+    @property
+    def cores_per_rank(self) -> int:
+        return max(1, self.ceilings.cores // self.base.procs_per_node)  # type: ignore[union-attr]
 
     def _check_window(self) -> None:
         """A cold pass too short for any measurement is said up front (exit 2), not
@@ -182,7 +194,7 @@ class Session:
         if "baseline" in self.study.user_attrs:
             b = TrialRecord.from_dict(self.study.user_attrs["baseline"])
         else:
-            bp = rec_mod.baseline_params(self.ceilings.cores)
+            bp = rec_mod.baseline_params(self.cores_per_rank)
             self.say(f"baseline (rule of thumb): {bp}")
             b = self.bench(bp, "baseline")
             b.number = -1

@@ -36,6 +36,10 @@ class SearchOptions:
 
     preset: str = "resnet50"
     space: str | None = None
+    # The user's own dataset ('file.py:function' called with the dataset path) and the
+    # ranks on the node (each with its own DataLoader; default LOCAL_WORLD_SIZE, else 1).
+    dataset_factory: str | None = None
+    procs_per_node: int | None = None
     trials: int = 20
     timeout_s: float | None = None
     compute_ms: float | None = None
@@ -101,6 +105,16 @@ def _cuda() -> bool:
         return False
 
 
+def procs_per_node(given: int | None) -> int:
+    """Ranks on the node: as given, else LOCAL_WORLD_SIZE (torchrun sets it), else 1."""
+    if given is not None:
+        return given
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def default_study_name(dataset: Path, preset: str) -> str:
     h = hashlib.sha1(str(dataset).encode()).hexdigest()[:8]
     return f"{dataset.name or 'dataset'}-{preset}-{h}"
@@ -131,13 +145,25 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
         probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,
                           replay_seconds=5.0, run_fio=opts.probe_fio, cold=opts.cold,
                           progress=say)
-    say("measuring the decode rate from memory")
-    source = open_source(root, base.format)
-    blobs = ceil_mod.sample_blobs(source, 200, seed=opts.seed)
     demand_ms = base.compute_ms if base.step is None else 0.0
-    c = ceil_mod.measure(transform=build_transform(base.transform), blobs=blobs,
-                         batch_size=base.batch_size, compute_ms=demand_ms, probe=probe_res,
-                         samples=len(source))
+    transform = build_transform(base.transform)
+    if base.dataset_factory:
+        from autotune.bench import factory
+
+        say("measuring the dataset factory's samples per core (files warm)")
+        ud = factory.build(base.dataset_factory, str(root))
+        n = ud.info(base.dataset_factory, str(root))["images"]
+        c = ceil_mod.measure(transform=transform, blobs=[], batch_size=base.batch_size,
+                             compute_ms=demand_ms, probe=probe_res, samples=n,
+                             user_dataset=ud.dataset)
+        c.iterable = ud.iterable
+    else:
+        say("measuring the decode rate from memory")
+        source = open_source(root, base.format)
+        blobs = ceil_mod.sample_blobs(source, 200, seed=opts.seed)
+        c = ceil_mod.measure(transform=transform, blobs=blobs, batch_size=base.batch_size,
+                             compute_ms=demand_ms, probe=probe_res, samples=len(source))
+        c.iterable = bool(source.iterable)
     c.ram_backed = ram_backed(root)
     return c
 
@@ -146,7 +172,8 @@ def _fingerprint(root: Path, opts: SearchOptions, base: BenchConfig) -> dict[str
     """What must match for a study to be resumed rather than mixed with other figures."""
     return {"dataset": str(root), "preset": opts.preset, "batch_size": base.batch_size,
             "compute_ms": base.compute_ms, "step": base.step, "seconds": opts.seconds,
-            "cold": opts.cold, "format": opts.format}
+            "cold": opts.cold, "format": opts.format, "dataset_factory": base.dataset_factory,
+            "procs_per_node": base.procs_per_node}
 
 
 def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = None, *,
@@ -169,8 +196,14 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     (out / "timelines").mkdir(exist_ok=True)
     overrides = {"compute_ms": opts.compute_ms, "step": opts.step, "batch_size": opts.batch_size,
                  "seconds": opts.seconds, "warmup_batches": opts.warmup_batches,
-                 "cold": opts.cold, "format": opts.format, "seed": opts.seed}
+                 "cold": opts.cold, "format": opts.format, "seed": opts.seed,
+                 "dataset_factory": opts.dataset_factory,
+                 "procs_per_node": procs_per_node(opts.procs_per_node)}
     base = BenchConfig.from_preset(opts.preset, **overrides).validate()
+    if base.dataset_factory:
+        from autotune.bench import factory
+
+        factory.check(base.dataset_factory)  # a missing file or function: exit 2, now
     name = opts.study or default_study_name(root, opts.preset)
     url = opts.storage or f"sqlite:///{(out / 'study.db').absolute()}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -6,10 +6,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import psutil
 import pytest
 
-from autotune.bench.procs import group_members
 
 
 @pytest.fixture(scope="session")
@@ -41,37 +39,3 @@ def small_images_ds() -> Path:
         Image.fromarray(arr).save(cls / f"{i:04d}.jpg", quality=85)
     yield d
     shutil.rmtree(d.parent, ignore_errors=True)
-
-
-def measurement_processes() -> list[psutil.Process]:
-    """Live descendants of this test process that run the bench child (or its workers,
-    which are forks of it and share its command line)."""
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and "autotune.bench.child" in " ".join(p.cmdline()):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
-
-
-def assert_no_leftovers(res) -> None:
-    """Nothing of the measurement's process group remains, not even a zombie."""
-    pgid = res.process["pid"]
-    assert pgid, res.process
-    assert group_members(pgid) == [], f"left in group {pgid}: {group_members(pgid)}"
-    assert measurement_processes() == []
-    assert res.process["stray"] == []
-
-
-@pytest.fixture
-def no_leftovers():
-    """The assert_no_leftovers check, as a fixture (test modules here are not a package)."""
-    return assert_no_leftovers
-
-
-@pytest.fixture
-def live_measurements():
-    """measurement_processes, as a fixture."""
-    return measurement_processes
