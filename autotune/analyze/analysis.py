@@ -173,13 +173,13 @@ def load_probe(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         d = json.loads(p.read_text())
     except OSError as e:
-        raise UsageError(f"--probe {p}: {e.strerror}") from e
+        raise UsageError(f"probe file {p}: {e.strerror}", setting="probe") from e
     except ValueError as e:
-        raise UsageError(f"--probe {p}: not JSON ({e}); give the file `autotune probe "
-                         "--json FILE` wrote") from e
+        raise UsageError(f"probe file {p}: not JSON ({e}); give the file `autotune probe "
+                         "--json FILE` wrote", setting="probe") from e
     if not isinstance(d, dict) or "verdict" not in d:
-        raise UsageError(f"--probe {p}: no 'verdict' in it; give the file `autotune probe "
-                         "--json FILE` wrote")
+        raise UsageError(f"probe file {p}: no 'verdict' in it; give the file `autotune probe "
+                         "--json FILE` wrote", setting="probe")
     return d
 
 
@@ -206,11 +206,13 @@ def make_parser(fmt: str, regex: str | os.PathLike[str] | None) -> LogParser:
     if regex is not None:
         return RegexParser.from_yaml(regex)
     if fmt == "regex":
-        raise UsageError("--format regex needs --regex FILE (a YAML file with a 'pattern')")
+        raise UsageError("format regex needs a regex file (a YAML file with a 'pattern')",
+                         setting=("format", "regex"))
     try:
         return BUILTIN[fmt]()
     except KeyError:
-        raise UsageError(f"--format {fmt}: unknown; known: auto, {', '.join(BUILTIN)}, regex") from None
+        raise UsageError(f"format {fmt}: unknown; known: auto, {', '.join(BUILTIN)}, regex",
+                         setting="format") from None
 
 
 # -- the pass over the log ----------------------------------------------------------------
@@ -437,11 +439,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         return a
     inp = resolve_inputs(log, metrics, dataset)
     warnings = list(inp.notes)
-    fmt = format
-    if regex is not None:
-        fmt = "regex"
-    elif fmt == "auto":
-        fmt = detect_format(inp.log)
+    fmt = "regex" if regex is not None else (detect_format(inp.log) if format == "auto" else format)
     parser = make_parser(fmt, regex)
     times = LineTimes.for_log(inp.log)
     acc = _Pass(warmup, times, parser.other_kind)
@@ -455,29 +453,58 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     if dataset is None:
         dataset = inp.dataset or ((loader or {}).get("dataset") or {}).get("root")
     profile = profiles[-1] if profiles else None
-    m = acc.measured
-    if m.n == 0 and profile is None:
+    if acc.measured.n == 0 and profile is None:
         top = ", ".join(f"{k}: {v}" for k, v in list(lines["skipped_by_reason"].items())[:3])
-        hint = f"{parser.no_timing_hint}; or" if parser.no_timing_hint else "; check --format, or"
+        hint = f"{parser.no_timing_hint}; or" if parser.no_timing_hint else "; check the format, or"
         raise UsageError(f"{inp.log}: no step timing found as format '{fmt}' in "
-                         f"{lines['total']:,} "
-                         f"lines ({top or 'empty file'}){hint} wrap the loader "
-                         "with autotune.instrument(loader)")
+                         f"{lines['total']:,} lines ({top or 'empty file'}){hint} wrap the loader "
+                         "with autotune.instrument(loader)", setting="format")
+    f = _figures(acc, parser, fmt, batch_size, meta, profile, times, warnings)
+    system = None
+    if inp.metrics is not None:
+        system = join_metrics(inp.metrics, f["window"])
+        if system.joined_by != "time":
+            warnings.append(f"metrics joined by {system.joined_by}")
+    steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
+    probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
+    m = acc.measured
+    unique = max(1, m.n + acc.warm.n - acc.repeats)
+    ranks = len(acc.ranks) or 1 + round(acc.repeats / unique)
+    verdict = decide(RuleInputs(au=f["au"], data_share=f["data_share"],
+                                step_time_s=f["step_q"].get("p50"), images_per_s=f["ips"],
+                                batch_size=f["bs"], steps=f["steps"], loader=loader,
+                                system=system, probe=probe_d, dataset=dataset,
+                                job_cores=meta.get("cores") if isinstance(meta.get("cores"), int)
+                                else None))
+    verdict.evidence.extend(e for e in (parser.caveat, conf["note"]) if e)
+    return Analysis(
+        log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
+        warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=ranks,
+        batch_size=f["bs"], batch_size_source=f["bs_src"], data_time_share=f["data_share"],
+        au=f["au"], step_time_s=f["step_q"], iteration_time_s=f["iter_q"],
+        data_wait_s=f["data_q"], images_per_s=f["ips"], window=f["window"],
+        times_from=f["times_from"], trend=f["trend"], system=system, probe=probe_d,
+        loader=loader, dataset=dataset, verdict=verdict, profile=profile,
+        warnings=warnings + parser.notes, steady_data_time_share=steady,
+        epoch_starts=starts, share_from=share_from, confidence=conf)
 
-    # -- figures -----------------------------------------------------------------------------
+
+def _figures(acc: _Pass, parser: LogParser, fmt: str, batch_size: int | None,
+             meta: dict[str, Any], profile: ProfileSummary | None, times: LineTimes | None,
+             warnings: list[str]) -> dict[str, Any]:
+    """The log's own figures: share, AU, quantiles, images/s, window, trend."""
+    m = acc.measured
     bs, bs_src = _batch_size(acc, batch_size, fmt, warnings, meta)
     data_share, au = m.data_share, m.au
-    images_per_s = m.images_per_s
-    if images_per_s is None and bs is not None and m.iter > 0:
-        images_per_s = bs * m.timed_w / m.iter
-    step_q = acc.hist_step.to_dict()
-    iter_q = acc.hist_iter.to_dict()
-    data_q = acc.hist_data.to_dict()
+    ips = m.images_per_s
+    if ips is None and bs is not None and m.iter > 0:
+        ips = bs * m.timed_w / m.iter
+    step_q, iter_q = acc.hist_step.to_dict(), acc.hist_iter.to_dict()
     steps, batches = m.n, m.w
     if profile is not None:
         steps, batches = profile.data_calls, profile.data_calls
-        data_share, au, step_q, iter_q, ips = _profile_figures(profile, bs)
-        images_per_s = ips if ips is not None else images_per_s
+        data_share, au, step_q, iter_q, p_ips = _profile_figures(profile, bs)
+        ips = p_ips if p_ips is not None else ips
         warnings.append(profile.note or "the log gives totals only: no p95, no trend")
     window = (m.t_first, m.t_last) if m.t_first is not None and m.t_last is not None else None
     times_from = None
@@ -490,35 +517,10 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         trend_d = {"findings": ["no trend: the log holds totals only (a profiler table or a "
                                 "run summary)"],
                    "by_epoch": [], "epochs_listed": 0, "by_segment": []}
-
-    system = None
-    if inp.metrics is not None:
-        system = join_metrics(inp.metrics, window)
-        if system.joined_by != "time":
-            warnings.append(f"metrics joined by {system.joined_by}")
-    steady, starts, share_from, conf = _shares(acc, parser, data_share, profile, warnings)
-    probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
-    unique = max(1, m.n + acc.warm.n - acc.repeats)
-    ranks = len(acc.ranks) or 1 + round(acc.repeats / unique)
-    verdict = decide(RuleInputs(au=au, data_share=data_share,
-                                step_time_s=step_q.get("p50"), images_per_s=images_per_s,
-                                batch_size=bs, steps=steps, loader=loader, system=system,
-                                probe=probe_d, dataset=dataset,
-                                job_cores=meta.get("cores") if isinstance(meta.get("cores"), int)
-                                else None))
-    if parser.caveat:
-        verdict.evidence.append(parser.caveat)
-    if conf["note"]:
-        verdict.evidence.append(conf["note"])
-    return Analysis(
-        log=str(inp.log), format=fmt, lines=lines, steps=steps, batches=batches,
-        warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=ranks,
-        batch_size=bs, batch_size_source=bs_src, data_time_share=data_share, au=au,
-        step_time_s=step_q, iteration_time_s=iter_q, data_wait_s=data_q,
-        images_per_s=images_per_s, window=window, times_from=times_from, trend=trend_d,
-        system=system, probe=probe_d, loader=loader, dataset=dataset, verdict=verdict,
-        profile=profile, warnings=warnings + parser.notes, steady_data_time_share=steady,
-        epoch_starts=starts, share_from=share_from, confidence=conf)
+    return {"bs": bs, "bs_src": bs_src, "data_share": data_share, "au": au, "ips": ips,
+            "step_q": step_q, "iter_q": iter_q, "data_q": acc.hist_data.to_dict(),
+            "steps": steps, "batches": batches, "window": window, "times_from": times_from,
+            "trend": trend_d}
 
 
 def _shares(acc: _Pass, parser: LogParser, share: float | None, profile: ProfileSummary | None,

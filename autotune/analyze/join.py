@@ -32,8 +32,8 @@ def join_metrics(path: str | os.PathLike[str],
     try:
         f = p.open("rb")
     except OSError as e:
-        raise UsageError(f"--metrics {p}: {e.strerror}; give the metrics.jsonl that "
-                         "`autotune monitor` wrote") from e
+        raise UsageError(f"metrics file {p}: {e.strerror}; give the metrics.jsonl that "
+                         "`autotune monitor` wrote", setting="metrics") from e
     with f:
         for raw in f:
             try:
@@ -55,8 +55,8 @@ def join_metrics(path: str | os.PathLike[str],
             kept += 1
             collect(rec, series, unavailable, info)
     if total == 0:
-        raise UsageError(f"--metrics {p}: no monitor sample in it ({bad} unreadable line(s)); "
-                         "give the metrics.jsonl that `autotune monitor` wrote")
+        raise UsageError(f"metrics file {p}: no monitor sample in it ({bad} unreadable line(s)); "
+                         "give the metrics.jsonl that `autotune monitor` wrote", setting="metrics")
     joined_by = "time"
     if window is None:
         joined_by = "whole run (the log has no times)"

@@ -141,7 +141,7 @@ def _scratch_dir(path: Path, scratch: str | os.PathLike[str] | None) -> tuple[Pa
     if scratch is not None:
         d = Path(scratch)
         if not d.is_dir():
-            raise UsageError(f"--scratch {d}: not a directory.")
+            raise UsageError(f"scratch directory {d}: not a directory.", setting="scratch")
         a, b = mount_for(d), mount_for(path)
         if a and b and a.mountpoint != b.mountpoint:
             warnings.append(f"--scratch {d} is on {a.mountpoint} ({a.fstype}), not on "

@@ -143,8 +143,8 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     if convert not in CONVERT_MODES:
         raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, but got {convert!r}.")
     if convert != "off" and stage_dir is None:
-        raise UsageError("--convert needs --stage-dir DIR: the local disk the converted "
-                         "dataset is staged to and measured on.")
+        raise UsageError("convert needs stage_dir: the local disk the converted "
+                         "dataset is staged to and measured on.", setting=("convert", "stage_dir"))
     say = progress or (lambda _m: None)
     out = Path(opts.out)
     root = Path(dataset).absolute()
@@ -162,8 +162,8 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
                "help. " + " ".join(v.advice))
         return LoopResult(before, None, why, commands=cmds)
     if stage_dir and Path(stage_dir).absolute() in (root, *root.parents):
-        raise UsageError(f"--stage-dir {stage_dir} contains the dataset; pick a directory on "
-                         "another (local) disk.")
+        raise UsageError(f"stage directory {stage_dir} contains the dataset; pick a directory on "
+                         "another (local) disk.", setting="stage_dir")
 
     from converters import ConvertOptions, convert as do_convert
     from converters.stage import stage

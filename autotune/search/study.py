@@ -82,8 +82,8 @@ class SearchOptions:
         if self.seconds <= 0:
             raise UsageError(f"seconds must be positive, but got {self.seconds:g}.")
         if self.compute_ms is not None and self.step is not None:
-            raise UsageError("give either --compute-ms (an emulated step) or --step (a real "
-                             "one), not both.")
+            raise UsageError("give either compute_ms (an emulated step) or step (a real "
+                             "one), not both.", setting=("compute_ms", "step"))
         if self.prune_below is not None and not 0 < self.prune_below <= 1:
             raise UsageError(f"prune_below must be in (0, 1], but got {self.prune_below:g}; "
                              "0.7 stops trials running 30 % or more below the best so far.")

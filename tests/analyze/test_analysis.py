@@ -158,10 +158,10 @@ def test_errors_name_the_file_and_fix(tmp_path):
     with pytest.raises(UsageError, match="no step timing found as format 'own' in 1 lines"):
         analyze(empty)
     log = own_log(tmp_path / "s.jsonl", [[(0.05, 0.1)] * 10])
-    with pytest.raises(UsageError, match="--probe .*not JSON"):
+    with pytest.raises(UsageError, match="probe file .*not JSON"):
         (tmp_path / "p.json").write_text("{")
         analyze(log, probe=str(tmp_path / "p.json"))
-    with pytest.raises(UsageError, match="--metrics .*no monitor sample"):
+    with pytest.raises(UsageError, match="metrics file .*no monitor sample"):
         (tmp_path / "m.jsonl").write_text("hello\n")
         analyze(log, metrics=tmp_path / "m.jsonl")
 

@@ -80,25 +80,24 @@ class RegexParser(LogParser):
     @classmethod
     def from_yaml(cls, path: str | os.PathLike[str]) -> RegexParser:
         """Load `pattern`, `anchor` and `units` from a YAML file."""
-        import yaml
+        from autotune.configfiles import load_yaml
 
         p = Path(path)
         try:
-            raw = yaml.safe_load(p.read_text())
-        except OSError as e:
-            raise UsageError(f"--regex {p}: {e.strerror}") from e
-        except yaml.YAMLError as e:
-            raise UsageError(f"--regex {p}: not valid YAML ({e}); quote the pattern with "
-                             "single quotes") from e
-        if not isinstance(raw, dict) or not isinstance(raw.get("pattern"), str):
-            raise UsageError(f"--regex {p}: expected a mapping with a 'pattern' string, e.g. "
-                             "pattern: 'data (?P<data>[\\d.]+) iter (?P<iter>[\\d.]+)'")
+            raw = load_yaml(p, "log pattern")
+        except UsageError as e:
+            raise UsageError(f"{e}; a log pattern file holds 'pattern' (quote it with single "
+                             "quotes)", setting="regex") from None
+        if not isinstance(raw.get("pattern"), str):
+            raise UsageError(f"log pattern {p}: expected a mapping with a 'pattern' string, e.g. "
+                             "pattern: 'data (?P<data>[\\d.]+) iter (?P<iter>[\\d.]+)'",
+                             setting="regex")
         extra = sorted(set(raw) - {"pattern", "anchor", "units", "name"})
         if extra:
-            raise UsageError(f"--regex {p}: unknown key(s) {', '.join(extra)}; known: "
-                             "pattern, anchor, units, name")
+            raise UsageError(f"log pattern {p}: unknown key(s) {', '.join(extra)}; known: "
+                             "pattern, anchor, units, name", setting="regex")
         return cls(raw["pattern"], anchor=raw.get("anchor"), units=str(raw.get("units", "s")),
-                   source=f"--regex {p}")
+                   source=f"log pattern {p}")
 
     def sniff(self, line: str) -> bool:
         return self.pattern.search(line) is not None
