@@ -78,6 +78,15 @@ def sha256_file(path: str | os.PathLike[str], *, drop_cache: bool = False,
         os.close(fd)
 
 
+def rmdir_quietly(d: Path, removed: list[Path]) -> None:
+    """Remove an empty directory and note it; one still in use (not empty) stays."""
+    try:
+        d.rmdir()
+        removed.append(d)
+    except OSError:
+        pass
+
+
 class PidLock:
     """An exclusive flock on `path` that records its holder, held while the owner works.
 
@@ -122,4 +131,4 @@ class PidLock:
         self.release()
 
 
-__all__ = ["PidLock", "fsync_dir", "sha256_file", "write_json_atomic", "write_text_atomic"]
+__all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_file", "write_json_atomic", "write_text_atomic"]

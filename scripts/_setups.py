@@ -59,6 +59,18 @@ def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: 
     raise SystemExit(f"unknown set-up {setup!r}: use unthrottled, cap (hdd) or fuse (nfs)")
 
 
+def workload_args(ap: Any, *, trials: int, compute_ms: float, space: str, iops: int) -> None:
+    """The options the loop and search benchmarks share: the slow storage, the search,
+    the workload (a step per batch of 64)."""
+    ap.add_argument("--iops", type=int, default=iops)
+    ap.add_argument("--delay-ms", type=float, default=5.0)
+    ap.add_argument("--trials", type=int, default=trials)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--space", default=space)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--compute-ms", type=float, default=compute_ms)
+
+
 def log(msg: str) -> None:
     """A progress line on stderr, with the time (stdout carries the results)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

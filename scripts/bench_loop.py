@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.search import SearchOptions  # noqa: E402
 from autotune.search.loop import run_loop  # noqa: E402
-from _setups import config_label, enter_setup, own_disk  # noqa: E402  (scripts/_setups.py)
+from _setups import config_label, enter_setup, own_disk, workload_args  # noqa: E402
 
 
 def _fig(t: dict | None, key: str, fmt: str) -> str:
@@ -45,13 +45,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", required=True, help="an image folder (DATASET/CLASS/IMAGE.jpg)")
     ap.add_argument("--setups", default="hdd,nfs")
-    ap.add_argument("--iops", type=int, default=100)
-    ap.add_argument("--delay-ms", type=float, default=5.0)
-    ap.add_argument("--trials", type=int, default=6)
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--space", default="small")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--compute-ms", type=float, default=250.0)
+    workload_args(ap, trials=6, compute_ms=250.0, space="small", iops=100)
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_loop"))
     a = ap.parse_args()
     ds = Path(a.dataset).absolute()

@@ -34,7 +34,7 @@ from autotune.bench import BenchConfig, run_bench  # noqa: E402
 from autotune.search import SearchOptions, run_search  # noqa: E402
 from autotune.search.recommend import confirm_window  # noqa: E402
 from autotune.synth import make_image_folder  # noqa: E402
-from _setups import config_label, enter_setup, log  # noqa: E402  (scripts/_setups.py)
+from _setups import config_label, enter_setup, log, workload_args  # noqa: E402
 
 
 def _grid_seconds(mdir: Path, setup: str, old_rows: list[dict]) -> float:
@@ -74,13 +74,7 @@ def side_by_side(path: Path, configs: dict[str, dict], a, mon, cap) -> dict[str,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=20000)
-    ap.add_argument("--iops", type=int, default=300)
-    ap.add_argument("--delay-ms", type=float, default=5.0)
-    ap.add_argument("--trials", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--space", default="default")
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--compute-ms", type=float, default=150.0)
+    workload_args(ap, trials=8, compute_ms=250.0, space="default", iops=300)
     ap.add_argument("--setups", default="unthrottled,cap,fuse")
     ap.add_argument("--rounds", type=int, default=3,
                     help="side-by-side measurements of each configuration (default 3)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import threading
 import time
@@ -132,3 +133,26 @@ def end_group(pgid: int, grace_s: float = 5.0, *, leader: int | None = None) -> 
     res.stray = [m.pid for m in members if m.state != "Z"]
     res.zombies = [m.pid for m in members if m.state == "Z"]
     return res
+
+
+class StatusPipe:
+    """Line reader for a measurement process's status pipe (non-blocking, with a timeout)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buf = b""
+        self.eof = False
+
+    def read(self, timeout: float) -> list[str]:
+        if self.eof:
+            time.sleep(min(timeout, 0.05))
+            return []
+        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
+        if r:
+            data = os.read(self.fd, 4096)
+            if not data:
+                self.eof = True
+            self.buf += data
+        lines = self.buf.split(b"\n")
+        self.buf = lines.pop()
+        return [ln.decode(errors="replace") for ln in lines]

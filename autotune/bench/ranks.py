@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from autotune.bench.procs import StatusPipe
+
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
 
@@ -52,18 +54,12 @@ class _Rank:
             stdin=subprocess.DEVNULL, pass_fds=(status_w, go_r), env=env)
         os.close(status_w)
         os.close(go_r)
-        self.status_fd = status_r
-        self.buf = b""
-        self.ready = self.done = False
+        self.status = StatusPipe(status_r)
+        self.ready = False
 
-    def lines(self) -> list[str]:
-        data = os.read(self.status_fd, 4096)
-        if not data:
-            self.done = True
-        self.buf += data
-        out = self.buf.split(b"\n")
-        self.buf = out.pop()
-        return [x.decode(errors="replace") for x in out]
+    @property
+    def done(self) -> bool:
+        return self.status.eof
 
     def result(self) -> dict[str, Any] | None:
         try:
@@ -119,10 +115,10 @@ def _wait(ranks: list[_Rank], on_line: Any, *, until: Any, status_fd: int) -> No
     while not until():
         live = [rk for rk in ranks if not rk.done]
         if live:
-            ready, _, _ = select.select([rk.status_fd for rk in live], [], [], 0.2)
+            ready, _, _ = select.select([rk.status.fd for rk in live], [], [], 0.2)
             for rk in live:
-                if rk.status_fd in ready:
-                    for line in rk.lines():
+                if rk.status.fd in ready:
+                    for line in rk.status.read(0):
                         on_line(rk, line)
         else:
             time.sleep(0.05)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
@@ -28,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import autotune
 from autotune.bench import procs
+from autotune.bench.procs import StatusPipe
 from autotune.bench.assemble import build_result, write_timeline
 from autotune.bench.config import BenchConfig
 from autotune.bench.residency import resident_fraction
@@ -86,29 +85,6 @@ def _log_tail(path: Path) -> str:
             return f.read().decode(errors="replace")
     except OSError:
         return ""
-
-
-class _Status:
-    """Line reader for the child's status pipe (non-blocking, with a timeout)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.buf = b""
-        self.eof = False
-
-    def read(self, timeout: float) -> list[str]:
-        if self.eof:
-            time.sleep(min(timeout, 0.05))
-            return []
-        r, _, _ = select.select([self.fd], [], [], max(0.0, timeout))
-        if r:
-            data = os.read(self.fd, 4096)
-            if not data:
-                self.eof = True
-            self.buf += data
-        lines = self.buf.split(b"\n")
-        self.buf = lines.pop()
-        return [ln.decode(errors="replace") for ln in lines]
 
 
 def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None, *,
@@ -228,7 +204,7 @@ class _Measurement:
                 "parent_pid": os.getpid(), "formats": registry.exported()}
         (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
-        repo = str(Path(autotune.__file__).resolve().parent.parent)
+        repo = str(Path(__file__).resolve().parents[2])  # the checkout or site dir holding autotune/
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
         status_r, status_w = os.pipe()
         go_r, self.go_w = os.pipe()
@@ -252,7 +228,7 @@ class _Measurement:
                                          callback=self._sched_of(self.proc.pid)).start()
             except AutotuneError:
                 self.mon = None  # the child already exited: its result or status tells why
-            self._watch(_Status(status_r))
+            self._watch(StatusPipe(status_r))
         finally:
             self._end()
             for fd in (status_r, status_w, go_r, self.go_w):
@@ -280,7 +256,7 @@ class _Measurement:
 
         return on_sample
 
-    def _watch(self, reader: _Status) -> None:
+    def _watch(self, reader: StatusPipe) -> None:
         assert self.proc is not None
         deadline = self.marks["spawn"] + self.cfg.effective_timeout
         while self.proc.poll() is None:

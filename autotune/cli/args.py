@@ -4,43 +4,38 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
+
+
+def _number(name: str, s: str, cast: type = float) -> Any:
+    try:
+        return cast(s)
+    except ValueError:
+        kind = "a number" if cast is float else "an integer"
+        raise argparse.ArgumentTypeError(f"{name} must be {kind}, but got {s!r}.") from None
+
+
+def _checked(name: str, ok: Callable[[float], bool], rule: str,
+             cast: type = float) -> Callable[[str], Any]:
+    def conv(s: str) -> Any:
+        v = _number(name, s, cast)
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{name} must be {rule}, but got {s}.")
+        return v
+    return conv
 
 
 def positive_float(name: str) -> Callable[[str], float]:
-    def conv(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, but got {s!r}.") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be positive, but got {s}.")
-        return v
-    return conv
+    return _checked(name, lambda v: v > 0, "positive")
 
 
 def nonneg_float(name: str) -> Callable[[str], float]:
-    def conv(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, but got {s!r}.") from None
-        if not v >= 0 or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{name} must be a number >= 0, but got {s}.")
-        return v
-    return conv
+    return _checked(name, lambda v: v >= 0 and v != float("inf"), "a number >= 0")
 
 
 def int_at_least(name: str, low: int) -> Callable[[str], int]:
     """An integer >= low."""
-    def conv(s: str) -> int:
-        try:
-            v = int(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, but got {s!r}.") from None
-        if v < low:
-            raise argparse.ArgumentTypeError(f"{name} must be at least {low}, but got {s}.")
-        return v
-    return conv
+    return _checked(name, lambda v: v >= low, f"at least {low}", int)
 
 
 def positive_int(name: str) -> Callable[[str], int]:
@@ -67,15 +62,7 @@ def int_list(name: str) -> Callable[[str], list[int]]:
 
 def fraction(name: str) -> Callable[[str], float]:
     """A number in (0, 1]."""
-    def conv(s: str) -> float:
-        try:
-            v = float(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number, but got {s!r}.") from None
-        if not 0 < v <= 1:
-            raise argparse.ArgumentTypeError(f"{name} must be in (0, 1], but got {v:g}.")
-        return v
-    return conv
+    return _checked(name, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 def size(name: str) -> Callable[[str], int]:

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import autotune
 from autotune.blockdev import mountinfo
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 
@@ -140,7 +139,7 @@ class SlowMount:
             cmd.append("--allow-other")
         env = dict(os.environ)
         # The server must import this very autotune, installed or not.
-        repo = str(Path(autotune.__file__).resolve().parent.parent)
+        repo = str(Path(__file__).resolve().parents[2])  # the checkout or site dir holding autotune/
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
         self._stderr = tempfile.NamedTemporaryFile(prefix="slowfs-", suffix=".err")
         # Own session: a Ctrl-C aimed at the caller must not kill the server before the

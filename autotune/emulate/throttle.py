@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from autotune.blockdev import BlockDevice, block_device_for, mount_for, mountinfo
 from autotune.errors import AutotuneError, NotPermitted, UsageError
+from converters.fsutil import rmdir_quietly
 
 CGROUP_PREFIX = "autotune-"
 
@@ -130,11 +131,7 @@ def remove_stale_cgroups(backend: CgroupBackend | None = None) -> list[Path]:
                 continue
         except OSError:
             continue
-        try:
-            d.rmdir()
-            removed.append(d)
-        except OSError:
-            pass
+        rmdir_quietly(d, removed)
     return removed
 
 

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from autotune.blockdev import MEMORY_FS, mount_for
 from autotune.errors import FioError, ToolMissing
+from converters.fsutil import rmdir_quietly
 
 SCRATCH_PREFIX = ".autotune-probe-"
 OWNER_FILE = "owner.pid"
@@ -220,11 +221,7 @@ def remove_stale_scratch(parent: Path) -> list[Path]:
                 pass
             except OSError:
                 break
-        try:
-            d.rmdir()
-            removed.append(d)
-        except OSError:
-            pass
+        rmdir_quietly(d, removed)
     return removed
 
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import ClassVar
 
-from autotune.analyze.parsers._base import BAD_NUMBER, NUM, Skip, StepRecord, finite
+from autotune.analyze.parsers._base import (BAD_NUMBER, NUM, TRUNCATED, LogParser, Skip,
+                                            StepRecord, finite)
 
 _UNIT = r"(?P<unit>ms|sec|s)?"
 # `key: 1.5` / `key:1.5s` / `key: 12ms`; the value may not run on into letters ("4521Mb":
@@ -62,3 +64,47 @@ def timed(*, data: float | None, iter_s: float | None = None, step: float | None
         raise Skip(BAD_NUMBER)
     return StepRecord(data_s=data, iter_s=iter_s, step_s=step, lineno=lineno,
                       **kw).complete()  # type: ignore[arg-type]
+
+
+def _position(h: re.Match[str]) -> dict[str, int | None]:
+    g = h.groupdict()
+    return {k: int(g[k]) if g.get(k) else None for k in ("epoch", "index", "total")}
+
+
+class MeterParser(LogParser):
+    """A head with the epoch, index and total, then `Name current (average)` meters: a
+    format is its head and the names of its data and iteration meters."""
+
+    head: ClassVar[re.Pattern[str]]
+    data_meter: ClassVar[str] = "Data"
+    iter_meter: ClassVar[str] = "Time"
+    other_figures = "the running averages in brackets (every batch of the epoch so far)"
+    other_kind = "running"
+
+    def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
+        h = self.head.match(piece)
+        data = meter(piece, self.data_meter) if h else None
+        it = meter(piece, self.iter_meter) if h else None
+        if h is None or data is None or it is None:
+            raise Skip(TRUNCATED)
+        rec = timed(data=data[0], iter_s=it[0], lineno=lineno, **_position(h))
+        rec.alt_data_s, rec.alt_iter_s = data[1], it[1]
+        return rec
+
+
+class KeyValueParser(LogParser):
+    """A head with the epoch, index and total, then `key: value` fields: a format is its
+    head and the keys of its data and iteration times."""
+
+    head: ClassVar[re.Pattern[str]]
+    data_key: ClassVar[str] = "data_time"
+    iter_key: ClassVar[str] = "time"
+
+    def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
+        h = self.head.match(piece)
+        f = fields(piece[h.end():]) if h else {}
+        if h is None or self.data_key not in f or self.iter_key not in f:
+            raise Skip(TRUNCATED)
+        return timed(data=f[self.data_key], iter_s=f[self.iter_key], lineno=lineno,
+                     **_position(h))
+

@@ -16,24 +16,17 @@ from __future__ import annotations
 
 import re
 
-from autotune.analyze.parsers._base import TRUNCATED, LogParser, Skip, StepRecord
-from autotune.analyze.parsers._fields import fields, timed
+from autotune.analyze.parsers._fields import KeyValueParser
 
 _HEAD = re.compile(r"Epoch: \[(?P<epoch>\d+)(?:/\d+)?\]\s+\[\s*(?P<index>\d+)/(?P<total>\d+)\]")
 
 
-class MetricLoggerParser(LogParser):
+class MetricLoggerParser(KeyValueParser):
     name = "metriclogger"
     description = ("torchvision references MetricLogger, DeiT/DINO/MAE "
                    "(Epoch: [E]  [ i/N]  ...  time: T  data: D)")
     anchor = re.compile(r"Epoch: \[\d+(?:/\d+)?\]\s+\[\s*\d+/")
     ignore = re.compile(r"Test:\s+(?:\S+\s+)?\[\s*\d+/\d+\]")
     figures = "time and data: the mean of the last 20 iterations at each printed line"
-
-    def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
-        h = _HEAD.match(piece)
-        f = fields(piece[h.end():]) if h else {}
-        if h is None or "time" not in f or "data" not in f:
-            raise Skip(TRUNCATED)
-        return timed(data=f["data"], iter_s=f["time"], epoch=int(h["epoch"]),
-                     index=int(h["index"]), total=int(h["total"]), lineno=lineno)
+    head = _HEAD
+    data_key, iter_key = "data", "time"

@@ -14,28 +14,16 @@ from __future__ import annotations
 
 import re
 
-from autotune.analyze.parsers._base import TRUNCATED, LogParser, Skip, StepRecord
-from autotune.analyze.parsers._fields import meter, timed
+from autotune.analyze.parsers._fields import MeterParser
 
 _HEAD = re.compile(r"Epoch: \[(?P<epoch>\d+)(?:/\d+)?\]\[\s*(?P<index>\d+)/(?P<total>\d+)\]")
 
 
-class SemsegParser(LogParser):
+class SemsegParser(MeterParser):
     name = "semseg"
     description = "semseg-style (Epoch: [E/N][i/M] Data D (avg) Batch B (avg) Remain ..)"
     anchor = re.compile(r"Epoch: \[\d+(?:/\d+)?\]\[")
     ignore = re.compile(r"Test: \[\s*\d+/\d+\]")
     figures = "Data and Batch: each printed line's current batch"
-    other_figures = "the running averages in brackets (every batch of the epoch so far)"
-    other_kind = "running"
-
-    def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
-        h = _HEAD.match(piece)
-        data = meter(piece, "Data") if h else None
-        batch = meter(piece, "Batch") if h else None
-        if h is None or data is None or batch is None:
-            raise Skip(TRUNCATED)
-        rec = timed(data=data[0], iter_s=batch[0], epoch=int(h["epoch"]), index=int(h["index"]),
-                    total=int(h["total"]), lineno=lineno)
-        rec.alt_data_s, rec.alt_iter_s = data[1], batch[1]
-        return rec
+    head = _HEAD
+    data_meter, iter_meter = "Data", "Batch"

@@ -12,23 +12,16 @@ from __future__ import annotations
 
 import re
 
-from autotune.analyze.parsers._base import TRUNCATED, LogParser, Skip, StepRecord
-from autotune.analyze.parsers._fields import fields, timed
+from autotune.analyze.parsers._fields import KeyValueParser
 
 _HEAD = re.compile(r"epoch: (?P<epoch>\d+)/\d+, iter: (?P<index>\d+)/(?P<total>\d+)")
 
 
-class YoloxParser(LogParser):
+class YoloxParser(KeyValueParser):
     name = "yolox"
     description = "YOLOX trainer (epoch: E/N, iter: i/M, ..., iter_time: Ts, data_time: Ds, ..)"
     anchor = re.compile(r"epoch: \d+/\d+, iter: \d+/")
     ignore = re.compile(r"Average (?:forward|inference|NMS) time")
     figures = "iter_time and data_time: the mean over each print interval"
-
-    def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
-        h = _HEAD.match(piece)
-        f = fields(piece[h.end():]) if h else {}
-        if h is None or "iter_time" not in f or "data_time" not in f:
-            raise Skip(TRUNCATED)
-        return timed(data=f["data_time"], iter_s=f["iter_time"], epoch=int(h["epoch"]),
-                     index=int(h["index"]), total=int(h["total"]), lineno=lineno)
+    head = _HEAD
+    data_key, iter_key = "data_time", "iter_time"
