@@ -306,8 +306,7 @@ class Instrumented(Generic[T]):
         else:
             self._samples += bs
             b = f',"batch":{bs}'
-        w.add(f'{{"t":{t:.6f},"epoch":{epoch},"step":{step},"wait_s":{wait:.6f},'
-              f'"step_s":{step_s:.6f}{b}{rank}}}\n', mono())
+        w.add(step_line(t, epoch, step, wait, step_s, b, rank), mono())
 
 
 # -- shared with other recorders (autotune.integrations.lightning) ------------------------
@@ -324,14 +323,22 @@ def log_path(log: str | os.PathLike[str] | None, rank: int | None) -> tuple[str,
     return path, rank is not None and "{rank}" not in raw
 
 
+def step_line(t: float, epoch: int, step: int, wait_s: float, step_s: float, batch: str,
+              rank: str) -> str:
+    """One step's JSON line; `batch` and `rank` are ready fragments (',"batch":64' or '')."""
+    return (f'{{"t":{t:.6f},"epoch":{epoch},"step":{step},"wait_s":{wait_s:.6f},'
+            f'"step_s":{step_s:.6f}{batch}{rank}}}\n')
+
+
 def open_log(path: str, append: bool, *, rank: int | None, world_size: int | None,
-             started: float, loader: dict[str, Any],
-             batch_size: int | None = None) -> _Writer:
-    """Open a step log and write its header line (format `own`); closed at exit."""
+             started: float, loader: dict[str, Any], batch_size: int | None = None,
+             extra: dict[str, Any] | None = None) -> _Writer:
+    """Open a step log and write its header line (format `own`); closed at exit.
+    `extra`: more header keys (what recorded the log, where its wait comes from)."""
     w = _Writer(path, append)
     header = {"autotune": "steps", "version": FORMAT_VERSION, "pid": os.getpid(),
               "host": socket.gethostname(), "rank": rank, "world_size": world_size,
-              "started": started, "cores": _usable_cores(), "loader": loader}
+              "started": started, "cores": _usable_cores(), "loader": loader, **(extra or {})}
     if batch_size is not None:
         header["batch_size"] = batch_size
     w.add(json.dumps(header) + "\n", time.monotonic())
