@@ -98,12 +98,15 @@ def loader_kwargs_from(path: str | os.PathLike[str]) -> dict[str, Any]:
     """DataLoader keywords (batch_size included) from a search's search.json.
 
     `autotune.loader_kwargs` (issue 14) where this autotune has it; else the JSON's
-    recommended configuration, as its snippet writes it.
+    `loader_kwargs`, else its recommended configuration, as its snippet writes it.
     """
     import autotune
 
     if hasattr(autotune, "loader_kwargs"):
-        return dict(autotune.loader_kwargs(path))
+        try:
+            return dict(autotune.loader_kwargs(path))
+        except autotune.AutotuneError as e:   # the file, what is wrong, the fix: one line
+            raise SystemExit(str(e)) from None
     from autotune.params import loader_kwargs
 
     try:
@@ -111,13 +114,15 @@ def loader_kwargs_from(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise SystemExit(f"{path}: cannot read a search result ({e}); pass the search.json "
                          "that `autotune search --out DIR` wrote") from None
-    d = d.get("after") or d.get("before") or d   # a --convert search holds two
+    d = d.get("after") or d   # a --convert search: the staged copy's recommendation
+    if isinstance(d.get("loader_kwargs"), dict) and d["loader_kwargs"]:
+        return dict(d["loader_kwargs"])   # what the snippet is made of
     cfg = (d.get("recommended") or {}).get("config")
     if not cfg:
-        raise SystemExit(f"{path}: no recommended configuration (no trial completed); "
-                         "see the trials' reasons in the search's output")
-    bs = cfg.get("batch_size") or (d.get("options") or {}).get("batch_size") or 64
-    return {"batch_size": bs, **loader_kwargs(cfg)}
+        raise SystemExit(f"{path}: no recommended configuration in it (the search completed "
+                         "no configuration: see its trials' reasons)")
+    bs = cfg.get("batch_size") or d.get("batch_size") or (d.get("options") or {}).get("batch_size")
+    return {"batch_size": bs or 64, **loader_kwargs(cfg)}
 
 
 def build_loader(root: str, kwargs: dict[str, Any], size: int) -> torch.utils.data.DataLoader:
@@ -127,9 +132,10 @@ def build_loader(root: str, kwargs: dict[str, Any], size: int) -> torch.utils.da
 
     src = open_source(root)
     tf = ImagenetTrainTransform(size)
-    if src.iterable:   # streamed shards shuffle themselves
-        return torch.utils.data.DataLoader(src.dataset(tf, shuffle=True, seed=0), **kwargs)
-    return torch.utils.data.DataLoader(ImageDataset(src, tf), shuffle=True, **kwargs)
+    if src.iterable:   # streamed shards shuffle themselves: DataLoader refuses shuffle=
+        kw = {k: v for k, v in kwargs.items() if k != "shuffle"}
+        return torch.utils.data.DataLoader(src.dataset(tf, shuffle=True, seed=0), **kw)
+    return torch.utils.data.DataLoader(ImageDataset(src, tf), **{"shuffle": True, **kwargs})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from autotune.analyze import analyze
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,14 +30,21 @@ def _example():
     return mod
 
 
-def test_the_script_trains_with_the_searched_settings(small_dataset, tmp_path):
-    search = tmp_path / "search.json"
+CONFIG = {"num_workers": 1, "prefetch_factor": 3, "persistent_workers": True, "pin_memory": False}
+
+
+def _search_json(path: Path, **extra) -> Path:
     # The keys a search writes (autotune.search.result): the recommended configuration,
-    # the batch size among the options.
-    search.write_text(json.dumps({
-        "schema": "autotune.search/1", "options": {"batch_size": 4},
-        "recommended": {"config": {"num_workers": 1, "prefetch_factor": 3,
-                                   "persistent_workers": True, "pin_memory": False}}}))
+    # the batch size; `extra` adds the ones of issue 14 (loader_kwargs).
+    path.write_text(json.dumps({"schema": "autotune.search/1", "batch_size": 4,
+                                "options": {"batch_size": 4},
+                                "recommended": {"config": CONFIG}, **extra}))
+    return path
+
+
+def test_the_script_trains_with_the_searched_settings(small_dataset, tmp_path):
+    search = _search_json(tmp_path / "search.json", loader_kwargs={
+        "batch_size": 4, "shuffle": True, **CONFIG})
     log = tmp_path / "steps.jsonl"
     r = subprocess.run([sys.executable, str(SCRIPT), str(small_dataset), "--steps", "20",
                         "--size", "64", "--search-json", str(search), "--log", str(log),
@@ -43,8 +52,8 @@ def test_the_script_trains_with_the_searched_settings(small_dataset, tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=_env(), timeout=300)
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert ("DataLoader(batch_size=4, num_workers=1, prefetch_factor=3, persistent_workers=True, "
-            "pin_memory=False) on cpu") in out, out
+    assert ("DataLoader(batch_size=4, shuffle=True, num_workers=1, prefetch_factor=3, "
+            "persistent_workers=True, pin_memory=False) on cpu") in out, out
     losses = [float(x.split("loss ")[1]) for x in out.splitlines() if x.startswith("step ")]
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses), out
     assert "20 steps, 80 images" in out, out
@@ -56,6 +65,17 @@ def test_the_script_trains_with_the_searched_settings(small_dataset, tmp_path):
         [(0, i) for i in range(16)] + [(1, i) for i in range(4)]
     a = analyze(log, warmup=0)
     assert a.format == "own" and a.steps == 20 and a.batch_size == 4
+
+
+def test_the_settings_of_a_search_json_without_loader_kwargs(tmp_path):
+    # A search.json written before issue 14's `loader_kwargs` key: from its configuration.
+    kw = _example().loader_kwargs_from(_search_json(tmp_path / "old.json"))
+    assert {k: kw[k] for k in ("batch_size", *CONFIG)} == {"batch_size": 4, **CONFIG}
+    bad = tmp_path / "failed.json"
+    bad.write_text(json.dumps({"schema": "autotune.search/1", "recommended": None}))
+    with pytest.raises(SystemExit) as e:
+        _example().loader_kwargs_from(bad)
+    assert "failed.json" in str(e.value) and "no recommended configuration" in str(e.value)
 
 
 def test_the_step_runs_lazily_on_the_bench_batches():
