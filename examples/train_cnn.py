@@ -69,7 +69,7 @@ def _state() -> dict[str, Any]:
             # On the CPU the step's threads share the cores with the DataLoader workers,
             # and oversubscribed they spin waiting for each other (measured here: a 10 ms
             # step took 8-200 ms with 2 threads on 2 busy cores). Half the threads.
-            torch.set_num_threads(int(os.environ.get(THREADS_ENV, 0))
+            torch.set_num_threads(int(os.environ.get(THREADS_ENV) or 0)
                                   or max(1, torch.get_num_threads() // 2))
         torch.manual_seed(0)
         model = SmallCNN().to(dev).train()

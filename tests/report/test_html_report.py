@@ -163,7 +163,7 @@ def _measure(exe: str, page: Path) -> tuple[list[dict], str]:
     probe = page.with_name(page.stem + ".measure.html")
     probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
     r = _browse(exe, probe, "--dump-dom")
-    m = re.search(r'<pre id="autotune-measure">(.*?)</pre>', r.stdout, re.S)
+    m = re.search(r'<pre id="autotune-measure">(.*?)</pre>', r.stdout, re.DOTALL)
     assert m, f"no measurement in the DOM: {r.stderr[-1500:]}"
     import html as _h
 
