@@ -39,16 +39,8 @@ import os
 import time
 from typing import Any
 
-from autotune.instrumentation import (
-    InstrumentSummary,
-    _env_int,
-    _Writer,
-    batch_len,
-    loader_info,
-    log_path,
-    open_log,
-    step_line,
-)
+from autotune.instrumentation import (InstrumentSummary, _env_int, _Writer, batch_len,
+                                      loader_info, log_path, open_log, step_line)
 
 try:
     from lightning.pytorch import Callback
