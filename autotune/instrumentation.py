@@ -204,12 +204,10 @@ class Instrumented(Generic[T]):
                  batch_size: int | None = None, append: bool = False,
                  rank: int | None = None) -> None:
         self.iterable = iterable
-        raw = os.fspath(log) if log is not None else os.environ.get(STEPS_LOG_ENV, DEFAULT_LOG)
         self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID")
-        self.path = raw.replace("{rank}", str(self.rank if self.rank is not None else 0))
+        self.path, shared = log_path(log, self.rank)
         self._fixed_batch = batch_size
-        # Ranks that share one file must not truncate each other's lines.
-        self._append = append or (self.rank is not None and "{rank}" not in raw)
+        self._append = append or shared
         self._writer: _Writer | None = None
         self._lost = 0
         self._epochs = 0
@@ -253,19 +251,10 @@ class Instrumented(Generic[T]):
 
     # -- recording -----------------------------------------------------------------------
     def _open(self) -> _Writer:
-        w = _Writer(self.path, self._append)
-        header = {"autotune": "steps", "version": FORMAT_VERSION, "pid": os.getpid(),
-                  "host": socket.gethostname(), "rank": self.rank,
-                  "world_size": _env_int("WORLD_SIZE", "SLURM_NTASKS"),
-                  "started": self._wall0, "cores": _usable_cores(),
-                  "loader": loader_info(self.iterable)}
-        if self._fixed_batch is not None:
-            header["batch_size"] = self._fixed_batch
-        w.add(json.dumps(header) + "\n", time.monotonic())
-        w.flush()
-        ref = weakref.ref(w)
-        atexit.register(lambda: (lambda x: x.close() if x is not None else None)(ref()))
-        return w
+        return open_log(self.path, self._append, rank=self.rank,
+                        world_size=_env_int("WORLD_SIZE", "SLURM_NTASKS"),
+                        started=self._wall0, loader=loader_info(self.iterable),
+                        batch_size=self._fixed_batch)
 
     def __iter__(self) -> Iterator[T]:
         if self._writer is None:
@@ -317,8 +306,46 @@ class Instrumented(Generic[T]):
         else:
             self._samples += bs
             b = f',"batch":{bs}'
-        w.add(f'{{"t":{t:.6f},"epoch":{epoch},"step":{step},"wait_s":{wait:.6f},'
-              f'"step_s":{step_s:.6f}{b}{rank}}}\n', mono())
+        w.add(step_line(t, epoch, step, wait, step_s, b, rank), mono())
+
+
+# -- shared with other recorders (autotune.integrations.lightning) ------------------------
+
+def log_path(log: str | os.PathLike[str] | None, rank: int | None) -> tuple[str, bool]:
+    """The step log's path for this rank, and whether ranks share it (then appended to).
+
+    `log` None: $AUTOTUNE_STEPS_LOG (set by `autotune monitor`), else steps.jsonl;
+    "{rank}" in it becomes the rank. Ranks that share one file must not truncate each
+    other's lines, so a known rank without "{rank}" in the path means append.
+    """
+    raw = os.fspath(log) if log is not None else os.environ.get(STEPS_LOG_ENV, DEFAULT_LOG)
+    path = raw.replace("{rank}", str(rank if rank is not None else 0))
+    return path, rank is not None and "{rank}" not in raw
+
+
+def step_line(t: float, epoch: int, step: int, wait_s: float, step_s: float, batch: str,
+              rank: str) -> str:
+    """One step's JSON line; `batch` and `rank` are ready fragments (',"batch":64' or '')."""
+    return (f'{{"t":{t:.6f},"epoch":{epoch},"step":{step},"wait_s":{wait_s:.6f},'
+            f'"step_s":{step_s:.6f}{batch}{rank}}}\n')
+
+
+def open_log(path: str, append: bool, *, rank: int | None, world_size: int | None,
+             started: float, loader: dict[str, Any], batch_size: int | None = None,
+             extra: dict[str, Any] | None = None) -> _Writer:
+    """Open a step log and write its header line (format `own`); closed at exit.
+    `extra`: more header keys (what recorded the log, where its wait comes from)."""
+    w = _Writer(path, append)
+    header = {"autotune": "steps", "version": FORMAT_VERSION, "pid": os.getpid(),
+              "host": socket.gethostname(), "rank": rank, "world_size": world_size,
+              "started": started, "cores": _usable_cores(), "loader": loader, **(extra or {})}
+    if batch_size is not None:
+        header["batch_size"] = batch_size
+    w.add(json.dumps(header) + "\n", time.monotonic())
+    w.flush()
+    ref = weakref.ref(w)
+    atexit.register(lambda: (lambda x: x.close() if x is not None else None)(ref()))
+    return w
 
 
 def instrument(iterable: Iterable[T], log: str | os.PathLike[str] | None = None, *,

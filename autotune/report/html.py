@@ -1,116 +1,29 @@
 """A self-contained HTML report (inline SVG plots, no scripts, no external files).
 
 Built from the JSON a command writes, so a report can be regenerated from saved results.
-Plots are drawn here rather than with a plotting library: four simple charts do not
-justify a dependency, and the page must open anywhere, offline.
+Plots are drawn by autotune.report.svg rather than with a plotting library: a few simple
+charts do not justify a dependency, and the page must open anywhere, offline. What a
+person looks for first comes first: the dataset by name, the verdict, the recommendation
+as code (the DataLoader call and `autotune.loader_kwargs`), each rank's figures when
+several ranks were measured, then the charts and the trials.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import math
+import os
 from pathlib import Path
 from typing import Any
 
 from autotune.params import cells, shown
+from autotune.report.svg import nice_max, svg_chart
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+__all__ = ["dataset_name", "render", "search_section", "svg_chart"]
 
-
-def _nice_max(v: float) -> float:
-    if v <= 0:
-        return 1.0
-    e = 10 ** math.floor(math.log10(v))
-    for m in (1, 2, 2.5, 5, 10):
-        if v <= m * e:
-            return m * e
-    return 10 * e
-
-
-def _fmt(v: float) -> str:
-    return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.2g}"
-
-
-def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, ylabel: str,
-              hlines: list[tuple[str, float, str]] | None = None, width: int = 560,
-              height: int = 300, bars: bool = False, x_ticks: list[Any] | None = None) -> str:
-    """Scatter/line/bar chart. series: [{name, points[(x, y)], color?, mode: 'line'|'points'}]."""
-    pad_l, pad_r, pad_t, pad_b = 64, 16, 34, 46
-    pts = [p for s in series for p in s["points"] if p[1] is not None]
-    hl = hlines or []
-    xs = [p[0] for p in pts] or [0, 1]
-    top = max([p[1] for p in pts] + [1e-9])
-    # Reference lines far above the data would flatten it: keep those within 2x of it in
-    # scale and name the others in the title area.
-    off = [(n, v) for n, v, _ in hl if v and pts and v > 2 * top]
-    hl = [h for h in hl if h[1] and (not pts or h[1] <= 2 * top)]
-    ymax = _nice_max(max([top] + [v for _, v, _ in hl]) * 1.05)
-    xmin, xmax = min(xs), max(xs)
-    if bars:
-        xmin, xmax = xmin - 0.6, xmax + 0.6
-    elif xmax == xmin:
-        xmin, xmax = xmin - 1, xmax + 1
-    pw, ph = width - pad_l - pad_r, height - pad_t - pad_b
-
-    def X(x: float) -> float:
-        return pad_l + (x - xmin) / (xmax - xmin) * pw
-
-    def Y(y: float) -> float:
-        return pad_t + ph - (y / ymax) * ph
-
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="sans-serif" font-size="11">',
-           f'<text x="{width / 2}" y="16" text-anchor="middle" font-size="13" font-weight="bold">'
-           f'{html.escape(title)}</text>']
-    for i in range(5):
-        yv = ymax * i / 4
-        out.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{Y(yv):.1f}" y2="{Y(yv):.1f}" '
-                   'stroke="#ddd"/>')
-        out.append(f'<text x="{pad_l - 6}" y="{Y(yv) + 4:.1f}" text-anchor="end">{_fmt(yv)}</text>')
-    ticks = x_ticks if x_ticks is not None else sorted(set(xs))
-    if len(ticks) > 12:
-        step = math.ceil(len(ticks) / 12)
-        ticks = ticks[::step]
-    for xv in ticks:
-        out.append(f'<text x="{X(xv):.1f}" y="{pad_t + ph + 16}" text-anchor="middle">{_fmt(xv)}</text>')
-    out.append(f'<line x1="{pad_l}" x2="{pad_l}" y1="{pad_t}" y2="{pad_t + ph}" stroke="#333"/>')
-    out.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{pad_t + ph}" y2="{pad_t + ph}" stroke="#333"/>')
-    out.append(f'<text x="{pad_l + pw / 2}" y="{height - 8}" text-anchor="middle">{html.escape(xlabel)}</text>')
-    out.append(f'<text transform="translate(14,{pad_t + ph / 2}) rotate(-90)" text-anchor="middle">'
-               f'{html.escape(ylabel)}</text>')
-    if off:
-        note = "off scale: " + ", ".join(f"{n} {_fmt(v)}" for n, v in off)
-        out.append(f'<text x="{width - pad_r}" y="{pad_t - 3}" text-anchor="end" fill="#888">'
-                   f'{html.escape(note)}</text>')
-    for label, v, color in hl:
-        if v and v <= ymax:
-            out.append(f'<line x1="{pad_l}" x2="{width - pad_r}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" '
-                       f'stroke="{color}" stroke-dasharray="5,4"/>')
-            out.append(f'<text x="{width - pad_r - 2}" y="{Y(v) - 3:.1f}" text-anchor="end" '
-                       f'fill="{color}">{html.escape(label)} {_fmt(v)}</text>')
-    nser = max(1, len(series))
-    for k, s in enumerate(series):
-        color = s.get("color") or PALETTE[k % len(PALETTE)]
-        sp = [(x, y) for x, y in s["points"] if y is not None]
-        if bars:
-            bw = pw / max(1, (xmax - xmin)) * 0.8 / nser
-            for x, y in sp:
-                x0 = X(x) - bw * nser / 2 + k * bw
-                out.append(f'<rect x="{x0:.1f}" y="{Y(y):.1f}" width="{bw:.1f}" '
-                           f'height="{Y(0) - Y(y):.1f}" fill="{color}"><title>{_fmt(x)}: {y:.3g}</title></rect>')
-        elif s.get("mode") == "line" and len(sp) > 1:
-            d = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(y):.1f}" for i, (x, y) in enumerate(sp))
-            out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.8"/>')
-        else:
-            for x, y in sp:
-                out.append(f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="4" fill="{color}" '
-                           f'fill-opacity="0.8"><title>{_fmt(x)}: {y:,.1f}</title></circle>')
-        lx = pad_l + 8 + k * 120
-        out.append(f'<rect x="{lx}" y="{pad_t - 12}" width="10" height="10" fill="{color}"/>'
-                   f'<text x="{lx + 14}" y="{pad_t - 3}">{html.escape(str(s["name"]))}</text>')
-    out.append("</svg>")
-    return "".join(out)
+# Directory names that say nothing alone: "imagenet/train" names a dataset, "train" not.
+_GENERIC = {"train", "val", "valid", "validation", "test", "images", "data", "dataset",
+            "shards", "wds", "lmdb", "staged"}
 
 
 def _timeline(path: str | None) -> list[dict[str, Any]]:
@@ -132,7 +45,7 @@ def _get(d: dict[str, Any] | None, *keys: str) -> Any:
 
 def _sec_ticks(pts: list[tuple[float, Any]]) -> list[int]:
     end = int(max((x for x, _ in pts), default=0))
-    step = max(1, _nice_max(end / 8) if end > 8 else 1)
+    step = max(1, nice_max(end / 8) if end > 8 else 1)
     return list(range(0, end + 1, int(step)))
 
 
@@ -145,6 +58,72 @@ def _table(rows: list[list[Any]], head: list[str]) -> str:
 
 def _n(v: Any, f: str = ",.0f") -> str:
     return "-" if v is None else format(v, f)
+
+
+def dataset_name(d: dict[str, Any]) -> str:
+    """What a person calls the dataset: the user's factory where one built it, else the
+    last directory of its path (with its parent where that one says nothing alone)."""
+    opts = d.get("options") or {}
+    path = os.path.normpath(str(d.get("dataset") or "?"))
+    parts = [p for p in path.split(os.sep) if p]
+    name = "/".join(parts[-2:]) if len(parts) > 1 and parts[-1].lower() in _GENERIC else (
+        parts[-1] if parts else path)
+    factory = opts.get("dataset_factory")
+    return f"{factory.rsplit('/', 1)[-1]} on {name}" if factory else name
+
+
+def _dataset_line(d: dict[str, Any]) -> str:
+    opts = d.get("options") or {}
+    ceil = d.get("ceilings") or {}
+    bits = [f"format {d['dataset_format']}" if d.get("dataset_format") else "",
+            f"{ceil['samples']:,} samples" if ceil.get("samples") else "",
+            f"factory {opts['dataset_factory']}" if opts.get("dataset_factory") else "",
+            (f"{opts['procs_per_node']} ranks per node" if (opts.get("procs_per_node") or 1) > 1
+             else "")]
+    extra = ", ".join(b for b in bits if b)
+    return (f"<p class='dataset'>Dataset <b>{html.escape(dataset_name(d))}</b>: "
+            f"<code>{html.escape(str(d.get('dataset')))}</code>"
+            + (f" ({html.escape(extra)})" if extra else "") + "</p>")
+
+
+def _kwargs_line(d: dict[str, Any]) -> str:
+    """`autotune.loader_kwargs(...)` and what it returns, where the JSON has the dict."""
+    kw = d.get("loader_kwargs")
+    if not isinstance(kw, dict) or not kw:
+        return ""
+    out = (d.get("options") or {}).get("out")
+    where = os.path.join(out, "search.json") if out else "search.json"
+    body = ", ".join(f"{k!s}={v!r}" for k, v in kw.items())
+    return ("<p>In code:</p><pre class='kwargs'>"
+            + html.escape(f'loader = DataLoader(dataset, **autotune.loader_kwargs("{where}"))\n'
+                          f"# = DataLoader(dataset, {body})") + "</pre>")
+
+
+def _rank_part(rec: dict[str, Any]) -> tuple[str, str]:
+    """The recommendation's figures per rank (several ranks per node): text and chart."""
+    per = [r for r in (rec.get("per_rank") or []) if isinstance(r, dict)]
+    if not per:
+        return "", ""
+    ips = [(r.get("rank", i), r.get("images_per_s")) for i, r in enumerate(per)]
+    known = [v for _, v in ips if v is not None]
+    slow = min(known) if known else None
+    text = (f"<h3>Per rank ({len(per)} ranks on the node)</h3>"
+            + (f"<p>Every step waits for the slowest rank: the node delivers {len(per)} x "
+               f"{_n(slow)} = {_n(len(per) * slow)} images/s (the ranks' sum: "
+               f"{_n(sum(known))}).</p>" if slow is not None else "")
+            + _table([[r.get("rank", i), _n(r.get("images_per_s")), _n(r.get("au"), ".2f"),
+                       _n(r.get("data_wait_fraction"), ".2f"), _n(r.get("batches"), "d")]
+                      for i, r in enumerate(per)],
+                     ["rank", "images/s", "AU", "data wait", "batches"]))
+    chart = svg_chart([{"name": "images/s", "points": ips}], title="Recommended: images/s per rank",
+                      xlabel="rank", ylabel="images/s", bars=True,
+                      hlines=[("slowest", slow, "#d62728")] if slow else None)
+    return text, chart
+
+
+def _trial_name(rec: dict[str, Any]) -> str:
+    n = rec.get("trial")
+    return f"trial {n}" if isinstance(n, int) and n >= 0 else "the baseline"
 
 
 def search_section(d: dict[str, Any], title: str) -> str:
@@ -171,7 +150,8 @@ def search_section(d: dict[str, Any], title: str) -> str:
     for t in ok:
         by_pf.setdefault(t["params"].get("prefetch_factor"), []).append(
             (t["params"]["num_workers"], t["images_per_s"]))
-    charts.append(svg_chart([{"name": f"prefetch {k}", "points": v}
+    # prefetch_factor is None without workers: that series is "no workers", not "None"
+    charts.append(svg_chart([{"name": f"prefetch {k}" if k is not None else "no workers", "points": v}
                              for k, v in sorted(by_pf.items(), key=lambda kv: (kv[0] is not None, kv[0] or 0))],
                             title="images/s against num_workers", xlabel="num_workers",
                             ylabel="images/s", hlines=hl))
@@ -192,18 +172,21 @@ def search_section(d: dict[str, Any], title: str) -> str:
         util = [(s["time"] - t0, _get(s, "disk", "util_pct")) for s in tl]
         charts.append(svg_chart([{"name": "loader CPU %", "points": cpu, "mode": "line"},
                                  {"name": "disk %util", "points": util, "mode": "line"}],
-                                title=f"Recommended trial {rec.get('trial')}: CPU and disk",
+                                title=f"Recommended, {_trial_name(rec)}: CPU and disk",
                                 xlabel="seconds", ylabel="%", x_ticks=_sec_ticks(cpu)))
         if any(y for _, y in rps):
             charts.append(svg_chart([{"name": "disk reads/s", "points": rps, "mode": "line"}],
-                                    title=f"Recommended trial {rec.get('trial')}: disk r/s",
+                                    title=f"Recommended, {_trial_name(rec)}: disk r/s",
                                     xlabel="seconds", ylabel="r/s", x_ticks=_sec_ticks(rps)))
     v = d.get("verdict") or {}
     cols = shown([t["params"] for t in d["trials"]])
     rows = [[t["number"], *cells(t["params"], cols), t["state"],
              _n(t["images_per_s"]), _n(t["au"], ".2f"), _n(t["data_wait_fraction"], ".2f"),
              _n(t["peak_rss_mib"]), t.get("reason") or ""] for t in d["trials"]]
-    parts = [f"<h2>{html.escape(title)}</h2>",
+    rank_text, rank_chart = _rank_part(rec)
+    if rank_chart:
+        charts.append(rank_chart)
+    parts = [f"<h2>{html.escape(title)}</h2>", _dataset_line(d),
              f"<p class='verdict'><b>{html.escape(v.get('bottleneck', '?'))}</b>: "
              f"{html.escape(v.get('summary', ''))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in v.get("evidence", []))
@@ -211,13 +194,13 @@ def search_section(d: dict[str, Any], title: str) -> str:
              (f"<p class='verdict'><b>NOT COLD</b>: {html.escape(d['cold_reason'])}</p>"
               if d.get("cold") is False and d.get("cold_reason") else ""),
              "<h3>Recommendation</h3>",
-             f"<pre>{html.escape(d.get('snippet') or '-')}</pre>",
+             f"<pre>{html.escape(d.get('snippet') or '-')}</pre>", _kwargs_line(d),
              f"<p>{_n(rec.get('images_per_s'))} images/s, AU {_n(rec.get('au'), '.2f')}"
              + (f" (confirmed in a {rec['window_s']:g} s window)" if rec.get("window_s") else "")
              + f"; baseline (rule of thumb) {_n(cbase.get('images_per_s'))} images/s"
              + (f" (its {cbase['window_s']:g} s window)" if cbase.get("window_s") else "")
              + f"; gain {_n(d.get('gain_vs_baseline'), '.2f')}x. "
-             f"Stopped: {html.escape(d.get('stop_reason', ''))}.</p>",
+             f"Stopped: {html.escape(d.get('stop_reason', ''))}.</p>", rank_text,
              "<h3>Ceilings</h3><ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in ceil.get("evidence", [])) + "</ul>",
              "<div class='charts'>" + "".join(charts) + "</div>",
              "<h3>Trials</h3>",
@@ -237,7 +220,12 @@ def render(sections: list[tuple[str, dict[str, Any]]], title: str = "autotune se
     css = ("body{font-family:sans-serif;max-width:1200px;margin:2em auto;color:#222}"
            "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;"
            "padding:3px 6px;text-align:right}pre{background:#f4f4f4;padding:8px}"
-           ".charts svg{margin:6px;border:1px solid #eee}.verdict{font-size:15px}")
+           ".charts svg{margin:6px;border:1px solid #eee}.verdict{font-size:15px}"
+           ".dataset{font-size:15px}")
     body = "\n".join(search_section(d, t) for t, d in sections)
+    # The dataset by name in the heading and the browser tab (the first section's: a
+    # before/after report converts and stages that same dataset).
+    if sections:
+        title = f"{title}: {dataset_name(sections[0][1])}"
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")

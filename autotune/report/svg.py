@@ -1,0 +1,219 @@
+"""Inline SVG charts whose text never overlaps: every label gets an explicit position
+from a layout that knows each label's box.
+
+A browser lays the text out, not this module, so a label's width is estimated from its
+length: CHAR_EM em per character is wider than the sans-serif glyphs labels are made of
+(DejaVu Sans, Debian's default: digits 0.64 em, lower case about 0.6 em; Liberation
+Sans: digits 0.56 em), so boxes placed apart here stay apart on the page
+(tests/report/test_html_report.py measures them in Chromium). Rows from the top: title, legend (wrapping), notes (reference values off
+the scale), then the plot; reference-line labels inside the plot are pushed apart
+vertically; x tick labels are thinned to fit; the left margin holds the widest y tick.
+Data marks carry class="mark", legend keys class="key": a test can count what a chart
+draws.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+from typing import Any
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+CHAR_EM = 0.7         # estimated width of one character, in em (generous: see above)
+FONT = 11             # labels, ticks, legend
+TITLE_FONT = 13
+ASCENT, DESCENT = 0.8, 0.25   # of the font size, around the baseline
+GAP = 3               # pixels kept between two labels
+
+
+def text_width(s: str, size: float = FONT) -> float:
+    """Estimated width of `s` at `size` px (see CHAR_EM)."""
+    return len(s) * CHAR_EM * size
+
+
+@dataclass(frozen=True)
+class Box:
+    """A label's box on the page: x0 < x1, y0 < y1 (SVG y grows downwards)."""
+
+    x0: float
+    y0: float
+    x1: float
+    y1: float
+
+    def overlaps(self, o: Box) -> bool:
+        return self.x0 < o.x1 and o.x0 < self.x1 and self.y0 < o.y1 and o.y0 < self.y1
+
+
+def text_box(x: float, y: float, s: str, size: float = FONT, anchor: str = "start",
+             rotated: bool = False) -> Box:
+    """The box of text drawn at (x, y) (its baseline), as the layout estimates it;
+    `rotated`: turned -90 degrees about (x, y), reading upwards."""
+    w = text_width(s, size)
+    if rotated:   # the text runs up the page; its ascent goes left of x
+        off = {"start": 0.0, "middle": w / 2, "end": w}[anchor]
+        return Box(x - ASCENT * size, y - w + off, x + DESCENT * size, y + off)
+    x0 = {"start": x, "middle": x - w / 2, "end": x - w}[anchor]
+    return Box(x0, y - ASCENT * size, x0 + w, y + DESCENT * size)
+
+
+def nice_max(v: float, steps: tuple[float, ...] = (1, 2, 2.5, 5, 10)) -> float:
+    """The round number (one of `steps` x 10^k) at or above v."""
+    if v <= 0:
+        return 1.0
+    e = 10 ** math.floor(math.log10(v))
+    for m in steps:
+        if v <= m * e:
+            return m * e
+    return 10 * e
+
+
+def axis_top(v: float) -> float:
+    """The y axis's top for data up to v: four round steps (0, 150, 300, 450, 600 rather
+    than 0, 62, 125, 188, 250)."""
+    return 4 * nice_max(v / 4, (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10))
+
+
+def fmt(v: float) -> str:
+    return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.2g}"
+
+
+def _text(x: float, y: float, s: str, *, size: int = FONT, anchor: str = "start",
+          extra: str = "") -> str:
+    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}"{extra}>'
+            f'{html.escape(s)}</text>')
+
+
+def _rows(widths: list[float], x0: float, x1: float) -> list[list[tuple[int, float]]]:
+    """Items of these widths placed left to right from x0, 14 px apart, a new row
+    before x1: rows of (item index, x)."""
+    rows: list[list[tuple[int, float]]] = [[]]
+    x = x0
+    for i, w in enumerate(widths):
+        if rows[-1] and x + w > x1:
+            rows.append([])
+            x = x0
+        rows[-1].append((i, x))
+        x += w + 14
+    return [r for r in rows if r]
+
+
+def spread(wanted: list[float], lo: float, hi: float, step: float) -> list[float]:
+    """Baselines as close to `wanted` as possible, each at least `step` from the next,
+    within [lo, hi] (a label's baseline; `step` = its height plus GAP). Keeps order."""
+    order = sorted(range(len(wanted)), key=lambda i: wanted[i])
+    ys = [min(max(wanted[i], lo), hi) for i in order]
+    for k in range(1, len(ys)):           # downwards: no label above its predecessor
+        ys[k] = max(ys[k], ys[k - 1] + step)
+    if ys and ys[-1] > hi:                # pushed out at the bottom: push back up
+        ys[-1] = hi
+        for k in range(len(ys) - 2, -1, -1):
+            ys[k] = min(ys[k], ys[k + 1] - step)
+    out = [0.0] * len(wanted)
+    for k, i in enumerate(order):
+        out[i] = ys[k]
+    return out
+
+
+def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, ylabel: str,
+              hlines: list[tuple[str, float, str]] | None = None, width: int = 560,
+              height: int = 300, bars: bool = False, x_ticks: list[Any] | None = None) -> str:
+    """Scatter/line/bar chart. series: [{name, points[(x, y)], color?, mode: 'line'|'points'}];
+    hlines: reference lines (label, value, color); one far above the data (over 2x its
+    top) would flatten it and is named in a note row instead."""
+    pts = [p for s in series for p in s["points"] if p[1] is not None]
+    xs = [p[0] for p in pts] or [0, 1]
+    top = max([p[1] for p in pts] + [1e-9])
+    hl = [h for h in (hlines or []) if h[1]]
+    off = [(n, v) for n, v, _ in hl if pts and v > 2 * top]
+    hl = [h for h in hl if not pts or h[1] <= 2 * top]
+    ymax = axis_top(max([top] + [v for _, v, _ in hl]) * 1.05)
+    yticks = [ymax * i / 4 for i in range(5)]
+    pad_l = max(48.0, max(text_width(fmt(v)) for v in yticks) + 30)
+    pad_r, pad_b = 16.0, 46.0
+    line_h = FONT * (ASCENT + DESCENT) + GAP
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="{FONT}">',
+           _text(width / 2, 16, title, size=TITLE_FONT, anchor="middle",
+                 extra=' font-weight="bold"')]
+    # Legend rows, then note rows, under the title: outside the plot, nothing to collide with.
+    y = 16 + DESCENT * TITLE_FONT + GAP + ASCENT * FONT
+    colors = [s.get("color") or PALETTE[k % len(PALETTE)] for k, s in enumerate(series)]
+    names = [str(s["name"]) for s in series]
+    for row in _rows([14 + text_width(n) for n in names], pad_l, width - pad_r):
+        for k, x in row:
+            out.append(f'<rect class="key" x="{x:.1f}" y="{y - 9:.1f}" width="10" height="10" '
+                       f'fill="{colors[k]}"/>' + _text(x + 14, y, names[k]))
+        y += line_h
+    notes = [f"off scale: {n} {fmt(v)}" for n, v in off]
+    for row in _rows([text_width(n) for n in notes], pad_l, width - pad_r):
+        for k, x in row:
+            out.append(_text(x, y, notes[k], extra=' fill="#888"'))
+        y += line_h
+    pad_t = y - ASCENT * FONT + 4
+    pw, ph = width - pad_l - pad_r, height - pad_t - pad_b
+
+    xmin, xmax = min(xs), max(xs)
+    if bars:
+        xmin, xmax = xmin - 0.6, xmax + 0.6
+    elif xmax == xmin:
+        xmin, xmax = xmin - 1, xmax + 1
+    elif x_ticks is None:   # points off the axes
+        m = (xmax - xmin) * 0.05
+        xmin, xmax = xmin - m, xmax + m
+
+    def X(x: float) -> float:
+        return pad_l + (x - xmin) / (xmax - xmin) * pw
+
+    def Y(v: float) -> float:
+        return pad_t + ph - (v / ymax) * ph
+
+    for v in yticks:
+        out.append(f'<line x1="{pad_l:.1f}" x2="{width - pad_r:.1f}" y1="{Y(v):.1f}" '
+                   f'y2="{Y(v):.1f}" stroke="#ddd"/>')
+        out.append(_text(pad_l - 6, Y(v) + 4, fmt(v), anchor="end"))
+    ticks = x_ticks if x_ticks is not None else sorted(set(xs))
+    if len(ticks) > 1:   # every k-th tick, so that neighbouring labels keep GAP * 3 apart
+        widest = max(text_width(fmt(t)) for t in ticks)
+        room = (X(ticks[-1]) - X(ticks[0])) / (len(ticks) - 1)
+        ticks = ticks[::max(1, math.ceil((widest + 3 * GAP) / max(room, 1e-9)))]
+    for xv in ticks:
+        out.append(_text(X(xv), pad_t + ph + 16, fmt(xv), anchor="middle"))
+    out.append(f'<line x1="{pad_l:.1f}" x2="{pad_l:.1f}" y1="{pad_t:.1f}" y2="{pad_t + ph:.1f}" stroke="#333"/>')
+    out.append(f'<line x1="{pad_l:.1f}" x2="{width - pad_r:.1f}" y1="{pad_t + ph:.1f}" '
+               f'y2="{pad_t + ph:.1f}" stroke="#333"/>')
+    out.append(_text(pad_l + pw / 2, height - 8, xlabel, anchor="middle"))
+    out.append(f'<text transform="translate(14,{pad_t + ph / 2:.1f}) rotate(-90)" x="0" y="0" '
+               f'font-size="{FONT}" text-anchor="middle">{html.escape(ylabel)}</text>')
+
+    # Reference lines; their labels above the line, pushed apart where two would touch.
+    wanted = [Y(v) - 3 for _, v, _ in hl]
+    ys = spread(wanted, pad_t + ASCENT * FONT + 1, pad_t + ph - DESCENT * FONT - 1, line_h)
+    for (label, v, color), ly in zip(hl, ys):
+        out.append(f'<line class="ref" x1="{pad_l:.1f}" x2="{width - pad_r:.1f}" y1="{Y(v):.1f}" '
+                   f'y2="{Y(v):.1f}" stroke="{color}" stroke-dasharray="5,4"/>')
+        out.append(_text(width - pad_r - 2, ly, f"{label} {fmt(v)}", anchor="end",
+                         extra=f' fill="{color}"'))
+
+    nser = max(1, len(series))
+    for k, s in enumerate(series):
+        color = colors[k]
+        sp = [(x, v) for x, v in s["points"] if v is not None]
+        if bars:
+            bw = pw / max(1, (xmax - xmin)) * 0.8 / nser
+            for x, v in sp:
+                x0 = X(x) - bw * nser / 2 + k * bw
+                out.append(f'<rect class="mark" x="{x0:.1f}" y="{Y(v):.1f}" width="{bw:.1f}" '
+                           f'height="{Y(0) - Y(v):.1f}" fill="{color}"><title>{fmt(x)}: {v:.3g}'
+                           '</title></rect>')
+        elif s.get("mode") == "line" and len(sp) > 1:
+            d = " ".join(f"{'M' if i == 0 else 'L'}{X(x):.1f},{Y(v):.1f}" for i, (x, v) in enumerate(sp))
+            out.append(f'<path class="mark" d="{d}" fill="none" stroke="{color}" stroke-width="1.8"/>')
+        else:
+            for x, v in sp:
+                out.append(f'<circle class="mark" cx="{X(x):.1f}" cy="{Y(v):.1f}" r="4" '
+                           f'fill="{color}" fill-opacity="0.8"><title>{fmt(x)}: {v:,.1f}</title>'
+                           '</circle>')
+    out.append("</svg>")
+    return "".join(out)
