@@ -48,7 +48,12 @@ def loader_kwargs(search_json: str | os.PathLike[str], *, warn: bool = True) -> 
     kw = side.get("loader_kwargs")
     if not kw:  # a search.json written before the key existed
         iterable = bool((side.get("ceilings") or {}).get("iterable"))
-        kw = kwargs_of(rec["config"], side.get("batch_size") or 0, iterable=iterable)
+        bs = (rec["config"].get("batch_size") or side.get("batch_size")
+              or (side.get("options") or {}).get("batch_size"))
+        if not bs:
+            raise UsageError(f"{p}: no batch size in it (written by an older autotune without "
+                             "'batch_size'); search again, or pass batch_size= yourself")
+        kw = kwargs_of(rec["config"], int(bs), iterable=iterable)
     if warn:
         _warn_if_other_machine(side, p)
     return kw

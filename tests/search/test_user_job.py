@@ -144,3 +144,20 @@ def test_tune_needs_a_factory_a_fresh_process_can_import(small_dataset):
 
     with pytest.raises(UsageError, match="defined at module level"):
         autotune.tune(small_dataset, factory=lambda root: None)
+
+
+def test_loader_kwargs_of_an_older_search_json_takes_its_options_batch_size(tmp_path):
+    # Written before 'loader_kwargs' and the top-level 'batch_size': batch_size=0 before,
+    # which DataLoader rejects.
+    d = {"recommended": {"config": {"num_workers": 2, "prefetch_factor": 4,
+                                    "persistent_workers": True, "pin_memory": False}},
+         "options": {"batch_size": 32}, "ceilings": {"cores": None}}
+    (tmp_path / "search.json").write_text(json.dumps(d))
+    kw = autotune.loader_kwargs(tmp_path)
+    assert kw["batch_size"] == 32 and kw["num_workers"] == 2 and kw["prefetch_factor"] == 4
+    del d["options"]
+    (tmp_path / "search.json").write_text(json.dumps(d))
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError, match="no batch size in it"):
+        autotune.loader_kwargs(tmp_path)
