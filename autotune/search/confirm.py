@@ -13,9 +13,8 @@ from typing import Any
 from autotune.params import config_key
 from autotune.search import recommend as rec_mod
 from autotune.search.records import TrialRecord
-from autotune.search.session import Session, _stored
+from autotune.search.session import CONFIRMED, Session, _stored
 
-CONFIRMED = "confirmed:"   # study user attribute per confirmed configuration
 
 
 def confirmed(study: Any) -> dict[str, TrialRecord]:

@@ -26,6 +26,7 @@ from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.search.space import SearchSpace
 
+CONFIRMED = "confirmed:"   # study user attribute per confirmed configuration
 CEILING_TOLERANCE = 0.03
 Progress = Callable[[str], None]
 # A trial's record is measured (not a duplicate or an interruption) in these states.
@@ -58,7 +59,14 @@ class Session:
 
     def check_fingerprint(self, fp: dict[str, Any], name: str, url: str) -> None:
         old = self.study.user_attrs.get("fingerprint")
-        if old is not None and old != fp:
+        measured = bool(self.study.trials) or any(
+            k == "baseline" or k.startswith(CONFIRMED) for k in self.study.user_attrs)
+        if old is not None and old != fp and not measured:
+            # Nothing measured (a search refused up front, or stopped in its probe): the
+            # new settings take the study over, and its ceilings are measured again.
+            self.study.set_user_attr("ceilings", None)
+            self.study.set_user_attr("probe", None)
+        elif old is not None and old != fp:
             diff = ", ".join(f"{k}: {old.get(k)!r} -> {v!r}" for k, v in fp.items()
                              if old.get(k) != v)
             raise UsageError(f"study {name!r} in {url} was measured with other settings "
@@ -75,7 +83,7 @@ class Session:
         self.fmt = ("factory" if self.base.dataset_factory
                     else registry.resolve(self.root, self.opts.format))
         attrs = self.study.user_attrs
-        if "ceilings" in attrs:
+        if attrs.get("ceilings"):
             self.ceilings = Ceilings.from_dict(attrs["ceilings"])
             # The probe too: a resumed search gives the same evidence and format advice.
             self.ceilings.probe = attrs.get("probe")
@@ -114,15 +122,18 @@ class Session:
         decided from noise: the cheapest configuration needs 5 warm-up batches and 10
         measured ones before the pass ends (deeper prefetch queues need more)."""
         n, bs = self.ceilings.samples, self.base.batch_size  # type: ignore[union-attr]
+        ranks = self.base.procs_per_node
         warm = self.base.warmup_batches if self.base.warmup_batches is not None else 5
         need = warm + MIN_WINDOW_BATCHES
-        if not self.opts.cold or n is None or n // bs >= need:
+        if not self.opts.cold or n is None or n // ranks // bs >= need:
             return
+        share = f" (each of {ranks} ranks reads {n // ranks:,})" if ranks > 1 else ""
         raise UsageError(
-            f"{self.root}: {n:,} images make {n // bs} batches of {bs} per cold pass; a "
+            f"{self.root}: {n:,} images{share} make {n // ranks // bs} batches of {bs} per "
+            "cold pass; a "
             f"measurement needs at least {need} ({warm} warm-up + {MIN_WINDOW_BATCHES} measured) "
             "before the pass ends, more with deep prefetch queues. Use a smaller batch size "
-            f"(at most {max(1, n // need)}), --warm (later passes labelled warm), or a "
+            f"(at most {max(1, n // ranks // need)}), --warm (later passes labelled warm), or a "
             "larger dataset.", setting="batch_size")
 
     def _batch_note(self) -> None:
