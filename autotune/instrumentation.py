@@ -73,6 +73,34 @@ class InstrumentSummary:
                 "lost_lines": self.lost_lines}
 
 
+@dataclass
+class StepTotals:
+    """The running totals a recorder keeps; `line` counts one step and returns its line."""
+
+    steps: int = 0
+    epochs: int = 0
+    wait_s: float = 0.0
+    step_s: float = 0.0
+    samples: int | None = 0      # None once a batch's size is not known
+
+    def line(self, t: float, epoch: int, step: int, wait_s: float, step_s: float,
+             batch_size: int | None, rank: str) -> str:
+        self.steps += 1
+        self.wait_s += wait_s
+        self.step_s += step_s
+        if batch_size is None:
+            self.samples = None
+            b = ""
+        else:
+            self.samples = None if self.samples is None else self.samples + batch_size
+            b = f',"batch":{batch_size}'
+        return step_line(t, epoch, step, wait_s, step_s, b, rank)
+
+    def summary(self, lost: int) -> InstrumentSummary:
+        return InstrumentSummary(self.steps, self.epochs, self.wait_s, self.step_s,
+                                 self.samples, lost)
+
+
 def _env_int(*names: str) -> int | None:
     for n in names:
         v = os.environ.get(n)
@@ -210,12 +238,7 @@ class Instrumented(Generic[T]):
         self._append = append or shared
         self._writer: _Writer | None = None
         self._lost = 0
-        self._epochs = 0
-        self._steps = 0
-        self._wait = 0.0
-        self._step = 0.0
-        self._samples = 0
-        self._samples_known = True
+        self._totals = StepTotals()
         # perf_counter for durations; one time.time() at start maps it to epoch seconds.
         self._pc0 = time.perf_counter()
         self._wall0 = time.time()
@@ -232,9 +255,8 @@ class Instrumented(Generic[T]):
     # -- results -------------------------------------------------------------------------
     def summary(self) -> InstrumentSummary:
         """Steps, wait and step time recorded so far by this object."""
-        return InstrumentSummary(self._steps, self._epochs, self._wait, self._step,
-                                 self._samples if self._samples_known else None,
-                                 self._writer.lost if self._writer is not None else self._lost)
+        return self._totals.summary(self._writer.lost if self._writer is not None
+                                    else self._lost)
 
     def flush(self) -> None:
         """Write buffered lines now (they are also written every second and at exit)."""
@@ -259,10 +281,10 @@ class Instrumented(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         if self._writer is None:
             self._writer = self._open()
-        return self._steps_of(iter(self.iterable), self._epochs, self._writer)
+        return self._steps_of(iter(self.iterable), self._totals.epochs, self._writer)
 
     def _steps_of(self, it: Iterator[T], epoch: int, w: _Writer) -> Iterator[T]:
-        self._epochs += 1
+        self._totals.epochs += 1
         pc = time.perf_counter
         mono = time.monotonic
         off = self._wall0 - self._pc0
@@ -297,16 +319,7 @@ class Instrumented(Generic[T]):
     def _record(self, w: _Writer, epoch: int, prev: tuple[int, float, float, float, int | None],
                 step_s: float, rank: str, mono: Any) -> None:
         step, t, _, wait, bs = prev
-        self._steps += 1
-        self._wait += wait
-        self._step += step_s
-        if bs is None:
-            self._samples_known = False
-            b = ""
-        else:
-            self._samples += bs
-            b = f',"batch":{bs}'
-        w.add(step_line(t, epoch, step, wait, step_s, b, rank), mono())
+        w.add(self._totals.line(t, epoch, step, wait, step_s, bs, rank), mono())
 
 
 # -- shared with other recorders (autotune.integrations.lightning) ------------------------

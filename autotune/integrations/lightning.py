@@ -39,8 +39,8 @@ import os
 import time
 from typing import Any
 
-from autotune.instrumentation import (InstrumentSummary, _env_int, _Writer, batch_len,
-                                      loader_info, log_path, open_log, step_line)
+from autotune.instrumentation import (InstrumentSummary, StepTotals, _env_int, _Writer,
+                                      batch_len, loader_info, log_path, open_log)
 
 try:
     from lightning.pytorch import Callback
@@ -93,8 +93,7 @@ class InstrumentCallback(Callback):
     def summary(self) -> InstrumentSummary:
         """Steps, wait and step time recorded so far."""
         lost = self._writer.lost if self._writer is not None else self._lost
-        return InstrumentSummary(self._steps, self._epochs, self._wait, self._step,
-                                 self._samples if self._samples_known else None, lost)
+        return self._totals.summary(lost)
 
     # -- Lightning hooks (signatures of lightning.pytorch.Callback 2.x) -------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -113,8 +112,8 @@ class InstrumentCallback(Callback):
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         # Fetches already timed are kept: before the first epoch Lightning may have
         # fetched a batch ahead (an IterableDataset), the first step's wait.
-        self._epochs += 1
-        self._epoch = int(getattr(trainer, "current_epoch", self._epochs - 1))
+        self._totals.epochs += 1
+        self._epoch = int(getattr(trainer, "current_epoch", self._totals.epochs - 1))
         self._mark = time.perf_counter()
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
@@ -152,9 +151,7 @@ class InstrumentCallback(Callback):
 
     # -- recording -----------------------------------------------------------------------
     def _reset_totals(self) -> None:
-        self._steps = self._epochs = self._samples = 0
-        self._wait = self._step = 0.0
-        self._samples_known = True
+        self._totals = StepTotals()
         self._lost = 0
         self._epoch = 0
 
@@ -182,19 +179,9 @@ class InstrumentCallback(Callback):
             return
         step, t_req, t_got, wait, bs = self._pending
         self._pending = None
-        step_s = max(0.0, end - t_got)
-        self._steps += 1
-        self._wait += wait
-        self._step += step_s
-        if bs is None:
-            self._samples_known = False
-            b = ""
-        else:
-            self._samples += bs
-            b = f',"batch":{bs}'
         t = t_req - self._pc0 + self._wall0
-        self._writer.add(step_line(t, self._epoch, step, wait, step_s, b, self._rank),
-                         time.monotonic())
+        self._writer.add(self._totals.line(t, self._epoch, step, wait, max(0.0, end - t_got),
+                                           bs, self._rank), time.monotonic())
 
     # -- the fetch, timed through the profiler calls Lightning makes around it ------------
     def _hook_profiler(self, trainer: Any) -> None:
