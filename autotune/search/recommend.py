@@ -70,12 +70,13 @@ def confirm_window(params: dict[str, Any], seconds: float, step_s: float | None)
     return round(min(4 * seconds, max(2 * seconds, 2 * queue_s)), 1)
 
 
-def baseline_params(cores: int) -> dict[str, Any]:
+def baseline_params(cores: int, cuda: bool = True) -> dict[str, Any]:
     """The rule of thumb most people start from: num_workers = min(8, cores), prefetch 2,
-    pin_memory, persistent_workers."""
+    persistent_workers, and pin_memory where there is a GPU to copy to (without one the
+    DataLoader ignores it with a warning, and a winning baseline would recommend it)."""
     w = min(8, max(1, cores))
     return {"num_workers": w, "prefetch_factor": 2, "persistent_workers": True,
-            "pin_memory": True}
+            "pin_memory": cuda}
 
 
 def kwargs_of(params: dict[str, Any], batch_size: int, *, iterable: bool = False) -> dict[str, Any]:

@@ -54,6 +54,7 @@ class Session:
         self.space: SearchSpace | None = None
         self.fmt = "folder"
         self.max_mem = 0.0
+        self.cuda = False
 
     # -- setting up --------------------------------------------------------------------
 
@@ -99,6 +100,7 @@ class Session:
         self._check_window()
         # The workers are per rank: each rank's share of the node's cores (more only where
         # the storage probe shows latency to hide).
+        self.cuda = cuda
         self.space = load_space(self.opts.space, cores=self.cores_per_rank, cuda=cuda,
                                 best_concurrency=self.ceilings.storage_best_concurrency)
         if self.base.procs_per_node > 1:
@@ -205,7 +207,7 @@ class Session:
         if "baseline" in self.study.user_attrs:
             b = TrialRecord.from_dict(self.study.user_attrs["baseline"])
         else:
-            bp = rec_mod.baseline_params(self.cores_per_rank)
+            bp = rec_mod.baseline_params(self.cores_per_rank, self.cuda)
             self.say(f"baseline (rule of thumb): {bp}")
             b = self.bench(bp, "baseline")
             b.number = -1

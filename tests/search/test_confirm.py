@@ -86,7 +86,7 @@ def test_the_gain_compares_confirmed_with_confirmed(small_dataset, tmp_path, mon
     _fake_bench(monkeypatch, figure)
     from autotune.search import recommend
 
-    monkeypatch.setattr(recommend, "baseline_params", lambda cores: {
+    monkeypatch.setattr(recommend, "baseline_params", lambda cores, cuda: {
         "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True, "pin_memory": True})
     r = run_search(small_dataset, _opts(tmp_path, grid=False, baseline=True))
     d = json.loads(Path(r.json_file).read_text())

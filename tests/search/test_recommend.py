@@ -56,6 +56,8 @@ def test_baseline_is_the_rule_of_thumb():
     assert baseline_params(2) == {"num_workers": 2, "prefetch_factor": 2,
                                   "persistent_workers": True, "pin_memory": True}
     assert baseline_params(64)["num_workers"] == 8
+    # Without a GPU the rule pins nothing: a winning baseline must not recommend it.
+    assert baseline_params(2, cuda=False)["pin_memory"] is False
 
 
 def test_the_snippet_runs_for_a_map_style_and_an_iterable_dataset():
