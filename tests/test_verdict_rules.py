@@ -125,6 +125,19 @@ def test_probe_at_ceiling_is_storage():
     assert decide(inputs(0.4, None, probe=probe, ips=480.0)).bottleneck == "storage"
 
 
+def test_a_probe_figure_the_trials_overtook_is_no_ceiling():
+    # Seen behind a 300-IOPS cap: the probe's 38 files/s overtaken by the baseline's 94,
+    # the search said "a wrong measurement", and the verdict still read "storage-bound: at
+    # the probe's storage ceiling" (94 = 245 % of it) from the probe it had set aside.
+    probe = {"verdict": {"storage_files_per_s": 38.0, "best_concurrency": 4}}
+    v = decide(inputs(0.5, system(tree=150, util=30), workers=3, probe=probe, ips=94.0,
+                      storage_overtaken=True))
+    assert "storage ceiling" not in v.summary
+    assert not any("of the storage ceiling" in e for e in v.evidence), v.evidence
+    v = decide(inputs(0.5, system(tree=150, util=30), workers=3, probe=probe, ips=94.0))
+    assert "probe's storage ceiling" in v.summary
+
+
 def test_probe_headroom_with_waiting_loaders_is_latency_loader():
     probe = {"verdict": {"storage_files_per_s": 20000.0, "best_concurrency": 64}}
     v = decide(inputs(0.3, system(tree=30, util=10, r_await=8), workers=2, probe=probe, ips=900.0))

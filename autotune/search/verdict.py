@@ -34,6 +34,7 @@ def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings, *,
         loader={"num_workers": p.get("num_workers"), "prefetch_factor": p.get("prefetch_factor")},
         job_cores=ceilings.cores, system=figs, probe=ceilings.probe, dataset=dataset,
         storage_ceiling=ceilings.valid("storage"), storage_unit=ceilings.storage_unit,
+        storage_overtaken="storage" in ceilings.lower_bounds,
         storage_concurrency=ceilings.storage_best_concurrency,
         decode_ceiling=ceilings.valid("decode"), worker_bound=worker_bound)
     v = decide_rules(inp)

@@ -64,6 +64,7 @@ class RuleInputs:
     dataset: str | None = None
     # Ceilings measured apart from these figures (the search's); None: the probe's, if any.
     storage_ceiling: float | None = None
+    storage_overtaken: bool = False           # the probe's figure was beaten: not a ceiling
     storage_unit: str = "files/s"             # "samples/s" through a conversion's reader
     storage_concurrency: int | None = None    # reads in flight at the storage ceiling
     decode_ceiling: float | None = None
@@ -124,6 +125,8 @@ def _storage_ceiling(inp: RuleInputs) -> tuple[float | None, float | None, int |
     """(ceiling, fio IOPS, reads in flight at the ceiling, unit): the one given, else the
     probe's."""
     files, iops, best_c = _probe_ceiling(inp.probe)
+    if inp.storage_overtaken:   # a wrong measurement: nothing may be "at" it
+        files = None
     if inp.storage_ceiling:
         return inp.storage_ceiling, iops, inp.storage_concurrency or best_c, inp.storage_unit
     unit = "samples/s" if (inp.probe or {}).get("verdict", {}).get("storage_samples_per_s") \
