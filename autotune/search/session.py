@@ -13,6 +13,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -97,7 +98,6 @@ class Session:
             if self.ceilings.probe is not None:
                 self.study.set_user_attr("probe", _stored(self.ceilings.probe))
                 (self.out / "probe.json").write_text(json.dumps(self.ceilings.probe, indent=1))
-        self._check_window()
         # The workers are per rank: each rank's share of the node's cores (more only where
         # the storage probe shows latency to hide).
         self.cuda = cuda
@@ -108,6 +108,7 @@ class Session:
                 f"{self.base.procs_per_node} ranks on {self.ceilings.cores} usable cores: "
                 f"num_workers is per rank (bound from {self.cores_per_rank} core(s) each); "
                 "images/s is the node's (ranks x the slowest rank), memory is summed")
+        self._check_window()
         self._batch_note()
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
@@ -119,24 +120,60 @@ class Session:
     def cores_per_rank(self) -> int:
         return max(1, self.ceilings.cores // self.base.procs_per_node)  # type: ignore[union-attr]
 
+    def needs(self, params: dict[str, Any]) -> tuple[int, int]:
+        """(batches a measurement of `params` needs in one cold pass: its warm-up and the
+        fewest a figure is made of; batches of its size each rank's pass holds)."""
+        cfg = replace(self.base, **{k: params[k] for k in ("num_workers", "prefetch_factor",
+                                                          "batch_size") if k in params})
+        n = self.ceilings.samples  # type: ignore[union-attr]
+        return (cfg.effective_warmup + cfg.min_batches,
+                (n or 0) // self.base.procs_per_node // cfg.batch_size)
+
+    def unfit(self, params: dict[str, Any]) -> str | None:
+        """Why one cold pass cannot hold this configuration's measurement, or None."""
+        if not self.opts.cold or self.ceilings.samples is None:  # type: ignore[union-attr]
+            return None
+        need, have = self.needs(params)
+        if have >= need:
+            return None
+        return (f"not measured: its warm-up and the batches a figure needs ({need}) are more "
+                f"than the {have} batches of "
+                f"{params.get('batch_size', self.base.batch_size)} in one cold pass")
+
     def _check_window(self) -> None:
-        """A cold pass too short for any measurement is said up front (exit 2), not
-        decided from noise: the cheapest configuration needs 5 warm-up batches and 10
-        measured ones before the pass ends (deeper prefetch queues need more)."""
+        """A cold pass too short to measure most of the space is said up front (exit 2),
+        not decided from noise: a configuration needs its warm-up (at least 5 batches, its
+        whole prefetch queue) and 10 measured batches, at least twice the queue, before the
+        pass ends. When most fit, the others are skipped (not measured), with a note."""
         n, bs = self.ceilings.samples, self.base.batch_size  # type: ignore[union-attr]
+        if not self.opts.cold or n is None:
+            return
+        grid = self.space.grid()  # type: ignore[union-attr]
+        out = [p for p in grid if self.unfit(p)]
+        if not out:
+            return
         ranks = self.base.procs_per_node
-        warm = self.base.warmup_batches if self.base.warmup_batches is not None else 5
-        need = warm + MIN_WINDOW_BATCHES
-        if not self.opts.cold or n is None or n // ranks // bs >= need:
+        needs = sorted(self.needs(p)[0] for p in grid)
+        need, cheapest, half = needs[-1], needs[0], needs[(len(needs) + 1) // 2 - 1]
+        have = n // ranks // bs
+        if len(out) * 2 <= len(grid):
+            self.space.notes.append(  # type: ignore[union-attr]
+                f"{len(out)} of the space's {len(grid)} configurations need more than the "
+                f"{have} batches of {bs} in one cold pass over {n:,} images (deep prefetch "
+                "queues: warm-up + twice the queue): skipped, not measured")
             return
         share = f" (each of {ranks} ranks reads {n // ranks:,})" if ranks > 1 else ""
+        fit = (f"a measurement needs at least {cheapest} ({cheapest - MIN_WINDOW_BATCHES} "
+               f"warm-up + {MIN_WINDOW_BATCHES} measured) before the pass ends"
+               if len(out) == len(grid) else
+               f"only {len(grid) - len(out)} of the space's {len(grid)} configurations can "
+               f"be measured in one (their warm-up and at least twice their prefetch queue: "
+               f"up to {need} batches)")
         raise UsageError(
-            f"{self.root}: {n:,} images{share} make {n // ranks // bs} batches of {bs} per "
-            "cold pass; a "
-            f"measurement needs at least {need} ({warm} warm-up + {MIN_WINDOW_BATCHES} measured) "
-            "before the pass ends, more with deep prefetch queues. Use a smaller batch size "
-            f"(at most {max(1, n // ranks // need)}), --warm (later passes labelled warm), or a "
-            "larger dataset.", setting="batch_size")
+            f"{self.root}: {n:,} images{share} make {have} batches of {bs} per cold pass; "
+            f"{fit}. Use a smaller batch size (at most {max(1, n // ranks // half)} to "
+            "measure half of the space), "
+            "--warm (later passes labelled warm), or a larger dataset.", setting="batch_size")
 
     def _batch_note(self) -> None:
         bss = self.space.choices.get("batch_size")  # type: ignore[union-attr]

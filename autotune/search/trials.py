@@ -31,6 +31,14 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
         params = s.space.suggest(trial)  # type: ignore[union-attr]
         trial.set_user_attr("params", params)
         prev = measured.get(config_key(params))
+        if prev is None and (why := s.unfit(params)):
+            # One cold pass cannot hold its measurement: failed without measuring, not a
+            # trial of the budget; the next one an unmeasured point that fits.
+            dupes += 1
+            _answer_unfit(s, trial, params, why, measured)
+            if not _enqueue_unmeasured(s, measured, rng) or dupes > MAX_DUPLICATES:
+                return "space exhausted"
+            continue
         if prev is not None:
             # Answered from the study; not a trial of the budget. Ask again, and make the
             # next one an unmeasured point of the space (TPE would keep proposing this).
@@ -50,7 +58,8 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
 def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
                         rng: random.Random) -> bool:
     """Queue a random configuration not measured yet; False when none is left."""
-    left = [p for p in s.space.grid() if config_key(p) not in measured]  # type: ignore[union-attr]
+    left = [p for p in s.space.grid()  # type: ignore[union-attr]
+            if config_key(p) not in measured and not s.unfit(p)]
     if not left:
         return False
     s.study.enqueue_trial(s.space.optuna_params(rng.choice(left)))  # type: ignore[union-attr]
@@ -58,10 +67,22 @@ def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
 
 
 def _enqueue_grid(s: Session, measured: dict[tuple, TrialRecord]) -> int:
-    todo = [p for p in s.space.grid() if config_key(p) not in measured]  # type: ignore[union-attr]
+    todo = [p for p in s.space.grid()  # type: ignore[union-attr]
+            if config_key(p) not in measured and not s.unfit(p)]
     for p in todo:
         s.study.enqueue_trial(s.space.optuna_params(p))  # type: ignore[union-attr]
     return len(todo)
+
+
+def _answer_unfit(s: Session, trial: Any, params: dict[str, Any], why: str,
+                  measured: dict[tuple, TrialRecord]) -> None:
+    from optuna.trial import TrialState
+
+    rec = TrialRecord(trial.number, params, "failed", reason=why,
+                      hint="a smaller batch size, --warm, or a larger dataset")
+    trial.set_user_attr("record", _stored(rec.to_dict()))
+    s.study.tell(trial, state=TrialState.FAIL)
+    measured[config_key(params)] = rec
 
 
 def _answer_duplicate(s: Session, trial: Any, prev: TrialRecord) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -42,7 +43,10 @@ def test_a_dataset_too_small_for_a_cold_window_is_refused_up_front(small_dataset
             "--out", str(tmp_path / "out"))
     assert r.returncode == 2, r.stderr
     assert "64 images make 4 batches of 16 per cold pass" in r.stderr
-    assert "--warm" in r.stderr and "at most 4" in r.stderr and "--batch-size" in r.stderr
+    assert "--warm" in r.stderr and "--batch-size" in r.stderr
+    # The space's worker bound follows the probe (reads in flight), so the size varies.
+    m = re.search(r"at most (\d+) to measure half of the space", r.stderr)
+    assert m and 1 <= int(m.group(1)) <= 4, r.stderr
     assert not (tmp_path / "out" / "search.json").exists()
     # Two ranks each read half: 64 images in batches of 4 make 16 batches, 8 per rank. The
     # study the refused search left measured nothing, so other settings may take it over.
