@@ -72,6 +72,7 @@ class LmdbWriter(FormatWriter):
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_env"] = None  # an environment never crosses into a worker
+        d.pop("_vbuf", None)
         return d
 
     # -- resume ------------------------------------------------------------------------
@@ -79,6 +80,8 @@ class LmdbWriter(FormatWriter):
     def _open(self) -> list[UnitResult]:
         import lmdb
 
+        self._writer_pid = os.getpid()
+        self._vbuf = memoryview(bytearray(1 << 20))  # one value, read in place
         self._published = self._read_published()
         self._complete = False
         if self._published is not None:  # killed after publishing, before the manifest
@@ -172,36 +175,70 @@ class LmdbWriter(FormatWriter):
         return ConvertError(f"{path}: LMDB write failed ({e}); check the disk, then rerun the "
                             "same command to resume from the last committed batch.")
 
-    def work(self, unit: int) -> list[Sample | SkippedFile]:
-        return list(self.samples(unit))
+    def workers(self, requested: int) -> int:
+        """Worker processes only when a sample costs a decode (verify=decode, or a
+        re-encode): for the header checks, handing a batch's bytes to this process
+        (pickle, pipe, unpickle: three copies) costs more than reading it here, with
+        the next files' reads started ahead (converters.sourceread)."""
+        if self.opts.verify == "decode" or self.opts.max_side:
+            return requested
+        return 1
 
-    def _accept(self, unit: int, out: list[Sample | SkippedFile]) -> UnitResult:
+    def work(self, unit: int) -> list[Sample | SkippedFile] | None:
+        if os.getpid() == getattr(self, "_writer_pid", None):
+            return None  # in the writing process: _accept reads the batch into the txn
+        return [s if isinstance(s.data, bytes) or isinstance(s, SkippedFile) else
+                Sample(s.position, s.label, s.relpath, s.ext, bytes(s.data), s.source_bytes,
+                       s.reencoded) for s in self.samples(unit)]
+
+    def _accept(self, unit: int, out: list[Sample | SkippedFile] | None) -> UnitResult:
         assert unit == self._next, (unit, self._next)
-        res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
-        values = []
-        for s in out:
-            if isinstance(s, SkippedFile):
-                res.skipped.append(s.to_dict())
-                continue
-            values.append(encode_value(s.label, s.relpath, s.data))
-            res.samples += 1
-            res.source_bytes += s.source_bytes
-            res.stored_bytes += len(s.data)
-            res.reencoded += s.reencoded
-        # The record first: a kill before the commit only leaves a record the rerun
-        # rewrites; after the commit, the record is there for the summary and manifest.
-        self.workdir.write_done(res)
         count = self._count
+        state: dict[str, Any] = {}
+
+        def put_all(txn: Any, samples: Any) -> UnitResult:
+            res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
+            for s in samples:
+                if isinstance(s, SkippedFile):
+                    res.skipped.append(s.to_dict())
+                    continue
+                if isinstance(s.data, memoryview):  # read in place, after its header
+                    v = self._vbuf[:state["start"] + len(s.data)]
+                else:
+                    v = encode_value(s.label, s.relpath, s.data)
+                txn.put(key(count + res.samples), v, append=True)
+                res.samples += 1
+                res.source_bytes += s.source_bytes
+                res.stored_bytes += len(s.data)
+                res.reencoded += s.reencoded
+            return res
+
+        def dest(entry: Any) -> memoryview:
+            p = entry.relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
+            start = HEADER.size + len(p)
+            need = start + entry.size + 1
+            if need > len(self._vbuf):
+                self._vbuf = memoryview(bytearray(max(need, 2 * len(self._vbuf))))
+            self._vbuf[:start] = HEADER.pack(LAYOUT_VERSION, entry.label, len(p)) + p
+            state["start"] = start
+            return self._vbuf[start:need]
 
         def write(txn: Any) -> None:
-            for i, v in enumerate(values):
-                txn.put(key(count + i), v, append=True)
+            samples = out if out is not None else self.samples_into(unit, dest)
+            res = put_all(txn, samples)
+            # The record first: a kill before the commit only leaves a record the rerun
+            # rewrites; after the commit, the record is there for the summary and manifest.
+            self.workdir.write_done(res)
             txn.put(PROGRESS_KEY, json.dumps(
-                {"next_unit": unit + 1, "samples": count + len(values),
+                {"next_unit": unit + 1, "samples": count + res.samples,
                  "map_size": self._map_size}, sort_keys=True).encode())
+            state["res"] = res
 
-        self._commit(write, sum(len(v) for v in values))
-        self._count += len(values)
+        # Map growth is sized by the unit's planned source bytes: the same whether the
+        # batch was read here or by workers, so the file is the same either way.
+        self._commit(write, self.plan.unit_sizes[unit])
+        res = state["res"]
+        self._count += res.samples
         self._next = unit + 1
         return res
 

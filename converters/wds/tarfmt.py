@@ -47,38 +47,97 @@ def member_header(name: str, size: int) -> bytes:
 
 
 class TarShardWriter:
-    """Append members to a new tar file; `finish()` fsyncs and returns (bytes, sha256)."""
+    """Append members to a new tar file; `finish()` fsyncs and returns (bytes, sha256).
 
-    def __init__(self, path: Path) -> None:
+    Members are assembled in a staging buffer and written (and hashed, once) in writes
+    of `buffer_size` bytes; a source file can be read straight into its place in the
+    buffer (`reserve` / `slot` / `commit_slot`), so an image is copied once, from the
+    page cache into the buffer, and never held as a `bytes` of its own.
+    """
+
+    BUFFER = 8 << 20
+
+    def __init__(self, path: Path, buffer_size: int | None = None) -> None:
         self.path = path
-        self._f = open(path, "wb")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._sha = hashlib.sha256()
-        self._size = 0
+        self._size = 0  # bytes flushed to the file
+        self._buf = bytearray(buffer_size or self.BUFFER)
+        self._mv = memoryview(self._buf)
+        self._pos = 0
 
-    def _write(self, b: bytes) -> None:
-        self._f.write(b)
+    # -- the staging buffer ------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self._pos:
+            self._write_out(self._mv[:self._pos])
+            self._pos = 0
+
+    def _write_out(self, b: bytes | memoryview) -> None:
         self._sha.update(b)
+        mv = memoryview(b)
+        while mv:
+            k = os.write(self._fd, mv)
+            mv = mv[k:]
         self._size += len(b)
 
-    def add(self, name: str, data: bytes) -> None:
-        self._write(member_header(name, len(data)))
-        self._write(data)
-        pad = -len(data) % BLOCK
-        if pad:
-            self._write(_ZEROS[:pad])
+    def reserve(self, n: int) -> bool:
+        """Make `n` contiguous bytes free in the buffer (flushing it if needed); False
+        when `n` is more than the whole buffer holds (then use `add`)."""
+        if self._pos + n > len(self._buf):
+            self._flush()
+        return n <= len(self._buf)
+
+    def mark(self) -> int:
+        """A position to `rollback` to (valid until the next `reserve` or `add`)."""
+        return self._pos
+
+    def rollback(self, mark: int) -> None:
+        self._pos = mark
+
+    def slot(self) -> memoryview:
+        """Where the next member's data goes (after its header's place); `commit_slot`
+        then makes the first `n` bytes of it a member."""
+        return self._mv[self._pos + BLOCK:]
+
+    def commit_slot(self, name: str, n: int) -> None:
+        pos = self._pos
+        self._mv[pos:pos + BLOCK] = member_header(name, n)
+        end = pos + BLOCK + n
+        pad = -n % BLOCK
+        self._mv[end:end + pad] = _ZEROS[:pad]
+        self._pos = end + pad
+
+    def add(self, name: str, data: bytes | memoryview) -> None:
+        n = len(data)
+        need = BLOCK + n + (-n % BLOCK)
+        if self.reserve(need):
+            self._mv[self._pos + BLOCK:self._pos + BLOCK + n] = data
+            self.commit_slot(name, n)
+            return
+        self._flush()  # larger than the buffer: straight to the file
+        self._write_out(member_header(name, n))
+        self._write_out(data)
+        if n % BLOCK:
+            self._write_out(_ZEROS[:-n % BLOCK])
+
+    # -- the end -----------------------------------------------------------------------
 
     def finish(self) -> tuple[int, str]:
         end = 2 * BLOCK
-        end += -(self._size + end) % RECORD
-        self._write(b"\0" * end)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        end += -(self._size + self._pos + end) % RECORD
+        self._flush()
+        self._write_out(bytes(end))
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
         return self._size, self._sha.hexdigest()
 
     def abort(self) -> None:
         try:
-            self._f.close()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
         finally:
             try:
                 os.unlink(self.path)
