@@ -182,3 +182,60 @@ def test_the_training_transform_runs_in_dataloader_workers(wds_dst):
         assert images.shape[1] == 3 and images.dtype == torch.uint8 and labels.max() < 4
         n += len(labels)
     assert n == 96
+
+
+def test_the_fast_header_parser_reads_what_tarfile_reads(wds_dst):
+    from converters.wds.tarfmt import _iter_tarfile, iter_members
+
+    for s in read_manifest(wds_dst).shards:
+        path = wds_dst / s["file"]
+        with open(path, "rb") as f:
+            assert list(iter_members(path)) == list(_iter_tarfile(f, path.name, 0))
+
+
+@pytest.mark.parametrize("member, says", [
+    (_link("0000000001.jpg", "/etc/passwd", tarfile.SYMTYPE), r"is a symlink to '/etc/passwd'"),
+    (("../evil.jpg", b"x"), r"member name '\.\./evil\.jpg' is not KEY\.EXT"),
+])
+def test_a_hostile_ustar_member_after_good_ones_is_refused(tmp_path, member, says):
+    """Our own writer's members first (the fast parser), then a USTAR member of another
+    kind: it is refused with tarfile's reading of it, nothing extracted."""
+    from converters.wds.tarfmt import TarShardWriter, iter_members
+
+    p = tmp_path / "shard-000000.tar"
+    tw = TarShardWriter(p)
+    tw.add("0000000000.cls", b"0")
+    tw.add("0000000000.jpg", b"x" * 1000)
+    tw.finish()
+    good = p.read_bytes().rstrip(b"\0")
+    good += b"\0" * (-len(good) % 512)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        if isinstance(member, tarfile.TarInfo):
+            tf.addfile(member)
+        else:
+            ti = tarfile.TarInfo(member[0])
+            ti.size = len(member[1])
+            tf.addfile(ti, io.BytesIO(member[1]))
+    p.write_bytes(good + buf.getvalue())
+    it = iter_members(p)
+    assert next(it)[:2] == ("0000000000", "cls") and next(it)[:2] == ("0000000000", "jpg")
+    from converters.wds.tarfmt import ShardFormatError
+
+    with pytest.raises(ShardFormatError, match=r"shard-000000\.tar: .*" + says):
+        next(it)
+
+
+def test_a_damaged_header_is_named(tmp_path):
+    from converters.wds.tarfmt import ShardFormatError, TarShardWriter, iter_members
+
+    p = tmp_path / "shard-000000.tar"
+    tw = TarShardWriter(p)
+    for k in range(3):
+        tw.add(f"{k:010d}.cls", b"0")
+    tw.finish()
+    data = bytearray(p.read_bytes())
+    data[1024 + 10] ^= 0x01  # a byte of the second member's name
+    p.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match=r"after 1 members \(bad header checksum\)"):
+        list(iter_members(p))
