@@ -87,8 +87,19 @@ def test_pread_mmap_and_noreadahead_modes_return_the_same_bytes(lmdb_dst, img_sr
         src = LmdbSource(lmdb_dst, io=io)
         got = {p: hashlib.sha256(d).hexdigest() for d, _, p in src.records()}
         assert got == want, io
-        if io == "pread":  # one pread per image, of the whole value
-            assert src._env is None and len(calls) == 96 and min(calls) > 10_000
+        if io == "pread":  # a sequential pass: runs of values, a few large reads
+            assert src._env is None and not calls
+            runs = []
+            real_preadv = os.preadv
+            monkeypatch.setattr(os, "preadv", lambda fd, bufs, off: runs.append(off)
+                                or real_preadv(fd, bufs, off))
+            assert {p: hashlib.sha256(d).hexdigest() for d, _, p in src.records()} == want
+            assert 1 <= len(runs) <= 96 * 80_000 // (4 << 20) + 2
+            monkeypatch.setattr(os, "preadv", real_preadv)
+            # by index: one pread per image, of the whole value
+            got = {src.record(i)[2]: hashlib.sha256(src.record(i)[0]).hexdigest()
+                   for i in range(len(src))}
+            assert got == want and len(calls) == 2 * 96 and min(calls) > 10_000
         else:
             assert not calls
         src.close()
