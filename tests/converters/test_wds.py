@@ -67,17 +67,35 @@ def test_webdatasets_own_reader_reads_every_sample_with_the_right_label(wds_dst,
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_ranks_and_workers_partition_the_samples(wds_dst, world):
+@pytest.mark.parametrize("equalize", [True, False])
+def test_ranks_and_workers_partition_the_samples(wds_dst, world, equalize):
+    """equalize=False: every sample once across ranks and workers. Equalized (several
+    ranks): every rank the same count, for each worker index too, no sample twice, and
+    only the remainder of the manifest's counts dropped."""
+    import warnings
+
     src = WdsSource(wds_dst)
     everything = Counter()
+    per_rank = []
     for rank in range(world):
-        ds = src.dataset(None, seed=7, rank=rank, world_size=world)
+        ds = src.dataset(None, seed=7, rank=rank, world_size=world, equalize=equalize,
+                         num_workers=2)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
                                              multiprocessing_context="fork")
-        got = [data for data, _ in loader]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = [data for data, _ in loader]
         assert len(got) == len(ds)  # the length is this rank's exact count
         everything.update(got)
-    assert sum(everything.values()) == 96 and set(everything.values()) == {1}
+        per_rank.append(len(got))
+    assert set(everything.values()) == {1}
+    if equalize and world > 1:
+        q = ds.quotas(0, world, 2)
+        assert per_rank == [sum(q)] * world and sum(everything.values()) == world * sum(q)
+        # what could not be kept: less than one shard's worth per worker and rank
+        assert 96 - world * sum(q) < world * 2 * max(n for _, n in src.shards)
+    else:
+        assert sum(everything.values()) == 96
 
 
 def test_shuffle_is_seeded_per_epoch_and_off_on_request(wds_dst):
