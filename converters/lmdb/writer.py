@@ -72,7 +72,7 @@ class LmdbWriter(FormatWriter):
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_env"] = None  # an environment never crosses into a worker
-        d.pop("_vbuf", None)
+        d["_ahead"] = None
         return d
 
     # -- resume ------------------------------------------------------------------------
@@ -81,7 +81,7 @@ class LmdbWriter(FormatWriter):
         import lmdb
 
         self._writer_pid = os.getpid()
-        self._vbuf = memoryview(bytearray(1 << 20))  # one value, read in place
+        self._ahead: _ReadAhead | None = None
         self._published = self._read_published()
         self._complete = False
         if self._published is not None:  # killed after publishing, before the manifest
@@ -194,38 +194,46 @@ class LmdbWriter(FormatWriter):
     def _accept(self, unit: int, out: list[Sample | SkippedFile] | None) -> UnitResult:
         assert unit == self._next, (unit, self._next)
         count = self._count
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"attempt": 0}
+        if out is None and self._ahead is None:
+            self._ahead = _ReadAhead(self, list(range(unit, self.plan.units)))
 
-        def put_all(txn: Any, samples: Any) -> UnitResult:
+        def put_all(txn: Any, items: Any) -> UnitResult:
             res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
-            for s in samples:
+            for s, v, buf in items:
                 if isinstance(s, SkippedFile):
                     res.skipped.append(s.to_dict())
-                    continue
-                if isinstance(s.data, memoryview):  # read in place, after its header
-                    v = self._vbuf[:state["start"] + len(s.data)]
+                elif v is not None:  # read in place, after its header
+                    txn.put(key(count + res.samples), v, append=True)
                 else:
-                    v = encode_value(s.label, s.relpath, s.data)
-                txn.put(key(count + res.samples), v, append=True)
+                    txn.put(key(count + res.samples), encode_value(s.label, s.relpath, s.data),
+                            append=True)
+                if buf is not None:
+                    self._ahead.give_back(buf)
+                if isinstance(s, SkippedFile):
+                    continue
                 res.samples += 1
                 res.source_bytes += s.source_bytes
                 res.stored_bytes += len(s.data)
                 res.reencoded += s.reencoded
             return res
 
-        def dest(entry: Any) -> memoryview:
-            p = entry.relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
-            start = HEADER.size + len(p)
-            need = start + entry.size + 1
-            if need > len(self._vbuf):
-                self._vbuf = memoryview(bytearray(max(need, 2 * len(self._vbuf))))
-            self._vbuf[:start] = HEADER.pack(LAYOUT_VERSION, entry.label, len(p)) + p
-            state["start"] = start
-            return self._vbuf[start:need]
-
         def write(txn: Any) -> None:
-            samples = out if out is not None else self.samples_into(unit, dest)
-            res = put_all(txn, samples)
+            import lmdb
+
+            state["attempt"] += 1
+            if out is not None:
+                items = ((s, None, None) for s in out)
+            elif state["attempt"] == 1:
+                items = self._ahead.unit(unit)
+            else:  # a retry after MapFullError: the read-ahead has moved on; read again here
+                items = ((s, None, None) for s in self.samples(unit))
+            try:
+                res = put_all(txn, items)
+            except lmdb.MapFullError:
+                if out is None and state["attempt"] == 1:
+                    self._ahead.skip(unit)
+                raise
             # The record first: a kill before the commit only leaves a record the rerun
             # rewrites; after the commit, the record is there for the summary and manifest.
             self.workdir.write_done(res)
@@ -317,6 +325,109 @@ class LmdbWriter(FormatWriter):
             self._complete = True
 
     def _close(self) -> None:
+        if getattr(self, "_ahead", None) is not None:
+            self._ahead.stop()
+            self._ahead = None
         if self._env is not None:
             self._env.close()
             self._env = None
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _ReadAhead:
+    """A thread that reads and checks the pending batches' samples, in order, while the
+    writing thread puts and commits the ones before: py-lmdb releases the GIL in put and
+    commit, so reading, checking and LMDB's copying and syncing overlap on two cores.
+
+    Each sample is read into a value buffer from a small pool (its header and path
+    first, so the buffer is the LMDB value), handed over, and the buffer comes back
+    after its put: memory stays at the pool's size, whatever the batch size.
+    """
+
+    BUFFERS = 64
+
+    def __init__(self, writer: LmdbWriter, units: list[int]) -> None:
+        import queue
+        import threading
+
+        self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue()
+        self._free: queue.Queue[memoryview] = queue.Queue()
+        for _ in range(self.BUFFERS):
+            self._free.put(memoryview(bytearray(256 << 10)))
+        self._stopping = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(writer, units), daemon=True,
+                                   name="autotune-lmdb-read-ahead")
+        self._t.start()
+
+    def _buffer(self, need: int) -> memoryview:
+        import queue
+
+        while True:
+            if self._stopping.is_set():
+                raise _Stopped
+            try:
+                buf = self._free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            return buf if need <= len(buf) else memoryview(bytearray(need))
+
+    def _run(self, writer: LmdbWriter, units: list[int]) -> None:
+        try:
+            for u in units:
+                cur: dict[str, Any] = {}
+
+                def dest(entry: Any) -> memoryview:
+                    p = entry.relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
+                    start = HEADER.size + len(p)
+                    need = start + entry.size + 1
+                    buf = self._buffer(need)
+                    buf[:start] = HEADER.pack(LAYOUT_VERSION, entry.label, len(p)) + p
+                    cur["buf"], cur["start"] = buf, start
+                    return buf[start:need]
+
+                for s in writer.samples_into(u, dest):
+                    buf = cur.pop("buf", None)
+                    if isinstance(s, Sample) and isinstance(s.data, memoryview):
+                        self._q.put(("s", s, buf[:cur["start"] + len(s.data)], buf))
+                    else:
+                        self._q.put(("s", s, None, buf))
+                self._q.put(("end", u, None, None))
+        except _Stopped:
+            return
+        except BaseException as e:  # noqa: BLE001 (re-raised by the writing thread)
+            self._q.put(("err", e, None, None))
+
+    def unit(self, unit: int) -> Any:
+        """(sample, value or None, buffer to give back or None) for each sample of `unit`."""
+        while True:
+            kind, a, v, buf = self._q.get()
+            if kind == "err":
+                raise a
+            if kind == "end":
+                assert a == unit, (a, unit)
+                return
+            yield a, v, buf
+
+    def skip(self, unit: int) -> None:
+        """Drop what is left of `unit` (its transaction was aborted)."""
+        for _, _, buf in self.unit(unit):
+            if buf is not None:
+                self.give_back(buf)
+
+    def give_back(self, buf: memoryview) -> None:
+        self._free.put(buf)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        while self._t.is_alive():
+            try:  # unblock a reader waiting for a buffer
+                while True:
+                    _, _, _, buf = self._q.get_nowait()
+                    if buf is not None:
+                        self._free.put(buf)
+            except Exception:  # noqa: BLE001 (queue.Empty)
+                pass
+            self._t.join(0.2)

@@ -152,6 +152,17 @@ def test_map_full_grows_the_map_and_retries(img_src, tmp_path, read_all):
         str(p.relative_to(img_src)): p.read_bytes() for p in img_src.rglob("*.jpg")}
 
 
+def test_map_growth_is_the_same_read_here_or_by_workers(img_src, tmp_path, tree_digest):
+    """Read ahead in the writing process (the retry re-reads the batch) or handed over by
+    workers (verify=decode): the map grows at the same points, the files are the same."""
+    for name, kw in (("here", dict(workers=1)), ("workers", dict(workers=2, verify="decode")),
+                     ("here-decode", dict(workers=1, verify="decode"))):
+        convert(img_src, tmp_path / name, ConvertOptions(format="lmdb", shard_size=1 << 20,
+                                                         map_size=1 << 16, **kw))
+    a, b, c = (tree_digest(tmp_path / n) for n in ("here", "workers", "here-decode"))
+    assert a["data.mdb"] == b["data.mdb"] == c["data.mdb"] and b == c
+
+
 def test_a_damaged_environment_is_named(lmdb_dst, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(lmdb_dst, bad)
