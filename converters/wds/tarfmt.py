@@ -18,6 +18,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -62,16 +63,35 @@ class TarShardWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._sha = hashlib.sha256()
         self._size = 0  # bytes flushed to the file
-        self._buf = bytearray(buffer_size or self.BUFFER)
+        size = buffer_size or self.BUFFER
+        # Two buffers: one is filled while a thread hashes and writes the other (both
+        # release the GIL), so hashing and writing overlap the next files' reads and checks.
+        self._bufs = [bytearray(size), bytearray(size)]
+        self._buf = self._bufs[0]
         self._mv = memoryview(self._buf)
         self._pos = 0
+        self._pending: Any = None  # the other buffer's write, in flight
+        self._pool: Any = None
 
     # -- the staging buffer ------------------------------------------------------------
 
     def _flush(self) -> None:
         if self._pos:
-            self._write_out(self._mv[:self._pos])
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="autotune-tar-write")
+            self._wait()
+            self._pending = self._pool.submit(self._write_out, self._mv[:self._pos])
+            self._buf = self._bufs[1] if self._buf is self._bufs[0] else self._bufs[0]
+            self._mv = memoryview(self._buf)
             self._pos = 0
+
+    def _wait(self) -> None:
+        """The write in flight done (its error raised here)."""
+        if self._pending is not None:
+            f, self._pending = self._pending, None
+            f.result()
 
     def _write_out(self, b: bytes | memoryview) -> None:
         self._sha.update(b)
@@ -116,6 +136,7 @@ class TarShardWriter:
             self.commit_slot(name, n)
             return
         self._flush()  # larger than the buffer: straight to the file
+        self._wait()
         self._write_out(member_header(name, n))
         self._write_out(data)
         if n % BLOCK:
@@ -124,17 +145,29 @@ class TarShardWriter:
     # -- the end -----------------------------------------------------------------------
 
     def finish(self) -> tuple[int, str]:
-        end = 2 * BLOCK
-        end += -(self._size + self._pos + end) % RECORD
         self._flush()
+        self._wait()  # _size is final only now
+        end = 2 * BLOCK
+        end += -(self._size + end) % RECORD
+        self._shutdown()
         self._write_out(bytes(end))
         os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
         return self._size, self._sha.hexdigest()
 
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
     def abort(self) -> None:
         try:
+            try:
+                self._wait()
+            except Exception:  # noqa: BLE001 (aborting: the file is removed anyway)
+                pass
+            self._shutdown()
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
