@@ -14,7 +14,8 @@ machine, alternating rounds, medians.
    `webdataset.WebDataset` (shard shuffle and a 1,000-sample buffer, as ours), the usual
    LMDB idiom (`readahead=False`, `txn.get`, `pickle.loads`) on the plain bulk write's
    output, LitData's `StreamingDataset` on litdata.optimize's output, and the loose files
-   (map-style, shuffled) - warm (the reader's files read once before), cold (drop_caches),
+   (map-style, shuffled) - warm (the reader's files locked in the page cache, so that
+   another user's drop_caches cannot make it partly cold), cold (drop_caches),
    and cold behind a --iops read-IOPS cap (a real cgroup: autotune.emulate.IoThrottle);
    plus bytes only (no decode), cold and unthrottled. Every reader runs in a fresh process
    in the same cgroup kind, whose own counters give the I/Os and bytes each image cost.
@@ -280,12 +281,46 @@ def _drop() -> None:
     drop_caches()
 
 
-def _warm(files: list[Path]) -> None:
-    buf = bytearray(1 << 22)
-    for f in files:
-        with open(f, "rb", buffering=0) as fh:
-            while fh.readinto(buf):
-                pass
+class _Pinned:
+    """The files' pages read into the page cache and locked there (mmap with MAP_POPULATE |
+    MAP_LOCKED, then mlock) for a warm measurement: on a shared machine another user's
+    drop_caches would otherwise make a "warm" run partly cold (seen: 1 I/O per image)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        import ctypes
+
+        self.files = files
+        self.libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_long]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.maps: list[tuple[int, int]] = []
+
+    def __enter__(self) -> _Pinned:
+        import ctypes
+
+        for f in self.files:
+            size = f.stat().st_size
+            if not size:
+                continue
+            fd = os.open(f, os.O_RDONLY)
+            try:  # PROT_READ, MAP_SHARED | MAP_POPULATE | MAP_LOCKED
+                addr = self.libc.mmap(None, size, 1, 0x01 | 0x8000 | 0x2000, fd, 0)
+            finally:
+                os.close(fd)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"{f}: cannot map it to pin it in memory")
+            self.maps.append((addr, size))
+            if self.libc.mlock(addr, size) != 0:
+                raise OSError(ctypes.get_errno(), f"{f}: cannot lock it in memory")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for addr, size in self.maps:
+            self.libc.munmap(addr, size)
+        self.maps = []
 
 
 def _files(path: Path) -> list[Path]:
@@ -349,12 +384,13 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
           files: list[Path]) -> dict[str, Any]:
     from autotune.emulate import IoThrottle
 
-    if cond == "warm":
-        _warm(files)
-    else:
+    import contextlib
+
+    pin = _Pinned(files) if cond == "warm" else contextlib.nullcontext()
+    if cond != "warm":
         _drop()
     iops = a.iops if cond == "cold-capped" else 10_000_000  # same cgroup kind either way
-    with IoThrottle(path, read_iops=iops, name="bench-peers") as cap:
+    with pin, IoThrottle(path, read_iops=iops, name="bench-peers") as cap:
         p = cap.popen([PY, __file__, "_read", kind, str(path), preset, str(a.read_seconds),
                        str(a.batch), str(a.workers)], stdin=subprocess.PIPE,
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
