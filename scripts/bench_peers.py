@@ -246,6 +246,22 @@ def _loader(kind: str, path: str, preset: str, batch: int, workers: int):
     return torch.utils.data.DataLoader(ds, shuffle=True, generator=g, **kw), len(ds)
 
 
+def _tree_cpu() -> float:
+    """CPU seconds (user + system) of this process and its live children (the DataLoader
+    workers): images per CPU second is the figure another user's load does not move."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for p in [me, *me.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
 def _child_read(kind: str, path: str, preset: str, seconds: float, batch: int,
                 workers: int) -> None:
     loader, n_total = _loader(kind, path, preset, batch, workers)
@@ -255,6 +271,7 @@ def _child_read(kind: str, path: str, preset: str, seconds: float, batch: int,
     first = next(it)
     print("FIRST", flush=True)
     sys.stdin.readline()
+    c0 = _tree_cpu()
     t0 = time.monotonic()
     n = 0
     ended = False
@@ -268,8 +285,10 @@ def _child_read(kind: str, path: str, preset: str, seconds: float, batch: int,
         if time.monotonic() - t0 > seconds:
             break
     dt = time.monotonic() - t0
+    cpu = _tree_cpu() - c0
     del it
-    print(json.dumps({"images": n, "seconds": dt, "first_batch": len(first[1]),
+    print(json.dumps({"images": n, "seconds": dt, "first_batch": len(first[1]), "cpu_s": cpu,
+                      "images_per_cpu_s": n / cpu if cpu else 0.0,
                       "epoch_ended": ended, "images_per_s": n / dt if dt else 0.0}))
 
 
@@ -344,7 +363,9 @@ def _run_timed(cmd: list[str]) -> dict[str, Any]:
     p.stderr.close()
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {err[-3000:]}")
-    return {"wall_s": wall, "peak_rss": ru.ru_maxrss * 1024}
+    # CPU of the process and every descendant it reaped (its workers): the cost that
+    # another user's load on the machine does not change, unlike the wall time.
+    return {"wall_s": wall, "peak_rss": ru.ru_maxrss * 1024, "cpu_s": ru.ru_utime + ru.ru_stime}
 
 
 CONVERTERS = {
@@ -370,7 +391,7 @@ def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: i
                  output_bytes=_du(dst))
         rows.append(r)
         print(f"  convert {tool:45s} {r['wall_s']:6.2f} s  {r['images_per_s']:7,.0f} img/s  "
-              f"peak RSS {r['peak_rss'] / 2**20:5.0f} MiB", flush=True)
+              f"CPU {r['cpu_s']:6.1f} s  peak RSS {r['peak_rss'] / 2**20:5.0f} MiB", flush=True)
         keep_as = keep.get(tool)
         if keep_as is not None:
             shutil.rmtree(keep_as, ignore_errors=True)
@@ -515,6 +536,7 @@ def main() -> int:
                 d["round"] = r
                 reads.append(d)
                 print(f"  {kind:14s} {preset:10s} {cond:12s} {d['images_per_s']:8,.0f} img/s  "
+                      f"{d['images_per_cpu_s']:6,.0f} img/CPU-s  "
                       f"{d['ios_per_image']:6.2f} I/Os, {d['disk_kb_per_image']:6.0f} KB/img "
                       f"from disk{' (epoch ended)' if d['epoch_ended'] else ''}", flush=True)
         out["read"] = reads
@@ -555,12 +577,15 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
         L.append(f"Conversion of {out['images']:,} JPEGs (mean {out['mean_kb']:.1f} KB), cold "
                  "source, whole process (start, scan, write, final fsync), median of "
                  f"{out['rounds']} alternating rounds:\n")
-        L.append("| tool | images/s | MB/s | seconds | peak RSS (main process) | vs plain LMDB |")
-        L.append("|---|---|---|---|---|---|")
+        L.append("| tool | images/s | MB/s | seconds (rounds) | CPU seconds | peak RSS (main "
+                 "process) | vs plain LMDB |")
+        L.append("|---|---|---|---|---|---|---|")
         for tool, ips in med_c.items():
             rows = [r for r in conv if r["tool"] == tool]
+            each = " / ".join(f"{r['wall_s']:.1f}" for r in rows)
             L.append(f"| {tool} | {ips:,.0f} | {_med([r['mb_per_s'] for r in rows]):,.0f} | "
-                     f"{_med([r['wall_s'] for r in rows]):.2f} | "
+                     f"{_med([r['wall_s'] for r in rows]):.2f} ({each}) | "
+                     f"{_med([r.get('cpu_s', float('nan')) for r in rows]):.1f} | "
                      f"{_med([r['peak_rss'] for r in rows]) / 2**20:,.0f} MiB | "
                      f"{ips / plain:.2f}x |" if plain else "|")
         L.append("")
@@ -574,14 +599,19 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
             return _med([d["ios_per_image"] for d in reads
                          if (d["kind"], d["preset"], d["cond"]) == (kind, preset, cond)])
 
+        def cpu(kind: str, preset: str, cond: str) -> float:
+            return _med([d.get("images_per_cpu_s", float("nan")) for d in reads
+                         if (d["kind"], d["preset"], d["cond"]) == (kind, preset, cond)])
+
         ceil = {p: m("memory", p, "warm") for p in presets}
         L.append(f"Reading, DataLoader with {a.workers} workers, batch {a.batch}, first batch "
                  f"excluded, images/s (median of {out['rounds']}); decode = the resnet50 "
                  f"preset; cap = {a.iops} read IOPS (cgroup); I/Os per image from the "
                  "cgroup's counters:\n")
         L.append(f"| reader | warm, decode | cold, decode | cold + {a.iops} IOPS, decode "
-                 "(I/Os per img) | cold, bytes only (I/Os per img) | warm / decode ceiling |")
-        L.append("|---|---|---|---|---|---|")
+                 "(I/Os per img) | cold, bytes only (I/Os per img) | warm / decode ceiling | "
+                 "warm images per CPU-second / ceiling's |")
+        L.append("|---|---|---|---|---|---|---|")
         names = {"autotune-wds": "autotune WdsSource (shards)",
                  "autotune-lmdb": "autotune LmdbSource (pread)",
                  "webdataset": "webdataset.WebDataset (same shards)",
@@ -594,7 +624,9 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
                      f"{m(kind, 'resnet50', 'cold-capped'):,.0f} "
                      f"({ios(kind, 'resnet50', 'cold-capped'):.2f}) | "
                      f"{m(kind, 'none', 'cold'):,.0f} ({ios(kind, 'none', 'cold'):.2f}) | "
-                     f"{w / ceil['resnet50']:.2f} |")
+                     f"{w / ceil['resnet50']:.2f} | "
+                     f"{cpu(kind, 'resnet50', 'warm'):,.0f} / {cpu('memory', 'resnet50', 'warm'):,.0f}"
+                     f" = {cpu(kind, 'resnet50', 'warm') / cpu('memory', 'resnet50', 'warm'):.2f} |")
         L.append("")
         L.append("Decode ceiling (the same pipeline over 2,000 encoded images in memory): "
                  + "; ".join(f"{p} {v:,.0f} images/s" for p, v in ceil.items())
@@ -611,8 +643,10 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
                          f"({'met' if v >= plain else 'NOT met'})")
         for kind in ("autotune-wds", "autotune-lmdb"):
             w = m(kind, "resnet50", "warm")
+            cw, cc = cpu(kind, "resnet50", "warm"), cpu("memory", "resnet50", "warm")
             t.append(f"{kind} warm >= 0.95 decode ceiling: {w / ceil['resnet50']:.2f} "
-                     f"({'met' if w >= 0.95 * ceil['resnet50'] else 'NOT met'})")
+                     f"({'met' if w >= 0.95 * ceil['resnet50'] else 'NOT met'}; per CPU-second "
+                     f"{cw / cc:.2f})")
             b, f = m(kind, "none", "cold"), m("folder", "none", "cold")
             t.append(f"{kind} bytes cold >= loose files: {b / f:.2f}x "
                      f"({'met' if b >= f else 'NOT met'})")
