@@ -1,8 +1,14 @@
-"""One LMDB environment, written by the parent in commit batches; workers read and check.
+"""One LMDB environment, written by one process in commit batches, values appended.
 
-LMDB has a single writer, so `--workers` processes read, check and re-encode the samples
-of a batch, and the parent commits the batches in plan order, each in one transaction
-together with the progress record (`#progress`: next batch, samples so far, map size).
+LMDB has a single writer. With the default header checks the writing process reads the
+samples itself: a read-ahead thread opens the next files ahead (readahead hints), reads
+each into a pooled buffer after its value header and checks it, while the writing thread
+puts the values (`append=True`, keys in order) and commits (py-lmdb releases the GIL in
+both); handing batches over from worker processes would copy every byte three times
+(pickle, pipe, unpickle). Only when a sample costs a decode (`--verify decode`,
+`--max-side`) do `--workers` processes read, check and re-encode the samples of a batch.
+Either way the batches are committed in plan order, each in one transaction together
+with the progress record (`#progress`: next batch, samples so far, map size).
 A killed run's rerun reads that record and continues with the next batch: exactly where
 it stopped, nothing twice, nothing missing.
 
