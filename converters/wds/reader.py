@@ -21,7 +21,8 @@ that has run out. Shards hold slightly different counts; from the manifest's per
 counts each DataLoader worker gets a quota, the same on every rank for the same worker
 index (min over ranks of what that worker's shards hold), and stops there: the
 remainder (the tail of the last shards, a different one each epoch) is dropped, and
-said once (a warning from rank 0). Per-worker equality is what makes the batch counts
+said once (a warning from rank 0's first worker, once per process: with non-persistent
+DataLoader workers, once an epoch). Per-worker equality is what makes the batch counts
 equal: equal totals split differently over workers can still give a rank one batch
 more. `equalize=False` reads every sample (then ranks may differ).
 
