@@ -23,6 +23,11 @@ machine, alternating rounds, medians.
    (a second epoch would be warm).
 4. With --rss: peak RSS of `autotune convert` of 200,000 tiny files, both formats.
 
+The peers install into the project's venv without touching torch (litdata's metadata pulls
+torchvision, hence --no-deps; check with --dry-run first):
+
+    .venv/bin/pip install --no-deps litdata lightning-utilities && .venv/bin/pip install boto3 requests
+
 Needs root (drop_caches, the cgroup cap). Run it alone, and say how loaded the machine was:
 
     flock /tmp/autotune-bench.lock .venv/bin/python scripts/bench_peers.py \\
@@ -264,7 +269,7 @@ def _tree_cpu() -> float:
 
 def _child_read(kind: str, path: str, preset: str, seconds: float, batch: int,
                 workers: int) -> None:
-    loader, n_total = _loader(kind, path, preset, batch, workers)
+    loader, _ = _loader(kind, path, preset, batch, workers)
     it = iter(loader)  # starts the workers
     print("READY", flush=True)  # the parent reads the cgroup's counters now
     sys.stdin.readline()
@@ -486,6 +491,12 @@ def main() -> int:
         return 2
     from autotune.data.presets import list_presets
 
+    try:
+        import litdata  # noqa: F401
+    except ImportError as e:
+        print(f"bench_peers: litdata is not importable ({e}); install it as the module doc "
+              "says", file=sys.stderr)
+        return 2
     src, work = Path(a.dataset), Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
     src_files = [p for p in src.rglob("*") if p.is_file() and not p.name.startswith(".")]

@@ -385,7 +385,7 @@ class _ReadAhead:
             for u in units:
                 cur: dict[str, Any] = {}
 
-                def dest(entry: Any) -> memoryview:
+                def dest(entry: Any, cur: dict[str, Any] = cur) -> memoryview:
                     p = entry.relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
                     start = HEADER.size + len(p)
                     need = start + entry.size + 1

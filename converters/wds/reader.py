@@ -202,7 +202,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
 
     def __len__(self) -> int:
         epoch = self.epoch + self._iters
-        rank, world = self._node()
+        _, world = self._node()
         q = self.quotas(epoch, world, self.num_workers or 1)
         return sum(q) if q is not None else sum(n for _, n in self.rank_shards())
 
