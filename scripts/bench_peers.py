@@ -356,21 +356,25 @@ def _du(path: Path) -> int:
 
 
 def _run_timed(cmd: list[str]) -> dict[str, Any]:
-    """Wall seconds and peak RSS of one whole process, as the user waits for it."""
-    t0 = time.monotonic()
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
-    _, status, ru = os.wait4(p.pid, 0)
-    wall = time.monotonic() - t0
-    p.returncode = os.waitstatus_to_exitcode(status)
-    err = p.stderr.read().decode(errors="replace") if p.stderr else ""
-    p.stdout.close()
-    p.stderr.close()
-    if p.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): {err[-3000:]}")
+    """Wall seconds, CPU seconds and peak RSS of one whole process, as the user waits.
+
+    Through /usr/bin/time: Linux carries a process's RSS high-water mark across exec, so
+    a child forked from this (larger) process would report at least this process's RSS."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
+        full = ["/usr/bin/time", "-f", "%M %U %S", "-o", tf.name, *cmd]
+        t0 = time.monotonic()
+        p = subprocess.run(full, cwd=ROOT, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        wall = time.monotonic() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): "
+                             f"{p.stderr.decode(errors='replace')[-3000:]}")
+        kb, user, sys_s = tf.read().split()[-3:]
     # CPU of the process and every descendant it reaped (its workers): the cost that
     # another user's load on the machine does not change, unlike the wall time.
-    return {"wall_s": wall, "peak_rss": ru.ru_maxrss * 1024, "cpu_s": ru.ru_utime + ru.ru_stime}
+    return {"wall_s": wall, "peak_rss": int(kb) * 1024, "cpu_s": float(user) + float(sys_s)}
 
 
 CONVERTERS = {
@@ -491,11 +495,11 @@ def main() -> int:
         return 2
     from autotune.data.presets import list_presets
 
-    try:
-        import litdata  # noqa: F401
-    except ImportError as e:
-        print(f"bench_peers: litdata is not importable ({e}); install it as the module doc "
-              "says", file=sys.stderr)
+    import importlib.util
+
+    if importlib.util.find_spec("litdata") is None:  # not imported here: see _run_timed
+        print("bench_peers: litdata is not installed; install it as the module doc says",
+              file=sys.stderr)
         return 2
     src, work = Path(a.dataset), Path(a.work)
     work.mkdir(parents=True, exist_ok=True)
