@@ -355,7 +355,7 @@ def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
         tick()
 
     def execute(units: list[int], work: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
-        workers = min(opts.workers, len(units))
+        workers = min(writer.workers(opts.workers), len(units))
         if workers <= 1:
             return _inline(units, work, live["counter"])
         return _in_pool(units, work, workers, writer.results_in_flight(workers), live, tick)

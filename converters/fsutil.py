@@ -64,16 +64,18 @@ def sha256_file(path: str | os.PathLike[str], *, drop_cache: bool = False,
     pages just written (they are dropped first)."""
     h = hashlib.sha256()
     n = 0
+    buf = memoryview(bytearray(chunk))  # reused: a fresh 4 MiB bytes per read faults
     fd = os.open(path, os.O_RDONLY)
     try:
         if drop_cache:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while True:
-            b = os.read(fd, chunk)
-            if not b:
+            k = os.readv(fd, [buf])
+            if not k:
                 return n, h.hexdigest()
-            h.update(b)
-            n += len(b)
+            h.update(buf[:k])
+            n += k
     finally:
         os.close(fd)
 

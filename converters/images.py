@@ -78,11 +78,21 @@ def load_sample(entry: Entry, opts: SampleOptions) -> Sample | SkippedFile:
     try:
         data = read_file(path)
     except OSError as e:
-        return SkippedFile(entry.relpath, f"unreadable ({e.strerror or e})")
+        return unreadable(entry, e)
+    return check_sample(entry, data, opts)
+
+
+def unreadable(entry: Entry, e: OSError) -> SkippedFile:
+    return SkippedFile(entry.relpath, f"unreadable ({e.strerror or e})")
+
+
+def check_sample(entry: Entry, data: bytes | memoryview, opts: SampleOptions) -> Sample | SkippedFile:
+    """Check (and maybe re-encode) the bytes read for `entry`. The Sample's data is
+    `data` itself (no copy) unless the image was re-encoded."""
     try:
         fmt, size = check_image(data, opts.verify)
         if opts.max_side and max(size) > opts.max_side:
-            new = reencode(data, opts.max_side, opts.quality)
+            new = reencode(bytes(data), opts.max_side, opts.quality)
             return Sample(entry.position, entry.label, entry.relpath, "jpg", new,
                           source_bytes=len(data), reencoded=True)
     except BadImage as e:
@@ -93,7 +103,7 @@ def load_sample(entry: Entry, opts: SampleOptions) -> Sample | SkippedFile:
 
 def _head(data: bytes) -> str:
     """The first bytes, printable, for 'not an image' reasons."""
-    s = data[:24].decode("latin-1")
+    s = bytes(data[:24]).decode("latin-1")
     return "".join(c if 32 <= ord(c) < 127 else "." for c in s)
 
 
@@ -126,6 +136,22 @@ def _open(data: bytes):  # -> PIL.Image.Image
             raise BadImage(f"corrupt header ({type(e).__name__}: {e})") from None
 
 
+_PREFIX = 16 << 10
+
+
+def _open_header(data: bytes | memoryview):  # -> PIL.Image.Image
+    """Image.open for the header checks. A JPEG's or PNG's header is in its first KBs:
+    opening a copy of a 16 KiB prefix spares a copy of the whole file; when the prefix
+    is not enough (or anything about it fails) the whole file decides, so the verdict is
+    always the one the whole file gets."""
+    if len(data) > 2 * _PREFIX and bytes(data[:2]) in (b"\xff\xd8", b"\x89P"):
+        try:
+            return _open(bytes(data[:_PREFIX]))
+        except BadImage:
+            pass
+    return _open(data)
+
+
 def _decode(data: bytes, fmt: str, reduced: bool) -> None:
     im = _open(data)
     try:
@@ -152,7 +178,7 @@ def check_image(data: bytes, verify: str = "header") -> tuple[str, tuple[int, in
     """
     if not data:
         raise BadImage("empty file (0 bytes)")
-    im = _open(data)
+    im = _open_header(data)
     fmt = im.format or "?"
     size = im.size
     if size[0] < 1 or size[1] < 1:
@@ -162,10 +188,11 @@ def check_image(data: bytes, verify: str = "header") -> tuple[str, tuple[int, in
     if verify == "decode":
         _decode(data, fmt, reduced=False)
     elif fmt in ("JPEG", "MPO"):
-        if not data.rstrip(b"\0\r\n ").endswith(b"\xff\xd9"):
+        if not bytes(data[-64:]).rstrip(b"\0\r\n ").endswith(b"\xff\xd9") \
+                and not bytes(data).rstrip(b"\0\r\n ").endswith(b"\xff\xd9"):
             _decode(data, fmt, reduced=True)  # no EOI: truncated, or trailing data?
     elif fmt == "PNG":
-        if data[-8:-4] != b"IEND":
+        if bytes(data[-8:-4]) != b"IEND":
             _decode(data, fmt, reduced=False)
     return fmt, size
 

@@ -39,7 +39,8 @@ class FormatWriter(ABC):
     Class attributes a format sets: `format` (its registry name), `LAYOUT` (how it
     stores samples, for the manifest), `sharded` (units are shards cut for `readers`
     readers; else commit batches of `shard_size` bytes), `output_noun` (for summaries),
-    and `results_in_flight(workers)` (how many unit results may wait for `accept`).
+    and `results_in_flight(workers)` (how many unit results may wait for `accept`);
+    `workers(requested)` may use fewer processes than --workers asks for.
     """
 
     format: str = "?"
@@ -59,6 +60,11 @@ class FormatWriter(ABC):
     @staticmethod
     def results_in_flight(workers: int) -> int:
         return 2 * workers
+
+    def workers(self, requested: int) -> int:
+        """How many worker processes to use of the `requested` (--workers): a format
+        whose units are cheaper to do in the writing process than to hand over says 1."""
+        return requested
 
     # -- the lifecycle (final: formats implement the hooks) -------------------------------
 
@@ -165,15 +171,33 @@ class FormatWriter(ABC):
     # -- shared by the formats -----------------------------------------------------------
 
     def samples(self, unit: int) -> Iterator[Sample | SkippedFile]:
-        """The unit's samples read and checked (in a worker); with --on-error fail the
-        first bad file raises ConvertError naming it."""
-        from converters.images import load_sample
+        """The unit's samples read and checked (in a worker), each with its own bytes;
+        with --on-error fail the first bad file raises ConvertError naming it."""
+        return self.samples_into(unit, lambda entry: None)
 
-        for entry in self.plan.entries(unit):
-            s = load_sample(entry, self.sample_opts)
+    def samples_into(self, unit: int, dest: Callable[[Any], memoryview | None]
+                     ) -> Iterator[Sample | SkippedFile]:
+        """The unit's samples read and checked, the next files' reads already started
+        (converters.sourceread). `dest(entry)` gives the buffer to read the file into
+        (the Sample's data is then a view of it, valid until the next sample), or None
+        for a `bytes` of its own."""
+        from converters.images import check_sample, unreadable
+        from converters.sourceread import prefetch, read_into, read_whole
+
+        opts = self.sample_opts
+        fail = self.opts.on_error == "fail"
+        for entry, fd in prefetch(opts.root, self.plan.entries(unit)):
+            if isinstance(fd, OSError):
+                s: Sample | SkippedFile = unreadable(entry, fd)
+            else:
+                mv = dest(entry)
+                try:
+                    got = read_into(fd, mv) if mv is not None else read_whole(fd, entry.size)
+                except OSError as e:
+                    s = unreadable(entry, e)
+                else:
+                    s = check_sample(entry, mv[:got] if isinstance(got, int) else got, opts)
             report_progress(1, entry.size)
-            if isinstance(s, SkippedFile) and self.opts.on_error == "fail":
-                raise ConvertError(s.message(self.sample_opts.root))
+            if fail and isinstance(s, SkippedFile):
+                raise ConvertError(s.message(opts.root))
             yield s
-
-

@@ -1,8 +1,14 @@
-"""One LMDB environment, written by the parent in commit batches; workers read and check.
+"""One LMDB environment, written by one process in commit batches, values appended.
 
-LMDB has a single writer, so `--workers` processes read, check and re-encode the samples
-of a batch, and the parent commits the batches in plan order, each in one transaction
-together with the progress record (`#progress`: next batch, samples so far, map size).
+LMDB has a single writer. With the default header checks the writing process reads the
+samples itself: a read-ahead thread opens the next files ahead (readahead hints), reads
+each into a pooled buffer after its value header and checks it, while the writing thread
+puts the values (`append=True`, keys in order) and commits (py-lmdb releases the GIL in
+both); handing batches over from worker processes would copy every byte three times
+(pickle, pipe, unpickle). Only when a sample costs a decode (`--verify decode`,
+`--max-side`) do `--workers` processes read, check and re-encode the samples of a batch.
+Either way the batches are committed in plan order, each in one transaction together
+with the progress record (`#progress`: next batch, samples so far, map size).
 A killed run's rerun reads that record and continues with the next batch: exactly where
 it stopped, nothing twice, nothing missing.
 
@@ -72,6 +78,7 @@ class LmdbWriter(FormatWriter):
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
         d["_env"] = None  # an environment never crosses into a worker
+        d["_ahead"] = None
         return d
 
     # -- resume ------------------------------------------------------------------------
@@ -79,6 +86,8 @@ class LmdbWriter(FormatWriter):
     def _open(self) -> list[UnitResult]:
         import lmdb
 
+        self._writer_pid = os.getpid()
+        self._ahead: _ReadAhead | None = None
         self._published = self._read_published()
         self._complete = False
         if self._published is not None:  # killed after publishing, before the manifest
@@ -172,36 +181,78 @@ class LmdbWriter(FormatWriter):
         return ConvertError(f"{path}: LMDB write failed ({e}); check the disk, then rerun the "
                             "same command to resume from the last committed batch.")
 
-    def work(self, unit: int) -> list[Sample | SkippedFile]:
-        return list(self.samples(unit))
+    def workers(self, requested: int) -> int:
+        """Worker processes only when a sample costs a decode (verify=decode, or a
+        re-encode): for the header checks, handing a batch's bytes to this process
+        (pickle, pipe, unpickle: three copies) costs more than reading it here, with
+        the next files' reads started ahead (converters.sourceread)."""
+        if self.opts.verify == "decode" or self.opts.max_side:
+            return requested
+        return 1
 
-    def _accept(self, unit: int, out: list[Sample | SkippedFile]) -> UnitResult:
+    def work(self, unit: int) -> list[Sample | SkippedFile] | None:
+        if os.getpid() == getattr(self, "_writer_pid", None):
+            return None  # in the writing process: _accept reads the batch into the txn
+        return [s if isinstance(s.data, bytes) or isinstance(s, SkippedFile) else
+                Sample(s.position, s.label, s.relpath, s.ext, bytes(s.data), s.source_bytes,
+                       s.reencoded) for s in self.samples(unit)]
+
+    def _accept(self, unit: int, out: list[Sample | SkippedFile] | None) -> UnitResult:
         assert unit == self._next, (unit, self._next)
-        res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
-        values = []
-        for s in out:
-            if isinstance(s, SkippedFile):
-                res.skipped.append(s.to_dict())
-                continue
-            values.append(encode_value(s.label, s.relpath, s.data))
-            res.samples += 1
-            res.source_bytes += s.source_bytes
-            res.stored_bytes += len(s.data)
-            res.reencoded += s.reencoded
-        # The record first: a kill before the commit only leaves a record the rerun
-        # rewrites; after the commit, the record is there for the summary and manifest.
-        self.workdir.write_done(res)
         count = self._count
+        state: dict[str, Any] = {"attempt": 0}
+        if out is None and self._ahead is None:
+            self._ahead = _ReadAhead(self, list(range(unit, self.plan.units)))
+
+        def put_all(txn: Any, items: Any) -> UnitResult:
+            res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
+            for s, v, buf in items:
+                if isinstance(s, SkippedFile):
+                    res.skipped.append(s.to_dict())
+                elif v is not None:  # read in place, after its header
+                    txn.put(key(count + res.samples), v, append=True)
+                else:
+                    txn.put(key(count + res.samples), encode_value(s.label, s.relpath, s.data),
+                            append=True)
+                if buf is not None:
+                    self._ahead.give_back(buf)
+                if isinstance(s, SkippedFile):
+                    continue
+                res.samples += 1
+                res.source_bytes += s.source_bytes
+                res.stored_bytes += len(s.data)
+                res.reencoded += s.reencoded
+            return res
 
         def write(txn: Any) -> None:
-            for i, v in enumerate(values):
-                txn.put(key(count + i), v, append=True)
-            txn.put(PROGRESS_KEY, json.dumps(
-                {"next_unit": unit + 1, "samples": count + len(values),
-                 "map_size": self._map_size}, sort_keys=True).encode())
+            import lmdb
 
-        self._commit(write, sum(len(v) for v in values))
-        self._count += len(values)
+            state["attempt"] += 1
+            if out is not None:
+                items = ((s, None, None) for s in out)
+            elif state["attempt"] == 1:
+                items = self._ahead.unit(unit)
+            else:  # a retry after MapFullError: the read-ahead has moved on; read again here
+                items = ((s, None, None) for s in self.samples(unit))
+            try:
+                res = put_all(txn, items)
+            except lmdb.MapFullError:
+                if out is None and state["attempt"] == 1:
+                    self._ahead.skip(unit)
+                raise
+            # The record first: a kill before the commit only leaves a record the rerun
+            # rewrites; after the commit, the record is there for the summary and manifest.
+            self.workdir.write_done(res)
+            txn.put(PROGRESS_KEY, json.dumps(
+                {"next_unit": unit + 1, "samples": count + res.samples,
+                 "map_size": self._map_size}, sort_keys=True).encode())
+            state["res"] = res
+
+        # Map growth is sized by the unit's planned source bytes: the same whether the
+        # batch was read here or by workers, so the file is the same either way.
+        self._commit(write, self.plan.unit_sizes[unit])
+        res = state["res"]
+        self._count += res.samples
         self._next = unit + 1
         return res
 
@@ -280,6 +331,109 @@ class LmdbWriter(FormatWriter):
             self._complete = True
 
     def _close(self) -> None:
+        if getattr(self, "_ahead", None) is not None:
+            self._ahead.stop()
+            self._ahead = None
         if self._env is not None:
             self._env.close()
             self._env = None
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _ReadAhead:
+    """A thread that reads and checks the pending batches' samples, in order, while the
+    writing thread puts and commits the ones before: py-lmdb releases the GIL in put and
+    commit, so reading, checking and LMDB's copying and syncing overlap on two cores.
+
+    Each sample is read into a value buffer from a small pool (its header and path
+    first, so the buffer is the LMDB value), handed over, and the buffer comes back
+    after its put: memory stays at the pool's size, whatever the batch size.
+    """
+
+    BUFFERS = 64
+
+    def __init__(self, writer: LmdbWriter, units: list[int]) -> None:
+        import queue
+        import threading
+
+        self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue()
+        self._free: queue.Queue[memoryview] = queue.Queue()
+        for _ in range(self.BUFFERS):
+            self._free.put(memoryview(bytearray(256 << 10)))
+        self._stopping = threading.Event()
+        self._t = threading.Thread(target=self._run, args=(writer, units), daemon=True,
+                                   name="autotune-lmdb-read-ahead")
+        self._t.start()
+
+    def _buffer(self, need: int) -> memoryview:
+        import queue
+
+        while True:
+            if self._stopping.is_set():
+                raise _Stopped
+            try:
+                buf = self._free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            return buf if need <= len(buf) else memoryview(bytearray(need))
+
+    def _run(self, writer: LmdbWriter, units: list[int]) -> None:
+        try:
+            for u in units:
+                cur: dict[str, Any] = {}
+
+                def dest(entry: Any, cur: dict[str, Any] = cur) -> memoryview:
+                    p = entry.relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
+                    start = HEADER.size + len(p)
+                    need = start + entry.size + 1
+                    buf = self._buffer(need)
+                    buf[:start] = HEADER.pack(LAYOUT_VERSION, entry.label, len(p)) + p
+                    cur["buf"], cur["start"] = buf, start
+                    return buf[start:need]
+
+                for s in writer.samples_into(u, dest):
+                    buf = cur.pop("buf", None)
+                    if isinstance(s, Sample) and isinstance(s.data, memoryview):
+                        self._q.put(("s", s, buf[:cur["start"] + len(s.data)], buf))
+                    else:
+                        self._q.put(("s", s, None, buf))
+                self._q.put(("end", u, None, None))
+        except _Stopped:
+            return
+        except BaseException as e:  # noqa: BLE001 (re-raised by the writing thread)
+            self._q.put(("err", e, None, None))
+
+    def unit(self, unit: int) -> Any:
+        """(sample, value or None, buffer to give back or None) for each sample of `unit`."""
+        while True:
+            kind, a, v, buf = self._q.get()
+            if kind == "err":
+                raise a
+            if kind == "end":
+                assert a == unit, (a, unit)
+                return
+            yield a, v, buf
+
+    def skip(self, unit: int) -> None:
+        """Drop what is left of `unit` (its transaction was aborted)."""
+        for _, _, buf in self.unit(unit):
+            if buf is not None:
+                self.give_back(buf)
+
+    def give_back(self, buf: memoryview) -> None:
+        self._free.put(buf)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        while self._t.is_alive():
+            try:  # unblock a reader waiting for a buffer
+                while True:
+                    _, _, _, buf = self._q.get_nowait()
+                    if buf is not None:
+                        self._free.put(buf)
+            except Exception:  # noqa: BLE001 (queue.Empty)
+                pass
+            self._t.join(0.2)

@@ -15,8 +15,20 @@ with one shared seed makes the split a partition: every sample is read exactly o
 epoch across all ranks and workers. Rank and world size come from RANK/WORLD_SIZE or
 torch.distributed, as webdataset reads them, or from `rank=`/`world_size=`.
 
+Equal ranks: with more than one rank, every rank reads the same number of samples per
+epoch, so that DDP's collectives (one all_reduce per step) never wait forever for a rank
+that has run out. Shards hold slightly different counts; from the manifest's per-shard
+counts each DataLoader worker gets a quota, the same on every rank for the same worker
+index (min over ranks of what that worker's shards hold), and stops there: the
+remainder (the tail of the last shards, a different one each epoch) is dropped, and
+said once (a warning from rank 0's first worker, once per process: with non-persistent
+DataLoader workers, once an epoch). Per-worker equality is what makes the batch counts
+equal: equal totals split differently over workers can still give a rank one batch
+more. `equalize=False` reads every sample (then ranks may differ).
+
 Length: `len(ds)` is the exact number of samples this rank reads in the coming epoch,
-summed from the manifest's per-shard counts.
+summed from the manifest's per-shard counts (with `num_workers=` the DataLoader's, when
+ranks are equalized: quotas are per worker).
 
 Tar members are read from the stream in memory and never extracted. A member that is a
 link, a directory or a device, a name with a path, '..' or an absolute path, a truncated
@@ -41,6 +53,7 @@ from converters.manifest import Manifest, read_manifest
 from converters.source import SampleError, SampleSource
 from converters.wds.tarfmt import ShardFormatError, iter_members
 
+_SAID: set[Any] = set()  # equalizations already warned about in this process
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "pgm", "gif")
 
 
@@ -112,17 +125,23 @@ class WdsSource(SampleSource):
 
     def dataset(self, transform: Callable[[bytes], Any] | None = None, *, shuffle: bool = True,
                 shuffle_buffer: int = 1000, seed: int = 0, rank: int | None = None,
-                world_size: int | None = None) -> WdsDataset:
+                world_size: int | None = None, equalize: bool = True,
+                num_workers: int | None = None) -> WdsDataset:
         """An IterableDataset of (transform(image bytes), label); bytes when no transform.
 
         shuffle: shard order (seed, epoch) and a sample buffer of `shuffle_buffer`;
             False reads shards and samples in stored order (already seeded-shuffled once
             at conversion).
         rank, world_size: override RANK/WORLD_SIZE / torch.distributed.
+        equalize: with several ranks, the same number of samples on every rank (and for
+            each worker index), the remainder dropped (see the module doc).
+        num_workers: the DataLoader's, for an exact `len()` when ranks are equalized
+            (iteration itself always uses the real worker count).
         """
         return WdsDataset(self.shards, transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                           seed=seed, rank=rank, world_size=world_size,
-                          num_classes=len(self.classes))
+                          num_classes=len(self.classes), equalize=equalize,
+                          num_workers=num_workers)
 
 
 class WdsDataset(torch.utils.data.IterableDataset):
@@ -130,8 +149,11 @@ class WdsDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, shards: list[tuple[Path, int]], transform: Callable[[bytes], Any] | None,
                  *, shuffle: bool, shuffle_buffer: int, seed: int, rank: int | None,
-                 world_size: int | None, num_classes: int) -> None:
+                 world_size: int | None, num_classes: int, equalize: bool = True,
+                 num_workers: int | None = None) -> None:
         super().__init__()
+        self.equalize = equalize
+        self.num_workers = num_workers
         self.shards = [(str(p), n) for p, n in shards]
         self.transform = transform
         self.shuffle = shuffle
@@ -168,8 +190,21 @@ class WdsDataset(torch.utils.data.IterableDataset):
         rank, world = self._node()
         return self._shard_order(epoch)[rank::world]
 
+    def quotas(self, epoch: int, world: int, num_workers: int) -> list[int] | None:
+        """Samples each worker index reads per rank in `epoch` (the same on every rank),
+        or None when nothing is equalized (one rank, or equalize=False)."""
+        if world <= 1 or not self.equalize:
+            return None
+        order = self._shard_order(epoch)
+        w = max(1, num_workers)
+        return [min(sum(n for _, n in order[r::world][k::w]) for r in range(world))
+                for k in range(w)]
+
     def __len__(self) -> int:
-        return sum(n for _, n in self.rank_shards())
+        epoch = self.epoch + self._iters
+        _, world = self._node()
+        q = self.quotas(epoch, world, self.num_workers or 1)
+        return sum(q) if q is not None else sum(n for _, n in self.rank_shards())
 
     def __iter__(self) -> Iterator[tuple[Any, int]]:
         import webdataset as wds
@@ -187,11 +222,34 @@ class WdsDataset(torch.utils.data.IterableDataset):
             wds.split_by_worker,
             lambda src: _expand(src, counts, self.num_classes),
         ]
+        quotas = self.quotas(epoch, world, num_workers)
+        if quotas is not None:
+            if rank == 0 and worker == 0:
+                self._say_dropped(epoch, world, num_workers, quotas)
+            stages.append(lambda src, n=quotas[worker]: islice(src, n))
         if self.shuffle and self.shuffle_buffer > 1:
             stages.append(wds.shuffle(self.shuffle_buffer, initial=min(100, self.shuffle_buffer),
                                       seed=_seed(self.seed, epoch, rank, worker, num_workers)))
         stages.append(wds.map(self._apply))
         return iter(wds.DataPipeline(*stages))
+
+    def _say_dropped(self, epoch: int, world: int, num_workers: int, quotas: list[int]) -> None:
+        """The equalization's cost, once per process (rank 0, worker 0)."""
+        key = (tuple(self.shards), self.seed, world, num_workers)
+        if key in _SAID:
+            return
+        _SAID.add(key)
+        total = sum(n for _, n in self.shards)
+        kept = world * sum(quotas)
+        if kept < total:
+            import warnings
+
+            warnings.warn(
+                f"WebDataset shards: {world} ranks x {max(1, num_workers)} workers read "
+                f"{sum(quotas):,} samples each rank per epoch ({kept:,} of {total:,}; "
+                f"{total - kept:,} dropped, {100 * (total - kept) / total:.1f} %, a different "
+                "remainder each epoch) so that every rank takes the same number of steps; "
+                "pass equalize=False to read all of them with unequal ranks.", stacklevel=2)
 
     def _apply(self, sample: dict[str, Any]) -> tuple[Any, int]:
         data, label = sample["image"], sample["label"]

@@ -18,6 +18,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 BLOCK = 512
 RECORD = 20 * BLOCK
@@ -47,38 +48,129 @@ def member_header(name: str, size: int) -> bytes:
 
 
 class TarShardWriter:
-    """Append members to a new tar file; `finish()` fsyncs and returns (bytes, sha256)."""
+    """Append members to a new tar file; `finish()` fsyncs and returns (bytes, sha256).
 
-    def __init__(self, path: Path) -> None:
+    Members are assembled in a staging buffer and written (and hashed, once) in writes
+    of `buffer_size` bytes; a source file can be read straight into its place in the
+    buffer (`reserve` / `slot` / `commit_slot`), so an image is copied once, from the
+    page cache into the buffer, and never held as a `bytes` of its own.
+    """
+
+    BUFFER = 8 << 20
+
+    def __init__(self, path: Path, buffer_size: int | None = None) -> None:
         self.path = path
-        self._f = open(path, "wb")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         self._sha = hashlib.sha256()
-        self._size = 0
+        self._size = 0  # bytes flushed to the file
+        size = buffer_size or self.BUFFER
+        # Two buffers: one is filled while a thread hashes and writes the other (both
+        # release the GIL), so hashing and writing overlap the next files' reads and checks.
+        self._bufs = [bytearray(size), bytearray(size)]
+        self._buf = self._bufs[0]
+        self._mv = memoryview(self._buf)
+        self._pos = 0
+        self._pending: Any = None  # the other buffer's write, in flight
+        self._pool: Any = None
 
-    def _write(self, b: bytes) -> None:
-        self._f.write(b)
+    # -- the staging buffer ------------------------------------------------------------
+
+    def _flush(self) -> None:
+        if self._pos:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="autotune-tar-write")
+            self._wait()
+            self._pending = self._pool.submit(self._write_out, self._mv[:self._pos])
+            self._buf = self._bufs[1] if self._buf is self._bufs[0] else self._bufs[0]
+            self._mv = memoryview(self._buf)
+            self._pos = 0
+
+    def _wait(self) -> None:
+        """The write in flight done (its error raised here)."""
+        if self._pending is not None:
+            f, self._pending = self._pending, None
+            f.result()
+
+    def _write_out(self, b: bytes | memoryview) -> None:
         self._sha.update(b)
+        mv = memoryview(b)
+        while mv:
+            k = os.write(self._fd, mv)
+            mv = mv[k:]
         self._size += len(b)
 
-    def add(self, name: str, data: bytes) -> None:
-        self._write(member_header(name, len(data)))
-        self._write(data)
-        pad = -len(data) % BLOCK
-        if pad:
-            self._write(_ZEROS[:pad])
+    def reserve(self, n: int) -> bool:
+        """Make `n` contiguous bytes free in the buffer (flushing it if needed); False
+        when `n` is more than the whole buffer holds (then use `add`)."""
+        if self._pos + n > len(self._buf):
+            self._flush()
+        return n <= len(self._buf)
+
+    def mark(self) -> int:
+        """A position to `rollback` to (valid until the next `reserve` or `add`)."""
+        return self._pos
+
+    def rollback(self, mark: int) -> None:
+        self._pos = mark
+
+    def slot(self) -> memoryview:
+        """Where the next member's data goes (after its header's place); `commit_slot`
+        then makes the first `n` bytes of it a member."""
+        return self._mv[self._pos + BLOCK:]
+
+    def commit_slot(self, name: str, n: int) -> None:
+        pos = self._pos
+        self._mv[pos:pos + BLOCK] = member_header(name, n)
+        end = pos + BLOCK + n
+        pad = -n % BLOCK
+        self._mv[end:end + pad] = _ZEROS[:pad]
+        self._pos = end + pad
+
+    def add(self, name: str, data: bytes | memoryview) -> None:
+        n = len(data)
+        need = BLOCK + n + (-n % BLOCK)
+        if self.reserve(need):
+            self._mv[self._pos + BLOCK:self._pos + BLOCK + n] = data
+            self.commit_slot(name, n)
+            return
+        self._flush()  # larger than the buffer: straight to the file
+        self._wait()
+        self._write_out(member_header(name, n))
+        self._write_out(data)
+        if n % BLOCK:
+            self._write_out(_ZEROS[:-n % BLOCK])
+
+    # -- the end -----------------------------------------------------------------------
 
     def finish(self) -> tuple[int, str]:
+        self._flush()
+        self._wait()  # _size is final only now
         end = 2 * BLOCK
         end += -(self._size + end) % RECORD
-        self._write(b"\0" * end)
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
+        self._shutdown()
+        self._write_out(bytes(end))
+        os.fsync(self._fd)
+        os.close(self._fd)
+        self._fd = -1
         return self._size, self._sha.hexdigest()
+
+    def _shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def abort(self) -> None:
         try:
-            self._f.close()
+            try:
+                self._wait()
+            except Exception:  # noqa: BLE001 (aborting: the file is removed anyway)
+                pass
+            self._shutdown()
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
         finally:
             try:
                 os.unlink(self.path)
@@ -98,16 +190,118 @@ def _kind(ti: tarfile.TarInfo) -> str:
     return f"of tar type {ti.type!r}"
 
 
+_CHUNK = 1 << 20
+_REGULAR = (b"0", b"\0")
+_USTAR = b"ustar\x0000"
+
+
 def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes]]:
     """(key, suffix, data) of each member of a shard, in order, checked.
 
     Raises ShardFormatError naming the shard for a hostile or unexpected member or a
     truncated archive. Nothing is written anywhere.
+
+    The headers autotune writes (ustar, regular files, short names, octal sizes) are
+    parsed here from 1 MiB reads into one reused buffer, with the checksum verified; at
+    the first header of any other kind (a link, a directory, pax or GNU extensions, ...)
+    the rest of the shard goes through `tarfile`, which names what it is.
     """
     name = os.path.basename(os.fspath(path))
     count = 0
     try:
-        with open(path, "rb") as f, tarfile.open(fileobj=f, mode="r|") as tf:
+        f = open(path, "rb", buffering=0)
+    except OSError as e:
+        raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
+                               f"({type(e).__name__}: {e})") from None
+    with f:
+        try:
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except (OSError, AttributeError):
+            pass
+        buf = bytearray(_CHUNK)
+        mv = memoryview(buf)
+        start = end = 0  # unread bytes are buf[start:end]
+        consumed = 0  # file offset of buf[start]
+        eof = False
+
+        def fill(need: int) -> bool:
+            """At least `need` unread bytes in the buffer, unless the file ends first."""
+            nonlocal buf, mv, start, end, eof
+            if end - start >= need:
+                return True
+            if need > len(buf):  # a member larger than the buffer: a larger one
+                nb = bytearray(need)
+                nb[:end - start] = mv[start:end]
+                buf, mv = nb, memoryview(nb)
+                end -= start
+                start = 0
+            elif start:
+                mv[:end - start] = mv[start:end]
+                end -= start
+                start = 0
+            while end < need and not eof:
+                k = f.readinto(mv[end:])
+                if not k:
+                    eof = True
+                else:
+                    end += k
+            return end - start >= need
+
+        try:
+            while True:
+                if not fill(BLOCK):
+                    if count == 0:
+                        raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
+                                               "(empty or shorter than one tar header)")
+                    return  # as tarfile: the member count check names what is missing
+                h = bytes(mv[start:start + BLOCK])
+                if h[0] == 0 and h == _ZEROS[:BLOCK]:
+                    return  # end-of-archive blocks
+                if h[156:157] not in _REGULAR or h[257:265] != _USTAR \
+                        or h[345] != 0 or h[124] & 0x80:
+                    break  # not what autotune writes: tarfile takes it from here
+                stored = h[148:156].split(b"\0", 1)[0].strip()
+                try:
+                    chk = int(stored or b"x", 8)
+                    size = int(h[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+                except ValueError:
+                    raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+                                           "(a header with a non-octal field)") from None
+                if chk != sum(h[:148]) + 256 + sum(h[156:]):
+                    raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+                                           "(bad header checksum)")
+                mname = h[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                m = MEMBER_RE.match(mname)
+                if not m:
+                    raise ShardFormatError(
+                        f"{name}: member name {mname!r} is not KEY.EXT (a path, '..', an "
+                        "absolute name or a dot in the key); refusing to read it")
+                start += BLOCK
+                consumed += BLOCK
+                padded = size + (-size % BLOCK)
+                if not fill(size):
+                    raise ShardFormatError(
+                        f"{name}: truncated or corrupt after {count} members (ReadError: member "
+                        f"{mname!r} has {end - start} of {size} bytes)")
+                data = bytes(mv[start:start + size])
+                got = min(padded, end - start)
+                start += got
+                consumed += got
+                if got < padded:  # the padding runs past the end: the next header read ends it
+                    start = end
+                count += 1
+                yield m.group(1), m.group(2), data
+        except OSError as e:
+            raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+                                   f"({type(e).__name__}: {e})") from None
+        # The slow path, from the first header the fast one does not take.
+        f.seek(consumed)
+        yield from _iter_tarfile(f, name, count)
+
+
+def _iter_tarfile(f, name: str, count: int) -> Iterator[tuple[str, str, bytes]]:
+    try:
+        with tarfile.open(fileobj=f, mode="r|") as tf:
             for ti in tf:
                 if not ti.isreg():
                     raise ShardFormatError(f"{name}: member {ti.name!r} is {_kind(ti)}; "

@@ -21,8 +21,8 @@ import json
 import os
 from typing import Any
 
-from converters.records import Sample, SkippedFile, UnitResult
-from converters.wds.tarfmt import TarShardWriter
+from converters.records import Entry, Sample, SkippedFile, UnitResult
+from converters.wds.tarfmt import BLOCK, TarShardWriter
 from converters.writer import FormatWriter
 
 LAYOUT = ("tar shards shard-NNNNNN.tar; per sample KEY.cls (label), KEY.EXT (image bytes), "
@@ -66,12 +66,27 @@ class WdsWriter(FormatWriter):
         tmp = self.workdir.tmp / f"{name}.{os.getpid()}"
         tw = TarShardWriter(tmp)
         res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
+        # Each image is read straight into its place in the shard's staging buffer,
+        # after its KEY.cls member and its header's place; a bad image is rolled back.
+        cur: dict[str, Any] = {"mark": None}
+
+        def dest(entry: Entry) -> memoryview | None:
+            need = 6 * BLOCK + entry.size + 1 + 8 * len(entry.relpath) + 256
+            if not tw.reserve(need):
+                return None
+            cur["mark"] = tw.mark()
+            tw.add(f"{sample_key(entry.position)}.cls", b"%d" % entry.label)
+            return tw.slot()[:entry.size + 1]
+
         try:
-            for s in self.samples(unit):
+            for s in self.samples_into(unit, dest):
+                mark, cur["mark"] = cur["mark"], None
                 if isinstance(s, SkippedFile):
+                    if mark is not None:
+                        tw.rollback(mark)
                     res.skipped.append(s.to_dict())
                     continue
-                self._add(tw, s)
+                self._add(tw, s, in_slot=mark is not None)
                 res.samples += 1
                 res.source_bytes += s.source_bytes
                 res.stored_bytes += len(s.data)
@@ -86,13 +101,20 @@ class WdsWriter(FormatWriter):
         return res
 
     @staticmethod
-    def _add(tw: TarShardWriter, s: Sample) -> None:
+    def _add(tw: TarShardWriter, s: Sample, in_slot: bool = False) -> None:
+        """The sample's members; `in_slot`: KEY.cls is added and the image bytes are in
+        the slot after it unless `s.data` is bytes of its own (re-encoded, or a file
+        that grew since the scan)."""
         key = sample_key(s.position)
         meta: dict[str, Any] = {"path": s.relpath, "size": s.source_bytes}
         if s.reencoded:
             meta["reencoded"] = True
-        tw.add(f"{key}.cls", str(s.label).encode("ascii"))
-        tw.add(f"{key}.{s.ext}", s.data)
+        if not in_slot:
+            tw.add(f"{key}.cls", str(s.label).encode("ascii"))
+        if in_slot and isinstance(s.data, memoryview):
+            tw.commit_slot(f"{key}.{s.ext}", len(s.data))
+        else:
+            tw.add(f"{key}.{s.ext}", s.data)
         tw.add(f"{key}.json", json.dumps(meta, ensure_ascii=True, sort_keys=True).encode("ascii"))
 
     def _accept(self, unit: int, out: UnitResult) -> UnitResult:

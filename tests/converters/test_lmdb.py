@@ -87,8 +87,23 @@ def test_pread_mmap_and_noreadahead_modes_return_the_same_bytes(lmdb_dst, img_sr
         src = LmdbSource(lmdb_dst, io=io)
         got = {p: hashlib.sha256(d).hexdigest() for d, _, p in src.records()}
         assert got == want, io
-        if io == "pread":  # one pread per image, of the whole value
-            assert src._env is None and len(calls) == 96 and min(calls) > 10_000
+        if io == "pread":  # a sequential pass: runs of values, a few large reads
+            assert src._env is None and not calls
+            runs: list[int] = []
+            real_preadv = os.preadv
+
+            def counted(fd, bufs, off, runs=runs, real_preadv=real_preadv):
+                runs.append(off)
+                return real_preadv(fd, bufs, off)
+
+            monkeypatch.setattr(os, "preadv", counted)
+            assert {p: hashlib.sha256(d).hexdigest() for d, _, p in src.records()} == want
+            assert 1 <= len(runs) <= 96 * 80_000 // (4 << 20) + 2
+            monkeypatch.setattr(os, "preadv", real_preadv)
+            # by index: one pread per image, of the whole value
+            got = {src.record(i)[2]: hashlib.sha256(src.record(i)[0]).hexdigest()
+                   for i in range(len(src))}
+            assert got == want and len(calls) == 2 * 96 and min(calls) > 10_000
         else:
             assert not calls
         src.close()
@@ -139,6 +154,17 @@ def test_map_full_grows_the_map_and_retries(img_src, tmp_path, read_all):
     assert res.samples == 96
     assert {p: d for p, (d, _) in read_all(dst).items()} == {
         str(p.relative_to(img_src)): p.read_bytes() for p in img_src.rglob("*.jpg")}
+
+
+def test_map_growth_is_the_same_read_here_or_by_workers(img_src, tmp_path, tree_digest):
+    """Read ahead in the writing process (the retry re-reads the batch) or handed over by
+    workers (verify=decode): the map grows at the same points, the files are the same."""
+    for name, kw in (("here", dict(workers=1)), ("workers", dict(workers=2, verify="decode")),
+                     ("here-decode", dict(workers=1, verify="decode"))):
+        convert(img_src, tmp_path / name, ConvertOptions(format="lmdb", shard_size=1 << 20,
+                                                         map_size=1 << 16, **kw))
+    a, b, c = (tree_digest(tmp_path / n) for n in ("here", "workers", "here-decode"))
+    assert a["data.mdb"] == b["data.mdb"] == c["data.mdb"] and b == c
 
 
 def test_a_damaged_environment_is_named(lmdb_dst, tmp_path):

@@ -67,17 +67,35 @@ def test_webdatasets_own_reader_reads_every_sample_with_the_right_label(wds_dst,
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_ranks_and_workers_partition_the_samples(wds_dst, world):
+@pytest.mark.parametrize("equalize", [True, False])
+def test_ranks_and_workers_partition_the_samples(wds_dst, world, equalize):
+    """equalize=False: every sample once across ranks and workers. Equalized (several
+    ranks): every rank the same count, for each worker index too, no sample twice, and
+    only the remainder of the manifest's counts dropped."""
+    import warnings
+
     src = WdsSource(wds_dst)
     everything = Counter()
+    per_rank = []
     for rank in range(world):
-        ds = src.dataset(None, seed=7, rank=rank, world_size=world)
+        ds = src.dataset(None, seed=7, rank=rank, world_size=world, equalize=equalize,
+                         num_workers=2)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
                                              multiprocessing_context="fork")
-        got = [data for data, _ in loader]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = [data for data, _ in loader]
         assert len(got) == len(ds)  # the length is this rank's exact count
         everything.update(got)
-    assert sum(everything.values()) == 96 and set(everything.values()) == {1}
+        per_rank.append(len(got))
+    assert set(everything.values()) == {1}
+    if equalize and world > 1:
+        q = ds.quotas(0, world, 2)
+        assert per_rank == [sum(q)] * world and sum(everything.values()) == world * sum(q)
+        # what could not be kept: less than one shard's worth per worker and rank
+        assert 96 - world * sum(q) < world * 2 * max(n for _, n in src.shards)
+    else:
+        assert sum(everything.values()) == 96
 
 
 def test_shuffle_is_seeded_per_epoch_and_off_on_request(wds_dst):
@@ -182,3 +200,60 @@ def test_the_training_transform_runs_in_dataloader_workers(wds_dst):
         assert images.shape[1] == 3 and images.dtype == torch.float32 and labels.max() < 4
         n += len(labels)
     assert n == 96
+
+
+def test_the_fast_header_parser_reads_what_tarfile_reads(wds_dst):
+    from converters.wds.tarfmt import _iter_tarfile, iter_members
+
+    for s in read_manifest(wds_dst).shards:
+        path = wds_dst / s["file"]
+        with open(path, "rb") as f:
+            assert list(iter_members(path)) == list(_iter_tarfile(f, path.name, 0))
+
+
+@pytest.mark.parametrize("member, says", [
+    (_link("0000000001.jpg", "/etc/passwd", tarfile.SYMTYPE), r"is a symlink to '/etc/passwd'"),
+    (("../evil.jpg", b"x"), r"member name '\.\./evil\.jpg' is not KEY\.EXT"),
+])
+def test_a_hostile_ustar_member_after_good_ones_is_refused(tmp_path, member, says):
+    """Our own writer's members first (the fast parser), then a USTAR member of another
+    kind: it is refused with tarfile's reading of it, nothing extracted."""
+    from converters.wds.tarfmt import TarShardWriter, iter_members
+
+    p = tmp_path / "shard-000000.tar"
+    tw = TarShardWriter(p)
+    tw.add("0000000000.cls", b"0")
+    tw.add("0000000000.jpg", b"x" * 1000)
+    tw.finish()
+    good = p.read_bytes().rstrip(b"\0")
+    good += b"\0" * (-len(good) % 512)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        if isinstance(member, tarfile.TarInfo):
+            tf.addfile(member)
+        else:
+            ti = tarfile.TarInfo(member[0])
+            ti.size = len(member[1])
+            tf.addfile(ti, io.BytesIO(member[1]))
+    p.write_bytes(good + buf.getvalue())
+    it = iter_members(p)
+    assert next(it)[:2] == ("0000000000", "cls") and next(it)[:2] == ("0000000000", "jpg")
+    from converters.wds.tarfmt import ShardFormatError
+
+    with pytest.raises(ShardFormatError, match=r"shard-000000\.tar: .*" + says):
+        next(it)
+
+
+def test_a_damaged_header_is_named(tmp_path):
+    from converters.wds.tarfmt import ShardFormatError, TarShardWriter, iter_members
+
+    p = tmp_path / "shard-000000.tar"
+    tw = TarShardWriter(p)
+    for k in range(3):
+        tw.add(f"{k:010d}.cls", b"0")
+    tw.finish()
+    data = bytearray(p.read_bytes())
+    data[1024 + 10] ^= 0x01  # a byte of the second member's name
+    p.write_bytes(bytes(data))
+    with pytest.raises(ShardFormatError, match=r"after 1 members \(bad header checksum\)"):
+        list(iter_members(p))
