@@ -261,7 +261,9 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
     if source.iterable:
         # Streamed shards: the dataset shuffles shards and a sample buffer itself and
         # splits shards by rank and worker; DataLoader must not add a sampler.
+        # num_workers: ranks are equalized per worker index, so len(loader) needs it.
         dataset = source.dataset(transform, shuffle=cfg.shuffle, seed=cfg.seed,
+                                 num_workers=cfg.num_workers,
                                  **({"rank": rank, "world_size": world} if world > 1 else {}))
         note = source.readers_note(cfg.num_workers, world)
         if note:

@@ -36,7 +36,9 @@ ImageFolder) or a --file-list into WebDataset tar shards or one LMDB environment
 millions of small random reads become a few large sequential ones.
   - samples are shuffled with --seed before they are cut into shards; the same input and
     options give byte-identical output (only manifest.json's "created" differs)
-  - --workers processes read and check images; each shard is written to a temporary name,
+  - --workers processes read and check images (LMDB with header checks reads in the
+    writing process, with the next files read ahead: handing bytes to it costs more than
+    the read); each WebDataset shard is written to a temporary name,
     fsynced, hashed (sha256) and renamed: kill it at any moment and rerun the same command
     to resume; DST/manifest.json is written last and means "complete"
   - bad images (truncated, empty, not an image, decompression bombs, unsupported modes)
@@ -68,7 +70,8 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                             "at least N shards, a multiple of N (default 32)")
         p.add_argument("--workers", type=int_at_least("--workers", 1), default=_default_workers(),
                        metavar="N", help="processes reading and checking images (default "
-                                         f"{_default_workers()}, the CPU count up to 8); "
+                                         f"{_default_workers()}, the CPU count up to 8; LMDB "
+                                         "uses them only for --verify decode or --max-side); "
                                          "the output does not depend on it")
         p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
         p.add_argument("--max-side", type=int_at_least("--max-side", 16), metavar="PX",
