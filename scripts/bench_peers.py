@@ -410,6 +410,19 @@ def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: i
     return rows
 
 
+def _expect(p: subprocess.Popen, word: str, kind: str) -> None:
+    """The reader's handshake line, or its stderr as the reason it failed."""
+    line = p.stdout.readline()
+    if line.strip() != word:
+        p.kill()
+        raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-3000:]}")
+
+
+def _go(p: subprocess.Popen) -> None:
+    p.stdin.write("GO\n")
+    p.stdin.flush()
+
+
 def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
           files: list[Path]) -> dict[str, Any]:
     from autotune.emulate import IoThrottle
@@ -425,20 +438,12 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
                        str(a.batch), str(a.workers)], stdin=subprocess.PIPE,
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-        line = p.stdout.readline()
-        if line.strip() != "READY":
-            p.kill()
-            raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-3000:]}")
+        _expect(p, "READY", kind)
         s0 = cap.stats()
-        p.stdin.write("GO\n")
-        p.stdin.flush()
-        line = p.stdout.readline()
-        if line.strip() != "FIRST":
-            p.kill()
-            raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-3000:]}")
+        _go(p)
+        _expect(p, "FIRST", kind)
         s1 = cap.stats()
-        p.stdin.write("GO\n")
-        p.stdin.flush()
+        _go(p)
         out, err = p.communicate(timeout=a.read_seconds * 10 + 600)
         s2 = cap.stats()
     if p.returncode != 0:

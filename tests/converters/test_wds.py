@@ -131,16 +131,21 @@ def test_readers_note_and_read_by_index(wds_dst):
 
 # -- hostile and damaged shards ---------------------------------------------------------
 
+def _add(tf: tarfile.TarFile, m: tarfile.TarInfo | tuple[str, bytes]) -> None:
+    """A member as given (header only), or (name, bytes) as a regular file."""
+    if isinstance(m, tarfile.TarInfo):
+        tf.addfile(m)
+    else:
+        ti = tarfile.TarInfo(m[0])
+        ti.size = len(m[1])
+        tf.addfile(ti, io.BytesIO(m[1]))
+
+
 def _fake_dataset(root: Path, members: list[tarfile.TarInfo | tuple[str, bytes]]) -> Path:
     root.mkdir(parents=True)
     with tarfile.open(root / "shard-000000.tar", "w", format=tarfile.GNU_FORMAT) as tf:
         for m in members:
-            if isinstance(m, tarfile.TarInfo):
-                tf.addfile(m)
-            else:
-                ti = tarfile.TarInfo(m[0])
-                ti.size = len(m[1])
-                tf.addfile(ti, io.BytesIO(m[1]))
+            _add(tf, m)
     (root / "manifest.json").write_text(json.dumps({
         "version": 1, "format": "wds", "num_samples": 1, "num_classes": 1, "classes": ["a"],
         "shards": [{"file": "shard-000000.tar", "samples": 1, "bytes": 0, "sha256": ""}],
@@ -229,12 +234,7 @@ def test_a_hostile_ustar_member_after_good_ones_is_refused(tmp_path, member, say
     good += b"\0" * (-len(good) % 512)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
-        if isinstance(member, tarfile.TarInfo):
-            tf.addfile(member)
-        else:
-            ti = tarfile.TarInfo(member[0])
-            ti.size = len(member[1])
-            tf.addfile(ti, io.BytesIO(member[1]))
+        _add(tf, member)
     p.write_bytes(good + buf.getvalue())
     it = iter_members(p)
     assert next(it)[:2] == ("0000000000", "cls") and next(it)[:2] == ("0000000000", "jpg")
