@@ -33,6 +33,7 @@ from converters.workdir import WorkDir
 from converters.writer import FormatWriter
 
 ON_ERROR = ("skip", "fail")
+ENGINES = ("local", "ray")
 DEFAULT_SHARD_SIZE = 64 << 20
 DEFAULT_READERS = 32
 
@@ -53,6 +54,13 @@ class ConvertOptions:
     readers: int = DEFAULT_READERS
     file_list: str | None = None
     map_size: int | None = None  # LMDB: initial map size (default from the source size)
+    # Beyond one machine (converters.ranks, converters.ray_engine); none of these changes
+    # the output's bytes. world_size > 1: this process is rank `rank` of `world_size`.
+    rank: int | None = None
+    world_size: int | None = None
+    plan_timeout: float = 1800.0  # how long ranks > 0 wait for rank 0's plan (seconds)
+    engine: str = "local"  # "local" (this process and its workers) or "ray" (Ray tasks)
+    ray_address: str | None = None  # the head's GCS address; default RAY_ADDRESS, else local
 
     def validate(self) -> None:
         if self.format not in registry.names(writable=True):
@@ -85,6 +93,41 @@ class ConvertOptions:
         if self.map_size is not None and self.map_size < 1 << 16:
             raise UsageError(f"map_size must be at least 64KiB, but got {self.map_size}.",
                              setting="map_size")
+        self._validate_distributed()
+
+    def _validate_distributed(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"engine must be one of {', '.join(ENGINES)}, but got "
+                             f"{self.engine!r}.", setting="engine")
+        if self.ray_address and self.engine != "ray":
+            raise UsageError("ray_address is for engine ray; add it, or drop the address.",
+                             setting=("ray_address", "engine"))
+        if self.world_size is None:
+            if self.rank not in (None, 0):
+                raise UsageError(f"rank {self.rank} needs a world size (the number of ranks); "
+                                 "give both.", setting=("rank", "world_size"))
+            return
+        if self.world_size < 1:
+            raise UsageError(f"world_size must be at least 1, but got {self.world_size}.",
+                             setting="world_size")
+        if self.rank is None or not 0 <= self.rank < self.world_size:
+            raise UsageError(f"rank must be between 0 and {self.world_size - 1} (world size "
+                             f"{self.world_size}), but got {self.rank}.", setting="rank")
+        if self.plan_timeout <= 0:
+            raise UsageError(f"plan_timeout must be positive, but got {self.plan_timeout:g}.",
+                             setting="plan_timeout")
+        if self.world_size > 1:
+            if not registry.get(self.format).writer_class().sharded:
+                raise UsageError(
+                    f"{self.format} has one writer (one environment, committed in order): it "
+                    f"cannot be written by {self.world_size} ranks. Convert it with world size "
+                    "1 (its --workers processes read in parallel; --engine ray spreads the "
+                    "reading over a cluster), or choose wds, whose shards ranks write apart.",
+                    setting=("world_size", "format"))
+            if self.engine != "local":
+                raise UsageError("engine ray runs the whole conversion from one driver: give "
+                                 "either ranks (world_size > 1) or engine ray, not both.",
+                                 setting=("engine", "world_size"))
 
     def fingerprint(self, src: str) -> dict[str, Any]:
         d: dict[str, Any] = {"format": self.format, "source": src, "seed": self.seed,
@@ -134,6 +177,14 @@ class ConvertResult:
     manifest: str = ""
     read_bytes: int = 0  # source bytes read by this run
     processed: int = 0  # source files this run read and checked (a resumed run: the rest)
+    engine: str = "local"
+    # Conversion by ranks: this process's rank, whether the manifest is published (by this
+    # process or another), and the ranks whose units are still missing when it is not.
+    rank: int | None = None
+    world_size: int | None = None
+    finalized: bool = True
+    waiting_for: list[int] = field(default_factory=list)
+    units_written: int = 0  # units this run wrote
 
     @property
     def images_per_s(self) -> float:
@@ -213,6 +264,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
                          "or new DST.")
     if not os.access(dstp, os.W_OK):
         raise UsageError(f"{dstp}: not writable by this user; choose another DST.")
+    if (opts.world_size or 1) > 1:
+        from converters.ranks import convert_rank
+
+        return convert_rank(srcp, dstp, opts, fp, src_root, progress, t0)
+    if wd.dist.exists():
+        from converters.ranks import refuse_while_ranks_run
+
+        refuse_while_ranks_run(wd)  # else: the ranks are gone; this process finishes their job
     wd.lock()
     plan: Plan | None = None
     run = RunState()
@@ -222,6 +281,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
             raise UsageError(_differs(dstp, "a partial conversion", plan.fingerprint, fp))
         if plan is None:
             plan = _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
+        wd.plan_id = plan.content_hash() if wd.dist.exists() else None
         wd.clear_tmp()
         sample_opts = SampleOptions(root=src_root, verify=opts.verify, max_side=opts.max_side,
                                     quality=opts.quality)
@@ -244,6 +304,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     res.resumed_units = run.resumed_units
     res.read_bytes = run.read_bytes
     res.processed = run.processed
+    res.units_written = run.units_written
+    res.engine = opts.engine
     res.warnings = list(plan.warnings)
     return res
 
@@ -256,6 +318,7 @@ class RunState:
     read_bytes: int = 0  # source bytes read by this run
     processed: int = 0  # source files read by this run
     remaining_bytes: int = 0  # source bytes of the units still to write
+    units_written: int = 0  # units this run wrote
 
 
 def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -291,11 +354,18 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
                    src_root: str, progress: Progress | None, t0: float) -> Plan:
     # A fresh scan: whatever an interrupted scan or an older plan left is discarded.
     shutil.rmtree(wd.plan, ignore_errors=True)
-    wd.plan.mkdir(parents=True)
     shutil.rmtree(wd.done, ignore_errors=True)
     wd.done.mkdir(parents=True)
     shutil.rmtree(wd.lmdb, ignore_errors=True)
-    sink = ScanSink(wd.plan, opts.seed, opts.on_error, src_root)
+    return scan_into(src, wd.plan, opts, fp, src_root, progress, t0)
+
+
+def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any],
+              src_root: str, progress: Progress | None, t0: float) -> Plan:
+    """Scan SRC and write a plan into the empty (or missing) directory `plan_dir`."""
+    shutil.rmtree(plan_dir, ignore_errors=True)
+    plan_dir.mkdir(parents=True)
+    sink = ScanSink(plan_dir, opts.seed, opts.on_error, src_root)
 
     def scan_progress(files: int, nbytes: int) -> None:
         if progress:
@@ -309,7 +379,7 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
         raise ConvertError(f"{src}: no usable images ({scan.skipped} skipped, {scan.ignored} "
                            "files without an image extension); nothing to convert.")
     dupes: list[str] = []
-    plan = make_plan(scan, wd.plan, sharded=registry.get(opts.format).writer_class().sharded,
+    plan = make_plan(scan, plan_dir, sharded=registry.get(opts.format).writer_class().sharded,
                      shard_size=opts.shard_size,
                      readers=opts.readers, fingerprint=fp, source_root=src_root,
                      dedupe=dupes.append)
@@ -319,7 +389,7 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
                                f"({len(dupes)} repeated paths); remove the repeats or rerun "
                                "with --on-error skip to keep the first of each.")
         import json
-        with open(wd.plan / "scan-skipped.jsonl", "a", encoding="utf-8") as f:
+        with open(plan_dir / "scan-skipped.jsonl", "a", encoding="utf-8") as f:
             for p in dupes:
                 f.write(json.dumps({"path": p, "reason": "duplicate entry (the file list names "
                                     "it more than once; kept once)"}) + "\n")
@@ -329,10 +399,12 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
 # -- running the units --------------------------------------------------------------------
 
 def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
-                 progress: Progress | None, t0: float,
-                 run: RunState) -> tuple[list[UnitResult], list[dict[str, Any]]]:
-    """Let the writer write the pending units (inline, or `opts.workers` processes) and
-    publish them; returns every unit's result (earlier runs' included) and its shards."""
+                 progress: Progress | None, t0: float, run: RunState,
+                 only: Callable[[int], bool] | None = None,
+                 ) -> tuple[list[UnitResult], list[dict[str, Any]]]:
+    """Let the writer write the pending units (inline, `opts.workers` processes, or Ray
+    tasks) and publish them; returns every unit's result (earlier runs' included) and its
+    shards. only(unit): this process's share (a rank); it then publishes nothing."""
     # (samples, source bytes) this run has read: a list inline, a shared array with workers.
     live: dict[str, Any] = {"counter": [0, 0], "units": 0, "entries": 0, "bytes": 0}
 
@@ -351,17 +423,26 @@ def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
 
     def on_unit(unit: int) -> None:
         live["units"] += 1
+        run.units_written += 1
         run.remaining_bytes -= plan.unit_sizes[unit]
+        if opts.engine == "ray":  # Ray tasks count nothing here: count whole units
+            live["counter"][0] += len(plan.unit_range(unit))
+            live["counter"][1] += plan.unit_sizes[unit]
         tick()
 
     def execute(units: list[int], work: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
+        if opts.engine == "ray":
+            from converters.ray_engine import run_on_ray
+
+            return run_on_ray(units, work, address=opts.ray_address,
+                              window=writer.results_in_flight)
         workers = min(opts.workers, len(units))
         if workers <= 1:
             return _inline(units, work, live["counter"])
         return _in_pool(units, work, workers, writer.results_in_flight(workers), live, tick)
 
     try:
-        results = writer.run(execute, on_open=on_open, on_unit=on_unit)
+        results = writer.run(execute, on_open=on_open, on_unit=on_unit, only=only)
     finally:
         run.processed, run.read_bytes = live["counter"][0], live["counter"][1]
     if progress:

@@ -6,6 +6,13 @@
     lmdb/      the LMDB environment while it is being written
     lock       flock'ed by the running conversion (one writer per DST)
 
+A conversion by ranks (see converters.ranks) adds:
+
+    dist.json      published by rank 0 after the plan: world size, plan hash
+    ranks/R/       rank R's lock, tmp/ (its shards being written), state.json, and
+                   scan/ (its own plan of SRC, compared with rank 0's, then removed)
+    finalize.lock  held by whoever checks the units and writes manifest.json
+
 It lives inside DST so that renames into DST stay on one filesystem (atomic), and it is
 removed once manifest.json is written.
 """
@@ -27,14 +34,22 @@ NAME = ".autotune-convert"
 class WorkDir:
     """Paths and durable records of one conversion's work directory."""
 
-    def __init__(self, dst: Path) -> None:
+    def __init__(self, dst: Path, rank: int | None = None) -> None:
         self.dst = dst
         self.path = dst / NAME
         self.plan = self.path / "plan"
         self.done = self.path / "done"
-        self.tmp = self.path / "tmp"
         self.lmdb = self.path / "lmdb"
+        self.dist = self.path / "dist.json"
+        self.rank = rank
+        # Each rank empties only its own temporaries: another rank's are shards in flight.
+        self.tmp = self.path / "tmp" if rank is None else self.rank_dir(rank) / "tmp"
+        # The hash of the plan the units are written for (recorded in every done record).
+        self.plan_id: str | None = None
         self._lock: PidLock | None = None
+
+    def rank_dir(self, rank: int) -> Path:
+        return self.path / "ranks" / str(rank)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
@@ -74,7 +89,19 @@ class WorkDir:
         return self.done / f"unit-{unit:06d}.json"
 
     def write_done(self, res: UnitResult, *, durable: bool = True) -> None:
-        write_json_atomic(self.done_path(res.unit), res.to_dict(), durable=durable)
+        d = res.to_dict()
+        if self.plan_id:
+            d["plan"] = self.plan_id
+        write_json_atomic(self.done_path(res.unit), d, durable=durable)
+
+    def read_done_plan(self, unit: int) -> str | None:
+        """The plan hash a unit's record was written for: None when there is no readable
+        record, "" for a record without one (written by a run without ranks, for the plan
+        in plan/: a fresh scan empties done/)."""
+        try:
+            return str(json.loads(self.done_path(unit).read_text()).get("plan") or "")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def read_done(self, unit: int) -> UnitResult | None:
         try:
