@@ -44,6 +44,8 @@ def _connect(ray: Any, address: str | None) -> bool:
     if ray.is_initialized():
         return False
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        _reachable(address)
     kw: dict[str, Any] = {"address": address, "log_to_driver": False,
                           "logging_level": logging.ERROR, "configure_logging": True}
     if address is None:
@@ -58,6 +60,27 @@ def _connect(ray: Any, address: str | None) -> bool:
                            "HOST:PORT (ray_address / RAY_ADDRESS).",
                            setting="ray_address") from e
     return True
+
+
+def _reachable(address: str) -> None:
+    """A GCS address HOST:PORT nobody listens on fails here, in one line, instead of after
+    Ray's own minute of retries."""
+    import socket
+
+    if "://" in address or address == "auto" or ":" not in address:
+        return  # ray:// clients and "auto": Ray decides
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=5):
+            return
+    except ValueError:
+        raise ConvertError(f"ray address {address!r}: expected HOST:PORT, the head's GCS "
+                           "address as `ray start --head --port PORT` prints it.",
+                           setting="ray_address") from None
+    except OSError as e:
+        raise ConvertError(f"cannot connect to Ray at {address} ({e.strerror or e}); start the "
+                           "head with `ray start --head --port PORT` and pass HOST:PORT "
+                           "(ray_address / RAY_ADDRESS).", setting="ray_address") from None
 
 
 def cluster_cpus(ray: Any) -> int:
