@@ -232,13 +232,11 @@ def _complete_result(dst: Path, m: Manifest) -> ConvertResult:
         manifest=str(dst / MANIFEST_NAME), resumed_units=len(m.shards))
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
-            progress: Progress | None = None) -> ConvertResult:
-    """Convert SRC into DST (created if needed) as `opts.format`; resumes a killed run.
-
-    Raises UsageError for bad arguments or a DST that holds something else, and
-    ConvertError for failures (the message names the file and the fix).
-    """
+def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions
+            ) -> tuple[Path, Path, ConvertOptions, dict[str, Any], str, ConvertResult | None]:
+    """Checks before converting: options, paths, and a DST that is new, empty, or this
+    conversion (partial or complete). Returns (src, dst, options with an absolute file
+    list, fingerprint, source root, the result when DST is already complete)."""
     opts.validate()
     srcp, dstp = Path(src), Path(dst)
     _check_paths(srcp, dstp, opts.file_list)
@@ -246,32 +244,44 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     opts = ConvertOptions(**{**asdict(opts), "file_list": fl})
     src_root = os.path.abspath(srcp)
     fp = opts.fingerprint(src_root)
-    t0 = time.monotonic()
-
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
         if m.options != fp:
             raise UsageError(_differs(dstp, "a complete conversion", m.options, fp))
         shutil.rmtree(dstp / WORKDIR_NAME, ignore_errors=True)  # a kill after the manifest
-        return _complete_result(dstp, m)
+        return srcp, dstp, opts, fp, src_root, _complete_result(dstp, m)
     try:
         dstp.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{dstp}: cannot create the output directory ({e.strerror}).") from e
-    wd = WorkDir(dstp)
-    if not wd.exists() and any(True for _ in dstp.iterdir()):
+    if not WorkDir(dstp).exists() and any(True for _ in dstp.iterdir()):
         raise UsageError(f"{dstp}: not empty and not an autotune conversion; choose an empty "
                          "or new DST.")
     if not os.access(dstp, os.W_OK):
         raise UsageError(f"{dstp}: not writable by this user; choose another DST.")
+    return srcp, dstp, opts, fp, src_root, None
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
+            progress: Progress | None = None) -> ConvertResult:
+    """Convert SRC into DST (created if needed) as `opts.format` in this process (and its
+    workers, or Ray tasks); resumes a killed run. Ranks: `converters.convert`
+    (converters.ranks.convert), which calls this for world size 1.
+
+    Raises UsageError for bad arguments or a DST that holds something else, and
+    ConvertError for failures (the message names the file and the fix).
+    """
+    t0 = time.monotonic()
+    srcp, dstp, opts, fp, src_root, complete = prepare(src, dst, opts)
+    if complete is not None:
+        return complete
     if (opts.world_size or 1) > 1:
-        from converters.ranks import convert_rank
-
-        return convert_rank(srcp, dstp, opts, fp, src_root, progress, t0)
+        raise UsageError(f"world_size {opts.world_size}: a rank converts through "
+                         "converters.convert (converters.ranks), not conversion.convert.",
+                         setting="world_size")
+    wd = WorkDir(dstp)
     if wd.dist.exists():
-        from converters.ranks import refuse_while_ranks_run
-
-        refuse_while_ranks_run(wd)  # else: the ranks are gone; this process finishes their job
+        wd.refuse_while_ranks_run()  # else: the ranks are gone; this process finishes their job
     wd.lock()
     plan: Plan | None = None
     run = RunState()

@@ -29,15 +29,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from converters import registry
+from converters import conversion, registry
 from converters.errors import ConvertError, UsageError
 from converters.fsutil import PidLock, fsync_dir, write_json_atomic
 from converters.manifest import NAME as MANIFEST_NAME
 from converters.manifest import write_manifest
 from converters.plan import Plan
-from converters.workdir import WorkDir
+from converters.workdir import DIST_VERSION, WorkDir
 
-DIST_VERSION = 1
 POLL_S = 0.25
 FINALIZE_WAIT_S = 600.0  # a rank waits this long for another finalizer to let go
 
@@ -73,16 +72,6 @@ def _me() -> str:
 
 # -- dist.json -----------------------------------------------------------------------------
 
-def read_dist(wd: WorkDir) -> dict[str, Any] | None:
-    try:
-        d = json.loads(wd.dist.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return None  # half-visible on a network filesystem: read again
-    return d if isinstance(d, dict) and d.get("version") == DIST_VERSION else None
-
-
 def short(h: str | None) -> str:
     return (h or "?")[:12]
 
@@ -94,34 +83,21 @@ def _rank_lock(wd: WorkDir, rank: int) -> PidLock:
         "rank (RANK / --rank), or stop that one and rerun to resume."), tag=_me())
 
 
-def running_ranks(wd: WorkDir) -> dict[int, str]:
-    """Ranks whose process holds its lock now: rank -> holder."""
-    out: dict[int, str] = {}
-    base = wd.path / "ranks"
-    if not base.is_dir():
-        return out
-    for d in base.iterdir():
-        if d.name.isdigit():
-            holder = PidLock(d / "lock", lambda h: ConvertError(h)).held_elsewhere()
-            if holder is not None:
-                out[int(d.name)] = holder
-    return out
-
-
-def refuse_while_ranks_run(wd: WorkDir) -> None:
-    """A single-process run into a DST that ranks are converting: refused while any of
-    them runs; once they are all gone it finishes their job (the units are the same)."""
-    busy = running_ranks(wd)
-    if busy:
-        r, holder = sorted(busy.items())[0]
-        d = read_dist(wd) or {}
-        raise UsageError(
-            f"{wd.dst}: being converted by {d.get('world_size', '?')} ranks (rank {r}: "
-            f"{holder}); wait for them and run `autotune convert --finalize`, or run the "
-            "missing ranks; a conversion without ranks can take over once none runs.")
-
-
 # -- one rank ------------------------------------------------------------------------------
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Any,
+            progress: Any = None) -> Any:
+    """`converters.convert`: one process (conversion.convert), or rank `opts.rank` of
+    `opts.world_size` > 1 (convert_rank). See ConvertOptions and the module doc."""
+    if (opts.world_size or 1) <= 1:
+        return conversion.convert(src, dst, opts, progress)
+    t0 = time.monotonic()
+    srcp, dstp, opts, fp, src_root, complete = conversion.prepare(src, dst, opts)
+    if complete is not None:
+        complete.rank, complete.world_size = opts.rank, opts.world_size
+        return complete
+    return convert_rank(srcp, dstp, opts, fp, src_root, progress, t0)
+
 
 def convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root: str,
                  progress: Any, t0: float) -> Any:
@@ -189,7 +165,7 @@ def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_r
         if plan is not None and plan.fingerprint != fp:
             plan.close()
             raise UsageError(_differs(wd.dst, "a partial conversion", plan.fingerprint, fp))
-        old = read_dist(wd)
+        old = wd.read_dist()
         if plan is None:
             if old is not None:
                 # The plan is a cache of the scan; a rebuilt one must be the same plan.
@@ -204,7 +180,7 @@ def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_r
                 f"(dist.json), but SRC {src_root} now gives plan {short(h)}: SRC changed "
                 "since this conversion started. Restore SRC, or convert into an emptied DST.")
         if old is not None and old.get("world_size") != world:
-            busy = {r: h_ for r, h_ in running_ranks(wd).items() if r != 0}
+            busy = {r: h_ for r, h_ in wd.running_ranks().items() if r != 0}
             if busy:
                 r, holder = sorted(busy.items())[0]
                 plan.close()
@@ -252,7 +228,7 @@ def _await_plan(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root
         if (dstp / MANIFEST_NAME).exists():
             shutil.rmtree(own_dir, ignore_errors=True)
             return None
-        d = read_dist(wd)
+        d = wd.read_dist()
         if d is not None:
             seen_world = d.get("world_size")
             plan = Plan.load(wd.plan)
@@ -443,14 +419,14 @@ def finalize(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | None 
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
         _expect(dstp, m.options, src, format)
-        if not running_ranks(WorkDir(dstp)):
+        if not WorkDir(dstp).running_ranks():
             shutil.rmtree(dstp / WorkDir(dstp).path.name, ignore_errors=True)
         return _complete_result(dstp, m)
     wd = WorkDir(dstp)
     if not wd.exists():
         raise UsageError(f"{dstp}: no conversion here (neither manifest.json nor a work "
                          "directory); run the ranks of `autotune convert` first.")
-    d = read_dist(wd)
+    d = wd.read_dist()
     plan = Plan.load(wd.plan)
     if d is None or plan is None:
         if plan is not None:
@@ -493,4 +469,4 @@ def _expect(dstp: Path, fp: dict[str, Any], src: Any, format: str | None) -> Non
         raise UsageError(f"{dstp}: converts {fp.get('source')}, not {os.path.abspath(src)}.")
 
 
-__all__ = ["convert_rank", "finalize", "ranks_from_env", "running_ranks"]
+__all__ = ["convert", "convert_rank", "finalize", "ranks_from_env"]

@@ -24,11 +24,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from converters.errors import ConvertError
+from converters.errors import ConvertError, UsageError
 from converters.fsutil import PidLock, write_json_atomic
 from converters.records import UnitResult
 
 NAME = ".autotune-convert"
+DIST_VERSION = 1
 
 
 class WorkDir:
@@ -110,6 +111,41 @@ class WorkDir:
             return None
         except (OSError, ValueError, KeyError, TypeError):
             return None  # unreadable record: the unit is redone
+
+    # -- a conversion by ranks (converters.ranks) -----------------------------------------
+
+    def read_dist(self) -> dict[str, Any] | None:
+        """dist.json as rank 0 published it (None: none, or not readable yet)."""
+        try:
+            d = json.loads(self.dist.read_text())
+        except (OSError, ValueError):
+            return None  # missing, or half-visible on a network filesystem: read again
+        return d if isinstance(d, dict) and d.get("version") == DIST_VERSION else None
+
+    def running_ranks(self) -> dict[int, str]:
+        """Ranks whose process holds its lock now: rank -> holder."""
+        out: dict[int, str] = {}
+        base = self.path / "ranks"
+        if not base.is_dir():
+            return out
+        for d in base.iterdir():
+            if d.name.isdigit():
+                holder = PidLock(d / "lock", lambda h: ConvertError(h)).held_elsewhere()
+                if holder is not None:
+                    out[int(d.name)] = holder
+        return out
+
+    def refuse_while_ranks_run(self) -> None:
+        """A conversion without ranks into a DST that ranks are converting: refused while any
+        of them runs; once they are all gone it may finish their job (same units)."""
+        busy = self.running_ranks()
+        if busy:
+            r, holder = sorted(busy.items())[0]
+            d = self.read_dist() or {}
+            raise UsageError(
+                f"{self.dst}: being converted by {d.get('world_size', '?')} ranks (rank {r}: "
+                f"{holder}); wait for them and run `autotune convert --finalize`, or run the "
+                "missing ranks; a conversion without ranks can take over once none runs.")
 
     def remove(self) -> None:
         self.unlock()
