@@ -38,6 +38,9 @@ class TrialRecord:
     # Set on a confirmation: the trial's first images/s (its short window) and this window.
     first_images_per_s: float | None = None
     window_s: float | None = None
+    # Who measured it (autotune.search.shared.host_info): figures compare within one class
+    # of hosts (CPU model, cores, storage class).
+    host: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

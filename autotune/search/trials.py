@@ -8,6 +8,7 @@ from typing import Any
 
 from autotune.params import config_key
 from autotune.search import guard
+from autotune.search import shared as shared_mod
 from autotune.search.records import TrialRecord
 from autotune.search.session import CEILING_TOLERANCE, Session, _stored
 
@@ -15,31 +16,69 @@ MAX_DUPLICATES = 40  # TPE proposing only measured points this often: the space 
 
 
 def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
-    """Measure until the budget is spent; returns why the loop stopped."""
+    """Measure until the budget is spent; returns why the loop stopped.
+
+    `--trials N` is the study's total: on a study other hosts share, what they measured
+    and are measuring counts too (`measured` is refreshed from the study before each
+    trial), a configuration claimed by another host's running trial is skipped, and a
+    trial whose host went silent is reclaimed (interrupted, measured again)."""
     opts = s.opts
-    budget = _enqueue_grid(s, measured) if opts.grid else max(0, opts.trials - len(measured))
-    if budget == 0 and not opts.grid:
-        return "trials (already measured)"
+    shared = s.shared.enabled
+    budget = _enqueue_grid(s, measured) if opts.grid else opts.trials
     runs = dupes = 0
-    while runs < budget:
+    while True:
+        if shared:
+            s.reclaim_orphans(exclusive=False)
+            measured.clear()
+            measured.update(s.measured())
+        if opts.grid:
+            if runs >= budget:
+                return "grid complete"
+        elif opts.trials - len(measured) - (s.running_elsewhere() if shared else 0) <= 0:
+            return "trials" if runs else "trials (already measured)"
         if s.timed_out():
             return "timeout"
         trial = s.study.ask()
         trial.set_user_attr("owner", guard.owner_tag())
+        trial.set_user_attr("host", s.shared.host)
+        s.shared.heartbeats.beat(trial)  # from the start: a silent trial can be reclaimed
         params = s.space.suggest(trial)  # type: ignore[union-attr]
-        prev = measured.get(config_key(params))
-        if prev is not None:
+        key = config_key(params)
+        prev = measured.get(key)
+        claim = shared_mod.config_claim(s.shared.host_key, key)
+        held = None if prev is not None else s.shared.claims.claim(claim, s.shared.holder(trial))
+        if prev is not None or held is not None:
             dupes += 1
-            _answer_duplicate(s, trial, prev)
+            if prev is not None:
+                _answer_duplicate(s, trial, prev)
+            else:
+                _answer_taken(s, trial, params, held)  # type: ignore[arg-type]
             if dupes > MAX_DUPLICATES:
                 return "space exhausted"
             continue
+        trial.set_user_attr("params", params)  # whole, for its record if it is reclaimed
+        trial.set_user_attr("claim", claim)
         runs += 1
-        rec = _measure(s, trial, params, measured, f"trial {runs} of {budget}")
+        which = (f"trial {runs} of {budget}" if opts.grid else
+                 f"trial {len(measured) + 1} of {opts.trials}" + (" (study total)" if shared else ""))
+        with s.shared.heartbeats.during(trial):
+            rec = _measure(s, trial, params, measured, which, claim)
         stop = _at_ceiling(s, rec)
         if stop:
             return stop
-    return "grid complete" if opts.grid else "trials"
+
+
+def _answer_taken(s: Session, trial: Any, params: dict[str, Any], held: dict[str, Any]) -> None:
+    """A configuration another search process is measuring now: skipped, not measured."""
+    from optuna.trial import TrialState
+
+    rec = TrialRecord(trial.number, params, "skipped", host=s.shared.host,
+                      duplicate_of=held.get("trial"),
+                      reason=(f"skipped: {held.get('hostname', '?')} (pid {held.get('pid', '?')}) "
+                              f"measures this configuration in trial {held.get('trial', '?')}"))
+    trial.set_user_attr("record", rec.to_dict())
+    s.study.tell(trial, state=TrialState.FAIL)
+    s.say(f"trial {trial.number}: {rec.reason}")
 
 
 def _enqueue_grid(s: Session, measured: dict[tuple, TrialRecord]) -> int:
@@ -65,7 +104,8 @@ def _answer_duplicate(s: Session, trial: Any, prev: TrialRecord) -> None:
 
 
 def _measure(s: Session, trial: Any, params: dict[str, Any],
-             measured: dict[tuple, TrialRecord], which: str) -> TrialRecord:
+             measured: dict[tuple, TrialRecord], which: str, claim: str) -> TrialRecord:
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     best = max((r.images_per_s for r in measured.values() if r.ok), default=None)
@@ -74,22 +114,37 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
     try:
         rec = s.bench(params, f"trial-{trial.number:03d}", trial)
     except KeyboardInterrupt:
-        rec = TrialRecord(trial.number, params, "interrupted",
+        rec = TrialRecord(trial.number, params, "interrupted", host=s.shared.host,
                           reason="interrupted (Ctrl-C); measured again on resume")
-        trial.set_user_attr("record", rec.to_dict())
-        s.study.tell(trial, state=TrialState.FAIL)
+        try:
+            trial.set_user_attr("record", rec.to_dict())
+            s.study.tell(trial, state=TrialState.FAIL)
+        finally:
+            s.shared.claims.release(claim, trial.number)
         raise
     rec.number = trial.number
-    trial.set_user_attr("record", _stored(rec.to_dict()))
+    try:
+        trial.set_user_attr("record", _stored(rec.to_dict()))
+        if rec.ok:
+            s.study.tell(trial, rec.images_per_s)
+        elif rec.state == "pruned":
+            s.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            s.study.tell(trial, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        # Another host declared this trial interrupted (no heartbeat within the grace
+        # period) and released its configuration: these figures are not kept, so that no
+        # configuration counts as measured twice.
+        rec.state, rec.reason = "interrupted", (
+            f"declared interrupted by another host (no heartbeat for {s.shared.grace} s) "
+            "while it was measured; its figures were discarded")
+        s.say(f"trial {trial.number}: {rec.reason}")
+        return rec
     measured[config_key(params)] = rec
     if rec.ok:
-        s.study.tell(trial, rec.images_per_s)
         s.revise(rec)
     elif rec.state == "pruned":
         s.say(f"{which.split(' of ')[0]}: {rec.reason}")
-        s.study.tell(trial, state=TrialState.PRUNED)
-    else:
-        s.study.tell(trial, state=TrialState.FAIL)
     return rec
 
 
