@@ -254,7 +254,12 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         dstp.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{dstp}: cannot create the output directory ({e.strerror}).") from e
-    if not WorkDir(dstp).exists() and any(True for _ in dstp.iterdir()):
+    # One listing, judged alone: another rank may create the work directory at any moment
+    # (checking "no work directory" and then "empty" would race with it).
+    foreign = any(e.name != WORKDIR_NAME for e in dstp.iterdir())
+    if foreign and not WorkDir(dstp).exists():
+        if (dstp / MANIFEST_NAME).exists():  # another rank finished it just now
+            return prepare(src, dst, opts)
         raise UsageError(f"{dstp}: not empty and not an autotune conversion; choose an empty "
                          "or new DST.")
     if not os.access(dstp, os.W_OK):

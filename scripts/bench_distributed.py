@@ -101,8 +101,14 @@ def ranks(src: Path, dst: Path, world: int) -> dict:
                                                                      WORLD_SIZE=str(world)),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
           for r in range(world)]
-    outs = [p.communicate() for p in ps]
+    while any(p.poll() is None for p in ps):
+        if any(p.poll() for p in ps):  # one failed: the others would wait for it
+            for q in ps:
+                q.kill()
+            break
+        time.sleep(0.01)
     wall = time.monotonic() - t0
+    outs = [p.communicate() for p in ps]
     for p, (_, err) in zip(ps, outs):
         if p.returncode:
             raise SystemExit(err)

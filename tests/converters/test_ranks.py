@@ -218,6 +218,23 @@ def test_a_single_process_finishes_what_dead_ranks_left(img_src, reference, work
     assert tree_digest(dst) == tree_digest(reference)
 
 
+def test_a_rank_creating_the_work_directory_does_not_make_dst_foreign(img_src, work_dir,
+                                                                      monkeypatch):
+    """Rank 0's checks ran while rank 1 created DST/.autotune-convert (a race seen in
+    scripts/bench_distributed.py): a DST holding only the work directory is ours."""
+    from converters import conversion
+    from converters.workdir import WorkDir
+
+    dst = work_dir / "race"
+    (dst / ".autotune-convert" / "ranks" / "1").mkdir(parents=True)
+    monkeypatch.setattr(WorkDir, "exists", lambda self: False)  # looked before rank 1 made it
+    opts = conversion.ConvertOptions(format="wds", rank=0, world_size=2)
+    assert conversion.prepare(img_src, dst, opts)[-1] is None  # no "not empty" refusal
+    (dst / "mine.txt").write_text("x")
+    with pytest.raises(conversion.UsageError, match="not empty and not an autotune conversion"):
+        conversion.prepare(img_src, dst, opts)
+
+
 # -- bad input ---------------------------------------------------------------------------
 
 def test_ranks_that_see_different_files_are_refused_naming_both_plan_hashes(img_src,
