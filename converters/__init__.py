@@ -24,6 +24,8 @@ The house (this package imports nothing from `autotune`; autotune imports it):
     wds/, lmdb/    one folder per format: reader, writer, layout
     manifest.py    manifest.json, the versioned index a writer publishes last
     scan, plan, images, pool, workdir, conversion: the conversion itself
+    ranks, ray_engine: beyond one machine (ranks writing one DST; Ray tasks); `convert`
+                   is ranks.convert: one process, or one rank of several
     stage.py       verified, atomic, resumable copies to local disk
 
 Readers yield the encoded bytes the folder reader yields, so the same decode pipeline
@@ -40,12 +42,12 @@ from typing import Any
 from converters import registry
 from converters.registry import Format, open_source, register
 
-__all__ = ["convert", "ConvertOptions", "ConvertResult", "ConvertProgress", "ConvertError",
+__all__ = ["convert", "finalize", "ConvertOptions", "ConvertResult", "ConvertProgress", "ConvertError",
            "Format", "FolderSource", "LmdbSource", "Manifest", "SampleError", "SampleSource",
            "UsageError", "WdsDataset", "WdsSource", "open_converted", "open_source",
            "read_manifest", "register", "registry"]
 
-_WHERE = {"convert": "conversion", "ConvertOptions": "conversion", "ConvertResult": "conversion",
+_WHERE = {"convert": "ranks", "finalize": "ranks", "ConvertOptions": "conversion", "ConvertResult": "conversion",
           "ConvertProgress": "conversion", "ConvertError": "errors", "SampleError": "errors",
           "UsageError": "errors", "LmdbSource": "lmdb.reader", "WdsSource": "wds.reader",
           "WdsDataset": "wds.reader", "FolderSource": "folder", "SampleSource": "source",

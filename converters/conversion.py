@@ -33,6 +33,7 @@ from converters.workdir import WorkDir
 from converters.writer import FormatWriter
 
 ON_ERROR = ("skip", "fail")
+ENGINES = ("local", "ray")
 DEFAULT_SHARD_SIZE = 64 << 20
 DEFAULT_READERS = 32
 
@@ -53,6 +54,13 @@ class ConvertOptions:
     readers: int = DEFAULT_READERS
     file_list: str | None = None
     map_size: int | None = None  # LMDB: initial map size (default from the source size)
+    # Beyond one machine (converters.ranks, converters.ray_engine); none of these changes
+    # the output's bytes. world_size > 1: this process is rank `rank` of `world_size`.
+    rank: int | None = None
+    world_size: int | None = None
+    plan_timeout: float = 1800.0  # how long ranks > 0 wait for rank 0's plan (seconds)
+    engine: str = "local"  # "local" (this process and its workers) or "ray" (Ray tasks)
+    ray_address: str | None = None  # the head's GCS address; default RAY_ADDRESS, else local
 
     def validate(self) -> None:
         if self.format not in registry.names(writable=True):
@@ -85,6 +93,41 @@ class ConvertOptions:
         if self.map_size is not None and self.map_size < 1 << 16:
             raise UsageError(f"map_size must be at least 64KiB, but got {self.map_size}.",
                              setting="map_size")
+        self._validate_distributed()
+
+    def _validate_distributed(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"engine must be one of {', '.join(ENGINES)}, but got "
+                             f"{self.engine!r}.", setting="engine")
+        if self.ray_address and self.engine != "ray":
+            raise UsageError("ray_address is for engine ray; add it, or drop the address.",
+                             setting=("ray_address", "engine"))
+        if self.world_size is None:
+            if self.rank not in (None, 0):
+                raise UsageError(f"rank {self.rank} needs a world size (the number of ranks); "
+                                 "give both.", setting=("rank", "world_size"))
+            return
+        if self.world_size < 1:
+            raise UsageError(f"world_size must be at least 1, but got {self.world_size}.",
+                             setting="world_size")
+        if self.rank is None or not 0 <= self.rank < self.world_size:
+            raise UsageError(f"rank must be between 0 and {self.world_size - 1} (world size "
+                             f"{self.world_size}), but got {self.rank}.", setting="rank")
+        if self.plan_timeout <= 0:
+            raise UsageError(f"plan_timeout must be positive, but got {self.plan_timeout:g}.",
+                             setting="plan_timeout")
+        if self.world_size > 1:
+            if not registry.get(self.format).writer_class().sharded:
+                raise UsageError(
+                    f"{self.format} has one writer (one environment, committed in order): it "
+                    f"cannot be written by {self.world_size} ranks. Convert it with world size "
+                    "1 (its --workers processes read in parallel; --engine ray spreads the "
+                    "reading over a cluster), or choose wds, whose shards ranks write apart.",
+                    setting=("world_size", "format"))
+            if self.engine != "local":
+                raise UsageError("engine ray runs the whole conversion from one driver: give "
+                                 "either ranks (world_size > 1) or engine ray, not both.",
+                                 setting=("engine", "world_size"))
 
     def fingerprint(self, src: str) -> dict[str, Any]:
         d: dict[str, Any] = {"format": self.format, "source": src, "seed": self.seed,
@@ -134,6 +177,14 @@ class ConvertResult:
     manifest: str = ""
     read_bytes: int = 0  # source bytes read by this run
     processed: int = 0  # source files this run read and checked (a resumed run: the rest)
+    engine: str = "local"
+    # Conversion by ranks: this process's rank, whether the manifest is published (by this
+    # process or another), and the ranks whose units are still missing when it is not.
+    rank: int | None = None
+    world_size: int | None = None
+    finalized: bool = True
+    waiting_for: list[int] = field(default_factory=list)
+    units_written: int = 0  # units this run wrote
 
     @property
     def images_per_s(self) -> float:
@@ -181,13 +232,11 @@ def _complete_result(dst: Path, m: Manifest) -> ConvertResult:
         manifest=str(dst / MANIFEST_NAME), resumed_units=len(m.shards))
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
-            progress: Progress | None = None) -> ConvertResult:
-    """Convert SRC into DST (created if needed) as `opts.format`; resumes a killed run.
-
-    Raises UsageError for bad arguments or a DST that holds something else, and
-    ConvertError for failures (the message names the file and the fix).
-    """
+def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions
+            ) -> tuple[Path, Path, ConvertOptions, dict[str, Any], str, ConvertResult | None]:
+    """Checks before converting: options, paths, and a DST that is new, empty, or this
+    conversion (partial or complete). Returns (src, dst, options with an absolute file
+    list, fingerprint, source root, the result when DST is already complete)."""
     opts.validate()
     srcp, dstp = Path(src), Path(dst)
     _check_paths(srcp, dstp, opts.file_list)
@@ -195,24 +244,49 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     opts = ConvertOptions(**{**asdict(opts), "file_list": fl})
     src_root = os.path.abspath(srcp)
     fp = opts.fingerprint(src_root)
-    t0 = time.monotonic()
-
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
         if m.options != fp:
             raise UsageError(_differs(dstp, "a complete conversion", m.options, fp))
         shutil.rmtree(dstp / WORKDIR_NAME, ignore_errors=True)  # a kill after the manifest
-        return _complete_result(dstp, m)
+        return srcp, dstp, opts, fp, src_root, _complete_result(dstp, m)
     try:
         dstp.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UsageError(f"{dstp}: cannot create the output directory ({e.strerror}).") from e
-    wd = WorkDir(dstp)
-    if not wd.exists() and any(True for _ in dstp.iterdir()):
+    # One listing, judged alone: another rank may create the work directory at any moment
+    # (checking "no work directory" and then "empty" would race with it).
+    foreign = any(e.name != WORKDIR_NAME for e in dstp.iterdir())
+    if foreign and not WorkDir(dstp).exists():
+        if (dstp / MANIFEST_NAME).exists():  # another rank finished it just now
+            return prepare(src, dst, opts)
         raise UsageError(f"{dstp}: not empty and not an autotune conversion; choose an empty "
                          "or new DST.")
     if not os.access(dstp, os.W_OK):
         raise UsageError(f"{dstp}: not writable by this user; choose another DST.")
+    return srcp, dstp, opts, fp, src_root, None
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
+            progress: Progress | None = None) -> ConvertResult:
+    """Convert SRC into DST (created if needed) as `opts.format` in this process (and its
+    workers, or Ray tasks); resumes a killed run. Ranks: `converters.convert`
+    (converters.ranks.convert), which calls this for world size 1.
+
+    Raises UsageError for bad arguments or a DST that holds something else, and
+    ConvertError for failures (the message names the file and the fix).
+    """
+    t0 = time.monotonic()
+    srcp, dstp, opts, fp, src_root, complete = prepare(src, dst, opts)
+    if complete is not None:
+        return complete
+    if (opts.world_size or 1) > 1:
+        raise UsageError(f"world_size {opts.world_size}: a rank converts through "
+                         "converters.convert (converters.ranks), not conversion.convert.",
+                         setting="world_size")
+    wd = WorkDir(dstp)
+    if wd.dist.exists():
+        wd.refuse_while_ranks_run()  # else: the ranks are gone; this process finishes their job
     wd.lock()
     plan: Plan | None = None
     run = RunState()
@@ -222,6 +296,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
             raise UsageError(_differs(dstp, "a partial conversion", plan.fingerprint, fp))
         if plan is None:
             plan = _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
+        wd.plan_id = plan.content_hash() if wd.dist.exists() else None
         wd.clear_tmp()
         sample_opts = SampleOptions(root=src_root, verify=opts.verify, max_side=opts.max_side,
                                     quality=opts.quality)
@@ -244,6 +319,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     res.resumed_units = run.resumed_units
     res.read_bytes = run.read_bytes
     res.processed = run.processed
+    res.units_written = run.units_written
+    res.engine = opts.engine
     res.warnings = list(plan.warnings)
     return res
 
@@ -256,6 +333,7 @@ class RunState:
     read_bytes: int = 0  # source bytes read by this run
     processed: int = 0  # source files read by this run
     remaining_bytes: int = 0  # source bytes of the units still to write
+    units_written: int = 0  # units this run wrote
 
 
 def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -291,11 +369,18 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
                    src_root: str, progress: Progress | None, t0: float) -> Plan:
     # A fresh scan: whatever an interrupted scan or an older plan left is discarded.
     shutil.rmtree(wd.plan, ignore_errors=True)
-    wd.plan.mkdir(parents=True)
     shutil.rmtree(wd.done, ignore_errors=True)
     wd.done.mkdir(parents=True)
     shutil.rmtree(wd.lmdb, ignore_errors=True)
-    sink = ScanSink(wd.plan, opts.seed, opts.on_error, src_root)
+    return scan_into(src, wd.plan, opts, fp, src_root, progress, t0)
+
+
+def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any],
+              src_root: str, progress: Progress | None, t0: float) -> Plan:
+    """Scan SRC and write a plan into the empty (or missing) directory `plan_dir`."""
+    shutil.rmtree(plan_dir, ignore_errors=True)
+    plan_dir.mkdir(parents=True)
+    sink = ScanSink(plan_dir, opts.seed, opts.on_error, src_root)
 
     def scan_progress(files: int, nbytes: int) -> None:
         if progress:
@@ -309,7 +394,7 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
         raise ConvertError(f"{src}: no usable images ({scan.skipped} skipped, {scan.ignored} "
                            "files without an image extension); nothing to convert.")
     dupes: list[str] = []
-    plan = make_plan(scan, wd.plan, sharded=registry.get(opts.format).writer_class().sharded,
+    plan = make_plan(scan, plan_dir, sharded=registry.get(opts.format).writer_class().sharded,
                      shard_size=opts.shard_size,
                      readers=opts.readers, fingerprint=fp, source_root=src_root,
                      dedupe=dupes.append)
@@ -319,7 +404,7 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
                                f"({len(dupes)} repeated paths); remove the repeats or rerun "
                                "with --on-error skip to keep the first of each.")
         import json
-        with open(wd.plan / "scan-skipped.jsonl", "a", encoding="utf-8") as f:
+        with open(plan_dir / "scan-skipped.jsonl", "a", encoding="utf-8") as f:
             for p in dupes:
                 f.write(json.dumps({"path": p, "reason": "duplicate entry (the file list names "
                                     "it more than once; kept once)"}) + "\n")
@@ -329,10 +414,12 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
 # -- running the units --------------------------------------------------------------------
 
 def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
-                 progress: Progress | None, t0: float,
-                 run: RunState) -> tuple[list[UnitResult], list[dict[str, Any]]]:
-    """Let the writer write the pending units (inline, or `opts.workers` processes) and
-    publish them; returns every unit's result (earlier runs' included) and its shards."""
+                 progress: Progress | None, t0: float, run: RunState,
+                 only: Callable[[int], bool] | None = None,
+                 ) -> tuple[list[UnitResult], list[dict[str, Any]]]:
+    """Let the writer write the pending units (inline, `opts.workers` processes, or Ray
+    tasks) and publish them; returns every unit's result (earlier runs' included) and its
+    shards. only(unit): this process's share (a rank); it then publishes nothing."""
     # (samples, source bytes) this run has read: a list inline, a shared array with workers.
     live: dict[str, Any] = {"counter": [0, 0], "units": 0, "entries": 0, "bytes": 0}
 
@@ -351,17 +438,26 @@ def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
 
     def on_unit(unit: int) -> None:
         live["units"] += 1
+        run.units_written += 1
         run.remaining_bytes -= plan.unit_sizes[unit]
+        if opts.engine == "ray":  # Ray tasks count nothing here: count whole units
+            live["counter"][0] += len(plan.unit_range(unit))
+            live["counter"][1] += plan.unit_sizes[unit]
         tick()
 
     def execute(units: list[int], work: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
+        if opts.engine == "ray":
+            from converters.ray_engine import run_on_ray
+
+            return run_on_ray(units, work, address=opts.ray_address,
+                              window=writer.results_in_flight)
         workers = min(writer.workers(opts.workers), len(units))
         if workers <= 1:
             return _inline(units, work, live["counter"])
         return _in_pool(units, work, workers, writer.results_in_flight(workers), live, tick)
 
     try:
-        results = writer.run(execute, on_open=on_open, on_unit=on_unit)
+        results = writer.run(execute, on_open=on_open, on_unit=on_unit, only=only)
     finally:
         run.processed, run.read_bytes = live["counter"][0], live["counter"][1]
     if progress:

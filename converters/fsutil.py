@@ -105,21 +105,47 @@ class PidLock:
         self.tag = tag
         self._fd: int | None = None
 
-    def acquire(self) -> PidLock:
+    def acquire(self, wait: float = 0.0) -> PidLock:
+        """Take the lock; when another process holds it, retry for up to `wait` seconds,
+        then raise `busy(holder)`."""
+        import time
+
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise self.busy(holder) from None
-            raise
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise self.busy(holder) from None
+                raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{self.tag or os.getpid()}\n".encode(), 0)
         self._fd = fd
         return self
+
+    def held_elsewhere(self) -> str | None:
+        """The holder's tag when another process holds the lock now, else None (the lock
+        is taken and released at once to find out)."""
+        if not self.path.exists():
+            return None
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+            raise
+        finally:
+            os.close(fd)
+        return None
 
     def release(self) -> None:
         if self._fd is not None:

@@ -98,6 +98,37 @@ class Plan:
         d["_pid"] = 0
         return d
 
+    def content_hash(self) -> str:
+        """sha256 of what the plan decides: every entry (label, path, size) in plan order,
+        the cut into units, the classes, the skipped files and the options. Two scans of
+        the same files with the same options give the same hash, whatever order the
+        filesystem listed them in; ranks compare it to be sure they write one plan."""
+        import hashlib
+        import struct
+
+        h = hashlib.sha256()
+        head = {"version": self.version, "classes": self.classes, "bounds": self.bounds,
+                "source": self.source, "fingerprint": self.fingerprint,
+                "ignored": self.ignored, "scan_skipped": self.scan_skipped}
+        h.update(json.dumps(head, sort_keys=True).encode())
+        pack = struct.Struct("<IIQ").pack
+        order = np.fromfile(os.path.join(self.dir, "order.bin"), dtype="<u8")
+        rec_path = os.path.join(self.dir, "records.bin")
+        if order.size:
+            with open(rec_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                labels = self.label_map
+                for off in order.tolist():
+                    raw, n, size = RECORD.unpack_from(buf, off)
+                    start = off + RECORD.size
+                    h.update(pack(labels[raw], n, size))
+                    h.update(buf[start:start + n])
+        skp = os.path.join(self.dir, "scan-skipped.jsonl")
+        if os.path.exists(skp):
+            with open(skp, "rb") as f:
+                for line in sorted(f.read().splitlines()):
+                    h.update(line + b"\n")
+        return h.hexdigest()
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("_fds", "_pid"):

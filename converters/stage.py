@@ -7,6 +7,11 @@ copy is complete. A killed run leaves no file under a final name that is not who
 rerun skips what a previous run verified (recorded in DST/.autotune-stage/state.json).
 A lock stops two stagers writing one DST. A source file that changes or vanishes while it
 is copied is reported by name; the others finish and the result says partial.
+
+Per node (`node_rank`, `nnodes`): only the WebDataset shards the ranks of that node read
+(converters.wds.split: by node first, then local rank, the same every epoch), plus the
+whole manifest; DST/node.json (written before the manifest) says which node the copy is
+for, and the reader refuses a rank of another node with the command that fixes it.
 """
 
 from __future__ import annotations
@@ -64,6 +69,8 @@ class StageResult:
     manifest_written: bool = False
     verify_only: bool = False
     source_seq_mib_s: float | None = None
+    node_rank: int | None = None  # a copy for one node: which, of how many
+    nnodes: int | None = None
 
     @property
     def mib_per_s(self) -> float:
@@ -130,6 +137,42 @@ def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
                 continue
             entries.append(FileEntry(str(p.relative_to(src)), p.stat().st_size, None))
     return entries, None
+
+
+def _node_entries(entries: list[FileEntry], manifest: dict[str, Any] | None, src: Path,
+                  node_rank: int | None, nnodes: int | None) -> list[FileEntry]:
+    """The files node `node_rank` of `nnodes` needs: its ranks' shards (all without a node)."""
+    if node_rank is None and nnodes is None:
+        return entries
+    if node_rank is None or nnodes is None:
+        raise UsageError("give both node_rank and nnodes (the copy for one node), or neither "
+                         "(the whole dataset).", setting=("node_rank", "nnodes"))
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise UsageError(f"node_rank must be between 0 and {nnodes - 1} (nnodes {nnodes}), but "
+                         f"got {node_rank}.", setting=("node_rank", "nnodes"))
+    if manifest is None or manifest.get("format") != "wds":
+        what = "a plain folder" if manifest is None else f"a {manifest.get('format')} conversion"
+        raise UsageError(f"{src}: {what}; a copy per node splits WebDataset shards (every node "
+                         "reads all of anything else): stage it whole.",
+                         setting=("node_rank", "nnodes"))
+    from converters.wds.split import node_shards
+
+    mine = node_shards(entries, node_rank, nnodes)
+    if not mine:
+        raise UsageError(f"{src}: {len(entries)} shards for {nnodes} nodes: node {node_rank} "
+                         "would read none; use fewer nodes or convert with more shards "
+                         "(--readers).", setting=("node_rank", "nnodes"))
+    return mine
+
+
+def _staged_node(dst: Path) -> tuple[int, int] | None:
+    from converters.wds.split import NODE_FILE
+
+    try:
+        d = json.loads((dst / NODE_FILE).read_text())
+        return int(d["node_rank"]), int(d["nnodes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _lock(dst: Path) -> PidLock:
@@ -251,6 +294,9 @@ def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | 
     d = Path(dst)
     t0 = time.monotonic()
     entries, manifest = list_source(Path(src) if src else d)
+    node = _staged_node(d)
+    if node is not None:
+        entries = _node_entries(entries, manifest, Path(src) if src else d, *node)
     state = _State(d) if (d / WORK).is_dir() else None
     failures = []
     nbytes = 0
@@ -268,15 +314,18 @@ def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | 
                 state.drop(e.name)
     return StageResult(str(src or d), str(d), len(entries), 0, len(entries) - len(failures),
                        nbytes, time.monotonic() - t0, "sha256", failures,
-                       manifest_written=(d / MANIFEST).is_file(), verify_only=True)
+                       manifest_written=(d / MANIFEST).is_file(), verify_only=True,
+                       node_rank=node[0] if node else None, nnodes=node[1] if node else None)
 
 
 def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: int = 4,
           verify: str = "sha256", progress: Progress | None = None,
           on_file: Callable[[str], None] | None = None,
-          source_seq_mib_s: float | None = None) -> StageResult:
+          source_seq_mib_s: float | None = None, node_rank: int | None = None,
+          nnodes: int | None = None) -> StageResult:
     """Stage SRC into DST (see the module doc). `on_file(name)` is called as each copy
-    starts. Raises StageError when staging cannot start (space, lock, bad manifest);
+    starts. node_rank, nnodes: only the shards that node's ranks read (and the manifest).
+    Raises StageError when staging cannot start (space, lock, bad manifest);
     per-file failures are in the result (partial)."""
     if verify not in ("sha256", "size"):
         raise UsageError(f"verify must be sha256 or size, but got {verify!r}.")
@@ -289,8 +338,14 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
         raise UsageError(f"{d}: inside the source {s}; stage to another directory.")
     t0 = time.monotonic()
     entries, manifest = list_source(s)
+    entries = _node_entries(entries, manifest, s, node_rank, nnodes)
+    want_node = (node_rank, nnodes) if node_rank is not None else None
     d.mkdir(parents=True, exist_ok=True)
     with _lock(d):
+        from converters.wds.split import NODE_FILE
+
+        if (d / MANIFEST).exists() and _staged_node(d) != want_node:
+            (d / MANIFEST).unlink()  # complete for another node (or whole): not for this one
         tmpdir = d / WORK / "tmp"
         shutil.rmtree(tmpdir, ignore_errors=True)  # partial copies of a killed run
         tmpdir.mkdir(parents=True)
@@ -341,6 +396,12 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
             state.save()
         wrote_manifest = False
         if not failures:
+            if want_node is not None:  # which copy this is, before the manifest says complete
+                write_text_atomic(d / NODE_FILE, json.dumps(
+                    {"node_rank": node_rank, "nnodes": nnodes,
+                     "shards": [e.name for e in entries]}, indent=1))
+            elif (d / NODE_FILE).exists():
+                (d / NODE_FILE).unlink()  # now the whole dataset
             mp = d / MANIFEST
             if manifest is not None:
                 body = (s / MANIFEST).read_text()  # byte for byte: it may be checksummed too
@@ -355,4 +416,4 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
     return StageResult(str(s), str(d), len(entries), len(todo) - len(failures),
                        len(entries) - len(todo), copied_bytes, time.monotonic() - t0, verify,
                        sorted(failures, key=lambda f: f.file), wrote_manifest,
-                       source_seq_mib_s=source_seq_mib_s)
+                       source_seq_mib_s=source_seq_mib_s, node_rank=node_rank, nnodes=nnodes)

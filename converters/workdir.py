@@ -6,6 +6,13 @@
     lmdb/      the LMDB environment while it is being written
     lock       flock'ed by the running conversion (one writer per DST)
 
+A conversion by ranks (see converters.ranks) adds:
+
+    dist.json      published by rank 0 after the plan: world size, plan hash
+    ranks/R/       rank R's lock, tmp/ (its shards being written), state.json, and
+                   scan/ (its own plan of SRC, compared with rank 0's, then removed)
+    finalize.lock  held by whoever checks the units and writes manifest.json
+
 It lives inside DST so that renames into DST stay on one filesystem (atomic), and it is
 removed once manifest.json is written.
 """
@@ -17,24 +24,33 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from converters.errors import ConvertError
+from converters.errors import ConvertError, UsageError
 from converters.fsutil import PidLock, write_json_atomic
 from converters.records import UnitResult
 
 NAME = ".autotune-convert"
+DIST_VERSION = 1
 
 
 class WorkDir:
     """Paths and durable records of one conversion's work directory."""
 
-    def __init__(self, dst: Path) -> None:
+    def __init__(self, dst: Path, rank: int | None = None) -> None:
         self.dst = dst
         self.path = dst / NAME
         self.plan = self.path / "plan"
         self.done = self.path / "done"
-        self.tmp = self.path / "tmp"
         self.lmdb = self.path / "lmdb"
+        self.dist = self.path / "dist.json"
+        self.rank = rank
+        # Each rank empties only its own temporaries: another rank's are shards in flight.
+        self.tmp = self.path / "tmp" if rank is None else self.rank_dir(rank) / "tmp"
+        # The hash of the plan the units are written for (recorded in every done record).
+        self.plan_id: str | None = None
         self._lock: PidLock | None = None
+
+    def rank_dir(self, rank: int) -> Path:
+        return self.path / "ranks" / str(rank)
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
@@ -74,7 +90,19 @@ class WorkDir:
         return self.done / f"unit-{unit:06d}.json"
 
     def write_done(self, res: UnitResult, *, durable: bool = True) -> None:
-        write_json_atomic(self.done_path(res.unit), res.to_dict(), durable=durable)
+        d = res.to_dict()
+        if self.plan_id:
+            d["plan"] = self.plan_id
+        write_json_atomic(self.done_path(res.unit), d, durable=durable)
+
+    def read_done_plan(self, unit: int) -> str | None:
+        """The plan hash a unit's record was written for: None when there is no readable
+        record, "" for a record without one (written by a run without ranks, for the plan
+        in plan/: a fresh scan empties done/)."""
+        try:
+            return str(json.loads(self.done_path(unit).read_text()).get("plan") or "")
+        except (OSError, ValueError, AttributeError):
+            return None
 
     def read_done(self, unit: int) -> UnitResult | None:
         try:
@@ -83,6 +111,41 @@ class WorkDir:
             return None
         except (OSError, ValueError, KeyError, TypeError):
             return None  # unreadable record: the unit is redone
+
+    # -- a conversion by ranks (converters.ranks) -----------------------------------------
+
+    def read_dist(self) -> dict[str, Any] | None:
+        """dist.json as rank 0 published it (None: none, or not readable yet)."""
+        try:
+            d = json.loads(self.dist.read_text())
+        except (OSError, ValueError):
+            return None  # missing, or half-visible on a network filesystem: read again
+        return d if isinstance(d, dict) and d.get("version") == DIST_VERSION else None
+
+    def running_ranks(self) -> dict[int, str]:
+        """Ranks whose process holds its lock now: rank -> holder."""
+        out: dict[int, str] = {}
+        base = self.path / "ranks"
+        if not base.is_dir():
+            return out
+        for d in base.iterdir():
+            if d.name.isdigit():
+                holder = PidLock(d / "lock", lambda h: ConvertError(h)).held_elsewhere()
+                if holder is not None:
+                    out[int(d.name)] = holder
+        return out
+
+    def refuse_while_ranks_run(self) -> None:
+        """A conversion without ranks into a DST that ranks are converting: refused while any
+        of them runs; once they are all gone it may finish their job (same units)."""
+        busy = self.running_ranks()
+        if busy:
+            r, holder = sorted(busy.items())[0]
+            d = self.read_dist() or {}
+            raise UsageError(
+                f"{self.dst}: being converted by {d.get('world_size', '?')} ranks (rank {r}: "
+                f"{holder}); wait for them and run `autotune convert --finalize`, or run the "
+                "missing ranks; a conversion without ranks can take over once none runs.")
 
     def remove(self) -> None:
         self.unlock()

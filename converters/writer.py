@@ -70,15 +70,25 @@ class FormatWriter(ABC):
 
     def run(self, execute: Callable[[list[int], Callable[[int], Any]], Iterator[tuple[int, Any]]],
             *, on_open: Callable[[list[UnitResult], list[int]], None] | None = None,
-            on_unit: Callable[[int], None] | None = None) -> tuple[list[UnitResult], list[dict[str, Any]]]:
+            on_unit: Callable[[int], None] | None = None,
+            only: Callable[[int], bool] | None = None) -> tuple[list[UnitResult], list[dict[str, Any]]]:
         """open -> work and accept every pending unit -> publish -> close.
 
         execute(units, work) yields (unit, work(unit)) for each unit, in unit order (inline,
-        or from worker processes). Returns every unit's result (earlier runs' included) and
-        the manifest's shards[] entries."""
+        worker processes or Ray tasks). Returns every unit's result (earlier runs' included)
+        and the manifest's shards[] entries.
+
+        only(unit): write just the pending units it accepts (one rank's share) and do not
+        publish: another process finalizes once every unit is written (shards[] is then
+        empty). Only formats whose units are independent files (`sharded`) allow it."""
+        if only is not None and not self.sharded:
+            raise RuntimeError(f"{type(self).__name__}: only sharded formats can write a share "
+                               "of the units (one writer owns the output otherwise).")
         try:
             done = self.open()
             results = {r.unit: r for r in done}
+            if only is not None:
+                self._todo = [u for u in self._todo if only(u)]
             todo = self.pending()
             if on_open:
                 on_open(done, todo)
@@ -93,6 +103,8 @@ class FormatWriter(ABC):
                 if close is not None:  # stop the workers now, not when garbage-collected
                     close()
             ordered = [results[u] for u in sorted(results)]
+            if only is not None:
+                return ordered, []
             return ordered, self.publish(ordered)
         finally:
             self.close()

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autotune.cli._base import Command, emit
-from autotune.cli.args import int_at_least, size
+from autotune.cli.args import int_at_least, positive_float, size
 
 EXIT = """\
 exit status:
@@ -60,7 +60,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         p.add_argument("src", metavar="SRC", help="image folder (class subfolders), or the root "
                                                   "of the --file-list paths")
         p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume)")
-        p.add_argument("--format", required=True, choices=registry.choices(writable=True),
+        p.add_argument("--format", choices=registry.choices(writable=True),
                        help="wds: WebDataset tar shards (sequential reading, best on slow or "
                             "network storage); lmdb: one LMDB environment (random access)")
         p.add_argument("--shard-size", type=size("--shard-size"), default="64MiB", metavar="SIZE",
@@ -89,17 +89,61 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         p.add_argument("--file-list", metavar="CSV",
                        help="convert the files a CSV of path,label rows names (paths relative "
                             "to SRC) instead of scanning SRC")
+        dist = p.add_argument_group(
+            "beyond one machine", "ranks (torchrun, srun, or one process per host sharing DST) "
+            "or a Ray cluster; the output is byte-identical to one process's")
+        dist.add_argument("--rank", type=int_at_least("--rank", 0), metavar="R",
+                          help="this process's rank (default $RANK, else $SLURM_PROCID in an "
+                               "srun step); rank 0 scans and plans, rank R writes units "
+                               "u %% W == R")
+        dist.add_argument("--world-size", type=int_at_least("--world-size", 1), metavar="W",
+                          help="number of ranks (default $WORLD_SIZE, else $SLURM_NTASKS in an "
+                               "srun step); the last rank to finish publishes manifest.json")
+        dist.add_argument("--finalize", action="store_true",
+                          help="check every unit's record and publish manifest.json (the "
+                               "world size comes from the plan); nothing to do when published")
+        dist.add_argument("--plan-timeout", type=positive_float("--plan-timeout"),
+                          default=1800.0, metavar="S",
+                          help="how long ranks > 0 wait for rank 0's plan (default 1800)")
+        dist.add_argument("--engine", choices=("local", "ray"), default="local",
+                          help="local (default): this process and --workers processes; ray: "
+                               "each unit a Ray task with one CPU (pip install "
+                               "'autotune[ray]'); DST must be shared by the nodes")
+        dist.add_argument("--ray-address", metavar="HOST:PORT",
+                          help="the Ray head's GCS address, as `ray start --head --port` "
+                               "prints it (default $RAY_ADDRESS, else a local Ray)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE "
                                                       "('-' for stdout)")
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.convert import convert_summary
         from converters import ConvertOptions, convert
+        from converters.errors import UsageError
+        from converters.ranks import finalize, ranks_from_env
 
+        if args.finalize:
+            if args.rank is not None or args.world_size is not None:
+                raise UsageError("--finalize needs no --rank or --world-size: the plan knows "
+                                 "the world size.")
+            res = finalize(args.dst, src=args.src, format=args.format)
+            emit(args, res.to_dict(), convert_summary(res))
+            return 0
+        if args.format is None:
+            raise UsageError("--format is required (wds or lmdb).")
+        rank, world = args.rank, args.world_size
+        if world is None and args.engine == "local":
+            env = ranks_from_env()
+            if env is not None:
+                rank = env[0] if rank is None else rank
+                world = env[1]
+        if world is not None and rank is None:
+            raise UsageError(f"--world-size {world} needs --rank (or RANK / SLURM_PROCID).")
         opts = ConvertOptions(format=args.format, shard_size=args.shard_size,
                               workers=args.workers, seed=args.seed, max_side=args.max_side,
                               quality=args.quality, on_error=args.on_error, verify=args.verify,
-                              readers=args.readers, file_list=args.file_list)
+                              readers=args.readers, file_list=args.file_list, rank=rank,
+                              world_size=world, plan_timeout=args.plan_timeout,
+                              engine=args.engine, ray_address=args.ray_address)
         with _progress_display(not args.quiet) as prog:
             res = convert(args.src, args.dst, opts, progress=prog)
         emit(args, res.to_dict(), convert_summary(res))

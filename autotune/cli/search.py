@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import fraction, nonneg_float, nonneg_int, positive_float, positive_int
+from autotune.cli.args import (
+    fraction,
+    int_at_least,
+    nonneg_float,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 
 EXIT = """\
 exit status:
@@ -43,7 +50,10 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
     epilog = ("examples:\n  autotune search /data/train\n"
                "  autotune search /data/train --compute-ms 150 --batch-size 64 --trials 30\n"
                "  autotune search /data/train --grid --space configs/search/small.yaml\n"
-               "  autotune search /data/train --storage postgresql://host/db --study imagenet\n\n"
+               "  autotune search /data/train --storage postgresql://tuner@db-host/optuna "
+               "--study imagenet   # on each host\n"
+               "  autotune search /data/train --storage journal:/nfs/studies/imagenet.log "
+               "--study imagenet\n\n"
               + EXIT)
     after_stop = "measured trials are kept in the study; rerun to resume"
     settings = {"timeout_s": "--timeout", "max_memory_mib": "--max-memory",
@@ -73,7 +83,14 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                        help="measured window per trial (default 10)")
         p.add_argument("--study", metavar="NAME", help="study name (default: from dataset and preset)")
         p.add_argument("--storage", metavar="URL",
-                       help="Optuna storage URL (default sqlite:///OUT/study.db)")
+                       help="Optuna storage (default sqlite:///OUT/study.db); hosts share one "
+                            "study with postgresql://USER@HOST[:PORT]/DB (password from "
+                            "PGPASSWORD or ~/.pgpass; ?sslmode=... as in libpq) or "
+                            "journal:PATH on a shared filesystem")
+        p.add_argument("--heartbeat-grace", type=int_at_least("--heartbeat-grace", 2),
+                       default=60, metavar="S",
+                       help="shared study: a host silent for S seconds has its running trial "
+                            "marked interrupted and measured again by the next host (default 60)")
         p.add_argument("--grid", action="store_true", help="measure every configuration of the space "
                        "(whole windows: no pruning, no early stop)")
         prune = p.add_mutually_exclusive_group()
@@ -122,7 +139,8 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                              prune_below=None if args.no_prune else args.prune_below,
                              confirm=args.confirm, confirm_seconds=args.confirm_seconds,
                              dataset_factory=args.dataset_factory,
-                             procs_per_node=args.procs_per_node)
+                             procs_per_node=args.procs_per_node,
+                             heartbeat_grace=args.heartbeat_grace)
         if args.convert != "off":
             from autotune.search.loop import run_loop
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import positive_int
+from autotune.cli.args import nonneg_int, positive_int
 from autotune.errors import AutotuneError
 
 EXIT = """\
@@ -30,6 +30,8 @@ presence means the staged copy is complete. A rerun skips files already verified
 lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt files
 (the next stage repairs them)."""
     epilog = ("examples:\n  autotune stage /nfs/imagenet-wds /local/nvme/imagenet-wds\n"
+              "  autotune stage /nfs/imagenet-wds /local/nvme/imagenet-wds --node-rank "
+              "$SLURM_NODEID --nnodes $SLURM_NNODES\n"
               "  autotune stage /nfs/ds /local/ds --verify-only\n\n" + EXIT)
     after_stop = "verified files are kept; rerun to resume"
 
@@ -44,6 +46,12 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
         p.add_argument("--probe", metavar="FILE",
                        help="`autotune probe --json` of the source: compare MB/s with its "
                             "sequential figure")
+        p.add_argument("--node-rank", type=nonneg_int("--node-rank"), metavar="R",
+                       help="stage only the WebDataset shards the ranks of node R read (with "
+                            "--nnodes; the reader splits shards by node, then local rank, the "
+                            "same every epoch), plus the manifest")
+        p.add_argument("--nnodes", type=positive_int("--nnodes"), metavar="N",
+                       help="number of nodes (with --node-rank); without both: the whole dataset")
         p.add_argument("--json", metavar="FILE",
                        help="also write the result JSON to FILE ('-' for stdout)")
 
@@ -59,7 +67,8 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
                 res = stage(args.src, args.dst, workers=args.workers, verify=args.verify,
                             progress=(lambda done, total: prog(
                                 f"staging {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"))
-                            if prog else None, source_seq_mib_s=seq)
+                            if prog else None, source_seq_mib_s=seq,
+                            node_rank=args.node_rank, nnodes=args.nnodes)
         d = res.to_dict()
         emit(args, d, stage_renderable(d))
         return 4 if res.failures else 0

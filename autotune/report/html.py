@@ -128,8 +128,11 @@ def _trial_name(rec: dict[str, Any]) -> str:
 
 def search_section(d: dict[str, Any], title: str) -> str:
     """One search's part of the report (the loop of a later issue puts two side by side)."""
-    trials = [t for t in d["trials"] if t["state"] != "duplicate"]
-    ok = [t for t in trials if t["state"] == "complete" and t["images_per_s"] is not None]
+    trials = [t for t in d["trials"] if t["state"] not in ("duplicate", "skipped")]
+    here = (d.get("host") or {}).get("key")
+    # The charts compare figures: this host's class only (other hosts are listed below).
+    ok = [t for t in trials if t["state"] == "complete" and t["images_per_s"] is not None
+          and (here is None or (t.get("host") or {}).get("key", here) == here)]
     ceil = d["ceilings"]
     hl = [(k, ceil.get(k), c) for k, c in (("storage", "#d62728"), ("decode", "#9467bd"),
                                            ("demand", "#2ca02c")) if ceil.get(k)]
@@ -180,9 +183,16 @@ def search_section(d: dict[str, Any], title: str) -> str:
                                     xlabel="seconds", ylabel="r/s", x_ticks=_sec_ticks(rps)))
     v = d.get("verdict") or {}
     cols = shown([t["params"] for t in d["trials"]])
-    rows = [[t["number"], *cells(t["params"], cols), t["state"],
+    hosts = d.get("hosts") or []
+    many = len(hosts) > 1 or any(len(g.get("hostnames") or []) > 1 for g in hosts)
+    order = {g.get("key"): i for i, g in enumerate(hosts)}
+    # Grouped by class of hosts (this host's first): figures compare only within a group.
+    listed = sorted(d["trials"], key=lambda t: (order.get((t.get("host") or {}).get("key"), -1),
+                                                t["number"])) if many else d["trials"]
+    rows = [[t["number"], *([(t.get("host") or {}).get("hostname", "")] if many else []),
+             *cells(t["params"], cols), t["state"],
              _n(t["images_per_s"]), _n(t["au"], ".2f"), _n(t["data_wait_fraction"], ".2f"),
-             _n(t["peak_rss_mib"]), t.get("reason") or ""] for t in d["trials"]]
+             _n(t["peak_rss_mib"]), t.get("reason") or ""] for t in listed]
     rank_text, rank_chart = _rank_part(rec)
     if rank_chart:
         charts.append(rank_chart)
@@ -203,9 +213,10 @@ def search_section(d: dict[str, Any], title: str) -> str:
              f"Stopped: {html.escape(d.get('stop_reason', ''))}.</p>", rank_text,
              "<h3>Ceilings</h3><ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in ceil.get("evidence", [])) + "</ul>",
              "<div class='charts'>" + "".join(charts) + "</div>",
+             *(_hosts_html(hosts, d.get("storage", "")) if many else []),
              "<h3>Trials</h3>",
-             _table(rows, ["#", *(c.column for c in cols), "state", "images/s",
-                           "AU", "data wait", "peak RSS MiB", "reason"])]
+             _table(rows, ["#", *(["host"] if many else []), *(c.column for c in cols), "state",
+                           "images/s", "AU", "data wait", "peak RSS MiB", "reason"])]
     if d.get("confirmed"):
         crow = [[c["number"], *cells(c["params"], cols),
                  _n(c.get("first_images_per_s")), _n(c.get("window_s"), "g"), c["state"],
@@ -214,6 +225,19 @@ def search_section(d: dict[str, Any], title: str) -> str:
                   _table(crow, ["#", *(c.column for c in cols), "first images/s", "window s",
                                 "state", "images/s", "AU"])]
     return "\n".join(parts)
+
+
+def _hosts_html(hosts: list[dict[str, Any]], storage: str) -> list[str]:
+    """The hosts that measured a shared study, by class (CPU model, cores, storage class):
+    the recommendation comes from this host's class only."""
+    rows = [["this host's" if g.get("this_host") else "", ", ".join(g.get("hostnames") or []),
+             g.get("cpu_model") or "?", g.get("cores") or "?", g.get("storage_class") or "?",
+             g.get("trials", 0), _n(g.get("best_images_per_s"))] for g in hosts]
+    return [f"<h3>Hosts sharing the study ({html.escape(storage)})</h3>",
+            "<p>Trials are compared only between hosts of one class; the recommendation above "
+            "is for this host's class.</p>",
+            _table(rows, ["class", "hosts", "CPU model", "cores", "storage class", "trials",
+                          "best images/s"])]
 
 
 def render(sections: list[tuple[str, dict[str, Any]]], title: str = "autotune search") -> str:

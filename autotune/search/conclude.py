@@ -18,6 +18,26 @@ def _trial_records(study: Any) -> list[TrialRecord]:
     return [TrialRecord.from_dict(d) for t in study.trials if (d := t.user_attrs.get("record"))]
 
 
+def hosts_summary(trials: list[TrialRecord], here: dict[str, Any]) -> list[dict[str, Any]]:
+    """Trials grouped by class of hosts (CPU model, cores, storage class): figures compare
+    only within a group; this host's group first."""
+    groups: dict[str, dict[str, Any]] = {}
+    for t in trials:
+        h = t.host or here
+        g = groups.setdefault(h.get("key", "?"), {
+            "key": h.get("key"), "cpu_model": h.get("cpu_model"), "cores": h.get("cores"),
+            "storage_class": h.get("storage_class"), "hostnames": [], "trials": 0,
+            "best_images_per_s": None, "this_host": h.get("key") == here.get("key")})
+        if h.get("hostname") not in g["hostnames"]:
+            g["hostnames"].append(h.get("hostname"))
+        if t.state in ("duplicate", "skipped"):
+            continue
+        g["trials"] += 1
+        if t.ok and (g["best_images_per_s"] is None or t.images_per_s > g["best_images_per_s"]):
+            g["best_images_per_s"] = t.images_per_s
+    return sorted(groups.values(), key=lambda g: (not g["this_host"], g["key"] or ""))
+
+
 def _pool(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
           conf: dict[str, TrialRecord], stop_reason: str,
           warnings: list[str]) -> list[TrialRecord]:
@@ -52,12 +72,15 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
     ceilings = s.ceilings
     assert ceilings is not None and s.space is not None
     trials = _trial_records(s.study)
-    measured = [t for t in trials if t.state != "duplicate"]
+    # What this host concludes from: trials of hosts like it (other classes are listed,
+    # grouped, and not compared with these).
+    here = [t for t in trials if s.shared.same_class(t.host)]
+    measured = [t for t in here if t.state not in ("duplicate", "skipped")]
     for t in measured + ([baseline] if baseline is not None else []):
         if t.ok:  # a resumed study: what an earlier run measured counts too
             ceilings.revise(t.number, t.images_per_s)
     warnings: list[str] = []
-    conf = confirmed(s.study)
+    conf = confirmed(s.study, s.shared.host_key)
     pool = _pool(s, measured, baseline, conf, stop_reason, warnings)
     best = rec_mod.best_trial(pool)
     rec = rec_mod.knee(pool)
@@ -79,7 +102,8 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                                             if baseline is not None else None),
                         dataset_format=s.fmt,
                         warnings=warnings + [lb["reason"] for lb in ceilings.lower_bounds.values()]
-                        + s.space.notes)
+                        + s.space.notes,
+                        host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host))
 
 
 def write_outputs(res: Any) -> None:

@@ -1,6 +1,6 @@
 """Confirmation: before one configuration is named, the fastest few, the knee and the
 baseline are measured again in a longer window (the best of many short noisy windows is
-flattered by its noise). Kept in the study, one attribute per configuration, so searches
+flattered by its noise). Kept in the study, one attribute per configuration and class of hosts, so searches
 sharing a server database add theirs without overwriting each other's, and a resumed
 search does not measure a confirmed configuration twice (unless the window changed)."""
 
@@ -16,11 +16,11 @@ from autotune.search.records import TrialRecord
 from autotune.search.session import CONFIRMED, Session, _stored
 
 
-
-def confirmed(study: Any) -> dict[str, TrialRecord]:
-    """Configuration key -> its confirmation, from the study."""
-    return {k[len(CONFIRMED):]: TrialRecord.from_dict(d) for k, d in study.user_attrs.items()
-            if k.startswith(CONFIRMED)}
+def confirmed(study: Any, host_key: str) -> dict[str, TrialRecord]:
+    """Configuration key -> its confirmation on this class of hosts, from the study."""
+    prefix = f"{CONFIRMED}{host_key}:"
+    return {k[len(prefix):]: TrialRecord.from_dict(d) for k, d in study.user_attrs.items()
+            if k.startswith(prefix)}
 
 
 def ckey(params: dict[str, Any]) -> str:
@@ -38,7 +38,7 @@ def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -
     cands = rec_mod.confirm_candidates(pool, s.opts.confirm, baseline)
     if len(cands) < 2:
         return True  # nothing to choose between
-    done = confirmed(s.study)
+    done = confirmed(s.study, s.shared.host_key)
     windows = [(t, window(s, t.params)) for t in cands]
     todo = [(t, win) for t, win in windows
             if (prev := done.get(ckey(t.params))) is None
@@ -53,6 +53,7 @@ def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -
                     seconds=win)
         r.number, r.first_images_per_s, r.requested_window_s = t.number, t.images_per_s, win
         r.window_s = r.measured_s or win
-        s.study.set_user_attr(CONFIRMED + ckey(t.params), _stored(r.to_dict()))
+        s.study.set_user_attr(f"{CONFIRMED}{s.shared.host_key}:{ckey(t.params)}",
+                              _stored(r.to_dict()))
         s.say(f"  {label}: {r.images_per_s:,.0f} images/s" if r.ok else f"  {label}: {r.reason}")
     return True

@@ -104,3 +104,10 @@ def interrupted_reason(owner: dict[str, Any] | None) -> str:
     since = f", started {time.strftime('%Y-%m-%d %H:%M', time.localtime(when))}" if when else ""
     return (f"interrupted: the search process (pid {pid}{since}) ended during this trial "
             "(killed or crashed); the configuration was not measured")
+
+
+def silent_reason(owner: dict[str, Any] | None, grace: float) -> str:
+    host = (owner or {}).get("host", "?")
+    pid = (owner or {}).get("pid", "?")
+    return (f"interrupted: its host {host} (pid {pid}) sent no heartbeat for more than "
+            f"{grace:g} s (killed, crashed or cut off); the configuration is measured again")

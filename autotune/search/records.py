@@ -47,6 +47,9 @@ class TrialRecord:
     # What the monitor saw in the window (autotune.monitor.figures): the verdict's evidence.
     system_figures: dict[str, Any] | None = None
     per_rank: list[dict[str, Any]] | None = None   # procs_per_node > 1: each rank's figures
+    # Who measured it (autotune.search.shared.host_info): figures compare within one class
+    # of hosts (CPU model, cores, storage class).
+    host: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -38,6 +38,9 @@ class SearchResult:
     # The baseline's configuration measured in the longer window (when it was confirmed).
     baseline_confirmed: TrialRecord | None = None
     dataset_format: str = "folder"
+    # This host, and every class of hosts that measured trials of the study (shared studies).
+    host: dict[str, Any] | None = None
+    hosts: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def iterable(self) -> bool:
@@ -91,6 +94,7 @@ class SearchResult:
                                                iterable=self.iterable) if rec else None,
             "trials": [t.to_dict() for t in self.trials],
             "confirmed": [t.to_dict() for t in self.confirmations],
+            "host": self.host, "hosts": self.hosts,
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
         }
@@ -107,7 +111,11 @@ def like_for_like_baseline(rec: TrialRecord, baseline: TrialRecord,
 
 def options_dict(opts: Any) -> dict[str, Any]:
     """The options as the result records them (no callables; the throttle by its limits)."""
+    from autotune.search.shared import redact
+
     options = {k: v for k, v in opts.__dict__.items() if k not in ("popen", "throttle")}
     options["throttled"] = repr(opts.throttle.limits) if opts.throttle is not None else None
     options["out"] = str(options["out"])
+    if options.get("storage"):
+        options["storage"] = redact(options["storage"])  # never the password
     return options

@@ -34,6 +34,10 @@ Progress = Callable[[str], None]
 MEASURED_STATES = ("complete", "failed", "rejected", "pruned")
 
 
+class _NoTrial:
+    number = None  # a claim not tied to a trial (the baseline)
+
+
 def _stored(d: dict[str, Any]) -> Any:
     """JSON-safe copy for a study attribute (the storage serialises it)."""
     return json.loads(json.dumps(d))
@@ -47,7 +51,10 @@ class Session:
     """
 
     def __init__(self, study: Any, root: Path, opts: Any, base: BenchConfig,
-                 overrides: dict[str, Any], out: Path, say: Progress, t0: float) -> None:
+                 overrides: dict[str, Any], out: Path, say: Progress, t0: float,
+                 shared: Any = None) -> None:
+        from autotune.search.shared import Claims, SharedStudy
+
         self.study, self.root, self.opts, self.base = study, root, opts, base
         self.overrides, self.out, self.say = overrides, out, say
         self.deadline = t0 + opts.timeout_s if opts.timeout_s else None
@@ -56,18 +63,28 @@ class Session:
         self.fmt = "folder"
         self.max_mem = 0.0
         self.cuda = False
+        # Other hosts' trials, claims, heartbeats; this host (its class keys the ceilings,
+        # the baseline and what counts as measured: figures compare within one class).
+        self.shared: SharedStudy = shared or SharedStudy(
+            None, "sqlite://", Claims(), root, int(getattr(opts, "heartbeat_grace", 60)))
+
+    def _attr(self, what: str) -> str:
+        """A study attribute of this class of hosts ("ceilings:1a2b3c4d")."""
+        return f"{what}:{self.shared.host_key}"
 
     # -- setting up --------------------------------------------------------------------
 
     def check_fingerprint(self, fp: dict[str, Any], name: str, url: str) -> None:
         old = self.study.user_attrs.get("fingerprint")
+        attrs = self.study.user_attrs
         measured = bool(self.study.trials) or any(
-            k == "baseline" or k.startswith(CONFIRMED) for k in self.study.user_attrs)
+            k.startswith(("baseline:", CONFIRMED)) and v for k, v in attrs.items())
         if old is not None and old != fp and not measured:
             # Nothing measured (a search refused up front, or stopped in its probe): the
             # new settings take the study over, and its ceilings are measured again.
-            self.study.set_user_attr("ceilings", None)
-            self.study.set_user_attr("probe", None)
+            for k in attrs:
+                if k.startswith(("ceilings:", "probe:")):
+                    self.study.set_user_attr(k, None)
         elif old is not None and old != fp:
             diff = ", ".join(f"{k}: {old.get(k)!r} -> {v!r}" for k, v in fp.items()
                              if old.get(k) != v)
@@ -85,18 +102,19 @@ class Session:
         self.fmt = ("factory" if self.base.dataset_factory
                     else registry.resolve(self.root, self.opts.format))
         attrs = self.study.user_attrs
-        if attrs.get("ceilings"):
-            self.ceilings = Ceilings.from_dict(attrs["ceilings"])
+        if attrs.get(self._attr("ceilings")):
+            self.ceilings = Ceilings.from_dict(attrs[self._attr("ceilings")])
             # The probe too: a resumed search gives the same evidence and format advice.
-            self.ceilings.probe = attrs.get("probe")
-            self.say("resuming: ceilings and probe from the study")
+            self.ceilings.probe = attrs.get(self._attr("probe"))
+            self.say("resuming: ceilings and probe from the study (measured on a host like "
+                     "this one)")
         else:
             throttle = self.opts.throttle
             with throttle.joined() if throttle is not None else contextlib.nullcontext():
                 self.ceilings = measure_ceilings()
-            self.study.set_user_attr("ceilings", _stored(self.ceilings.to_dict()))
+            self.study.set_user_attr(self._attr("ceilings"), _stored(self.ceilings.to_dict()))
             if self.ceilings.probe is not None:
-                self.study.set_user_attr("probe", _stored(self.ceilings.probe))
+                self.study.set_user_attr(self._attr("probe"), _stored(self.ceilings.probe))
                 (self.out / "probe.json").write_text(json.dumps(self.ceilings.probe, indent=1))
         # The workers are per rank: each rank's share of the node's cores (more only where
         # the storage probe shows latency to hide).
@@ -208,6 +226,7 @@ class Session:
                       timeline=self.out / "timelines" / f"{label}.jsonl",
                       progress=lambda m: self.say(f"{label}: {m}"), on_tick=on_tick)
         rec = TrialRecord.from_bench(-1, params, r.to_dict())
+        rec.host = dict(self.shared.host)
         if rec.ok and rec.memory_mib > self.max_mem:
             rec.state = "rejected"
             rec.reason = (f"peak memory {rec.memory_mib:,.0f} MiB (RSS of the loader tree + "
@@ -241,39 +260,101 @@ class Session:
         if not self.opts.baseline:
             return None
         assert self.ceilings is not None
-        if "baseline" in self.study.user_attrs:
-            b = TrialRecord.from_dict(self.study.user_attrs["baseline"])
+        if self._attr("baseline") in self.study.user_attrs:
+            b = TrialRecord.from_dict(self.study.user_attrs[self._attr("baseline")])
+        elif not self._claim_baseline():
+            return None  # another host of this class measures it: read at the end
         else:
             bp = rec_mod.baseline_params(self.cores_per_rank, self.cuda)
             self.say(f"baseline (rule of thumb): {bp}")
             b = self.bench(bp, "baseline")
             b.number = -1
-            self.study.set_user_attr("baseline", _stored(b.to_dict()))
+            self.study.set_user_attr(self._attr("baseline"), _stored(b.to_dict()))
         if b.ok:
             self.revise(b)
         return b
 
+    def _claim_baseline(self) -> bool:
+        """On a shared study one host of a class measures the baseline; False when another
+        (alive) does. A holder on this host whose process died is replaced."""
+        from autotune.search.shared import _alive_here
+
+        name = self._attr("baseline-claim")
+        for _ in range(2):
+            held = self.shared.claims.claim(name, self.shared.holder(_NoTrial))
+            if held is None:
+                return True
+            if _alive_here(held):
+                self.say(f"baseline: measured by {held.get('hostname')} (pid {held.get('pid')})")
+                return False
+            self.shared.claims.release(name)
+        return False
+
+    def stored_baseline(self) -> TrialRecord | None:
+        """The baseline another host of this class stored (a shared study), if any."""
+        d = self.study.user_attrs.get(self._attr("baseline")) if self.opts.baseline else None
+        if d is None:
+            try:  # the attributes were read when the study was loaded: read them again
+                import optuna
+
+                d = optuna.load_study(study_name=self.study.study_name,
+                                      storage=self.study._storage).user_attrs.get(
+                                          self._attr("baseline"))
+            except Exception:  # noqa: BLE001 - keep the search's result without it
+                d = None
+        return TrialRecord.from_dict(d) if d else None
+
     def reclaim_orphans(self, exclusive: bool) -> None:
-        """Trials a search that died left RUNNING: marked interrupted (measured again)."""
+        """Trials a search that died left RUNNING (its process is gone from this host, or
+        its host has sent no heartbeat for the grace period): marked interrupted, their
+        configuration released to be measured again."""
         import optuna
+        from optuna.exceptions import UpdateFinishedTrialError
         from optuna.trial import TrialState
 
-        for t in guard.orphaned_trials(self.study, exclusive=exclusive):
-            params = t.user_attrs.get("params") or self.space.from_optuna(dict(t.params))  # type: ignore[union-attr]
-            rec = TrialRecord(t.number, params, "interrupted",
-                              reason=guard.interrupted_reason(t.user_attrs.get("owner")))
-            optuna.trial.Trial(self.study, t._trial_id).set_user_attr("record", rec.to_dict())
-            self.study.tell(t.number, state=TrialState.FAIL)
+        stale = {t.number: t for t in self.shared.heartbeats.stale(self.study)}
+        dead = {t.number: t for t in guard.orphaned_trials(self.study, exclusive=exclusive)}
+        for number, t in sorted({**dead, **stale}.items()):
+            owner = t.user_attrs.get("owner")
+            reason = guard.interrupted_reason(owner)
+            if number in stale and number not in dead:
+                reason = guard.silent_reason(owner, self.shared.grace)
+            rec = TrialRecord(t.number, dict(t.user_attrs.get("params") or t.params),
+                              "interrupted", reason=reason, host=t.user_attrs.get("host"))
+            try:
+                optuna.trial.Trial(self.study, t._trial_id).set_user_attr("record", rec.to_dict())
+                self.study.tell(t.number, state=TrialState.FAIL)
+            except (UpdateFinishedTrialError, RuntimeError, ValueError):
+                continue  # another host reclaimed it first, or it finished meanwhile
+            claim = t.user_attrs.get("claim")
+            if claim:
+                self.shared.claims.release(claim, t.number)
             self.say(f"trial {t.number}: {rec.reason}")
 
     def measured(self) -> dict[tuple, TrialRecord]:
-        """Configuration -> its record, for every configuration the study measured."""
+        """Configuration -> its record, for every configuration the study measured on a
+        host of this class (this host, or one with the same CPU model, cores and storage
+        class)."""
         out: dict[tuple, TrialRecord] = {}
-        for t in self.study.trials:
+        for t in self.study.get_trials(deepcopy=False):
             d = t.user_attrs.get("record")
-            if d and d.get("state") in MEASURED_STATES:
+            if d and d.get("state") in MEASURED_STATES and self.shared.same_class(d.get("host")):
                 out.setdefault(config_key(d["params"]), TrialRecord.from_dict(d))
         return out
+
+    def running_elsewhere(self) -> int:
+        """Trials other search processes are measuring now (they count in the budget)."""
+        import os
+
+        from optuna.trial import TrialState
+
+        n = 0
+        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.user_attrs.get("owner") or {}
+            if t.user_attrs.get("claim") and owner.get("pid") != os.getpid() \
+                    and self.shared.same_class(t.user_attrs.get("host")):
+                n += 1
+        return n
 
     def timed_out(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline

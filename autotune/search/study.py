@@ -15,14 +15,15 @@ import hashlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune.bench.config import BenchConfig
-from autotune.errors import AutotuneError, UsageError
-from autotune.search import guard
+from autotune.errors import UsageError
+from autotune.search import guard, shared
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult
@@ -73,6 +74,9 @@ class SearchOptions:
     # An active IoThrottle: the storage probe runs under it, and each trial joins it once
     # torch is imported (libraries stay on local disk, as a job's do; see run_bench).
     throttle: Any = None
+    # A study shared by several hosts (a server database or journal:PATH): a trial whose
+    # host sends no heartbeat for this many seconds is interrupted and measured again.
+    heartbeat_grace: int = 60
 
     def validate(self) -> SearchOptions:
         if self.trials < 1:
@@ -93,6 +97,9 @@ class SearchOptions:
             raise UsageError(f"confirm_seconds must be positive, but got {self.confirm_seconds:g}.")
         if self.max_memory_mib is not None and self.max_memory_mib <= 0:
             raise UsageError(f"max_memory must be positive, but got {self.max_memory_mib:g} MiB.")
+        if int(self.heartbeat_grace) != self.heartbeat_grace or self.heartbeat_grace < 2:
+            raise UsageError(f"heartbeat_grace must be a whole number of seconds, at least 2, but "
+                             f"got {self.heartbeat_grace}.", setting="heartbeat_grace")
         return self
 
 
@@ -118,16 +125,6 @@ def procs_per_node(given: int | None) -> int:
 def default_study_name(dataset: Path, preset: str) -> str:
     h = hashlib.sha1(str(dataset).encode()).hexdigest()[:8]
     return f"{dataset.name or 'dataset'}-{preset}-{h}"
-
-
-def _storage(url: str) -> Any:
-    import optuna
-
-    if url.startswith("sqlite:///"):
-        # SQLite serialises writers; a generous busy timeout lets a second search process
-        # on the same file wait its turn instead of failing with "database is locked".
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return url
 
 
 def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
@@ -192,8 +189,6 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     if not root.exists():
         raise UsageError(f"{root}: no such file or directory.")
     out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "timelines").mkdir(exist_ok=True)
     overrides = {"compute_ms": opts.compute_ms, "step": opts.step, "batch_size": opts.batch_size,
                  "seconds": opts.seconds, "warmup_batches": opts.warmup_batches,
                  "cold": opts.cold, "format": opts.format, "seed": opts.seed,
@@ -206,9 +201,13 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
         factory.check(base.dataset_factory)  # a missing file or function: exit 2, now
     name = opts.study or default_study_name(root, opts.preset)
     url = opts.storage or f"sqlite:///{(out / 'study.db').absolute()}"
+    shared_url = shared.is_shared(url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # constant_liar: TPE treats configurations running on other hosts as measured (badly),
+    # so hosts sharing a study are not all sent to the same promising point.
     sampler = (optuna.samplers.RandomSampler(seed=opts.seed) if opts.grid else
-               optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=4))
+               optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=4,
+                                          constant_liar=shared_url))
     pruner: Any = optuna.pruners.NopPruner()
     if opts.prune_below is not None and not opts.grid:
         from autotune.search.pruning import BestFractionPruner
@@ -218,30 +217,43 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     db = guard.sqlite_path(url)
     with contextlib.ExitStack() as held:
         if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
             held.enter_context(guard.StudyFileLock(db))
+        # The storage first: an unreachable server stops the search before anything is
+        # written locally (no --out, no search.json that would look like a result).
+        storage = shared.open_storage(url, int(opts.heartbeat_grace))
         try:
-            study = optuna.create_study(study_name=name, storage=_storage(url),
+            study = optuna.create_study(study_name=name, storage=storage,
                                         direction="maximize", sampler=sampler, pruner=pruner,
                                         load_if_exists=True)
         except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors: say which storage
-            raise AutotuneError(f"cannot open Optuna storage {url} ({type(e).__name__}: {e}); "
-                                "check the URL, or use a server database (PostgreSQL, MySQL) "
-                                "when several machines share one study.") from e
+            raise shared.unreachable(url, e) from e
+        claims = shared.claims_for(storage, url, study)
+        if shared_url:
+            host_claim = shared.claim_host(claims, name, url)
+            held.callback(claims.release, host_claim)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "timelines").mkdir(exist_ok=True)
+        # Optuna warns that heartbeats are meant for optimize(); this loop sends its own.
+        held.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=".*[Hh]eartbeat.*")
         return _run_study(study, root, name, url, opts, base, overrides, out, say, t0,
-                          exclusive=db is not None)
+                          exclusive=db is not None,
+                          shared_study=shared.SharedStudy(storage, url, claims, root,
+                                                          int(opts.heartbeat_grace)))
 
 
 def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                base: BenchConfig, overrides: dict[str, Any], out: Path, say: Progress,
-               t0: float, *, exclusive: bool) -> SearchResult:
+               t0: float, *, exclusive: bool, shared_study: Any) -> SearchResult:
     """Ceilings and space, the baseline, the trials, the confirmations, the result."""
     from autotune.search.conclude import conclude, write_outputs
     from autotune.search.confirm import confirm
     from autotune.search.session import Session
     from autotune.search.trials import run_trials
 
-    s = Session(study, root, opts, base, overrides, out, say, t0)
-    s.check_fingerprint(_fingerprint(root, opts, base), name, url)
+    s = Session(study, root, opts, base, overrides, out, say, t0, shared=shared_study)
+    s.check_fingerprint(_fingerprint(root, opts, base), name, shared.redact(url))
     s.prepare(lambda: _measure_ceilings(root, opts, base, say), _cuda())
     baseline: TrialRecord | None = None
     try:
@@ -255,7 +267,11 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                 stop_reason = "timeout (while confirming)"
     except KeyboardInterrupt:
         stop_reason = "interrupted (Ctrl-C): results so far"
-    res = conclude(s, name, url, baseline, stop_reason, time.monotonic() - t0)
+    if baseline is None and opts.baseline:
+        baseline = s.stored_baseline()  # measured by another host of this class
+        if baseline is not None and baseline.ok:
+            s.revise(baseline)
+    res = conclude(s, name, shared.redact(url), baseline, stop_reason, time.monotonic() - t0)
     write_outputs(res)
     return res
 

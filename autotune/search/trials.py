@@ -9,6 +9,7 @@ from typing import Any
 
 from autotune.params import config_key
 from autotune.search import guard
+from autotune.search import shared as shared_mod
 from autotune.search.records import TrialRecord
 from autotune.search.session import CEILING_TOLERANCE, Session, _stored
 
@@ -16,43 +17,81 @@ MAX_DUPLICATES = 40  # TPE proposing only measured points this often: the space 
 
 
 def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
-    """Measure until the budget is spent; returns why the loop stopped."""
+    """Measure until the budget is spent; returns why the loop stopped.
+
+    `--trials N` is the study's total: on a study other hosts share, what they measured
+    and are measuring counts too (`measured` is refreshed from the study before each
+    trial), a configuration claimed by another host's running trial is skipped, and a
+    trial whose host went silent is reclaimed (interrupted, measured again)."""
     opts = s.opts
-    budget = _enqueue_grid(s, measured) if opts.grid else max(0, opts.trials - len(measured))
-    if budget == 0 and not opts.grid:
-        return "trials (already measured)"
+    shared = s.shared.enabled
+    budget = _enqueue_grid(s, measured) if opts.grid else opts.trials
     runs = dupes = 0
     rng = random.Random(opts.seed)
-    while runs < budget:
+    while True:
+        if shared:
+            s.reclaim_orphans(exclusive=False)
+            measured.clear()
+            measured.update(s.measured())
+        if opts.grid:
+            if runs >= budget:
+                return "grid complete"
+        elif opts.trials - len(measured) - (s.running_elsewhere() if shared else 0) <= 0:
+            return "trials" if runs else "trials (already measured)"
         if s.timed_out():
             return "timeout"
         trial = s.study.ask()
         trial.set_user_attr("owner", guard.owner_tag())
+        trial.set_user_attr("host", s.shared.host)
+        s.shared.heartbeats.beat(trial)  # from the start: a silent trial can be reclaimed
         params = s.space.suggest(trial)  # type: ignore[union-attr]
-        trial.set_user_attr("params", params)
-        prev = measured.get(config_key(params))
+        trial.set_user_attr("params", params)  # whole, for its record if it is reclaimed
+        key = config_key(params)
+        prev = measured.get(key)
         if prev is None and (why := s.unfit(params)):
-            # One cold pass cannot hold its measurement: failed without measuring, not a
+            # One cold pass cannot hold its measurement: skipped without measuring, not a
             # trial of the budget; the next one an unmeasured point that fits.
             dupes += 1
-            _answer_unfit(s, trial, params, why, measured)
+            _answer_unfit(s, trial, params, why)
             if not _enqueue_unmeasured(s, measured, rng) or dupes > MAX_DUPLICATES:
                 return "space exhausted"
             continue
-        if prev is not None:
-            # Answered from the study; not a trial of the budget. Ask again, and make the
-            # next one an unmeasured point of the space (TPE would keep proposing this).
+        claim = shared_mod.config_claim(s.shared.host_key, key)
+        held = None if prev is not None else s.shared.claims.claim(claim, s.shared.holder(trial))
+        if prev is not None or held is not None:
+            # Answered from the study (or measured elsewhere now); not a trial of the
+            # budget. Ask again, and make the next one an unmeasured point of the space
+            # (TPE would keep proposing this).
             dupes += 1
-            _answer_duplicate(s, trial, prev)
+            if prev is not None:
+                _answer_duplicate(s, trial, prev)
+            else:
+                _answer_taken(s, trial, params, held)  # type: ignore[arg-type]
             if not _enqueue_unmeasured(s, measured, rng) or dupes > MAX_DUPLICATES:
                 return "space exhausted"
             continue
+        trial.set_user_attr("claim", claim)
         runs += 1
-        rec = _measure(s, trial, params, measured, f"trial {runs} of {budget}")
+        which = (f"trial {runs} of {budget}" if opts.grid else
+                 f"trial {len(measured) + 1} of {opts.trials}" + (" (study total)" if shared else ""))
+        with s.shared.heartbeats.during(trial):
+            rec = _measure(s, trial, params, measured, which, claim)
         stop = _at_ceiling(s, rec)
         if stop:
             return stop
-    return "grid complete" if opts.grid else "trials"
+
+
+def _answer_taken(s: Session, trial: Any, params: dict[str, Any], held: dict[str, Any]) -> None:
+    """A configuration another search process is measuring now: skipped, not measured."""
+    from optuna.trial import TrialState
+
+    rec = TrialRecord(trial.number, params, "skipped", host=s.shared.host,
+                      duplicate_of=held.get("trial"),
+                      reason=(f"skipped: {held.get('hostname', '?')} (pid {held.get('pid', '?')}) "
+                              f"measures this configuration in trial {held.get('trial', '?')}"))
+    trial.set_user_attr("record", rec.to_dict())
+    s.study.tell(trial, state=TrialState.FAIL)
+    s.say(f"trial {trial.number}: {rec.reason}")
 
 
 def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
@@ -74,15 +113,13 @@ def _enqueue_grid(s: Session, measured: dict[tuple, TrialRecord]) -> int:
     return len(todo)
 
 
-def _answer_unfit(s: Session, trial: Any, params: dict[str, Any], why: str,
-                  measured: dict[tuple, TrialRecord]) -> None:
+def _answer_unfit(s: Session, trial: Any, params: dict[str, Any], why: str) -> None:
     from optuna.trial import TrialState
 
-    rec = TrialRecord(trial.number, params, "failed", reason=why,
+    rec = TrialRecord(trial.number, params, "skipped", host=s.shared.host, reason=why,
                       hint="a smaller batch size, --warm, or a larger dataset")
     trial.set_user_attr("record", _stored(rec.to_dict()))
     s.study.tell(trial, state=TrialState.FAIL)
-    measured[config_key(params)] = rec
 
 
 def _answer_duplicate(s: Session, trial: Any, prev: TrialRecord) -> None:
@@ -100,7 +137,8 @@ def _answer_duplicate(s: Session, trial: Any, prev: TrialRecord) -> None:
 
 
 def _measure(s: Session, trial: Any, params: dict[str, Any],
-             measured: dict[tuple, TrialRecord], which: str) -> TrialRecord:
+             measured: dict[tuple, TrialRecord], which: str, claim: str) -> TrialRecord:
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     best = max((r.images_per_s for r in measured.values() if r.ok), default=None)
@@ -109,26 +147,41 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
     try:
         rec = s.bench(params, f"trial-{trial.number:03d}", trial)
     except KeyboardInterrupt:
-        rec = TrialRecord(trial.number, params, "interrupted",
+        rec = TrialRecord(trial.number, params, "interrupted", host=s.shared.host,
                           reason="interrupted (Ctrl-C); measured again on resume")
-        trial.set_user_attr("record", rec.to_dict())
-        s.study.tell(trial, state=TrialState.FAIL)
+        try:
+            trial.set_user_attr("record", rec.to_dict())
+            s.study.tell(trial, state=TrialState.FAIL)
+        finally:
+            s.shared.claims.release(claim, trial.number)
         raise
     except Exception as e:  # noqa: BLE001 - a bug of ours: the trial never stays RUNNING
         rec = TrialRecord(trial.number, params, "failed",
                           reason=f"internal error: {type(e).__name__}: {e}",
                           hint="a bug in autotune: rerun with --debug and report the traceback")
     rec.number = trial.number
-    trial.set_user_attr("record", _stored(rec.to_dict()))
+    try:
+        trial.set_user_attr("record", _stored(rec.to_dict()))
+        if rec.ok:
+            s.study.tell(trial, rec.images_per_s)
+        elif rec.state == "pruned":
+            s.study.tell(trial, state=TrialState.PRUNED)
+        else:
+            s.study.tell(trial, state=TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        # Another host declared this trial interrupted (no heartbeat within the grace
+        # period) and released its configuration: these figures are not kept, so that no
+        # configuration counts as measured twice.
+        rec.state, rec.reason = "interrupted", (
+            f"declared interrupted by another host (no heartbeat for {s.shared.grace} s) "
+            "while it was measured; its figures were discarded")
+        s.say(f"trial {trial.number}: {rec.reason}")
+        return rec
     measured[config_key(params)] = rec
     if rec.ok:
-        s.study.tell(trial, rec.images_per_s)
         s.revise(rec)
     elif rec.state == "pruned":
         s.say(f"{which.split(' of ')[0]}: {rec.reason}")
-        s.study.tell(trial, state=TrialState.PRUNED)
-    else:
-        s.study.tell(trial, state=TrialState.FAIL)
     return rec
 
 

@@ -7,20 +7,28 @@
         ds.set_epoch(epoch)                 # as DistributedSampler.set_epoch
         for images, labels in loader: ...
 
-Pipeline (webdataset stages): SimpleShardList shuffled with a seed shared by every rank and
-worker (seed, epoch) -> split_by_node (rank) -> split_by_worker (DataLoader worker) ->
+Pipeline (webdataset stages): this rank's shards (converters.wds.split: by node first,
+then by local rank, the same every epoch, so that `autotune stage --node-rank R --nnodes
+N` can copy to each node just what its ranks read) -> SimpleShardList shuffled with a seed
+shared by the rank's workers (seed, epoch, rank) -> split_by_worker (DataLoader worker) ->
 autotune's checked tar expansion -> webdataset's shuffle buffer (seeded per rank, worker
-and epoch) -> map to (transform(bytes), label). Shuffling the shard list before splitting
-with one shared seed makes the split a partition: every sample is read exactly once per
-epoch across all ranks and workers. Rank and world size come from RANK/WORLD_SIZE or
-torch.distributed, as webdataset reads them, or from `rank=`/`world_size=`.
+and epoch) -> map to (transform(bytes), label). Each split is a partition: every sample is
+read at most once per epoch across all ranks and workers (exactly once with one rank, or
+equalize=False). Rank and world size come from
+RANK/WORLD_SIZE or torch.distributed, as webdataset reads them, or from
+`rank=`/`world_size=`; ranks per node from LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE or
+`local_world_size=`.
+
+A copy staged for one node (DST/node.json, written by `autotune stage --node-rank`) holds
+only that node's shards: it is read by the ranks of that node, and a rank of another node
+is told which node to stage instead.
 
 Equal ranks: with more than one rank, every rank reads the same number of samples per
 epoch, so that DDP's collectives (one all_reduce per step) never wait forever for a rank
 that has run out. Shards hold slightly different counts; from the manifest's per-shard
 counts each DataLoader worker gets a quota, the same on every rank for the same worker
 index (min over ranks of what that worker's shards hold), and stops there: the
-remainder (the tail of the last shards, a different one each epoch) is dropped, and
+remainder (the tail of some shards, a different one each epoch) is dropped, and
 said once (a warning from rank 0's first worker, once per process: with non-persistent
 DataLoader workers, once an epoch). Per-worker equality is what makes the batch counts
 equal: equal totals split differently over workers can still give a rank one batch
@@ -51,6 +59,7 @@ import torch.utils.data
 
 from converters.manifest import Manifest, read_manifest
 from converters.source import SampleError, SampleSource
+from converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
 from converters.wds.tarfmt import ShardFormatError, iter_members
 
 _SAID: set[Any] = set()  # equalizations already warned about in this process
@@ -76,10 +85,16 @@ class WdsSource(SampleSource):
         super().__init__(root)
         self.manifest = manifest or read_manifest(self.root, expect_format="wds")
         self.shards = [(self.root / s["file"], int(s["samples"])) for s in self.manifest.shards]
-        missing = [str(p) for p, _ in self.shards if not p.is_file()]
+        self.staged_node = read_staged_node(self.root)  # (node, nnodes) of a node's copy
+        held = self.shards if self.staged_node is None else node_shards(self.shards,
+                                                                        *self.staged_node)
+        missing = [str(p) for p, _ in held if not p.is_file()]
         if missing:
-            raise SampleError(f"{missing[0]}: missing ({len(missing)} of {len(self.shards)} "
-                              "shards listed in manifest.json); copy or convert again.")
+            raise SampleError(f"{missing[0]}: missing ({len(missing)} of {len(held)} "
+                              "shards listed in manifest.json"
+                              + (f" for node {self.staged_node[0]} of {self.staged_node[1]}"
+                                 if self.staged_node else "")
+                              + "); copy or convert again.")
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -125,14 +140,16 @@ class WdsSource(SampleSource):
 
     def dataset(self, transform: Callable[[bytes], Any] | None = None, *, shuffle: bool = True,
                 shuffle_buffer: int = 1000, seed: int = 0, rank: int | None = None,
-                world_size: int | None = None, equalize: bool = True,
-                num_workers: int | None = None) -> WdsDataset:
+                world_size: int | None = None, local_world_size: int | None = None,
+                equalize: bool = True, num_workers: int | None = None) -> WdsDataset:
         """An IterableDataset of (transform(image bytes), label); bytes when no transform.
 
-        shuffle: shard order (seed, epoch) and a sample buffer of `shuffle_buffer`;
-            False reads shards and samples in stored order (already seeded-shuffled once
-            at conversion).
+        shuffle: the order of this rank's shards (seed, epoch) and a sample buffer of
+            `shuffle_buffer`; False reads shards and samples in stored order (already
+            seeded-shuffled once at conversion).
         rank, world_size: override RANK/WORLD_SIZE / torch.distributed.
+        local_world_size: ranks per node (default LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE,
+            else 1): shards are split by node first, then by local rank.
         equalize: with several ranks, the same number of samples on every rank (and for
             each worker index), the remainder dropped (see the module doc).
         num_workers: the DataLoader's, for an exact `len()` when ranks are equalized
@@ -140,8 +157,9 @@ class WdsSource(SampleSource):
         """
         return WdsDataset(self.shards, transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                           seed=seed, rank=rank, world_size=world_size,
-                          num_classes=len(self.classes), equalize=equalize,
-                          num_workers=num_workers)
+                          num_classes=len(self.classes), local_world_size=local_world_size,
+                          staged_node=self.staged_node, root=str(self.root),
+                          equalize=equalize, num_workers=num_workers)
 
 
 class WdsDataset(torch.utils.data.IterableDataset):
@@ -149,9 +167,13 @@ class WdsDataset(torch.utils.data.IterableDataset):
 
     def __init__(self, shards: list[tuple[Path, int]], transform: Callable[[bytes], Any] | None,
                  *, shuffle: bool, shuffle_buffer: int, seed: int, rank: int | None,
-                 world_size: int | None, num_classes: int, equalize: bool = True,
-                 num_workers: int | None = None) -> None:
+                 world_size: int | None, num_classes: int, local_world_size: int | None = None,
+                 staged_node: tuple[int, int] | None = None, root: str = "",
+                 equalize: bool = True, num_workers: int | None = None) -> None:
         super().__init__()
+        self.local_world_size = local_world_size
+        self.staged_node = staged_node
+        self.root = root
         self.equalize = equalize
         self.num_workers = num_workers
         self.shards = [(str(p), n) for p, n in shards]
@@ -178,27 +200,41 @@ class WdsDataset(torch.utils.data.IterableDataset):
         rank, world, _, _ = pytorch_worker_info()
         return rank, world
 
-    def _shard_order(self, epoch: int) -> list[tuple[str, int]]:
-        order = list(self.shards)
-        if self.shuffle:
-            random.Random(_seed(self.seed, epoch)).shuffle(order)  # as SimpleShardList does
-        return order
+    def _local_world(self) -> int:
+        return self.local_world_size or local_world_size()
 
     def rank_shards(self, epoch: int | None = None) -> list[tuple[str, int]]:
-        """The (shard, samples) this rank reads in `epoch` (default: the next one)."""
+        """The (shard, samples) this rank reads in `epoch` (default: the next one), in the
+        order it reads them: the set is the same every epoch, the order is not."""
         epoch = self.epoch + self._iters if epoch is None else epoch
         rank, world = self._node()
-        return self._shard_order(epoch)[rank::world]
+        return self._rank_order(epoch, rank, world)
+
+    def _rank_order(self, epoch: int, rank: int, world: int) -> list[tuple[str, int]]:
+        mine = rank_shards(self.shards, rank, world, self._local_world())
+        if self.shuffle:  # the permutation _ShardList makes of the same list's URLs
+            random.Random(_seed(self.seed, epoch, rank)).shuffle(mine)
+        return mine
+
+    def _check_staged(self, rank: int, world: int) -> None:
+        if self.staged_node is None:
+            return
+        node, nnodes, _ = placement(rank, world, self._local_world())
+        if (node, nnodes) != tuple(self.staged_node):
+            raise SampleError(
+                f"{self.root}: holds the shards of node {self.staged_node[0]} of "
+                f"{self.staged_node[1]} (autotune stage --node-rank {self.staged_node[0]} "
+                f"--nnodes {self.staged_node[1]}), but rank {rank} of {world} is on node {node} "
+                f"of {nnodes}: stage with --node-rank {node} --nnodes {nnodes} on this node.")
 
     def quotas(self, epoch: int, world: int, num_workers: int) -> list[int] | None:
         """Samples each worker index reads per rank in `epoch` (the same on every rank),
         or None when nothing is equalized (one rank, or equalize=False)."""
         if world <= 1 or not self.equalize:
             return None
-        order = self._shard_order(epoch)
         w = max(1, num_workers)
-        return [min(sum(n for _, n in order[r::world][k::w]) for r in range(world))
-                for k in range(w)]
+        orders = [self._rank_order(epoch, r, world) for r in range(world)]
+        return [min(sum(n for _, n in o[k::w]) for o in orders) for k in range(w)]
 
     def __len__(self) -> int:
         epoch = self.epoch + self._iters
@@ -212,13 +248,12 @@ class WdsDataset(torch.utils.data.IterableDataset):
         epoch = self.epoch + self._iters
         self._iters += 1
         rank, world = self._node()
+        self._check_staged(rank, world)
         _, _, worker, num_workers = wds.utils.pytorch_worker_info()
         counts = dict(self.shards)
+        mine = [u for u, _ in rank_shards(self.shards, rank, world, self._local_world())]
         stages: list[Any] = [
-            wds.SimpleShardList([u for u, _ in self.shards],
-                                seed=_seed(self.seed, epoch) if self.shuffle else None),
-            (lambda src: islice(src, rank, None, world)) if self.rank is not None
-            and self.world_size is not None else wds.split_by_node,
+            _ShardList(mine, _seed(self.seed, epoch, rank) if self.shuffle else None),
             wds.split_by_worker,
             lambda src: _expand(src, counts, self.num_classes),
         ]
@@ -261,6 +296,34 @@ class WdsDataset(torch.utils.data.IterableDataset):
             raise SampleError(f"{sample['__url__']} key {sample['__key__']} ({sample['path']}): "
                               f"cannot decode ({type(e).__name__}: {e}); fix the source image "
                               "and convert again") from None
+
+
+class _ShardList(torch.utils.data.IterableDataset):
+    """This rank's shard URLs as webdataset's SimpleShardList yields them (shuffled with
+    `seed`), also when the rank has none."""
+
+    def __init__(self, urls: list[str], seed: int | None) -> None:
+        super().__init__()
+        self.urls, self.seed = list(urls), seed
+
+    def __iter__(self) -> Iterator[dict[str, str]]:
+        urls = list(self.urls)
+        if self.seed is not None:
+            random.Random(self.seed).shuffle(urls)
+        for u in urls:
+            yield {"url": u}
+
+
+def read_staged_node(root: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(node rank, nnodes) of a copy staged for one node (DST/node.json), else None."""
+    p = Path(root) / NODE_FILE
+    try:
+        d = json.loads(p.read_text())
+        return int(d["node_rank"]), int(d["nnodes"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SampleError(f"{p}: unreadable ({e}); stage the node again.") from None
 
 
 def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int],

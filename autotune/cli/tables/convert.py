@@ -19,7 +19,18 @@ def convert_summary(res: Any) -> Group:
     t.add_column("what")
     t.add_column("value", justify="right")
     unit = registry.get(res.format).writer_class().output_noun
-    t.add_row("samples", f"{res.samples:,} in {res.classes:,} classes")
+    ranked = getattr(res, "rank", None) is not None and not res.finalized
+    if getattr(res, "world_size", None) and res.world_size > 1 or ranked:
+        who = f"rank {res.rank} of {res.world_size}" if res.rank is not None \
+            else f"finalize ({res.world_size} ranks)"
+        t.add_row("ranks", who)
+        t.add_row("manifest.json", "published" if res.finalized else
+                  "not yet: waiting for rank(s) " + ", ".join(map(str, res.waiting_for[:10]))
+                  + " (the last rank to finish, or --finalize, publishes it)")
+    if getattr(res, "engine", "local") != "local":
+        t.add_row("engine", res.engine)
+    t.add_row("samples" + (" (this rank's units)" if ranked else ""),
+              f"{res.samples:,} in {res.classes:,} classes")
     t.add_row("skipped", f"{len(res.skipped):,}")
     for kind, n in sorted(res.skipped_by_kind.items(), key=lambda kv: -kv[1]):
         t.add_row(f"  {kind}", f"{n:,}")

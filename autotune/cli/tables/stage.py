@@ -20,6 +20,9 @@ def stage_renderable(d: dict[str, Any]) -> Group:
                           f"already verified, {d['bytes_copied'] / 2**20:,.1f} MiB in "
                           f"{d['seconds']:.1f} s = {d['mib_per_s']:,.1f} MiB/s{vs}; verify "
                           f"{d['verify']}", style="bold"))
+    if d.get("node_rank") is not None:
+        parts.append(Text(f"  the copy for node {d['node_rank']} of {d['nnodes']}: the shards its "
+                          "ranks read (node.json says so)"))
     for f in d["failures"]:
         parts.append(Text(f"  {f['file']}: {f['reason']}", style="red"))
     if not d["verify_only"] and d["failures"]:
