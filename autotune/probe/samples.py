@@ -58,8 +58,11 @@ class SampleReplay:
 def _streams(source: Any, c: int, seed: int) -> list[Callable[[], Any]]:
     """One iterator factory per reader thread, over (bytes, label) samples."""
     if source.iterable:
+        # Every sample once (no equal-ranks remainder dropped, no node split from the
+        # launcher's environment): the readers are threads of one process.
         return [lambda k=k: iter(source.dataset(None, shuffle=False, seed=seed, rank=k,
-                                                world_size=c)) for k in range(c)]
+                                                world_size=c, equalize=False,
+                                                local_world_size=1)) for k in range(c)]
     order = list(range(len(source)))
     random.Random(seed).shuffle(order)
     lock = threading.Lock()

@@ -66,5 +66,7 @@ def test_progress_bar_on_a_terminal_shows_rates_and_eta(img_src, work_dir):
                        cwd=__import__("pathlib").Path(__file__).resolve().parents[2])
     out = log.read_bytes().decode(errors="replace")
     assert r.returncode == 0, out[-2000:]
-    assert "converting" in out and "img/s" in out and "MB/s" in out and "ETA" in out
+    # A fast run can be past its last unit by the bar's first refresh: then "publishing".
+    assert ("converting" in out or "publishing" in out), out[-2000:]
+    assert "img/s" in out and "MB/s" in out and "ETA" in out
     assert "Traceback" not in out

@@ -56,13 +56,15 @@ def test_each_node_gets_the_shards_its_ranks_read_and_nothing_else(wds_src, tmp_
     assert not set(p.name for p in copies[0].glob("*.tar")) & \
         set(p.name for p in copies[1].glob("*.tar"))
 
-    # every rank reads its node's copy; every sample once per epoch; the same shards every epoch
+    # every rank reads its node's copy; every sample once per epoch (equalize=False: all of
+    # them); the same shards every epoch; by default the same count on every rank
     for epoch in (0, 1):
         seen: Counter = Counter()
+        counts = set()
         for rank in range(world):
             src = WdsSource(copies[rank // per_node])
             ds = src.dataset(None, seed=3, rank=rank, world_size=world,
-                             local_world_size=per_node)
+                             local_world_size=per_node, equalize=False)
             ds.set_epoch(epoch)
             shards = {Path(u).name for u, _ in ds.rank_shards()}
             ds.set_epoch(0)
@@ -71,7 +73,11 @@ def test_each_node_gets_the_shards_its_ranks_read_and_nothing_else(wds_src, tmp_
             got = [data for data, _ in ds]
             assert len(got) == len(ds)
             seen.update(got)
+            eq = src.dataset(None, seed=3, rank=rank, world_size=world, local_world_size=per_node)
+            eq.set_epoch(epoch)
+            counts.add(sum(1 for _ in eq))
         assert sum(seen.values()) == manifest["num_samples"] and set(seen.values()) == {1}
+        assert len(counts) == 1, counts
 
 
 def test_a_rank_of_another_node_is_told_which_node_to_stage(wds_src, tmp_path):
