@@ -48,8 +48,9 @@ class LoopResult:
         if r is None:
             return None
         d = r.to_dict()
-        return {k: d[k] for k in ("dataset", "recommended", "best", "baseline", "baseline_confirmed",
-                                  "verdict", "ceilings", "gain_vs_baseline", "report_html")}
+        return {k: d[k] for k in ("dataset", "cold", "cold_reason", "recommended", "best",
+                                  "baseline", "baseline_confirmed", "verdict", "ceilings",
+                                  "gain_vs_baseline", "report_html")}
 
     @property
     def start(self) -> TrialRecord | None:

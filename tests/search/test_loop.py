@@ -55,6 +55,8 @@ def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir
         for k in ("before", "after", "converted", "staged", "commands", "recommended", "trials"):
             assert k in d, k
         assert len(d["commands"]) == 4
+        # Both sides say whether they were cold: the staged copy is on a real disk.
+        assert d["before"]["cold"] is True and d["after"]["cold"] is True, d["after"]["cold_reason"]
         html = (tmp_path / "out" / "report.html").read_text()
         assert "before:" in html and "after:" in html
     finally:
