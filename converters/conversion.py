@@ -307,10 +307,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     except OSError as e:
         raise _os_error(e, dstp, run) from e
     finally:
-        if plan is not None:
-            plan.close()
-        if wd.tmp.is_dir():
-            wd.clear_tmp()
+        close_run(plan, wd)
         wd.unlock()
     wd.remove()
     res = _complete_result(dstp, m)
@@ -412,6 +409,15 @@ def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any
 
 
 # -- running the units --------------------------------------------------------------------
+
+def close_run(plan: Any, wd: WorkDir) -> None:
+    """The end of a run, however it ends: the plan's files closed, no partial output left
+    in the work directory's tmp/ (redone on resume, never reused)."""
+    if plan is not None:
+        plan.close()
+    if wd.tmp.is_dir():
+        wd.clear_tmp()
+
 
 def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
                  progress: Progress | None, t0: float, run: RunState,

@@ -147,10 +147,7 @@ def convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root
             res.waiting_for = [] if res.finalized else _ranks_missing(wd, plan, world)
         return res
     finally:
-        if plan is not None:
-            plan.close()
-        if wd.tmp.is_dir():
-            wd.clear_tmp()
+        conversion.close_run(plan, wd)
         lock.release()
 
 

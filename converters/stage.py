@@ -318,6 +318,27 @@ def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | 
                        node_rank=node[0] if node else None, nnodes=node[1] if node else None)
 
 
+def _publish(s: Path, d: Path, manifest: Any, state: _State,
+             want_node: tuple[int, int] | None, entries: list[FileEntry]) -> None:
+    """Which copy this is (node.json), then the manifest, last: it means complete."""
+    from converters.wds.split import NODE_FILE
+
+    if want_node is not None:
+        write_text_atomic(d / NODE_FILE, json.dumps(
+            {"node_rank": want_node[0], "nnodes": want_node[1],
+             "shards": [e.name for e in entries]}, indent=1))
+    elif (d / NODE_FILE).exists():
+        (d / NODE_FILE).unlink()  # now the whole dataset
+    if manifest is not None:
+        body = (s / MANIFEST).read_text()  # byte for byte: it may be checksummed too
+    else:
+        body = json.dumps({"version": 1, "format": "folder", "staged_from": str(s),
+                           "shards": [{"file": n, "bytes": v[0], "sha256": v[2]}
+                                      for n, v in sorted(state.done.items())]}, indent=1)
+    write_text_atomic(d / MANIFEST, body)
+    fsync_dir(d)
+
+
 def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: int = 4,
           verify: str = "sha256", progress: Progress | None = None,
           on_file: Callable[[str], None] | None = None,
@@ -342,8 +363,6 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
     want_node = (node_rank, nnodes) if node_rank is not None else None
     d.mkdir(parents=True, exist_ok=True)
     with _lock(d):
-        from converters.wds.split import NODE_FILE
-
         if (d / MANIFEST).exists() and _staged_node(d) != want_node:
             (d / MANIFEST).unlink()  # complete for another node (or whole): not for this one
         tmpdir = d / WORK / "tmp"
@@ -394,24 +413,9 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
             raise
         finally:
             state.save()
-        wrote_manifest = False
-        if not failures:
-            if want_node is not None:  # which copy this is, before the manifest says complete
-                write_text_atomic(d / NODE_FILE, json.dumps(
-                    {"node_rank": node_rank, "nnodes": nnodes,
-                     "shards": [e.name for e in entries]}, indent=1))
-            elif (d / NODE_FILE).exists():
-                (d / NODE_FILE).unlink()  # now the whole dataset
-            mp = d / MANIFEST
-            if manifest is not None:
-                body = (s / MANIFEST).read_text()  # byte for byte: it may be checksummed too
-            else:
-                body = json.dumps({"version": 1, "format": "folder", "staged_from": str(s),
-                                   "shards": [{"file": n, "bytes": v[0], "sha256": v[2]}
-                                              for n, v in sorted(state.done.items())]}, indent=1)
-            write_text_atomic(mp, body)
-            fsync_dir(d)
-            wrote_manifest = True
+        wrote_manifest = not failures
+        if wrote_manifest:
+            _publish(s, d, manifest, state, want_node, entries)
         shutil.rmtree(tmpdir, ignore_errors=True)
     return StageResult(str(s), str(d), len(entries), len(todo) - len(failures),
                        len(entries) - len(todo), copied_bytes, time.monotonic() - t0, verify,

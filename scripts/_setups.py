@@ -81,3 +81,30 @@ def config_label(params: dict | None) -> str:
     from autotune.params import label
 
     return label(params) if params else "-"
+
+
+def expect_line(p: Any, word: str, kind: str) -> None:
+    """A reading child's next line must be `word` (READY, FIRST); else it failed, and its
+    stderr says why."""
+    line = p.stdout.readline()
+    if line.strip() != word:
+        p.kill()
+        raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-3000:]}")
+
+
+def go(p: Any) -> None:
+    """Let a reading child past its handshake."""
+    p.stdin.write("GO\n")
+    p.stdin.flush()
+
+
+def start_reader(p: Any, cap: Any, kind: str) -> tuple[Any, Any]:
+    """Through a reading child's handshake: (the cgroup's I/O counters before its first
+    batch, at its first batch); the child then reads its window."""
+    expect_line(p, "READY", kind)
+    before = cap.stats()
+    go(p)
+    expect_line(p, "FIRST", kind)
+    first = cap.stats()
+    go(p)
+    return before, first

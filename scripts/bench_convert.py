@@ -35,6 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _setups import start_reader  # noqa: E402  (scripts/, beside this file)
+
 PY = sys.executable
 
 
@@ -168,19 +171,6 @@ def _shardwriter(src: Path, dst: Path) -> dict:
              "seconds": d["seconds_synced"], **base}]
 
 
-def _expect(p: subprocess.Popen, word: str, kind: str) -> None:
-    """The reading child's next line must be `word` (READY, FIRST); else it failed."""
-    line = p.stdout.readline()
-    if line.strip() != word:
-        p.kill()
-        raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-2000:]}")
-
-
-def _go(p: subprocess.Popen) -> None:
-    p.stdin.write("GO\n")
-    p.stdin.flush()
-
-
 def _read(kind: str, path: Path, iops: int | None, seconds: float,
           cold: str = "drop_caches") -> dict:
     from autotune.emulate import IoThrottle
@@ -201,12 +191,7 @@ def _read(kind: str, path: Path, iops: int | None, seconds: float,
         p = cap.popen([PY, __file__, "_read", kind, str(path), str(seconds)],
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       text=True, cwd=ROOT)
-        _expect(p, "READY", kind)
-        s0 = cap.stats()
-        _go(p)
-        _expect(p, "FIRST", kind)
-        sf = cap.stats()
-        _go(p)
+        s0, sf = start_reader(p, cap, kind)
         out, err = p.communicate(timeout=seconds * 10 + 300)
         s1 = cap.stats()
     if p.returncode != 0:

@@ -52,6 +52,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from _setups import start_reader  # noqa: E402  (scripts/, beside this file)
+
 PY = sys.executable
 SHARD_BYTES = 64 << 20
 
@@ -410,19 +413,6 @@ def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: i
     return rows
 
 
-def _expect(p: subprocess.Popen, word: str, kind: str) -> None:
-    """The reader's handshake line, or its stderr as the reason it failed."""
-    line = p.stdout.readline()
-    if line.strip() != word:
-        p.kill()
-        raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-3000:]}")
-
-
-def _go(p: subprocess.Popen) -> None:
-    p.stdin.write("GO\n")
-    p.stdin.flush()
-
-
 def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
           files: list[Path]) -> dict[str, Any]:
     from autotune.emulate import IoThrottle
@@ -438,12 +428,7 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
                        str(a.batch), str(a.workers)], stdin=subprocess.PIPE,
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                       env={**os.environ, "PYTHONPATH": str(ROOT)})
-        _expect(p, "READY", kind)
-        s0 = cap.stats()
-        _go(p)
-        _expect(p, "FIRST", kind)
-        s1 = cap.stats()
-        _go(p)
+        s0, s1 = start_reader(p, cap, kind)
         out, err = p.communicate(timeout=a.read_seconds * 10 + 600)
         s2 = cap.stats()
     if p.returncode != 0:

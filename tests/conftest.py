@@ -85,13 +85,19 @@ def tiny_shm():
     return popen
 
 
-def measurement_processes() -> list[psutil.Process]:
+def measurement_processes(search_pid: int | None = None) -> list[psutil.Process]:
     """Live descendants of this test process that run the bench child (or its workers,
-    which are forks of it and share its command line)."""
+    which are forks of it and share its command line); with `search_pid`, the bench
+    processes that search process started (their spec lives in a scratch directory named
+    after it), wherever they were reparented."""
+    if search_pid is not None:
+        tag, procs = f"autotune-bench-{search_pid}-", psutil.process_iter()
+    else:
+        tag, procs = "autotune.bench.child", psutil.Process().children(recursive=True)
     out = []
-    for p in psutil.Process().children(recursive=True):
+    for p in procs:
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "autotune.bench.child" in " ".join(p.cmdline()):
+            if p.status() != psutil.STATUS_ZOMBIE and tag in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             continue

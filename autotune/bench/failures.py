@@ -53,66 +53,103 @@ def _fmt_mib(n: float | None) -> str:
     return "?" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
+@dataclass
+class _Seen:
+    """What the child reported, read once for every rule."""
+
+    etype: str
+    msg: str
+    phase: str
+    text: str
+    original: str     # the worker's own exception line, when a worker raised
+    in_worker: bool
+    shm_note: str
+    err: dict[str, Any]
+    ctx: dict[str, Any]
+
+    @property
+    def first(self) -> str:
+        return (self.original or self.msg).splitlines()[0][:300] if (self.original or self.msg) else ""
+
+
 def classify_error(err: dict[str, Any], ctx: dict[str, Any]) -> Failure:
-    """The failure for an exception the child caught and reported.
+    """The failure for an exception the child caught and reported: the first rule that
+    names it (the user's code, a resource, a worker), else a crash.
 
     ctx: nofile_limit, shm_used_bytes, shm_total_bytes, step, batch_timeout_s, workers.
     """
-    etype, msg, phase = err.get("type", ""), err.get("message", ""), err.get("phase", "")
-    tb = err.get("traceback", "")
+    msg, tb = err.get("message", ""), err.get("traceback", "")
     text = f"{msg}\n{tb}"
     in_worker = "in DataLoader worker process" in text
-    original = _worker_original(text) if in_worker else ""
     # The child's own view of /dev/shm when it reported one (a container may have its own).
     own = err.get("shm_total_bytes") is not None
     shm_used = err.get("shm_used_bytes") if own else ctx.get("shm_used_bytes")
     shm_total = err.get("shm_total_bytes") if own else ctx.get("shm_total_bytes")
-    shm_note = (f" (/dev/shm {'at the failure' if own else 'peak'}: {_fmt_mib(shm_used)} used "
-                f"of {_fmt_mib(shm_total)})" if shm_total else "")
+    seen = _Seen(err.get("type", ""), msg, err.get("phase", ""), text,
+                 _worker_original(text) if in_worker else "", in_worker,
+                 (f" (/dev/shm {'at the failure' if own else 'peak'}: {_fmt_mib(shm_used)} "
+                  f"used of {_fmt_mib(shm_total)})" if shm_total else ""), err, ctx)
+    for rule in (_users_code, _resources, _workers):
+        f = rule(seen)
+        if f is not None:
+            return f
+    return _otherwise(seen)
 
-    if etype == "RankFailed":
-        return Failure("rank", msg, "rerun with --procs-per-node 1 to see that rank's error in "
-                                    "one process")
-    if phase == "factory":
-        return Failure("factory", msg, "fix the dataset factory; run it once in Python with the "
-                                       "dataset path to see the full traceback")
-    if re.search(r"default_collate|batch must contain tensors|collate", text) and \
-            etype in ("TypeError", "RuntimeError") and ctx.get("factory"):
-        first = (original or msg).splitlines()[0][:300]
-        return Failure("collate", f"the samples of the dataset factory {ctx['factory']} cannot be "
-                                  f"batched: {first}",
+
+def _users_code(s: _Seen) -> Failure | None:
+    """A rank, the dataset factory, its samples, the step."""
+    if s.etype == "RankFailed":
+        return Failure("rank", s.msg, "rerun with --procs-per-node 1 to see that rank's error "
+                                      "in one process")
+    if s.phase == "factory":
+        return Failure("factory", s.msg, "fix the dataset factory; run it once in Python with "
+                                         "the dataset path to see the full traceback")
+    if re.search(r"default_collate|batch must contain tensors|collate", s.text) and \
+            s.etype in ("TypeError", "RuntimeError") and s.ctx.get("factory"):
+        return Failure("collate", f"the samples of the dataset factory {s.ctx['factory']} cannot "
+                                  f"be batched: {s.first}",
                        "return samples of tensors, numbers, dicts or lists of them, or a dict "
                        "with 'dataset' and a 'collate_fn' from the factory")
-    if phase == "step":
+    if s.phase == "step":
         return Failure("step_error",
-                       f"the training step {ctx.get('step')} raised {etype}: {msg}",
+                       f"the training step {s.ctx.get('step')} raised {s.etype}: {s.msg}",
                        "fix the step function (it is called with (images float32 [B,3,H,W], "
                        "labels [B])); rerun with the emulated step (--compute-ms) to measure "
                        "the loader alone")
-    if phase == "step-import":
-        return Failure("startup", f"cannot load the step {ctx.get('step')}: {etype}: {msg}",
+    if s.phase == "step-import":
+        return Failure("startup", f"cannot load the step {s.ctx.get('step')}: {s.etype}: {s.msg}",
                        "give --step as module:function importable from the current directory, "
                        "or as path/to/file.py:function")
+    return None
+
+
+def _resources(s: _Seen) -> Failure | None:
+    """/dev/shm, open files, the DataLoader's timeout."""
+    text = s.text
     if (re.search(r"No space left on device", text) and re.search(r"shm|torch_|shared memory", text)) \
             or re.search(r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)", text) \
             or "killed by signal: Bus error" in text or "out of shared memory" in text:
-        return Failure("shm", f"shared memory (/dev/shm) ran out{shm_note}: "
-                              f"{(original or msg).splitlines()[0][:300]}", SHM_HINT)
+        return Failure("shm", f"shared memory (/dev/shm) ran out{s.shm_note}: {s.first}", SHM_HINT)
     if "Too many open files" in text or "received 0 items of ancdata" in text \
-            or err.get("errno") == 24 or "[Errno 24]" in text:
-        lim = ctx.get("nofile_limit")
+            or s.err.get("errno") == 24 or "[Errno 24]" in text:
+        lim = s.ctx.get("nofile_limit")
         return Failure("open_files",
                        f"too many open files (limit {lim if lim else '?'}, `ulimit -n`): "
-                       f"{(original or msg).splitlines()[0][:300]}", FILES_HINT)
+                       f"{s.first}", FILES_HINT)
     m = re.search(r"DataLoader timed out after (\S+) seconds", text)
     if m:
         return Failure("timeout",
                        f"no batch arrived for {m.group(1)} s (DataLoader timeout) during "
-                       f"{phase}: a worker is hung or the storage stalled",
+                       f"{s.phase}: a worker is hung or the storage stalled",
                        "check the storage (a hung network mount? `cat /proc/diskstats`), and "
                        "the dataset code for a deadlock; raise --batch-timeout if a first cold "
                        "batch is legitimately that slow")
-    m = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)", text)
+    return None
+
+
+def _workers(s: _Seen) -> Failure | None:
+    """A worker killed, crashed, gone, or raising while it loaded a sample."""
+    m = re.search(r"DataLoader worker \(pid (\d+)\) is killed by signal: ([^.\n]+)", s.text)
     if m:
         pid, sig = m.group(1), m.group(2).strip()
         if sig.lower() == "killed":
@@ -127,30 +164,34 @@ def classify_error(err: dict[str, Any], ctx: dict[str, Any]) -> Failure:
                            "the Pillow/libjpeg build")
         return Failure("worker_crashed", f"DataLoader worker pid {pid} was killed by signal: {sig}",
                        "rerun with --workers 0 to see the error in the main process")
-    m = re.search(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", text)
+    m = re.search(r"DataLoader worker \(pid\(s\) ([\d, ]+)\) exited unexpectedly", s.text)
     if m:
         return Failure("worker_crashed",
                        f"DataLoader worker(s) pid {m.group(1)} exited unexpectedly (no Python "
                        "error: os._exit, a native crash, or a kill)",
                        "rerun with --workers 0 to see the error in the main process; if memory "
                        "is short, " + OOM_HINT)
-    if in_worker:
-        where = original or f"{etype}: {msg.splitlines()[0]}"
+    if s.in_worker:
+        where = s.original or f"{s.etype}: {s.msg.splitlines()[0]}"
         sample_hint = ("fix or remove the file named above and rerun"
                        if "SampleError" in where or "cannot decode" in where or "cannot read" in where
                        else "rerun with --workers 0 to get the full traceback in the main process")
         return Failure("worker_error", f"a DataLoader worker raised while loading a sample: {where}",
                        sample_hint)
-    if etype == "SampleError":
-        return Failure("worker_error", f"loading a sample failed: {msg}",
+    return None
+
+
+def _otherwise(s: _Seen) -> Failure:
+    if s.etype == "SampleError":
+        return Failure("worker_error", f"loading a sample failed: {s.msg}",
                        "fix or remove the file named above and rerun")
-    if phase in ("startup", "scan", "ready"):
-        return Failure("startup", f"the measurement could not start ({phase}): {etype}: {msg}",
-                       "check the dataset path and format (an image folder is "
-                       "DATASET/CLASS/IMAGE.jpg)")
-    if etype == "MemoryError":
-        return Failure("oom", f"out of memory in the measurement process: {msg}", OOM_HINT)
-    return Failure("crashed", f"the measurement failed during {phase}: {etype}: {msg}",
+    if s.phase in ("startup", "scan", "ready"):
+        return Failure("startup", f"the measurement could not start ({s.phase}): {s.etype}: "
+                                  f"{s.msg}", "check the dataset path and format (an image "
+                                              "folder is DATASET/CLASS/IMAGE.jpg)")
+    if s.etype == "MemoryError":
+        return Failure("oom", f"out of memory in the measurement process: {s.msg}", OOM_HINT)
+    return Failure("crashed", f"the measurement failed during {s.phase}: {s.etype}: {s.msg}",
                    "see process.log_tail in the JSON result; rerun with --workers 0 for the full traceback")
 
 

@@ -73,58 +73,59 @@ FIGURES = ("cpu_total_pct", "cpu_iowait_pct", "busiest_core_pct", "other_cores_p
          "disk_reads_per_s", "disk_read_mib_s", "gpu_util_pct")
 
 
+# Per monitor section: (its key, the figure's name) copied as they are when present.
+_PLAIN = {"proc": (("cpu_pct", "proc_cpu_pct"), ("processes", "proc_processes")),
+          "sched": (("wanted_pct", "sched_wanted_pct"), ("run_wait_pct", "sched_run_wait_pct"),
+                    ("procs_running", "procs_running")),
+          "disk": (("util_pct", "disk_util_pct"), ("r_await_ms", "disk_r_await_ms"),
+                   ("reads_per_s", "disk_reads_per_s"), ("read_mib_s", "disk_read_mib_s"))}
+
+
+def _section(rec: dict[str, Any], name: str, series: dict[str, list[float]],
+             unavailable: dict[str, str]) -> dict[str, Any] | None:
+    """A sample's section when it was measured (its plain figures added to the series);
+    None, with the reason kept, when the monitor could not measure it."""
+    sec = rec.get(name)
+    if not sec:
+        return None
+    if not sec.get("available"):
+        unavailable[name] = sec.get("reason", "")
+        return None
+    for key, fig in _PLAIN.get(name, ()):
+        if sec.get(key) is not None:
+            series[fig].append(float(sec[key]))
+    return sec
+
+
 def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: dict[str, str],
-             info: dict[str, Any]) -> None:
-    cpu = rec.get("cpu") or {}
-    if cpu.get("available"):
+            info: dict[str, Any]) -> None:
+    cpu = _section(rec, "cpu", series, unavailable) or {}
+    per = [float(x) for x in cpu.get("per_core_pct") or []]
+    if cpu:
         series["cpu_total_pct"].append(float(cpu["total_pct"]))
         series["cpu_iowait_pct"].append(float(cpu.get("iowait_pct", 0.0)))
-        per = [float(x) for x in cpu.get("per_core_pct") or []]
         if per:
             top = max(per)
             series["busiest_core_pct"].append(top)
             if len(per) > 1:
                 series["other_cores_pct"].append((sum(per) - top) / (len(per) - 1))
             info["cores"] = max(info.get("cores", 0), len(per))
-    elif cpu:
-        unavailable["cpu"] = cpu.get("reason", "")
-    proc = rec.get("proc")
-    if proc and proc.get("available"):
-        series["proc_cpu_pct"].append(float(proc["cpu_pct"]))
-        series["proc_processes"].append(float(proc["processes"]))
-    elif proc:
-        unavailable["proc"] = proc.get("reason", "")
-    sched = rec.get("sched")
-    if sched and sched.get("available"):
-        series["sched_wanted_pct"].append(float(sched["wanted_pct"]))
-        series["sched_run_wait_pct"].append(float(sched["run_wait_pct"]))
-        if sched.get("procs_running") is not None:
-            series["procs_running"].append(float(sched["procs_running"]))
-        ids = sched.get("cpus")
-        per = (cpu.get("per_core_pct") or []) if cpu.get("available") else []
-        if ids:
-            series["job_cpus"].append(float(len(ids)))
-            if per and max(ids) < len(per):
-                series["job_cpus_busy_pct"].append(sum(float(per[i]) for i in ids) / len(ids))
-    disk = rec.get("disk")
-    if disk and disk.get("available"):
+    _section(rec, "proc", series, unavailable)
+    sched = _section(rec, "sched", series, unavailable)
+    ids = (sched or {}).get("cpus")
+    if ids:
+        series["job_cpus"].append(float(len(ids)))
+        if per and max(ids) < len(per):
+            series["job_cpus_busy_pct"].append(sum(per[i] for i in ids) / len(ids))
+    disk = _section(rec, "disk", series, unavailable)
+    if disk is not None:
         info["disk_device"] = disk.get("device")
-        for key, name in (("util_pct", "disk_util_pct"), ("r_await_ms", "disk_r_await_ms"),
-                          ("reads_per_s", "disk_reads_per_s"),
-                          ("read_mib_s", "disk_read_mib_s")):
-            if disk.get(key) is not None:
-                series[name].append(float(disk[key]))
-    elif disk:
-        unavailable["disk"] = disk.get("reason", "")
-    gpu = rec.get("gpu")
-    if gpu and gpu.get("available"):
-        utils = [float(d["util_pct"]) for d in gpu.get("devices") or []
-                 if d.get("util_pct") is not None]
-        if utils:
-            series["gpu_util_pct"].append(sum(utils) / len(utils))
-            info["gpus"] = max(info.get("gpus", 0), len(utils))
-    elif gpu:
-        unavailable["gpu"] = gpu.get("reason", "")
+    gpu = _section(rec, "gpu", series, unavailable)
+    utils = [float(d["util_pct"]) for d in (gpu or {}).get("devices") or []
+             if d.get("util_pct") is not None]
+    if utils:
+        series["gpu_util_pct"].append(sum(utils) / len(utils))
+        info["gpus"] = max(info.get("gpus", 0), len(utils))
 
 
 def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: dict[str, Any],

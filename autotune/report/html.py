@@ -126,21 +126,8 @@ def _trial_name(rec: dict[str, Any]) -> str:
     return f"trial {n}" if isinstance(n, int) and n >= 0 else "the baseline"
 
 
-def search_section(d: dict[str, Any], title: str) -> str:
-    """One search's part of the report (the loop of a later issue puts two side by side)."""
-    trials = [t for t in d["trials"] if t["state"] not in ("duplicate", "skipped")]
-    here = (d.get("host") or {}).get("key")
-    # The charts compare figures: this host's class only (other hosts are listed below).
-    ok = [t for t in trials if t["state"] == "complete" and t["images_per_s"] is not None
-          and (here is None or (t.get("host") or {}).get("key", here) == here)]
-    ceil = d["ceilings"]
-    hl = [(k, ceil.get(k), c) for k, c in (("storage", "#d62728"), ("decode", "#9467bd"),
-                                           ("demand", "#2ca02c")) if ceil.get(k)]
-    base = d.get("baseline") or {}
-    # Against a confirmed recommendation, the baseline's confirmation (like against like).
-    cbase = (d.get("baseline_confirmed") if (d.get("recommended") or {}).get("window_s") else None) or base
-    if base.get("images_per_s"):
-        hl.append(("baseline", base["images_per_s"], "#7f7f7f"))
+def _trial_charts(ok: list[dict[str, Any]], hl: list[tuple[str, float, str]]) -> list[str]:
+    """The optimization history, images/s against num_workers, AU per trial."""
     hist_pts = [(t["number"], t["images_per_s"]) for t in ok]
     best_line, cur = [], None
     for x, y in sorted(hist_pts):
@@ -163,10 +150,14 @@ def search_section(d: dict[str, Any], title: str) -> str:
         charts.append(svg_chart([{"name": "AU", "points": au_pts}], title="AU per trial",
                                 xlabel="trial", ylabel="AU", bars=True,
                                 hlines=[("input-bound below", 0.9, "#d62728")]))
-    rec = d.get("recommended") or {}
+    return charts
+
+
+def _timeline_charts(rec: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
+    """The recommendation's own window (a confirmation's, when confirmed): CPU and disk."""
+    charts: list[str] = []
     rec_trial = next((t for t in trials if t["number"] == rec.get("trial")), None)
-    # The recommendation's own window (a confirmation's, when confirmed); the baseline is
-    # not in trials.
+    # The baseline is not in trials.
     tl = _timeline(rec.get("timeline_file") or (rec_trial or {}).get("timeline_file"))
     if tl:
         t0 = tl[0]["time"]
@@ -181,18 +172,45 @@ def search_section(d: dict[str, Any], title: str) -> str:
             charts.append(svg_chart([{"name": "disk reads/s", "points": rps, "mode": "line"}],
                                     title=f"Recommended, {_trial_name(rec)}: disk r/s",
                                     xlabel="seconds", ylabel="r/s", x_ticks=_sec_ticks(rps)))
-    v = d.get("verdict") or {}
-    cols = shown([t["params"] for t in d["trials"]])
-    hosts = d.get("hosts") or []
-    many = len(hosts) > 1 or any(len(g.get("hostnames") or []) > 1 for g in hosts)
+    return charts
+
+
+def _trials_table(trials: list[dict[str, Any]], cols: Any, hosts: list[dict[str, Any]],
+                  many: bool) -> str:
+    """Every trial; grouped by class of hosts (this host's first) where several measured:
+    figures compare only within a group."""
     order = {g.get("key"): i for i, g in enumerate(hosts)}
-    # Grouped by class of hosts (this host's first): figures compare only within a group.
-    listed = sorted(d["trials"], key=lambda t: (order.get((t.get("host") or {}).get("key"), -1),
-                                                t["number"])) if many else d["trials"]
+    listed = sorted(trials, key=lambda t: (order.get((t.get("host") or {}).get("key"), -1),
+                                           t["number"])) if many else trials
     rows = [[t["number"], *([(t.get("host") or {}).get("hostname", "")] if many else []),
              *cells(t["params"], cols), t["state"],
              _n(t["images_per_s"]), _n(t["au"], ".2f"), _n(t["data_wait_fraction"], ".2f"),
              _n(t["peak_rss_mib"]), t.get("reason") or ""] for t in listed]
+    return _table(rows, ["#", *(["host"] if many else []), *(c.column for c in cols), "state",
+                         "images/s", "AU", "data wait", "peak RSS MiB", "reason"])
+
+
+def search_section(d: dict[str, Any], title: str) -> str:
+    """One search's part of the report (the loop of a later issue puts two side by side)."""
+    trials = [t for t in d["trials"] if t["state"] not in ("duplicate", "skipped")]
+    here = (d.get("host") or {}).get("key")
+    # The charts compare figures: this host's class only (other hosts are listed below).
+    ok = [t for t in trials if t["state"] == "complete" and t["images_per_s"] is not None
+          and (here is None or (t.get("host") or {}).get("key", here) == here)]
+    ceil = d["ceilings"]
+    hl = [(k, ceil.get(k), c) for k, c in (("storage", "#d62728"), ("decode", "#9467bd"),
+                                           ("demand", "#2ca02c")) if ceil.get(k)]
+    base = d.get("baseline") or {}
+    # Against a confirmed recommendation, the baseline's confirmation (like against like).
+    cbase = (d.get("baseline_confirmed") if (d.get("recommended") or {}).get("window_s") else None) or base
+    if base.get("images_per_s"):
+        hl.append(("baseline", base["images_per_s"], "#7f7f7f"))
+    rec = d.get("recommended") or {}
+    charts = _trial_charts(ok, hl) + _timeline_charts(rec, trials)
+    v = d.get("verdict") or {}
+    cols = shown([t["params"] for t in d["trials"]])
+    hosts = d.get("hosts") or []
+    many = len(hosts) > 1 or any(len(g.get("hostnames") or []) > 1 for g in hosts)
     rank_text, rank_chart = _rank_part(rec)
     if rank_chart:
         charts.append(rank_chart)
@@ -215,8 +233,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
              "<div class='charts'>" + "".join(charts) + "</div>",
              *(_hosts_html(hosts, d.get("storage", "")) if many else []),
              "<h3>Trials</h3>",
-             _table(rows, ["#", *(["host"] if many else []), *(c.column for c in cols), "state",
-                           "images/s", "AU", "data wait", "peak RSS MiB", "reason"])]
+             _trials_table(d["trials"], cols, hosts, many)]
     if d.get("confirmed"):
         crow = [[c["number"], *cells(c["params"], cols),
                  _n(c.get("first_images_per_s")), _n(c.get("window_s"), "g"), c["state"],

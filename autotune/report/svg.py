@@ -115,6 +115,35 @@ def spread(wanted: list[float], lo: float, hi: float, step: float) -> list[float
     return out
 
 
+@dataclass
+class _Frame:
+    """The plot area inside the chart and its scales."""
+
+    width: float
+    height: float
+    pad_l: float
+    pad_r: float
+    pad_t: float
+    pad_b: float
+    xmin: float
+    xmax: float
+    ymax: float
+
+    @property
+    def pw(self) -> float:
+        return self.width - self.pad_l - self.pad_r
+
+    @property
+    def ph(self) -> float:
+        return self.height - self.pad_t - self.pad_b
+
+    def X(self, x: float) -> float:
+        return self.pad_l + (x - self.xmin) / (self.xmax - self.xmin) * self.pw
+
+    def Y(self, v: float) -> float:
+        return self.pad_t + self.ph - (v / self.ymax) * self.ph
+
+
 def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, ylabel: str,
               hlines: list[tuple[str, float, str]] | None = None, width: int = 560,
               height: int = 300, bars: bool = False, x_ticks: list[Any] | None = None) -> str:
@@ -130,30 +159,13 @@ def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, ylabel: 
     ymax = axis_top(max([top] + [v for _, v, _ in hl]) * 1.05)
     yticks = [ymax * i / 4 for i in range(5)]
     pad_l = max(48.0, max(text_width(fmt(v)) for v in yticks) + 30)
-    pad_r, pad_b = 16.0, 46.0
-    line_h = FONT * (ASCENT + DESCENT) + GAP
-
+    colors = [s.get("color") or PALETTE[k % len(PALETTE)] for k, s in enumerate(series)]
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="sans-serif" font-size="{FONT}">',
            _text(width / 2, 16, title, size=TITLE_FONT, anchor="middle",
                  extra=' font-weight="bold"')]
-    # Legend rows, then note rows, under the title: outside the plot, nothing to collide with.
-    y = 16 + DESCENT * TITLE_FONT + GAP + ASCENT * FONT
-    colors = [s.get("color") or PALETTE[k % len(PALETTE)] for k, s in enumerate(series)]
-    names = [str(s["name"]) for s in series]
-    for row in _rows([14 + text_width(n) for n in names], pad_l, width - pad_r):
-        for k, x in row:
-            out.append(f'<rect class="key" x="{x:.1f}" y="{y - 9:.1f}" width="10" height="10" '
-                       f'fill="{colors[k]}"/>' + _text(x + 14, y, names[k]))
-        y += line_h
-    notes = [f"off scale: {n} {fmt(v)}" for n, v in off]
-    for row in _rows([text_width(n) for n in notes], pad_l, width - pad_r):
-        for k, x in row:
-            out.append(_text(x, y, notes[k], extra=' fill="#888"'))
-        y += line_h
-    pad_t = y - ASCENT * FONT + 4
-    pw, ph = width - pad_l - pad_r, height - pad_t - pad_b
-
+    pad_t = _key_rows(out, [str(s["name"]) for s in series], colors,
+                      [f"off scale: {n} {fmt(v)}" for n, v in off], pad_l, width - 16.0)
     xmin, xmax = min(xs), max(xs)
     if bars:
         xmin, xmax = xmin - 0.6, xmax + 0.6
@@ -162,46 +174,76 @@ def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, ylabel: 
     elif x_ticks is None:   # points off the axes
         m = (xmax - xmin) * 0.05
         xmin, xmax = xmin - m, xmax + m
+    fr = _Frame(width, height, pad_l, 16.0, pad_t, 46.0, xmin, xmax, ymax)
+    _axes(out, fr, yticks, x_ticks if x_ticks is not None else sorted(set(xs)), xlabel, ylabel)
+    _ref_lines(out, fr, hl)
+    _marks(out, fr, series, colors, bars)
+    out.append("</svg>")
+    return "".join(out)
 
-    def X(x: float) -> float:
-        return pad_l + (x - xmin) / (xmax - xmin) * pw
 
-    def Y(v: float) -> float:
-        return pad_t + ph - (v / ymax) * ph
+def _key_rows(out: list[str], names: list[str], colors: list[str], notes: list[str],
+              left: float, right: float) -> float:
+    """Legend rows, then note rows, under the title: outside the plot, nothing to collide
+    with. Returns the plot's top."""
+    line_h = FONT * (ASCENT + DESCENT) + GAP
+    y = 16 + DESCENT * TITLE_FONT + GAP + ASCENT * FONT
+    for row in _rows([14 + text_width(n) for n in names], left, right):
+        for k, x in row:
+            out.append(f'<rect class="key" x="{x:.1f}" y="{y - 9:.1f}" width="10" height="10" '
+                       f'fill="{colors[k]}"/>' + _text(x + 14, y, names[k]))
+        y += line_h
+    for row in _rows([text_width(n) for n in notes], left, right):
+        for k, x in row:
+            out.append(_text(x, y, notes[k], extra=' fill="#888"'))
+        y += line_h
+    return y - ASCENT * FONT + 4
 
+
+def _axes(out: list[str], fr: _Frame, yticks: list[float], ticks: list[Any], xlabel: str,
+          ylabel: str) -> None:
+    X, Y, right, bottom = fr.X, fr.Y, fr.width - fr.pad_r, fr.pad_t + fr.ph
     for v in yticks:
-        out.append(f'<line x1="{pad_l:.1f}" x2="{width - pad_r:.1f}" y1="{Y(v):.1f}" '
+        out.append(f'<line x1="{fr.pad_l:.1f}" x2="{right:.1f}" y1="{Y(v):.1f}" '
                    f'y2="{Y(v):.1f}" stroke="#ddd"/>')
-        out.append(_text(pad_l - 6, Y(v) + 4, fmt(v), anchor="end"))
-    ticks = x_ticks if x_ticks is not None else sorted(set(xs))
+        out.append(_text(fr.pad_l - 6, Y(v) + 4, fmt(v), anchor="end"))
     if len(ticks) > 1:   # every k-th tick, so that neighbouring labels keep GAP * 3 apart
         widest = max(text_width(fmt(t)) for t in ticks)
         room = (X(ticks[-1]) - X(ticks[0])) / (len(ticks) - 1)
         ticks = ticks[::max(1, math.ceil((widest + 3 * GAP) / max(room, 1e-9)))]
     for xv in ticks:
-        out.append(_text(X(xv), pad_t + ph + 16, fmt(xv), anchor="middle"))
-    out.append(f'<line x1="{pad_l:.1f}" x2="{pad_l:.1f}" y1="{pad_t:.1f}" y2="{pad_t + ph:.1f}" stroke="#333"/>')
-    out.append(f'<line x1="{pad_l:.1f}" x2="{width - pad_r:.1f}" y1="{pad_t + ph:.1f}" '
-               f'y2="{pad_t + ph:.1f}" stroke="#333"/>')
-    out.append(_text(pad_l + pw / 2, height - 8, xlabel, anchor="middle"))
-    out.append(f'<text transform="translate(14,{pad_t + ph / 2:.1f}) rotate(-90)" x="0" y="0" '
-               f'font-size="{FONT}" text-anchor="middle">{html.escape(ylabel)}</text>')
+        out.append(_text(X(xv), bottom + 16, fmt(xv), anchor="middle"))
+    out.append(f'<line x1="{fr.pad_l:.1f}" x2="{fr.pad_l:.1f}" y1="{fr.pad_t:.1f}" '
+               f'y2="{bottom:.1f}" stroke="#333"/>')
+    out.append(f'<line x1="{fr.pad_l:.1f}" x2="{right:.1f}" y1="{bottom:.1f}" '
+               f'y2="{bottom:.1f}" stroke="#333"/>')
+    out.append(_text(fr.pad_l + fr.pw / 2, fr.height - 8, xlabel, anchor="middle"))
+    out.append(f'<text transform="translate(14,{fr.pad_t + fr.ph / 2:.1f}) rotate(-90)" x="0" '
+               f'y="0" font-size="{FONT}" text-anchor="middle">{html.escape(ylabel)}</text>')
 
-    # Reference lines; their labels above the line, pushed apart where two would touch.
-    wanted = [Y(v) - 3 for _, v, _ in hl]
-    ys = spread(wanted, pad_t + ASCENT * FONT + 1, pad_t + ph - DESCENT * FONT - 1, line_h)
+
+def _ref_lines(out: list[str], fr: _Frame, hl: list[tuple[str, float, str]]) -> None:
+    """Reference lines; their labels above the line, pushed apart where two would touch."""
+    line_h = FONT * (ASCENT + DESCENT) + GAP
+    right = fr.width - fr.pad_r
+    ys = spread([fr.Y(v) - 3 for _, v, _ in hl], fr.pad_t + ASCENT * FONT + 1,
+                fr.pad_t + fr.ph - DESCENT * FONT - 1, line_h)
     for (label, v, color), ly in zip(hl, ys):
-        out.append(f'<line class="ref" x1="{pad_l:.1f}" x2="{width - pad_r:.1f}" y1="{Y(v):.1f}" '
-                   f'y2="{Y(v):.1f}" stroke="{color}" stroke-dasharray="5,4"/>')
-        out.append(_text(width - pad_r - 2, ly, f"{label} {fmt(v)}", anchor="end",
+        out.append(f'<line class="ref" x1="{fr.pad_l:.1f}" x2="{right:.1f}" y1="{fr.Y(v):.1f}" '
+                   f'y2="{fr.Y(v):.1f}" stroke="{color}" stroke-dasharray="5,4"/>')
+        out.append(_text(right - 2, ly, f"{label} {fmt(v)}", anchor="end",
                          extra=f' fill="{color}"'))
 
+
+def _marks(out: list[str], fr: _Frame, series: list[dict[str, Any]], colors: list[str],
+           bars: bool) -> None:
+    X, Y = fr.X, fr.Y
     nser = max(1, len(series))
     for k, s in enumerate(series):
         color = colors[k]
         sp = [(x, v) for x, v in s["points"] if v is not None]
         if bars:
-            bw = pw / max(1, (xmax - xmin)) * 0.8 / nser
+            bw = fr.pw / max(1, (fr.xmax - fr.xmin)) * 0.8 / nser
             for x, v in sp:
                 x0 = X(x) - bw * nser / 2 + k * bw
                 out.append(f'<rect class="mark" x="{x0:.1f}" y="{Y(v):.1f}" width="{bw:.1f}" '
@@ -215,5 +257,3 @@ def svg_chart(series: list[dict[str, Any]], *, title: str, xlabel: str, ylabel: 
                 out.append(f'<circle class="mark" cx="{X(x):.1f}" cy="{Y(v):.1f}" r="4" '
                            f'fill="{color}" fill-opacity="0.8"><title>{fmt(x)}: {v:,.1f}</title>'
                            '</circle>')
-    out.append("</svg>")
-    return "".join(out)

@@ -195,6 +195,67 @@ _REGULAR = (b"0", b"\0")
 _USTAR = b"ustar\x0000"
 
 
+class _ChunkReader:
+    """The unread bytes of a file in one reused buffer, refilled by 1 MiB reads."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.buf = bytearray(_CHUNK)
+        self.mv = memoryview(self.buf)
+        self.start = self.end = 0  # unread bytes are buf[start:end]
+        self.consumed = 0          # file offset of buf[start]
+        self.eof = False
+
+    def fill(self, need: int) -> bool:
+        """At least `need` unread bytes in the buffer, unless the file ends first."""
+        if self.end - self.start >= need:
+            return True
+        if need > len(self.buf):  # a member larger than the buffer: a larger one
+            nb = bytearray(need)
+            nb[:self.end - self.start] = self.mv[self.start:self.end]
+            self.buf, self.mv = nb, memoryview(nb)
+            self.end -= self.start
+            self.start = 0
+        elif self.start:
+            self.mv[:self.end - self.start] = self.mv[self.start:self.end]
+            self.end -= self.start
+            self.start = 0
+        while self.end < need and not self.eof:
+            k = self.f.readinto(self.mv[self.end:])
+            if not k:
+                self.eof = True
+            else:
+                self.end += k
+        return self.end - self.start >= need
+
+    def take(self, n: int) -> bytes:
+        return bytes(self.mv[self.start:self.start + n])
+
+    def skip(self, n: int) -> None:
+        """Past `n` bytes, or to the end of what the file holds (the next read ends it)."""
+        got = min(n, self.end - self.start)
+        self.start += got
+        self.consumed += got
+
+
+def _fast_header(h: bytes, name: str, count: int) -> tuple[str, int] | None:
+    """(member name, size) of a header as autotune writes it (ustar, a regular file, a
+    short name, an octal size), its checksum verified; None for any other kind."""
+    if h[156:157] not in _REGULAR or h[257:265] != _USTAR or h[345] != 0 or h[124] & 0x80:
+        return None
+    stored = h[148:156].split(b"\0", 1)[0].strip()
+    try:
+        chk = int(stored or b"x", 8)
+        size = int(h[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+                               "(a header with a non-octal field)") from None
+    if chk != sum(h[:148]) + 256 + sum(h[156:]):
+        raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+                               "(bad header checksum)")
+    return h[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"), size
+
+
 def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes]]:
     """(key, suffix, data) of each member of a shard, in order, checked.
 
@@ -218,84 +279,40 @@ def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (OSError, AttributeError):
             pass
-        buf = bytearray(_CHUNK)
-        mv = memoryview(buf)
-        start = end = 0  # unread bytes are buf[start:end]
-        consumed = 0  # file offset of buf[start]
-        eof = False
-
-        def fill(need: int) -> bool:
-            """At least `need` unread bytes in the buffer, unless the file ends first."""
-            nonlocal buf, mv, start, end, eof
-            if end - start >= need:
-                return True
-            if need > len(buf):  # a member larger than the buffer: a larger one
-                nb = bytearray(need)
-                nb[:end - start] = mv[start:end]
-                buf, mv = nb, memoryview(nb)
-                end -= start
-                start = 0
-            elif start:
-                mv[:end - start] = mv[start:end]
-                end -= start
-                start = 0
-            while end < need and not eof:
-                k = f.readinto(mv[end:])
-                if not k:
-                    eof = True
-                else:
-                    end += k
-            return end - start >= need
-
+        r = _ChunkReader(f)
         try:
             while True:
-                if not fill(BLOCK):
+                if not r.fill(BLOCK):
                     if count == 0:
                         raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
                                                "(empty or shorter than one tar header)")
                     return  # as tarfile: the member count check names what is missing
-                h = bytes(mv[start:start + BLOCK])
+                h = r.take(BLOCK)
                 if h[0] == 0 and h == _ZEROS[:BLOCK]:
                     return  # end-of-archive blocks
-                if h[156:157] not in _REGULAR or h[257:265] != _USTAR \
-                        or h[345] != 0 or h[124] & 0x80:
+                parsed = _fast_header(h, name, count)
+                if parsed is None:
                     break  # not what autotune writes: tarfile takes it from here
-                stored = h[148:156].split(b"\0", 1)[0].strip()
-                try:
-                    chk = int(stored or b"x", 8)
-                    size = int(h[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
-                except ValueError:
-                    raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
-                                           "(a header with a non-octal field)") from None
-                if chk != sum(h[:148]) + 256 + sum(h[156:]):
-                    raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
-                                           "(bad header checksum)")
-                mname = h[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                mname, size = parsed
                 m = MEMBER_RE.match(mname)
                 if not m:
                     raise ShardFormatError(
                         f"{name}: member name {mname!r} is not KEY.EXT (a path, '..', an "
                         "absolute name or a dot in the key); refusing to read it")
-                start += BLOCK
-                consumed += BLOCK
-                padded = size + (-size % BLOCK)
-                if not fill(size):
+                r.skip(BLOCK)
+                if not r.fill(size):
                     raise ShardFormatError(
                         f"{name}: truncated or corrupt after {count} members (ReadError: member "
-                        f"{mname!r} has {end - start} of {size} bytes)")
-                data = bytes(mv[start:start + size])
-                got = min(padded, end - start)
-                start += got
-                consumed += got
-                if got < padded:  # the padding runs past the end: the next header read ends it
-                    start = end
+                        f"{mname!r} has {r.end - r.start} of {size} bytes)")
+                data = r.take(size)
+                r.skip(size + (-size % BLOCK))
                 count += 1
                 yield m.group(1), m.group(2), data
         except OSError as e:
             raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
                                    f"({type(e).__name__}: {e})") from None
         # The slow path, from the first header the fast one does not take.
-        f.seek(consumed)
+        f.seek(r.consumed)
         yield from _iter_tarfile(f, name, count)
 
 

@@ -10,11 +10,12 @@ import os
 import resource
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+from search_waits import wait_for
 
 TESTS = Path(__file__).parent
 pytestmark = [pytest.mark.slow]
@@ -33,20 +34,6 @@ def _cmd(ds: Path, out: Path, space: str, *extra: str) -> list[str]:
             "--no-fio", "--warm", "--confirm", "0", "--out", str(out), "--study", "faults", *extra]
 
 
-def _measurements_of(pid: int) -> list[psutil.Process]:
-    """Bench processes started by search process `pid` (their spec lives in a scratch dir
-    named after it), wherever they were reparented."""
-    tag = f"autotune-bench-{pid}-"
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and tag in " ".join(p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 def _study(out: Path):
     import optuna
 
@@ -54,16 +41,8 @@ def _study(out: Path):
     return optuna.load_study(study_name="faults", storage=f"sqlite:///{out / 'study.db'}")
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def test_too_few_file_descriptors_fail_one_trial_and_the_study_goes_on(small_dataset, tmp_path):
+def test_too_few_file_descriptors_fail_one_trial_and_the_study_goes_on(small_dataset, tmp_path,
+                                                                        live_measurements):
     # `ulimit -n 32` for the whole search: 4 workers cannot pass their batches (one fd per
     # shared tensor), the main process alone can (measured: 4 fails at 32, passes at 48).
     def limit() -> None:
@@ -80,11 +59,12 @@ def test_too_few_file_descriptors_fail_one_trial_and_the_study_goes_on(small_dat
     assert by_w[4]["state"] == "failed", by_w[4]
     assert "too many open files (limit 32" in by_w[4]["reason"] and "ulimit -n" in by_w[4]["hint"]
     assert by_w[0]["state"] == "complete" and d["recommended"]["state"] == "complete"
-    assert not _measurements_of(p.pid)  # the failed trial's workers went with it
+    assert not live_measurements(p.pid)  # the failed trial's workers went with it
 
 
 @pytest.mark.root
-def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_path, tiny_shm):
+def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_path, tiny_shm,
+                                                          live_measurements):
     from autotune.search import SearchOptions, run_search
 
     # Each trial in a private mount namespace whose /dev/shm holds 256 KiB.
@@ -97,10 +77,11 @@ def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_pat
     assert "--shm-size" in by_w[2].hint
     assert by_w[0].state == "complete" and r.recommended.params["num_workers"] == 0
     assert any("baseline failed" in w for w in r.warnings)  # 2 workers: same fate, said
-    assert not _measurements_of(os.getpid())
+    assert not live_measurements(os.getpid())
 
 
-def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dataset, tmp_path):
+def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dataset, tmp_path,
+                                                                        live_measurements):
     out = tmp_path / "out"
     space = str(TESTS / "space-tiny.yaml")
     a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2"),
@@ -115,13 +96,13 @@ def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dat
             running = _study(out).get_trials(states=(TrialState.RUNNING,))
         except Exception:  # noqa: BLE001 - the study is not created yet
             return False
-        return bool(running) and bool(_measurements_of(a.pid))
+        return bool(running) and bool(live_measurements(a.pid))
 
-    _wait(in_trial, 120, "the first trial's measurement")
-    kids = _measurements_of(a.pid)
+    wait_for(in_trial, 120, "the first trial's measurement")
+    kids = live_measurements(a.pid)
     a.kill()  # SIGKILL: no finally, no atexit
     a.wait()
-    _wait(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids),
+    wait_for(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids),
           15, "the killed search's measurement processes to go")
 
     b = subprocess.run(_cmd(small_dataset, out, space, "--trials", "2", "--json", "-"),
@@ -138,13 +119,13 @@ def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dat
                    for t in d["trials"] if t["state"] in ("complete", "duplicate")}
 
 
-def test_second_search_on_one_sqlite_file_is_refused_and_the_study_stays_whole(small_dataset,
-                                                                               tmp_path):
+def test_second_search_on_one_sqlite_file_is_refused_and_the_study_stays_whole(
+        small_dataset, tmp_path, live_measurements):
     out = tmp_path / "out"
     space = str(TESTS / "space-tiny.yaml")
     a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2"),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _wait(lambda: (out / "study.db.lock").exists() and bool(_measurements_of(a.pid)), 120,
+    wait_for(lambda: (out / "study.db.lock").exists() and bool(live_measurements(a.pid)), 120,
           "the first search to start measuring")
     # Same --out, and another --out naming the same file with --storage.
     for extra in ([], ["--storage", f"sqlite:///{out / 'study.db'}"]):

@@ -18,8 +18,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psutil
 import pytest
+
+from search_waits import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -111,34 +112,13 @@ def _study(url: str, name: str):
     return optuna.load_study(study_name=name, storage=with_driver(url))
 
 
-def _wait(cond, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
-def _bench_children(pid: int) -> list[psutil.Process]:
-    tag = f"autotune-bench-{pid}-"
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and tag in " ".join(p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            pass
-    return out
-
-
 def _search_pid(unshare: subprocess.Popen) -> int:
     """The search process inside `unshare ... exec` (unshare execs sh, which execs it)."""
     return unshare.pid
 
 
-def test_two_hosts_a_killed_host_and_a_resuming_host_share_one_study(pg, small_dataset, space,
-                                                                      tmp_path):
+def test_two_hosts_a_killed_host_and_a_resuming_host_share_one_study(
+        pg, small_dataset, space, tmp_path, live_measurements):
     study = "shared-4"
     pgpass = tmp_path / "pgpass"
     pgpass.write_text(f"127.0.0.1:{pg['port']}:{DB}:{USER}:{PASSWORD}\n")
@@ -150,7 +130,7 @@ def test_two_hosts_a_killed_host_and_a_resuming_host_share_one_study(pg, small_d
                 {"PGPASSWORD": PASSWORD})
 
     # one search per host per study: a second one named host-a is refused with a's pid
-    _wait(lambda: bool(_bench_children(a.pid)), 120, "host-a's first measurement")
+    wait_for(lambda: bool(live_measurements(a.pid)), 120, "host-a's first measurement")
     a2 = _search("host-a", small_dataset, tmp_path / "a2", pg["url"], space, study, 2)
     out2, err2 = a2.communicate(timeout=120)
     assert a2.returncode == 1, err2
@@ -177,9 +157,9 @@ def test_two_hosts_a_killed_host_and_a_resuming_host_share_one_study(pg, small_d
         running = [t for t in _study(pg["url"], study).get_trials(states=(TrialState.RUNNING,))
                    if t.user_attrs.get("owner", {}).get("host") == "host-c"
                    and t.user_attrs.get("claim")]
-        return bool(running) and bool(_bench_children(c.pid))
+        return bool(running) and bool(live_measurements(c.pid))
 
-    _wait(c_measuring, 180, "host-c's measurement")
+    wait_for(c_measuring, 180, "host-c's measurement")
     c.kill()
     c.communicate(timeout=30)
 

@@ -27,20 +27,12 @@ from autotune.errors import UsageError
 _KNOWN = {"data", "iter", "step", "epoch", "index", "total", "batch", "rate", "rank", "time"}
 
 
-def _to_float(s: str | None) -> float | None:
+def _num(s: str | None, kind: type = float) -> Any:
+    """The group as `kind` (float or int), None when the group did not match."""
     if s is None:
         return None
     try:
-        return float(s)
-    except ValueError:
-        raise Skip(BAD_NUMBER) from None
-
-
-def _to_int(s: str | None) -> int | None:
-    if s is None:
-        return None
-    try:
-        return int(s)
+        return kind(s)
     except ValueError:
         raise Skip(BAD_NUMBER) from None
 
@@ -112,11 +104,11 @@ class RegexParser(LogParser):
         if m is None:
             raise Skip(TRUNCATED if self.anchor_re is not None else "other output")
         g: dict[str, Any] = m.groupdict()
-        data, it, step = (_to_float(g.get(k)) for k in ("data", "iter", "step"))
+        data, it, step = (_num(g.get(k)) for k in ("data", "iter", "step"))
         data = None if data is None else data * self.scale
         it = None if it is None else it * self.scale
         step = None if step is None else step * self.scale
-        rate = _to_float(g.get("rate"))
+        rate = _num(g.get("rate"))
         if not finite(data, it, step, rate):
             raise Skip(BAD_NUMBER)
         end: float | None = None
@@ -127,9 +119,9 @@ class RegexParser(LogParser):
                 end = line_timestamp(g["time"])
         elif (ts := line_timestamp(piece)) is not None:
             end = ts
-        rec = StepRecord(data_s=data, iter_s=it, step_s=step, epoch=_to_int(g.get("epoch")),
-                         index=_to_int(g.get("index")), total=_to_int(g.get("total")),
-                         batch=_to_int(g.get("batch")), rate=rate, rank=_to_int(g.get("rank")),
+        rec = StepRecord(data_s=data, iter_s=it, step_s=step, epoch=_num(g.get("epoch"), int),
+                         index=_num(g.get("index"), int), total=_num(g.get("total"), int),
+                         batch=_num(g.get("batch"), int), rate=rate, rank=_num(g.get("rank"), int),
                          end_time=end, lineno=lineno)
         return rec.complete()
 
