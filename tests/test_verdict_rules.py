@@ -75,6 +75,21 @@ def test_loader_zero_workers_counts_only_the_loading_time():
     assert decide(inputs(0.2, system(cores=16, tree=80, total=10), workers=4)).bottleneck == "storage"
 
 
+def test_zero_workers_filling_the_cores_with_torch_threads_is_still_loader():
+    # Measured in tests/analyze/test_setups.py: num_workers=0 on 2 cores, the main
+    # process's tasks wanting 1.77 cores (intra-op threads) while the step waits 82 %.
+    s = system(cores=2, tree=164, wanted=177, run_wait=1, total=90, busiest=100, others=80,
+               rps=0, mib=0)
+    v = decide(inputs(0.18, s, workers=0))
+    assert v.bottleneck == "loader", v
+    assert any("intra-op" in e for e in v.evidence)
+    # A text log says nothing of num_workers: a one-process tree says the same.
+    s.proc_processes = {"median": 1.0, "p95": 1.0, "max": 1.0, "mean": 1.0, "n": 10}
+    assert decide(inputs(0.18, s)).bottleneck == "loader"
+    # The same CPU figures with workers loading are decode: they already overlap the step.
+    assert decide(inputs(0.18, s, workers=2)).bottleneck == "decode"
+
+
 def test_run_queue_wait_tells_contention_from_io():
     # One loader getting only 0.3 of a core on a saturated machine, but runnable the rest:
     # it wants CPU -> loader. Without run-queue figures this would be a guess.

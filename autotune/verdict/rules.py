@@ -227,6 +227,7 @@ class _Signals:
     others: float | None
     procs: int | None
     workers: Any
+    main_only: bool   # the main process loads (num_workers=0, or a one-process tree)
     wanted: float | None
     demand: float | None
     busy_lo: float | None
@@ -301,7 +302,10 @@ def _signals(inp: RuleInputs, ev: list[str]) -> _Signals:
     no_reads = s.disk_util_pct is not None and not reads
     return _Signals(
         cores=cores, tree_cores=tree_cores, total=total, busiest=busiest, others=others,
-        procs=procs, workers=workers, wanted=wanted, demand=demand, busy_lo=busy_lo,
+        procs=procs, workers=workers, main_only=workers == 0 or (
+            workers is None and s.proc_processes is not None
+            and round(s.proc_processes["median"]) == 1),
+        wanted=wanted, demand=demand, busy_lo=busy_lo,
         busy_hi=busy_hi, util=util, await_ms=await_ms, rps=rps, machine_sat=machine_sat,
         job_cpu_bound=job_cpu_bound,
         # Without run-queue figures a CPU-bound loader on a saturated machine shows only
@@ -373,10 +377,17 @@ def _at_ceiling(inp: RuleInputs, f: _Signals, ev: list[str],
 def _too_few_loaders(inp: RuleInputs, f: _Signals, ev: list[str],
                      cmd: dict[str, str]) -> Verdict | None:
     """Fewer loaders than cores, limited by CPU: more workers get the job more CPU (also on
-    a contended machine, where the scheduler shares per process)."""
-    if not (f.procs and f.cores and f.procs < f.cores and not f.job_cpu_bound
-            and (f.busy or f.cpu_starved)):
+    a contended machine, where the scheduler shares per process). With num_workers=0 this
+    holds even when the main process fills the cores: torch's intra-op threads spread its
+    decode over them, but loading and the step still take turns, and workers (one thread
+    each) overlap them; the CPU is judged again once they do."""
+    main_only = f.main_only
+    if not (f.procs and f.cores and f.procs < f.cores and (main_only or not f.job_cpu_bound)
+            and (f.busy or f.cpu_starved or (main_only and f.job_cpu_bound))):
         return None
+    if main_only and f.job_cpu_bound and f.demand is not None:
+        ev.append(f"the main process alone wants {f.demand:.1f} cores (torch's intra-op "
+                  "threads), yet loads only while the step waits: workers overlap the two")
     if f.pinned:
         ev.append(f"one core near 100 % ({f.busiest:.0f} %) while the other(s) idle "
                   f"({f.others:.0f} %)")
