@@ -224,9 +224,9 @@ def search_section(d: dict[str, Any], title: str) -> str:
              "<h3>Recommendation</h3>",
              f"<pre>{html.escape(d.get('snippet') or '-')}</pre>", _kwargs_line(d),
              f"<p>{_n(rec.get('images_per_s'))} images/s, AU {_n(rec.get('au'), '.2f')}"
-             + (f" (confirmed in a {rec['window_s']:g} s window)" if rec.get("window_s") else "")
+             + (f" (confirmed in a {rec['window_s']:.1f} s window)" if rec.get("window_s") else "")
              + f"; baseline (rule of thumb) {_n(cbase.get('images_per_s'))} images/s"
-             + (f" (its {cbase['window_s']:g} s window)" if cbase.get("window_s") else "")
+             + (f" (its {cbase['window_s']:.1f} s window)" if cbase.get("window_s") else "")
              + f"; gain {_n(d.get('gain_vs_baseline'), '.2f')}x. "
              f"Stopped: {html.escape(d.get('stop_reason', ''))}.</p>", rank_text,
              "<h3>Ceilings</h3><ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in ceil.get("evidence", [])) + "</ul>",
@@ -236,7 +236,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
              _trials_table(d["trials"], cols, hosts, many)]
     if d.get("confirmed"):
         crow = [[c["number"], *cells(c["params"], cols),
-                 _n(c.get("first_images_per_s")), _n(c.get("window_s"), "g"), c["state"],
+                 _n(c.get("first_images_per_s")), _n(c.get("window_s"), ".1f"), c["state"],
                  _n(c["images_per_s"]), _n(c["au"], ".2f")] for c in d["confirmed"]]
         parts += ["<h3>Confirmed: measured again in a longer window</h3>",
                   _table(crow, ["#", *(c.column for c in cols), "first images/s", "window s",

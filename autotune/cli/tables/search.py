@@ -59,7 +59,7 @@ def search_renderable(d: dict[str, Any]) -> Group:
         for c in conf:
             mark = " *" if c["number"] == rec_n else ""
             ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
-                       *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), "g"),
+                       *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), ".1f"),
                        fmt_rate(c["images_per_s"]) if c["state"] == "complete"
                        else f"{c['state']}: {(c.get('reason') or '')[:40]}", _f(c.get("au")))
         parts.append(ct)
@@ -78,7 +78,7 @@ def search_renderable(d: dict[str, Any]) -> Group:
             ("(the rule-of-thumb baseline: no trial beat it by more than 3 %): " if rec["trial"] == -1
              else f"(trial {rec['trial']}, the cheapest within 3 % of the best): "),
             f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
-            f" (confirmed in a {rec['window_s']:g} s window)" if rec.get("window_s") else "",
+            f" (confirmed in a {rec['window_s']:.1f} s window)" if rec.get("window_s") else "",
             f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
         parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))
         parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
