@@ -339,15 +339,9 @@ def _publish(s: Path, d: Path, manifest: Any, state: _State,
     fsync_dir(d)
 
 
-def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: int = 4,
-          verify: str = "sha256", progress: Progress | None = None,
-          on_file: Callable[[str], None] | None = None,
-          source_seq_mib_s: float | None = None, node_rank: int | None = None,
-          nnodes: int | None = None) -> StageResult:
-    """Stage SRC into DST (see the module doc). `on_file(name)` is called as each copy
-    starts. node_rank, nnodes: only the shards that node's ranks read (and the manifest).
-    Raises StageError when staging cannot start (space, lock, bad manifest);
-    per-file failures are in the result (partial)."""
+def _checked(src: str | os.PathLike[str], dst: str | os.PathLike[str], verify: str,
+             workers: int) -> tuple[Path, Path]:
+    """stage()'s arguments checked before anything is touched: SRC and DST as absolute paths."""
     if verify not in ("sha256", "size"):
         raise UsageError(f"verify must be sha256 or size, but got {verify!r}.")
     if workers < 1:
@@ -357,6 +351,19 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
         raise UsageError(f"{s}: not a directory.")
     if d == s or s in d.parents:
         raise UsageError(f"{d}: inside the source {s}; stage to another directory.")
+    return s, d
+
+
+def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: int = 4,
+          verify: str = "sha256", progress: Progress | None = None,
+          on_file: Callable[[str], None] | None = None,
+          source_seq_mib_s: float | None = None, node_rank: int | None = None,
+          nnodes: int | None = None) -> StageResult:
+    """Stage SRC into DST (see the module doc). `on_file(name)` is called as each copy
+    starts. node_rank, nnodes: only the shards that node's ranks read (and the manifest).
+    Raises StageError when staging cannot start (space, lock, bad manifest);
+    per-file failures are in the result (partial)."""
+    s, d = _checked(src, dst, verify, workers)
     t0 = time.monotonic()
     entries, manifest = list_source(s)
     entries = _node_entries(entries, manifest, s, node_rank, nnodes)

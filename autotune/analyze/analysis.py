@@ -430,13 +430,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     kw = {"metrics": metrics, "probe": probe, "batch_size": batch_size, "format": format,
           "regex": regex, "dataset": dataset, "warmup": warmup}
     if os.fspath(log) == STDIN:
-        with spooled(sys.stdin.buffer) as tmp:
-            try:
-                a = analyze(tmp, **kw)  # type: ignore[arg-type]
-            except UsageError as e:
-                raise UsageError(str(e).replace(str(tmp), "- (standard input)")) from None
-        a.log = STDIN
-        return a
+        return _from_stdin(kw)
     inp = resolve_inputs(log, metrics, dataset)
     warnings = list(inp.notes)
     fmt = "regex" if regex is not None else (detect_format(inp.log) if format == "auto" else format)
@@ -487,6 +481,17 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         loader=loader, dataset=dataset, verdict=verdict, profile=profile,
         warnings=warnings + parser.notes, steady_data_time_share=steady,
         epoch_starts=starts, share_from=share_from, confidence=conf)
+
+
+def _from_stdin(kw: dict[str, Any]) -> Analysis:
+    """analyze() of standard input: spooled to a file, and named "-" in what it says."""
+    with spooled(sys.stdin.buffer) as tmp:
+        try:
+            a = analyze(tmp, **kw)
+        except UsageError as e:
+            raise UsageError(str(e).replace(str(tmp), "- (standard input)")) from None
+    a.log = STDIN
+    return a
 
 
 def _figures(acc: _Pass, parser: LogParser, fmt: str, batch_size: int | None,
