@@ -193,9 +193,7 @@ class LmdbWriter(FormatWriter):
     def work(self, unit: int) -> list[Sample | SkippedFile] | None:
         if os.getpid() == getattr(self, "_writer_pid", None):
             return None  # in the writing process: _accept reads the batch into the txn
-        return [s if isinstance(s.data, bytes) or isinstance(s, SkippedFile) else
-                Sample(s.position, s.label, s.relpath, s.ext, bytes(s.data), s.source_bytes,
-                       s.reencoded) for s in self.samples(unit)]
+        return list(self.samples(unit))  # each Sample with bytes of its own (dest: None)
 
     def _accept(self, unit: int, out: list[Sample | SkippedFile] | None) -> UnitResult:
         assert unit == self._next, (unit, self._next)

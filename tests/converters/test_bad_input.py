@@ -157,3 +157,21 @@ def test_file_list_with_names_as_labels(img_src, work_dir):
     csv.write_text("".join(f"{p},{'dog' if i < 3 else 'cat'}\n" for i, p in enumerate(files)))
     convert(img_src, work_dir / "out", _opts("wds", file_list=str(csv)))
     assert read_manifest(work_dir / "out").classes == ["cat", "dog"]
+
+
+def test_bad_files_read_by_workers_are_skipped_the_same(img_src, work_dir, read_all):
+    """LMDB hands the reads to worker processes only for decodes (verify=decode): a bad
+    file they meet is skipped with the same reason as when the writing process reads it.
+    64 KiB units so that several units go to the workers."""
+    import shutil
+
+    src = work_dir / "src"
+    shutil.copytree(img_src, src)
+    for d in sorted(p for p in src.iterdir() if p.is_dir()):
+        (d / "zz-junk.jpg").write_bytes(b"junk")
+    kw = dict(format="lmdb", shard_size=1 << 16, readers=2, verify="decode")
+    here = convert(src, work_dir / "here", ConvertOptions(workers=1, **kw))
+    there = convert(src, work_dir / "workers", ConvertOptions(workers=2, **kw))
+    assert len(here.skipped) >= 2 and there.skipped == here.skipped
+    assert there.samples == here.samples and read_all(work_dir / "workers") == read_all(
+        work_dir / "here")
