@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench import procs
-from autotune.bench.config import BenchConfig
+from autotune.bench.config import MIN_WINDOW_BATCHES, BenchConfig
 from autotune.bench.failures import Failure, classify_error, classify_exit
 from autotune.bench.result import BenchResult
 from autotune.bench.stats import INPUT_BOUND_AU, UNSTEADY_SPREAD, Batch, window_figures
@@ -150,9 +150,9 @@ def _too_few(cfg: BenchConfig, window: dict[str, Any]) -> Failure | None:
     n, need = window.get("batches") or 0, cfg.min_batches
     if n >= need:
         return None
-    queue = cfg.num_workers * (cfg.prefetch_factor or 0)
-    why = (f"at least {need} (10, and twice the prefetch queue of {queue} batches)"
-           if need > 10 else "at least 10")
+    why = (f"at least {need} ({MIN_WINDOW_BATCHES}, and twice the prefetch queue of "
+           f"{cfg.prefetch_queue} batches)" if need > MIN_WINDOW_BATCHES
+           else f"at least {MIN_WINDOW_BATCHES}")
     end = (" before the end of the first cold pass over the dataset"
            if window.get("shortened") else "")
     return Failure("too_few_batches",

@@ -27,6 +27,8 @@ import traceback
 import warnings
 from typing import Any, Callable
 
+from autotune.bench.procs import write_status as _status
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -64,20 +66,11 @@ def _worker_init(_worker_id: int) -> None:
 TICK_S = 1.0  # how often the measurement reports its running images/s to the parent
 
 
-def _status(fd: int, line: str) -> None:
-    try:
-        os.write(fd, (line + "\n").encode())
-    except OSError:
-        pass  # the parent stopped listening; the result file still tells
-
-
 def load_step(spec: str) -> Callable[[Any], Any]:
     """'module:function' or 'path/to/file.py:function' -> the function."""
-    from converters.registry import load
+    from autotune.bench.factory import load_user_code
 
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a step module beside the user's command
-    fn = load(spec)
+    fn = load_user_code(spec)
     if not callable(fn):
         raise ImportError(f"{spec} is not a function")
     return fn
@@ -239,7 +232,6 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
 
     from autotune.data.torchds import ImageDataset
     from autotune.data.transforms import build_transform
-    from autotune.params import loader_kwargs
     from converters.registry import open_source
     from converters.source import MemorySource
 
@@ -251,11 +243,7 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
         source = MemorySource(source, cfg.in_memory, seed=cfg.seed)
     out["dataset"] = source.info()
     out["marks"]["scanned"] = time.monotonic()
-    # Built-in settings as the registry applies them (worker-only ones with workers);
-    # loader_extra as it is (the caller registered and checked those).
-    kwargs = {**loader_kwargs(cfg.loader_settings()), **cfg.loader_extra}
-    if cfg.num_workers > 0:
-        kwargs.update(timeout=cfg.batch_timeout_s, worker_init_fn=_worker_init)
+    kwargs = _loader_kwargs(cfg, _worker_init)
     transform = build_transform(cfg.transform)
     rank, world = int(spec.get("rank", 0)), int(spec.get("world", 1))
     if source.iterable:
@@ -279,21 +267,28 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
     return loader
 
 
+def _loader_kwargs(cfg: Any, worker_init: Callable[[int], None]) -> dict[str, Any]:
+    """Built-in settings as the registry applies them (worker-only ones with workers);
+    loader_extra as it is (the caller registered and checked those)."""
+    from autotune.params import loader_kwargs
+
+    kwargs = {**loader_kwargs(cfg.loader_settings()), **cfg.loader_extra}
+    if cfg.num_workers > 0:
+        kwargs.update(timeout=cfg.batch_timeout_s, worker_init_fn=worker_init)
+    return kwargs
+
+
 def _factory_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
     """The DataLoader over the user's own dataset (autotune.bench.factory)."""
     import torch.utils.data
 
     from autotune.bench import factory
-    from autotune.params import loader_kwargs
 
     out["phase"] = "factory"
     ud = factory.build(cfg.dataset_factory, spec["dataset"])
     out["dataset"] = ud.info(cfg.dataset_factory, spec["dataset"])
     out["marks"]["scanned"] = time.monotonic()
-    kwargs = {**loader_kwargs(cfg.loader_settings()), **cfg.loader_extra}
-    if cfg.num_workers > 0:
-        kwargs.update(timeout=cfg.batch_timeout_s,
-                      worker_init_fn=_chain(ud.worker_init_fn, _worker_init))
+    kwargs = _loader_kwargs(cfg, _chain(ud.worker_init_fn, _worker_init))
     if ud.collate_fn is not None:
         kwargs["collate_fn"] = ud.collate_fn
     if ud.iterable:
@@ -382,7 +377,7 @@ class _Batches:
 def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
              out: dict[str, Any]) -> Any:
     """Warm-up (excluded), then the window: each batch's wait and step, timed."""
-    from autotune.bench.factory import batch_len
+    from autotune.instrumentation import batch_len
 
     marks = out["marks"]
     src = _Batches(loader, cfg.cold)
@@ -419,7 +414,8 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                     out["phase"] = "measure"
                     _status(status_fd, f"measure {cfg.seconds:g}")
                 continue
-            n = batch_len(batch, cfg.batch_size)
+            # drop_last: a batch whose size cannot be read holds batch_size samples.
+            n = batch_len(batch) or cfg.batch_size
             batches.append([t1 - t0, t2 - t1, n, t2])
             window_images += n
             if t2 - last_tick >= TICK_S:

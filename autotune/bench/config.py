@@ -192,17 +192,22 @@ class BenchConfig:
         return {**{k: getattr(self, k) for k in PARAMS if k in names}, **self.loader_extra}
 
     @property
+    def prefetch_queue(self) -> int:
+        """Batches the loader requests at start: num_workers x prefetch_factor."""
+        return self.num_workers * (self.prefetch_factor or 0)
+
+    @property
     def effective_warmup(self) -> int:
         """Warm-up batches: as given, else every batch the loader requests at start."""
         if self.warmup_batches is not None:
             return self.warmup_batches
-        return max(5, self.num_workers * (self.prefetch_factor or 0))
+        return max(5, self.prefetch_queue)
 
     @property
     def min_batches(self) -> int:
         """Fewest measured batches that make a figure: 10, and twice the prefetch queue
         (batches made during warm-up can still be draining when the window opens)."""
-        return max(MIN_WINDOW_BATCHES, 2 * self.num_workers * (self.prefetch_factor or 0))
+        return max(MIN_WINDOW_BATCHES, 2 * self.prefetch_queue)
 
     @property
     def effective_timeout(self) -> float:

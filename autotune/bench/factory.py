@@ -48,16 +48,22 @@ class UserDataset:
                 "type": type(self.dataset).__name__, "iterable": self.iterable}
 
 
-def load(spec: str) -> Callable[[str], Any]:
-    """The factory function; UsageError naming it when the file, module, function or one
-    of its imports is missing."""
+def load_user_code(spec: str) -> Any:
+    """'module:attr' or 'path/to/file.py:attr' of the user's (a --step, a --dataset-factory),
+    a module beside the user's command found too; the loader's exceptions pass through."""
     from converters.registry import load as load_attr
 
     if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # a module beside the user's command
+        sys.path.insert(0, os.getcwd())
+    return load_attr(spec)
+
+
+def load(spec: str) -> Callable[[str], Any]:
+    """The factory function; UsageError naming it when the file, module, function or one
+    of its imports is missing."""
     target, _, name = spec.rpartition(":")
     try:
-        fn = load_attr(spec)
+        fn = load_user_code(spec)
     except FileNotFoundError:
         raise UsageError(f"dataset factory {spec}: {target}: no such file; give "
                          "path/to/file.py:function or module:function.",
@@ -111,22 +117,3 @@ def build(spec: str, path: str) -> UserDataset:
         raise FactoryError(f"dataset factory {spec} returned a sampler with an IterableDataset; "
                            "an IterableDataset orders and splits its samples itself")
     return ud
-
-
-def batch_len(batch: Any, default: int) -> int:
-    """Samples in a batch, whatever its structure: the first dimension of its first tensor
-    (or list) found in tuples, lists and dicts."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0]) if batch.dim() else default
-    if isinstance(batch, dict):
-        for v in batch.values():
-            return batch_len(v, default)
-        return default
-    if isinstance(batch, (list, tuple)) and batch:
-        first = batch[0]
-        if isinstance(first, (torch.Tensor, dict, list, tuple)):
-            return batch_len(first, default)
-        return len(batch)
-    return default

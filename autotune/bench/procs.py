@@ -135,6 +135,14 @@ def end_group(pgid: int, grace_s: float = 5.0, *, leader: int | None = None) -> 
     return res
 
 
+def write_status(fd: int, line: str) -> None:
+    """One line to the parent's status pipe (the writing end of a StatusPipe)."""
+    try:
+        os.write(fd, (line + "\n").encode())
+    except OSError:
+        pass  # the parent stopped listening; the result file still tells
+
+
 class StatusPipe:
     """Line reader for a measurement process's status pipe (non-blocking, with a timeout)."""
 

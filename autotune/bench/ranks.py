@@ -25,16 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.bench.procs import StatusPipe
+from autotune.bench.procs import StatusPipe, write_status
 
 RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-
-
-def _write(fd: int, line: str) -> None:
-    try:
-        os.write(fd, (line + "\n").encode())
-    except OSError:
-        pass
 
 
 class _Rank:
@@ -78,7 +71,7 @@ def launch(spec: dict[str, Any], world: int, status_fd: int, go_fd: int,
         _wait(ranks, lambda rk, line: setattr(rk, "ready", rk.ready or line == "ready"),
               until=lambda: all(rk.ready for rk in ranks), status_fd=status_fd)
         out["marks"]["ready"] = time.monotonic()
-        _write(status_fd, "ready")
+        write_status(status_fd, "ready")
         if not os.read(go_fd, 1):
             raise SystemExit(3)  # the runner is gone
         out["marks"]["go"] = time.monotonic()
@@ -104,9 +97,9 @@ def _relay(rk: _Rank, line: str, world: int, status_fd: int) -> None:
     word, _, arg = line.partition(" ")
     if word == "tick":
         secs, images = arg.split()
-        _write(status_fd, f"tick {secs} {int(images) * world}")
+        write_status(status_fd, f"tick {secs} {int(images) * world}")
     elif word in ("warmup", "measure"):
-        _write(status_fd, line)
+        write_status(status_fd, line)
 
 
 def _wait(ranks: list[_Rank], on_line: Any, *, until: Any, status_fd: int) -> None:

@@ -13,6 +13,7 @@ reader (converters.registry), without decoding, at several concurrencies, cold b
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -65,16 +66,10 @@ def _streams(source: Any, c: int, seed: int) -> list[Callable[[], Any]]:
                                                 local_world_size=1)) for k in range(c)]
     order = list(range(len(source)))
     random.Random(seed).shuffle(order)
-    lock = threading.Lock()
-    pos = [0]
+    counter = itertools.count()  # next() is atomic under the GIL, as in replay.read_level
 
     def indexed() -> Any:
-        while True:
-            with lock:
-                i = pos[0]
-                pos[0] += 1
-            if i >= len(order):
-                return
+        while (i := next(counter)) < len(order):
             yield source.read(order[i])
 
     return [indexed for _ in range(c)]
