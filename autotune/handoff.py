@@ -94,8 +94,12 @@ def tune(dataset: str | os.PathLike[str], factory: Callable[[str], Any] | str | 
         opts = SearchOptions(dataset_factory=spec, **options)
     except TypeError as e:
         raise UsageError(f"tune(): {e}; options are SearchOptions fields") from None
+    from autotune.search.recommend import kwargs_of
+
     res = run_search(dataset, opts)
-    kw = loader_kwargs(res.json_file) if res.recommended and res.json_file else {}
+    # The search.json's loader_kwargs, from the result in memory (not read back).
+    kw = (kwargs_of(res.recommended.params, res.batch_size, iterable=res.iterable)
+          if res.recommended else {})
     return TuneResult(res, kw, res.verdict, res.report_html, res.json_file)
 
 

@@ -11,9 +11,10 @@ The smallest one names the bottleneck when the best configuration reaches it.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,15 +162,21 @@ def decode_rate_per_core(blobs: list[bytes], transform: Callable[[bytes], Any], 
     decoding round-robin for about `seconds`. Returns (rate, images decoded)."""
     if not blobs:
         return 0.0, 0
+    with _one_torch_thread():
+        return _decode_loop(blobs, transform, seconds)
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """One torch thread, as in a DataLoader worker (torch sets it there): with torch's
+    default thread pool the CPU time of a resize spreads over every core, and a "per
+    core" figure would come out a fraction of a worker's."""
     import torch
 
-    # One thread, as in a DataLoader worker (torch sets it there): with torch's default
-    # thread pool the CPU time of a resize spreads over every core, and a "per core"
-    # figure would come out a fraction of a worker's.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _decode_loop(blobs, transform, seconds)
+        yield
     finally:
         torch.set_num_threads(threads)
 
@@ -212,9 +219,7 @@ def factory_rate_per_core(dataset: Any, *, n: int = 200, seconds: float = 3.0,
         def items() -> Any:
             return (dataset[i] for i in pick)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_torch_thread():
         for _ in items():   # warms the files and the libraries: not decode cost
             pass
         k, t0, w0 = 0, time.process_time(), time.monotonic()
@@ -225,8 +230,6 @@ def factory_rate_per_core(dataset: Any, *, n: int = 200, seconds: float = 3.0,
             if k == before:
                 break
         return k / max(time.process_time() - t0, 1e-9), k
-    finally:
-        torch.set_num_threads(threads)
 
 
 def demand_ceiling(batch_size: int, compute_ms: float) -> float | None:

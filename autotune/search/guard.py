@@ -73,7 +73,9 @@ def owner_tag() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": me.pid, "started": me.create_time()}
 
 
-def _dead(owner: dict[str, Any]) -> bool:
+def owner_gone(owner: dict[str, Any]) -> bool:
+    """The process `owner` (owner_tag()) names is gone from this host (or its pid was
+    reused); another host's owner is taken as running."""
     import psutil
 
     if owner.get("host") != socket.gethostname():
@@ -93,7 +95,7 @@ def orphaned_trials(study: Any, *, exclusive: bool) -> list[Any]:
     out = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get("owner")
-        if exclusive or (owner is not None and _dead(owner)):
+        if exclusive or (owner is not None and owner_gone(owner)):
             out.append(t)
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.search.records import TrialRecord
-from autotune.params import PARAMS, config_key, cost_key
+from autotune.params import PARAMS, config_key, cost_key, loader_kwargs
 
 KNEE_TOLERANCE = 0.03
 
@@ -88,20 +88,20 @@ def kwargs_of(params: dict[str, Any], batch_size: int, *, iterable: bool = False
     kw: dict[str, Any] = {"batch_size": full["batch_size"]}
     if not iterable:
         kw["shuffle"] = True
-    for n, p in PARAMS.items():
-        if n != "batch_size" and n in full and p.applies(full):
-            kw[n] = full[n]
+    kw.update((k, v) for k, v in loader_kwargs(full).items() if k != "batch_size")
     return kw
 
 
 def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
                        iterable: bool = False) -> str:
     """Ready-to-paste DataLoader call for the recommended configuration."""
-    args = [f"{k}={v!r}" for k, v in kwargs_of(params, batch_size, iterable=iterable).items()]
+    args = [f"{k}={PARAMS[k].python(v) if k in PARAMS else repr(v)}"
+            for k, v in kwargs_of(params, batch_size, iterable=iterable).items()]
     return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
 
 
 def yaml_block(params: dict[str, Any], batch_size: int, *, iterable: bool = False) -> str:
     kw = kwargs_of(params, batch_size, iterable=iterable)
-    return "\n".join(["dataloader:"] + [f"  {k}: {str(v).lower() if isinstance(v, bool) else v}"
+    # shuffle is no registry setting: a bool, written as YAML writes one.
+    return "\n".join(["dataloader:"] + [f"  {k}: {PARAMS[k].yaml(v) if k in PARAMS else str(v).lower()}"
                                         for k, v in kw.items()])

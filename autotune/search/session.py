@@ -75,9 +75,9 @@ class Session:
     # -- setting up --------------------------------------------------------------------
 
     def check_fingerprint(self, fp: dict[str, Any], name: str, url: str) -> None:
-        old = self.study.user_attrs.get("fingerprint")
-        attrs = self.study.user_attrs
-        measured = bool(self.study.trials) or any(
+        attrs = self.study.user_attrs   # one read of the storage
+        old = attrs.get("fingerprint")
+        measured = bool(self.study.get_trials(deepcopy=False)) or any(
             k.startswith(("baseline:", CONFIRMED)) and v for k, v in attrs.items())
         if old is not None and old != fp and not measured:
             # Nothing measured (a search refused up front, or stopped in its probe): the
@@ -260,8 +260,8 @@ class Session:
         if not self.opts.baseline:
             return None
         assert self.ceilings is not None
-        if self._attr("baseline") in self.study.user_attrs:
-            b = TrialRecord.from_dict(self.study.user_attrs[self._attr("baseline")])
+        if (stored := self.study.user_attrs.get(self._attr("baseline"))) is not None:
+            b = TrialRecord.from_dict(stored)
         elif not self._claim_baseline():
             return None  # another host of this class measures it: read at the end
         else:
@@ -292,16 +292,8 @@ class Session:
 
     def stored_baseline(self) -> TrialRecord | None:
         """The baseline another host of this class stored (a shared study), if any."""
+        # study.user_attrs asks the storage each time: another host's write is seen here.
         d = self.study.user_attrs.get(self._attr("baseline")) if self.opts.baseline else None
-        if d is None:
-            try:  # the attributes were read when the study was loaded: read them again
-                import optuna
-
-                d = optuna.load_study(study_name=self.study.study_name,
-                                      storage=self.study._storage).user_attrs.get(
-                                          self._attr("baseline"))
-            except Exception:  # noqa: BLE001 - keep the search's result without it
-                d = None
         return TrialRecord.from_dict(d) if d else None
 
     def reclaim_orphans(self, exclusive: bool) -> None:

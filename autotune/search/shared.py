@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, UsageError
+from autotune.search.guard import owner_gone
 
 JOURNAL = "journal:"
 CLAIMS_TABLE = "autotune_claims"
@@ -311,16 +312,9 @@ def config_claim(host_key: str, key: Any) -> str:
 
 
 def _alive_here(holder: dict[str, Any]) -> bool:
-    """A holder on this host whose process still runs (pid and start time match)."""
-    import psutil
-
-    if holder.get("hostname") != socket.gethostname():
-        return True  # another host's: assume it runs (its heartbeats decide)
-    try:
-        p = psutil.Process(int(holder["pid"]))
-        return abs(p.create_time() - float(holder.get("started", 0))) <= 1.0
-    except (psutil.NoSuchProcess, KeyError, ValueError, TypeError):
-        return False
+    """A holder on this host whose process still runs (pid and start time match); another
+    host's is assumed to run (its heartbeats decide)."""
+    return not owner_gone({**holder, "host": holder.get("hostname")})
 
 
 def claim_host(claims: Claims, study_name: str, url: str) -> str:
