@@ -22,7 +22,6 @@ re-encoded image keeps its pixel order and its Orientation tag.
 from __future__ import annotations
 
 import io
-import os
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -48,38 +47,6 @@ class SampleOptions:
 
 class BadImage(Exception):
     """The image cannot be used; str() is the reason recorded in skipped[]."""
-
-
-def read_file(path: str) -> bytes:
-    """The whole file, with one open and as few reads as its size allows."""
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_NOATIME", 0) if _noatime_ok() else 0))
-    try:
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 22)
-            if not b:
-                break
-            chunks.append(b)
-        return b"".join(chunks) if len(chunks) != 1 else chunks[0]
-    finally:
-        os.close(fd)
-
-
-@lru_cache(maxsize=1)
-def _noatime_ok() -> bool:
-    # O_NOATIME spares an inode write per source file read; a non-owner gets EPERM from
-    # it, so only root (who may always) uses it.
-    return os.geteuid() == 0
-
-
-def load_sample(entry: Entry, opts: SampleOptions) -> Sample | SkippedFile:
-    """Read, check and maybe re-encode one source file."""
-    path = os.path.join(opts.root, entry.relpath)
-    try:
-        data = read_file(path)
-    except OSError as e:
-        return unreadable(entry, e)
-    return check_sample(entry, data, opts)
 
 
 def unreadable(entry: Entry, e: OSError) -> SkippedFile:

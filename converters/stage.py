@@ -109,11 +109,12 @@ def _withdraw(d: Path, entries: list[FileEntry], state: _State) -> None:
         mp.unlink()
         fsync_dir(d)
     keep = {e.name for e in entries}
-    for rel in sorted(ours - keep):
+    gone = sorted(ours - keep)
+    for rel in gone:
         p = (d / rel).resolve()
         if d.resolve() in p.parents and p.is_file():
             p.unlink()
-        state.drop(rel)
+    state.drop(gone)
 
 
 def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
@@ -211,9 +212,11 @@ class _State:
             if self._dirty >= 16:
                 self._save()
 
-    def drop(self, name: str) -> None:
+    def drop(self, names: list[str]) -> None:
+        """Forget these files (one write of the state, however many)."""
         with self.lock:
-            self.done.pop(name, None)
+            for name in names:
+                self.done.pop(name, None)
             self._save()
 
     def save(self) -> None:
@@ -311,7 +314,7 @@ def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | 
             failures.append(StageFailure(e.name, f"sha256 {got[:12]}… does not match the manifest's "
                                          f"{e.sha256[:12]}…: corrupt; rerun `autotune stage` to repair"))
             if state:
-                state.drop(e.name)
+                state.drop([e.name])
     return StageResult(str(src or d), str(d), len(entries), 0, len(entries) - len(failures),
                        nbytes, time.monotonic() - t0, "sha256", failures,
                        manifest_written=(d / MANIFEST).is_file(), verify_only=True,
@@ -370,8 +373,6 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
     want_node = (node_rank, nnodes) if node_rank is not None else None
     d.mkdir(parents=True, exist_ok=True)
     with _lock(d):
-        if (d / MANIFEST).exists() and _staged_node(d) != want_node:
-            (d / MANIFEST).unlink()  # complete for another node (or whole): not for this one
         tmpdir = d / WORK / "tmp"
         shutil.rmtree(tmpdir, ignore_errors=True)  # partial copies of a killed run
         tmpdir.mkdir(parents=True)
@@ -397,7 +398,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
                 # Whatever an earlier stage left under this name is not what the source
                 # now holds: it goes too (nothing stale under a final name).
                 (d / e.name).unlink(missing_ok=True)
-                state.drop(e.name)
+                state.drop([e.name])
                 with lock:
                     failures.append(StageFailure(e.name, str(err)))
                 return 0

@@ -73,11 +73,15 @@ def key(index: int) -> bytes:
     return b"%010d" % index
 
 
+def value_head(label: int, relpath: str) -> bytes:
+    """A stored value's bytes before the image: the header, then the original path."""
+    # paths are informational (PATH_MAX is 4096 anyway): at most 0xFFFF bytes, the end kept
+    p = relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
+    return HEADER.pack(LAYOUT_VERSION, label, len(p)) + p
+
+
 def encode_value(label: int, relpath: str, data: bytes) -> bytes:
-    p = relpath.encode("utf-8", "surrogateescape")
-    if len(p) > 0xFFFF:
-        p = p[-0xFFFF:]  # paths are informational; PATH_MAX is 4096 anyway
-    return HEADER.pack(LAYOUT_VERSION, label, len(p)) + p + data
+    return value_head(label, relpath) + data
 
 
 def decode_value(v: bytes | memoryview) -> tuple[int, str, memoryview]:

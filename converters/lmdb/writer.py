@@ -51,6 +51,7 @@ from converters.lmdb.layout import (
     encode_value,
     key,
     map_base,
+    value_head,
 )
 from converters.records import Sample, SkippedFile, UnitResult
 from converters.writer import FormatWriter
@@ -384,11 +385,11 @@ class _ReadAhead:
                 cur: dict[str, Any] = {}
 
                 def dest(entry: Any, cur: dict[str, Any] = cur) -> memoryview:
-                    p = entry.relpath.encode("utf-8", "surrogateescape")[-0xFFFF:]
-                    start = HEADER.size + len(p)
+                    head = value_head(entry.label, entry.relpath)
+                    start = len(head)
                     need = start + entry.size + 1
                     buf = self._buffer(need)
-                    buf[:start] = HEADER.pack(LAYOUT_VERSION, entry.label, len(p)) + p
+                    buf[:start] = head
                     cur["buf"], cur["start"] = buf, start
                     return buf[start:need]
 

@@ -37,6 +37,11 @@ def sample_key(position: int) -> str:
     return f"{position:010d}"
 
 
+
+def _add_cls(tw: TarShardWriter, key: str, label: int) -> None:
+    """A sample's KEY.cls member: the label, ASCII decimal."""
+    tw.add(f"{key}.cls", b"%d" % label)
+
 class WdsWriter(FormatWriter):
     format = "wds"
     LAYOUT = LAYOUT
@@ -75,7 +80,7 @@ class WdsWriter(FormatWriter):
             if not tw.reserve(need):
                 return None
             cur["mark"] = tw.mark()
-            tw.add(f"{sample_key(entry.position)}.cls", b"%d" % entry.label)
+            _add_cls(tw, sample_key(entry.position), entry.label)
             return tw.slot()[:entry.size + 1]
 
         try:
@@ -110,7 +115,7 @@ class WdsWriter(FormatWriter):
         if s.reencoded:
             meta["reencoded"] = True
         if not in_slot:
-            tw.add(f"{key}.cls", str(s.label).encode("ascii"))
+            _add_cls(tw, key, s.label)
         if in_slot and isinstance(s.data, memoryview):
             tw.commit_slot(f"{key}.{s.ext}", len(s.data))
         else:
