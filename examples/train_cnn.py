@@ -20,11 +20,9 @@ TRAIN_CNN_DEVICE=cpu|cuda forces one, TRAIN_CNN_THREADS=N sets the threads.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -95,34 +93,13 @@ def step(batch: Any) -> float:
 
 
 def loader_kwargs_from(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """DataLoader keywords (batch_size included) from a search's search.json.
-
-    `autotune.loader_kwargs` (issue 14) where this autotune has it; else the JSON's
-    `loader_kwargs`, else its recommended configuration, as its snippet writes it.
-    """
+    """DataLoader keywords (batch_size included) from a search's search.json."""
     import autotune
 
-    if hasattr(autotune, "loader_kwargs"):
-        try:
-            return dict(autotune.loader_kwargs(path))
-        except autotune.AutotuneError as e:   # the file, what is wrong, the fix: one line
-            raise SystemExit(str(e)) from None
-    from autotune.params import loader_kwargs
-
     try:
-        d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"{path}: cannot read a search result ({e}); pass the search.json "
-                         "that `autotune search --out DIR` wrote") from None
-    d = d.get("after") or d   # a --convert search: the staged copy's recommendation
-    if isinstance(d.get("loader_kwargs"), dict) and d["loader_kwargs"]:
-        return dict(d["loader_kwargs"])   # what the snippet is made of
-    cfg = (d.get("recommended") or {}).get("config")
-    if not cfg:
-        raise SystemExit(f"{path}: no recommended configuration in it (the search completed "
-                         "no configuration: see its trials' reasons)")
-    bs = cfg.get("batch_size") or d.get("batch_size") or (d.get("options") or {}).get("batch_size")
-    return {"batch_size": bs or 64, **loader_kwargs(cfg)}
+        return dict(autotune.loader_kwargs(path))
+    except autotune.AutotuneError as e:   # the file, what is wrong, the fix: one line
+        raise SystemExit(str(e)) from None
 
 
 def build_loader(root: str, kwargs: dict[str, Any], size: int) -> torch.utils.data.DataLoader:

@@ -34,6 +34,8 @@ FACTORY = ROOT / "tests" / "search" / "user_dataset.py"
 
 from _setups import config_label, log  # noqa: E402
 
+from autotune.cache import drop_caches  # noqa: E402
+
 # The user's loop: their dataset, the handed-back kwargs, a step of the search's length.
 PLAIN = r"""
 import json, sys, time
@@ -90,8 +92,7 @@ def plain_loader(ds: Path, out: Path, d: dict, a: argparse.Namespace) -> dict:
     cfg = rec["config"]
     warm = max(5, (cfg["num_workers"] or 0) * (cfg.get("prefetch_factor") or 0))
     seconds = (rec.get("window") or {}).get("seconds") or a.seconds
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    drop_caches()
     r = subprocess.run([PY, "-c", PLAIN, str(FACTORY.parent), str(ds), str(out),
                         str(a.compute_ms / 1000), str(warm), str(seconds)],
                        capture_output=True, text=True, cwd=ROOT, timeout=900)
