@@ -51,6 +51,9 @@ class SystemFigures:
     gpu_util_pct: dict[str, float] | None = None
     gpus: int = 0
     unavailable: dict[str, str] = field(default_factory=dict)
+    # The job's time budget over the window (autotune.monitor.timebudget.TimeBudget's
+    # to_dict()): where each process class's wall time went. None: not measured.
+    budget: dict[str, Any] | None = None
 
     @staticmethod
     def med(s: dict[str, float] | None) -> float | None:

@@ -1,0 +1,147 @@
+"""The time budget of a job's processes: where each one's wall time went over a window.
+
+Per process class (`main`: the training process; `workers`: every DataLoader worker and
+other descendant), the thread-seconds each state took over the measured window:
+
+    on_cpu        running on a CPU (schedstat's run time)
+    runnable      runnable, waiting for a CPU on a run queue (schedstat's wait time)
+    io            blocked on I/O: state D / in_iowait (delay accounting's blkio ticks
+                  where it is on, else task-state sampling)
+    storage_wait  asleep (S) in a wait that belongs to storage: a FUSE request, an NFS
+                  RPC, a storage client's socket receive (from the thread's wchan)
+    asleep        asleep otherwise: a queue, a lock, the training step
+
+`process_seconds` is the sum over the class's processes of the part of the window each
+was alive (a process that exits mid-window is counted to its exit), so that
+`share(state)` is the share of one process's wall time: a worker with one busy thread
+that reads half the time shows io 0.5. With several threads a share may exceed 1
+(two threads both on a CPU: on_cpu 2.0); `idle()` is what the non-idle states leave of
+one thread's time.
+
+This module holds the data and its arithmetic only; the sampler that fills it lives
+beside it in the monitor, the verdict engine reads it (autotune.verdict.rules).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STATES = ("on_cpu", "runnable", "io", "storage_wait", "asleep")
+CLASSES = ("main", "workers")
+IO_SOURCES = ("delayacct", "state-sampling")
+
+
+@dataclass
+class ClassBudget:
+    """Thread-seconds per state of one process class over a window."""
+
+    processes: int = 0                  # processes of the class seen in the window
+    threads: int = 0                    # threads of the class seen in the window
+    process_seconds: float = 0.0        # sum of each process's alive time in the window
+    seconds: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STATES})
+
+    def share(self, state: str) -> float:
+        """Thread-seconds in `state` per process-second (0 when nothing was seen)."""
+        if state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, but got {state!r}.")
+        return self.seconds.get(state, 0.0) / self.process_seconds if self.process_seconds else 0.0
+
+    def blocked(self) -> float:
+        """Share blocked on storage: I/O (D) plus storage waits in S."""
+        return self.share("io") + self.share("storage_wait")
+
+    def idle(self) -> float:
+        """What on_cpu, runnable and blocked leave of one thread's time (>= 0)."""
+        return max(0.0, 1.0 - self.share("on_cpu") - self.share("runnable") - self.blocked())
+
+    def add(self, other: ClassBudget) -> None:
+        """Accumulate another interval's budget of the same class (counts take the max)."""
+        self.processes = max(self.processes, other.processes)
+        self.threads = max(self.threads, other.threads)
+        self.process_seconds += other.process_seconds
+        for s in STATES:
+            self.seconds[s] = self.seconds.get(s, 0.0) + other.seconds.get(s, 0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"processes": self.processes, "threads": self.threads,
+                "process_seconds": self.process_seconds, "seconds": dict(self.seconds),
+                "shares": {s: self.share(s) for s in STATES}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClassBudget:
+        secs = {s: float((d.get("seconds") or {}).get(s, 0.0)) for s in STATES}
+        return cls(processes=int(d.get("processes", 0)), threads=int(d.get("threads", 0)),
+                   process_seconds=float(d.get("process_seconds", 0.0)), seconds=secs)
+
+
+@dataclass
+class TimeBudget:
+    """The budget of a window: one ClassBudget per class, and how it was measured."""
+
+    wall_s: float = 0.0
+    classes: dict[str, ClassBudget] = field(default_factory=dict)
+    io_source: str = "state-sampling"   # one of IO_SOURCES
+    samples: int = 0                    # task-state samples taken in the window
+    hz: float = 0.0                     # the sampling rate achieved
+    psi_io: dict[str, Any] | None = None    # {"scope": "cgroup"|"machine", "some_pct", "full_pct"}
+    notes: list[str] = field(default_factory=list)   # what could not be seen, and why
+
+    def cls(self, name: str) -> ClassBudget | None:
+        c = self.classes.get(name)
+        return c if c is not None and c.process_seconds > 0 else None
+
+    def add(self, other: TimeBudget) -> None:
+        """Accumulate a later interval (the same job): seconds add, rates re-averaged."""
+        total = self.wall_s + other.wall_s
+        if total > 0:
+            self.hz = (self.hz * self.wall_s + other.hz * other.wall_s) / total
+        if other.psi_io is not None and self.psi_io is not None and total > 0:
+            for k in ("some_pct", "full_pct"):
+                a, b = self.psi_io.get(k), other.psi_io.get(k)
+                if a is not None and b is not None:
+                    self.psi_io[k] = (a * self.wall_s + b * other.wall_s) / total
+        elif other.psi_io is not None:
+            self.psi_io = dict(other.psi_io)
+        self.wall_s = total
+        self.samples += other.samples
+        for name, c in other.classes.items():
+            self.classes.setdefault(name, ClassBudget()).add(c)
+        if other.io_source != self.io_source and self.samples:
+            # Mixed sources over one window: the weaker one is what it rests on.
+            self.io_source = "state-sampling"
+        for n in other.notes:
+            if n not in self.notes:
+                self.notes.append(n)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"available": True, "wall_s": self.wall_s,
+                "classes": {k: v.to_dict() for k, v in self.classes.items()},
+                "io_source": self.io_source, "samples": self.samples, "hz": self.hz,
+                "psi_io": self.psi_io, "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TimeBudget:
+        return cls(wall_s=float(d.get("wall_s", 0.0)),
+                   classes={k: ClassBudget.from_dict(v)
+                            for k, v in (d.get("classes") or {}).items()},
+                   io_source=str(d.get("io_source", "state-sampling")),
+                   samples=int(d.get("samples", 0)), hz=float(d.get("hz", 0.0)),
+                   psi_io=d.get("psi_io"), notes=list(d.get("notes") or []))
+
+
+def sum_budgets(parts: list[dict[str, Any]]) -> TimeBudget | None:
+    """One budget of several intervals' `to_dict()`s (None when none is available)."""
+    out: TimeBudget | None = None
+    for p in parts:
+        if not p or not p.get("available"):
+            continue
+        b = TimeBudget.from_dict(p)
+        if out is None:
+            out = b
+        else:
+            out.add(b)
+    return out
+
+
+__all__ = ["CLASSES", "IO_SOURCES", "STATES", "ClassBudget", "TimeBudget", "sum_budgets"]
