@@ -416,8 +416,7 @@ def finalize(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | None 
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
         _expect(dstp, m.options, src, format)
-        if not WorkDir(dstp).running_ranks():
-            shutil.rmtree(dstp / WorkDir(dstp).path.name, ignore_errors=True)
+        WorkDir(dstp).remove_stale()
         return _complete_result(dstp, m)
     wd = WorkDir(dstp)
     if not wd.exists():
