@@ -65,9 +65,21 @@ def write_text_atomic(path: str | os.PathLike[str], text: str | bytes, *, durabl
             except OSError:
                 pass
             raise
+    except OSError as e:  # name the file by its full path, as an open by path would
+        if e.filename is None or os.path.isabs(str(e.filename)):
+            raise
+        where = str(p.parent) if own else _fd_path(d)
+        raise type(e)(e.errno, e.strerror, os.path.join(where, str(e.filename))) from None
     finally:
         if own:
             os.close(d)
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "."
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = None,
