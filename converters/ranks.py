@@ -77,6 +77,7 @@ def short(h: str | None) -> str:
 
 
 def _rank_lock(wd: WorkDir, rank: int) -> PidLock:
+    wd.real_dir(wd.rank_dir(rank))  # no link on the way to the lock is followed
     return PidLock(wd.rank_dir(rank) / "lock", lambda holder: ConvertError(
         f"{wd.dst}: rank {rank} of this conversion is already running ({holder}); two "
         "processes with one rank would write the same units. Give each process its own "

@@ -185,10 +185,11 @@ def _work(dst: Path, dst_fd: int, *, create: bool = True) -> int:
     except OSError as e:
         raise StageError(f"{dst / WORK}: {e.strerror}: not stage's work folder; remove it "
                          "and rerun.") from None
-    if os.fstat(fd).st_uid != os.geteuid():
+    uid = os.fstat(fd).st_uid
+    if uid != os.geteuid():
         os.close(fd)
-        raise StageError(f"{dst / WORK}: belongs to another user (uid {os.fstat(dst_fd).st_uid} "
-                         "owns DST); stage into a folder of yours.")
+        raise StageError(f"{dst / WORK}: belongs to another user (uid {uid}); its leftovers "
+                         "are not ours to remove: stage into a folder of yours.")
     return fd
 
 

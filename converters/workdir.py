@@ -67,9 +67,9 @@ class WorkDir:
 
     def create(self) -> None:
         for d in (self.path, self.plan, self.done, self.tmp):
-            self._real_dir(d)
+            self.real_dir(d)
 
-    def _real_dir(self, d: Path) -> None:
+    def real_dir(self, d: Path) -> None:
         """Make `d` (inside DST) one component at a time, following no link."""
         self.dst.mkdir(parents=True, exist_ok=True)
         fd = open_dir(self.dst)
@@ -99,7 +99,7 @@ class WorkDir:
 
     def clear_tmp(self) -> None:
         """Remove leftovers of a killed run: partial shards are redone, never reused."""
-        self._real_dir(self.tmp)  # a link there is refused before anything is listed
+        self.real_dir(self.tmp)  # a link there is refused before anything is listed
         if self.tmp.is_dir():
             for p in self.tmp.iterdir():
                 try:

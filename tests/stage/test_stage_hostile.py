@@ -179,3 +179,11 @@ def test_the_staged_manifest_and_files_get_the_umask_not_0600(tmp_path):
         os.umask(old)
     for name in ("manifest.json", "s.tar"):
         assert (tmp_path / "dst" / name).stat().st_mode & 0o777 == 0o644, name
+
+
+def test_a_directory_named_by_the_manifest_is_refused(tmp_path):
+    src = _src(tmp_path / "src", [_entry("d.tar", b"")])
+    (src / "d.tar").mkdir()
+    r = stage(src, tmp_path / "dst")
+    assert [f.file for f in r.failures] == ["d.tar"]
+    assert "a directory, not a regular file" in r.failures[0].reason
