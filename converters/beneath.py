@@ -30,7 +30,7 @@ def plain_name(name: Any, where: str, entry: str) -> str:
     or `..` component, an empty component (`a//b`, a trailing `/`)."""
     why = None
     if not isinstance(name, str):
-        why = f"a {type(name).__name__}, not a file name"
+        why = "not a string, so not a file name"
     elif not name:
         why = "empty"
     elif "\0" in name:
