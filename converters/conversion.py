@@ -248,7 +248,7 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         m = read_manifest(dstp)
         if m.options != fp:
             raise UsageError(_differs(dstp, "a complete conversion", m.options, fp))
-        shutil.rmtree(dstp / WORKDIR_NAME, ignore_errors=True)  # a kill after the manifest
+        WorkDir(dstp).remove_stale()  # a kill after the manifest
         return srcp, dstp, opts, fp, src_root, _complete_result(dstp, m)
     try:
         dstp.mkdir(parents=True, exist_ok=True)
