@@ -70,3 +70,30 @@ def test_progress_bar_on_a_terminal_shows_rates_and_eta(img_src, work_dir):
     assert ("converting" in out or "publishing" in out), out[-2000:]
     assert "img/s" in out and "MB/s" in out and "ETA" in out
     assert "Traceback" not in out
+
+
+def _file_list(img_src, path, labels):
+    files = sorted(p.relative_to(img_src) for p in img_src.rglob("*.jpg"))[:len(labels)]
+    path.write_text("".join(f"{f},{lab}\n" for f, lab in zip(files, labels)))
+    return path
+
+
+@pytest.mark.parametrize("labels, says", [
+    (["0", "1", "99999999999"], "label 99999999999 is above 1,000,000"),   # a range: OOM
+    (["0", "1", "\u00b2"], "label '²' is not a decimal number"),            # isdigit() only
+])
+def test_file_list_labels_that_would_break_the_scan_exit_2(img_src, work_dir, run_cli, labels,
+                                                           says):
+    csv = _file_list(img_src, work_dir / "list.csv", labels)
+    r = run_cli(img_src, work_dir / "out", "--format", "wds", "--file-list", csv)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and f"{csv}:3: {says}" in err, err
+    assert not (work_dir / "out").exists()
+
+
+def test_file_list_names_and_numbers_mixed_are_names(img_src, work_dir, run_cli):
+    csv = _file_list(img_src, work_dir / "list.csv", ["cat", "99999999999", "\u00b2"])
+    r = run_cli(img_src, work_dir / "out", "--format", "wds", "--file-list", csv, "--json", "-")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["samples"] == 3
