@@ -432,3 +432,14 @@ def test_a_truncated_gzip_log_is_analyzed_up_to_where_it_ends(tmp_path):
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"truncated gzip after {n} lines" in " ".join((r.stdout + r.stderr).split())
+
+
+def test_a_log_name_with_control_characters_is_printed_escaped(tmp_path):
+    log = _own_log(tmp_path / "steps\x1b[31mRED.jsonl")
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(log)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\x1b" not in r.stdout + r.stderr and "steps\\x1b[31mRED.jsonl" in "".join(r.stdout.split())
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(tmp_path / "no\x1b[2J")],
+                       capture_output=True, text=True, cwd=REPO)   # the error line too
+    assert r.returncode == 2 and "\x1b" not in r.stderr and "no\\x1b[2J" in "".join(r.stderr.split()), r.stderr

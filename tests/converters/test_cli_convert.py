@@ -97,3 +97,28 @@ def test_file_list_names_and_numbers_mixed_are_names(img_src, work_dir, run_cli)
     r = run_cli(img_src, work_dir / "out", "--format", "wds", "--file-list", csv, "--json", "-")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["samples"] == 3
+
+
+def test_file_names_with_control_characters_are_printed_escaped(img_src, work_dir, run_cli):
+    import shutil
+
+    src = work_dir / "src"
+    shutil.copytree(img_src, src)
+    evil = "evil\x1b[31mRED\x1b[0m\r[bold]x"
+    (src / "class_0000" / f"{evil}.jpg").write_bytes(b"not a jpeg")
+    dst = work_dir / f"out\x1b[32mGREEN"
+    r = run_cli(src, dst, "--format", "wds")
+    assert r.returncode == 0, r.stderr[-2000:]
+    both = r.stdout + r.stderr
+    assert "\x1b" not in both and "\r" not in both, repr(both[-2000:])
+    flat = "".join(both.split())   # rich wraps long names at the terminal's width
+    assert "evil\\x1b[31mRED\\x1b[0m\\x0d[bold]x.jpg" in flat, both[-2000:]
+    assert "out\\x1b[32mGREEN" in flat, both[-2000:]
+
+
+def test_printable_escapes_controls_and_markup():
+    from autotune.cli.tables import printable
+
+    assert printable("a\x1b[31mb\x07\u202ec\td") == "a\\x1b[31mb\\x07\\u202ec\\x09d"
+    assert printable("[red]x", markup=True) == "\\[red]x" and printable("[red]x") == "[red]x"
+    assert printable("Ünïcode/train 2024") == "Ünïcode/train 2024"
