@@ -124,3 +124,30 @@ def test_a_step_that_raises_or_exits_at_import_is_a_usage_error(
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(mod) in lines[0] and says in lines[0], r.stderr
+
+
+# -- the benchmark scripts' scratch folders ------------------------------------------------
+
+def test_the_bench_scripts_use_no_fixed_scratch_folder() -> None:
+    """A fixed /var/tmp/autotune-bench-* is shared by every user and run of the machine
+    (another's files reused or removed, a symlink planted there followed)."""
+    fixed = [f"{p.name}:{i}" for p in sorted((ROOT / "scripts").glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "/var/tmp/autotune-bench" in line or 'dir="/var/tmp"' in line
+             and "autotune-bench" in line]
+    assert fixed == []
+
+
+def test_scratch_dir_is_new_private_and_under_tmpdir(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from _setups import scratch_dir
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "t"))
+    a, b = scratch_dir("autotune-bench-x-"), scratch_dir("autotune-bench-x-")
+    assert a != b and a.parent == b.parent == tmp_path / "t"
+    assert (a.stat().st_mode & 0o777) == 0o700
+    given = scratch_dir("autotune-bench-x-", str(tmp_path / "opt"))
+    assert given.parent == tmp_path / "opt" and given.name.startswith("autotune-bench-x-")
