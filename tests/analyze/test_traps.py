@@ -439,7 +439,9 @@ def test_a_log_name_with_control_characters_is_printed_escaped(tmp_path):
     r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(log)],
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "\x1b" not in r.stdout + r.stderr and "steps\\x1b[31mRED.jsonl" in "".join(r.stdout.split())
+    assert "\x1b" not in r.stdout + r.stderr
+    assert "steps\\x1b[31mRED.jsonl" in "".join(r.stdout.split())
     r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(tmp_path / "no\x1b[2J")],
                        capture_output=True, text=True, cwd=REPO)   # the error line too
-    assert r.returncode == 2 and "\x1b" not in r.stderr and "no\\x1b[2J" in "".join(r.stderr.split()), r.stderr
+    assert r.returncode == 2 and "\x1b" not in r.stderr, r.stderr
+    assert "no\\x1b[2J" in "".join(r.stderr.split()), r.stderr

@@ -33,7 +33,8 @@ def bench_renderable(r: Any) -> Group:
         from autotune.data.transforms import TransformSpec
         parts.append(Text(f"  transform: {TransformSpec.from_dict(tr).describe()}", style="dim"))
     if r.failed:
-        parts.append(Text.assemble(("FAILED", "bold red"), f" ({r.failure_kind}): {printable(r.reason)}"))
+        parts.append(Text.assemble(("FAILED", "bold red"),
+                                   f" ({r.failure_kind}): {printable(r.reason)}"))
         parts.append(Text(f"  → {printable(r.hint)}", style="bold"))
     else:
         parts.append(_measured(r))

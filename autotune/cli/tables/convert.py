@@ -15,7 +15,8 @@ from converters.units import fmt_bytes
 
 def convert_summary(res: Any) -> Group:
     """From a ConvertResult: counts, sizes, rate, skipped files."""
-    t = Table(title=f"autotune convert: {printable(res.dst, markup=True)} ({res.format})", title_justify="left",
+    t = Table(title=f"autotune convert: {printable(res.dst, markup=True)} ({res.format})",
+              title_justify="left",
               show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
@@ -52,8 +53,10 @@ def convert_summary(res: Any) -> Group:
         parts.append(Text(f"warning: {printable(w)}", style="yellow"))
     first = res.skipped[:10]
     for s in first:
-        parts.append(Text(f"skipped: {printable(s['path'])}: {printable(s['reason'])}", style="dim"))
+        parts.append(Text(f"skipped: {printable(s['path'])}: {printable(s['reason'])}",
+                          style="dim"))
     if len(res.skipped) > len(first):
-        parts.append(Text(f"... and {len(res.skipped) - len(first)} more in {printable(res.manifest)}",
+        parts.append(Text(f"... and {len(res.skipped) - len(first)} more in "
+                          f"{printable(res.manifest)}",
                           style="dim"))
     return Group(*parts)

@@ -43,7 +43,8 @@ def search_renderable(d: dict[str, Any]) -> Group:
         tt.add_row(f"{tr['number']}{mark}", *cells(tr["params"], cols),
                    tr["state"] + (f" of {tr['duplicate_of']}" if tr.get("duplicate_of") is not None else ""),
                    fmt_rate(tr["images_per_s"]), _f(tr["au"]), _f(tr["data_wait_fraction"]),
-                   _f(tr["peak_rss_mib"], ",.0f"), printable((tr.get("reason") or "")[:60], markup=True))
+                   _f(tr["peak_rss_mib"], ",.0f"),
+                   printable((tr.get("reason") or "")[:60], markup=True))
     b = d.get("baseline")
     if b:
         tt.add_row("base" + (" *" if rec_n == -1 else ""), *cells(b["config"], cols),
@@ -62,11 +63,14 @@ def search_renderable(d: dict[str, Any]) -> Group:
             ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
                        *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), ".1f"),
                        fmt_rate(c["images_per_s"]) if c["state"] == "complete"
-                       else f"{c['state']}: {printable((c.get('reason') or '')[:40], markup=True)}", _f(c.get("au")))
+                       else f"{c['state']}: "
+                            f"{printable((c.get('reason') or '')[:40], markup=True)}",
+                       _f(c.get("au")))
         parts.append(ct)
     v = d.get("verdict")
     if v:
-        parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"), f" — {printable(v['summary'])}"))
+        parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"),
+                                   f" — {printable(v['summary'])}"))
         for e in v["evidence"]:
             parts.append(Text(f"  · {printable(e)}"))
         for a in v["advice"]:

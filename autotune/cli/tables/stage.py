@@ -18,7 +18,8 @@ def stage_renderable(d: dict[str, Any]) -> Group:
                           f"{len(d['failures'])} bad", style="bold"))
     else:
         vs = f" ({d['vs_source_seq']:.0%} of the source's sequential read)" if d.get("vs_source_seq") else ""
-        parts.append(Text(f"staged {printable(d['src'])} -> {printable(d['dst'])}: {d['copied']} copied, {d['skipped']} "
+        parts.append(Text(f"staged {printable(d['src'])} -> {printable(d['dst'])}: "
+                          f"{d['copied']} copied, {d['skipped']} "
                           f"already verified, {d['bytes_copied'] / 2**20:,.1f} MiB in "
                           f"{d['seconds']:.1f} s = {d['mib_per_s']:,.1f} MiB/s{vs}; verify "
                           f"{d['verify']}", style="bold"))
