@@ -90,9 +90,10 @@ def space(tmp_path_factory) -> str:
 
 
 def _search(host: str, ds: Path, out: Path, storage: str, space: str, study: str, trials: int,
-            env: dict[str, str] | None = None, grace: str = GRACE) -> subprocess.Popen:
+            env: dict[str, str] | None = None, grace: str = GRACE,
+            quiet: bool = True) -> subprocess.Popen:
     """`autotune search` as host `host`: its own UTS namespace and hostname."""
-    cmd = [sys.executable, "-m", "autotune", "-q", "search", str(ds), "--preset", "decode-only",
+    cmd = [sys.executable, "-m", "autotune", *(["-q"] if quiet else []), "search", str(ds), "--preset", "decode-only",
            "--batch-size", "8", "--compute-ms", "5", "--seconds", "1", "--space", space,
            "--no-probe", "--warm", "--confirm", "0", "--out", str(out), "--study", study,
            "--storage", storage, "--trials", str(trials), "--heartbeat-grace", grace,
@@ -296,7 +297,7 @@ def test_a_succeeding_shared_search_writes_and_prints_no_password(pg, small_data
                                                                   space):
     out = tmp_path / "out"
     url = f"{pg['url_nopw']}?connect_timeout=5&password={PASSWORD}"
-    p = _search("host-pw", small_dataset, out, url, space, "pw", 1)
+    p = _search("host-pw", small_dataset, out, url, space, "pw", 1, quiet=False)  # all it says
     o, e = p.communicate(timeout=300)
     assert p.returncode == 0, e[-3000:]
     d = json.loads(o)
