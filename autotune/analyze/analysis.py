@@ -25,8 +25,8 @@ from autotune.analyze import trend
 from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
 from autotune.analyze.parsers.regex import RegexParser
-from autotune.analyze.reader import (STDIN, LineTimes, bounded_lines, head_and_tail, iter_lines,
-                                     spooled)
+from autotune.analyze.reader import (MAX_LINE, STDIN, LineTimes, bounded_lines, head_and_tail,
+                                     iter_lines, spooled)
 from autotune.verdict.rules import RuleInputs, decide
 from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 from autotune.errors import UsageError
@@ -160,9 +160,11 @@ def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] 
         if metrics is None and (p / RUN_FILES["metrics"]).is_file():
             metrics = p / RUN_FILES["metrics"]
         if dataset is None and (p / RUN_FILES["run"]).is_file():
-            try:
-                dataset = json.loads((p / RUN_FILES["run"]).read_text()).get("data")
-            except (OSError, ValueError):
+            try:   # a side file: read up to MAX_LINE, never whole
+                with (p / RUN_FILES["run"]).open("rb") as f:
+                    run = json.loads(f.read(MAX_LINE))
+                dataset = run.get("data") if isinstance(run, dict) else None
+            except (OSError, ValueError, RecursionError):
                 pass
         p = chosen
     return _Inputs(p, Path(metrics) if metrics is not None else None, dataset, notes)

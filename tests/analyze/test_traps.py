@@ -413,9 +413,10 @@ def test_deeply_nested_json_is_a_counted_bad_line(tmp_path):
     assert a.steps == 60 - a.warmup_steps
     assert a.lines["total"] == 61 and a.lines["skipped"] >= 1
     assert a.system is not None and a.system.bad_lines == 1
-    run = tmp_path / "run"   # the same line in a monitor dir's steps.jsonl
+    run = tmp_path / "run"   # the same line in a monitor dir's steps.jsonl; its run.json
     run.mkdir()
     (run / "steps.jsonl").write_text(log.read_text())
+    (run / "run.json").write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")
     assert analyze(run).steps == a.steps
 
 
