@@ -124,8 +124,7 @@ def _users_code(s: _Seen) -> Failure | None:
                        f"cannot load the step {s.ctx.get('step')}: {s.etype}: {s.msg}",
                        "give --step as module:function importable from the current directory, "
                        "or as path/to/file.py:function" if missing else
-                       "its module raised or exited while it was imported: fix it (running "
-                       "the file with python shows the traceback)")
+                       "fix its module (running the file with python shows the traceback)")
     return None
 
 
