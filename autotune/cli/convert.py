@@ -176,9 +176,10 @@ def check_file_list_labels(path: str) -> None:
         lineno = 0
         try:
             for lineno, row in enumerate(csv.reader(f), start=1):
-                if len(row) < 2 or (lineno == 1 and row[1].strip().lower() in
-                                    ("label", "class", "target")):
-                    continue
+                if len(row) < 2 or (lineno == 1 and row[0].strip().lower() in
+                                    ("path", "file", "filename") and row[1].strip().lower()
+                                    in ("label", "class", "target")):
+                    continue   # the header row, as the scan takes it
                 label = row[1].strip()
                 if not label.isdigit():
                     numeric = False
