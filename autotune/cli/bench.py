@@ -132,6 +132,10 @@ options override them."""
             cfg.transform = replace(cfg.transform, draft=True)
         with spinner(not args.quiet) as prog:
             res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
+        if res.failure_kind == "step_import":   # the user's --step: a usage error, exit 2
+            from autotune.errors import UsageError
+
+            raise UsageError(f"{res.reason}; {res.hint}.", setting="step")
         emit(args, res.to_dict(), bench_renderable(res))
         return 1 if res.failed else 0
 

@@ -35,6 +35,19 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path):
     assert r.returncode == 2 and "--stage-dir" in r.stderr
 
 
+def test_a_step_that_exits_at_import_stops_the_search_with_exit_2(small_dataset, tmp_path):
+    mod = tmp_path / "exitstep.py"
+    mod.write_text("import sys\nsys.exit(3)\ndef step(batch):\n    return None\n")
+    r = run("search", str(small_dataset), "--step", f"{mod}:step", "--no-probe", "--warm",
+            "--batch-size", "4", "--seconds", "1", "--trials", "3", "--confirm", "0",
+            "--out", str(tmp_path / "out"),
+            env={**os.environ, "PYTHONPATH": str(TESTS.parents[1])})
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{mod} called sys.exit(3) while it was imported" in lines[0]
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="cold needs root here (drop_caches)")
 def test_a_dataset_too_small_for_a_cold_window_is_refused_up_front(small_dataset, tmp_path):
     # 64 images in batches of 16: 4 batches per cold pass, a measurement needs 15. Before,
