@@ -56,22 +56,16 @@ def load_user_code(spec: str) -> Any:
     """'module:attr' or 'path/to/file.py:attr' of the user's (a --step, a --dataset-factory),
     a module beside the user's command found too; the loader's exceptions pass through, but
     a sys.exit() at import is raised as UserCodeExit (it would end autotune silently with
-    the user's code), and a module that failed half-way is not left in sys.modules."""
+    the user's code)."""
     from converters.registry import load as load_attr
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    before = set(sys.modules)
     try:
         return load_attr(spec)
-    except BaseException as e:
-        for name in set(sys.modules) - before:
-            if name.startswith("autotune_user_"):   # the file's half-run module
-                del sys.modules[name]
-        if isinstance(e, SystemExit):
-            raise UserCodeExit(f"{spec.rpartition(':')[0]} called sys.exit({e.code!r}) while it "
-                               "was imported") from None
-        raise
+    except SystemExit as e:
+        raise UserCodeExit(f"{spec.rpartition(':')[0]} called sys.exit({e.code!r}) while it "
+                           "was imported") from None
 
 
 def _file_of(target: str) -> str | None:
