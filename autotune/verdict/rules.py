@@ -379,6 +379,9 @@ def _without_budget(inp: RuleInputs, ev: list[str], cmd: dict[str, str], missing
                     at: dict[str, Any]) -> Verdict:
     """No budget: a ceiling measured apart that is reached still decides; else unknown,
     naming what is missing."""
+    ev.append(f"input-bound: the step waits for its data {_pct(inp.data_share)} of the time; "
+              "without the time budget storage, decode and loader settings look the same: "
+              f"`{cmd['monitor']}` tells them apart")
     ev.append(f"time budget: missing ({missing})")
     if at["storage"]:
         return _storage(inp, ev, cmd, ": " + at["storage"])
