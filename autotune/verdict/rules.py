@@ -368,8 +368,7 @@ def _disk_evidence(s: SystemFigures, ev: list[str]) -> None:
         ev.append(f"disk {s.disk_device or '?'}: %util {med(s.disk_util_pct):.0f} (p95 "
                   f"{s.disk_util_pct['p95']:.0f}), r/s {_num(med(s.disk_reads_per_s))}, r_await "
                   f"{_num(med(s.disk_r_await_ms), '{:.1f}')} ms; iowait "
-                  f"{_num(med(s.cpu_iowait_pct), '{:.0f}')} % (context: a cap above the "
-                  "device hides its queue from these)")
+                  f"{_num(med(s.cpu_iowait_pct), '{:.0f}')} %")
     elif "disk" in s.unavailable:
         ev.append(f"disk: not measured ({s.unavailable['disk']})")
     ev.append(f"system figures: {s.samples} monitor samples, joined by {s.joined_by}")
