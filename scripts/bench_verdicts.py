@@ -49,7 +49,7 @@ SETUPS: dict[str, tuple[str, list[str], tuple[str, ...], bool, bool]] = {
                  ("storage",), True, False),
     "fuse-latency": ("fuse", ["--workers", "2", "--step-ms", "20", "--steps", "40"],
                      ("loader (latency)", "storage (latency)"), True, True),
-    "cpu-heavy": ("unthrottled", ["--workers", str(CPUS), "--step-ms", "10", "--steps", "30",
+    "cpu-heavy": ("unthrottled", ["--workers", str(CPUS), "--step-ms", "10", "--steps", "24",
                                   "--heavy"], ("decode",), False, False),
     "zero-workers": ("unthrottled", ["--workers", "0", "--step-ms", "100", "--steps", "50"],
                      ("loader",), False, False),

@@ -48,11 +48,10 @@ class JpegFolder(Dataset):
         with open(path, "rb") as f:
             img = Image.open(io.BytesIO(f.read())).convert("RGB")
         if self.heavy:
-            # A CPU-heavy augmentation: large resamples and blurs, several times the decode.
-            for _ in range(3):
-                img = img.resize((img.width * 2, img.height * 2), Image.BICUBIC)
-                img = img.filter(ImageFilter.GaussianBlur(2)).rotate(7, Image.BICUBIC)
-                img = img.resize((max(1, img.width // 2), max(1, img.height // 2)), Image.LANCZOS)
+            # A CPU-heavy augmentation: a large resample and a blur, several times the decode.
+            img = img.resize((img.width * 2, img.height * 2), Image.BICUBIC)
+            img = img.filter(ImageFilter.GaussianBlur(2)).rotate(7, Image.BICUBIC)
+            img = img.resize((max(1, img.width // 2), max(1, img.height // 2)), Image.LANCZOS)
         img = img.resize((self.size, self.size), Image.BILINEAR)
         x = torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
         return x.float().div_(255.0), self.label[os.path.basename(os.path.dirname(path))]
