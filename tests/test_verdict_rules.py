@@ -212,15 +212,25 @@ def test_one_worker_on_a_cpu_with_a_free_core_is_loader():
                                                   main=IDLE_MAIN))
     v = decide(inputs(0.3, s, workers=1))
     assert v.bottleneck == "loader", v
-    assert "too few workers" in v.summary and "core(s) free" in v.summary
+    assert "too few workers" in v.summary and "the job wants 1.1 of 2 core(s)" in v.summary
     assert v.next_command.startswith("autotune search /data/train --compute-ms 100")
 
 
-def test_workers_waiting_for_a_cpu_longer_than_they_run_is_decode():
-    # Other processes take the cores: runnable more than on a CPU, whatever the mean says.
-    s = system(cores=8, total=40, budget_d=budget(workers=klass(2, on_cpu=0.3, runnable=0.5),
+def test_as_many_busy_workers_as_cores_is_decode():
+    # Another worker would only take turns with these two.
+    s = system(cores=2, total=97, budget_d=budget(workers=klass(2, on_cpu=0.7, runnable=0.25),
                                                   main=IDLE_MAIN))
     assert decide(inputs(0.3, s, workers=2)).bottleneck == "decode"
+
+
+def test_a_neighbour_filling_the_cores_leaves_one_busy_worker_loader_bound():
+    # Seen on a shared CI machine: one worker on a CPU and runnable, the machine 100 % busy
+    # with other jobs. The scheduler shares the cores per task: more workers get more.
+    s = system(cores=2, total=100, budget_d=budget(workers=klass(1, on_cpu=0.8, runnable=0.28),
+                                                   main=IDLE_MAIN))
+    v = decide(inputs(0.31, s, workers=1))
+    assert v.bottleneck == "loader", v
+    assert "other processes hold" in v.summary and "too few workers" in v.summary
 
 
 def test_a_job_pinned_to_two_of_64_cores_is_judged_on_those_two():

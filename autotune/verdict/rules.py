@@ -14,9 +14,10 @@ the states with each other rather than one share with a fixed line, so that a wo
      probe's by-concurrency figures, or the storage ceiling's concurrency): then the
      latency rule (bounds.latency_verdict): loader (latency) when the reads in flight it
      takes fit the worker bound, storage (latency) when they do not;
-   - on a CPU: num_workers=0: loader (too few workers: 0); the usable cores full (a
-     worker more would not get half of what each one runs, or they wait for a CPU longer
-     than they run): decode; else loader (too few workers);
+   - on a CPU: num_workers=0: loader (too few workers: 0); the usable cores full with
+     the job's own demand (as many loaders as cores, or the job's tasks want >= 85 % of
+     the cores): decode; else loader (too few workers: a neighbour's load does not make
+     the cores full, the scheduler shares them per task, so more workers get more);
    - idle workers while the step waits: the wait is in the main process (collate,
      pin_memory, IPC, a lock): loader (main process).
    The ceilings measured apart (the probe's or the search's storage ceiling, the decode
@@ -34,14 +35,13 @@ from typing import Any
 
 from autotune.monitor.figures import SystemFigures
 from autotune.monitor.timebudget import ClassBudget, TimeBudget
-from autotune.thresholds import AT_CEILING, AU_HEALTHY
+from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED
 from autotune.verdict._types import Verdict
 from autotune.verdict.bounds import latency_verdict, worker_bound
 
 GPU_STARVED_PCT = 40.0    # practitioners' rule: a GPU under 40 % busy is starved
 LATENCY_GAIN = 1.25       # more reads in flight "raise the rate": by at least this factor
 NEAR_BEST = 0.90          # the reads in flight that reach this share of the best rate
-MORE_WORKER = 0.5         # a worker more would get at least half of what each one runs
 
 
 @dataclass
@@ -483,17 +483,22 @@ def _on_cpu(inp: RuleInputs, b: TimeBudget, load: _Load, ev: list[str],
                        "the step take turns", ev, cmd["search"],
                        [f"set num_workers (up to about {bound}): workers load while the step "
                         "runs; `autotune search` finds the knee"])
-    # Full: a worker more would not get half of what each one runs now; or they wait for
-    # a CPU longer than they run on one (the cores are taken, whatever is free on average).
-    full = (free is None or free < MORE_WORKER * max(load.cpu, 1e-9)
-            or load.runnable > load.on_cpu)
+    # Full with the job's own demand: a neighbour that fills the machine does not make
+    # them full for the job (the scheduler shares the cores per task: more workers, more
+    # CPU), while as many busy loaders as cores, or the job's tasks wanting nearly all of
+    # them, do (another worker would only take turns with these).
+    full = (cores is None or (load.procs or 0) >= cores
+            or wanted >= CPU_SATURATED * cores)
     if full:
         return Verdict("decode", f"decode-bound (CPU): {head} and the usable cores are full "
                        f"({wanted:.1f} wanted of {cores or '?'}) while the step waits "
                        f"{_pct(inp.data_share)} of the time", ev, cmd["search"], _DECODE_ADVICE)
-    return Verdict("loader", f"loader-configuration-bound: {head} with {free:.1f} of {cores} "
-                   f"core(s) free while the step waits {_pct(inp.data_share)} of the time: "
-                   "too few workers", ev, cmd["search"],
+    others = (f"; other processes hold {cores - wanted - free:.1f} of the rest, and more "
+              "workers get more of it" if free is not None and cores - wanted - free >= 0.25
+              else "")
+    return Verdict("loader", f"loader-configuration-bound: {head}; the job wants {wanted:.1f} "
+                   f"of {cores} core(s){others} while the step waits {_pct(inp.data_share)} "
+                   "of the time: too few workers", ev, cmd["search"],
                    [f"raise num_workers (up to about {min(bound, cores or bound)}), and "
                     "prefetch_factor if batches arrive unevenly; `autotune search` finds the knee"])
 
