@@ -17,6 +17,7 @@ the switch on for ever, nor switches it off under a live run).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
@@ -132,6 +133,11 @@ class DelayacctHold:
                                "without --delayacct") from None
 
 
+def hold_if(on: bool) -> contextlib.AbstractContextManager[DelayacctHold | None]:
+    """A DelayacctHold when `on` (the CLI's --delayacct), else a context that does nothing."""
+    return DelayacctHold() if on else contextlib.nullcontext()
+
+
 class _Flock:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -146,4 +152,4 @@ class _Flock:
         os.close(self.fd)
 
 
-__all__ = ["RUN_DIR", "DelayacctHold"]
+__all__ = ["RUN_DIR", "DelayacctHold", "hold_if"]

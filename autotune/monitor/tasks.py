@@ -48,6 +48,7 @@ from autotune.runqueue import descendants
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 DELAYACCT_SYSCTL = "/proc/sys/kernel/task_delayacct"
+SWITCH_RECORD = "/run/autotune-delayacct/previous"   # autotune.monitor.delayacct's record
 DISCOVER_S = 0.25           # how often the tree is re-listed (processes, threads)
 MEAN_HZ = 65.0              # mean sweep rate (>= 50 achieved); each interval uniform in [2/3, 4/3] of 1/MEAN_HZ
 
@@ -162,6 +163,15 @@ def delayacct_on(path: str = DELAYACCT_SYSCTL) -> bool:
     return bool(data) and data.strip() == b"1"
 
 
+def _switched_on_at(record: str = SWITCH_RECORD) -> float | None:
+    """When another autotune run switched delay accounting on (None: on before any did)."""
+    data = read_proc(record, 64)
+    try:
+        return float(data.split()[1]) or None if data else None
+    except (IndexError, ValueError):
+        return None
+
+
 @dataclass
 class _Window:
     started: float                       # boottime of the window's first sweep
@@ -186,6 +196,8 @@ class TaskSampler:
         self.mean_hz = mean_hz
         self.main_pid, self._main_settled = find_main(root_pid)
         self.delayacct = delayacct_since is not None or delayacct_on()
+        if delayacct_since is None and self.delayacct:
+            delayacct_since = _switched_on_at()
         self.delayacct_since = delayacct_since
         self.schedstat = os.path.exists("/proc/self/schedstat")
         self._threads: dict[tuple[int, int], _Thread] = {}
@@ -252,7 +264,15 @@ class TaskSampler:
     def _discover(self, now: float) -> None:
         self._last_discover = now
         if not self._main_settled:
+            was = self.main_pid
             self.main_pid, self._main_settled = find_main(self.root_pid)
+            if self.main_pid != was:
+                # The launcher has started the training process: the launcher's threads
+                # were counted as main until now; from here they are in no class.
+                for key, t in list(self._threads.items()):
+                    if t.pid == was:
+                        t.close()
+                        del self._threads[key]
         tree = set(descendants(self.main_pid))
         if self.main_pid != self.root_pid:
             # Other branches under a launcher (not the chain above main) are workers too.
