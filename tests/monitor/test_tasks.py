@@ -287,3 +287,42 @@ def test_reader_of_a_slow_fuse_mount_is_in_a_storage_wait(
         return
     assert w.blocked() > 0.5, b.to_dict()
     assert w.share("asleep") < 0.5
+
+
+def test_without_delay_accounting_the_budget_says_sampling_and_how_many(
+        procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.monitor.tasks as tasks
+
+    monkeypatch.setattr(tasks, "delayacct_on", lambda path=None: False)   # as without root
+    procs.append(p := _spawn(SPIN_AND_SLEEP))
+    b = _measure(p.pid, 0.6)
+    assert b.io_source == "state-sampling" and b.samples > 5
+    assert "state-sampling" in json_dumps(b) and "task-state sampling" in b.source_text()
+    assert f"({b.samples:,} samples)" in b.source_text()
+
+
+def json_dumps(b: TimeBudget) -> str:
+    import json
+    return json.dumps(b.to_dict())
+
+
+def test_a_kernel_without_schedstat_or_psi_gets_one_note_each(
+        procs: list[subprocess.Popen[bytes]], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    import autotune.monitor.psi as psi
+    import autotune.monitor.tasks as tasks
+
+    monkeypatch.setattr(tasks, "SCHEDSTAT_PROBE", str(tmp_path / "no-schedstat"))
+    monkeypatch.setattr(psi, "MACHINE_PSI", str(tmp_path / "no-pressure-io"))
+    monkeypatch.setattr(psi, "job_psi_file", lambda pid: (psi.MACHINE_PSI, "machine"))
+    procs.append(p := _spawn(SPIN_AND_SLEEP))
+    b = _measure(p.pid, 1.2)
+    sched = [n for n in b.notes if "schedstat" in n]
+    pressure = [n for n in b.notes if "no-pressure-io" in n]
+    assert len(sched) == 1 and "/proc/PID/task/TID/schedstat" in sched[0]
+    assert len(pressure) == 1 and b.psi_io is None
+    main = b.classes["main"]
+    # On CPU from stat's utime + stime instead: the spinner still shows; runnable unseen.
+    assert main.share("on_cpu") > 0.2
+    assert main.seconds["runnable"] == 0.0
+    assert b.io_source == "state-sampling" or tasks.delayacct_on()
