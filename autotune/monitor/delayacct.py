@@ -53,6 +53,9 @@ class DelayacctHold:
 
     def acquire(self) -> None:
         """Join the holders, switching delay accounting on when the first."""
+        if os.geteuid() != 0 and self.sysctl == DELAYACCT_SYSCTL:
+            raise UsageError("--delayacct needs root (it writes kernel.task_delayacct); run "
+                             "as root, or without it: I/O is then sampled from task states")
         if not os.path.exists(self.sysctl):
             raise NotPermitted(f"{self.sysctl}: no such file (a kernel before 5.14 has no "
                                "delay-accounting switch); run without --delayacct")

@@ -1,8 +1,8 @@
 """The task sampler: where each thread of a job's process tree spends its wall time.
 
 A thread of its own in the monitoring process (never in the training process) sweeps
-every thread of the job's tree (`/proc/PID/task/TID/*`) at ~60 Hz on jittered intervals
-(uniform 10-21 ms: a fixed 50 Hz would phase-lock with a 100 ms step and see the same
+every thread of the job's tree (`/proc/PID/task/TID/*`) at ~55 Hz on jittered intervals
+(uniform 11-23 ms: a fixed 50 Hz would phase-lock with a 100 ms step and see the same
 moment of every step) and yields one `TimeBudget` per monitor interval (`take()`):
 
     on_cpu, runnable   exact: the deltas of schedstat's run and run-queue-wait ns
@@ -43,7 +43,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from autotune.monitor.proctree import read_proc
 from autotune.monitor.timebudget import ClassBudget, TimeBudget
@@ -56,7 +56,7 @@ SWITCH_RECORD = "/run/autotune-delayacct/previous"   # autotune.monitor.delayacc
 DISCOVER_S = 0.5            # how often the tree is re-listed (processes, threads)
 QUIET_SWEEPS = 10            # a thread that has not run for this many sweeps is "quiet"
 QUIET_EVERY = 4             # ... and read every this many sweeps until it runs again
-MEAN_HZ = 58.0              # mean sweep rate (>= 50 achieved); each interval uniform in [2/3, 4/3] of 1/MEAN_HZ
+MEAN_HZ = 58.0   # sweeps per s (>= 50 achieved); intervals uniform in [2/3, 4/3] x 1/MEAN_HZ
 
 _FUSE = ("request_wait_answer", "fuse_wait_answer", "fuse_")
 _NETFS = ("rpc_wait_bit_killable", "rpc_", "nfs_", "nfs4_", "__rpc_", "cifs_",
@@ -188,7 +188,6 @@ class _Window:
     sweeps: int = 0
     wchan_zero: int = 0                  # S reads whose wchan was "0" / empty
     wchan_named: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class TaskSampler:
@@ -197,7 +196,9 @@ class TaskSampler:
 
     delayacct_since: boottime at which delay accounting was switched on for this run
     (autotune.monitor.delayacct); processes started before it are flagged and sampled.
-    None: use delay accounting when kernel.task_delayacct reads 1 at start.
+    None: use delay accounting when kernel.task_delayacct reads 1 at start (since when
+    another autotune run switched it on, from its record, else for every process).
+    A window at whose end the switch reads 0 (someone switched it off) is sampled.
     """
 
     def __init__(self, root_pid: int, *, mean_hz: float = MEAN_HZ,
@@ -211,7 +212,6 @@ class TaskSampler:
         self.delayacct_since = delayacct_since
         self.schedstat = os.path.exists(SCHEDSTAT_PROBE)
         self._threads: dict[tuple[int, int], _Thread] = {}
-        self._procs: dict[int, tuple[bool, float]] = {}   # pid -> (worker, alive_s) this window
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -456,6 +456,8 @@ class TaskSampler:
         procs: dict[int, float] = {}
         pids: dict[str, set[int]] = {"main": set(), "workers": set()}
         pre: set[int] = set()
+        # Switched off under us (by hand, or a run outside autotune): blkio stopped counting.
+        da = self.delayacct and delayacct_on()
         for t in self._threads.values():
             if t.alive_s <= 0 and t.last == t.base:
                 continue
@@ -466,7 +468,7 @@ class TaskSampler:
             procs[t.pid] = max(procs.get(t.pid, 0.0), t.alive_s)
             on_cpu = max(0, t.last[0] - t.base[0]) / 1e9
             runnable = max(0, t.last[1] - t.base[1]) / 1e9
-            if self.delayacct and not t.pre_switch:
+            if da and not t.pre_switch:
                 io = max(0, t.last[2] - t.base[2]) / CLK_TCK
             else:
                 io = t.d_s
@@ -482,9 +484,12 @@ class TaskSampler:
             c.processes = len(pids[name])
             c.process_seconds = sum(procs[p] for p in pids[name])
         b = TimeBudget(wall_s=wall, classes=classes,
-                       io_source="delayacct" if self.delayacct and not pre else "state-sampling",
+                       io_source="delayacct" if da and not pre else "state-sampling",
                        samples=win.sweeps, hz=win.sweeps / wall if wall > 0 else 0.0)
         b.notes.extend(self._notes(win, pre))
+        if self.delayacct and not da:
+            b.notes.append("kernel.task_delayacct was switched off during the run: I/O is "
+                           "sampled from task states")
         return b
 
     def _notes(self, win: _Window, pre: set[int]) -> list[str]:

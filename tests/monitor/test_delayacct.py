@@ -87,3 +87,14 @@ def test_real_switch_counts_blkio_of_a_process_started_after(tmp_path: Path) -> 
         if before == "0":
             assert h.since is not None
     assert Path(DELAYACCT_SYSCTL).read_text().strip() == before
+
+
+def test_without_root_it_is_a_usage_error(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.monitor.delayacct as da
+    from autotune.errors import UsageError
+
+    monkeypatch.setattr(da.os, "geteuid", lambda: 1000)   # as a user (the venv is root's)
+    with pytest.raises(UsageError, match="--delayacct needs root"):
+        DelayacctHold(str(tmp_path / "run")).acquire()
+    assert not (tmp_path / "run").exists()
