@@ -56,6 +56,10 @@ Run a training command and watch what the machine does meanwhile:
                        help="the dataset directory: its disk is watched (default: the current "
                             "directory's disk)")
         p.add_argument("--no-gpu", action="store_true", help="do not sample NVML")
+        p.add_argument("--delayacct", action="store_true",
+                       help="switch kernel.task_delayacct on for the run (root): the time "
+                            "budget's I/O is then counted exactly, not sampled; restored after, "
+                            "never switched off while another autotune run holds it")
         p.add_argument("--no-analysis", action="store_true",
                        help="do not print the analysis at the end")
         p.add_argument("--json", metavar="FILE",
@@ -162,7 +166,8 @@ def _run_monitor(args: argparse.Namespace) -> int:
                          "`autotune monitor --data /data/train -- python train.py`")
     out = args.out or time.strftime("monitor-%Y%m%d-%H%M%S")
     run = run_monitored(cmd, out, interval=args.interval, data=args.data, gpu=not args.no_gpu,
-                        echo_stdout=sys.stdout.buffer, echo_stderr=sys.stderr.buffer)
+                        echo_stdout=sys.stdout.buffer, echo_stderr=sys.stderr.buffer,
+                        delayacct=args.delayacct)
     from autotune.cli.tables import printable
 
     err = console(True)

@@ -111,6 +111,10 @@ options override them."""
                        help="also write the result as JSON to FILE ('-' for stdout)")
         p.add_argument("--timeline", metavar="FILE",
                        help="write every monitor sample (JSONL, with its phase) to FILE")
+        p.add_argument("--delayacct", action="store_true",
+                       help="switch kernel.task_delayacct on for the run (root): the time "
+                            "budget's I/O is then counted exactly, not sampled; restored after, "
+                            "never switched off while another autotune run holds it")
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.bench import BenchConfig, run_bench
@@ -130,7 +134,9 @@ options override them."""
             from dataclasses import replace
 
             cfg.transform = replace(cfg.transform, draft=True)
-        with spinner(not args.quiet) as prog:
+        from autotune.monitor.delayacct import hold_if
+
+        with hold_if(args.delayacct), spinner(not args.quiet) as prog:
             res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
         if res.failure_kind == "step_import":   # the user's --step: a usage error, exit 2
             from autotune.errors import UsageError

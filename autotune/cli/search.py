@@ -123,8 +123,18 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         p.add_argument("--convert-dir", metavar="DIR",
                        help="where to write the conversion (default OUT/converted-FORMAT)")
         p.add_argument("--json", metavar="FILE", help="also write the result JSON to FILE ('-' for stdout)")
+        p.add_argument("--delayacct", action="store_true",
+                       help="switch kernel.task_delayacct on for the run (root): the time "
+                            "budget's I/O is then counted exactly, not sampled; restored after, "
+                            "never switched off while another autotune run holds it")
 
     def run(self, args: argparse.Namespace) -> int:
+        from autotune.monitor.delayacct import hold_if
+
+        with hold_if(args.delayacct):
+            return self._run(args)
+
+    def _run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.search import loop_renderable, search_renderable
         from autotune.search import SearchOptions, run_search
         from converters.units import parse_size

@@ -131,6 +131,12 @@ def test_json_keys(fast_step, no_leftovers) -> None:
     assert {"disk", "cpu", "gpu"} <= set(sysd)
     assert len(sysd["cpu"]["per_core_pct_mean"]) >= 1
     assert "reads_per_s" in sysd["disk"] or "unavailable" in sysd["disk"]
+    # The window's time budget (autotune.monitor.tasks): the measurement process and its
+    # two DataLoader workers, sampled from the parent.
+    budget = sysd["figures"]["budget"]
+    assert budget is not None and budget["samples"] > 0 and budget["hz"] > 0
+    assert budget["classes"]["main"]["processes"] == 1
+    assert budget["classes"]["workers"]["processes"] >= 2
 
 
 def _render(res) -> str:

@@ -37,6 +37,10 @@ def test_json_keys_report_and_resume(small_dataset, tmp_path):
     ev = " | ".join(d["verdict"]["evidence"])
     assert "CPU: machine" in ev and "system figures:" in ev and "monitor samples" in ev, ev
     assert d["baseline"]["config"]["num_workers"] == min(8, os.cpu_count())
+    # Each measured trial's window carries its time budget (autotune.monitor.tasks).
+    done = [t for t in d["trials"] if t["state"] == "complete"]
+    assert done and all((t["system_figures"] or {}).get("budget", {}).get("samples")
+                        for t in done)
     html = Path(r1.report_html).read_text()
     assert html.count("<svg") >= 3 and "Optimization history" in html
     measured1 = [t for t in r1.trials if t.state != "duplicate"]

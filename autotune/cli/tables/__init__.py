@@ -43,3 +43,20 @@ def _stat(d: dict[str, Any] | None, key: str = "median", fmt: str = "{:,.1f}") -
     if not d or d.get(key) is None:
         return "-"
     return fmt.format(d[key])
+
+
+def budget_texts(budget: dict[str, Any] | None, title: str = "time budget") -> list[Any]:
+    """The time budget's lines (a line per process class, PSI, notes) under a bold title;
+    [] when there is none (autotune.monitor.timebudget)."""
+    from rich.text import Text
+
+    from autotune.monitor.timebudget import TimeBudget
+
+    if not budget or not budget.get("available"):
+        return []
+    b = TimeBudget.from_dict(budget)
+    out: list[Any] = [Text(f"{title} (share of each process's wall time, {b.wall_s:.1f} s)",
+                           style="bold")]
+    out += [Text(f"  {line}", style="dim" if line.startswith("note:") else "")
+            for line in b.lines()]
+    return out

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.analyze.analysis import Analysis
-from autotune.cli.tables import printable
+from autotune.cli.tables import budget_texts, printable
 
 _STYLE = {"compute": "bold green", "storage": "bold red", "decode": "bold red",
           "loader": "bold yellow", "unknown": "bold magenta"}
@@ -74,6 +74,7 @@ def analysis_renderable(a: Analysis) -> Group:
                           f"{s.joined_by})", style="bold"))
         for sec, why in s.unavailable.items():
             parts.append(Text(f"  {sec}: not measured ({why})", style="dim"))
+        parts += budget_texts(s.budget)
     parts += verdict_lines(a)
     for w in a.warnings:
         parts.append(Text(f"warning: {printable(w)}", style="yellow"))

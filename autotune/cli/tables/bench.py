@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import _ms, _pct, _stat, printable
+from autotune.cli.tables import _ms, _pct, _stat, budget_texts, printable
 from converters.units import fmt_rate
 
 
@@ -41,6 +41,7 @@ def bench_renderable(r: Any) -> Group:
     s = r.system or {}
     if s.get("samples"):
         parts.append(_system(s))
+    parts += budget_texts((s.get("figures") or {}).get("budget"))
     for wmsg in r.warnings:
         parts.append(Text(f"warning: {printable(wmsg)}", style="yellow"))
     if r.timeline_file:

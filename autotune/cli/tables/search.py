@@ -10,7 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import printable
+from autotune.cli.tables import budget_texts, printable
 from autotune.params import cells, shown
 from converters.units import fmt_rate
 
@@ -76,6 +76,7 @@ def search_renderable(d: dict[str, Any]) -> Group:
         for a in v["advice"]:
             parts.append(Text(f"  → {printable(a)}", style="bold"))
     rec = d.get("recommended")
+    parts += budget_texts(_recommended_budget(d), "time budget of the recommended trial")
     if rec:
         gain = d.get("gain_vs_baseline")
         parts.append(Text.assemble(
@@ -94,6 +95,17 @@ def search_renderable(d: dict[str, Any]) -> Group:
     for w in d.get("warnings", []):
         parts.append(Text(f"note: {printable(w)}", style="yellow"))
     return Group(*parts)
+
+
+def _recommended_budget(d: dict[str, Any]) -> dict[str, Any] | None:
+    """The recommended trial's time budget (its window's system figures), if measured."""
+    n = (d.get("recommended") or {}).get("trial")
+    if n is None:
+        return None
+    for tr in d.get("trials") or []:
+        if tr.get("number") == n:
+            return (tr.get("system_figures") or {}).get("budget")
+    return None
 
 
 def loop_renderable(loop: Any) -> Group:
