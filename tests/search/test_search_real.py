@@ -98,6 +98,20 @@ def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_dataset, tmp_
     assert r.recommended.au >= 0.9
 
 
+def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path):
+    # 1.2 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
+    # batches, fewer than the 10 a figure needs, so every measurement failed. Without
+    # --seconds each window now holds the warm-up and 10 batches at the demand rate:
+    # (1 + 10) x 1.2 s, 14 s in whole seconds.
+    r = run_search(small_dataset, opts(tmp_path, trials=1, compute_ms=1200, seconds=None,
+                                       cold=False, probe=False))
+    measured = [t for t in r.trials if t.state != "duplicate"] + [r.baseline]
+    assert all(t.ok for t in measured), [(t.params, t.reason) for t in measured]
+    for t in measured:
+        assert t.batches >= 10 and t.measured_s >= 14, t.to_dict()
+    assert r.verdict.bottleneck == "compute", r.verdict.to_dict()
+
+
 @pytest.mark.root
 def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
     from autotune.emulate import IoThrottle
