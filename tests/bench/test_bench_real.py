@@ -7,6 +7,7 @@ per file. Throttled and FUSE cases use the emulation helpers (autotune.emulate).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -103,11 +104,15 @@ def test_emulated_step_with_fast_loader_is_not_input_bound(fast_step, no_leftove
     r = fast_step
     assert not r.failed, r.reason
     figures = (r.au, r.data_wait_fraction, r.images_per_s, r.batch_wait_ms, r.system.get("cpu"))
-    assert r.au >= 0.95 and r.input_bound is False, figures
-    assert r.data_wait_fraction < 0.05, figures
-    assert r.step_ms["p50"] == pytest.approx(100, abs=5)
-    # demand = batch / step = 80 images/s; the loader keeps up
-    assert r.images_per_s == pytest.approx(80, rel=0.06)
+    # The loader decodes a batch of 8 tiny images in a few ms against a 100 ms step: a
+    # margin of tens, so that a busy neighbour does not make it input-bound.
+    assert r.au >= 0.90 and r.input_bound is False, figures
+    assert r.data_wait_fraction < 0.10, figures
+    assert r.step_ms["p50"] >= 99
+    # demand = batch / step = 80 images/s, which no window can beat (each step sleeps
+    # 100 ms); the figure is the window's samples over its time: 8 per step x AU.
+    assert r.images_per_s <= 80 * 1.01, figures
+    assert r.images_per_s == pytest.approx(8 / (r.step_ms["p50"] / 1000) * r.au, rel=0.05)
     no_leftovers(r)
 
 
@@ -164,15 +169,21 @@ def test_on_tick_stops_the_measurement_and_leaves_nothing_running(small_dataset:
     cfg = BenchConfig.from_preset("decode-only", num_workers=2, persistent_workers=True,
                                   batch_size=4, seconds=20, warmup_batches=2, cold=False)
     ticks: list[tuple[float, float]] = []
+    stopped_at: list[float] = []
 
     def on_tick(secs: float, ips: float) -> str | None:
         ticks.append((secs, ips))
-        return "stopped by the test" if len(ticks) == 2 else None
+        if len(ticks) == 2:
+            stopped_at.append(time.monotonic())
+            return "stopped by the test"
+        return None
 
     r = run_bench(small_dataset, cfg, on_tick=on_tick)
     assert r.failed and r.failure_kind == "pruned" and r.reason == "stopped by the test"
-    assert len(ticks) == 2 and 0.9 < ticks[0][0] < ticks[1][0] < 5 and ticks[1][1] > 0
-    assert r.seconds_total < 20  # the 20 s window was not waited out
+    assert len(ticks) == 2 and 0.9 < ticks[0][0] < ticks[1][0] < cfg.seconds and ticks[1][1] > 0
+    # The rest of the 20 s window was not waited out: from the stop to the return (kill
+    # and clean-up), not counting start-up, which a busy machine can make long.
+    assert time.monotonic() - stopped_at[0] < cfg.seconds - ticks[1][0]
     no_leftovers(r)
 
 
@@ -238,7 +249,7 @@ def test_ram_backed_data_is_never_called_cold(small_dataset: Path, no_leftovers)
 
 @pytest.mark.slow
 @pytest.mark.root
-def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path, fast_step,
+def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path,
                                                     no_leftovers) -> None:
     from autotune.emulate import IoThrottle
 
@@ -252,9 +263,12 @@ def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path, fast_
                                                  seconds=8), throttle=cap)
     assert not r.failed, r.reason
     assert r.cold and r.window["storage_read_fraction"] > 0.9
-    assert r.au < fast_step.au - 0.15 and r.input_bound, (r.au, fast_step.au)
-    assert r.data_wait_fraction > fast_step.data_wait_fraction + 0.15
-    assert r.images_per_s < 0.8 * fast_step.images_per_s
+    # Bounds from the cap, not from a second run: at least one read per file at 25 IOPS
+    # serves about 25 of the 80 images/s the step asks (AU about 0.3). A busy machine can
+    # only lower AU and raise the wait further, so these hold on a shared one.
+    assert r.au < 0.6 and r.input_bound, (r.au, r.images_per_s)
+    assert r.data_wait_fraction > 0.4, (r.data_wait_fraction, r.images_per_s)
+    assert r.images_per_s < 40
     no_leftovers(r)
 
 
@@ -278,9 +292,12 @@ def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftover
     assert not cold.failed and not warm.failed, (cold.reason, warm.reason)
     assert cold.window["storage_read_fraction"] > 0.9
     assert cold.cold and not warm.cold
-    assert warm.images_per_s > 3 * cold.images_per_s, (cold.images_per_s, warm.images_per_s)
-    # 100 IOPS and at least one read per file: the whole window cannot beat the cap.
+    # 100 IOPS and at least one read per file: the whole cold window cannot beat the cap
+    # (a busy machine only slows it); warm reads come from the page cache, not the disk,
+    # and beat it by a margin of about ten here (not a ratio of the two runs' speeds).
     assert cold.images_per_s < 110
+    assert warm.window["storage_read_fraction"] < 0.1, warm.window
+    assert warm.images_per_s > 110, (cold.images_per_s, warm.images_per_s)
     assert warm.cache["resident_fraction_at_start"] > 0.9
     no_leftovers(cold)
     no_leftovers(warm)
@@ -303,8 +320,10 @@ def test_more_workers_than_cores_help_behind_latency(small_images_ds: Path, tmp_
     for r in runs.values():
         assert not r.failed, r.reason
         no_leftovers(r)
-    assert runs[8].images_per_s > 2 * runs[2].images_per_s, \
-        {w: r.images_per_s for w, r in runs.items()}
+    # Two workers, each waiting at least 2 x 20 ms per file (its open and its read), can
+    # never pass 50 images/s; eight do (about four times that, decoding being cheap).
+    # A bound two workers cannot pass, not a ratio of two runs' speeds.
+    assert runs[8].images_per_s > 2 / (2 * 0.020), {w: r.images_per_s for w, r in runs.items()}
     from autotune.data.presets import usable_cores
 
     # Said when 8 is more than the cores (as here), and only then.
