@@ -171,7 +171,9 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
 def _fingerprint(root: Path, opts: SearchOptions, base: BenchConfig) -> dict[str, Any]:
     """What must match for a study to be resumed rather than mixed with other figures."""
     return {"dataset": str(root), "preset": opts.preset, "batch_size": base.batch_size,
-            "compute_ms": base.compute_ms, "step": base.step, "seconds": opts.seconds,
+            "compute_ms": base.compute_ms, "step": base.step,
+            # The window as measured: a study of the old 10 s default resumes as it was.
+            "seconds": opts.seconds if opts.seconds is not None else base.seconds,
             "cold": opts.cold, "format": opts.format, "dataset_factory": base.dataset_factory,
             "procs_per_node": base.procs_per_node}
 
