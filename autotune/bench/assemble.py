@@ -4,6 +4,7 @@ process ended) into a BenchResult: figures, labels, warnings, or a failure with 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -156,12 +157,19 @@ def _too_few(cfg: BenchConfig, window: dict[str, Any]) -> Failure | None:
            else f"at least {MIN_WINDOW_BATCHES}")
     end = (" before the end of the first cold pass over the dataset"
            if window.get("shortened") else "")
+    hint = ("use a longer --seconds, a smaller --batch-size, fewer workers or a lower "
+            "prefetch_factor, a larger dataset, or --warm (later passes labelled warm)")
+    secs = window.get("seconds") or 0.0
+    if n and not window.get("shortened") and secs > 0:
+        # The window ran out of time: at the pace measured (a real step's time is known
+        # only now), the warm-up and the batches a figure needs take this long.
+        per = secs / n
+        hint = (f"give --seconds {math.ceil((cfg.effective_warmup + need) * per)} or more "
+                f"({cfg.effective_warmup} warm-up + {need} batches at the {per:.3g} s per "
+                f"batch measured); or {hint}")
     return Failure("too_few_batches",
                    f"only {n} batches were measured{end} ({window.get('samples')} samples in "
-                   f"{window.get('seconds', 0):.1f} s); a figure needs {why}: this is not a "
-                   "measurement",
-                   "use a longer --seconds, a smaller --batch-size, fewer workers or a lower "
-                   "prefetch_factor, a larger dataset, or --warm (later passes labelled warm)")
+                   f"{secs:.1f} s); a figure needs {why}: this is not a measurement", hint)
 
 
 def _record(s: Sample, sched: dict[float, Any] | None,

@@ -83,8 +83,9 @@ options override them."""
         step.add_argument("--step", metavar="MODULE:FUNCTION",
                           help="call FUNCTION(batch) as the step; batch = (images float32 "
                                "[B,3,H,W], labels [B]); also path/to/file.py:function")
-        p.add_argument("--seconds", type=positive_float("--seconds"), default=20.0, metavar="S",
-                       help="measured window after warm-up (default 20)")
+        p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
+                       help="measured window after warm-up (default 20, longer for a long "
+                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps)")
         p.add_argument("--warmup-batches", type=nonneg_int("--warmup-batches"), metavar="N",
                        help="batches excluded at start (default max(5, workers x prefetch))")
         cache = p.add_mutually_exclusive_group()

@@ -43,6 +43,9 @@ def test_help_says_what_is_measured(capsys: pytest.CaptureFixture[str]) -> None:
     (["--preset", "nope"], "unknown preset 'nope'"),
     (["--format", "lmdb"], "format lmdb needs the manifest.json that `autotune convert` writes"),
     (["--step", "nocolon"], "step must be 'module:function'"),
+    # A window that cannot hold the batches a figure needs at a long step's demand rate.
+    (["--compute-ms", "3000", "--batch-size", "64", "--workers", "2", "--seconds", "10"],
+     ("--seconds 10 is too short for a 3000 ms step per batch of 64", "give --seconds 45 or more")),
 ])
 def test_bad_arguments_exit_2(small_dataset: Path, capsys: pytest.CaptureFixture[str],
                               argv: list[str], msg: str | tuple[str, ...]) -> None:
