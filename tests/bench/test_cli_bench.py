@@ -102,7 +102,7 @@ def test_a_factory_that_raises_or_exits_at_import_is_a_usage_error(
     mod = tmp_path / "badfactory.py"
     mod.write_text(body + "def make(path):\n    return None\n")
     r = subprocess.run([sys.executable, "-m", "autotune", "bench", str(small_dataset),
-                        "--dataset-factory", f"{mod}:make", "--seconds", "1"],
+                        "--dataset-factory", f"{mod}:make", "--seconds", "3"],
                        capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 2, r.stderr
