@@ -37,6 +37,8 @@ from autotune.bench.result import BenchResult
 from autotune.cache import make_cold, ram_backed
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune.monitor import SystemMonitor
+from autotune.monitor.run import budget_section
+from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
 from converters import registry
 from converters.registry import open_source
@@ -160,7 +162,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         m.run(tmp, popen or subprocess.Popen, monitor_path or root)
         res = m.result(tmp)
         if timeline is not None:
-            write_timeline(timeline, m.samples, m.child, m.marks, m.sched)
+            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget)
             res.timeline_file = str(timeline)
         res.seconds_total = time.monotonic() - t_begin
         return res
@@ -197,6 +199,8 @@ class _Measurement:
         self.child: dict[str, Any] | None = None
         self.go_w = -1
         self.sched: dict[float, dict[str, Any] | None] = {}
+        self.budget: dict[float, dict[str, Any] | None] = {}
+        self.tasks: TaskSampler | None = None
 
     def prepare_cache(self) -> None:
         """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
@@ -270,8 +274,12 @@ class _Measurement:
         on I/O?), kept by the sample's time for the verdict's figures."""
         rq = RunQueueSampler(pid)
         rq.sample(time.monotonic())  # the baseline
+        # Where each process class's time goes, per sample interval (autotune.monitor.tasks);
+        # a thread in this (the parent) process, never in the measurement process.
+        self.tasks = tasks = TaskSampler(pid).start()
 
         def on_sample(sample: Any) -> None:
+            self.budget[sample.monotonic] = budget_section(tasks)
             try:
                 u = rq.sample(sample.monotonic)
             except Exception as e:  # noqa: BLE001 - a figure, never a reason to stop
@@ -349,6 +357,8 @@ class _Measurement:
         if self.mon is not None:
             self.mon.stop()
             self.samples = self.mon.records
+        if self.tasks is not None:
+            self.tasks.stop()
 
     def result(self, tmp: Path) -> BenchResult:
         path = tmp / "result.json"
@@ -360,7 +370,7 @@ class _Measurement:
         return build_result(self.cfg, self.root, self.fmt, self.child, self.samples, self.cache,
                             self.proc, self.timed_out, self.phase, _log_tail(tmp / "child.log"),
                             _oom_kills() - self.oom0, self.cleanup, self.mon, self.marks,
-                            stopped=self.stopped, sched=self.sched)
+                            stopped=self.stopped, sched=self.sched, budget=self.budget)
 
 
 def _kill_group(pgid: int) -> None:
