@@ -84,7 +84,7 @@ def test_a_read_only_output_is_one_clear_line_per_command(small_dataset, work_di
         "convert": ("convert", str(small_dataset), str(ro / "wds"), "--format", "wds"),
         "stage": ("stage", str(small_dataset), str(ro / "staged")),
         "search": ("search", str(small_dataset), "--out", str(ro / "search"), "--no-probe",
-                   "--trials", "1", "--seconds", "1", "--warm"),
+                   "--trials", "1", "--seconds", "3", "--warm"),
         "bench --json": ("bench", str(small_dataset), "--preset", "decode-only", "--warm",
                          "--seconds", "1", "--batch-size", "8", "--json", str(ro / "b.json")),
     }

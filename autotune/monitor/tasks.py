@@ -53,7 +53,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 DELAYACCT_SYSCTL = "/proc/sys/kernel/task_delayacct"
 SCHEDSTAT_PROBE = "/proc/self/schedstat"   # absent on kernels without CONFIG_SCHED_INFO
 SWITCH_RECORD = "/run/autotune-delayacct/previous"   # autotune.monitor.delayacct's record
-DISCOVER_S = 0.5            # how often the tree is re-listed (processes, threads)
+DISCOVER_S = 0.2            # how often the tree is re-listed: a non-persistent worker of a short
+                            # epoch may live a few tenths of a second, and one unseen is lost
 QUIET_SWEEPS = 10            # a thread that has not run for this many sweeps is "quiet"
 QUIET_EVERY = 4             # ... and read every this many sweeps until it runs again
 MEAN_HZ = 58.0   # sweeps per s (>= 50 achieved); intervals uniform in [2/3, 4/3] x 1/MEAN_HZ

@@ -253,11 +253,12 @@ class Session:
                       monitor_path=opts.monitor_path,
                       timeline=self.out / "timelines" / f"{label}.jsonl",
                       progress=lambda m: self.say(f"{label}: {m}"), on_tick=on_tick)
-        if r.failure_kind == "step_import":
+        d = r.to_dict()
+        if d.get("failure_kind") == "step_import":
             # The user's --step cannot be imported: every configuration would fail the same
             # way. A usage error (exit 2), as for a factory that cannot be loaded.
-            raise UsageError(f"{r.reason}; {r.hint}.", setting="step")
-        rec = TrialRecord.from_bench(-1, params, r.to_dict())
+            raise UsageError(f"{d.get('reason')}; {d.get('hint')}.", setting="step")
+        rec = TrialRecord.from_bench(-1, params, d)
         rec.host = dict(self.shared.host)
         if rec.ok and rec.memory_mib > self.max_mem:
             rec.state = "rejected"

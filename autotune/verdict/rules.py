@@ -246,6 +246,14 @@ class _Load:
         return ("the main process (num_workers=0)" if self.main_only
                 else f"the {self.procs} worker{'s' if self.procs != 1 else ''}")
 
+    @property
+    def whose(self) -> str:
+        return "its loading" if self.main_only else "its" if self.procs == 1 else "their"
+
+    @property
+    def verb(self) -> str:
+        return "is" if self.main_only or self.procs == 1 else "are"
+
     def dominant(self) -> str:
         """The state that took most of the time: states compared with each other, never
         one share against a fixed line (ties: blocked, then cpu)."""
@@ -434,8 +442,8 @@ def _storage_kind(inp: RuleInputs, load: _Load) -> tuple[str | None, int | None,
 def _blocked(inp: RuleInputs, load: _Load, ev: list[str], cmd: dict[str, str]) -> Verdict:
     kind, need, rate, unit, line = _storage_kind(inp, load)
     ev.append(line)
-    head = (f"{load.who} {'is' if load.main_only else 'are'} blocked on storage "
-            f"{_pct(load.blocked)} of {'its loading' if load.main_only else 'their'} time (on a CPU "
+    head = (f"{load.who} {load.verb} blocked on storage "
+            f"{_pct(load.blocked)} of {load.whose} time (on a CPU "
             f"or runnable {_pct(load.cpu)}, idle {_pct(load.idle)})")
     if kind == "latency" and need:
         bound, why = _bound(inp, load)
@@ -473,8 +481,8 @@ def _cpu_line(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[int | None
 def _on_cpu(inp: RuleInputs, b: TimeBudget, load: _Load, ev: list[str],
             cmd: dict[str, str]) -> Verdict:
     cores, wanted, free = _cpu_line(inp, b, ev)
-    head = (f"{load.who} {'is' if load.main_only else 'are'} on a CPU or runnable "
-            f"{_pct(load.cpu)} of {'its loading' if load.main_only else 'their'} time "
+    head = (f"{load.who} {load.verb} on a CPU or runnable "
+            f"{_pct(load.cpu)} of {load.whose} time "
             f"(blocked {_pct(load.blocked)}, idle {_pct(load.idle)})")
     bound, _ = _bound(inp, load)
     if load.main_only:

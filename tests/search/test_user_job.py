@@ -46,7 +46,7 @@ def test_a_factory_dataset_of_dict_float16_samples_is_measured(small_dataset, no
     (f"{USER}:missing", "has no attribute 'missing'"),
 ])
 def test_a_factory_that_cannot_load_is_one_line_exit_2(small_dataset, spec, words):
-    r = cli("bench", str(small_dataset), "--dataset-factory", spec, "--seconds", "1")
+    r = cli("bench", str(small_dataset), "--dataset-factory", spec, "--seconds", "3")
     assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "(option --dataset-factory)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
