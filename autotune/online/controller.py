@@ -113,6 +113,8 @@ class Controller:
         else:
             cfg = self.make(min(RULE_MAX_WORKERS, self.bound), 2)
             source = "the rule of thumb min(8, usable cores)"
+        if not self.knobs:
+            source = "the settings given: nothing to tune"
         cfg = self._fit_start(cfg)
         self._current = cfg
         emit("start", f"start at {cfg.short()} ({source}; worker bound {self.bound})",

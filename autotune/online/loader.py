@@ -23,7 +23,8 @@ from torch.utils.data import IterableDataset
 from autotune.errors import UsageError
 from autotune.online import cache
 from autotune.online.config import TUNED, Config
-from autotune.online.controller import Controller, MemoryFigures, _worker_bound, emit
+from autotune.cpus import usable_cores
+from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import batch_bytes, default_budget, own_pss, pss_bytes
 from autotune.online.pool import Pool
@@ -124,7 +125,7 @@ class DataLoader:
         self._ctl = _controller if _controller not in (None, False) else Controller(
             fixed=self._fixed, cuda=self._cuda, budget=budget,
             memory=self._memory, cache_key=cache.dataset_key(
-                dataset, key, self.batch_size, _worker_bound()))
+                dataset, key, self.batch_size, usable_cores()))
         self._pools: list[Pool] = []
         self._batch_bytes: int | None = None
         self._pending: Pool | None = None
@@ -404,8 +405,9 @@ class DataLoader:
         if self._tuning and sw.reason != "forced":
             self._ctl.charge(cfg, cost)
         emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
-             f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s "
-             f"({sw.main_s:.3f} s of it in this process)",
+             f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
+             f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "
+             "here, partly while waiting anyway)",
              config=cfg.kwargs(), old=sw.old.kwargs(), cost_s=cost, startup_s=up,
              main_s=sw.main_s, overlap_batches=sw.batches, reason=sw.reason)
 
@@ -421,7 +423,7 @@ class DataLoader:
     def _summarize(self) -> None:
         first, last = self._first, self._latest
         if first is None or last is None:
-            msg = (f"first epoch: {self._served} batches, fewer than one window "
+            msg = (f"{self._served} batches, fewer than one window "
                    f"({self._meter.size}); nothing measured")
         else:
             a, b = first.config, last.config

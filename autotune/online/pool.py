@@ -9,9 +9,11 @@ raises in shared memory). Whether a pool outlives an epoch is the configuration'
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
-from typing import Any, Callable
+import warnings
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils.data import DataLoader as TorchLoader
@@ -63,8 +65,9 @@ class Pool:
                       worker_init_fn=ReadyInit(worker_init_fn, self._flags))
         else:
             kw["worker_init_fn"] = worker_init_fn
-        self.loader = TorchLoader(dataset, pin_memory=config.pin_memory,
-                                  generator=generator, **kw)
+        with _quiet():
+            self.loader = TorchLoader(dataset, pin_memory=config.pin_memory,
+                                      generator=generator, **kw)
 
     def open(self, stream: IndexStream | None, start: int = 0) -> float:
         """Point the lease at `stream` from `start` (None: idle) and (re)start the inner
@@ -74,7 +77,8 @@ class Pool:
         self.delivered = 0
         if self.started_at is None:
             self.started_at = t
-        self.it = iter(self.loader)
+        with _quiet():
+            self.it = iter(self.loader)
         return time.perf_counter() - t
 
     def ready(self) -> bool:
@@ -115,6 +119,15 @@ class Pool:
             stop()
         self.it = None
         return [p for p in pids if _alive(p)]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torch warns when workers outnumber the CPUs; the worker bound decides that here (more
+    than the cores only while workers wait on I/O)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
 
 
 def _alive(pid: int) -> bool:
