@@ -80,6 +80,7 @@ class Controller:
     _knob: int = 0
     _high: int = 0
     _current: Config | None = None
+    _cause: _Trial | None = None
 
     # ---- configurations
 
@@ -133,13 +134,16 @@ class Controller:
     # ---- the climb
 
     def charge(self, cfg: Config, cost_s: float) -> None:
-        """A switch's own cost, charged to the configuration that caused it."""
+        """A switch's own cost, charged to the configuration that caused it: the one tried,
+        and for the way back from a rejected trial, that trial."""
         self._current = cfg
-        for t in reversed(self.trials):
-            if t.config == cfg:
-                t.switch_cost_s += cost_s
-                return
-        self.trials.append(_Trial(cfg, switch_cost_s=cost_s))
+        (self._cause or self._trial(cfg)).switch_cost_s += cost_s
+        self._cause = None
+
+    @property
+    def switch_cost_s(self) -> float:
+        """Every switch's cost so far."""
+        return sum(t.switch_cost_s for t in self.trials)
 
     def failed(self, cfg: Config, why: str) -> Config | None:
         """A pool could not be started: drop the knob and go on from the best."""
@@ -192,9 +196,12 @@ class Controller:
              f"{_pct(new.wait_share)}, within the noise; back to {best.config.short()}",
              **fields)
         self._knob += 1
-        nxt = self._next_step()
         # From a rejected trial go straight to the next one, or back to the best.
-        return nxt if nxt is not None else best.config
+        nxt = self._next_step()
+        if nxt is None or nxt == best.config:
+            self._cause = trial  # the way back is this trial's cost
+            return best.config
+        return nxt
 
     def _next_step(self) -> Config | None:
         best = self.best
@@ -204,6 +211,7 @@ class Controller:
         if cand is None:
             return self._settle("no knob helps further")
         self.phase = "trial"
+        self._cause = self._trial(cand)
         emit("try", f"try {cand.short()} (from {self._best_cfg().short()})",
              config=cand.kwargs())
         return cand

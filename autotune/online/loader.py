@@ -88,18 +88,11 @@ class DataLoader:
         given = dict(num_workers=num_workers, prefetch_factor=prefetch_factor,
                      persistent_workers=persistent_workers, pin_memory=pin_memory)
         self._fixed = {k: v for k, v in given.items() if v is not _UNSET and v is not None}
-        nw = self._fixed.get("num_workers", 0)
-        # torch's own checks and samplers, exactly as a plain DataLoader builds them.
-        self._ref = TorchLoader(
-            dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
-            batch_sampler=batch_sampler, num_workers=nw, collate_fn=collate_fn,
-            drop_last=drop_last, timeout=timeout, worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context if nw else None,
-            generator=generator, prefetch_factor=self._fixed.get("prefetch_factor") if nw else None,
-            persistent_workers=bool(self._fixed.get("persistent_workers")) if nw else False,
-            pin_memory_device=pin_memory_device, in_order=in_order)
-        if isinstance(multiprocessing_context, str):
-            torch.multiprocessing.get_context(multiprocessing_context)  # ValueError if unknown
+        self._ref = _reference(dataset, self._fixed, dict(
+            batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            collate_fn=collate_fn, drop_last=drop_last, timeout=timeout,
+            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            generator=generator, pin_memory_device=pin_memory_device, in_order=in_order))
         if memory_budget is not None and memory_budget <= 0:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
@@ -113,19 +106,22 @@ class DataLoader:
         self._auto = self.batch_sampler is not None
         self._index_sampler = self.batch_sampler if self._auto else self.sampler
         # torch draws no base seed for the later epochs of a persistent pool.
-        self._ref_persistent = bool(nw and self._fixed.get("persistent_workers"))
+        self._ref_persistent = bool(self._fixed.get("num_workers")
+                                    and self._fixed.get("persistent_workers"))
         self._common: dict[str, Any] = dict(collate_fn=collate_fn, timeout=timeout,
                                             pin_memory_device=pin_memory_device,
                                             in_order=in_order)
         if self._iterable:
             self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
-        budget = memory_budget or default_budget()
         self._cuda = torch.cuda.is_available()
         self._tuning = _controller is not False
         self._ctl = _controller if _controller not in (None, False) else Controller(
-            fixed=self._fixed, cuda=self._cuda, budget=budget,
+            fixed=self._fixed, cuda=self._cuda, budget=memory_budget or default_budget(),
             memory=self._memory, cache_key=cache.dataset_key(
                 dataset, key, self.batch_size, usable_cores()))
+        self._init_state()
+
+    def _init_state(self) -> None:
         self._pools: list[Pool] = []
         self._batch_bytes: int | None = None
         self._pending: Pool | None = None
@@ -238,10 +234,11 @@ class DataLoader:
         if self._iterable and self._forced:
             self._target = self._forced.pop(0)
         cfg = self._target
+        reused = False
         if self._pending is not None:
             pool, self._pending = self._pending, None
         elif self._pools and self._pools[-1].config == cfg:
-            pool = self._pools.pop()
+            pool, reused = self._pools.pop(), True
         else:
             pool = self._new_pool(cfg)
             if self._pools and self._tuning:
@@ -252,7 +249,9 @@ class DataLoader:
         pool.open(self._stream, 0)
         self._served = 0
         self._last_return = None
-        self._meter.reset(window_batches(cfg.num_workers, cfg.prefetch_factor))
+        if not reused:
+            self._meter.reset(window_batches(cfg.num_workers, cfg.prefetch_factor),
+                              skip=cfg.queue)
 
     def _end_epoch(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new
@@ -401,7 +400,7 @@ class DataLoader:
         pool = sw.pool
         up = (pool.ready_at - pool.started_at) if pool.ready_at and pool.started_at else 0.0
         cfg = pool.config
-        self._meter.reset(window_batches(cfg.num_workers, cfg.prefetch_factor))
+        self._meter.reset(window_batches(cfg.num_workers, cfg.prefetch_factor), skip=cfg.queue)
         if self._tuning and sw.reason != "forced":
             self._ctl.charge(cfg, cost)
         emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
@@ -438,8 +437,26 @@ class DataLoader:
                      if first.stats.batches_per_s else 1.0)
             msg = (f"{head}: wait {100 * first.stats.wait_share:.0f} % \u2192 "
                    f"{100 * last.stats.wait_share:.0f} %, {ratio:.1f}x")
+            cost = getattr(self._ctl, "switch_cost_s", 0.0) if self._tuning else 0.0
+            if cost:
+                msg += f" (switches cost {cost:.2f} s)"
         self.summary = msg
         emit("summary", f"first epoch: {msg}", summary=msg)
+
+
+def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:
+    """A plain DataLoader with the user's arguments, never iterated: torch's own checks, and
+    the sampler and batch_sampler exactly as torch builds them (shuffle, generator)."""
+    nw = fixed.get("num_workers", 0)
+    ctx = kw["multiprocessing_context"]
+    if isinstance(ctx, str):
+        torch.multiprocessing.get_context(ctx)  # ValueError naming the valid methods
+    # torch refuses these three without workers; the tuned pools will have some.
+    kw = dict(kw, multiprocessing_context=ctx if nw else None)
+    if nw:
+        kw.update(prefetch_factor=fixed.get("prefetch_factor"),
+                  persistent_workers=bool(fixed.get("persistent_workers")))
+    return TorchLoader(dataset, num_workers=nw, **kw)
 
 
 class _EpochIter:

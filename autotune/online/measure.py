@@ -50,19 +50,25 @@ class WindowStats:
 class Meter:
     """Collects (step, wait) pairs until a window is full."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, skip: int = 0) -> None:
+        self.size, self.skip = size, skip
         self.steps: list[float] = []
         self.waits: list[float] = []
 
-    def reset(self, size: int | None = None) -> None:
+    def reset(self, size: int | None = None, skip: int = 0) -> None:
+        """Start a new window; the first `skip` batches are not counted (a new pool's queue,
+        empty at its start or filled while the old pool drained, is no steady state)."""
         if size is not None:
             self.size = size
+        self.skip = skip
         self.steps.clear()
         self.waits.clear()
 
     def add(self, step_s: float, wait_s: float) -> WindowStats | None:
         """Record one batch; the window's figures when this batch completed it."""
+        if self.skip > 0:
+            self.skip -= 1
+            return None
         self.steps.append(step_s)
         self.waits.append(wait_s)
         if len(self.steps) < self.size:

@@ -118,3 +118,15 @@ def test_cache_key_names_the_dataset_root(tmp_path):
             return 7
     assert cache.dataset_key(WithRoot(), None, 4, 2) == f"{tmp_path}|len=7|batch=4|cores=2"
     assert cache.dataset_key([1, 2], None, 4, 2).startswith("builtins.list|len=2")
+
+
+def test_switch_costs_are_charged_to_the_trial_that_caused_them():
+    c = _ctl(bound=2)
+    start = c.start()
+    pf4 = c.observe(_w(0.5), start)
+    c.charge(pf4, 0.25)                        # the switch to the trial
+    back = c.observe(_w(0.49), pf4)            # rejected: back to the start
+    c.charge(back, 0.5)                        # the way back, caused by the trial too
+    costs = {t.config: t.switch_cost_s for t in c.trials}
+    assert costs[pf4] == 0.75 and costs.get(start, 0.0) == 0.0
+    assert c.switch_cost_s == 0.75

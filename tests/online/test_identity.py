@@ -223,3 +223,44 @@ def test_multiprocessing_context_honoured(method):
             ctx = loader._pools[-1].loader.multiprocessing_context
     assert loader.num_workers == 1 and ctx.get_start_method() == method
     loader.close()
+
+
+def test_epoch_left_early_then_full_epochs():
+    """A loop that breaks out and starts again: torch starts a new iterator (a new base seed,
+    the sampler from its start); so does this one, switches included."""
+    runs = []
+    for cls in (TorchLoader, autotune.DataLoader):
+        torch.manual_seed(8)
+        g = torch.Generator()
+        g.manual_seed(6)
+        kw = {"_controller": False} if cls is autotune.DataLoader else {}
+        loader = cls(Slow(80, 0.002), batch_size=4, shuffle=True, generator=g, **kw)
+        seqs = []
+        for i, b in enumerate(loader):
+            seqs.append(_flat(b))
+            if i == 1 and cls is autotune.DataLoader:
+                loader._force_config(1, 2)
+            if i == 6:
+                break
+        for _ in range(2):
+            seqs.append([_flat(b) for b in loader])
+        runs.append((seqs, torch.get_rng_state(), g.get_state()))
+        if cls is autotune.DataLoader:
+            loader.close()
+    assert runs[0][0] == runs[1][0]
+    assert torch.equal(runs[0][1], runs[1][1]) and torch.equal(runs[0][2], runs[1][2])
+
+
+def test_user_non_persistent_workers_are_fresh_each_epoch():
+    loader = autotune.DataLoader(Slow(40, 0.001), batch_size=4, persistent_workers=False,
+                                 _controller=False)
+    loader._force_config(2, 2)
+    pids = []
+    for _ in range(3):
+        epoch_pids = set()
+        for _ in loader:
+            epoch_pids |= set(loader._pools[-1].pids())
+        pids.append(epoch_pids)
+    loader.close()
+    assert pids[1] and pids[2] and not pids[1] & pids[2]
+    assert not any(_alive(p) for s in pids for p in s)
