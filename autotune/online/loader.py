@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -115,9 +116,10 @@ class DataLoader:
             self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
         self._cuda = torch.cuda.is_available()
         self._tuning = _controller is not False
+        me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         self._ctl = _controller if _controller not in (None, False) else Controller(
             fixed=self._fixed, cuda=self._cuda, budget=memory_budget or default_budget(),
-            memory=self._memory, cache_key=cache.dataset_key(
+            memory=lambda: me()._memory(), cache_key=cache.dataset_key(
                 dataset, key, self.batch_size, usable_cores()))
         self._init_state()
 
@@ -241,8 +243,6 @@ class DataLoader:
             pool, reused = self._pools.pop(), True
         else:
             pool = self._new_pool(cfg)
-            if self._pools and self._tuning:
-                emit("switch", f"{cfg.short()} from this epoch on", config=cfg.kwargs())
         for p in self._pools:
             self._retire(p)
         self._pools = [pool]

@@ -4,6 +4,7 @@ over 3 epochs with forced pool switches (real worker processes)."""
 from __future__ import annotations
 
 import os
+import time
 
 import psutil
 import pytest
@@ -264,3 +265,37 @@ def test_user_non_persistent_workers_are_fresh_each_epoch():
     loader.close()
     assert pids[1] and pids[2] and not pids[1] & pids[2]
     assert not any(_alive(p) for s in pids for p in s)
+
+
+class _Broken(Slow):
+    def __getitem__(self, i):
+        if i == 13:
+            raise KeyError(f"item {i} is broken")
+        return super().__getitem__(i)
+
+
+def test_a_dataset_error_reaches_the_loop_as_with_torch():
+    for w in (0, 2):
+        loader = autotune.DataLoader(_Broken(40, 0.0), batch_size=4, _controller=False)
+        loader._force_config(w, 2)
+        with pytest.raises(KeyError, match="item 13 is broken"):
+            for _ in loader:
+                pass
+        loader.close()
+
+
+def test_a_dropped_loader_stops_its_workers():
+    loader = autotune.DataLoader(Slow(200, 0.002), batch_size=4, _controller=False)
+    loader._force_config(2, 2)
+    it = iter(loader)
+    next(it)
+    loader._force_config(1, 2)   # a new pool coming up as well
+    next(it)
+    pids = [p for pool in loader._pools + [loader._pending] if pool for p in pool.pids()]
+    assert pids and all(_alive(p) for p in pids)
+    del loader, it
+    for _ in range(50):
+        if not any(_alive(p) for p in pids):
+            break
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
