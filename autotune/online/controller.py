@@ -71,6 +71,7 @@ class Controller:
     budget: int
     memory: Callable[[], MemoryFigures]
     cache_key: str | None = None
+    cache_key_store: bool = True          # False on DDP ranks other than 0
     bound: int = field(default_factory=lambda: _worker_bound())
     phase: str = "measure"                # measure -> trial ... -> settled
     best: _Trial | None = None
@@ -130,6 +131,10 @@ class Controller:
                 cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > self.budget:
             cfg = self.make(cfg.num_workers - 1, cfg.prefetch_factor)
         return cfg
+
+    def adopt(self, cfg: Config) -> None:
+        """Run from `cfg` instead of the own start point (DDP: rank 0's)."""
+        self._current = cfg
 
     # ---- the climb
 
@@ -264,7 +269,7 @@ class Controller:
         share = self.best.stats.wait_share if self.best and self.best.stats else 0.0
         emit("settle", f"settled at {best.short()}: {why}, wait {_pct(share)}",
              config=best.kwargs(), why=why, wait=share)
-        if self.cache_key:
+        if self.cache_key and self.cache_key_store:
             try:
                 cache.store(self.cache_key, {k: v for k, v in best.kwargs().items()
                                              if k in ("num_workers", "prefetch_factor")})

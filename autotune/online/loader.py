@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset
 
 from autotune.errors import UsageError
-from autotune.online import cache
+from autotune.online import cache, ddp
 from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
@@ -122,6 +122,31 @@ class DataLoader:
             memory=lambda: me()._memory(), cache_key=cache.dataset_key(
                 dataset, key, self.batch_size, usable_cores()))
         self._init_state()
+        self._sync = self._join_ranks(memory_budget is None)
+        self._target: Config = self._ctl.start()
+        if self._sync is not None:
+            self._target = self._sync.broadcast(self._target)
+            self._ctl.adopt(self._target)
+        self._agreed = self._target
+        self._next_decision = window_batches(self._target.num_workers,
+                                             self._target.prefetch_factor)
+        self._meter = Meter(self._window(self._target))
+
+    def _join_ranks(self, default_budget_: bool) -> ddp.RankSync | None:
+        """Under torch.distributed: the gloo group, and this rank's share of the node."""
+        sync = ddp.RankSync.create() if self._tuning and not self._iterable else None
+        if sync is not None and isinstance(self._ctl, Controller):
+            self._ctl.bound = max(1, self._ctl.bound // sync.local)
+            if default_budget_:
+                self._ctl.budget = max(1, self._ctl.budget // sync.local)
+            if sync.rank != 0:
+                self._ctl.cache_key_store = False
+        return sync
+
+    def _window(self, cfg: Config) -> int:
+        # Under DDP the window closes at the agreed decision steps, not when full.
+        return 10**9 if self._sync is not None else window_batches(cfg.num_workers,
+                                                                   cfg.prefetch_factor)
 
     def _init_state(self) -> None:
         self._pools: list[Pool] = []
@@ -134,8 +159,9 @@ class DataLoader:
         self._live: object | None = None
         self._served = 0
         self._last_return: float | None = None
-        self._target: Config = self._ctl.start()
-        self._meter = Meter(window_batches(self._target.num_workers, self._target.prefetch_factor))
+        self._steps = 0                       # batches served since construction
+        self._failed: Config | None = None    # DDP: this rank's new pool could not start
+        self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
         self._first: _Seen | None = None
         self._latest: _Seen | None = None
@@ -250,8 +276,7 @@ class DataLoader:
         self._served = 0
         self._last_return = None
         if not reused:
-            self._meter.reset(window_batches(cfg.num_workers, cfg.prefetch_factor),
-                              skip=cfg.queue)
+            self._meter.reset(self._window(cfg), skip=cfg.queue)
 
     def _end_epoch(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new
@@ -317,6 +342,7 @@ class DataLoader:
     def _after_batch(self, batch: Any, step: float | None, wait: float) -> None:
         if self._batch_bytes is None:
             self._batch_bytes = batch_bytes(batch)
+        self._steps += 1
         sw = self._switch
         if sw is not None:
             sw.wait_s += wait
@@ -324,12 +350,14 @@ class DataLoader:
             sw.batches += 1
             if self._pools[0] is sw.pool:
                 self._finish_switch(sw)
-            return
-        if step is None:
-            return  # an epoch's first batch waits for the epoch's start, not the pipeline
-        stats = self._meter.add(step, wait)
-        if stats is None:
-            return
+        elif step is not None:  # an epoch's first batch waits for the epoch's start
+            stats = self._meter.add(step, wait)
+            if stats is not None:
+                self._on_window(stats)
+        if self._sync is not None and self._steps >= self._next_decision:
+            self._decide_together()
+
+    def _on_window(self, stats: WindowStats) -> None:
         cfg = self._running
         seen = _Seen(cfg, stats)
         self._first = self._first or seen
@@ -339,6 +367,32 @@ class DataLoader:
         new = self._ctl.observe(stats, cfg)
         if new is not None and new != cfg:
             self._begin_switch(new, "controller")
+
+    def _decide_together(self) -> None:
+        """DDP: the agreed decision step (every rank is here at this same step)."""
+        assert self._sync is not None
+        need = window_batches(self._agreed.num_workers, self._agreed.prefetch_factor)
+        self._next_decision = self._steps + need
+        local = self._meter.peek() if len(self._meter.steps) >= need else None
+        busy = self._switch is not None or self._pending is not None
+        mem = self._memory_here()
+        failed, self._failed = self._failed, None
+        shared = self._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
+                                     failed is not None)
+        self._shared_mem = MemoryFigures(shared.per_worker, shared.per_batch, mem.measured)
+        if shared.failed:
+            new = self._ctl.failed(self._agreed, "a rank's new pool could not start")
+            self._agreed = new or self._ctl.tuned
+        elif shared.slowest is not None:
+            self._meter.reset(self._window(self._running))
+            self._on_window(shared.slowest)
+            self._agreed = self._target
+        else:
+            return
+        if self._agreed != self._running and self._pending is None and self._switch is None:
+            self._begin_switch(self._agreed, "controller")
+        self._next_decision = self._steps + window_batches(self._agreed.num_workers,
+                                                           self._agreed.prefetch_factor)
 
     # ---- switching
 
@@ -374,6 +428,9 @@ class DataLoader:
         self._pending, self._switch = None, None
         self._retire(pool)
         self._target = self._running
+        if self._sync is not None:
+            self._failed = pool.config  # told to every rank at the next decision step
+            return
         new = self._ctl.failed(pool.config, why) if self._tuning else None
         if new is not None and new != self._running:
             self._begin_switch(new, "controller")
@@ -400,7 +457,7 @@ class DataLoader:
         pool = sw.pool
         up = (pool.ready_at - pool.started_at) if pool.ready_at and pool.started_at else 0.0
         cfg = pool.config
-        self._meter.reset(window_batches(cfg.num_workers, cfg.prefetch_factor), skip=cfg.queue)
+        self._meter.reset(self._window(cfg), skip=cfg.queue)
         if self._tuning and sw.reason != "forced":
             self._ctl.charge(cfg, cost)
         emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
@@ -413,6 +470,12 @@ class DataLoader:
     # ---- figures
 
     def _memory(self) -> MemoryFigures:
+        # Under DDP every rank's controller must see the same figures: the agreed ones.
+        if self._shared_mem is not None:
+            return self._shared_mem
+        return self._memory_here()
+
+    def _memory_here(self) -> MemoryFigures:
         pids = self._pools[-1].pids() if self._pools else []
         sizes = [s for s in (pss_bytes(p) for p in pids) if s]
         if sizes:

@@ -78,6 +78,11 @@ class Meter:
         return stats
 
 
+    def peek(self) -> WindowStats | None:
+        """The figures of the batches so far, the window left open (None before any)."""
+        return summarize(self.steps, self.waits) if self.steps else None
+
+
 def summarize(steps: list[float], waits: list[float]) -> WindowStats:
     """A window's totals and the noise of its wait share."""
     n = len(steps)
