@@ -13,6 +13,7 @@ switch then completes on its own time: pools are local, so no rank waits for ano
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 
 from autotune.online.measure import WindowStats
 
+TIMEOUT_S = 300
 _FIELDS = 8  # wait_s, step_s, batches, noise, busy, per_worker, per_batch, failed
 
 
@@ -46,7 +48,9 @@ class RankSync:
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()):
             return None
-        group = dist.new_group(backend="gloo")  # every rank constructs its loader in order
+        # Every rank constructs its loader in order. A rank that stops stepping (uneven
+        # epochs, an early exit) must not hang the others for gloo's default 30 minutes.
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or _guess_local(dist, group)
         return cls(group, dist.get_rank(), dist.get_world_size(), local)
 

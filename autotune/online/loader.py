@@ -72,6 +72,10 @@ class DataLoader:
     An IterableDataset switches only at epoch boundaries, and no identity with torch is
     promised for it. One live iterator at a time: `iter()` ends the previous epoch.
 
+    Under torch.distributed (map-style datasets) the ranks decide together, from the
+    slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
+    step its loader the same number of times, as DistributedSampler's padding makes them.
+
     Extra keywords: `key` names the dataset in the settings cache
     (~/.cache/autotune/online.json); `memory_budget` (bytes; default half the available
     memory) bounds the workers' PSS plus the batches in flight.
@@ -377,8 +381,15 @@ class DataLoader:
         busy = self._switch is not None or self._pending is not None
         mem = self._memory_here()
         failed, self._failed = self._failed, None
-        shared = self._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
-                                     failed is not None)
+        try:
+            shared = self._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
+                                         failed is not None)
+        except RuntimeError as e:  # a rank out of step (uneven epochs) or gone
+            self._sync, self._tuning = None, False
+            log.warning("ranks out of step at step %d (%s): tuning stopped at %s", self._steps,
+                        e, self._running.short(), extra={"autotune_event": "ddp-stopped",
+                                                         "autotune": {"step": self._steps}})
+            return
         self._shared_mem = MemoryFigures(shared.per_worker, shared.per_batch, mem.measured)
         if shared.failed:
             new = self._ctl.failed(self._agreed, "a rank's new pool could not start")

@@ -3,6 +3,7 @@ summary, the memory budget against the workers' real PSS, no thread of its own."
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -76,3 +77,16 @@ def test_memory_budget_too_small_for_a_second_worker_keeps_one(monkeypatch, deci
     refusals = [r.getMessage() for e, r in decisions() if e == "bound"]
     assert any("over the memory budget" in m and "num_workers=2" in m for m in refusals)
     assert "settle" in [e for e, _ in decisions()]
+
+
+def test_step_lines_through_instrument(tmp_path):
+    """`autotune.instrument` wraps it like any loader: the step lines `analyze` reads."""
+    log = tmp_path / "steps.jsonl"
+    loader = autotune.DataLoader(Slow(40, 0.0), batch_size=4, _controller=False)
+    for _ in autotune.instrument(loader, log=str(log)):
+        pass
+    loader.close()
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    steps = [x for x in lines if "wait_s" in x]
+    assert len(steps) == 10
+    assert "num_workers" in json.dumps(lines[0])
