@@ -164,6 +164,7 @@ class DataLoader:
         self._served = 0
         self._last_return: float | None = None
         self._steps = 0                       # batches served since construction
+        self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
@@ -279,6 +280,7 @@ class DataLoader:
         pool.open(self._stream, 0)
         self._served = 0
         self._last_return = None
+        self._carry = 0.0
         if not reused:
             self._meter.reset(self._window(cfg), skip=cfg.queue)
 
@@ -334,8 +336,12 @@ class DataLoader:
             self._end_epoch(completed=True)
             raise
         self._served += 1
-        self._after_batch(batch, step, time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        self._after_batch(batch, step, t1 - t0 + self._carry)
         self._last_return = time.perf_counter()
+        # The loop waited through the bookkeeping too (a decision, a pool started): count
+        # it in the next batch's wait, not in the user's step.
+        self._carry = self._last_return - t1
         return batch
 
     def _take(self) -> Any:
