@@ -299,3 +299,25 @@ def test_a_dropped_loader_stops_its_workers():
             break
         time.sleep(0.1)
     assert not any(_alive(p) for p in pids)
+
+
+def _slow_init(worker_id):
+    time.sleep(1.0)
+
+
+def test_old_pool_serves_while_the_new_one_comes_up(decisions):
+    """Workers that take a second to start: the loop keeps getting the old pool's batches
+    meanwhile (no stall), and none is lost or repeated."""
+    loader = autotune.DataLoader(Slow(800, 0.004), batch_size=4, worker_init_fn=_slow_init,
+                                 _controller=False)
+    for epoch in range(2):  # a loaded machine may finish the first epoch before the switch
+        seen = []
+        for i, b in enumerate(loader):
+            if i == 2 and epoch == 0:
+                loader._force_config(1, 2)
+            seen += _flat(b)
+        assert sorted(seen) == list(range(800))
+    loader.close()
+    sw = _switches(decisions)
+    assert len(sw) == 1 and sw[0].autotune["overlap_batches"] >= 3
+    assert sw[0].autotune["startup_s"] >= 1.0  # it waited for worker_init_fn to finish
