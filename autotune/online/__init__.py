@@ -8,6 +8,7 @@ ddp         the ranks' decisions at agreed steps over a gloo group
 measure     windows of (step, wait), noise
 memory      PSS, batch bytes, the default budget
 cache       ~/.cache/autotune/online.json
+why         once, why AU stays under 0.90 after tuning (the workers' CPU time)
 """
 
 from autotune.online.loader import DataLoader

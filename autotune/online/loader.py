@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset
 
 from autotune.errors import UsageError
-from autotune.online import cache, ddp
+from autotune.online import cache, ddp, why
 from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
@@ -165,6 +165,9 @@ class DataLoader:
         self._last_return: float | None = None
         self._steps = 0                       # batches served since construction
         self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
+        self._cpu = why.WorkerCpu()
+        self._said_why = False
+        self._why_waits = 0
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
@@ -372,11 +375,26 @@ class DataLoader:
         seen = _Seen(cfg, stats)
         self._first = self._first or seen
         self._latest = seen
+        self._cpu.sample(self._pools[-1].pids() if self._pools else [])
         if not self._tuning or (self._iterable and self._target != cfg):
             return
         new = self._ctl.observe(stats, cfg)
         if new is not None and new != cfg:
             self._begin_switch(new, "controller")
+        self._say_why(stats, cfg)
+
+    def _say_why(self, stats: WindowStats, cfg: Config) -> None:
+        """Once: why AU stays under 0.90 when tuning settled there."""
+        if self._said_why or getattr(self._ctl, "phase", None) != "settled" \
+                or stats.au >= why.INPUT_BOUND_AU or (self._sync and self._sync.rank):
+            return
+        if self._cpu.share is None and cfg.num_workers and self._why_waits < 3:
+            self._why_waits += 1  # a new pool's first window has no CPU figure yet
+            return
+        self._said_why = True
+        kind, msg = why.explain(stats.au, self._cpu.share, cfg.num_workers,
+                                getattr(self._ctl, "bound", cfg.num_workers))
+        emit("verdict", msg, bottleneck=kind, au=stats.au, worker_cpu=self._cpu.share)
 
     def _decide_together(self) -> None:
         """DDP: the agreed decision step (every rank is here at this same step)."""

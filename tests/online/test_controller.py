@@ -130,3 +130,18 @@ def test_switch_costs_are_charged_to_the_trial_that_caused_them():
     costs = {t.config: t.switch_cost_s for t in c.trials}
     assert costs[pf4] == 0.75 and costs.get(start, 0.0) == 0.0
     assert c.switch_cost_s == 0.75
+
+
+def test_why_names_decode_storage_and_loader():
+    from autotune.online.why import WorkerCpu, cpu_seconds, explain
+    import os
+    assert explain(0.5, 0.95, 4, 4)[0] == "decode"
+    assert explain(0.5, 0.1, 4, 4)[0] == "storage"
+    assert explain(0.5, 0.9, 2, 4)[0] == "loader"
+    assert explain(0.5, None, 0, 4)[0] == "unknown"
+    assert cpu_seconds([os.getpid()]) > 0 and cpu_seconds([2**22 + 7]) is None
+    w = WorkerCpu()
+    w.sample([os.getpid()])
+    sum(range(2_000_000))
+    w.sample([os.getpid()])
+    assert w.share is not None and w.share > 0

@@ -90,3 +90,17 @@ def test_step_lines_through_instrument(tmp_path):
     steps = [x for x in lines if "wait_s" in x]
     assert len(steps) == 10
     assert "num_workers" in json.dumps(lines[0])
+
+
+def test_input_bound_after_tuning_says_why_once(decisions):
+    """Workers that sleep in __getitem__ (a slow read) and a loop with no step: no setting
+    reaches AU 0.90; the loader says once that the workers are off the CPU, waiting."""
+    loader = autotune.DataLoader(Slow(200, 0.004), batch_size=4)
+    for _ in range(3):
+        for _ in loader:
+            pass
+    loader.close()
+    verdicts = [r for e, r in decisions() if e == "verdict"]
+    assert len(verdicts) == 1
+    assert verdicts[0].autotune["bottleneck"] == "storage"
+    assert "off the CPU" in verdicts[0].getMessage()
