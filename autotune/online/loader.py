@@ -452,13 +452,13 @@ class DataLoader:
         if pool.ready():
             self._activate(pool)
             return
-        why = None
+        reason = None
         if pool.died():
-            why = "a worker exited while starting"
+            reason = "a worker exited while starting"
         elif pool.started_at is not None and \
                 time.perf_counter() - pool.started_at > READY_TIMEOUT_S:
-            why = f"workers not up after {READY_TIMEOUT_S:.0f} s"
-        if why is None:
+            reason = f"workers not up after {READY_TIMEOUT_S:.0f} s"
+        if reason is None:
             return
         self._pending, self._switch = None, None
         self._retire(pool)
@@ -466,7 +466,7 @@ class DataLoader:
         if self._sync is not None:
             self._failed = pool.config  # told to every rank at the next decision step
             return
-        new = self._ctl.failed(pool.config, why) if self._tuning else None
+        new = self._ctl.failed(pool.config, reason) if self._tuning else None
         if new is not None and new != self._running:
             self._begin_switch(new, "controller")
 

@@ -321,3 +321,4 @@ def test_old_pool_serves_while_the_new_one_comes_up(decisions):
     sw = _switches(decisions)
     assert len(sw) == 1 and sw[0].autotune["overlap_batches"] >= 3
     assert sw[0].autotune["startup_s"] >= 1.0  # it waited for worker_init_fn to finish
+
