@@ -27,7 +27,7 @@ from converters.manifest import NAME as MANIFEST_NAME
 from converters.manifest import Manifest, read_manifest, write_manifest
 from converters.plan import Plan, make_plan
 from converters.records import UnitResult, set_progress_counter
-from converters.scan import ScanSink, scan_file_list, scan_folder
+from converters.scan import ScanSink, check_file_list, scan_file_list, scan_folder
 from converters.workdir import NAME as WORKDIR_NAME
 from converters.workdir import WorkDir
 from converters.writer import FormatWriter
@@ -212,6 +212,8 @@ def _check_paths(src: Path, dst: Path, file_list: str | None) -> None:
                          "--file-list paths are relative to).")
     if file_list and not Path(file_list).is_file():
         raise UsageError(f"{file_list}: no such file (the file list).", setting="file_list")
+    if file_list:
+        check_file_list(file_list)   # before DST is made: its labels can be refused
     rs, rd = src.resolve(), dst.resolve()
     if rd == rs or (rs in rd.parents and not file_list):  # a file list names its files
         raise UsageError(f"{dst}: inside SRC {src}; the output would be scanned as input. "
@@ -248,7 +250,7 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         m = read_manifest(dstp)
         if m.options != fp:
             raise UsageError(_differs(dstp, "a complete conversion", m.options, fp))
-        shutil.rmtree(dstp / WORKDIR_NAME, ignore_errors=True)  # a kill after the manifest
+        WorkDir(dstp).remove_stale()  # a kill after the manifest
         return srcp, dstp, opts, fp, src_root, _complete_result(dstp, m)
     try:
         dstp.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
 
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
     ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
+    │   └── UnsafeName       a manifest, plan or state file names a path outside its tree
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
     ├── StageError           staging cannot start or go on (space, lock, manifest)
     ├── SampleError          one sample cannot be read or decoded (names the file); also a
@@ -43,6 +44,12 @@ class UsageError(AutotuneError):
     exit_code = 2
 
 
+class UnsafeName(UsageError):
+    """A manifest, plan or state file names something that is not a plain relative path
+    inside its tree (`..`, absolute, NUL, empty, not a string); the message names the file
+    and the entry."""
+
+
 class ConvertError(AutotuneError):
     """A conversion failed; the message names the file, the figure and the fix."""
 
@@ -59,4 +66,4 @@ class SampleError(AutotuneError, RuntimeError):
     """
 
 
-__all__ = ["AutotuneError", "ConvertError", "SampleError", "StageError", "UsageError"]
+__all__ = ["AutotuneError", "ConvertError", "SampleError", "StageError", "UnsafeName", "UsageError"]

@@ -2,7 +2,10 @@
 
 Whatever a crash interrupts, a reader sees the old file or the whole new one: text goes
 to a temporary file in the same directory, is fsynced, and replaces the target by rename;
-`fsync_dir` makes the rename itself durable.
+`fsync_dir` makes the rename itself durable. The file gets the process's umask like any
+other file (0644 under the usual 022): a manifest is for every reader of the dataset.
+A lock file is opened without following a link and truncated only once its flock is
+held and it is a regular file of ours (a planted `lock -> /etc/x` is refused, untouched).
 """
 
 from __future__ import annotations
@@ -12,16 +15,21 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
+import secrets
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from converters.errors import AutotuneError
+from converters.beneath import open_dir
+from converters.errors import AutotuneError, UsageError
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make the renames done in directory `path` durable."""
+def fsync_dir(path: str | os.PathLike[str] | int) -> None:
+    """Make the renames done in directory `path` (or descriptor) durable."""
+    if isinstance(path, int):
+        os.fsync(path)
+        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -29,24 +37,49 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:
+def write_text_atomic(path: str | os.PathLike[str], text: str | bytes, *, durable: bool = True,
+                      dir_fd: int | None = None) -> None:
     """Write `text` to `path` via a temporary file (fsynced when `durable`) and rename:
-    readers see the old file or the whole new one, never half of it."""
+    readers see the old file or the whole new one, never half of it. With `dir_fd`,
+    `path` is a name in that directory (no link followed: the rename replaces a link
+    there, never its target). Mode: 0666 less the umask, set at creation, before the
+    rename makes it visible."""
+    own = dir_fd is None
     p = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent or ".")
+    d = open_dir(p.parent) if own else dir_fd
+    leaf = p.name
+    tmp = f".{leaf}.{secrets.token_hex(4)}"
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666, dir_fd=d)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                f.write(text if isinstance(text, bytes) else text.encode("utf-8"))
+                f.flush()
+                if durable:
+                    os.fsync(f.fileno())
+            os.replace(tmp, leaf, src_dir_fd=d, dst_dir_fd=d)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=d)
+            except OSError:
+                pass
+            raise
+    except OSError as e:  # name the file by its full path, as an open by path would
+        if e.filename is None or os.path.isabs(str(e.filename)):
+            raise
+        where = str(p.parent) if own else _fd_path(d)
+        raise type(e)(e.errno, e.strerror, os.path.join(where, str(e.filename))) from None
+    finally:
+        if own:
+            os.close(d)
+
+
+def _fd_path(fd: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return "."
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = None,
@@ -62,22 +95,27 @@ def sha256_file(path: str | os.PathLike[str], *, drop_cache: bool = False,
                 chunk: int = 4 << 20) -> tuple[int, str]:
     """(bytes, sha256 hex) of a file; `drop_cache` reads what is on the disk, not the
     pages just written (they are dropped first)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return sha256_fd(fd, drop_cache=drop_cache, chunk=chunk)
+    finally:
+        os.close(fd)
+
+
+def sha256_fd(fd: int, *, drop_cache: bool = False, chunk: int = 4 << 20) -> tuple[int, str]:
+    """(bytes, sha256 hex) of an open file, read from offset 0 (see sha256_file)."""
     h = hashlib.sha256()
     n = 0
     buf = memoryview(bytearray(chunk))  # reused: a fresh 4 MiB bytes per read faults
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if drop_cache:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while True:
-            k = os.readv(fd, [buf])
-            if not k:
-                return n, h.hexdigest()
-            h.update(buf[:k])
-            n += k
-    finally:
-        os.close(fd)
+    if drop_cache:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    while True:
+        k = os.preadv(fd, [buf], n)
+        if not k:
+            return n, h.hexdigest()
+        h.update(buf[:k])
+        n += k
 
 
 def rmdir_quietly(d: Path, removed: list[Path]) -> None:
@@ -95,23 +133,48 @@ class PidLock:
     The kernel drops the lock when the process dies, however it dies, so a killed run
     never leaves a stale lock; the file stays (unlinking it would race a new holder).
     `busy(holder)` builds the error raised when another process holds it; `holder` is
-    what that process wrote (by default its pid).
+    what that process wrote (by default its pid). With `dir_fd`, `path` is a name in that
+    directory. The file is opened O_NOFOLLOW | O_CREAT (never O_TRUNC) and written only
+    once the flock is held and fstat says it is a regular file of ours with one link.
     """
 
     def __init__(self, path: str | os.PathLike[str], busy: Callable[[str], AutotuneError],
-                 *, tag: str | None = None) -> None:
+                 *, tag: str | None = None, dir_fd: int | None = None) -> None:
         self.path = Path(path)
         self.busy = busy
         self.tag = tag
+        self.dir_fd = dir_fd
         self._fd: int | None = None
+
+    def _open(self, flags: int) -> int:
+        """The lock file's descriptor; a link (or a FIFO, a device) there is refused."""
+        flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            if self.dir_fd is not None:
+                return os.open(self.path.name, flags, 0o644, dir_fd=self.dir_fd)
+            return os.open(self.path, flags, 0o644)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UsageError(f"{self.path}: a symbolic link where a lock file belongs; "
+                                 "it is not followed: remove it and rerun.") from None
+            raise
+
+    def _check_ours(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            os.close(fd)
+            raise UsageError(f"{self.path}: not a lock file of this user (mode "
+                             f"{stat.filemode(st.st_mode)}, uid {st.st_uid}, {st.st_nlink} "
+                             "links); it is left untouched: remove it and rerun.")
 
     def acquire(self, wait: float = 0.0) -> PidLock:
         """Take the lock; when another process holds it, retry for up to `wait` seconds,
         then raise `busy(holder)`."""
         import time
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        if self.dir_fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = self._open(os.O_RDWR | os.O_CREAT)
         deadline = time.monotonic() + wait
         while True:
             try:
@@ -126,6 +189,7 @@ class PidLock:
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                     raise self.busy(holder) from None
                 raise
+        self._check_ours(fd)  # only now: another's file is never truncated
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{self.tag or os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -134,9 +198,10 @@ class PidLock:
     def held_elsewhere(self) -> str | None:
         """The holder's tag when another process holds the lock now, else None (the lock
         is taken and released at once to find out)."""
-        if not self.path.exists():
-            return None
-        fd = os.open(self.path, os.O_RDWR)
+        try:
+            fd = self._open(os.O_RDONLY)
+        except (FileNotFoundError, UsageError):
+            return None  # no lock file, or a link: nobody holds that
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -159,4 +224,4 @@ class PidLock:
         self.release()
 
 
-__all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_file", "write_json_atomic", "write_text_atomic"]
+__all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_fd", "sha256_file", "write_json_atomic", "write_text_atomic"]

@@ -14,6 +14,11 @@
       "created": "2025-01-01T00:00:00Z"
     }
 
+Every shard's "file" is a plain relative path inside the dataset's folder (checked here,
+once, for every reader and for `stage`: see converters.beneath.plain_name); a WebDataset
+shard also says how many "samples" it holds. `stage` writes a "folder" manifest for a
+plain folder: only "format" and "shards" (file, bytes, sha256).
+
 Everything but "created" is a function of the input and the options: two conversions of
 the same files with the same options have equal manifests apart from that field.
 """
@@ -27,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters.errors import UsageError
+from converters.beneath import plain_name
+from converters.errors import UnsafeName, UsageError
 from converters.fsutil import fsync_dir, write_json_atomic
 
 VERSION = 1
@@ -62,16 +68,64 @@ class Manifest:
         if v != VERSION:
             raise UsageError(f"{where}: manifest version {v!r}, this autotune reads version "
                              f"{VERSION}; convert the dataset again with this version.")
-        missing = [k for k in ("format", "num_samples", "num_classes", "classes", "shards")
-                   if k not in d]
+        need = ("format", "shards") if d.get("format") == "folder" else \
+            ("format", "num_samples", "num_classes", "classes", "shards")
+        missing = [k for k in need if k not in d]
         if missing:
             raise UsageError(f"{where}: not a complete autotune manifest (missing "
                              f"{', '.join(missing)}); convert again.")
+        check_shards(d["shards"], where, d["format"])
         kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        kw.setdefault("num_samples", 0)
+        kw.setdefault("num_classes", 0)
+        kw.setdefault("classes", [])
         kw.setdefault("skipped", [])
         kw.setdefault("source", {})
         kw.setdefault("options", {})
         return cls(**kw)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_shards(shards: Any, where: str, fmt: Any) -> None:
+    """Every shard entry usable as it stands, or one UsageError naming the entry: a plain
+    relative "file" (UnsafeName otherwise), named once, a byte count, a sha256 string or
+    none, and for WebDataset the number of samples."""
+    if not isinstance(shards, list):
+        raise UsageError(f"{where}: \"shards\" is a {type(shards).__name__}, not a list; "
+                         "convert again.")
+    seen: set[str] = set()
+    for i, sh in enumerate(shards):
+        entry = f"shards[{i}]"
+        if not isinstance(sh, dict):
+            raise UsageError(f"{where}: {entry} is a {type(sh).__name__}, not an object; "
+                             "convert again.")
+        name = plain_name(sh.get("file"), where, f"{entry}.file")
+        if name in seen:
+            raise UnsafeName(f"{where}: {entry}.file names {name!r} a second time; convert "
+                             "again.")
+        seen.add(name)
+        bad = [k for k in ("bytes", *(("samples",) if fmt == "wds" else ()))
+               if not _count(sh.get(k))]
+        if bad:
+            raise UsageError(f"{where}: {entry} ({name}) has no whole number of "
+                             f"{' or '.join(bad)} (got {', '.join(repr(sh.get(k)) for k in bad)}); "
+                             "convert again.")
+        if not isinstance(sh.get("sha256"), (str, type(None))):
+            raise UsageError(f"{where}: {entry} ({name}) has a sha256 that is not a string; "
+                             "convert again.")
+
+
+def parse_manifest(raw: bytes | str, where: str) -> Manifest:
+    """A manifest from its bytes (as read once: `stage` publishes those same bytes),
+    every entry checked (UsageError naming the file and the entry)."""
+    try:
+        d = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{where}: unreadable ({e}); convert again.") from None
+    return Manifest.from_dict(d, where)
 
 
 def write_manifest(dst: Path, m: Manifest) -> Path:
@@ -88,14 +142,14 @@ def read_manifest(root: str | os.PathLike[str], *, expect_format: str | None = N
     """The manifest of a conversion; UsageError (naming the file and the fix) otherwise."""
     path = Path(root) / NAME
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{path}: missing: {root} is not a complete autotune conversion "
                          "(the manifest is written last); run or resume `autotune convert`."
                          ) from None
-    except (OSError, ValueError) as e:
+    except OSError as e:
         raise UsageError(f"{path}: unreadable ({e}); convert again.") from None
-    m = Manifest.from_dict(d, str(path))
+    m = parse_manifest(raw, str(path))
     if expect_format and m.format != expect_format:
         raise UsageError(f"{path}: format {m.format!r}, not {expect_format!r}.")
     return m

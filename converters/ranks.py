@@ -77,6 +77,7 @@ def short(h: str | None) -> str:
 
 
 def _rank_lock(wd: WorkDir, rank: int) -> PidLock:
+    wd.real_dir(wd.rank_dir(rank))  # no link on the way to the lock is followed
     return PidLock(wd.rank_dir(rank) / "lock", lambda holder: ConvertError(
         f"{wd.dst}: rank {rank} of this conversion is already running ({holder}); two "
         "processes with one rank would write the same units. Give each process its own "
@@ -416,8 +417,7 @@ def finalize(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | None 
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
         _expect(dstp, m.options, src, format)
-        if not WorkDir(dstp).running_ranks():
-            shutil.rmtree(dstp / WorkDir(dstp).path.name, ignore_errors=True)
+        WorkDir(dstp).remove_stale()
         return _complete_result(dstp, m)
     wd = WorkDir(dstp)
     if not wd.exists():

@@ -76,11 +76,18 @@ class UnitResult:
                 "skipped": self.skipped, "shard": self.shard}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> UnitResult:
+    def from_dict(cls, d: dict[str, Any], where: str = "a unit record") -> UnitResult:
+        """The record as written; a shard it names must be a plain relative path (the
+        name goes into the manifest): UnsafeName naming `where` otherwise."""
+        from converters.beneath import plain_name
+
+        shard = d.get("shard")
+        if shard is not None:
+            plain_name(shard["file"], where, "shard.file")
         return cls(unit=int(d["unit"]), samples=int(d["samples"]),
                    source_bytes=int(d["source_bytes"]), stored_bytes=int(d["stored_bytes"]),
                    reencoded=int(d.get("reencoded", 0)), skipped=list(d.get("skipped", [])),
-                   shard=d.get("shard"))
+                   shard=shard)
 
 
 # Progress shared by the worker processes: (samples, source bytes) done, in a shared

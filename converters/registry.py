@@ -188,7 +188,12 @@ def load(spec: str) -> Any:
                 raise ImportError(f"cannot load {path} as a Python file")
             module = importlib.util.module_from_spec(mspec)
             sys.modules[name] = module
-            mspec.loader.exec_module(module)
+            try:
+                mspec.loader.exec_module(module)
+            except BaseException:
+                # A module that failed half-way must not be found by the next load.
+                del sys.modules[name]
+                raise
     else:
         module = importlib.import_module(target)
     try:

@@ -228,20 +228,25 @@ def scan_file_list(csv_path: Path, root: Path, sink: ScanSink,
         f = open(csv_path, newline="", encoding="utf-8", errors="surrogateescape")
     except OSError as e:
         raise UsageError(f"{csv_path}: cannot read the file list ({e.strerror}).") from e
+    lineno = 0
     with f:
-        for lineno, row in enumerate(csv.reader(f), start=1):
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) < 2 or not row[0]:
-                raise UsageError(f"{csv_path}:{lineno}: expected `path,label`, got {row!r}.")
-            path, label = row[0], row[1].strip()
-            if lineno == 1 and path.strip().lower() in ("path", "file", "filename") \
-                    and label.lower() in ("label", "class", "target"):
-                continue  # header row
-            raw = label_ids.setdefault(label, len(label_ids))
-            _stat_file(sink, path, os.path.join(rootf, path), raw)
-            if progress and len(sink) % _PROGRESS_EVERY == 0:
-                progress(len(sink), sink.bytes)
+        try:
+            for lineno, row in enumerate(csv.reader(f), start=1):
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if len(row) < 2 or not row[0]:
+                    raise UsageError(f"{csv_path}:{lineno}: expected `path,label`, got {row!r}.")
+                path, label = row[0], row[1].strip()
+                if lineno == 1 and path.strip().lower() in ("path", "file", "filename") \
+                        and label.lower() in ("label", "class", "target"):
+                    continue  # header row
+                raw = label_ids.setdefault(label, len(label_ids))
+                _stat_file(sink, path, os.path.join(rootf, path), raw)
+                if progress and len(sink) % _PROGRESS_EVERY == 0:
+                    progress(len(sink), sink.bytes)
+        except csv.Error as e:
+            raise UsageError(f"{csv_path}:{lineno + 1}: cannot read the row ({e}); give one "
+                             "`path,label` per line.") from None
     if not label_ids:
         raise UsageError(f"{csv_path}: no `path,label` rows.")
     names = list(label_ids)
@@ -255,6 +260,53 @@ def scan_file_list(csv_path: Path, root: Path, sink: ScanSink,
         label_map = [index[n] for n in names]
     sink.close()
     return _result(sink, classes, label_map, time.monotonic() - t0)
+
+
+# Integer labels are class indices: the classes 0..max are made, one name each, so the
+# largest label sets the memory. Far above any real label set (ImageNet-21k: 21,841).
+MAX_INT_LABEL = 1_000_000
+
+
+def check_file_list(path: str | os.PathLike[str]) -> None:
+    """Refuse, before the scan, the labels of a `path,label` file list that the scan would
+    choke on: when every label is a number (the labels are then class indices), one above
+    MAX_INT_LABEL (a range of that many class names is built) or one that `str.isdigit`
+    takes for a number but is no 0-9 decimal ('²'); and a row the csv module cannot read.
+    Reads the file as a stream; the scan's own errors (missing file, no rows) stay its."""
+    numeric, too_big, not_decimal = True, None, None
+    try:
+        f = open(path, newline="", encoding="utf-8", errors="surrogateescape")
+    except OSError:
+        return   # the scan says so, with the file's name
+    with f:
+        lineno = 0
+        try:
+            for lineno, row in enumerate(csv.reader(f), start=1):
+                if len(row) < 2 or (lineno == 1 and row[0].strip().lower() in
+                                    ("path", "file", "filename") and row[1].strip().lower()
+                                    in ("label", "class", "target")):
+                    continue   # the header row, as the scan takes it
+                label = row[1].strip()
+                if not label.isdigit():
+                    numeric = False
+                    break   # names: the labels are sorted, no range is built
+                if not (label.isascii() and label.isdecimal()):
+                    not_decimal = not_decimal or (lineno, label)
+                elif too_big is None and (len(label) > 7 or int(label) > MAX_INT_LABEL):
+                    too_big = (lineno, label)
+        except csv.Error as e:
+            raise UsageError(f"{path}:{lineno + 1}: cannot read the row ({e}); give one "
+                             "`path,label` per line.") from None
+    if numeric and not_decimal:
+        ln, label = not_decimal
+        raise UsageError(f"{path}:{ln}: label {label!r} is not a decimal number; write "
+                         "integer labels with the digits 0-9 (or give every class a name).")
+    if numeric and too_big:
+        ln, label = too_big
+        raise UsageError(f"{path}:{ln}: label {label[:20]}{'...' if len(label) > 20 else ''} "
+                         f"is above {MAX_INT_LABEL:,}: integer labels are class indices (classes "
+                         "0 to the largest are made); number the classes from 0, or give "
+                         "them names.")
 
 
 def _result(sink: ScanSink, classes: list[str], label_map: list[int], seconds: float) -> ScanResult:

@@ -25,12 +25,17 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from stat import S_ISDIR, S_ISREG
 from typing import Any
 
+from converters.beneath import (lstat, open_dir, open_regular, parent_of, plain_name, read_bytes,
+                                subdir, unlink_file)
 from converters.errors import StageError, UsageError
-from converters.fsutil import PidLock, fsync_dir, sha256_file, write_text_atomic
+from converters.fsutil import PidLock, sha256_fd, write_text_atomic
+from converters.manifest import Manifest, parse_manifest
 
 WORK = ".autotune-stage"
 MANIFEST = "manifest.json"
@@ -89,46 +94,43 @@ class StageResult:
         return d
 
 
-def _sha256_file(path: Path, *, drop_cache: bool = False) -> str:
-    return sha256_file(path, drop_cache=drop_cache, chunk=CHUNK)[1]
-
-
-def _withdraw(d: Path, entries: list[FileEntry], state: _State) -> None:
+def _withdraw(dst_fd: int, entries: list[FileEntry], state: _State) -> None:
     """Before a (re-)stage copies anything: the old manifest.json no longer vouches for
     what DST will hold, so it goes first (durably); files an earlier stage put there
     (listed by the old manifest or the stage's own record) that the new source does not
-    list are removed. Nothing else in DST is touched. The new manifest is published last,
-    only when every file is verified."""
-    mp = d / MANIFEST
+    list are removed. Nothing else in DST is touched, and nothing through a link."""
     ours = set(state.done)
-    if mp.exists():
+    if lstat(dst_fd, MANIFEST) is not None:
         try:
-            ours |= {str(sh["file"]) for sh in json.loads(mp.read_text()).get("shards", [])}
-        except (OSError, ValueError, TypeError, KeyError):
+            ours |= {sh["file"] for sh in parse_manifest(read_bytes(dst_fd, MANIFEST), MANIFEST).shards}
+        except (OSError, UsageError):
             pass  # an unreadable manifest vouches for nothing: it goes all the same
-        mp.unlink()
-        fsync_dir(d)
+        unlink_file(dst_fd, MANIFEST)
+        os.fsync(dst_fd)
     keep = {e.name for e in entries}
     gone = sorted(ours - keep)
     for rel in gone:
-        p = (d / rel).resolve()
-        if d.resolve() in p.parents and p.is_file():
-            p.unlink()
+        st = lstat(dst_fd, rel)
+        if st is not None and S_ISREG(st.st_mode):
+            unlink_file(dst_fd, rel)
     state.drop(gone)
 
 
-def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
-    """The files to stage: the manifest's shards when SRC is a conversion, else every
-    regular file under SRC (no symlinks followed), hashes computed while copying."""
-    mpath = src / MANIFEST
-    if mpath.is_file():
-        try:
-            m = json.loads(mpath.read_text())
-            entries = [FileEntry(s["file"], int(s["bytes"]), s.get("sha256")) for s in m["shards"]]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise StageError(f"{mpath}: not a readable autotune manifest ({e}); convert again "
-                             "or stage the folder without it.") from e
-        return entries, m
+def list_source(src: Path, src_fd: int) -> tuple[list[FileEntry], Manifest | None, bytes | None]:
+    """The files to stage: the manifest's shards when SRC is a conversion (read once, by
+    the manifest loader, which refuses any name outside SRC), else every regular file
+    under SRC (no symlinks followed), hashes computed while copying. Also the manifest
+    and its bytes (published as read)."""
+    try:
+        raw = read_bytes(src_fd, MANIFEST)
+    except FileNotFoundError:
+        raw = None
+    except OSError as e:
+        raise StageError(f"{src / MANIFEST}: cannot be read ({e.strerror}); it must be a "
+                         "regular file: replace it, or stage the folder without it.") from None
+    if raw is not None:
+        m = parse_manifest(raw, str(src / MANIFEST))
+        return [FileEntry(sh["file"], sh["bytes"], sh.get("sha256")) for sh in m.shards], m, raw
     entries = []
     for dirpath, dirs, files in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d not in (WORK,))
@@ -137,10 +139,10 @@ def list_source(src: Path) -> tuple[list[FileEntry], dict[str, Any] | None]:
             if p.is_symlink() or not p.is_file():
                 continue
             entries.append(FileEntry(str(p.relative_to(src)), p.stat().st_size, None))
-    return entries, None
+    return entries, None, None
 
 
-def _node_entries(entries: list[FileEntry], manifest: dict[str, Any] | None, src: Path,
+def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path,
                   node_rank: int | None, nnodes: int | None) -> list[FileEntry]:
     """The files node `node_rank` of `nnodes` needs: its ranks' shards (all without a node)."""
     if node_rank is None and nnodes is None:
@@ -151,8 +153,8 @@ def _node_entries(entries: list[FileEntry], manifest: dict[str, Any] | None, src
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UsageError(f"node_rank must be between 0 and {nnodes - 1} (nnodes {nnodes}), but "
                          f"got {node_rank}.", setting=("node_rank", "nnodes"))
-    if manifest is None or manifest.get("format") != "wds":
-        what = "a plain folder" if manifest is None else f"a {manifest.get('format')} conversion"
+    if manifest is None or manifest.format != "wds":
+        what = "a plain folder" if manifest is None else f"a {manifest.format} conversion"
         raise UsageError(f"{src}: {what}; a copy per node splits WebDataset shards (every node "
                          "reads all of anything else): stage it whole.",
                          setting=("node_rank", "nnodes"))
@@ -166,41 +168,73 @@ def _node_entries(entries: list[FileEntry], manifest: dict[str, Any] | None, src
     return mine
 
 
-def _staged_node(dst: Path) -> tuple[int, int] | None:
+def _staged_node(dst_fd: int) -> tuple[int, int] | None:
     from converters.wds.split import NODE_FILE
 
     try:
-        d = json.loads((dst / NODE_FILE).read_text())
+        d = json.loads(read_bytes(dst_fd, NODE_FILE))
         return int(d["node_rank"]), int(d["nnodes"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
-def _lock(dst: Path) -> PidLock:
+def _work(dst: Path, dst_fd: int, *, create: bool = True) -> int:
+    """DST/.autotune-stage: a directory of ours, never a link followed to elsewhere."""
+    try:
+        fd = subdir(dst_fd, WORK, create=create)
+    except OSError as e:
+        raise StageError(f"{dst / WORK}: {e.strerror}: not stage's work folder; remove it "
+                         "and rerun.") from None
+    uid = os.fstat(fd).st_uid
+    if uid != os.geteuid():
+        os.close(fd)
+        raise StageError(f"{dst / WORK}: belongs to another user (uid {uid}); its leftovers "
+                         "are not ours to remove: stage into a folder of yours.")
+    return fd
+
+
+def _lock(dst: Path, work_fd: int) -> PidLock:
     return PidLock(dst / WORK / "lock", lambda holder: StageError(
         f"{dst}: another `autotune stage` (pid {holder}) is writing here; wait for it or "
-        "pick another DST."))
+        "pick another DST."), dir_fd=work_fd)
+
+
+def _fresh_tmp(work_fd: int) -> int:
+    """An empty WORK/tmp (partial copies of a killed run removed; a link there is removed
+    itself, never followed); its descriptor."""
+    st = lstat(work_fd, "tmp")
+    if st is not None and not S_ISDIR(st.st_mode):
+        os.unlink("tmp", dir_fd=work_fd)
+    elif st is not None:
+        shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)  # fd-based: no link followed
+    return subdir(work_fd, "tmp", create=True)
 
 
 class _State:
     """Files verified by earlier runs: name -> [bytes, mtime_ns, sha256]."""
 
-    def __init__(self, dst: Path) -> None:
-        self.path = dst / WORK / "state.json"
+    def __init__(self, dst: Path, work_fd: int) -> None:
+        self.where = str(dst / WORK / "state.json")
+        self.work_fd = work_fd
         self.lock = threading.Lock()
+        self.done: dict[str, list] = {}
         try:
-            self.done: dict[str, list] = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            self.done = {}
+            done = json.loads(read_bytes(work_fd, "state.json"))
+        except (OSError, ValueError, RecursionError):
+            done = {}  # a lost state only means files are verified again
+        if isinstance(done, dict):
+            for name, rec in done.items():
+                plain_name(name, self.where, "an entry")
+                if isinstance(rec, list) and len(rec) == 3:
+                    self.done[name] = rec
         self._dirty = 0
 
-    def trusted(self, dst: Path, e: FileEntry) -> bool:
+    def trusted(self, dst_fd: int, e: FileEntry) -> bool:
         rec = self.done.get(e.name)
         if not rec:
             return False
-        try:
-            st = (dst / e.name).stat()
-        except OSError:
+        st = lstat(dst_fd, e.name)
+        if st is None or not S_ISREG(st.st_mode):
             return False
         return rec[0] == st.st_size == e.bytes and rec[1] == st.st_mtime_ns and \
             (e.sha256 is None or rec[2] == e.sha256)
@@ -225,70 +259,109 @@ class _State:
 
     def _save(self) -> None:
         # Not fsynced: a lost state only means files are verified again on resume.
-        write_text_atomic(self.path, json.dumps(self.done), durable=False)
+        write_text_atomic("state.json", json.dumps(self.done), durable=False,
+                          dir_fd=self.work_fd)
         self._dirty = 0
 
 
-def _copy_one(src: Path, dst: Path, e: FileEntry, verify: str, tmpdir: Path) -> tuple[int, str | None]:
-    """Copy, fsync, verify, rename. Returns (bytes, sha256 of the copy). Raises StageError
-    naming the file when the source changes or vanishes, or verification fails."""
-    sp, final = src / e.name, dst / e.name
+def _open_source(src_fd: int, e: FileEntry) -> tuple[int, os.stat_result]:
+    """The source file, opened beneath SRC without following a link, and its fstat."""
     try:
-        st0 = sp.stat()
+        with parent_of(src_fd, e.name) as (sd, leaf):
+            return open_regular(sd, leaf)
     except FileNotFoundError:
         raise StageError(f"{e.name}: vanished from the source before it was copied") from None
-    if st0.st_size != e.bytes:
-        raise StageError(f"{e.name}: source is {st0.st_size:,} bytes, the manifest says "
-                         f"{e.bytes:,}; the source changed after conversion: convert again")
-    tmp = tmpdir / (e.name.replace("/", "%") + f".{os.getpid()}.partial")
+    except OSError as err:  # a link, a FIFO, permission denied: this file, not the stage
+        raise StageError(f"{e.name}: cannot read the source ({err.strerror or err}); stage "
+                         "copies only regular files, never through a link: replace it with "
+                         "the file itself or fix its permissions, then rerun") from None
+
+
+def _copy_bytes(fi: int, fo: int) -> tuple[int, str]:
     h = hashlib.sha256()
     n = 0
+    with os.fdopen(fi, "rb", closefd=False) as r, os.fdopen(fo, "wb", closefd=False) as w:
+        while True:
+            b = r.read(CHUNK)
+            if not b:
+                break
+            h.update(b)
+            w.write(b)
+            n += len(b)
+        w.flush()
+        os.fsync(fo)
+    return n, h.hexdigest()
+
+
+def _check_copy(src_fd: int, e: FileEntry, st0: os.stat_result, fi: int, n: int,
+                src_sha: str) -> None:
+    """The source unchanged while it was copied, and what the manifest says it is."""
+    st1, now = os.fstat(fi), lstat(src_fd, e.name)
+    if now is None:
+        raise StageError(f"{e.name}: vanished from the source while it was copied")
+    if (st1.st_size, st1.st_mtime_ns, now.st_ino) != (st0.st_size, st0.st_mtime_ns, st0.st_ino) \
+            or n != st0.st_size:
+        raise StageError(f"{e.name}: changed in the source while it was copied ({st0.st_size:,} "
+                         f"-> {st1.st_size:,} bytes); nothing was published for it")
+    if e.sha256 and src_sha != e.sha256:
+        raise StageError(f"{e.name}: source sha256 {src_sha[:12]}… does not match the "
+                         f"manifest's {e.sha256[:12]}…: the source is corrupt or changed; "
+                         "convert again")
+
+
+def _copy_one(src_fd: int, dst_fd: int, tmp_fd: int, e: FileEntry, verify: str,
+              dst: Path) -> tuple[int, str, os.stat_result]:
+    """Copy, fsync, verify, rename: every name walked beneath SRC's and DST's descriptors,
+    no link followed. Returns (bytes, sha256 of the copy, its stat). Raises StageError
+    naming the file when the source changes or vanishes, is not a regular file, DST
+    holds a link on its way, or verification fails."""
+    fi, st0 = _open_source(src_fd, e)
+    tmp = hashlib.sha256(e.name.encode()).hexdigest()[:32] + f".{os.getpid()}.partial"
     try:
-        fi = open(sp, "rb")
-    except OSError as err:  # permission denied, an I/O error: this file, not the stage
-        raise StageError(f"{e.name}: cannot read the source ({err.strerror or err}); "
-                         "fix its permissions or remove it, then rerun") from None
-    try:
-        with fi, open(tmp, "wb") as fo:
-            while True:
-                b = fi.read(CHUNK)
-                if not b:
-                    break
-                h.update(b)
-                fo.write(b)
-                n += len(b)
-            fo.flush()
-            os.fsync(fo.fileno())
+        if st0.st_size != e.bytes:
+            raise StageError(f"{e.name}: source is {st0.st_size:,} bytes, the manifest says "
+                             f"{e.bytes:,}; the source changed after conversion: convert again")
+        fo = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666, dir_fd=tmp_fd)
         try:
-            st1 = sp.stat()
-        except FileNotFoundError:
-            raise StageError(f"{e.name}: vanished from the source while it was copied") from None
-        if (st1.st_size, st1.st_mtime_ns) != (st0.st_size, st0.st_mtime_ns) or n != st0.st_size:
-            raise StageError(f"{e.name}: changed in the source while it was copied ({st0.st_size:,} "
-                             f"-> {st1.st_size:,} bytes); nothing was published for it")
-        src_sha = h.hexdigest()
-        if e.sha256 and src_sha != e.sha256:
-            raise StageError(f"{e.name}: source sha256 {src_sha[:12]}… does not match the "
-                             f"manifest's {e.sha256[:12]}…: the source is corrupt or changed; "
-                             "convert again")
-        sha = src_sha
-        if verify == "sha256":
-            got = _sha256_file(tmp, drop_cache=True)
-            if got != src_sha:
-                raise StageError(f"{e.name}: the copy on {dst} reads back as sha256 {got[:12]}…, "
-                                 f"not {src_sha[:12]}…: the destination disk corrupted it")
-        elif tmp.stat().st_size != e.bytes:
-            raise StageError(f"{e.name}: the copy is {tmp.stat().st_size:,} bytes, not {e.bytes:,}")
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, final)
-        fsync_dir(final.parent)
-        return n, sha
+            n, src_sha = _copy_bytes(fi, fo)
+            _check_copy(src_fd, e, st0, fi, n, src_sha)
+            if verify == "sha256":
+                got = sha256_fd(fo, drop_cache=True)[1]  # pages dropped: the disk's bytes
+                if got != src_sha:
+                    raise StageError(f"{e.name}: the copy on {dst} reads back as sha256 "
+                                     f"{got[:12]}…, not {src_sha[:12]}…: the destination disk "
+                                     "corrupted it")
+            st = os.fstat(fo)
+        finally:
+            os.close(fo)
+        if st.st_size != e.bytes:
+            raise StageError(f"{e.name}: the copy is {st.st_size:,} bytes, not {e.bytes:,}")
+        _publish_one(dst_fd, tmp_fd, tmp, e, dst)
+        return n, src_sha, st
     except BaseException:
         try:
-            tmp.unlink()
+            os.unlink(tmp, dir_fd=tmp_fd)
         except OSError:
             pass
         raise
+    finally:
+        os.close(fi)
+
+
+def _publish_one(dst_fd: int, tmp_fd: int, tmp: str, e: FileEntry, dst: Path) -> None:
+    """Rename the verified copy to its name in DST (directories made beneath DST; a link
+    on the way is refused, a link at the name itself is replaced, never its target)."""
+    try:
+        with parent_of(dst_fd, e.name, create=True) as (pd, leaf):
+            os.replace(tmp, leaf, src_dir_fd=tmp_fd, dst_dir_fd=pd)
+            os.fsync(pd)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise
+        raise StageError(f"{e.name}: cannot be written in {dst} ({err.filename}: "
+                         f"{err.strerror}); stage never writes through a link in DST: remove "
+                         "it and rerun") from None
 
 
 def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | None = None) -> StageResult:
@@ -296,50 +369,73 @@ def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | 
     missing files are named, and forgotten by the resume state so a rerun repairs them."""
     d = Path(dst)
     t0 = time.monotonic()
-    entries, manifest = list_source(Path(src) if src else d)
-    node = _staged_node(d)
-    if node is not None:
-        entries = _node_entries(entries, manifest, Path(src) if src else d, *node)
-    state = _State(d) if (d / WORK).is_dir() else None
+    with ExitStack() as fds:
+        dst_fd = open_dir(d)
+        fds.callback(os.close, dst_fd)
+        src_fd = dst_fd if src is None else open_dir(src)
+        if src is not None:
+            fds.callback(os.close, src_fd)
+        entries, manifest, _ = list_source(Path(src) if src else d, src_fd)
+        node = _staged_node(dst_fd)
+        if node is not None:
+            entries = _node_entries(entries, manifest, Path(src) if src else d, *node)
+        state = None
+        st = lstat(dst_fd, WORK)
+        if st is not None and S_ISDIR(st.st_mode):
+            work_fd = _work(d, dst_fd, create=False)
+            fds.callback(os.close, work_fd)
+            state = _State(d, work_fd)
+        failures, nbytes = _rehash(dst_fd, entries, state)
+        written = lstat(dst_fd, MANIFEST) is not None
+    return StageResult(str(src or d), str(d), len(entries), 0, len(entries) - len(failures),
+                       nbytes, time.monotonic() - t0, "sha256", failures,
+                       manifest_written=written, verify_only=True,
+                       node_rank=node[0] if node else None, nnodes=node[1] if node else None)
+
+
+def _rehash(dst_fd: int, entries: list[FileEntry], state: _State | None
+            ) -> tuple[list[StageFailure], int]:
     failures = []
     nbytes = 0
     for e in entries:
-        p = d / e.name
-        if not p.is_file():
+        try:
+            with parent_of(dst_fd, e.name) as (pd, leaf):
+                fd, st = open_regular(pd, leaf)
+        except OSError:
             failures.append(StageFailure(e.name, "missing from the staged copy"))
             continue
-        got = _sha256_file(p, drop_cache=True)
-        nbytes += p.stat().st_size
+        try:
+            got = sha256_fd(fd, drop_cache=True)[1]
+        finally:
+            os.close(fd)
+        nbytes += st.st_size
         if e.sha256 and got != e.sha256:
             failures.append(StageFailure(e.name, f"sha256 {got[:12]}… does not match the manifest's "
                                          f"{e.sha256[:12]}…: corrupt; rerun `autotune stage` to repair"))
             if state:
                 state.drop([e.name])
-    return StageResult(str(src or d), str(d), len(entries), 0, len(entries) - len(failures),
-                       nbytes, time.monotonic() - t0, "sha256", failures,
-                       manifest_written=(d / MANIFEST).is_file(), verify_only=True,
-                       node_rank=node[0] if node else None, nnodes=node[1] if node else None)
+    return failures, nbytes
 
 
-def _publish(s: Path, d: Path, manifest: Any, state: _State,
+def _publish(s: Path, dst_fd: int, raw: bytes | None, state: _State,
              want_node: tuple[int, int] | None, entries: list[FileEntry]) -> None:
     """Which copy this is (node.json), then the manifest, last: it means complete."""
     from converters.wds.split import NODE_FILE
 
     if want_node is not None:
-        write_text_atomic(d / NODE_FILE, json.dumps(
+        write_text_atomic(NODE_FILE, json.dumps(
             {"node_rank": want_node[0], "nnodes": want_node[1],
-             "shards": [e.name for e in entries]}, indent=1))
-    elif (d / NODE_FILE).exists():
-        (d / NODE_FILE).unlink()  # now the whole dataset
-    if manifest is not None:
-        body = (s / MANIFEST).read_text()  # byte for byte: it may be checksummed too
+             "shards": [e.name for e in entries]}, indent=1), dir_fd=dst_fd)
+    elif lstat(dst_fd, NODE_FILE) is not None:
+        unlink_file(dst_fd, NODE_FILE)  # now the whole dataset
+    if raw is not None:
+        body: str | bytes = raw  # byte for byte as listed: it may be checksummed too
     else:
         body = json.dumps({"version": 1, "format": "folder", "staged_from": str(s),
                            "shards": [{"file": n, "bytes": v[0], "sha256": v[2]}
                                       for n, v in sorted(state.done.items())]}, indent=1)
-    write_text_atomic(d / MANIFEST, body)
-    fsync_dir(d)
+    write_text_atomic(MANIFEST, body, dir_fd=dst_fd)
+    os.fsync(dst_fd)
 
 
 def _checked(src: str | os.PathLike[str], dst: str | os.PathLike[str], verify: str,
@@ -364,68 +460,85 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
           nnodes: int | None = None) -> StageResult:
     """Stage SRC into DST (see the module doc). `on_file(name)` is called as each copy
     starts. node_rank, nnodes: only the shards that node's ranks read (and the manifest).
-    Raises StageError when staging cannot start (space, lock, bad manifest);
+    Raises StageError when staging cannot start (space, lock, link in DST's work
+    folder), UsageError (UnsafeName) for a manifest naming anything outside SRC;
     per-file failures are in the result (partial)."""
     s, d = _checked(src, dst, verify, workers)
     t0 = time.monotonic()
-    entries, manifest = list_source(s)
-    entries = _node_entries(entries, manifest, s, node_rank, nnodes)
-    want_node = (node_rank, nnodes) if node_rank is not None else None
-    d.mkdir(parents=True, exist_ok=True)
-    with _lock(d):
-        tmpdir = d / WORK / "tmp"
-        shutil.rmtree(tmpdir, ignore_errors=True)  # partial copies of a killed run
-        tmpdir.mkdir(parents=True)
-        state = _State(d)
-        _withdraw(d, entries, state)
-        todo = [e for e in entries if not state.trusted(d, e)]
+    with ExitStack() as fds:
+        src_fd = open_dir(s)
+        fds.callback(os.close, src_fd)
+        entries, manifest, raw = list_source(s, src_fd)
+        entries = _node_entries(entries, manifest, s, node_rank, nnodes)
+        d.mkdir(parents=True, exist_ok=True)
+        dst_fd = open_dir(d)
+        fds.callback(os.close, dst_fd)
+        work_fd = _work(d, dst_fd)
+        fds.callback(os.close, work_fd)
+        fds.enter_context(_lock(d, work_fd))
+        tmp_fd = _fresh_tmp(work_fd)
+        fds.callback(os.close, tmp_fd)
+        state = _State(d, work_fd)
+        _withdraw(dst_fd, entries, state)
+        todo = [e for e in entries if not state.trusted(dst_fd, e)]
         need = sum(e.bytes for e in todo)
-        free = shutil.disk_usage(d).free
+        vfs = os.fstatvfs(dst_fd)
+        free = vfs.f_bavail * vfs.f_frsize
         if need > free:
             raise StageError(f"{d}: {need / 2**20:,.1f} MiB needed for {len(todo)} file(s), "
                              f"{free / 2**20:,.1f} MiB free; free space or pick another DST. "
                              "Nothing was copied.")
-        done_bytes = [0]
-        lock = threading.Lock()
-        failures: list[StageFailure] = []
-
-        def one(e: FileEntry) -> int:
-            if on_file:
-                on_file(e.name)
-            try:
-                n, sha = _copy_one(s, d, e, verify, tmpdir)
-            except StageError as err:
-                # Whatever an earlier stage left under this name is not what the source
-                # now holds: it goes too (nothing stale under a final name).
-                (d / e.name).unlink(missing_ok=True)
-                state.drop([e.name])
-                with lock:
-                    failures.append(StageFailure(e.name, str(err)))
-                return 0
-            st = (d / e.name).stat()
-            state.add(e.name, st.st_size, st.st_mtime_ns, e.sha256 or sha)
-            with lock:
-                done_bytes[0] += n
-                if progress:
-                    progress(done_bytes[0], need)
-            return n
-
-        try:
-            with ThreadPoolExecutor(max_workers=workers) as ex:
-                copied_bytes = sum(ex.map(one, todo))
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise StageError(f"{d}: disk full while copying ({need / 2**20:,.1f} MiB needed); "
-                                 "nothing incomplete was published; free space and rerun to "
-                                 "resume.") from e
-            raise
-        finally:
-            state.save()
+        copied_bytes, failures = _copy_all(
+            todo, need, workers, lambda e: _copy_one(src_fd, dst_fd, tmp_fd, e, verify, d),
+            dst_fd, state, d, on_file, progress)
         wrote_manifest = not failures
         if wrote_manifest:
-            _publish(s, d, manifest, state, want_node, entries)
-        shutil.rmtree(tmpdir, ignore_errors=True)
+            _publish(s, dst_fd, raw, state, (node_rank, nnodes) if node_rank is not None
+                     else None, entries)
+        shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)
     return StageResult(str(s), str(d), len(entries), len(todo) - len(failures),
                        len(entries) - len(todo), copied_bytes, time.monotonic() - t0, verify,
                        sorted(failures, key=lambda f: f.file), wrote_manifest,
                        source_seq_mib_s=source_seq_mib_s, node_rank=node_rank, nnodes=nnodes)
+
+
+def _copy_all(todo: list[FileEntry], need: int, workers: int,
+              copy: Callable[[FileEntry], tuple[int, str, os.stat_result]], dst_fd: int,
+              state: _State, d: Path, on_file: Callable[[str], None] | None,
+              progress: Progress | None) -> tuple[int, list[StageFailure]]:
+    """Copy `todo` on `workers` threads: (bytes copied, the files that failed)."""
+    done_bytes = [0]
+    lock = threading.Lock()
+    failures: list[StageFailure] = []
+
+    def one(e: FileEntry) -> int:
+        if on_file:
+            on_file(e.name)
+        try:
+            n, sha, st = copy(e)
+        except StageError as err:
+            # Whatever an earlier stage left under this name is not what the source
+            # now holds: it goes too (nothing stale under a final name).
+            unlink_file(dst_fd, e.name)
+            state.drop([e.name])
+            with lock:
+                failures.append(StageFailure(e.name, str(err)))
+            return 0
+        state.add(e.name, st.st_size, st.st_mtime_ns, e.sha256 or sha)
+        with lock:
+            done_bytes[0] += n
+            if progress:
+                progress(done_bytes[0], need)
+        return n
+
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as ex:
+            return sum(ex.map(one, todo)), failures
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise StageError(f"{d}: disk full while copying ({need / 2**20:,.1f} MiB needed); "
+                             "nothing incomplete was published; free space and rerun to "
+                             "resume.") from e
+        raise
+    finally:
+        state.save()

@@ -14,16 +14,21 @@ A conversion by ranks (see converters.ranks) adds:
     finalize.lock  held by whoever checks the units and writes manifest.json
 
 It lives inside DST so that renames into DST stay on one filesystem (atomic), and it is
-removed once manifest.json is written.
+removed once manifest.json is written. A symbolic link where one of its folders or its
+lock belongs is refused, never followed; a work folder left behind is removed only when
+it is this user's and nobody holds its lock (a pid says nothing across pid namespaces).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from stat import S_ISDIR
 from typing import Any
 
+from converters.beneath import open_dir, subdir
 from converters.errors import ConvertError, UsageError
 from converters.fsutil import PidLock, write_json_atomic
 from converters.records import UnitResult
@@ -62,7 +67,23 @@ class WorkDir:
 
     def create(self) -> None:
         for d in (self.path, self.plan, self.done, self.tmp):
-            d.mkdir(parents=True, exist_ok=True)
+            self.real_dir(d)
+
+    def real_dir(self, d: Path) -> None:
+        """Make `d` (inside DST) one component at a time, following no link."""
+        self.dst.mkdir(parents=True, exist_ok=True)
+        fd = open_dir(self.dst)
+        try:
+            for part in d.relative_to(self.dst).parts:
+                nxt = subdir(fd, part, create=True)
+                os.close(fd)
+                fd = nxt
+        except OSError as e:
+            raise ConvertError(f"{self.dst / (e.filename or '')}: {e.strerror} inside the "
+                               f"conversion's work folder {d}; it is not followed: remove it "
+                               "and rerun.") from None
+        finally:
+            os.close(fd)
 
     def lock(self) -> None:
         """Take the per-DST lock; a second conversion into DST is refused."""
@@ -78,6 +99,7 @@ class WorkDir:
 
     def clear_tmp(self) -> None:
         """Remove leftovers of a killed run: partial shards are redone, never reused."""
+        self.real_dir(self.tmp)  # a link there is refused before anything is listed
         if self.tmp.is_dir():
             for p in self.tmp.iterdir():
                 try:
@@ -106,7 +128,8 @@ class WorkDir:
 
     def read_done(self, unit: int) -> UnitResult | None:
         try:
-            return UnitResult.from_dict(json.loads(self.done_path(unit).read_text()))
+            p = self.done_path(unit)
+            return UnitResult.from_dict(json.loads(p.read_text()), str(p))
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError):
@@ -146,6 +169,27 @@ class WorkDir:
                 f"{self.dst}: being converted by {d.get('world_size', '?')} ranks (rank {r}: "
                 f"{holder}); wait for them and run `autotune convert --finalize`, or run the "
                 "missing ranks; a conversion without ranks can take over once none runs.")
+
+    def remove_stale(self) -> bool:
+        """Remove a work folder a finished or killed run left behind: only a directory (not
+        a link) of this user whose lock, and every rank's, is free; the lock is held while
+        it goes. True if removed."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        if not S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or self.running_ranks():
+            return False
+        lock = PidLock(self.path / "lock", lambda holder: ConvertError(holder))
+        try:
+            lock.acquire()
+        except (ConvertError, UsageError, OSError):
+            return False  # held by a live run, or not a lock of ours: left alone
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            lock.release()
+        return True
 
     def remove(self) -> None:
         self.unlock()

@@ -12,6 +12,22 @@ from pathlib import Path
 from typing import Any
 
 
+def tmp_parent(given: str | None = None) -> Path:
+    """Where scratch folders go: the --tmp-dir given, else $TMPDIR, else /var/tmp (on disk:
+    /tmp may be tmpfs, which a cold read can never be)."""
+    import os
+
+    return Path(given or os.environ.get("TMPDIR") or "/var/tmp")
+
+
+def scratch_dir(prefix: str, tmp_dir: str | None = None) -> Path:
+    """A new folder of this run's own (tempfile.mkdtemp: a fresh name, mode 0700) under
+    `tmp_parent(tmp_dir)`; never a fixed name another user or run could hold or link."""
+    parent = tmp_parent(tmp_dir)
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+
+
 def own_disk(stack: ExitStack, ds: Path, work: Path) -> Path:
     """A copy of `ds` on a disk of its own (an ext4 image on a loop device), so that a cap
     on that disk slows the dataset alone: Python, torch and a staged copy on the root disk

@@ -272,8 +272,11 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="/work/data/ds20k")
-    ap.add_argument("--work", default="/var/tmp/autotune-bench-convert",
-                    help="where outputs are written (same disk as the dataset)")
+    ap.add_argument("--work", default=None,
+                    help="where outputs are written, this folder itself (same disk as the "
+                         "dataset; default: a new folder under --tmp-dir)")
+    ap.add_argument("--tmp-dir", default=None,
+                    help="where the new output folder is made (default $TMPDIR, else /var/tmp)")
     ap.add_argument("--iops", type=int, default=300)
     ap.add_argument("--read-seconds", type=float, default=20.0)
     ap.add_argument("--skip-convert", action="store_true")
@@ -285,8 +288,17 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_convert needs root (drop_caches, cgroup IOPS cap)", file=sys.stderr)
         return 2
-    src, work = Path(a.dataset), Path(a.work)
+    if a.skip_convert and not a.work:
+        print("bench_convert: --skip-convert reuses the outputs of an earlier run: give its "
+              "--work folder", file=sys.stderr)
+        return 2
+    from _setups import scratch_dir
+
+    src = Path(a.dataset)
+    work = Path(a.work) if a.work else scratch_dir("autotune-bench-convert-", a.tmp_dir)
     work.mkdir(parents=True, exist_ok=True)
+    print(f"bench_convert: outputs in {work} (--work {work} --skip-convert reuses them)",
+          file=sys.stderr)
     from autotune.blockdev import block_device_for
 
     out: dict = {"dataset": str(src), "cpus": os.cpu_count()}

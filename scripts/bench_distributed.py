@@ -188,14 +188,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("src", type=Path, help="image folder (scripts/make_dataset.py)")
-    ap.add_argument("--work", type=Path, default=Path("/var/tmp/autotune-bench-dist"))
+    ap.add_argument("--work", type=Path, default=None,
+                    help="scratch outputs, this folder itself (created; what it holds is kept; "
+                         "default: a new folder under --tmp-dir, removed at the end)")
+    ap.add_argument("--tmp-dir", default=None,
+                    help="where the new scratch folder is made (default $TMPDIR, else /var/tmp)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--rounds", type=int, default=3, help="each variant this many times, "
                     "alternating (medians reported)")
     a = ap.parse_args()
-    shutil.rmtree(a.work, ignore_errors=True)
-    a.work.mkdir(parents=True)
+    # Never a fixed shared name, never a folder emptied before use: a new folder of our own
+    # (or the one given, whose contents are left alone).
+    own = a.work is None
+    if own:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _setups import scratch_dir
+
+        a.work = scratch_dir("autotune-bench-dist-", a.tmp_dir)
+    a.work.mkdir(parents=True, exist_ok=True)
     res: dict = {"src": str(a.src), "rounds": a.rounds}
     runs: dict[str, list[dict]] = {}
     cluster = None
@@ -230,9 +241,13 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.shutdown()
-        for d in a.work.iterdir():
-            if d.is_dir():
+        for d in a.work.iterdir():   # what this run made in --work, by its names
+            if d.is_dir() and not d.is_symlink() and (
+                    d.name in ("kill9", "plan") or d.name.split("-")[0] in
+                    ("one_w1", "one_w2", "ranks2", "ray2")):
                 shutil.rmtree(d, ignore_errors=True)
+        if own:
+            shutil.rmtree(a.work, ignore_errors=True)
 
     def med(xs: list[float]) -> float:
         return sorted(xs)[len(xs) // 2]

@@ -23,7 +23,6 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,7 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.search import SearchOptions  # noqa: E402
 from autotune.search.loop import run_loop  # noqa: E402
-from _setups import config_label, enter_setup, own_disk, workload_args  # noqa: E402
+from _setups import (config_label, enter_setup, own_disk, scratch_dir,  # noqa: E402
+                     workload_args)
 
 
 def _fig(t: dict | None, key: str, fmt: str) -> str:
@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--setups", default="hdd,nfs")
     workload_args(ap, trials=6, compute_ms=250.0, space="small", iops=100)
     ap.add_argument("--out", default=str(ROOT / "out" / "bench_loop"))
+    ap.add_argument("--tmp-dir", default=None,
+                    help="where scratch folders are made (default $TMPDIR, else /var/tmp)")
     a = ap.parse_args()
     ds = Path(a.dataset).absolute()
     n = sum(1 for _ in ds.rglob("*.jpg"))
@@ -55,7 +57,7 @@ def main() -> int:
         out = Path(a.out) / setup
         shutil.rmtree(out, ignore_errors=True)
         with ExitStack() as st:
-            work = Path(tempfile.mkdtemp(prefix=f"autotune-bench-loop-{setup}-", dir="/var/tmp"))
+            work = scratch_dir(f"autotune-bench-loop-{setup}-", a.tmp_dir)
             st.callback(shutil.rmtree, work, True)
             stage = work / "stage"   # the root disk: local, uncapped, cold after a drop
             # hdd: the dataset on a loop disk of its own, so that the cap slows it alone.

@@ -470,8 +470,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="/var/tmp/ds20k")
-    ap.add_argument("--work", default="/var/tmp/autotune-bench-peers",
-                    help="outputs (same disk as the dataset, not RAM-backed)")
+    ap.add_argument("--work", default=None,
+                    help="outputs, this folder itself (same disk as the dataset, not RAM-backed; "
+                         "default: a new folder under --tmp-dir)")
+    ap.add_argument("--tmp-dir", default=None,
+                    help="where the new output folder is made (default $TMPDIR, else /var/tmp)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iops", type=int, default=300)
     ap.add_argument("--read-seconds", type=float, default=12.0)
@@ -496,8 +499,17 @@ def main() -> int:
         print("bench_peers: litdata is not installed; install it as the module doc says",
               file=sys.stderr)
         return 2
-    src, work = Path(a.dataset), Path(a.work)
+    if a.skip_convert and not a.work:
+        print("bench_peers: --skip-convert reuses the outputs of an earlier run: give its "
+              "--work folder", file=sys.stderr)
+        return 2
+    from _setups import scratch_dir
+
+    src = Path(a.dataset)
+    work = Path(a.work) if a.work else scratch_dir("autotune-bench-peers-", a.tmp_dir)
     work.mkdir(parents=True, exist_ok=True)
+    print(f"bench_peers: outputs in {work} (--work {work} --skip-convert reuses them)",
+          file=sys.stderr)
     src_files = [p for p in src.rglob("*") if p.is_file() and not p.name.startswith(".")]
     n_src, src_bytes = len(src_files), sum(p.stat().st_size for p in src_files)
     out: dict[str, Any] = {"dataset": str(src), "images": n_src, "source_bytes": src_bytes,

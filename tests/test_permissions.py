@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,80 @@ def test_an_unreadable_input_file_is_named_not_dropped(small_dataset, work_dir):
             "--seconds", "1", "--warmup-batches", "0", "--warm", "--json", "-", bits_apply=True)
     assert r.returncode == 1
     assert rel in json.loads(r.stdout)["reason"] or rel in r.stderr, (r.stdout[-500:], r.stderr)
+
+
+# -- other users' locks and leftover folders: never truncated, never removed ----------------
+
+def _hold_flock(path: Path) -> subprocess.Popen:
+    """A second process holding an flock on `path` until killed (its pid need not be
+    visible to the remover: another pid namespace looks exactly like this)."""
+    p = subprocess.Popen([sys.executable, "-c",
+                          "import fcntl, sys, time\nf = open(sys.argv[1])\n"
+                          "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\n"
+                          "time.sleep(120)", str(path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_lock_file_of_another_user_is_not_truncated(work_dir):
+    from converters.errors import StageError, UsageError
+    from converters.fsutil import PidLock
+
+    lock = work_dir / "lock"
+    lock.write_text("theirs\n")
+    os.chown(lock, 12345, 12345)
+    with pytest.raises(UsageError, match=r"not a lock file of this user .*uid 12345"):
+        PidLock(lock, StageError).acquire()
+    assert lock.read_text() == "theirs\n"
+
+
+def test_a_leftover_conversion_folder_of_another_user_is_left_alone(work_dir):
+    from converters.workdir import WorkDir
+
+    wd = WorkDir(work_dir / "dst")
+    wd.create()
+    os.chown(wd.path, 12345, 12345)
+    assert not wd.remove_stale() and wd.path.is_dir()
+
+
+def _bench_scratch(name: str, uid: int | None = None) -> Path:
+    import tempfile
+
+    d = Path(tempfile.gettempdir()) / name
+    d.mkdir()
+    (d / "lock").write_text("")
+    if uid is not None:
+        os.chown(d, uid, uid)
+        os.chown(d / "lock", uid, uid)
+    old = time.time() - 3600  # long past any grace period
+    os.utime(d, (old, old))
+    return d
+
+
+def test_bench_keeps_a_live_runs_scratch_whose_pid_it_cannot_see():
+    from autotune.bench.runner import _remove_stale_tmp
+
+    d = _bench_scratch("autotune-bench-999999999-livetest")  # no such pid here
+    holder = _hold_flock(d / "lock")
+    try:
+        _remove_stale_tmp()
+        assert d.is_dir()  # its run holds the lock: alive, whatever its pid
+        holder.kill()
+        holder.wait()
+        _remove_stale_tmp()
+        assert not d.exists()  # lock free, ours: a killed run's leftovers
+    finally:
+        holder.kill()
+        holder.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_bench_never_removes_another_users_scratch():
+    from autotune.bench.runner import _remove_stale_tmp
+
+    d = _bench_scratch("autotune-bench-999999998-othertest", uid=12345)
+    try:
+        _remove_stale_tmp()
+        assert d.is_dir() and (d / "lock").is_file()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

@@ -25,7 +25,8 @@ from autotune.analyze import trend
 from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
 from autotune.analyze.parsers.regex import RegexParser
-from autotune.analyze.reader import STDIN, LineTimes, head_and_tail, iter_lines, spooled
+from autotune.analyze.reader import (MAX_LINE, STDIN, LineTimes, bounded_lines, head_and_tail,
+                                     iter_lines, spooled)
 from autotune.verdict.rules import RuleInputs, decide
 from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 from autotune.errors import UsageError
@@ -126,8 +127,8 @@ class _Inputs:
 def _has_steps(path: Path) -> bool:
     try:
         with path.open("rb") as f:
-            for i, raw in enumerate(f):
-                if b'"wait_s"' in raw:
+            for i, raw in enumerate(bounded_lines(f)):
+                if raw is not None and b'"wait_s"' in raw:
                     return True
                 if i > 50:
                     break
@@ -159,9 +160,11 @@ def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] 
         if metrics is None and (p / RUN_FILES["metrics"]).is_file():
             metrics = p / RUN_FILES["metrics"]
         if dataset is None and (p / RUN_FILES["run"]).is_file():
-            try:
-                dataset = json.loads((p / RUN_FILES["run"]).read_text()).get("data")
-            except (OSError, ValueError):
+            try:   # a side file: read up to MAX_LINE, never whole
+                with (p / RUN_FILES["run"]).open("rb") as f:
+                    run = json.loads(f.read(MAX_LINE))
+                dataset = run.get("data") if isinstance(run, dict) else None
+            except (OSError, ValueError, RecursionError):
                 pass
         p = chosen
     return _Inputs(p, Path(metrics) if metrics is not None else None, dataset, notes)
@@ -437,7 +440,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     parser = make_parser(fmt, regex)
     times = LineTimes.for_log(inp.log)
     acc = _Pass(warmup, times, parser.other_kind)
-    lines, profiles = _stream(parser, inp.log, acc)
+    lines, profiles = _stream(parser, inp.log, acc, warnings)
     used_warm = acc.finish()
     if used_warm:
         warnings.append(f"only {acc.warm.n} step(s), all within the warm-up: the figures include "
@@ -570,12 +573,13 @@ DUPLICATE_LINE = "line printed twice (the same as the one before)"
 DUPLICATE_STEP = "step printed twice (same epoch, index and figures)"
 
 
-def _stream(parser: LogParser, path: Path, acc: _Pass) -> tuple[dict[str, Any], list[ProfileSummary]]:
+def _stream(parser: LogParser, path: Path, acc: _Pass, warnings: list[str]
+            ) -> tuple[dict[str, Any], list[ProfileSummary]]:
     """One pass over the log: records into `acc`; returns the line counts and any
-    aggregate tables."""
+    aggregate tables. A gzip log cut short is analyzed up to its cut (said in `warnings`)."""
     skipped: dict[str, int] = {}
     total = parsed = 0
-    for ln in iter_lines(path):
+    for ln in iter_lines(path, notes=warnings):
         total += 1
         reason = (TOO_LONG if ln.too_long else DUPLICATE_LINE if ln.duplicate
                   else BLANK if not ln.text.strip() else None)

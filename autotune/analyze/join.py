@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from autotune.analyze.reader import bounded_lines
 from autotune.errors import UsageError
 from autotune.monitor.figures import FIGURES, SystemFigures, collect, finish  # noqa: F401
 
@@ -35,12 +36,14 @@ def join_metrics(path: str | os.PathLike[str],
         raise UsageError(f"metrics file {p}: {e.strerror}; give the metrics.jsonl that "
                          "`autotune monitor` wrote", setting="metrics") from e
     with f:
-        for raw in f:
+        for raw in bounded_lines(f):
             try:
+                if raw is None:   # over MAX_LINE: never held whole, never parsed
+                    raise ValueError("line too long")
                 rec = json.loads(raw)
                 t = float(rec["time"])
                 dt = float(rec.get("interval_s") or 0.0)
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                 bad += 1
                 continue
             total += 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import zlib
 import os
 import re
 import shutil
@@ -108,14 +109,49 @@ def _drain(f: IO[bytes], raw: bytes) -> tuple[bytes | None, int]:
             return (tail if tail is not None and tail.strip() else None), read
 
 
-def iter_lines(path: str | os.PathLike[str], *, start: int = 0) -> Iterator[Line]:
+def bounded_lines(f: IO[bytes]) -> Iterator[bytes | None]:
+    """The raw lines of a side file (LOG.times, metrics.jsonl, a step log's head), each at
+    most MAX_LINE bytes: a longer one is read past in MAX_LINE pieces, never held whole, and
+    given as None (the caller counts it as a bad line)."""
+    while True:
+        raw = f.readline(MAX_LINE)
+        if not raw:
+            return
+        if raw.endswith(b"\n") or len(raw) < MAX_LINE:
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(MAX_LINE)
+        yield None
+
+
+# What a damaged gzip stream raises while it is read: cut short (EOFError), bad bytes.
+_GZIP_DAMAGE = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def iter_lines(path: str | os.PathLike[str], *, start: int = 0,
+               notes: list[str] | None = None) -> Iterator[Line]:
     """Lines of a text (or gzip) file, decoded as UTF-8 with replacement, cleaned (`clean`).
 
     A line longer than MAX_LINE is returned cut, `too_long` set, and the rest of it
     skipped without being held in memory, unless what follows its last carriage return
     (a log line printed after a long-running progress bar) fits.
+
+    A gzip log cut short (or damaged) ends where its readable lines end; the line
+    "LOG: truncated gzip after N lines" is appended to `notes` (when given).
     """
-    p = Path(path)
+    n = 0
+    try:
+        for ln in _lines(Path(path), start):
+            n = ln.lineno
+            yield ln
+    except _GZIP_DAMAGE:
+        if notes is not None:
+            notes.append(f"{path}: truncated gzip after {n} lines (the lines before it are "
+                         "analyzed; the rest of the log is lost)")
+
+
+def _lines(p: Path, start: int) -> Iterator[Line]:
     previous: tuple[int | None, str] | None = None
     with _open(p) as f:
         if start:
@@ -191,8 +227,8 @@ class LineTimes:
         offsets: list[int] = []
         times: list[float] = []
         with p.open("rb") as f:
-            for raw in f:
-                parts = raw.split()
+            for raw in bounded_lines(f):
+                parts = raw.split() if raw is not None else ()
                 if len(parts) != 2:
                     continue   # a line cut by a crash of the monitor
                 try:

@@ -4,6 +4,7 @@ process ended) into a BenchResult: figures, labels, warnings, or a failure with 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -91,7 +92,8 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                  timed_out: bool, phase: str, log_tail: str, oom_kills: int,
                  cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
                  parent_marks: dict[str, float], stopped: str | None = None,
-                 sched: dict[float, Any] | None = None) -> BenchResult:
+                 sched: dict[float, Any] | None = None,
+                 budget: dict[float, Any] | None = None) -> BenchResult:
     """The BenchResult of what a measurement left: figures, labels and warnings, or a
     failure with its reason and a hint."""
     c = child or {}
@@ -121,7 +123,7 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
     _process_figures(res, samples, win)
     # What the verdict engine reads (autotune.verdict), from this window's samples.
     res.system["figures"] = figures_of(
-        (_record(s, sched) for s in win), source="bench monitor",
+        (_record(s, sched, budget) for s in win), source="bench monitor",
         joined_by=res.system.get("scope", "measured window")).to_dict()
     failure = _failure(cfg, child, res.system, proc, timed_out, phase, log_tail, oom_kills,
                        stopped)
@@ -155,18 +157,28 @@ def _too_few(cfg: BenchConfig, window: dict[str, Any]) -> Failure | None:
            else f"at least {MIN_WINDOW_BATCHES}")
     end = (" before the end of the first cold pass over the dataset"
            if window.get("shortened") else "")
+    hint = ("use a longer --seconds, a smaller --batch-size, fewer workers or a lower "
+            "prefetch_factor, a larger dataset, or --warm (later passes labelled warm)")
+    secs = window.get("seconds") or 0.0
+    if n and not window.get("shortened") and secs > 0:
+        # The window ran out of time: at the pace measured (a real step's time is known
+        # only now), the warm-up and the batches a figure needs take this long.
+        per = secs / n
+        hint = (f"give --seconds {math.ceil((cfg.effective_warmup + need) * per)} or more "
+                f"({cfg.effective_warmup} warm-up + {need} batches at the {per:.3g} s per "
+                f"batch measured); or {hint}")
     return Failure("too_few_batches",
                    f"only {n} batches were measured{end} ({window.get('samples')} samples in "
-                   f"{window.get('seconds', 0):.1f} s); a figure needs {why}: this is not a "
-                   "measurement",
-                   "use a longer --seconds, a smaller --batch-size, fewer workers or a lower "
-                   "prefetch_factor, a larger dataset, or --warm (later passes labelled warm)")
+                   f"{secs:.1f} s); a figure needs {why}: this is not a measurement", hint)
 
 
-def _record(s: Sample, sched: dict[float, Any] | None) -> dict[str, Any]:
+def _record(s: Sample, sched: dict[float, Any] | None,
+            budget: dict[float, Any] | None = None) -> dict[str, Any]:
     d = s.to_dict()
     if sched is not None and s.monotonic in sched:
         d["sched"] = sched[s.monotonic]
+    if budget is not None and s.monotonic in budget:
+        d["budget"] = budget[s.monotonic]   # the task sampler's budget of this interval
     return d
 
 
@@ -401,11 +413,12 @@ def _phase_of(t: float, marks: dict[str, float]) -> str:
 
 def write_timeline(path: str | os.PathLike[str], samples: list[Sample],
                    child: dict[str, Any] | None, parent_marks: dict[str, float],
-                   sched: dict[float, Any] | None = None) -> None:
+                   sched: dict[float, Any] | None = None,
+                   budget: dict[float, Any] | None = None) -> None:
     marks = dict((child or {}).get("marks", {}))
     marks.setdefault("go", parent_marks.get("go", float("inf")))
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
-            d = _record(s, sched)
+            d = _record(s, sched, budget)
             d["phase"] = _phase_of(s.monotonic - s.interval_s / 2, marks)
             f.write(json.dumps(d) + "\n")

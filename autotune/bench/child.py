@@ -406,11 +406,15 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                 done_warm += 1
                 warm_wait += t1 - t0
                 if done_warm == warmup:
+                    # The window opens where the warm-up ended, as a plain loop's clock
+                    # does: batches the workers finish while the counters below are read
+                    # (psutil over the tree; slow on a busy machine) count in it, so must
+                    # that time. (Opened after the read, it counted them for free.)
+                    start = last_tick = t2
+                    deadline = t2 + cfg.seconds
                     # Storage reads of the window, from the kernel's per-process counters:
                     # proof of where the bytes came from (page cache or disk).
                     io0 = _tree_io()
-                    start = last_tick = t2 = time.monotonic()
-                    deadline = t2 + cfg.seconds
                     out["phase"] = "measure"
                     _status(status_fd, f"measure {cfg.seconds:g}")
                 continue

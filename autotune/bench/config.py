@@ -18,6 +18,7 @@ DEFAULT_PRESET = "resnet50"
 # tens of seconds (a 300-IOPS disk: 7-10 s).
 _STARTUP_ALLOWANCE_S = 180.0
 MIN_WINDOW_BATCHES = 10
+DEFAULT_SECONDS = 20.0
 
 
 @dataclass
@@ -31,7 +32,9 @@ class BenchConfig:
     step: 'module:function' or 'path/file.py:function' called with each batch
         (images float32 [B,3,H,W] as the preset makes them, labels int64 [B]) instead of the emulated step. It must
         return when its work is done (call torch.cuda.synchronize() at its end on a GPU).
-    seconds: length of the measured window (after warm-up).
+    seconds: length of the measured window (after warm-up). from_preset() without one
+        takes the longer of its default and window_needed_s: a long emulated step gets a
+        window that holds the batches a figure needs; validate() refuses a shorter one.
     warmup_batches: batches excluded before the window; None = max(5, workers x prefetch),
         i.e. at least every batch requested when the loader started.
     windows: the window is split into this many parts; images/s is their median.
@@ -54,7 +57,7 @@ class BenchConfig:
     prefetch_factor: int | None = 2
     pin_memory: bool = False
     persistent_workers: bool = False
-    seconds: float = 20.0
+    seconds: float = DEFAULT_SECONDS
     warmup_batches: int | None = None
     windows: int = 5
     cold: bool = True
@@ -76,9 +79,13 @@ class BenchConfig:
     procs_per_node: int = 1
 
     @classmethod
-    def from_preset(cls, preset: str = DEFAULT_PRESET, **overrides: Any) -> BenchConfig:
+    def from_preset(cls, preset: str = DEFAULT_PRESET, *, default_seconds: float | None = None,
+                    **overrides: Any) -> BenchConfig:
         """The preset's batch size, step, transform and loader settings, then `overrides`
         (keys of BenchConfig; None values are ignored, so CLI options can pass through).
+
+        Without `seconds` the window is the longer of `default_seconds` (None: 20) and
+        window_needed_s, whole seconds: it follows from the step and the prefetch queue.
 
         A preset's prefetch_factor is dropped when the resulting num_workers is 0; an
         explicit prefetch_factor with num_workers 0 is an error (see validate()).
@@ -106,6 +113,11 @@ class BenchConfig:
                     del cfg.loader_extra[prm.name]
         if "step" in given:
             cfg.compute_ms = 0.0 if "compute_ms" not in given else cfg.compute_ms
+        if "seconds" not in given:
+            cfg.seconds = float(DEFAULT_SECONDS if default_seconds is None else default_seconds)
+            need = cfg.window_needed_s
+            if need is not None and need > cfg.seconds:
+                cfg.seconds = float(math.ceil(need))
         return cfg
 
     def validate(self) -> BenchConfig:
@@ -179,6 +191,9 @@ class BenchConfig:
                              f"{self.format!r}.", setting="format")
         if not isinstance(self.transform, TransformSpec):
             raise UsageError("transform must be a TransformSpec.")
+        short = self.short_window()
+        if short:
+            raise UsageError(short, setting="seconds")
         if self.timeout_s is not None and self.timeout_s <= self.seconds:
             raise UsageError(f"timeout_s ({self.timeout_s:g} s) must be longer than the measured "
                              f"window ({self.seconds:g} s) plus startup and warm-up.",
@@ -208,6 +223,30 @@ class BenchConfig:
         """Fewest measured batches that make a figure: 10, and twice the prefetch queue
         (batches made during warm-up can still be draining when the window opens)."""
         return max(MIN_WINDOW_BATCHES, 2 * self.prefetch_queue)
+
+    @property
+    def window_needed_s(self) -> float | None:
+        """Seconds that hold the warm-up and the fewest batches a figure needs at the demand
+        rate (batch_size / step time): (effective_warmup + min_batches) x the emulated step.
+        None without an emulated step (a real step's time is known only once measured)."""
+        if self.step is not None or not self.compute_ms:
+            return None
+        return (self.effective_warmup + self.min_batches) * self.compute_ms / 1000.0
+
+    def short_window(self, seconds: float | None = None, flag: str = "--seconds") -> str | None:
+        """Why a window of `seconds` (default: this one) cannot hold a measurement at the
+        demand rate, in one line naming the seconds it needs; None when it can."""
+        need = self.window_needed_s
+        seconds = self.seconds if seconds is None else seconds
+        if need is None or seconds >= need:
+            return None
+        return (f"{flag} {seconds:g} is too short for a {self.compute_ms:g} ms step per batch of "
+                f"{self.batch_size}: a measurement needs {self.effective_warmup} warm-up + "
+                f"{self.min_batches} measured batches ({self.num_workers} workers x prefetch "
+                f"{self.prefetch_factor or 0}) at the demand rate of "
+                f"{self.batch_size * 1000 / self.compute_ms:,.3g} images/s, {need:,.1f} s; give "
+                f"{flag} {math.ceil(need)} or more, or leave {flag} out (the window then "
+                "follows from the step).")
 
     @property
     def effective_timeout(self) -> float:

@@ -48,26 +48,45 @@ class UserDataset:
                 "type": type(self.dataset).__name__, "iterable": self.iterable}
 
 
+class UserCodeExit(Exception):
+    """The user's module called sys.exit() (or raised SystemExit) while it was imported."""
+
+
 def load_user_code(spec: str) -> Any:
     """'module:attr' or 'path/to/file.py:attr' of the user's (a --step, a --dataset-factory),
-    a module beside the user's command found too; the loader's exceptions pass through."""
+    a module beside the user's command found too; the loader's exceptions pass through, but
+    a sys.exit() at import is raised as UserCodeExit (it would end autotune silently with
+    the user's code)."""
     from converters.registry import load as load_attr
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return load_attr(spec)
+    try:
+        return load_attr(spec)
+    except SystemExit as e:
+        raise UserCodeExit(f"{spec.rpartition(':')[0]} called sys.exit({e.code!r}) while it "
+                           "was imported") from None
+
+
+def _file_of(target: str) -> str | None:
+    """The user's file when `target` names an existing .py file, else None."""
+    if target.endswith(".py") or os.sep in target:
+        return target if os.path.isfile(target) else None
+    return None
 
 
 def load(spec: str) -> Callable[[str], Any]:
     """The factory function; UsageError naming it when the file, module, function or one
-    of its imports is missing."""
+    of its imports is missing, or when importing it raised or exited."""
     target, _, name = spec.rpartition(":")
     try:
         fn = load_user_code(spec)
-    except FileNotFoundError:
-        raise UsageError(f"dataset factory {spec}: {target}: no such file; give "
-                         "path/to/file.py:function or module:function.",
-                         setting="dataset_factory") from None
+    except FileNotFoundError as e:
+        if _file_of(target) is None:
+            raise UsageError(f"dataset factory {spec}: {target}: no such file; give "
+                             "path/to/file.py:function or module:function.",
+                             setting="dataset_factory") from None
+        raise _raised_at_import(spec, target, e) from None
     except ModuleNotFoundError as e:
         raise UsageError(f"dataset factory {spec}: importing it needs {e.name!r}, which is not "
                          f"installed ({e}); install it in this environment.",
@@ -78,10 +97,24 @@ def load(spec: str) -> Callable[[str], Any]:
     except SyntaxError as e:
         raise UsageError(f"dataset factory {spec}: {e.filename}:{e.lineno}: syntax error "
                          f"({e.msg}).", setting="dataset_factory") from None
+    except UserCodeExit as e:
+        raise UsageError(f"dataset factory {spec}: {e}; a factory's module must not exit when "
+                         "imported (put its script part under `if __name__ == \"__main__\":`).",
+                         setting="dataset_factory") from None
+    except Exception as e:  # noqa: BLE001 - the user's module raised while it was imported
+        raise _raised_at_import(spec, target, e) from None
     if not callable(fn):
         raise UsageError(f"dataset factory {spec}: {name} is a {type(fn).__name__}, not a "
                          "function.", setting="dataset_factory")
     return fn
+
+
+def _raised_at_import(spec: str, target: str, e: BaseException) -> UsageError:
+    msg = " ".join(str(e).split())
+    return UsageError(f"dataset factory {spec}: {target} raised {type(e).__name__} while it was "
+                      f"imported{': ' + msg if msg else ''}; fix it (`python {target}` shows the "
+                      "traceback).",
+                      setting="dataset_factory")
 
 
 def check(spec: str) -> None:

@@ -117,9 +117,14 @@ def _users_code(s: _Seen) -> Failure | None:
                        "labels [B])); rerun with the emulated step (--compute-ms) to measure "
                        "the loader alone")
     if s.phase == "step-import":
-        return Failure("startup", f"cannot load the step {s.ctx.get('step')}: {s.etype}: {s.msg}",
+        # Its own kind: a step that cannot be imported is the user's input, not a measurement
+        # that failed (`autotune bench` exits 2 for it, as for a factory that cannot).
+        missing = s.etype in ("ModuleNotFoundError", "ImportError", "FileNotFoundError")
+        return Failure("step_import",
+                       f"cannot load the step {s.ctx.get('step')}: {s.etype}: {s.msg}",
                        "give --step as module:function importable from the current directory, "
-                       "or as path/to/file.py:function")
+                       "or as path/to/file.py:function" if missing else
+                       "fix its module (running the file with python shows the traceback)")
     return None
 
 

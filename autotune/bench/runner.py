@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,12 @@ from autotune.bench.result import BenchResult
 from autotune.cache import make_cold, ram_backed
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune.monitor import SystemMonitor
+from autotune.monitor.run import budget_section
+from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
 from converters import registry
 from converters.registry import open_source
+from converters.fsutil import PidLock
 from converters.registry import resolve as resolve_format
 
 Progress = Callable[[str], None]
@@ -46,20 +50,43 @@ Popen = Callable[..., subprocess.Popen]
 
 _LOG_TAIL = 4000
 _TMP_PREFIX = "autotune-bench-"
+_TMP_LOCK = "lock"  # flock'ed by the run that owns the folder
 
 
 def _remove_stale_tmp() -> None:
-    """Remove the scratch directories of bench runs whose process is gone (killed before
-    its `finally` could); a minute's grace for creators in another pid namespace."""
+    """Remove the scratch folders of bench runs that are gone (killed before their `finally`
+    could): only folders of this user whose run's lock is free. A live run holds a flock on
+    its folder's lock for as long as it runs, and the kernel drops it however the run dies,
+    so no pid is consulted (pids differ across pid namespaces). A folder without a lock
+    (another program's, an older autotune's) is left alone."""
+    me = os.geteuid()
     for d in Path(tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*-*"):
-        pid = d.name[len(_TMP_PREFIX):].split("-", 1)[0]
         try:
-            if not pid.isdigit() or Path(f"/proc/{pid}").exists() or \
-                    time.time() - d.stat().st_mtime < 60:
-                continue
+            st, lk = d.lstat(), (d / _TMP_LOCK).lstat()
         except OSError:
             continue
-        shutil.rmtree(d, ignore_errors=True)
+        if not (stat.S_ISDIR(st.st_mode) and stat.S_ISREG(lk.st_mode)) or st.st_uid != me:
+            continue
+        lock = PidLock(d / _TMP_LOCK, AutotuneError)
+        try:
+            lock.acquire()
+        except (AutotuneError, OSError):
+            continue  # its run is alive (or the lock is not ours): not ours to remove
+        try:
+            shutil.rmtree(d, ignore_errors=True)
+        finally:
+            lock.release()
+
+
+def _scratch() -> tuple[Path, PidLock]:
+    """This run's scratch folder and the lock held on it until the run ends. The folder
+    gets its final name (the one _remove_stale_tmp looks at) only once the lock is held."""
+    hidden = Path(tempfile.mkdtemp(prefix=f".{_TMP_PREFIX}{os.getpid()}-"))
+    lock = PidLock(hidden / _TMP_LOCK, AutotuneError).acquire()
+    tmp = hidden.with_name(hidden.name[1:])
+    os.rename(hidden, tmp)
+    lock.path = tmp / _TMP_LOCK
+    return tmp, lock
 
 
 def _has_class_dir(root: Path) -> bool:
@@ -130,17 +157,18 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     m = _Measurement(root, fmt, cfg, throttle, say, on_tick)
     m.prepare_cache()
     _remove_stale_tmp()
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
+    tmp, lock = _scratch()
     try:
         m.run(tmp, popen or subprocess.Popen, monitor_path or root)
         res = m.result(tmp)
         if timeline is not None:
-            write_timeline(timeline, m.samples, m.child, m.marks, m.sched)
+            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget)
             res.timeline_file = str(timeline)
         res.seconds_total = time.monotonic() - t_begin
         return res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        lock.release()
 
 
 def _check_folder(root: Path, fmt: str) -> None:
@@ -171,6 +199,8 @@ class _Measurement:
         self.child: dict[str, Any] | None = None
         self.go_w = -1
         self.sched: dict[float, dict[str, Any] | None] = {}
+        self.budget: dict[float, dict[str, Any] | None] = {}
+        self.tasks: TaskSampler | None = None
 
     def prepare_cache(self) -> None:
         """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
@@ -244,8 +274,12 @@ class _Measurement:
         on I/O?), kept by the sample's time for the verdict's figures."""
         rq = RunQueueSampler(pid)
         rq.sample(time.monotonic())  # the baseline
+        # Where each process class's time goes, per sample interval (autotune.monitor.tasks);
+        # a thread in this (the parent) process, never in the measurement process.
+        self.tasks = tasks = TaskSampler(pid).start()
 
         def on_sample(sample: Any) -> None:
+            self.budget[sample.monotonic] = budget_section(tasks)
             try:
                 u = rq.sample(sample.monotonic)
             except Exception as e:  # noqa: BLE001 - a figure, never a reason to stop
@@ -323,6 +357,8 @@ class _Measurement:
         if self.mon is not None:
             self.mon.stop()
             self.samples = self.mon.records
+        if self.tasks is not None:
+            self.tasks.stop()
 
     def result(self, tmp: Path) -> BenchResult:
         path = tmp / "result.json"
@@ -334,7 +370,7 @@ class _Measurement:
         return build_result(self.cfg, self.root, self.fmt, self.child, self.samples, self.cache,
                             self.proc, self.timed_out, self.phase, _log_tail(tmp / "child.log"),
                             _oom_kills() - self.oom0, self.cleanup, self.mon, self.marks,
-                            stopped=self.stopped, sched=self.sched)
+                            stopped=self.stopped, sched=self.sched, budget=self.budget)
 
 
 def _kill_group(pgid: int) -> None:

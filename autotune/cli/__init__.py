@@ -65,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
 def error_line(cmd: Command, e: AutotuneError) -> str:
     """The one stderr line of a library error, naming the options that set what it is
     about when the message does not already name them."""
-    msg = str(e)
+    from autotune.cli.tables import printable
+
+    msg = printable(str(e))   # it names files from the dataset: no control characters
     flags = [f for s in e.settings if (f := cmd.flag_for(s)) and f not in msg]
     if flags:
         msg += f" (option{'s' if len(flags) > 1 else ''} {', '.join(flags)})"
@@ -94,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a bug: say so in one line; the traceback is one flag away
         if args.debug:
             raise
-        print(f"autotune {cmd.name}: internal error: {type(e).__name__}: {e} "
+        from autotune.cli.tables import printable
+
+        print(f"autotune {cmd.name}: internal error: {type(e).__name__}: {printable(e)} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
     finally:

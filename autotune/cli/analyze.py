@@ -56,6 +56,10 @@ Run a training command and watch what the machine does meanwhile:
                        help="the dataset directory: its disk is watched (default: the current "
                             "directory's disk)")
         p.add_argument("--no-gpu", action="store_true", help="do not sample NVML")
+        p.add_argument("--delayacct", action="store_true",
+                       help="switch kernel.task_delayacct on for the run (root): the time "
+                            "budget's I/O is then counted exactly, not sampled; restored after, "
+                            "never switched off while another autotune run holds it")
         p.add_argument("--no-analysis", action="store_true",
                        help="do not print the analysis at the end")
         p.add_argument("--json", metavar="FILE",
@@ -162,22 +166,27 @@ def _run_monitor(args: argparse.Namespace) -> int:
                          "`autotune monitor --data /data/train -- python train.py`")
     out = args.out or time.strftime("monitor-%Y%m%d-%H%M%S")
     run = run_monitored(cmd, out, interval=args.interval, data=args.data, gpu=not args.no_gpu,
-                        echo_stdout=sys.stdout.buffer, echo_stderr=sys.stderr.buffer)
+                        echo_stdout=sys.stdout.buffer, echo_stderr=sys.stderr.buffer,
+                        delayacct=args.delayacct)
+    from autotune.cli.tables import printable
+
     err = console(True)
     status = (f"exit status {run.returncode}" if run.signal is None
               else f"killed by {run.signal} (status {run.returncode})")
-    err.print(f"autotune monitor: {' '.join(cmd)}: {status} after {run.seconds:,.1f} s; "
-              f"{run.samples} samples in {run.metrics}, log in {run.log}"
-              + (f"; forwarded {', '.join(run.forwarded)}" if run.forwarded else ""))
+    line = (f"autotune monitor: {' '.join(cmd)}: {status} after {run.seconds:,.1f} s; "
+            f"{run.samples} samples in {run.metrics}, log in {run.log}"
+            + (f"; forwarded {', '.join(run.forwarded)}" if run.forwarded else ""))
+    err.print(printable(line, markup=True))
     for e in run.errors:
-        err.print(f"autotune monitor: warning: {e}", style="yellow")
+        err.print(f"autotune monitor: warning: {printable(e, markup=True)}", style="yellow")
     if not args.no_analysis:
         from autotune.analyze import analyze
 
         try:
             a = analyze(out, **_analyze_kwargs(args))
         except AutotuneError as e:
-            err.print(f"autotune monitor: no analysis: {e}", style="yellow")
+            err.print(f"autotune monitor: no analysis: {printable(e, markup=True)}",
+                      style="yellow")
         else:
             _emit_analysis(args, a)
     return run.returncode

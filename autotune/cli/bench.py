@@ -83,8 +83,9 @@ options override them."""
         step.add_argument("--step", metavar="MODULE:FUNCTION",
                           help="call FUNCTION(batch) as the step; batch = (images float32 "
                                "[B,3,H,W], labels [B]); also path/to/file.py:function")
-        p.add_argument("--seconds", type=positive_float("--seconds"), default=20.0, metavar="S",
-                       help="measured window after warm-up (default 20)")
+        p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
+                       help="measured window after warm-up (default 20, longer for a long "
+                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps)")
         p.add_argument("--warmup-batches", type=nonneg_int("--warmup-batches"), metavar="N",
                        help="batches excluded at start (default max(5, workers x prefetch))")
         cache = p.add_mutually_exclusive_group()
@@ -111,6 +112,10 @@ options override them."""
                        help="also write the result as JSON to FILE ('-' for stdout)")
         p.add_argument("--timeline", metavar="FILE",
                        help="write every monitor sample (JSONL, with its phase) to FILE")
+        p.add_argument("--delayacct", action="store_true",
+                       help="switch kernel.task_delayacct on for the run (root): the time "
+                            "budget's I/O is then counted exactly, not sampled; restored after, "
+                            "never switched off while another autotune run holds it")
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.bench import BenchConfig, run_bench
@@ -130,8 +135,14 @@ options override them."""
             from dataclasses import replace
 
             cfg.transform = replace(cfg.transform, draft=True)
-        with spinner(not args.quiet) as prog:
+        from autotune.monitor.delayacct import hold_if
+
+        with hold_if(args.delayacct), spinner(not args.quiet) as prog:
             res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
+        if res.failure_kind == "step_import":   # the user's --step: a usage error, exit 2
+            from autotune.errors import UsageError
+
+            raise UsageError(f"{res.reason}; {res.hint}.", setting="step")
         emit(args, res.to_dict(), bench_renderable(res))
         return 1 if res.failed else 0
 

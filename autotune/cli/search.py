@@ -79,8 +79,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
 
         add_job_options(p)
         p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
-        p.add_argument("--seconds", type=positive_float("--seconds"), default=10.0, metavar="S",
-                       help="measured window per trial (default 10)")
+        p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
+                       help="measured window per trial (default 10, longer for a long "
+                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps)")
         p.add_argument("--study", metavar="NAME", help="study name (default: from dataset and preset)")
         p.add_argument("--storage", metavar="URL",
                        help="Optuna storage (default sqlite:///OUT/study.db); hosts share one "
@@ -123,8 +124,18 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         p.add_argument("--convert-dir", metavar="DIR",
                        help="where to write the conversion (default OUT/converted-FORMAT)")
         p.add_argument("--json", metavar="FILE", help="also write the result JSON to FILE ('-' for stdout)")
+        p.add_argument("--delayacct", action="store_true",
+                       help="switch kernel.task_delayacct on for the run (root): the time "
+                            "budget's I/O is then counted exactly, not sampled; restored after, "
+                            "never switched off while another autotune run holds it")
 
     def run(self, args: argparse.Namespace) -> int:
+        from autotune.monitor.delayacct import hold_if
+
+        with hold_if(args.delayacct):
+            return self._run(args)
+
+    def _run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.search import loop_renderable, search_renderable
         from autotune.search import SearchOptions, run_search
         from converters.units import parse_size

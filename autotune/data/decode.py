@@ -12,14 +12,21 @@ this `draft()`; simplejpeg chooses its scale from a minimum output size.
 
 simplejpeg is an optional dependency (`pip install 'autotune[fast]'`), imported when a
 transform asks for it. Files it does not take (PNG, CMYK JPEG, ...) go to Pillow.
+
+Pixel limit: an image's width x height, read from its header, is checked against
+Pillow's decompression-bomb limit (`PIL.Image.MAX_IMAGE_PIXELS`, ~89.5 megapixels by
+default; None turns it off) before anything is decoded, on both paths: a small file whose
+header claims 40000 x 40000 would otherwise allocate 4.8 GB of pixels in every worker.
+Over it, SampleError says the dimensions (Pillow's own warning or error never escapes).
 """
 
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Any
 
-from autotune.errors import UsageError
+from autotune.errors import SampleError, UsageError
 
 DECODERS = ("pil", "simplejpeg")
 FAST_INSTALL = "pip install 'autotune[fast]' (or pip install simplejpeg)"
@@ -49,6 +56,55 @@ def _factor(size: tuple[int, int], got: tuple[int, int]) -> int:
     return 1
 
 
+def check_pixels(width: int, height: int) -> None:
+    """SampleError when width x height is over `PIL.Image.MAX_IMAGE_PIXELS` (read at each
+    call, so a program that raises it, or sets it to None, is obeyed)."""
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        raise SampleError(f"image of {width} x {height} = {width * height:,} pixels is over the "
+                          f"limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS), checked before "
+                          "decoding: a decompression bomb or a damaged header; fix the image, "
+                          "or raise PIL.Image.MAX_IMAGE_PIXELS if it is genuine")
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from the header, by the first plugin that takes it, as Image.open
+    tries them but without its bomb check (which raises without saying the size)."""
+    from PIL import Image
+
+    Image.init()
+    for fmt in list(Image.ID):
+        factory, accept = Image.OPEN[fmt]
+        try:
+            ok = not accept or accept(data[:16])
+            if ok and not isinstance(ok, str):
+                return factory(io.BytesIO(data), "").size
+        except Exception:  # noqa: BLE001 (as Image.open: try the next plugin)
+            continue
+    return None
+
+
+def _pil_open(data: bytes) -> Any:
+    """Image.open with our pixel check instead of Pillow's bomb warning (1x-2x the
+    limit; it would print from every worker and let the image through) and error."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(io.BytesIO(data))
+        except Image.DecompressionBombError as e:
+            size = _header_size(data)
+            if size is not None:
+                check_pixels(*size)
+            raise SampleError(f"{e} (PIL.Image.MAX_IMAGE_PIXELS), checked before decoding; "
+                              "fix the image, or raise the limit if it is genuine") from None
+    check_pixels(*img.size)
+    return img
+
+
 class Opened:
     """One encoded image, header read, pixels not yet decoded. `size` is (width, height)
     at full scale."""
@@ -63,12 +119,12 @@ class Opened:
                 h, w, colorspace, _sub = sj.decode_jpeg_header(data)
             except ValueError:
                 colorspace = None
+            else:
+                check_pixels(int(w), int(h))  # simplejpeg has no limit of its own
             if colorspace in _SJ_COLORSPACES:
                 self._sj, self.size = sj, (int(w), int(h))
                 return
-        from PIL import Image
-
-        self._img = Image.open(io.BytesIO(data))
+        self._img = _pil_open(data)
         self.size = self._img.size
 
     def pil(self, k: int = 1) -> tuple[Any, int]:

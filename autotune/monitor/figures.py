@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.monitor.summary import percentile
+from autotune.monitor.timebudget import sum_budgets
 
 
 def _stat(values: list[float]) -> dict[str, float] | None:
@@ -123,6 +124,13 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
     disk = _section(rec, "disk", series, unavailable)
     if disk is not None:
         info["disk_device"] = disk.get("device")
+    budget = rec.get("budget")
+    if budget:
+        if budget.get("available"):
+            # Summed over the joined window at finish(): thread-seconds add, shares follow.
+            info.setdefault("budgets", []).append(budget)
+        else:
+            unavailable["budget"] = budget.get("reason", "")
     gpu = _section(rec, "gpu", series, unavailable)
     utils = [float(d["util_pct"]) for d in (gpu or {}).get("devices") or []
              if d.get("util_pct") is not None]
@@ -138,6 +146,10 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
                          gpus=info.get("gpus", 0), **kw)
     for k in FIGURES:
         setattr(figs, k, _stat(series[k]))
+    budget = sum_budgets(info.get("budgets") or [])
+    figs.budget = budget.to_dict() if budget is not None else None
+    if budget is None and "budget" in unavailable:
+        figs.unavailable["budget"] = unavailable["budget"]
     # A section measured in the window is not "unavailable" for the analysis.
     for sec, key in (("cpu", "cpu_total_pct"), ("proc", "proc_cpu_pct"),
                      ("disk", "disk_util_pct"), ("gpu", "gpu_util_pct")):
@@ -147,7 +159,8 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
 
 
 def figures_of(records: Iterable[dict[str, Any]], source: str, joined_by: str) -> SystemFigures:
-    """The figures of monitor samples (their to_dict(), with "sched" when sampled)."""
+    """The figures of monitor samples (their to_dict(), with "sched" and "budget" when
+    sampled)."""
     series: dict[str, list[float]] = {k: [] for k in FIGURES}
     unavailable: dict[str, str] = {}
     info: dict[str, Any] = {}

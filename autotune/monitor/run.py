@@ -12,6 +12,8 @@ Files in OUT:
                      time each line was printed, for logs that carry no timestamps
     metrics.jsonl    one monitor Sample per interval (Sample.to_dict(), `time` in epoch s),
                      plus "sched": the run-queue wait of the command's tasks (autotune.runqueue)
+                     and "budget": where each process class's time went over the interval
+                     (autotune.monitor.tasks: a TimeBudget.to_dict())
     steps.jsonl      written by the command itself when it wraps its loader with
                      autotune.instrument() (AUTOTUNE_STEPS_LOG points there)
     run.json         the command, data path, times, exit status
@@ -38,6 +40,7 @@ from typing import IO, Any
 
 from autotune.errors import AutotuneError, UsageError
 from autotune.instrumentation import STEPS_LOG_ENV
+from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
 
 LOG, TIMES, METRICS, STEPS, RUN = ("train.log", "train.log.times", "metrics.jsonl",
@@ -181,13 +184,27 @@ class _Forwarder:
             pass
 
 
-def _sample_writer(path: Path, rq: RunQueueSampler | None
+def budget_section(tasks: TaskSampler | None) -> dict[str, Any] | None:
+    """The "budget" section of a monitor record: the task sampler's window since the last
+    call (None for no window yet; "available": false with the reason when it failed)."""
+    if tasks is None:
+        return None
+    try:
+        b = tasks.take()
+    except Exception as e:  # noqa: BLE001  (a figure, never a reason to stop)
+        return {"available": False, "reason": f"{type(e).__name__}: {e}"}
+    return b.to_dict() if b is not None else None
+
+
+def _sample_writer(path: Path, rq: RunQueueSampler | None, tasks: TaskSampler | None = None
                    ) -> tuple[Callable[[Any], None], IO[str], list[int]]:
     fh = path.open("w", encoding="utf-8")
     count = [0]
 
     def write(sample: Any) -> None:
         d = sample.to_dict()
+        if tasks is not None:
+            d["budget"] = budget_section(tasks)
         if rq is not None:
             # Run-queue wait of the job's tasks: CPU-starved or waiting on I/O?
             try:
@@ -207,7 +224,7 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
                   gpu: bool = True, env: dict[str, str] | None = None,
                   echo_stdout: IO[bytes] | None = None, echo_stderr: IO[bytes] | None = None,
                   popen: Callable[..., subprocess.Popen[bytes]] | None = None,
-                  forward_signals: bool = True) -> MonitorRun:
+                  forward_signals: bool = True, delayacct: bool = False) -> MonitorRun:
     """Run `cmd` to completion under the system monitor; see the module docstring.
 
     Args:
@@ -223,8 +240,12 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
         popen: how to start the command (subprocess.Popen by default; e.g.
             IoThrottle(...).popen to run it under an I/O cap).
         forward_signals: install SIGINT/SIGTERM handlers that forward to the command.
+        delayacct: switch kernel.task_delayacct on for the run (root; restored after,
+            shared with other autotune runs: autotune.monitor.delayacct), so that the
+            budget's I/O is counted exactly rather than sampled.
 
-    Raises UsageError when the command cannot be started or `out_dir` not created.
+    Raises UsageError when the command cannot be started, `out_dir` not created, or
+    `delayacct` asked without root.
     """
     cmd = [os.fspath(c) for c in cmd]
     out = _prepare_out(cmd, out_dir, data)
@@ -234,12 +255,38 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
     full_env.update({"PYTHONUNBUFFERED": "1", STEPS_LOG_ENV: str(steps.resolve()),
                      "AUTOTUNE_MONITOR_DIR": str(out.resolve())})
     full_env.update(env or {})
+    hold = _hold_delayacct(delayacct)   # before the spawn: the command is counted from birth
+    try:
+        return _run(cmd, out, steps, full_env, popen, hold, interval=interval, data=data,
+                    gpu=gpu, echo=(echo_stdout, echo_stderr), forward_signals=forward_signals)
+    finally:
+        if hold is not None:
+            hold.release()
+
+
+def _hold_delayacct(on: bool) -> Any:
+    if not on:
+        return None
+    from autotune.monitor.delayacct import DelayacctHold
+
+    hold = DelayacctHold()
+    hold.acquire()
+    return hold
+
+
+def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
+         popen: Callable[..., subprocess.Popen[bytes]] | None, hold: Any, *, interval: float,
+         data: str | os.PathLike[str] | None, gpu: bool,
+         echo: tuple[IO[bytes] | None, IO[bytes] | None], forward_signals: bool) -> MonitorRun:
+    echo_stdout, echo_stderr = echo
     started = time.time()
     proc = _start(popen or subprocess.Popen, cmd, full_env)
     errors: list[str] = []
     rq = RunQueueSampler(proc.pid)
     rq.sample(time.monotonic())   # the baseline
-    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq)
+    tasks = TaskSampler(proc.pid, delayacct_since=hold.since if hold is not None else None)
+    tasks.start()
+    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks)
     mon = _monitor(os.fspath(data) if data is not None else os.getcwd(), proc.pid, interval,
                    gpu, write_sample, errors)
     log_fh = (out / LOG).open("wb")
@@ -256,6 +303,7 @@ def run_monitored(cmd: Sequence[str], out_dir: str | os.PathLike[str], *,
             proc.kill()
             proc.wait()
         mon.stop()
+        tasks.stop()
         tee.close(time.time())
         log_fh.close()
         times_fh.close()

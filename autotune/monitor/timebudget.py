@@ -30,6 +30,8 @@ from typing import Any
 STATES = ("on_cpu", "runnable", "io", "storage_wait", "asleep")
 CLASSES = ("main", "workers")
 IO_SOURCES = ("delayacct", "state-sampling")
+LABELS = {"on_cpu": "on CPU", "runnable": "runnable", "io": "I/O",
+          "storage_wait": "storage wait", "asleep": "asleep"}
 
 
 @dataclass
@@ -54,6 +56,14 @@ class ClassBudget:
     def idle(self) -> float:
         """What on_cpu, runnable and blocked leave of one thread's time (>= 0)."""
         return max(0.0, 1.0 - self.share("on_cpu") - self.share("runnable") - self.blocked())
+
+    def display_shares(self) -> dict[str, float]:
+        """The shares a person reads (a table line, a stacked bar): each state per
+        process-second, asleep as what the others leave of one thread (`idle()`), so that a
+        class of single-busy-thread processes sums to 100 %."""
+        out = {s: self.share(s) for s in STATES if s != "asleep"}
+        out["asleep"] = self.idle()
+        return out
 
     def add(self, other: ClassBudget) -> None:
         """Accumulate another interval's budget of the same class (counts take the max)."""
@@ -114,6 +124,45 @@ class TimeBudget:
             if n not in self.notes:
                 self.notes.append(n)
 
+    def source_text(self) -> str:
+        """How the I/O figure was measured, and the rate: "I/O from delay accounting, 50 Hz"."""
+        src = ("delay accounting" if self.io_source == "delayacct"
+               else f"task-state sampling ({self.samples:,} samples)")
+        return f"I/O from {src}, {self.hz:.0f} Hz"
+
+    def class_line(self, name: str) -> str | None:
+        """"workers (4 procs, 9 threads): on CPU 6 %, runnable 1 %, I/O 88 %, storage wait
+        0 %, asleep 5 %" (None when the class was not seen)."""
+        c = self.cls(name)
+        if c is None:
+            return None
+        sh = c.display_shares()
+        parts = ", ".join(f"{LABELS[s]} {sh[s] * 100:.0f} %" for s in STATES)
+        return f"{name} ({c.processes} procs, {c.threads} threads): {parts}"
+
+    def psi_text(self) -> str | None:
+        """"I/O pressure (PSI, machine): some 12 %, full 3 %" (None when not measured)."""
+        p = self.psi_io
+        if not p or p.get("some_pct") is None:
+            return None
+        full = p.get("full_pct")
+        return (f"I/O pressure (PSI, {p.get('scope', '?')}): some {p['some_pct']:.0f} %"
+                + (f", full {full:.0f} %" if full is not None else ""))
+
+    def lines(self) -> list[str]:
+        """What the CLI tables print: a line per class (with the source on the first),
+        PSI, then the notes."""
+        out: list[str] = []
+        for name in CLASSES:
+            line = self.class_line(name)
+            if line is not None:
+                out.append(line + ("; " + self.source_text() if not out else ""))
+        psi = self.psi_text()
+        if psi:
+            out.append(psi)
+        out += [f"note: {n}" for n in self.notes]
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"available": True, "wall_s": self.wall_s,
                 "classes": {k: v.to_dict() for k, v in self.classes.items()},
@@ -144,4 +193,4 @@ def sum_budgets(parts: list[dict[str, Any]]) -> TimeBudget | None:
     return out
 
 
-__all__ = ["CLASSES", "IO_SOURCES", "STATES", "ClassBudget", "TimeBudget", "sum_budgets"]
+__all__ = ["CLASSES", "IO_SOURCES", "LABELS", "STATES", "ClassBudget", "TimeBudget", "sum_budgets"]

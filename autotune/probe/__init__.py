@@ -132,6 +132,7 @@ def _verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None)
         summary += f": at most ~{ceiling:,.0f} files/s for this dataset's files"
     return {"class": fs.klass, "storage_files_per_s": None if ceiling is None else round(ceiling, 1),
             "storage_pass": rp.ceiling[1] if rp is not None else None,
+            "storage_method": rp.ceiling_method if rp is not None else None,
             "best_concurrency": best_c, "rules": rules, "evidence": evidence,
             "advice": advice, "summary": summary}
 

@@ -6,18 +6,30 @@ metadata round trips dominate. So the storage ceiling DESIGN.md uses is this rep
 files/s at its best concurrency, not fio's IOPS.
 
 Two passes: fully cold (page cache, dentries and inodes dropped) at every concurrency,
-then steady-state (page cache dropped, inodes kept: drop_caches=1) at the two best. A few
-seconds of fully cold reads of a sample are spent mostly on the filesystem's metadata
-(ext4 reads ahead inode-table blocks, ~24 I/Os per cold open under a cgroup cap, charged
-per bio) that a long training run reads once and then keeps; the steady-state figure is
-what such a run converges to, and the search's storage ceiling uses it when it exists.
+then steady-state at the two best: the inodes of every sampled file loaded first and held
+(an O_PATH descriptor each, as a run that has listed and read its files once keeps them,
+and safe from a neighbour's drop_caches), then the page
+cache dropped with the inodes kept (drop_caches=1), then each file opened and read whole.
+A few seconds of fully cold reads of a sample are spent mostly on the filesystem's
+metadata: ext4 reads ahead inode_readahead_blks (32) inode-table blocks for a cold inode,
+one bio per block, and a cgroup cap charges each bio, so a sampled file whose inode-table
+window is cold costs up to 33 charged reads (a 1 KiB-block ext4 holds 4 inodes a block,
+so a random sample of a few hundred files hits a cold window nearly every time). A long
+run pays that once per window and then keeps the inodes; without loading them first the
+"steady" pass read mostly files whose inodes the short cold pass had never touched, and
+behind a 100-IOPS cap measured ~20 files/s where a plain reader gets ~100. The
+steady-state figure is what such a run converges to, and the search's storage ceiling
+uses it when it exists. Each level counts the reads it issued (`iocount`): behind a cap,
+the bios the cap charged, so its I/Os per file say what the cap serves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
+import resource
 import statistics
 import threading
 import time
@@ -25,8 +37,10 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+from autotune.blockdev import block_device_for
 from autotune.cache import make_cold
 from autotune.errors import AutotuneError
+from autotune.probe.iocount import read_counter
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 _SKIP_PREFIXES = (".autotune-probe-",)  # our own scratch area is not dataset
@@ -57,6 +71,7 @@ class ReplayLevel:
     lat_p99_ms: float
     errors: int = 0
     cut_short: bool = False  # the time budget ended the level before the sample did
+    ios_per_file: float | None = None  # reads issued per file read (ReplayResult.io_source)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,6 +87,9 @@ class ReplayResult:
     warnings: list[str] = field(default_factory=list)
     # Page cache dropped, inodes kept (root only; empty when not measured).
     steady: list[ReplayLevel] = field(default_factory=list)
+    steady_inode_seconds: float | None = None  # loading every sampled inode before it
+    steady_inodes_held: int = 0  # of them, held open (O_PATH) through the steady pass
+    io_source: str | None = None  # what ios_per_file counts (None: not counted)
 
     @property
     def best(self) -> ReplayLevel:
@@ -96,8 +114,24 @@ class ReplayResult:
         d["best_files_per_s"] = self.best.files_per_s
         lv, which = self.ceiling
         d["ceiling"] = {"files_per_s": lv.files_per_s, "concurrency": lv.concurrency,
-                        "pass": which}
+                        "pass": which, "seconds": lv.seconds,
+                        "ios_per_file": lv.ios_per_file, "io_source": self.io_source,
+                        "method": self.ceiling_method}
         return d
+
+    @property
+    def ceiling_method(self) -> str:
+        """How the ceiling's level was read, in words (the probe's JSON carries it)."""
+        lv, which = self.ceiling
+        read = (f"{lv.files} files each opened (O_NOATIME) and read whole (1 MiB read() "
+                f"calls) by {lv.concurrency} threads for {lv.seconds:.1f} s")
+        if which == "steady-state":
+            return (f"steady state: the inodes of all {self.files_sampled} sampled files "
+                    f"loaded ({self.steady_inodes_held} held open, O_PATH), then "
+                    "drop_caches=1 (page cache dropped, inodes kept); " + read)
+        how = {"drop_caches": "drop_caches=3 (page cache, dentries and inodes dropped)",
+               "fadvise": "posix_fadvise(DONTNEED) per file (inodes kept)"}
+        return f"{which}: {how.get(self.cold_method, self.cold_method)}; " + read
 
 
 def _walk(root: str, skip_dirs: set[str], stats: ScanStats) -> Iterator[tuple[str, int]]:
@@ -161,10 +195,27 @@ def sample_files(root: str | os.PathLike[str], n: int, *, seed: int = 0,
     return reservoir, stats
 
 
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def _open_noatime(path: str) -> int:
+    """O_NOATIME where allowed (root, or the file's owner): a first read after a write
+    updates the atime (relatime), and dirtying the inode reads its inode-table block back
+    in after a cache drop, with ext4's inode readahead: up to 33 bios a cap charges for
+    one file. A long run updates each file's atime once a day at most; its steady state
+    pays none of it."""
+    try:
+        return os.open(path, os.O_RDONLY | _NOATIME)
+    except PermissionError:
+        if not _NOATIME:
+            raise
+        return os.open(path, os.O_RDONLY)
+
+
 def _read_whole(path: str, buf: bytearray) -> int:
     n = 0
     mv = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    with open(_open_noatime(path), "rb", buffering=0) as f:
         while True:
             k = f.readinto(mv)
             if not k:
@@ -180,8 +231,10 @@ def _percentile(xs: Sequence[float], q: float) -> float:
 
 
 def read_level(files: Sequence[tuple[str, int]], concurrency: int,
-               seconds: float) -> ReplayLevel:
-    """Read the files whole with `concurrency` threads until done or `seconds` pass."""
+               seconds: float, reads: Callable[[], int | None] | None = None) -> ReplayLevel:
+    """Read the files whole with `concurrency` threads until done or `seconds` pass;
+    `reads` (a running count of reads issued to their disk) gives the I/Os per file."""
+    ios0 = reads() if reads else None
     counter = itertools.count()
     lock = threading.Lock()
     lats: list[float] = []
@@ -217,21 +270,55 @@ def read_level(files: Sequence[tuple[str, int]], concurrency: int,
         for fut in [ex.submit(worker) for _ in range(concurrency)]:
             fut.result()
     elapsed = max(last_done[0] - t0, 1e-9)
+    ios1 = reads() if reads else None
+    per_file = ((ios1 - ios0) / total[0] if ios0 is not None and ios1 is not None
+                and total[0] else None)
     return ReplayLevel(
         concurrency=concurrency, files=total[0], bytes=total[1], seconds=elapsed,
         files_per_s=total[0] / elapsed, mib_per_s=total[1] / elapsed / 2**20,
         lat_p50_ms=statistics.median(lats) * 1e3 if lats else 0.0,
         lat_p99_ms=_percentile(lats, 0.99) * 1e3, errors=total[2],
-        cut_short=total[0] + total[2] < len(files))
+        cut_short=total[0] + total[2] < len(files), ios_per_file=per_file)
+
+
+@contextlib.contextmanager
+def pinned_inodes(paths: Sequence[str]) -> Iterator[tuple[int, float]]:
+    """Load the inode of every path and hold it (an O_PATH descriptor each: an inode in
+    use survives anyone's drop_caches, such as a neighbour's benchmark) for the body;
+    yields (inodes held, seconds the loading took). Vanished paths are skipped; past the
+    descriptor limit the rest are loaded but not held."""
+    want = len(paths) + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    fds: list[int] = []
+    t0 = time.monotonic()
+    try:
+        for p in paths:
+            try:
+                fds.append(os.open(p, os.O_PATH))
+            except OSError:  # vanished, or out of descriptors: load it at least
+                with contextlib.suppress(OSError):
+                    os.stat(p)
+        yield len(fds), time.monotonic() - t0
+    finally:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def replay(root: str | os.PathLike[str], *, max_files: int = 2000,
            concurrency: Sequence[int] = DEFAULT_CONCURRENCY, seconds_per_level: float = 10.0,
            seed: int = 0, cold: bool = True, scan_seconds: float = 30.0, steady: bool = True,
+           steady_seconds: float | None = None,
            progress: Progress | None = None) -> ReplayResult:
     """Sample up to `max_files` files under `root` and read them at each concurrency,
     dropping their cache before each level so every level starts cold; then (root,
-    `steady`) again at the two best concurrencies with the inodes kept."""
+    `steady`) again at the two best concurrencies for `steady_seconds` (default
+    `seconds_per_level`) with the sample's inodes loaded and kept."""
     for c in concurrency:
         if c < 1:
             raise AutotuneError(f"replay concurrency must be at least 1, but got {c}.")
@@ -248,6 +335,8 @@ def replay(root: str | os.PathLike[str], *, max_files: int = 2000,
     if scan.unreadable:
         warnings.append(f"{scan.unreadable} files or directories could not be read.")
     paths = [p for p, _ in files]
+    counter = read_counter(block_device_for(files[0][0]))
+    reads = counter[0] if counter else None
     method = "warm"
     levels = []
     for c in concurrency:
@@ -255,23 +344,37 @@ def replay(root: str | os.PathLike[str], *, max_files: int = 2000,
             method = make_cold(paths)
         if progress:
             progress(f"replay: {len(files)} files at concurrency {c}")
-        levels.append(read_level(files, c, seconds_per_level))
-    steady_levels: list[ReplayLevel] = []
+        levels.append(read_level(files, c, seconds_per_level, reads))
+    result = ReplayResult(files_sampled=len(files),
+                          mean_file_bytes=statistics.fmean(s for _, s in files),
+                          cold_method=method, by_concurrency=levels, scan=scan,
+                          warnings=warnings, io_source=counter[1] if counter else None)
     if cold and steady and method == "drop_caches":
-        for c in sorted(sorted(levels, key=lambda lv: -lv.files_per_s)[:2],
-                        key=lambda lv: lv.concurrency):
-            make_cold(paths, keep_inodes=True)
-            if progress:
-                progress(f"replay (steady state, inodes kept): {len(files)} files at "
-                         f"concurrency {c.concurrency}")
-            steady_levels.append(read_level(files, c.concurrency, seconds_per_level))
+        _steady_pass(result, files, steady_seconds or seconds_per_level, reads, progress)
     if not cold:
         warnings.append("warm: files were not evicted from the page cache; figures are "
                         "the cache's, not the storage's.")
     errors = sum(lv.errors for lv in levels)
     if errors:
         warnings.append(f"{errors} reads failed (file vanished or unreadable).")
-    return ReplayResult(files_sampled=len(files),
-                        mean_file_bytes=statistics.fmean(s for _, s in files),
-                        cold_method=method, by_concurrency=levels, scan=scan,
-                        warnings=warnings, steady=steady_levels)
+    return result
+
+
+def _steady_pass(result: ReplayResult, files: Sequence[tuple[str, int]], seconds: float,
+                 reads: Callable[[], int | None] | None, progress: Progress | None) -> None:
+    """The steady-state levels at the cold pass's two best concurrencies: every sampled
+    inode loaded and held (else the pass reads the files the short cold pass never opened,
+    each paying its inode-table window again), then the page cache dropped, inodes kept."""
+    paths = [p for p, _ in files]
+    if progress:
+        progress(f"replay (steady state): loading the inodes of {len(files)} files")
+    with pinned_inodes(paths) as (held, took):
+        result.steady_inode_seconds = took
+        result.steady_inodes_held = held
+        for c in sorted(sorted(result.by_concurrency, key=lambda lv: -lv.files_per_s)[:2],
+                        key=lambda lv: lv.concurrency):
+            make_cold(paths, keep_inodes=True)
+            if progress:
+                progress(f"replay (steady state, inodes kept): {len(files)} files at "
+                         f"concurrency {c.concurrency}")
+            result.steady.append(read_level(files, c.concurrency, seconds, reads))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.params import cells, shown
-from autotune.report.svg import nice_max, svg_chart
+from autotune.report.svg import nice_max, svg_chart, svg_stacked_bars
 
 __all__ = ["dataset_name", "render", "search_section", "svg_chart"]
 
@@ -175,6 +175,38 @@ def _timeline_charts(rec: dict[str, Any], trials: list[dict[str, Any]]) -> list[
     return charts
 
 
+BUDGET_COLORS = {"on CPU": "#2ca02c", "runnable": "#ff7f0e", "I/O": "#d62728",
+                 "storage wait": "#9467bd", "asleep": "#c7c7c7"}
+
+
+def budget_chart(budget: dict[str, Any] | None, title: str) -> str | None:
+    """A stacked bar per process class: where each one's wall time went (None: no budget)."""
+    from autotune.monitor.timebudget import CLASSES, LABELS, STATES, TimeBudget
+
+    if not budget or not budget.get("available"):
+        return None
+    b = TimeBudget.from_dict(budget)
+    rows = []
+    for name in CLASSES:
+        c = b.cls(name)
+        if c is not None:
+            sh = c.display_shares()
+            rows.append((f"{name} ({c.processes} procs, {c.threads} threads)",
+                         [(LABELS[s], sh[s]) for s in STATES]))
+    if not rows:
+        return None
+    return svg_stacked_bars(rows, title=title, colors=BUDGET_COLORS,
+                            notes=[b.source_text(), *([b.psi_text()] if b.psi_text() else [])])
+
+
+def _budget_charts(rec: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
+    """The recommended trial's time budget (its window's system figures)."""
+    rec_trial = next((t for t in trials if t["number"] == rec.get("trial")), None)
+    budget = ((rec_trial or {}).get("system_figures") or {}).get("budget")
+    chart = budget_chart(budget, f"Recommended, {_trial_name(rec)}: where the time goes")
+    return [chart] if chart else []
+
+
 def _trials_table(trials: list[dict[str, Any]], cols: Any, hosts: list[dict[str, Any]],
                   many: bool) -> str:
     """Every trial; grouped by class of hosts (this host's first) where several measured:
@@ -206,7 +238,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
     if base.get("images_per_s"):
         hl.append(("baseline", base["images_per_s"], "#7f7f7f"))
     rec = d.get("recommended") or {}
-    charts = _trial_charts(ok, hl) + _timeline_charts(rec, trials)
+    charts = _trial_charts(ok, hl) + _timeline_charts(rec, trials) + _budget_charts(rec, trials)
     v = d.get("verdict") or {}
     cols = shown([t["params"] for t in d["trials"]])
     hosts = d.get("hosts") or []

@@ -257,3 +257,44 @@ def _marks(out: list[str], fr: _Frame, series: list[dict[str, Any]], colors: lis
                 out.append(f'<circle class="mark" cx="{X(x):.1f}" cy="{Y(v):.1f}" r="4" '
                            f'fill="{color}" fill-opacity="0.8"><title>{fmt(x)}: {v:,.1f}</title>'
                            '</circle>')
+
+
+def svg_stacked_bars(rows: list[tuple[str, list[tuple[str, float]]]], *, title: str,
+                     colors: dict[str, str] | None = None, width: int = 560,
+                     notes: list[str] | None = None) -> str:
+    """Horizontal stacked bars, one per row (label, [(part, share 0..1)]), on a 0-100 %
+    axis: the time budget's picture (a bar per process class). The label stands above its
+    bar; parts over 100 % in all (several busy threads) are scaled to the bar and the
+    total named in the label. Each part carries class="mark" with a <title>; the legend
+    keys class="key"; notes (grey) wrap under the legend."""
+    names = list(dict.fromkeys(p for _, parts in rows for p, _ in parts))
+    cols = [(colors or {}).get(n) or PALETTE[k % len(PALETTE)] for k, n in enumerate(names)]
+    x0, x1 = 8.0, width - 16.0
+    out = ["", _text(width / 2, 16, title, size=TITLE_FONT, anchor="middle",
+                     extra=' font-weight="bold"')]
+    y = _key_rows(out, names, cols, notes or [], x0, x1) + 4
+    bar_h = 18.0
+    for label, parts in rows:
+        total = sum(max(0.0, v) for _, v in parts)
+        label += f" (sum {total:.0%}: several busy threads)" if total > 1.005 else ""
+        y += ASCENT * FONT
+        out.append(_text(x0, y, label))
+        y += DESCENT * FONT + GAP
+        x, scale = x0, max(1.0, total)
+        for name, v in parts:
+            w = max(0.0, v) / scale * (x1 - x0)
+            if w > 0:
+                out.append(f'<rect class="mark" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" '
+                           f'height="{bar_h:.1f}" fill="{cols[names.index(name)]}"><title>'
+                           f'{html.escape(label)}: {html.escape(name)} {v:.0%}</title></rect>')
+            x += w
+        y += bar_h + 2 * GAP
+    for pct in (0, 25, 50, 75, 100):
+        xp = x0 + pct / 100 * (x1 - x0)
+        anchor = "start" if pct == 0 else "end" if pct == 100 else "middle"
+        out.append(f'<line x1="{xp:.1f}" x2="{xp:.1f}" y1="{y - 4:.1f}" y2="{y:.1f}" '
+                   'stroke="#333"/>' + _text(xp, y + 13, f"{pct} %", anchor=anchor))
+    out[0] = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{y + 22:.0f}" '
+              f'font-family="sans-serif" font-size="{FONT}">')
+    out.append("</svg>")
+    return "".join(out)

@@ -261,9 +261,11 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
             best, which = probe.replay.ceiling
             storage, best_c = best.files_per_s, best.concurrency
             cold = probe.replay.best
+            ios = ("" if best.ios_per_file is None else
+                   f", {best.ios_per_file:.2f} reads per file ({probe.replay.io_source})")
             ev.append(f"storage: {which} replay of {probe.replay.files_sampled} files peaks at "
                       f"{storage:,.0f} files/s with {best_c} reads in flight "
-                      f"(p50 {best.lat_p50_ms:.2f} ms per file); fully cold "
+                      f"(p50 {best.lat_p50_ms:.2f} ms per file{ios}); fully cold "
                       f"{cold.files_per_s:,.0f} files/s at {cold.concurrency}")
             ev.extend(f"storage: {e}" for e in probe.verdict.get("evidence", [])
                       if e.startswith("cross-check"))

@@ -62,7 +62,8 @@ def _pool(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
                         f"the {len(cands)} configurations to confirm "
                         + ("were not measured again in a longer window" if missing else
                            "failed their confirmation")
-                        + f" ({stop_reason}); the figures are single {s.opts.seconds:g} s windows")
+                        + f" ({stop_reason}); the figures are single {s.base.seconds:g} s windows"
+                        + (" or longer" if s.opts.seconds is None else ""))
     return pool
 
 

@@ -29,7 +29,9 @@ def ckey(params: dict[str, Any]) -> str:
 
 def window(s: Session, params: dict[str, Any]) -> float:
     step_s = s.base.compute_ms / 1000 if s.base.compute_ms else None
-    return s.opts.confirm_seconds or rec_mod.confirm_window(params, s.opts.seconds, step_s)
+    # From the trial's own window, which follows from the step and the queue.
+    return s.opts.confirm_seconds or rec_mod.confirm_window(params, s.config(params).seconds,
+                                                            step_s)
 
 
 def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -> bool:
@@ -48,7 +50,7 @@ def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -
             return False
         label = "baseline" if t.number == -1 else f"trial {t.number}"
         s.say(f"confirming {i} of {len(todo)}: {label} {t.params} ({t.images_per_s:,.0f} "
-              f"images/s in {s.opts.seconds:g} s) again in a {win:g} s window")
+              f"images/s in {s.config(t.params).seconds:g} s) again in a {win:g} s window")
         r = s.bench(t.params, f"confirm-{'baseline' if t.number == -1 else f'{t.number:03d}'}",
                     seconds=win)
         r.number, r.first_images_per_s, r.requested_window_s = t.number, t.images_per_s, win

@@ -29,6 +29,7 @@ from autotune.search.space import SearchSpace
 
 CONFIRMED = "confirmed:"   # study user attribute per confirmed configuration
 CEILING_TOLERANCE = 0.03
+SEARCH_SECONDS = 10.0  # a trial's window by default (longer where the step needs it)
 Progress = Callable[[str], None]
 # A trial's record is measured (not a duplicate or an interruption) in these states.
 MEASURED_STATES = ("complete", "failed", "rejected", "pruned")
@@ -127,6 +128,7 @@ class Session:
                 f"num_workers is per rank (bound from {self.cores_per_rank} core(s) each); "
                 "images/s is the node's (ranks x the slowest rank), memory is summed")
         self._check_window()
+        self._check_seconds()
         self._batch_note()
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
@@ -193,6 +195,40 @@ class Session:
             "measure half of the space), "
             "--warm (later passes labelled warm), or a larger dataset.", setting="batch_size")
 
+    def config(self, params: dict[str, Any], seconds: float | None = None) -> BenchConfig:
+        """The measurement of `params` (not validated): the search's settings, the emulated
+        step scaled to the batch, and the window: `seconds`, --seconds, or the longer of
+        SEARCH_SECONDS and what this configuration's step and queue need."""
+        settings = {**self.overrides, **params}
+        if seconds is not None:
+            settings["seconds"] = seconds
+        bs = params.get("batch_size")
+        if bs and self.base.step is None and self.base.compute_ms:
+            # The emulated step's cost scales with the batch (compute_ms is per batch at
+            # the preset's or --batch-size): a larger batch is not free.
+            settings["compute_ms"] = self.base.compute_ms * bs / self.base.batch_size
+        return BenchConfig.from_preset(self.opts.preset, default_seconds=SEARCH_SECONDS,
+                                       **settings)
+
+    def _check_seconds(self) -> None:
+        """A --seconds or --confirm-seconds too short for the step is refused up front
+        (exit 2) in one line naming the seconds it needs, not found out trial by trial:
+        the configuration of the space (or the baseline) that needs the longest window."""
+        given = [(f, v) for f, v in (("--seconds", self.opts.seconds),
+                                     ("--confirm-seconds", self.opts.confirm_seconds))
+                 if v is not None]
+        if not given:
+            return
+        grid = self.space.grid()  # type: ignore[union-attr]
+        if self.opts.baseline:
+            grid = [*grid, rec_mod.baseline_params(self.cores_per_rank, self.cuda)]
+        cfgs = [self.config(p, seconds=float("inf")) for p in grid]
+        worst = max(cfgs, key=lambda c: c.window_needed_s or 0.0)
+        for flag, v in given:
+            short = worst.short_window(v, flag)
+            if short:
+                raise UsageError(short, setting="seconds")
+
     def _batch_note(self) -> None:
         bss = self.space.choices.get("batch_size")  # type: ignore[union-attr]
         if not bss or self.base.step is not None or not self.base.compute_ms:
@@ -211,20 +247,16 @@ class Session:
               seconds: float | None = None) -> TrialRecord:
         """One measurement of `params` (a pruned one when `trial` says so)."""
         opts = self.opts
-        settings = {**self.overrides, **params}
-        if seconds is not None:
-            settings["seconds"] = seconds
-        bs = params.get("batch_size")
-        if bs and self.base.step is None and self.base.compute_ms:
-            # The emulated step's cost scales with the batch (compute_ms is per batch at
-            # the preset's or --batch-size): a larger batch is not free.
-            settings["compute_ms"] = self.base.compute_ms * bs / self.base.batch_size
-        cfg = BenchConfig.from_preset(opts.preset, **settings).validate()
-        on_tick = self._pruner(trial) if trial is not None and not opts.grid else None
+        cfg = self.config(params, seconds).validate()
+        on_tick = self._pruner(trial, cfg.seconds) if trial is not None and not opts.grid else None
         r = run_bench(self.root, cfg, popen=opts.popen, throttle=opts.throttle,
                       monitor_path=opts.monitor_path,
                       timeline=self.out / "timelines" / f"{label}.jsonl",
                       progress=lambda m: self.say(f"{label}: {m}"), on_tick=on_tick)
+        if r.failure_kind == "step_import":
+            # The user's --step cannot be imported: every configuration would fail the same
+            # way. A usage error (exit 2), as for a factory that cannot be loaded.
+            raise UsageError(f"{r.reason}; {r.hint}.", setting="step")
         rec = TrialRecord.from_bench(-1, params, r.to_dict())
         rec.host = dict(self.shared.host)
         if rec.ok and rec.memory_mib > self.max_mem:
@@ -234,7 +266,7 @@ class Session:
             rec.hint = "fewer workers or a lower prefetch_factor"
         return rec
 
-    def _pruner(self, trial: Any) -> Callable[[float, float], str | None]:
+    def _pruner(self, trial: Any, window_s: float) -> Callable[[float, float], str | None]:
         ticks = 0
 
         def on_tick(secs: float, ips: float) -> str | None:
@@ -243,7 +275,7 @@ class Session:
             trial.report(ips, ticks)
             if not trial.should_prune():
                 return None
-            return (f"pruned after {secs:.0f} s of the {self.opts.seconds:g} s window: "
+            return (f"pruned after {secs:.0f} s of the {window_s:g} s window: "
                     f"{ips:,.0f} images/s so far, under {self.opts.prune_below:.0%} of the "
                     f"best trial's {self.study.best_value:,.0f}")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, unquote_plus
 
 from autotune.errors import AutotuneError, UsageError
 from autotune.search.guard import owner_gone
@@ -37,20 +39,99 @@ CLAIMS_TABLE = "autotune_claims"
 
 # -- URLs ----------------------------------------------------------------------------------
 
+# Query keys whose values are secrets (libpq's password and sslpassword, MySQL's passwd,
+# tokens and keys of other drivers); matched on the decoded key, case-insensitively.
+_SECRET_KEY = re.compile(r"pass|pwd|secret|token|credential|auth|apikey|api_key|access_key",
+                         re.IGNORECASE)
+_HIDDEN = "***"
+
+
+def _userinfo_end(rest: str) -> int:
+    """Where the user:password part of `rest` (the URL after '://') ends: the last '@' before
+    the query, so that an unescaped '@' (or '/') inside the password stays inside it; -1
+    when there is none. The query starts at the first '?' after the first '@' (a '?' in a
+    query value or a password before it is kept where it is)."""
+    first = rest.find("@")
+    if first < 0:
+        return -1
+    q = rest.find("?", first + 1)
+    return rest.rfind("@", 0, q if q >= 0 else len(rest))
+
+
+def _redact_query(query: str) -> str:
+    """`query` with the value of every secret key hidden (the key decoded first:
+    `pass%77ord=` is `password=`)."""
+    parts = []
+    for part in re.split(r"([&;])", query):
+        key, eq, _value = part.partition("=")
+        if eq and _SECRET_KEY.search(unquote_plus(key)):
+            part = f"{key}={_HIDDEN}"
+        parts.append(part)
+    return "".join(parts)
+
+
 def redact(url: str) -> str:
-    """The URL without its password (postgresql://user:***@host/db); other URLs as they are."""
-    if "://" not in url or url.startswith("sqlite"):
+    """The storage URL as every output shows it (search.json, the report, every message):
+    the password hidden in each form it can take — in the userinfo (an unescaped '@' in it
+    included: `postgresql://user:***@host/db`), as a query value (`?password=`,
+    `sslpassword=`, percent-encoded keys) — and any secret's value that occurs elsewhere in
+    the text. A journal path and SQLite URLs have none and are returned as they are."""
+    if "://" not in url or url.startswith("sqlite") or url.startswith(JOURNAL):
         return url
-    try:
+    scheme, rest = url.split("://", 1)
+    at = _userinfo_end(rest)
+    head, tail = "", rest
+    if at >= 0:
+        user, colon, _pw = rest[:at].partition(":")
+        head, tail = user + (f":{_HIDDEN}" if colon else "") + "@", rest[at + 1:]
+    path, qmark, query = tail.partition("?")
+    text = f"{scheme}://{head}{path}{qmark}{_redact_query(query)}"
+    return scrub(text, url)
+
+
+def _raw_at(url: str) -> bool:
+    """Whether the password in `url`'s userinfo holds an unescaped '@'."""
+    rest = url.split("://", 1)[-1]
+    at = _userinfo_end(rest)
+    return at >= 0 and "@" in rest[:at].partition(":")[2]
+
+
+def secrets(url: str) -> list[str]:
+    """The secret values `url` carries (its userinfo password, secret query values), in the
+    forms they may be printed in (as written, and percent-decoded)."""
+    if "://" not in url:
+        return []
+    rest = url.split("://", 1)[1]
+    found = []
+    at = _userinfo_end(rest)
+    if at >= 0 and ":" in rest[:at]:
+        pw = rest[:at].split(":", 1)[1]
+        # SQLAlchemy ends the password at its first '@' and takes the rest for the host
+        # name, which the driver's message repeats: each piece is a secret too.
+        found.extend([pw, *pw.split("@")])
+    query = rest[at + 1:].partition("?")[2]
+    for part in re.split(r"[&;]", query):
+        key, eq, value = part.partition("=")
+        if eq and _SECRET_KEY.search(unquote_plus(key)):
+            found.append(value)
+    try:  # the password as SQLAlchemy reads it (what the driver is given)
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads: hide what follows a colon
-        scheme, rest = url.split("://", 1)
-        if "@" in rest:
-            cred, host = rest.rsplit("@", 1)
-            return f"{scheme}://{cred.split(':', 1)[0]}:***@{host}"
-        return url
+        pw = make_url(url).password
+        if pw:
+            found.append(str(pw))
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy reads
+        pass
+    forms = {f for v in found for f in (v, unquote(v), unquote_plus(v))}
+    # Very short values are not searched for in text: they would hide ordinary letters.
+    return sorted((f for f in forms if len(f) >= 3), key=len, reverse=True)
+
+
+def scrub(text: str, url: str) -> str:
+    """`text` (a driver's message, a line naming `url`) with every secret of `url` hidden."""
+    for s in secrets(url):
+        text = text.replace(s, _HIDDEN)
+    return text
 
 
 def with_driver(url: str) -> str:
@@ -87,14 +168,17 @@ def _host_port(url: str) -> tuple[str, str]:
 def unreachable(url: str, e: BaseException) -> AutotuneError:
     """One line: which server, and what the driver said."""
     host, port = _host_port(url)
+    host = scrub(host, url)
     orig = getattr(e, "orig", None) or e
-    msg = " ".join(str(orig).split()) or type(orig).__name__
+    msg = scrub(" ".join(str(orig).split()), url) or type(orig).__name__
     driver = type(orig).__module__.split(".", 1)[0]
     if "://" in url and not url.startswith("sqlite"):
         return AutotuneError(
             f"cannot open the study on {redact(url)} at host {host} port {port} ({driver}: "
             f"{msg}); check that the server runs and accepts this user (PGPASSWORD, "
-            "~/.pgpass, sslmode as in libpq). Nothing was measured or written.",
+            "~/.pgpass, sslmode as in libpq"
+            f"{'; write an @ in the password as %40' if _raw_at(url) else ''}). Nothing was "
+            "measured or written.",
             setting="storage")
     return AutotuneError(f"cannot open Optuna storage {redact(url)} ({type(orig).__name__}: "
                          f"{msg}); check the URL.", setting="storage")

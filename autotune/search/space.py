@@ -116,12 +116,15 @@ def _is_ordered(xs: list[Any]) -> bool:
 
 
 def max_workers_for(cores: int, best_concurrency: int | None) -> tuple[int, str]:
-    """The num_workers bound: cores, raised (up to 4x cores, at most 64) when the storage
-    probe found that more reads in flight give more files/s (latency-bound storage)."""
-    bound = max(1, cores)
+    """The num_workers bound (autotune.verdict.bounds.worker_bound, the one the verdict
+    and the in-loop tuner use): cores, raised (up to 4x cores, at most 64) when the
+    storage probe found that more reads in flight give more files/s (latency-bound
+    storage)."""
+    from autotune.verdict.bounds import worker_bound
+
+    bound = worker_bound(max(1, cores), reads_in_flight=best_concurrency)
     why = f"{cores} usable core(s)"
-    if best_concurrency and best_concurrency > cores:
-        bound = min(max(cores * 4, 4), 64, max(best_concurrency, cores))
+    if bound > max(1, cores):
         why += (f"; storage served most files/s with {best_concurrency} reads in flight, so up "
                 f"to {bound} workers (latency hidden by more workers than cores)")
     return bound, why

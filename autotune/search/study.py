@@ -27,6 +27,7 @@ from autotune.search import guard, shared
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult
+from autotune.search.session import SEARCH_SECONDS
 
 Progress = Callable[[str], None]
 
@@ -46,7 +47,9 @@ class SearchOptions:
     compute_ms: float | None = None
     step: str | None = None
     batch_size: int | None = None
-    seconds: float = 10.0
+    # The measured window per trial; None: SEARCH_SECONDS, or longer where a long emulated
+    # step needs it (BenchConfig.window_needed_s, per configuration).
+    seconds: float | None = None
     warmup_batches: int | None = None
     study: str | None = None
     storage: str | None = None
@@ -83,7 +86,7 @@ class SearchOptions:
             raise UsageError(f"trials must be at least 1, but got {self.trials}.")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise UsageError(f"timeout must be positive, but got {self.timeout_s:g}.")
-        if self.seconds <= 0:
+        if self.seconds is not None and self.seconds <= 0:
             raise UsageError(f"seconds must be positive, but got {self.seconds:g}.")
         if self.compute_ms is not None and self.step is not None:
             raise UsageError("give either compute_ms (an emulated step) or step (a real "
@@ -168,7 +171,9 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
 def _fingerprint(root: Path, opts: SearchOptions, base: BenchConfig) -> dict[str, Any]:
     """What must match for a study to be resumed rather than mixed with other figures."""
     return {"dataset": str(root), "preset": opts.preset, "batch_size": base.batch_size,
-            "compute_ms": base.compute_ms, "step": base.step, "seconds": opts.seconds,
+            "compute_ms": base.compute_ms, "step": base.step,
+            # The window as measured: a study of the old 10 s default resumes as it was.
+            "seconds": opts.seconds if opts.seconds is not None else base.seconds,
             "cold": opts.cold, "format": opts.format, "dataset_factory": base.dataset_factory,
             "procs_per_node": base.procs_per_node}
 
@@ -194,7 +199,8 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
                  "cold": opts.cold, "format": opts.format, "seed": opts.seed,
                  "dataset_factory": opts.dataset_factory,
                  "procs_per_node": procs_per_node(opts.procs_per_node)}
-    base = BenchConfig.from_preset(opts.preset, **overrides).validate()
+    base = BenchConfig.from_preset(opts.preset, default_seconds=SEARCH_SECONDS,
+                                   **overrides).validate()
     if base.dataset_factory:
         from autotune.bench import factory
 
@@ -213,7 +219,7 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
         from autotune.search.pruning import BestFractionPruner
 
         # Judge after 40 % of the window: the first seconds carry the queue filled at warm-up.
-        pruner = BestFractionPruner(opts.prune_below, min_steps=max(2, math.ceil(0.4 * opts.seconds)))
+        pruner = BestFractionPruner(opts.prune_below, min_steps=max(2, math.ceil(0.4 * base.seconds)))
     db = guard.sqlite_path(url)
     with contextlib.ExitStack() as held:
         if db is not None:

@@ -1,30 +1,30 @@
 """The rules of the verdict: what holds a job back, with the figures that show it.
 
-One engine for a training log (`analyze`) and for the search's recommended configuration
-(`search`). It decides from what the job's processes showed while it ran (the monitor's
-figures) and from ceilings measured apart from the figures it judges, never from them:
+One engine for a training log (`analyze`), for the search's recommended configuration
+(`search`) and for the in-loop tuner. It decides from where the loading processes' time
+went (the time budget: autotune.monitor.timebudget, in SystemFigures.budget), comparing
+the states with each other rather than one share with a fixed line, so that a worker busy
+27 % instead of 25 % cannot flip the answer:
 
 1. AU (time in the step / wall time) >= 0.90: compute-bound, the input keeps up.
-2. Otherwise the job is input-bound, and the loader's processes say why (in this order):
-   - it reads at >= 85 % of the storage ceiling (the probe's, or the search's samples/s
-     through the format's reader): storage; at >= 85 % of the decode ceiling measured
-     from memory with the CPUs busy: decode;
-   - fewer loader processes than cores, limited by CPU (busy on a CPU: one core near
-     100 % while others idle; or the machine is saturated and the dataset's disk reads
-     nothing): loader configuration (too few workers: more of them get more CPU);
-   - the job's processes use >= 85 % of the cores, or the machine's CPUs are saturated
-     and the loaders are busy or the dataset's disk reads nothing (they wait for CPU):
-     decode;
-   - the loader processes are idle while the step waits: they wait on reads: storage (or,
-     when the probe shows far more files/s with more reads in flight, loader: latency;
-     but storage (latency) when those reads in flight are more than the workers the
-     search may use: settings cannot hide the latency, larger sequential reads can);
-     if the watched disk reads nothing meanwhile, unknown (wrong disk, or CPU-starved);
-   - the disk is busy (%util >= 80): storage;
-   - none of these: unknown, with the figures that leave it open.
-The GPU rule (utilization under 40 %) backs an input-bound verdict when a GPU was sampled.
-Loader CPU is bounded from both sides because the training step's own CPU is unknown:
-the main process may burn at most AU x one core in its step.
+2. Otherwise the job is input-bound. The loading class is the workers (the main process
+   when num_workers=0, its step's time taken out). Its dominant state among blocked on
+   storage (io + storage_wait), on a CPU or runnable, and idle (asleep, not on storage):
+   - blocked: storage, (throughput) unless more reads in flight raise the rate (the
+     probe's by-concurrency figures, or the storage ceiling's concurrency): then the
+     latency rule (bounds.latency_verdict): loader (latency) when the reads in flight it
+     takes fit the worker bound, storage (latency) when they do not;
+   - on a CPU: num_workers=0: loader (too few workers: 0); the usable cores full with
+     the job's own demand (as many loaders as cores, or the job's tasks want >= 85 % of
+     the cores): decode; else loader (too few workers: a neighbour's load does not make
+     the cores full, the scheduler shares them per task, so more workers get more);
+   - idle workers while the step waits: the wait is in the main process (collate,
+     pin_memory, IPC, a lock): loader (main process).
+   The ceilings measured apart (the probe's or the search's storage ceiling, the decode
+   ceiling) confirm or contradict it in the evidence.
+3. Without a budget: a ceiling measured apart that is reached still decides (storage,
+   decode); else unknown, naming the missing figure and the command that gives it.
+The GPU rule (utilization under 40 %) says input-bound when the log gives no data time.
 """
 
 from __future__ import annotations
@@ -34,17 +34,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.monitor.figures import SystemFigures
-from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED, DISK_BUSY_PCT
+from autotune.monitor.timebudget import ClassBudget, TimeBudget
+from autotune.thresholds import AT_CEILING, AU_HEALTHY, CPU_SATURATED
 from autotune.verdict._types import Verdict
+from autotune.verdict.bounds import latency_verdict, worker_bound
 
 GPU_STARVED_PCT = 40.0    # practitioners' rule: a GPU under 40 % busy is starved
-CORE_PINNED_PCT = 85.0    # "one core near 100 %"
-OTHERS_IDLE_PCT = 40.0    # "... while the others idle"
-LOADER_BUSY = 0.60        # share of its time a loader process spends on a CPU
-LOADER_BUSY_CONTENDED = 0.30   # ... when other work saturates the machine's CPUs
-LOADER_IDLE = 0.25
-AWAIT_HIGH_MS = 10.0      # r_await of a disk that makes each small read slow
-PROBE_HEADROOM = 0.5      # reading < half the probe's ceiling: the storage could give more
+LATENCY_GAIN = 1.25       # more reads in flight "raise the rate": by at least this factor
+NEAR_BEST = 0.90          # the reads in flight that reach this share of the best rate
 
 
 @dataclass
@@ -59,7 +56,7 @@ class RuleInputs:
     steps: int
     loader: dict[str, Any] | None = None      # DataLoader settings (own log header)
     job_cores: int | None = None              # CPUs the job may use (own log header)
-    system: SystemFigures | None = None
+    system: SystemFigures | None = None       # its .budget: the time budget
     probe: dict[str, Any] | None = None
     dataset: str | None = None
     # Ceilings measured apart from these figures (the search's); None: the probe's, if any.
@@ -68,7 +65,7 @@ class RuleInputs:
     storage_unit: str = "files/s"             # "samples/s" through a conversion's reader
     storage_concurrency: int | None = None    # reads in flight at the storage ceiling
     decode_ceiling: float | None = None
-    worker_bound: int | None = None           # the most workers the search may use
+    worker_bound: int | None = None           # the most workers; None: bounds.worker_bound
 
 
 def _pct(x: float | None) -> str:
@@ -96,18 +93,6 @@ def _commands(inp: RuleInputs) -> dict[str, str]:
     }
 
 
-def _loader_procs(inp: RuleInputs) -> tuple[int | None, str]:
-    workers = (inp.loader or {}).get("num_workers")
-    if isinstance(workers, int):
-        return max(1, workers), (f"num_workers={workers} (from the step log)" if workers
-                                 else "num_workers=0: the main process loads every batch")
-    s = inp.system
-    if s is not None and s.proc_processes is not None:
-        n = max(1, round(s.proc_processes["median"]) - 1)
-        return n, f"{n} loader process(es): {s.proc_processes['median']:.0f} processes in the job's tree"
-    return None, "loader processes unknown"
-
-
 def _probe_ceiling(probe: dict[str, Any] | None) -> tuple[float | None, float | None, int | None]:
     """(files/s ceiling of the replay, fio random-read IOPS, best concurrency) of a probe;
     a conversion's probe gives its samples/s through the format's reader instead."""
@@ -123,15 +108,30 @@ def _probe_ceiling(probe: dict[str, Any] | None) -> tuple[float | None, float | 
 
 def _storage_ceiling(inp: RuleInputs) -> tuple[float | None, float | None, int | None, str]:
     """(ceiling, fio IOPS, reads in flight at the ceiling, unit): the one given, else the
-    probe's."""
+    probe's (none when a trial overtook it: a wrong measurement)."""
     files, iops, best_c = _probe_ceiling(inp.probe)
-    if inp.storage_overtaken:   # a wrong measurement: nothing may be "at" it
+    if inp.storage_overtaken:
         files = None
     if inp.storage_ceiling:
         return inp.storage_ceiling, iops, inp.storage_concurrency or best_c, inp.storage_unit
     unit = "samples/s" if (inp.probe or {}).get("verdict", {}).get("storage_samples_per_s") \
         else "files/s"
     return files, iops, best_c, unit
+
+
+def _levels(probe: dict[str, Any] | None) -> tuple[list[tuple[int, float]], str]:
+    """The probe's (concurrency, rate) levels: a conversion's reader's, else the replay's
+    steady-state pass, else its cold pass."""
+    p = probe or {}
+    for sec, key, unit in (("samples", "samples_per_s", "samples/s"),
+                           ("replay", "files_per_s", "files/s")):
+        d = p.get(sec) or {}
+        for levels in (d.get("steady"), d.get("by_concurrency")):
+            pts = [(int(lv["concurrency"]), float(lv[key])) for lv in levels or []
+                   if lv.get("concurrency") and lv.get(key) is not None]
+            if pts:
+                return sorted(pts), unit
+    return [], "files/s"
 
 
 def decide(inp: RuleInputs) -> Verdict:
@@ -141,20 +141,22 @@ def decide(inp: RuleInputs) -> Verdict:
     v = _compute(inp, ev, cmd)
     if v is not None:
         return v
-    if inp.system is None:
-        return _without_metrics(inp, ev, cmd)
-    f = _signals(inp, ev)
-    for rule in (_at_ceiling, _too_few_loaders, _cpu_bound, _waiting_on_reads):
-        v = rule(inp, f, ev, cmd)
-        if v is not None:
-            return v
-    if f.util is not None and f.util >= DISK_BUSY_PCT:
-        return _storage(inp, ev, cmd, f"the disk is busy ({f.util:.0f} %util)")
-    return Verdict("unknown", "unknown: input-bound, but neither CPU saturation, busy "
-                   "loader processes nor a busy disk explains the wait (loader processes on a "
-                   f"CPU {_pct(f.busy_lo)}-{_pct(f.busy_hi)} of the time)", ev, cmd["probe"],
-                   ["probe the storage (`autotune probe`) and pass --probe probe.json; check "
-                    "for locks or sleeps in the dataset's __getitem__"])
+    budget, missing = budget_of(inp.system)
+    at = _ceilings(inp, ev)
+    if budget is None:
+        return _without_budget(inp, ev, cmd, missing, at)
+    load, missing = _loading(inp, budget, ev)
+    if load is None:
+        return _without_budget(inp, ev, cmd, missing, at)
+    state = load.dominant()
+    if state == "blocked":
+        v = _blocked(inp, load, ev, cmd)
+    elif state == "cpu":
+        v = _on_cpu(inp, budget, load, ev, cmd)
+    else:
+        v = _main_process(inp, budget, load, ev, cmd)
+    _confirm(v, at, ev)
+    return v
 
 
 def _headline(inp: RuleInputs) -> list[str]:
@@ -195,291 +197,359 @@ def _compute(inp: RuleInputs, ev: list[str], cmd: dict[str, str]) -> Verdict | N
     return None
 
 
-def _without_metrics(inp: RuleInputs, ev: list[str], cmd: dict[str, str]) -> Verdict:
-    ceiling, _, _, unit = _storage_ceiling(inp)
-    if ceiling and inp.images_per_s and inp.images_per_s >= AT_CEILING * ceiling:
-        ev.append(f"reads {inp.images_per_s:,.0f} images/s = "
-                  f"{inp.images_per_s / ceiling:.0%} of the storage ceiling {ceiling:,.0f} "
-                  f"{unit} (probe)")
-        return _storage(inp, ev, cmd, "at the probe's storage ceiling")
-    # The log alone shows the wait, not its cause: say so, and what would tell.
-    ev.append(f"input-bound: the step waits for its data {_pct(inp.data_share)} of the "
-              "time; without system metrics storage, decode and loader settings look the "
-              f"same: `{cmd['monitor']}` tells them apart")
-    workers = (inp.loader or {}).get("num_workers")
-    hint = (["num_workers=0 in the step log: the main process loads every batch; "
-             "`autotune search` finds how many workers it needs"] if workers == 0 else [])
-    return Verdict("unknown", f"unknown: input-bound (data wait {_pct(inp.data_share)}), "
-                   "but without system metrics storage, decode and loader settings cannot "
-                   "be told apart", ev, cmd["monitor"],
-                   hint + ["run the job under `autotune monitor` (or pass --metrics "
-                           "metrics.jsonl), and `autotune probe` for the storage ceiling"])
+def budget_of(system: SystemFigures | None) -> tuple[TimeBudget | None, str]:
+    """The window's time budget, or None and a line naming what is missing and why."""
+    if system is None:
+        return None, ("no system metrics: the time budget (where each loading process's "
+                      "time goes) is measured by `autotune monitor`")
+    d = system.budget
+    if not d:
+        return None, ("the monitor's samples carry no time budget (SystemFigures.budget): "
+                      "run the job under `autotune monitor` (a version that records it), on a "
+                      "kernel with /proc/PID/task/TID/schedstat")
+    if not d.get("available", True):
+        return None, (f"the time budget was not measured: {d.get('reason') or 'no reason given'}"
+                      "; run under `autotune monitor` on a kernel with schedstat")
+    b = TimeBudget.from_dict(d)
+    if not b.classes or b.wall_s <= 0:
+        return None, ("the time budget is empty (no process of the job seen in the window): "
+                      "check that `autotune monitor` wraps the training command itself")
+    return b, ""
 
 
 @dataclass
-class _Signals:
-    """What the monitor's figures say about the job's processes (see _signals)."""
+class _Load:
+    """Where the loading class's time went, as shares of its loading time."""
 
-    cores: int | None
-    tree_cores: float | None
-    total: float | None
-    busiest: float | None
-    others: float | None
-    procs: int | None
-    workers: Any
-    main_only: bool   # the main process loads (num_workers=0, or a one-process tree)
-    wanted: float | None
-    demand: float | None
-    busy_lo: float | None
-    busy_hi: float | None
-    util: float | None
-    await_ms: float | None
-    rps: float | None
-    machine_sat: bool
-    job_cpu_bound: bool
-    busy: bool
-    idle: bool
-    pinned: bool
-    no_reads: bool
-    cpu_starved: bool
-    at_ceiling: bool
-    headroom: bool
-    storage: float | None
-    storage_unit: str
-    best_c: int | None
+    name: str           # "workers", or "main" when the main process loads (num_workers=0)
+    procs: int          # loading processes (reads they can have in flight)
+    on_cpu: float
+    runnable: float
+    io: float
+    storage_wait: float
+    idle: float
+
+    @property
+    def cpu(self) -> float:
+        return self.on_cpu + self.runnable
+
+    @property
+    def blocked(self) -> float:
+        return self.io + self.storage_wait
+
+    @property
+    def main_only(self) -> bool:
+        return self.name == "main"
+
+    @property
+    def who(self) -> str:
+        return ("the main process (num_workers=0)" if self.main_only
+                else f"the {self.procs} worker{'s' if self.procs != 1 else ''}")
+
+    def dominant(self) -> str:
+        """The state that took most of the time: states compared with each other, never
+        one share against a fixed line (ties: blocked, then cpu)."""
+        states = {"blocked": self.blocked, "cpu": self.cpu, "idle": self.idle}
+        return max(states, key=lambda k: states[k])
+
+    def shares(self) -> str:
+        return (f"blocked on storage {_pct(self.blocked)} (I/O {_pct(self.io)}, storage wait "
+                f"{_pct(self.storage_wait)}), on a CPU {_pct(self.on_cpu)}, runnable "
+                f"{_pct(self.runnable)}, idle {_pct(self.idle)}")
 
 
-def _signals(inp: RuleInputs, ev: list[str]) -> _Signals:
-    """The derived figures, each with its evidence line."""
-    s = inp.system
-    assert s is not None
-    med = SystemFigures.med
-    # The job's own CPUs (its affinity, from the step log) when known: a job pinned to 2 of
-    # 64 cores is limited by those 2.
-    job_cpus = med(s.job_cpus)
-    cores = inp.job_cores or (round(job_cpus) if job_cpus else None) or s.cores
-    tree = med(s.proc_cpu_pct)
-    tree_cores = tree / 100.0 if tree is not None else None
-    # How busy the CPUs the job may use are (all of the machine's unless it is pinned).
-    total = med(s.job_cpus_busy_pct) if s.job_cpus_busy_pct is not None else med(s.cpu_total_pct)
-    busiest, others = med(s.busiest_core_pct), med(s.other_cores_pct)
-    procs, procs_src = _loader_procs(inp)
+def _class_line(name: str, c: ClassBudget, b: TimeBudget) -> str:
+    src = "delay accounting" if b.io_source == "delayacct" else "task-state sampling"
+    sh = {s: c.share(s) for s in ("io", "storage_wait", "on_cpu", "runnable", "asleep")}
+    label = "workers" if name == "workers" else "main process"
+    return (f"{label} ({c.processes} proc{'s' if c.processes != 1 else ''}, {c.threads} "
+            f"threads): I/O {_pct(sh['io'])} of {'their' if name == 'workers' else 'its'} time, storage wait "
+            f"{_pct(sh['storage_wait'])}, on a CPU {_pct(sh['on_cpu'])}, runnable "
+            f"{_pct(sh['runnable'])}, asleep {_pct(sh['asleep'])} ({src}, {b.samples:,} "
+            f"samples at {b.hz:.0f} Hz over {b.wall_s:.1f} s)")
+
+
+def _budget_lines(b: TimeBudget, ev: list[str]) -> None:
+    for name in ("workers", "main"):
+        c = b.cls(name)
+        if c is not None:
+            ev.append(_class_line(name, c, b))
+    psi = b.psi_io
+    if psi:
+        scope = "the job's cgroup" if psi.get("scope") == "cgroup" else "the machine's: /proc/pressure/io"
+        ev.append(f"PSI io: some {_num(psi.get('some_pct'))} %, full {_num(psi.get('full_pct'))} % "
+                  f"({scope})")
+    ev.extend(f"time budget: {n}" for n in b.notes)
+
+
+def _loading(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[_Load | None, str]:
+    """The loading class's budget: the workers', or the main process's loading time when
+    num_workers=0 (its step's share, AU, taken from its idle time first: a step waiting on
+    the GPU sleeps; then from its CPU time)."""
+    _budget_lines(b, ev)
     workers = (inp.loader or {}).get("num_workers")
-    au_v = inp.au if inp.au is not None else 0.0
-    data_share = inp.data_share if inp.data_share is not None else 1.0 - au_v
-    # The CPU the job wanted: ran + waited on a run queue (autotune.runqueue), when the
-    # monitor recorded it; else what it got (CPU %), which contention lowers.
-    wanted = med(s.sched_wanted_pct)
-    demand = wanted / 100.0 if wanted is not None else tree_cores
-    # Busy share of the loader processes, bounded: the main process may spend up to AU of
-    # a core in its step (upper bound: it spends none).
-    busy_lo = busy_hi = None
-    if demand is not None and procs:
-        # Without workers the main process loads only while the step waits for data.
-        main_loads = workers == 0 or (workers is None and procs == 1)
-        load_time = max(data_share, 1e-9) if main_loads else float(procs)
-        busy_hi = demand / load_time
-        busy_lo = max(0.0, demand - au_v) / load_time
-    _cpu_evidence(inp, s, ev, cores, total, busiest, others, tree_cores, procs_src, wanted,
-                  demand, busy_lo, busy_hi)
-    util, await_ms, rps = med(s.disk_util_pct), med(s.disk_r_await_ms), med(s.disk_reads_per_s)
-    _disk_evidence(s, ev, util, await_ms, rps)
+    wc, mc = b.cls("workers"), b.cls("main")
+    if workers == 0 or (workers is None and wc is None):
+        if mc is None:
+            return None, ("the time budget has no main process (the training process was not "
+                          "seen in the window): run the training command itself under "
+                          "`autotune monitor`")
+        au = inp.au or 0.0
+        load_t = max(inp.data_share if inp.data_share is not None else 1.0 - au, 1e-9)
+        idle = mc.idle()
+        step_idle = min(idle, au)
+        cpu_cut = max(0.0, au - step_idle)
+        on = max(0.0, mc.share("on_cpu") - cpu_cut)
+        run = max(0.0, mc.share("runnable") - max(0.0, cpu_cut - mc.share("on_cpu")))
+        load = _Load("main", 1, on / load_t, run / load_t, mc.share("io") / load_t,
+                     mc.share("storage_wait") / load_t, (idle - step_idle) / load_t)
+        ev.append(f"the main process loads every batch (num_workers={workers if workers is not None else '0: no worker seen'}): "
+                  f"its step's {_pct(au)} of the time taken out, in its loading time it is "
+                  + load.shares())
+        return load, ""
+    if wc is None:
+        return None, (f"the time budget has no DataLoader worker, yet num_workers={workers}: "
+                      "the workers were not seen in the window (run the training command "
+                      "itself under `autotune monitor`, not a shell that forks it away)")
+    return _Load("workers", wc.processes or int(workers or 1), wc.share("on_cpu"),
+                 wc.share("runnable"), wc.share("io"), wc.share("storage_wait"), wc.idle()), ""
+
+
+def _usable_cores(inp: RuleInputs) -> int | None:
+    """The job's own CPUs (its affinity or quota, from the step log) when known: a job
+    pinned to 2 of 64 cores is limited by those 2."""
+    s = inp.system
+    job_cpus = SystemFigures.med(s.job_cpus) if s is not None else None
+    return inp.job_cores or (round(job_cpus) if job_cpus else None) or (s.cores if s else None)
+
+
+def _bound(inp: RuleInputs, load: _Load) -> tuple[int, str]:
+    if inp.worker_bound is not None:
+        return inp.worker_bound, f"the {inp.worker_bound}-worker bound of the search"
+    cores = _usable_cores(inp) or 1
+    b = worker_bound(cores, blocked_share=min(load.blocked, 1.0))
+    return b, (f"worker bound {b}: {cores} usable core(s), raised while the loaders are "
+               f"blocked {_pct(min(load.blocked, 1.0))} of their time (cores / (1 - blocked))")
+
+
+def _ceilings(inp: RuleInputs, ev: list[str]) -> dict[str, Any]:
+    """The ceilings measured apart from the judged figures, and whether they are reached."""
+    s = inp.system
+    med = SystemFigures.med
+    out: dict[str, Any] = {"storage": "", "decode": False}
     storage, iops, best_c, unit = _storage_ceiling(inp)
-    at_ceiling = headroom = False
-    if storage and inp.images_per_s:
-        share = inp.images_per_s / storage
-        ev.append(f"reads {inp.images_per_s:,.0f} images/s = {share:.0%} of the storage "
-                  f"ceiling {storage:,.0f} {unit} ({'measured apart' if inp.storage_ceiling else 'probe'}, "
+    ips = inp.images_per_s
+    if storage and ips:
+        ev.append(f"reads {ips:,.0f} images/s = {ips / storage:.0%} of the storage ceiling "
+                  f"{storage:,.0f} {unit} ({'measured apart' if inp.storage_ceiling else 'probe'}, "
                   f"best at {best_c or '?'} reads in flight)")
-        at_ceiling = share >= AT_CEILING
-        headroom = share < PROBE_HEADROOM
+        if ips >= AT_CEILING * storage:
+            out["storage"] = ("at the probe's storage ceiling" if not inp.storage_ceiling else
+                              f"at the storage ceiling ({storage:,.0f} {unit}, measured apart "
+                              "from the trials)")
+    rps = med(s.disk_reads_per_s) if s is not None else None
     if iops and rps is not None:
         ev.append(f"disk r/s {rps:,.0f} = {rps / iops:.0%} of fio's {iops:,.0f} random-read IOPS")
-        at_ceiling = at_ceiling or rps >= AT_CEILING * iops
-    machine_sat = total is not None and total >= CPU_SATURATED * 100
-    job_cpu_bound = demand is not None and bool(cores) and demand >= CPU_SATURATED * cores
-    reads = rps is not None and (rps >= 1.0 or (med(s.disk_read_mib_s) or 0.0) > 0.1)
-    no_reads = s.disk_util_pct is not None and not reads
-    return _Signals(
-        cores=cores, tree_cores=tree_cores, total=total, busiest=busiest, others=others,
-        procs=procs, workers=workers, main_only=workers == 0 or (
-            workers is None and s.proc_processes is not None
-            and round(s.proc_processes["median"]) == 1),
-        wanted=wanted, demand=demand, busy_lo=busy_lo,
-        busy_hi=busy_hi, util=util, await_ms=await_ms, rps=rps, machine_sat=machine_sat,
-        job_cpu_bound=job_cpu_bound,
-        # Without run-queue figures a CPU-bound loader on a saturated machine shows only
-        # its share of a core: a lower bar then.
-        busy=busy_lo is not None and (busy_lo >= LOADER_BUSY or (
-            wanted is None and machine_sat and busy_lo >= LOADER_BUSY_CONTENDED)),
-        idle=busy_hi is not None and busy_hi <= LOADER_IDLE,
-        pinned=(busiest is not None and busiest >= CORE_PINNED_PCT
-                and (others is None or others <= OTHERS_IDLE_PCT)),
-        no_reads=no_reads,
-        # Saturated CPUs and no reads from the dataset's disk: the loaders wait for CPU (a
-        # guess for metrics without run-queue figures, which say it directly).
-        cpu_starved=wanted is None and machine_sat and no_reads,
-        at_ceiling=at_ceiling, headroom=headroom, storage=storage, storage_unit=unit,
-        best_c=best_c)
+        if rps >= AT_CEILING * iops and not out["storage"]:
+            out["storage"] = f"at fio's random-read IOPS ({iops:,.0f})"
+    dc = inp.decode_ceiling
+    if dc and ips:
+        ev.append(f"reads {ips:,.0f} images/s = {ips / dc:.0%} of the decode ceiling {dc:,.0f} "
+                  "images/s (the pipeline from memory x the usable cores, measured apart)")
+        out["decode"] = ips >= AT_CEILING * dc
+    if s is not None:
+        _disk_evidence(s, ev)
+    return out
 
 
-def _cpu_evidence(inp: RuleInputs, s: SystemFigures, ev: list[str], cores: int | None,
-                  total: float | None, busiest: float | None, others: float | None,
-                  tree_cores: float | None, procs_src: str, wanted: float | None,
-                  demand: float | None, busy_lo: float | None, busy_hi: float | None) -> None:
-    pinned_job = s.cores is not None and cores is not None and cores < s.cores
-    where = "the job's CPUs" if pinned_job else "machine"
-    ev.append(f"CPU: {where} {_num(total)} % of {cores or '?'} core(s)"
-              + (f" (pinned; the machine has {s.cores})" if pinned_job else "")
-              + (f", busiest core {busiest:.0f} %" if busiest is not None else "")
-              + (f", the other(s) {others:.0f} %" if others is not None else "")
-              + (f"; the job's processes {tree_cores:.2f} cores" if tree_cores is not None else "")
-              + f"; {procs_src}")
-    if wanted is not None and demand is not None:
-        rw = SystemFigures.med(s.sched_run_wait_pct) or 0.0
-        rq = SystemFigures.med(s.procs_running)
-        ev.append(f"the job's tasks wanted {demand:.2f} cores: ran {demand - rw / 100:.2f}, "
-                  f"waited {rw / 100:.2f} on a run queue"
-                  + (f" (machine run queue {rq:.0f} on {cores} cores)" if rq is not None else ""))
-    if busy_lo is not None and busy_hi is not None:
-        ev.append(f"loader processes want a CPU {min(busy_lo, 1):.0%}-{min(busy_hi, 1):.0%} of "
-                  "the time they should be loading")
-
-
-def _disk_evidence(s: SystemFigures, ev: list[str], util: float | None,
-                   await_ms: float | None, rps: float | None) -> None:
-    iowait = SystemFigures.med(s.cpu_iowait_pct)
+def _disk_evidence(s: SystemFigures, ev: list[str]) -> None:
+    med = SystemFigures.med
     if s.disk_util_pct is not None:
-        ev.append(f"disk {s.disk_device or '?'}: %util {util:.0f} (p95 "
-                  f"{s.disk_util_pct['p95']:.0f}), r/s {_num(rps)}, r_await "
-                  f"{_num(await_ms, '{:.1f}')} ms; iowait {_num(iowait, '{:.0f}')} %")
+        ev.append(f"disk {s.disk_device or '?'}: %util {med(s.disk_util_pct):.0f} (p95 "
+                  f"{s.disk_util_pct['p95']:.0f}), r/s {_num(med(s.disk_reads_per_s))}, r_await "
+                  f"{_num(med(s.disk_r_await_ms), '{:.1f}')} ms; iowait "
+                  f"{_num(med(s.cpu_iowait_pct), '{:.0f}')} %")
     elif "disk" in s.unavailable:
         ev.append(f"disk: not measured ({s.unavailable['disk']})")
     ev.append(f"system figures: {s.samples} monitor samples, joined by {s.joined_by}")
 
 
-def _at_ceiling(inp: RuleInputs, f: _Signals, ev: list[str],
-                cmd: dict[str, str]) -> Verdict | None:
-    """At a ceiling measured apart: the storage's, or the decode one with busy CPUs."""
-    if f.at_ceiling and not f.job_cpu_bound:
-        return _storage(inp, ev, cmd, "at the probe's storage ceiling" if not inp.storage_ceiling
-                        else f"at the storage ceiling ({f.storage:,.0f} {f.storage_unit}, "
-                             "measured apart from the trials)")
-    dc = inp.decode_ceiling
-    if dc and inp.images_per_s and inp.images_per_s >= AT_CEILING * dc and not f.idle:
-        ev.append(f"reads {inp.images_per_s:,.0f} images/s = {inp.images_per_s / dc:.0%} of the "
-                  f"decode ceiling {dc:,.0f} images/s (the pipeline from memory x the usable "
-                  "cores, measured apart from the trials)")
-        return _decode(inp, f, ev, cmd)
-    return None
+def _without_budget(inp: RuleInputs, ev: list[str], cmd: dict[str, str], missing: str,
+                    at: dict[str, Any]) -> Verdict:
+    """No budget: a ceiling measured apart that is reached still decides; else unknown,
+    naming what is missing."""
+    ev.append(f"input-bound: the step waits for its data {_pct(inp.data_share)} of the time; "
+              "without the time budget storage, decode and loader settings look the same: "
+              f"`{cmd['monitor']}` tells them apart")
+    ev.append(f"time budget: missing ({missing})")
+    if at["storage"]:
+        return _storage(inp, ev, cmd, ": " + at["storage"])
+    if at["decode"]:
+        return Verdict("decode", "decode-bound (CPU): at the decode ceiling measured apart "
+                       f"while the step waits {_pct(inp.data_share)} of the time", ev,
+                       cmd["search"], _DECODE_ADVICE)
+    workers = (inp.loader or {}).get("num_workers")
+    hint = (["num_workers=0 in the step log: the main process loads every batch; "
+             "`autotune search` finds how many workers it needs"] if workers == 0 else [])
+    return Verdict("unknown", f"unknown: input-bound (data wait {_pct(inp.data_share)}), but "
+                   f"the time budget is missing: {missing}", ev, cmd["monitor"],
+                   hint + ["run the job under `autotune monitor` (or pass --metrics "
+                           "metrics.jsonl of a monitor that records the time budget), and "
+                           "`autotune probe` for the storage ceiling"])
 
 
-def _too_few_loaders(inp: RuleInputs, f: _Signals, ev: list[str],
-                     cmd: dict[str, str]) -> Verdict | None:
-    """Fewer loaders than cores, limited by CPU: more workers get the job more CPU (also on
-    a contended machine, where the scheduler shares per process). With num_workers=0 this
-    holds even when the main process fills the cores: torch's intra-op threads spread its
-    decode over them, but loading and the step still take turns, and workers (one thread
-    each) overlap them; the CPU is judged again once they do."""
-    main_only = f.main_only
-    if not (f.procs and f.cores and f.procs < f.cores and (main_only or not f.job_cpu_bound)
-            and (f.busy or f.cpu_starved or (main_only and f.job_cpu_bound))):
-        return None
-    if main_only and f.job_cpu_bound and f.demand is not None:
-        ev.append(f"the main process alone wants {f.demand:.1f} cores (torch's intra-op "
-                  "threads), yet loads only while the step waits: workers overlap the two")
-    if f.pinned:
-        ev.append(f"one core near 100 % ({f.busiest:.0f} %) while the other(s) idle "
-                  f"({f.others:.0f} %)")
-    if f.machine_sat and f.tree_cores is not None:
-        ev.append(f"other processes use {max(0.0, f.total / 100 * f.cores - f.tree_cores):.1f} "  # type: ignore[operator]
-                  "core(s) of the machine: free them as well")
-    return Verdict("loader", f"loader-configuration-bound: {f.procs} loader process(es) "
-                   f"limited by CPU on {f.cores} cores while the step waits "
-                   f"{_pct(inp.data_share)} of the time: too few workers", ev, cmd["search"],
-                   [f"raise num_workers (up to about {f.cores}), and prefetch_factor if "
-                    "batches arrive unevenly; `autotune search` finds the knee"])
+def _storage_kind(inp: RuleInputs, load: _Load) -> tuple[str | None, int | None, float | None, str, str]:
+    """(throughput | latency | None, reads in flight needed, rate, unit, evidence line):
+    latency when more reads in flight than the job has raise the rate."""
+    now_c = max(1, load.procs)
+    pts, unit = ([], "files/s") if inp.storage_overtaken else _levels(inp.probe)
+    if len(pts) >= 2:
+        best_c, best = max(pts, key=lambda p: p[1])
+        at_now = [p for p in pts if p[0] <= now_c]
+        c0, r0 = at_now[-1] if at_now else pts[0]
+        if best_c > now_c and best >= LATENCY_GAIN * r0:
+            need = min((c for c, r in pts if r >= NEAR_BEST * best and c > now_c), default=best_c)
+            return "latency", need, best, unit, (
+                f"the probe: {r0:,.0f} {unit} at {c0} read(s) in flight, {best:,.0f} at {best_c}: "
+                f"more reads in flight raise the rate (latency); {need} reach {NEAR_BEST:.0%} of it")
+        return "throughput", None, best, unit, (
+            f"the probe: {r0:,.0f} {unit} at {c0} read(s) in flight, at best {best:,.0f} at "
+            f"{best_c}: more reads in flight do not raise the rate (throughput)")
+    storage, _, conc, unit = _storage_ceiling(inp)
+    if inp.storage_overtaken and not inp.storage_ceiling:
+        conc = None                 # the set-aside probe's concurrency is no figure either
+    if conc:
+        if conc > now_c:
+            return "latency", int(conc), storage, unit, (
+                f"the storage ceiling ({_num(storage)} {unit}) comes with {conc} reads in "
+                f"flight, more than the job's {now_c}: latency")
+        return "throughput", None, storage, unit, (
+            f"the storage ceiling ({_num(storage)} {unit}) comes with {conc} reads in flight, "
+            f"no more than the job's {now_c}: throughput")
+    why = "the probe's figure was overtaken (set aside)" if inp.storage_overtaken else \
+        f"no probe by-concurrency figures: `{_commands(inp)['probe']}` and --probe tell"
+    return None, None, None, unit, f"throughput or latency: not measured ({why})"
 
 
-def _cpu_bound(inp: RuleInputs, f: _Signals, ev: list[str],
-               cmd: dict[str, str]) -> Verdict | None:
-    if f.job_cpu_bound or (f.machine_sat and (f.busy or f.cpu_starved)):
-        return _decode(inp, f, ev, cmd)
-    return None
+def _blocked(inp: RuleInputs, load: _Load, ev: list[str], cmd: dict[str, str]) -> Verdict:
+    kind, need, rate, unit, line = _storage_kind(inp, load)
+    ev.append(line)
+    head = (f"{load.who} {'is' if load.main_only else 'are'} blocked on storage "
+            f"{_pct(load.blocked)} of {'its loading' if load.main_only else 'their'} time (on a CPU "
+            f"or runnable {_pct(load.cpu)}, idle {_pct(load.idle)})")
+    if kind == "latency" and need:
+        bound, why = _bound(inp, load)
+        ev.append(why)
+        call = latency_verdict(need, bound, rate=rate, unit=unit, in_flight=load.procs)
+        if call.within_bound:
+            return Verdict("loader", f"loader-configuration-bound (latency): {head} while the "
+                           f"step waits {_pct(inp.data_share)} of the time; {call.reason}", ev,
+                           cmd["search"],
+                           [f"use at least {need} reads in flight (num_workers={need}), or "
+                            "convert to shards (`autotune convert`) so each read is large"])
+        return _storage(inp, ev, cmd, f"(latency): {head}; {call.reason}")
+    label = "(throughput)" if kind == "throughput" else "(throughput or latency: not measured)"
+    return _storage(inp, ev, cmd, f"{label}: {head}")
 
 
-def _decode(inp: RuleInputs, f: _Signals, ev: list[str], cmd: dict[str, str]) -> Verdict:
-    if f.machine_sat and f.tree_cores is not None and f.cores:
-        other = max(0.0, f.total / 100 * f.cores - f.tree_cores)  # type: ignore[operator]
-        if other >= 0.25:
-            ev.append(f"other processes use {other:.1f} core(s) of the machine; the job "
-                      f"gets {f.tree_cores:.1f}"
-                      + ("; the disk reads nothing: the loaders wait for CPU, not I/O"
-                         if f.cpu_starved else ""))
-    return Verdict("decode", f"decode-bound (CPU): the CPUs are saturated "
-                   f"({_num(f.total)} % of {f.cores} cores; the job wants "
-                   f"{_num(f.demand, '{:.1f}')}) while the step waits "
-                   f"{_pct(inp.data_share)} of the time", ev, cmd["search"],
-                   ["decode is the limit: more CPU cores (or fewer other processes), a "
-                    "lighter pipeline (smaller stored images: `autotune convert "
-                    "--max-side`), or decode on the GPU (NVIDIA DALI); storage "
-                    "conversion would not help"])
-
-
-def _waiting_on_reads(inp: RuleInputs, f: _Signals, ev: list[str],
-                      cmd: dict[str, str]) -> Verdict | None:
-    """Idle loaders while the step waits: they wait on reads (or on nothing we watch)."""
-    if not f.idle:
-        return None
+def _cpu_line(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[int | None, float, float | None]:
+    """(usable cores, cores the job wants, cores free), with the evidence line."""
     s = inp.system
-    assert s is not None
-    if f.no_reads:
-        why = ("the loader processes are idle while the step waits, yet the watched disk "
-               f"({s.disk_device}) reads nothing")
-        return Verdict("unknown", f"unknown: {why}", ev, cmd["monitor"],
-                       ["run the monitor with --data on the dataset's directory (its disk "
-                        "is the one to watch); for network storage, probe it "
-                        f"(`{cmd['probe']}`) and pass --probe"])
-    if f.headroom:
-        return _latency(inp, f, ev, cmd)
-    why = "the loader processes are idle while the step waits: they wait on reads"
-    if f.util is not None and f.util >= DISK_BUSY_PCT:
-        why += f"; disk %util {f.util:.0f}"
-    elif f.await_ms is not None and f.await_ms >= AWAIT_HIGH_MS:
-        why += f"; each read takes {f.await_ms:.0f} ms (r_await)"
-    elif s.disk_util_pct is not None and s.disk_util_pct["p95"] >= DISK_BUSY_PCT:
-        why += (f"; the disk is busy in bursts (%util median {f.util:.0f}, p95 "
-                f"{s.disk_util_pct['p95']:.0f}): reads come in waves the loaders wait out")
-    elif s.disk_util_pct is None:
-        why += " (disk figures unavailable: network or FUSE storage)"
-    else:
-        why += (f"; the disk shows %util {f.util:.0f} at {_num(f.rps)} r/s: a cap or a queue "
-                "above the device (cgroup, network) limits it")
-    return _storage(inp, ev, cmd, why)
+    cores = _usable_cores(inp)
+    wanted = sum(c.seconds.get("on_cpu", 0.0) + c.seconds.get("runnable", 0.0)
+                 for c in b.classes.values()) / b.wall_s
+    pct = None
+    if s is not None:
+        pct = SystemFigures.med(s.job_cpus_busy_pct) if s.job_cpus_busy_pct is not None \
+            else SystemFigures.med(s.cpu_total_pct)
+    used = max(wanted, (pct or 0.0) / 100.0 * cores) if cores else wanted
+    free = max(0.0, cores - used) if cores else None
+    ev.append(f"CPU: the job's processes want {wanted:.2f} core(s) (on a CPU + runnable) of "
+              f"{cores or '?'} usable; the CPUs are {_num(pct)} % busy; "
+              f"{_num(free, '{:.1f}')} core(s) free")
+    return cores, wanted, free
 
 
-def _latency(inp: RuleInputs, f: _Signals, ev: list[str], cmd: dict[str, str]) -> Verdict:
-    """Waiting on reads with headroom at more reads in flight: settings can hide the
-    latency only if the workers that takes are within the bound."""
-    need, bound = f.best_c, inp.worker_bound
-    if need and bound is not None and need > bound:
-        ev.append(f"the storage serves its {f.storage:,.0f} {f.storage_unit} only with {need} "
-                  f"reads in flight, more than the {bound} workers the search may use (the "
-                  "cores, or their memory): settings cannot hide its latency")
-        return _storage(inp, ev, cmd, f"latency: the loaders wait on reads, and hiding the "
-                        f"latency takes {need} reads in flight, above the {bound}-worker bound")
-    return Verdict("loader", "loader-configuration-bound (latency): the loader "
-                   "processes wait on reads, yet the storage can deliver "
-                   f"{f.storage:,.0f} {f.storage_unit} with {need or 'more'} reads in flight",
-                   ev, cmd["search"],
-                   [f"use at least {min(need or 16, 64)} reads in flight (DataLoader "
-                    "workers), or convert to shards so each read is large"])
+def _on_cpu(inp: RuleInputs, b: TimeBudget, load: _Load, ev: list[str],
+            cmd: dict[str, str]) -> Verdict:
+    cores, wanted, free = _cpu_line(inp, b, ev)
+    head = (f"{load.who} {'is' if load.main_only else 'are'} on a CPU or runnable "
+            f"{_pct(load.cpu)} of {'its loading' if load.main_only else 'their'} time "
+            f"(blocked {_pct(load.blocked)}, idle {_pct(load.idle)})")
+    bound, _ = _bound(inp, load)
+    if load.main_only:
+        return Verdict("loader", f"loader-configuration-bound (too few workers: 0): {head} "
+                       f"while the step waits {_pct(inp.data_share)} of the time; loading and "
+                       "the step take turns", ev, cmd["search"],
+                       [f"set num_workers (up to about {bound}): workers load while the step "
+                        "runs; `autotune search` finds the knee"])
+    # Full with the job's own demand: a neighbour that fills the machine does not make
+    # them full for the job (the scheduler shares the cores per task: more workers, more
+    # CPU), while as many busy loaders as cores, or the job's tasks wanting nearly all of
+    # them, do (another worker would only take turns with these).
+    full = (cores is None or (load.procs or 0) >= cores
+            or wanted >= CPU_SATURATED * cores)
+    if full:
+        return Verdict("decode", f"decode-bound (CPU): {head} and the usable cores are full "
+                       f"({wanted:.1f} wanted of {cores or '?'}) while the step waits "
+                       f"{_pct(inp.data_share)} of the time", ev, cmd["search"], _DECODE_ADVICE)
+    others = (f"; other processes hold {cores - wanted - free:.1f} of the rest, and more "
+              "workers get more of it" if free is not None and cores - wanted - free >= 0.25
+              else "")
+    return Verdict("loader", f"loader-configuration-bound: {head}; the job wants {wanted:.1f} "
+                   f"of {cores} core(s){others} while the step waits {_pct(inp.data_share)} "
+                   "of the time: too few workers", ev, cmd["search"],
+                   [f"raise num_workers (up to about {min(bound, cores or bound)}), and "
+                    "prefetch_factor if batches arrive unevenly; `autotune search` finds the knee"])
+
+
+def _main_process(inp: RuleInputs, b: TimeBudget, load: _Load, ev: list[str],
+                  cmd: dict[str, str]) -> Verdict:
+    """Idle loaders while the step waits: the wait is in the main process."""
+    adv = ["look at the main process between batches: collate_fn, pin_memory (its thread), "
+           "the batch's IPC (large tensors through shared memory), a lock or a sleep; "
+           "`py-spy dump --pid PID` shows where it waits"]
+    if load.main_only:
+        return Verdict("loader", f"loader-configuration-bound (main process): the main process "
+                       f"(num_workers=0) is idle {_pct(load.idle)} of its loading time, neither "
+                       f"on a CPU ({_pct(load.cpu)}) nor on storage ({_pct(load.blocked)}), while "
+                       f"the step waits {_pct(inp.data_share)}: it waits on something else "
+                       "(a lock, a sleep, a queue)", ev, cmd["search"], adv)
+    mc = b.cls("main")
+    main = ("" if mc is None else
+            f"; the main process is on a CPU {_pct(mc.share('on_cpu'))}, runnable "
+            f"{_pct(mc.share('runnable'))}, blocked {_pct(mc.blocked())} of its time"
+            + (" (its collate, pin or unpickling)" if mc.share("on_cpu") + mc.share("runnable")
+               > mc.idle() else " and asleep the rest (IPC, a lock)"))
+    return Verdict("loader", f"loader-configuration-bound (main process): {load.who} are idle "
+                   f"{_pct(load.idle)} of their time (asleep, not on storage; on a CPU "
+                   f"{_pct(load.cpu)}, blocked {_pct(load.blocked)}) while the step waits "
+                   f"{_pct(inp.data_share)}: the wait is in the main process (collate, pin, "
+                   f"IPC, a lock){main}", ev, cmd["search"], adv)
+
+
+def _confirm(v: Verdict, at: dict[str, Any], ev: list[str]) -> None:
+    """What the ceilings measured apart say of the budget's verdict."""
+    if at["storage"]:
+        ev.append(f"the storage ceiling measured apart {'agrees' if v.bottleneck == 'storage' else 'disagrees'}: "
+                  f"the job reads {at['storage']}")
+    if at["decode"]:
+        ev.append(f"the decode ceiling measured apart {'agrees' if v.bottleneck == 'decode' else 'disagrees'}: "
+                  "the job reads at it")
+
+
+_DECODE_ADVICE = ["decode is the limit: more CPU cores (or fewer other processes), a lighter "
+                  "pipeline (smaller stored images: `autotune convert --max-side`), or decode "
+                  "on the GPU (NVIDIA DALI); storage conversion would not help"]
 
 
 def _storage(inp: RuleInputs, ev: list[str], cmd: dict[str, str], why: str) -> Verdict:
-    return Verdict("storage", f"storage-bound: {why}; the step waits "
+    return Verdict("storage", f"storage-bound {why}; the step waits "
                    f"{_pct(inp.data_share)} of the time", ev, cmd["convert"],
                    ["convert the dataset to shards (`autotune convert`) and stage them on "
                     "local NVMe (`autotune stage`): large sequential reads instead of small "
                     "random ones; more workers help only while the storage has headroom",
                     f"measure the storage's ceiling: `{cmd['probe']}`"])
+
+
+__all__ = ["RuleInputs", "budget_of", "decide", "latency_verdict", "worker_bound"]

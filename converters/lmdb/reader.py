@@ -223,7 +223,17 @@ class LmdbSource(SampleSource):
                                       f"{index}; the file is truncated: copy or convert again.")
                 data += more
             return data
-        mv = self._txn.get(key(index))
+        try:
+            mv = self._txn.get(key(index))
+        except Exception as e:  # noqa: BLE001 (lmdb is imported lazily: its Error, named)
+            import lmdb
+
+            if not isinstance(e, lmdb.Error):
+                raise
+            self._renew_txn()  # LMDB invalidates a transaction that met a damaged page
+            raise SampleError(f"{self.path}: key {key(index).decode()}: LMDB cannot read it "
+                              f"({type(e).__name__}: {e}); the environment is damaged: check "
+                              "its sha256 against manifest.json or convert again.") from None
         if mv is None:
             raise SampleError(f"{self.path}: key {key(index).decode()} missing (manifest says "
                               f"{self._n} samples); the environment is damaged: convert again.")
@@ -237,7 +247,28 @@ class LmdbSource(SampleSource):
         except ValueError as e:
             raise SampleError(f"{self.path}: key {key(index).decode()}: {e}; the environment "
                               "was not written by this autotune version or is damaged.") from None
+        self._check_label(index, label)
         return bytes(img), label, path
+
+    def _renew_txn(self) -> None:
+        """A fresh read transaction (the next read reports its own error, not BAD_TXN)."""
+        import lmdb
+
+        try:
+            self._txn.abort()
+            self._txn = self._env.begin(buffers=True)
+        except lmdb.Error:
+            self._txn = None
+            self.close()  # reopened on the next read
+
+    def _check_label(self, index: int, label: int) -> None:
+        """A label outside the manifest's classes, refused as the WebDataset reader does
+        (a loss function would index out of range, or silently train on it)."""
+        n = len(self.manifest.classes)
+        if not 0 <= label < max(1, n):
+            raise SampleError(f"{self.path}: key {key(index).decode()}: label {label} outside "
+                              f"0..{n - 1} (manifest.json lists {n} classes); the environment "
+                              "is damaged or not this manifest's: convert again.")
 
     def records(self) -> Iterator[tuple[bytes, int, str]]:
         """Every sample in index order: (image bytes, label, original path).
@@ -279,6 +310,7 @@ class LmdbSource(SampleSource):
                     raise SampleError(f"{self.path}: key {key(n).decode()}: {e}; the "
                                       "environment was not written by this autotune version "
                                       "or is damaged.") from None
+                self._check_label(n, label)
                 yield bytes(img), label, path
             mv.release()
             i = j

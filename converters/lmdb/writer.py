@@ -38,6 +38,7 @@ import json
 import os
 from typing import Any
 
+from converters.beneath import plain_name
 from converters.errors import ConvertError
 from converters.fsutil import fsync_dir, sha256_file, write_json_atomic
 from converters.lmdb.layout import (
@@ -157,7 +158,10 @@ class LmdbWriter(FormatWriter):
 
     def _read_published(self) -> list[dict[str, Any]] | None:
         try:
-            pub = json.loads((self.workdir.path / "published.json").read_text())
+            path = self.workdir.path / "published.json"
+            pub = json.loads(path.read_text())
+            for i, f in enumerate(pub):  # the names go into the manifest: inside DST only
+                plain_name(f["file"], str(path), f"[{i}].file")
             if all((self.dst / f["file"]).stat().st_size == f["bytes"] for f in pub):
                 return pub
         except (OSError, ValueError, KeyError, TypeError):

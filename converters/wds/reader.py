@@ -39,9 +39,11 @@ summed from the manifest's per-shard counts (with `num_workers=` the DataLoader'
 ranks are equalized: quotas are per worker).
 
 Tar members are read from the stream in memory and never extracted. A member that is a
-link, a directory or a device, a name with a path, '..' or an absolute path, a truncated
-shard, or a shard with fewer samples than the manifest lists raises SampleError naming
-the shard.
+link, a directory or a device, a sparse member, a name with a path, '..' or an absolute
+path, a member larger than `max_member_bytes` (default 256 MiB) or than the rest of its
+shard, a truncated shard, or a shard with fewer or more samples than the manifest lists
+raises SampleError naming the shard. A KEY.json that cannot be parsed (however deeply
+nested) only loses the informational original path ("?").
 """
 
 from __future__ import annotations
@@ -57,10 +59,11 @@ from typing import Any
 
 import torch.utils.data
 
+from converters.errors import UsageError
 from converters.manifest import Manifest, read_manifest
 from converters.source import SampleError, SampleSource
 from converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
-from converters.wds.tarfmt import ShardFormatError, iter_members
+from converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_members
 
 _SAID: set[Any] = set()  # equalizations already warned about in this process
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "pgm", "gif")
@@ -76,13 +79,21 @@ class WdsSource(SampleSource):
 
     `iterable = True` tells a loader builder (bench) to iterate `dataset(transform)` with
     no sampler instead of indexing.
+
+    max_member_bytes: the largest tar member read (default 256 MiB); a larger one is an
+        error naming the shard, the member and its size, before anything is allocated.
     """
 
     format = "wds"
     iterable = True
 
-    def __init__(self, root: str | os.PathLike[str], *, manifest: Manifest | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, manifest: Manifest | None = None,
+                 max_member_bytes: int = MAX_MEMBER_BYTES) -> None:
         super().__init__(root)
+        if not isinstance(max_member_bytes, int) or max_member_bytes < 1:
+            raise UsageError(f"max_member_bytes must be a positive number of bytes, but got "
+                             f"{max_member_bytes!r}.", setting="max_member_bytes")
+        self.max_member_bytes = max_member_bytes
         self.manifest = manifest or read_manifest(self.root, expect_format="wds")
         self.shards = [(self.root / s["file"], int(s["samples"])) for s in self.manifest.shards]
         self.staged_node = read_staged_node(self.root)  # (node, nnodes) of a node's copy
@@ -120,7 +131,8 @@ class WdsSource(SampleSource):
     def records(self) -> Iterator[tuple[bytes, int, str]]:
         """Every sample in stored order, checked: (image bytes, label, original path)."""
         counts = {str(p): n for p, n in self.shards}
-        for s in _expand(({"url": str(p)} for p, _ in self.shards), counts, len(self.classes)):
+        for s in _expand(({"url": str(p)} for p, _ in self.shards), counts, len(self.classes),
+                         self.max_member_bytes):
             yield s["image"], s["label"], s["path"]
 
     def readers_note(self, num_workers: int, world_size: int = 1) -> str | None:
@@ -159,7 +171,8 @@ class WdsSource(SampleSource):
                           seed=seed, rank=rank, world_size=world_size,
                           num_classes=len(self.classes), local_world_size=local_world_size,
                           staged_node=self.staged_node, root=str(self.root),
-                          equalize=equalize, num_workers=num_workers)
+                          equalize=equalize, num_workers=num_workers,
+                          max_member_bytes=self.max_member_bytes)
 
 
 class WdsDataset(torch.utils.data.IterableDataset):
@@ -169,8 +182,10 @@ class WdsDataset(torch.utils.data.IterableDataset):
                  *, shuffle: bool, shuffle_buffer: int, seed: int, rank: int | None,
                  world_size: int | None, num_classes: int, local_world_size: int | None = None,
                  staged_node: tuple[int, int] | None = None, root: str = "",
-                 equalize: bool = True, num_workers: int | None = None) -> None:
+                 equalize: bool = True, num_workers: int | None = None,
+                 max_member_bytes: int = MAX_MEMBER_BYTES) -> None:
         super().__init__()
+        self.max_member_bytes = max_member_bytes
         self.local_world_size = local_world_size
         self.staged_node = staged_node
         self.root = root
@@ -255,7 +270,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
         stages: list[Any] = [
             _ShardList(mine, _seed(self.seed, epoch, rank) if self.shuffle else None),
             wds.split_by_worker,
-            lambda src: _expand(src, counts, self.num_classes),
+            lambda src: _expand(src, counts, self.num_classes, self.max_member_bytes),
         ]
         quotas = self.quotas(epoch, world, num_workers)
         if quotas is not None:
@@ -326,15 +341,18 @@ def read_staged_node(root: str | os.PathLike[str]) -> tuple[int, int] | None:
         raise SampleError(f"{p}: unreadable ({e}); stage the node again.") from None
 
 
-def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int],
-            num_classes: int) -> Iterator[dict[str, Any]]:
+def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,
+            max_member_bytes: int = MAX_MEMBER_BYTES) -> Iterator[dict[str, Any]]:
     """webdataset stage: shard URLs -> samples, checked (see the module doc)."""
     for item in src:
         url = item["url"]
         expected = counts.get(url, -1)
         n = 0
-        for sample in _samples(url, num_classes):
+        samples = _samples(url, num_classes, max_member_bytes)
+        for sample in samples:
             n += 1
+            if 0 <= expected < n:  # never yield past the manifest: len() and quotas rely on it
+                _too_many(url, expected, n, samples)
             yield sample
         if expected >= 0 and n != expected:
             raise SampleError(f"{url}: truncated: {n} of the {expected} samples manifest.json "
@@ -342,10 +360,24 @@ def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int],
                               "manifest): restage or convert again.")
 
 
-def _samples(url: str, num_classes: int) -> Iterator[dict[str, Any]]:
+def _too_many(url: str, expected: int, n: int, rest: Iterator[dict[str, Any]]) -> None:
+    """Raise for a shard holding more samples than its manifest lists, with both counts
+    (the rest counted, an error path only; a damaged rest makes it 'at least')."""
+    more = ""
+    try:
+        n += sum(1 for _ in rest)
+    except SampleError:
+        more = "at least "
+    raise SampleError(f"{url}: holds {more}{n} samples but manifest.json lists {expected}; "
+                      "the shard and the manifest do not belong together (compare its sha256 "
+                      "with the manifest): restage or convert again.")
+
+
+def _samples(url: str, num_classes: int,
+             max_member_bytes: int = MAX_MEMBER_BYTES) -> Iterator[dict[str, Any]]:
     cur: dict[str, Any] | None = None
     try:
-        for key, suffix, data in iter_members(url):
+        for key, suffix, data in iter_members(url, max_member_bytes):
             if cur is not None and key != cur["__key__"]:
                 yield _finish(cur, url, num_classes)
                 cur = None
@@ -380,7 +412,7 @@ def _finish(cur: dict[str, Any], url: str, num_classes: int) -> dict[str, Any]:
     if "json" in cur:
         try:
             path = json.loads(cur["json"]).get("path", "?")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # informational only: "?"
             pass
     return {"__key__": key, "__url__": url, "image": cur[images[0]], "label": label,
             "path": path}

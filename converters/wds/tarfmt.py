@@ -8,6 +8,11 @@ Reader: streams members without ever extracting anything to disk. A member that 
 regular file (symlink, hard link, directory, device), whose name has a directory part,
 '..' or is absolute, or a tar that ends early is an error naming the shard: the shards
 autotune writes never contain such members, so a shard that does is not ours or damaged.
+Memory is bounded by the shard, never by what its headers claim: every member's size is
+checked against the bytes left in the file and against a per-member limit
+(`max_member_bytes`, default MAX_MEMBER_BYTES = 256 MiB, far above any image) before
+anything is allocated for it, and sparse members (GNU type 'S', PAX GNU.sparse.*), whose
+holes would be read as zeros many times the shard's size, are refused.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ BLOCK = 512
 RECORD = 20 * BLOCK
 _ZEROS = bytes(RECORD)
 MEMBER_RE = re.compile(r"^([A-Za-z0-9_-]+)\.([a-z0-9]+)$")
+MAX_MEMBER_BYTES = 256 << 20  # the default per-member limit (see the module doc)
 
 
 class ShardFormatError(Exception):
@@ -256,11 +262,29 @@ def _fast_header(h: bytes, name: str, count: int) -> tuple[str, int] | None:
     return h[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape"), size
 
 
-def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes]]:
+def _check_size(name: str, member: str, size: int, at: int, length: int, limit: int,
+                count: int) -> None:
+    """Refuse a member whose data would start at file offset `at` before allocating it:
+    over the per-member limit, or longer than what the shard still holds."""
+    if size > limit:
+        raise ShardFormatError(
+            f"{name}: member {member!r} is {size:,} bytes, over the per-member limit of "
+            f"{limit:,} (max_member_bytes); no image is that large: the shard is damaged or "
+            "not an autotune shard (pass a larger max_member_bytes if it is genuine)")
+    if at + size > length:
+        raise ShardFormatError(
+            f"{name}: truncated or corrupt after {count} members (member {member!r} claims "
+            f"{size:,} bytes, but the shard holds {max(0, length - at):,} more)")
+
+
+def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBER_BYTES
+                 ) -> Iterator[tuple[str, str, bytes]]:
     """(key, suffix, data) of each member of a shard, in order, checked.
 
-    Raises ShardFormatError naming the shard for a hostile or unexpected member or a
-    truncated archive. Nothing is written anywhere.
+    Raises ShardFormatError naming the shard for a hostile or unexpected member, a
+    sparse member, a member larger than `max_member_bytes` or than the rest of the file,
+    or a truncated archive. Nothing is written anywhere; memory stays within about one
+    member (at most the smaller of the limit and the file) plus a 1 MiB buffer.
 
     The headers autotune writes (ustar, regular files, short names, octal sizes) are
     parsed here from 1 MiB reads into one reused buffer, with the checksum verified; at
@@ -281,6 +305,7 @@ def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes
             pass
         r = _ChunkReader(f)
         try:
+            length = os.fstat(f.fileno()).st_size
             while True:
                 if not r.fill(BLOCK):
                     if count == 0:
@@ -300,6 +325,7 @@ def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes
                         f"{name}: member name {mname!r} is not KEY.EXT (a path, '..', an "
                         "absolute name or a dot in the key); refusing to read it")
                 r.skip(BLOCK)
+                _check_size(name, mname, size, r.consumed, length, max_member_bytes, count)
                 if not r.fill(size):
                     raise ShardFormatError(
                         f"{name}: truncated or corrupt after {count} members (ReadError: member "
@@ -313,13 +339,44 @@ def iter_members(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, bytes
                                    f"({type(e).__name__}: {e})") from None
         # The slow path, from the first header the fast one does not take.
         f.seek(r.consumed)
-        yield from _iter_tarfile(f, name, count)
+        yield from _iter_tarfile(f, name, count, max_member_bytes)
 
 
-def _iter_tarfile(f, name: str, count: int) -> Iterator[tuple[str, str, bytes]]:
+class _Sparse(Exception):
+    """A sparse member met while tarfile parses its headers; args[0] is its name."""
+
+
+class _CheckedInfo(tarfile.TarInfo):
+    """tarfile's TarInfo refusing sparse members as soon as their headers are parsed,
+    before tarfile builds their map (a PAX 1.0 map is read from the member's data)."""
+
+    def _proc_sparse(self, tarfile):  # noqa: ANN001 (tarfile's hook signature)
+        raise _Sparse(self.name)
+
+    def _proc_gnusparse_00(self, next, pax_headers, buf):  # noqa: ANN001, A002
+        raise _Sparse(pax_headers.get("path", next.name))
+
+    def _proc_gnusparse_01(self, next, pax_headers):  # noqa: ANN001, A002
+        raise _Sparse(pax_headers.get("path", next.name))
+
+    def _proc_gnusparse_10(self, next, pax_headers, tarfile):  # noqa: ANN001, A002
+        raise _Sparse(pax_headers.get("GNU.sparse.name", next.name))
+
+
+def _sparse(ti: tarfile.TarInfo) -> bool:
+    return ti.issparse() or ti.type == tarfile.GNUTYPE_SPARSE or any(
+        k.startswith("GNU.sparse.") for k in ti.pax_headers)
+
+
+def _iter_tarfile(f, name: str, count: int, max_member_bytes: int = MAX_MEMBER_BYTES
+                  ) -> Iterator[tuple[str, str, bytes]]:
+    base = f.tell()  # tarfile's offsets are from where its stream starts
+    length = os.fstat(f.fileno()).st_size
     try:
-        with tarfile.open(fileobj=f, mode="r|") as tf:
+        with tarfile.open(fileobj=f, mode="r|", tarinfo=_CheckedInfo) as tf:
             for ti in tf:
+                if _sparse(ti):
+                    raise _Sparse(ti.name)
                 if not ti.isreg():
                     raise ShardFormatError(f"{name}: member {ti.name!r} is {_kind(ti)}; "
                                            "autotune shards hold only regular files")
@@ -328,6 +385,8 @@ def _iter_tarfile(f, name: str, count: int) -> Iterator[tuple[str, str, bytes]]:
                     raise ShardFormatError(
                         f"{name}: member name {ti.name!r} is not KEY.EXT (a path, '..', an "
                         "absolute name or a dot in the key); refusing to read it")
+                _check_size(name, ti.name, ti.size, base + ti.offset_data, length,
+                            max_member_bytes, count)
                 fobj = tf.extractfile(ti)  # a view of the stream: nothing is written out
                 data = fobj.read() if fobj is not None else b""
                 if len(data) != ti.size:
@@ -338,6 +397,10 @@ def _iter_tarfile(f, name: str, count: int) -> Iterator[tuple[str, str, bytes]]:
                 yield m.group(1), m.group(2), data
     except ShardFormatError:
         raise
+    except _Sparse as e:
+        raise ShardFormatError(f"{name}: member {e.args[0]!r} is a sparse file (GNU tar type "
+                               "'S' or PAX GNU.sparse.*); autotune shards hold only plain "
+                               "regular files") from None
     except (tarfile.TarError, EOFError, OSError) as e:
         raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
                                f"({type(e).__name__}: {e})") from None

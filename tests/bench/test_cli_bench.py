@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from autotune.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_help_says_what_is_measured(capsys: pytest.CaptureFixture[str]) -> None:
@@ -38,6 +43,9 @@ def test_help_says_what_is_measured(capsys: pytest.CaptureFixture[str]) -> None:
     (["--preset", "nope"], "unknown preset 'nope'"),
     (["--format", "lmdb"], "format lmdb needs the manifest.json that `autotune convert` writes"),
     (["--step", "nocolon"], "step must be 'module:function'"),
+    # A window that cannot hold the batches a figure needs at a long step's demand rate.
+    (["--compute-ms", "3000", "--batch-size", "64", "--workers", "2", "--seconds", "10"],
+     ("--seconds 10 is too short for a 3000 ms step per batch of 64", "give --seconds 45 or more")),
 ])
 def test_bad_arguments_exit_2(small_dataset: Path, capsys: pytest.CaptureFixture[str],
                               argv: list[str], msg: str | tuple[str, ...]) -> None:
@@ -81,3 +89,68 @@ def test_failed_measurement_exits_1_with_reason(small_dataset: Path, tmp_path: P
     assert "FAILED (no_batches)" in cap.out and "--warm" in cap.out
     d = json.loads(out.read_text())
     assert d["failed"] and d["reason"] and d["hint"] and d["images_per_s"] is None
+
+
+# -- the user's module fails at import: a usage error naming the file ------------------------
+
+@pytest.mark.parametrize("body, says", [
+    ('raise RuntimeError("boom at import")\n', "raised RuntimeError while it was imported: boom"),
+    ("import sys\nsys.exit(3)\n", "called sys.exit(3) while it was imported"),
+])
+def test_a_factory_that_raises_or_exits_at_import_is_a_usage_error(
+        small_dataset: Path, tmp_path: Path, body: str, says: str) -> None:
+    mod = tmp_path / "badfactory.py"
+    mod.write_text(body + "def make(path):\n    return None\n")
+    r = subprocess.run([sys.executable, "-m", "autotune", "bench", str(small_dataset),
+                        "--dataset-factory", f"{mod}:make", "--seconds", "3"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(mod) in lines[0] and says in lines[0], r.stderr
+    assert "internal error" not in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("body, says", [
+    ('raise RuntimeError("boom at import")\n', "RuntimeError: boom at import"),
+    ("import sys\nsys.exit(3)\n", "called sys.exit(3) while it was imported"),
+])
+def test_a_step_that_raises_or_exits_at_import_is_a_usage_error(
+        small_dataset: Path, tmp_path: Path, body: str, says: str) -> None:
+    mod = tmp_path / "badstep.py"
+    mod.write_text(body + "def step(batch):\n    return None\n")
+    r = subprocess.run([sys.executable, "-m", "autotune", "bench", str(small_dataset),
+                        "--step", f"{mod}:step", "--seconds", "1", "--workers", "0"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(mod) in lines[0] and says in lines[0], r.stderr
+
+
+# -- the benchmark scripts' scratch folders ------------------------------------------------
+
+def test_the_bench_scripts_use_no_fixed_scratch_folder() -> None:
+    """A fixed /var/tmp/autotune-bench-* is shared by every user and run of the machine
+    (another's files reused or removed, a symlink planted there followed)."""
+    fixed = [f"{p.name}:{i}" for p in sorted((ROOT / "scripts").glob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "/var/tmp/autotune-bench" in line or 'dir="/var/tmp"' in line
+             and "autotune-bench" in line]
+    assert fixed == []
+
+
+def test_scratch_dir_is_new_private_and_under_tmpdir(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from _setups import scratch_dir
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "t"))
+    a, b = scratch_dir("autotune-bench-x-"), scratch_dir("autotune-bench-x-")
+    assert a != b and a.parent == b.parent == tmp_path / "t"
+    assert (a.stat().st_mode & 0o777) == 0o700
+    given = scratch_dir("autotune-bench-x-", str(tmp_path / "opt"))
+    assert given.parent == tmp_path / "opt" and given.name.startswith("autotune-bench-x-")

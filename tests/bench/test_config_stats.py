@@ -73,3 +73,44 @@ def test_a_stall_counts_in_the_figure_the_median_is_only_beside_it() -> None:
     assert f.images_per_s == pytest.approx(100 / 2.9)
     assert f.images_per_s_median == pytest.approx(100.0)
     assert f.spread > 0.9
+
+
+def test_the_window_follows_from_a_long_step_and_the_queue() -> None:
+    # A heavy model's step: 3 s per batch of 64. The window must hold the warm-up and the
+    # batches a figure needs at the demand rate: (warm-up + max(10, 2 x queue)) x step.
+    c = BenchConfig.from_preset("resnet50", compute_ms=3000, batch_size=64, num_workers=2,
+                                prefetch_factor=2).validate()
+    assert (c.effective_warmup, c.min_batches) == (5, 10)
+    assert c.window_needed_s == pytest.approx(45.0) and c.seconds == 45.0
+    deep = BenchConfig.from_preset("resnet50", compute_ms=3000, batch_size=64, num_workers=8,
+                                   prefetch_factor=4)
+    assert (deep.effective_warmup, deep.min_batches) == (32, 64)
+    assert deep.seconds == 288.0 and deep.effective_timeout >= 288 * 2
+    # Whole seconds, rounded up; a short step keeps the default (or the caller's).
+    odd = BenchConfig.from_preset("resnet50", compute_ms=1234, num_workers=2)
+    assert odd.window_needed_s == pytest.approx(15 * 1.234) and odd.seconds == 20.0
+    assert BenchConfig.from_preset("resnet50", num_workers=2).seconds == 20.0
+    assert BenchConfig.from_preset("resnet50", num_workers=2, compute_ms=1234,
+                                   default_seconds=10.0).seconds == 19.0
+    assert BenchConfig.from_preset("resnet50", num_workers=2, default_seconds=10).seconds == 10
+    # No emulated step (the loader alone, or a real step not yet timed): nothing to follow.
+    assert BenchConfig.from_preset("decode-only").window_needed_s is None
+    assert BenchConfig.from_preset("resnet50", step="m:f").window_needed_s is None
+    # Its own warm-up setting counts: one warm-up batch, ten measured.
+    one = BenchConfig.from_preset("resnet50", compute_ms=3000, num_workers=2, warmup_batches=1)
+    assert one.seconds == 33.0
+
+
+def test_a_given_window_too_short_for_the_step_is_refused_in_one_line() -> None:
+    c = BenchConfig.from_preset("resnet50", compute_ms=3000, batch_size=64, num_workers=2,
+                                prefetch_factor=2, seconds=10)
+    with pytest.raises(UsageError) as e:
+        c.validate()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("--seconds 10 is too short for a 3000 ms step")
+    assert "5 warm-up + 10 measured batches" in msg and "give --seconds 45 or more" in msg
+    assert "21.3 images/s" in msg
+    assert BenchConfig.from_preset("resnet50", compute_ms=3000, batch_size=64, num_workers=2,
+                                   seconds=45).validate().seconds == 45
+    assert c.short_window(60) is None
+    assert "--confirm-seconds 30 is too short" in c.short_window(30, "--confirm-seconds")

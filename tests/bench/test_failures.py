@@ -34,7 +34,7 @@ WORKER_TB = ("Caught SampleError in DataLoader worker process 1.\nOriginal Trace
       "phase": "measure"}, "worker_crashed", "5, 6"),
     ({"type": "ValueError", "message": "boom", "phase": "step"}, "step_error", "boom"),
     ({"type": "ModuleNotFoundError", "message": "No module named 'x'", "phase": "step-import"},
-     "startup", "x"),
+     "step_import", "x"),
 ])
 def test_classify_error(err: dict, kind: str, text: str) -> None:
     f = classify_error(err, {"nofile_limit": 1024, "step": "m:f"})

@@ -23,7 +23,7 @@ from autotune.data import (FolderSource, ImagenetTrainTransform, TransformSpec, 
                            geometry, load_preset)
 from autotune.data.decode import open_image
 from autotune.data.transforms import FAST_TOLERANCE, IMAGENET_MEAN, IMAGENET_STD
-from autotune.errors import UsageError
+from autotune.errors import SampleError, UsageError
 from autotune.synth import render_jpeg
 
 MEAN = np.array(IMAGENET_MEAN, dtype=np.float32)
@@ -316,3 +316,56 @@ def test_spec_round_trips_and_says_what_it_does() -> None:
     fast = load_preset("resnet50-fast").transform.describe()
     assert "simplejpeg" in fast and "DRAFT" in fast and "FAST" in fast
     assert "FAST" not in load_preset("resnet50").transform.describe()
+
+
+# -- the pixel limit, read from the header before decoding -------------------------------
+
+def _claiming(fmt: str, width: int, height: int) -> bytes:
+    """An 8x8 image whose header says width x height (a JPEG's SOF0, a PNG's IHDR)."""
+    import struct
+    import zlib
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (10, 200, 30)).save(buf, format=fmt)
+    d = bytearray(buf.getvalue())
+    if fmt == "JPEG":
+        struct.pack_into(">HH", d, d.index(b"\xff\xc0") + 5, height, width)
+    else:
+        struct.pack_into(">II", d, 16, width, height)
+        struct.pack_into(">I", d, 29, zlib.crc32(bytes(d[12:29])))
+    return bytes(d)
+
+
+@pytest.mark.filterwarnings("error")  # Pillow's DecompressionBombWarning must not escape
+@pytest.mark.parametrize("decoder", DECODERS)
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
+@pytest.mark.parametrize("width, height", [(40000, 40000), (10000, 10000)])  # >2x, 1x-2x
+def test_an_image_over_the_pixel_limit_is_refused_before_decoding(fmt, decoder, width, height):
+    """simplejpeg had no limit at all (a 40000 x 40000 header would be decoded: 4.8 GB);
+    Pillow's warned between 1x and 2x the limit and let the image through."""
+    with pytest.raises(SampleError, match=rf"image of {width} x {height} = [\d,]+ pixels is "
+                                          r"over the limit of 89,478,485 "
+                                          r"\(PIL\.Image\.MAX_IMAGE_PIXELS\)"):
+        open_image(_claiming(fmt, width, height), decoder)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_the_pixel_limit_is_pillows_setting(monkeypatch, decoder):
+    data = _claiming("JPEG", 8, 8)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 63)
+    with pytest.raises(SampleError, match=r"image of 8 x 8 = 64 pixels is over the limit of 63"):
+        open_image(data, decoder)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # off, as Pillow's
+    assert open_image(_claiming("JPEG", 10000, 10000), decoder).size == (10000, 10000)
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_a_bomb_in_a_dataset_names_its_file_and_dimensions(tmp_path, decoder):
+    from autotune.data.torchds import ImageDataset
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "bomb.jpg").write_bytes(_claiming("JPEG", 40000, 40000))
+    ds = ImageDataset(FolderSource(tmp_path), build_transform(TransformSpec(decoder=decoder)))
+    with pytest.raises(SampleError, match=r"a/bomb\.jpg.*: cannot decode \(SampleError: image "
+                                          r"of 40000 x 40000 = 1,600,000,000 pixels"):
+        ds[0]

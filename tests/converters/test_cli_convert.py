@@ -70,3 +70,55 @@ def test_progress_bar_on_a_terminal_shows_rates_and_eta(img_src, work_dir):
     assert ("converting" in out or "publishing" in out), out[-2000:]
     assert "img/s" in out and "MB/s" in out and "ETA" in out
     assert "Traceback" not in out
+
+
+def _file_list(img_src, path, labels):
+    files = sorted(p.relative_to(img_src) for p in img_src.rglob("*.jpg"))[:len(labels)]
+    path.write_text("".join(f"{f},{lab}\n" for f, lab in zip(files, labels)))
+    return path
+
+
+@pytest.mark.parametrize("labels, says", [
+    (["0", "1", "99999999999"], "label 99999999999 is above 1,000,000"),   # a range: OOM
+    (["0", "1", "\u00b2"], "label '²' is not a decimal number"),            # isdigit() only
+])
+def test_file_list_labels_that_would_break_the_scan_exit_2(img_src, work_dir, run_cli, labels,
+                                                           says):
+    csv = _file_list(img_src, work_dir / "list.csv", labels)
+    r = run_cli(img_src, work_dir / "out", "--format", "wds", "--file-list", csv)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = r.stderr.strip()
+    assert len(err.splitlines()) == 1 and f"{csv}:3: {says}" in err, err
+    assert not (work_dir / "out").exists()
+
+
+def test_file_list_names_and_numbers_mixed_are_names(img_src, work_dir, run_cli):
+    csv = _file_list(img_src, work_dir / "list.csv", ["cat", "99999999999", "\u00b2"])
+    r = run_cli(img_src, work_dir / "out", "--format", "wds", "--file-list", csv, "--json", "-")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["samples"] == 3
+
+
+def test_file_names_with_control_characters_are_printed_escaped(img_src, work_dir, run_cli):
+    import shutil
+
+    src = work_dir / "src"
+    shutil.copytree(img_src, src)
+    evil = "evil\x1b[31mRED\x1b[0m\r[bold]x"
+    (src / "class_0000" / f"{evil}.jpg").write_bytes(b"not a jpeg")
+    dst = work_dir / f"out\x1b[32mGREEN"
+    r = run_cli(src, dst, "--format", "wds")
+    assert r.returncode == 0, r.stderr[-2000:]
+    both = r.stdout + r.stderr
+    assert "\x1b" not in both and "\r" not in both, repr(both[-2000:])
+    flat = "".join(both.split())   # rich wraps long names at the terminal's width
+    assert "evil\\x1b[31mRED\\x1b[0m\\x0d[bold]x.jpg" in flat, both[-2000:]
+    assert "out\\x1b[32mGREEN" in flat, both[-2000:]
+
+
+def test_printable_escapes_controls_and_markup():
+    from autotune.cli.tables import printable
+
+    assert printable("a\x1b[31mb\x07\u202ec\td") == "a\\x1b[31mb\\x07\\u202ec\\x09d"
+    assert printable("[red]x", markup=True) == "\\[red]x" and printable("[red]x") == "[red]x"
+    assert printable("Ünïcode/train 2024") == "Ünïcode/train 2024"

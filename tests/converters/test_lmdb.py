@@ -199,3 +199,56 @@ def test_out_of_range_index_raises_index_error(lmdb_dst):
     assert len(src) == 96 and len(src.classes) == 4
     assert list(src.files()) == [lmdb_dst / "data.mdb", lmdb_dst / "data.idx"]
     assert "data.mdb key 0000000002 (" in src.describe(2)
+
+
+def test_a_damaged_page_read_through_the_map_names_the_environment_and_key(lmdb_dst, tmp_path):
+    """B-tree pages whose type is garbled: LMDB's get() raises CorruptedError, which named
+    no file; now the reader's error names data.mdb and the key."""
+    import lmdb
+
+    bad = tmp_path / "bad"
+    shutil.copytree(lmdb_dst, bad)
+    with lmdb.open(str(bad), readonly=True, lock=False) as env:
+        psize = env.stat()["psize"]
+    data = bytearray((bad / "data.mdb").read_bytes())
+    hit = 0
+    for off in range(2 * psize, len(data), psize):  # pages 0 and 1 are the meta pages
+        flags = int.from_bytes(data[off + 10:off + 12], "little")
+        if flags & 0x03 and not flags & 0x0C:  # a branch or leaf page (not overflow, meta)
+            data[off + 10:off + 12] = (0x10).to_bytes(2, "little")
+            hit += 1
+    assert hit
+    (bad / "data.mdb").write_bytes(bytes(data))
+    for io in ("mmap", "mmap-noreadahead"):
+        src = LmdbSource(bad, io=io)
+        with pytest.raises(SampleError, match=r"bad/data\.mdb: key 0000000005: LMDB cannot read "
+                                              r"it \(CorruptedError"):
+            src.read(5)
+        with pytest.raises(SampleError, match=r"bad/data\.mdb: key 0000000000: .*CorruptedError"):
+            next(src.records())
+        src.close()
+
+
+@pytest.mark.parametrize("io", ["pread", "mmap"])
+def test_a_label_outside_the_classes_is_refused_as_wds_does(lmdb_dst, tmp_path, io):
+    """A value whose label is 10^9 with 4 classes was returned as is."""
+    import struct
+
+    import numpy as np
+
+    from converters.lmdb.layout import index_dtype
+
+    bad = tmp_path / "bad"
+    shutil.copytree(lmdb_dst, bad)
+    idx = np.frombuffer((bad / "data.idx").read_bytes(), dtype=index_dtype())
+    with open(bad / "data.mdb", "r+b") as f:  # the value's u32 label, after its version byte
+        f.seek(int(idx["offset"][7]) + 1)
+        f.write(struct.pack("<I", 10 ** 9))
+    src = LmdbSource(bad, io=io)
+    assert src.read(6)[1] < 4
+    says = r"bad/data\.mdb: key 0000000007: label 1000000000 outside 0\.\.3"
+    with pytest.raises(SampleError, match=says):
+        src.read(7)
+    with pytest.raises(SampleError, match=says):
+        list(src.records())
+    src.close()

@@ -257,3 +257,157 @@ def test_a_damaged_header_is_named(tmp_path):
     p.write_bytes(bytes(data))
     with pytest.raises(ShardFormatError, match=r"after 1 members \(bad header checksum\)"):
         list(iter_members(p))
+
+
+# -- bounded memory: sizes a shard claims, sparse members, counts and KEY.json ---------
+
+def _hdr(name: str, size: int | bytes, typeflag: bytes = b"0", gnu: bytes = b"") -> bytes:
+    """A tar header built by hand: ustar (or GNU with `gnu`, the bytes from offset 345:
+    GNU's sparse map, isextended and realsize), `size` as 11 octal digits or raw bytes."""
+    sz = size if isinstance(size, bytes) else b"%011o\0" % size
+    h = bytearray(512)
+    h[0:len(name)] = name.encode()
+    h[100:124] = b"0000444\0" + b"0000000\0" * 2
+    h[124:136] = sz.ljust(12, b"\0")
+    h[136:148] = b"00000000000\0"
+    h[156:157] = typeflag
+    h[257:265] = b"ustar  \0" if gnu else b"ustar\x0000"
+    h[345:345 + len(gnu)] = gnu
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def _member(name: str, data: bytes) -> bytes:
+    return _hdr(name, len(data)) + data + bytes(-len(data) % 512)
+
+
+def _pax(records: dict[str, str]) -> bytes:
+    """A PAX extended header member ('x') holding `records`."""
+    body = b""
+    for k, v in records.items():
+        rec = f" {k}={v}\n".encode()
+        n = len(rec) + 1
+        n = len(rec) + len(str(n + len(str(n)) - 1))
+        body += str(n).encode() + rec
+    return _hdr("PaxHeaders/0", len(body), b"x") + body + bytes(-len(body) % 512)
+
+
+def _shard_dataset(root: Path, body: bytes, samples: int = 1) -> Path:
+    """A one-shard wds dataset whose shard is `body` (+ the end blocks), as given."""
+    root.mkdir(parents=True)
+    (root / "shard-000000.tar").write_bytes(body + bytes(1024))
+    (root / "manifest.json").write_text(json.dumps({
+        "version": 1, "format": "wds", "num_samples": samples, "num_classes": 2,
+        "classes": ["a", "b"],
+        "shards": [{"file": "shard-000000.tar", "samples": samples, "bytes": 0, "sha256": ""}],
+        "skipped": [], "source": {}, "options": {}}))
+    return root
+
+
+# 200 MiB (under the limit: the file is too short) and 64 GiB (octal 777777777777, over it)
+_CLAIMS = [(200 << 20, r"claims 209,715,200 bytes, but the shard holds [\d,]+ more"),
+           (8 ** 12 - 1, r"is 68,719,476,735 bytes, over the per-member limit of "
+                         r"268,435,456 \(max_member_bytes\)")]
+
+# The child's own peak: VmHWM of its address space. (ru_maxrss would not do: Linux carries
+# it over exec from the forked copy of this pytest process, already larger than 200 MiB.)
+_PEAK = r"""
+import json, sys
+from converters.wds.tarfmt import iter_members
+def hwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+before = hwm()
+try:
+    list(iter_members(sys.argv[1]))
+    said = "no error"
+except BaseException as e:
+    said = f"{type(e).__name__}: {e}"
+print(json.dumps({"grew_kib": hwm() - before, "said": said}))
+"""
+
+
+@pytest.mark.parametrize("size, says", _CLAIMS)
+def test_a_tiny_shard_claiming_a_huge_member_stays_in_bounded_memory(tmp_path, size, says):
+    """Peak RSS of a reader in its own process: +50 MiB at most for a 2 KiB shard whose
+    header claims 200 MiB or 64 GiB (it was +201 MiB, and a MemoryError)."""
+    import os
+    import sys
+
+    p = tmp_path / "shard-000000.tar"
+    p.write_bytes(_member("0000000000.cls", b"0") + _hdr("0000000000.jpg", size))
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", _PEAK, str(p)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(root)}).stdout
+    r = json.loads(out)
+    assert re.search(r"ShardFormatError: shard-000000\.tar: .*member '0000000000\.jpg' " + says,
+                     r["said"]), r
+    assert r["grew_kib"] < 50 << 10, r
+
+
+@pytest.mark.parametrize("size, says", _CLAIMS)
+def test_a_huge_claim_after_a_pax_header_is_refused_the_same(tmp_path, size, says):
+    """The same claims through the tarfile path (a PAX header first), and the reader's
+    error naming the shard; a smaller max_member_bytes is obeyed."""
+    body = _member("0000000000.cls", b"0") + _pax({"comment": "x"}) + _hdr("0000000000.jpg", size)
+    root = _shard_dataset(tmp_path / "ds", body)
+    with pytest.raises(SampleError, match=r"ds/shard-000000\.tar: .*member '0000000000\.jpg' "
+                                          + says):
+        list(WdsSource(root).records())
+    ok = _member("0000000000.cls", b"0") + _member("0000000000.jpg", b"y" * 5000)
+    small = _shard_dataset(tmp_path / "small", ok)
+    assert [d for d, _, _ in WdsSource(small).records()] == [b"y" * 5000]
+    with pytest.raises(SampleError, match=r"member '0000000000\.jpg' is 5,000 bytes, over the "
+                                          r"per-member limit of 4,096 \(max_member_bytes\)"):
+        list(WdsSource(small, max_member_bytes=4096).dataset(None))
+    from converters.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"max_member_bytes must be a positive number"):
+        WdsSource(small, max_member_bytes=0)
+
+
+def _gnu_sparse(name: str, realsize: int) -> bytes:
+    """An old-GNU sparse member ('S'): one 512-byte chunk at the end of `realsize`."""
+    sp = b"%011o\0" % (realsize - 512) + b"%011o\0" % 512  # (offset, numbytes)
+    gnu = bytes(386 - 345) + sp + bytes(482 - 386 - len(sp)) + b"\0" + b"%011o\0" % realsize
+    return _hdr(name, 512, b"S", gnu=gnu) + b"z" * 512
+
+
+@pytest.mark.parametrize("sparse", [
+    _gnu_sparse("0000000000.jpg", 200_000_000),
+    _pax({"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+          "GNU.sparse.name": "0000000000.jpg", "GNU.sparse.realsize": "200000000"})
+    + _hdr("GNUSparseFile.0/0000000000.jpg", 1024) + b"1\n199999488\n512\n".ljust(512, b"\0")
+    + b"z" * 512,
+    _pax({"GNU.sparse.map": "199999488,512", "GNU.sparse.size": "200000000",
+          "path": "0000000000.jpg"}) + _hdr("0000000000.jpg", 512) + b"z" * 512,
+], ids=["gnu-S", "pax-1.0", "pax-0.1"])
+def test_sparse_members_are_refused_naming_them(tmp_path, sparse):
+    """A 3 KiB shard with a sparse member was read as a 200 MB sample of zeros."""
+    root = _shard_dataset(tmp_path / "ds", _member("0000000000.cls", b"0") + sparse)
+    for it in (lambda s: list(s.records()), lambda s: list(s.dataset(None))):
+        with pytest.raises(SampleError, match=r"ds/shard-000000\.tar: member '0000000000\.jpg' "
+                                              r"is a sparse file"):
+            it(WdsSource(root))
+
+
+def test_a_shard_with_more_samples_than_its_manifest_names_both_counts(tmp_path):
+    body = b"".join(_member(f"{k:010d}.cls", b"1") + _member(f"{k:010d}.jpg", b"x")
+                    for k in range(6))
+    root = _shard_dataset(tmp_path / "ds", body, samples=3)
+    for it in (lambda s: list(s.records()), lambda s: list(s.dataset(None, shuffle=False))):
+        with pytest.raises(SampleError, match=r"ds/shard-000000\.tar: holds 6 samples but "
+                                              r"manifest\.json lists 3"):
+            it(WdsSource(root))
+
+
+def test_a_deeply_nested_key_json_only_loses_the_path(tmp_path):
+    """KEY.json is informational: unparseable, however deep (a RecursionError before),
+    it gives path '?' as any other unparseable KEY.json, and the sample is read."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    body = (_member("0000000000.cls", b"1") + _member("0000000000.jpg", b"x")
+            + _member("0000000000.json", deep))
+    root = _shard_dataset(tmp_path / "ds", body)
+    assert list(WdsSource(root).records()) == [(b"x", 1, "?")]
+    assert list(WdsSource(root).dataset(None)) == [(b"x", 1)]

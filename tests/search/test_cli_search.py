@@ -35,6 +35,41 @@ def test_bad_input_is_one_line_with_exit_2(tmp_path):
     assert r.returncode == 2 and "--stage-dir" in r.stderr
 
 
+def test_a_step_that_exits_at_import_stops_the_search_with_exit_2(small_dataset, tmp_path):
+    mod = tmp_path / "exitstep.py"
+    mod.write_text("import sys\nsys.exit(3)\ndef step(batch):\n    return None\n")
+    r = run("search", str(small_dataset), "--step", f"{mod}:step", "--no-probe", "--warm",
+            "--batch-size", "4", "--seconds", "1", "--trials", "3", "--confirm", "0",
+            "--out", str(tmp_path / "out"),
+            env={**os.environ, "PYTHONPATH": str(TESTS.parents[1])})
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{mod} called sys.exit(3) while it was imported" in lines[0]
+    assert not (tmp_path / "out" / "search.json").exists()
+
+
+def test_a_window_too_short_for_a_long_step_is_refused_up_front(small_dataset, tmp_path):
+    # A heavy model's step, 3 s per batch of 64: a 10 s window holds 4 batches. Before,
+    # every trial and the baseline failed ("only 4 batches were measured"), exit 1; now the
+    # search says what window it needs before it measures anything.
+    r = run("search", str(small_dataset), "--compute-ms", "3000", "--batch-size", "64",
+            "--seconds", "10", "--warm", "--no-probe", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and "--seconds 10 is too short for a 3000 ms step" in line
+    assert re.search(r"give --seconds (\d+) or more, or leave --seconds out", line), line
+    assert not (tmp_path / "out" / "search.json").exists()
+    # --confirm-seconds the same way, against the space's most demanding configuration
+    # (here every one needs 5 warm-up + 10 measured batches: 45 s), before any trial.
+    r = run("search", str(small_dataset), "--compute-ms", "3000", "--batch-size", "64",
+            "--confirm-seconds", "40", "--warm", "--no-probe", "--out", str(tmp_path / "out"),
+            "--space", str(TESTS / "space-tiny.yaml"))
+    assert r.returncode == 2, r.stderr
+    assert "--confirm-seconds 40 is too short" in r.stderr, r.stderr
+    assert "give --confirm-seconds 45 or more" in r.stderr, r.stderr
+    assert not list((tmp_path / "out").glob("timelines/*.jsonl"))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="cold needs root here (drop_caches)")
 def test_a_dataset_too_small_for_a_cold_window_is_refused_up_front(small_dataset, tmp_path):
     # 64 images in batches of 16: 4 batches per cold pass, a measurement needs 15. Before,

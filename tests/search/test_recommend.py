@@ -98,9 +98,24 @@ def _s(v):
     return {"median": v, "p95": v, "max": v, "mean": v, "n": 10}
 
 
-def _figs(*, total, busiest, others, tree, util=5.0, rps=50.0, disk=True):
+def _budget(workers: int, **shares: float) -> dict:
+    """A time budget of a 10 s window: `workers` processes each spending `shares` of it in
+    each state, the main process mostly asleep."""
+    from autotune.monitor.timebudget import STATES, ClassBudget, TimeBudget
+
+    def klass(n, sh):
+        secs = {k: sh.get(k, 0.0) * n * 10.0 for k in STATES}
+        secs["asleep"] = max(0.0, 1.0 - sum(sh.values())) * n * 10.0
+        return ClassBudget(processes=n, threads=n, process_seconds=n * 10.0, seconds=secs)
+
+    return TimeBudget(wall_s=10.0, classes={"workers": klass(workers, shares),
+                                            "main": klass(1, {"on_cpu": 0.1})},
+                      io_source="state-sampling", samples=500, hz=50.0).to_dict()
+
+
+def _figs(*, total, busiest, others, tree, util=5.0, rps=50.0, disk=True, budget=None):
     """What the monitor saw in a trial's window (SystemFigures.to_dict())."""
-    d = {"source": "bench monitor", "joined_by": "measured window", "samples": 20,
+    d = {"budget": budget, "source": "bench monitor", "joined_by": "measured window", "samples": 20,
          "samples_total": 20, "cores": 2, "cpu_total_pct": _s(total),
          "cpu_iowait_pct": _s(0.0), "busiest_core_pct": _s(busiest),
          "other_cores_pct": _s(others), "proc_cpu_pct": _s(tree), "unavailable": {}}
@@ -119,14 +134,21 @@ def _with(r, **figs):
 def test_verdicts_come_from_the_window_of_the_recommendation():
     healthy = _with(rec(0, 4, 2, 420.0, au=0.95), total=60, busiest=70, others=50, tree=120)
     assert decide(healthy, healthy, _ceil(5000, 700, 440)).bottleneck == "compute"
-    # Loaders idle, the disk busy: storage, from the monitor, not from a ceiling.
+    # Loaders blocked on reads: storage, from the monitor's budget, not from a ceiling.
     slow_disk = _with(rec(0, 8, 2, 190.0, au=0.4), total=20, busiest=25, others=15, tree=40,
-                      util=99, rps=300)
+                      util=99, rps=300, budget=_budget(8, io=0.8, on_cpu=0.05))
     v = decide(slow_disk, slow_disk, _ceil(None, 700, 440), worker_bound=8)
-    assert v.bottleneck == "storage" and "disk %util 99" in v.summary and v.advice
-    cpu = _with(rec(0, 2, 2, 650.0, au=0.5), total=97, busiest=98, others=96, tree=190)
+    assert v.bottleneck == "storage" and "blocked on storage 80%" in v.summary and v.advice
+    assert any("%util 99" in e for e in v.evidence)
+    # Without the budget the same window is unknown, and says what is missing.
+    slow_disk.system_figures["budget"] = None
+    v = decide(slow_disk, slow_disk, _ceil(None, 700, 440), worker_bound=8)
+    assert v.bottleneck == "unknown" and "time budget is missing" in v.summary
+    cpu = _with(rec(0, 2, 2, 650.0, au=0.5), total=97, busiest=98, others=96, tree=190,
+                budget=_budget(2, on_cpu=0.9, runnable=0.05))
     assert decide(cpu, cpu, _ceil(5000, 700, 1000)).bottleneck == "decode"
-    one = _with(rec(0, 1, 1, 150.0, au=0.3), total=50, busiest=97, others=5, tree=95)
+    one = _with(rec(0, 1, 1, 150.0, au=0.3), total=50, busiest=97, others=5, tree=95,
+                budget=_budget(1, on_cpu=0.9))
     v = decide(one, one, _ceil(5000, 700, 1000))
     assert v.bottleneck == "loader" and "too few workers" in v.summary
     # Evidence carries the figures behind the verdict, the ceilings included.
@@ -141,7 +163,8 @@ def test_a_trial_above_a_ceiling_never_makes_the_verdict_circular():
     c.revise(0, 300.0)
     assert c.valid("storage") is None and c.to_dict()["storage"] is None
     assert c.lower_bounds["storage"]["measured"] == 60 and c.lower_bounds["storage"]["at_least"] == 300
-    best = _with(rec(0, 2, 2, 300.0, au=0.6), total=96, busiest=97, others=95, tree=190)
+    best = _with(rec(0, 2, 2, 300.0, au=0.6), total=96, busiest=97, others=95, tree=190,
+                 budget=_budget(2, on_cpu=0.9, runnable=0.05))
     v = decide(best, best, c)
     assert v.bottleneck == "decode"                          # the CPUs say so
     assert not any("of the storage ceiling" in e for e in v.evidence)

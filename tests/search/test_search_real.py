@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,10 @@ def test_json_keys_report_and_resume(small_dataset, tmp_path):
     ev = " | ".join(d["verdict"]["evidence"])
     assert "CPU: machine" in ev and "system figures:" in ev and "monitor samples" in ev, ev
     assert d["baseline"]["config"]["num_workers"] == min(8, os.cpu_count())
+    # Each measured trial's window carries its time budget (autotune.monitor.tasks).
+    done = [t for t in d["trials"] if t["state"] == "complete"]
+    assert done and all((t["system_figures"] or {}).get("budget", {}).get("samples")
+                        for t in done)
     html = Path(r1.report_html).read_text()
     assert html.count("<svg") >= 3 and "Optimization history" in html
     measured1 = [t for t in r1.trials if t.state != "duplicate"]
@@ -98,6 +103,20 @@ def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_dataset, tmp_
     assert r.recommended.au >= 0.9
 
 
+def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path):
+    # 1.2 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
+    # batches, fewer than the 10 a figure needs, so every measurement failed. Without
+    # --seconds each window now holds the warm-up and 10 batches at the demand rate:
+    # (1 + 10) x 1.2 s, 14 s in whole seconds.
+    r = run_search(small_dataset, opts(tmp_path, trials=1, compute_ms=1200, seconds=None,
+                                       cold=False, probe=False))
+    measured = [t for t in r.trials if t.state != "duplicate"] + [r.baseline]
+    assert all(t.ok for t in measured), [(t.params, t.reason) for t in measured]
+    for t in measured:
+        assert t.batches >= 10 and t.measured_s >= 14, t.to_dict()
+    assert r.verdict.bottleneck == "compute", r.verdict.to_dict()
+
+
 @pytest.mark.root
 def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
     from autotune.emulate import IoThrottle
@@ -141,7 +160,6 @@ def test_a_clearly_slower_trial_is_pruned_early(small_dataset, tmp_path):
     kw = dict(compute_ms=50, seconds=5, cold=False, baseline=False, probe=False, prune_below=0.9)
     first = run_search(small_dataset, opts(tmp_path, trials=1, space=str(w2), **kw))
     assert [t.state for t in first.trials] == ["complete"]
-    full_s = first.trials[0].seconds
 
     # The same study, now with num_workers 0 in the space: the one new trial runs far
     # below the best, is stopped once 40 % of its window is measured, and TPE is told.
@@ -149,7 +167,9 @@ def test_a_clearly_slower_trial_is_pruned_early(small_dataset, tmp_path):
     new = [t for t in r.trials if t.state not in ("duplicate",) and t.params["num_workers"] == 0]
     assert len(new) == 1 and new[0].state == "pruned", [t.to_dict() for t in r.trials]
     assert new[0].reason.startswith("pruned after") and "under 90% of the best" in new[0].reason
-    assert new[0].images_per_s is None and new[0].seconds < full_s
+    # Stopped inside its window (the pruner's own tick count), whatever start-up cost.
+    m = re.match(r"pruned after (\d+) s of the ([\d.]+) s window", new[0].reason)
+    assert new[0].images_per_s is None and m and int(m.group(1)) < float(m.group(2)), new[0].reason
     assert r.recommended.params["num_workers"] == 2 and r.best.state == "complete"
     study = optuna.load_study(study_name=r.study, storage=r.storage)
     states = {t.number: t.state.name for t in study.trials}

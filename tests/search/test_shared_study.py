@@ -90,9 +90,10 @@ def space(tmp_path_factory) -> str:
 
 
 def _search(host: str, ds: Path, out: Path, storage: str, space: str, study: str, trials: int,
-            env: dict[str, str] | None = None, grace: str = GRACE) -> subprocess.Popen:
+            env: dict[str, str] | None = None, grace: str = GRACE,
+            quiet: bool = True) -> subprocess.Popen:
     """`autotune search` as host `host`: its own UTS namespace and hostname."""
-    cmd = [sys.executable, "-m", "autotune", "-q", "search", str(ds), "--preset", "decode-only",
+    cmd = [sys.executable, "-m", "autotune", *(["-q"] if quiet else []), "search", str(ds), "--preset", "decode-only",
            "--batch-size", "8", "--compute-ms", "5", "--seconds", "1", "--space", space,
            "--no-probe", "--warm", "--confirm", "0", "--out", str(out), "--study", study,
            "--storage", storage, "--trials", str(trials), "--heartbeat-grace", grace,
@@ -237,3 +238,69 @@ def test_journal_storage_on_a_shared_path(small_dataset, tmp_path, space):
     d = json.loads(out)
     assert d["storage"] == f"journal:{journal}" and journal.is_file()
     assert [t["host"]["hostname"] for t in d["trials"] if t["state"] == "complete"] == ["host-j"]
+
+
+QUERY_PW = "s3cret-in-query-77"
+AT_PW = "p@ss-tail-with-at-88"
+
+
+def _leaks(secret: str, r_out: str, r_err: str, out: Path) -> list[str]:
+    """Where `secret` (or its tail after an '@') occurs: the streams and every output file."""
+    needles = {secret, *(p for p in secret.split("@")[1:] if len(p) >= 3)}
+    where = [name for name, text in (("stdout", r_out), ("stderr", r_err))
+             if any(n in text for n in needles)]
+    for f in (out.rglob("*") if out.exists() else []):
+        if f.is_file() and any(n.encode() in f.read_bytes() for n in needles):
+            where.append(str(f))
+    return where
+
+
+def test_redaction_hides_every_form_of_a_password():
+    from autotune.search.shared import redact, scrub
+
+    cases = {
+        f"postgresql://u@h:5/db?connect_timeout=1&password={QUERY_PW}": QUERY_PW,
+        f"postgresql://u@h/db?sslpassword={QUERY_PW}&application_name=a@b": QUERY_PW,
+        f"postgresql://u@h/db?pass%77ord={QUERY_PW}": QUERY_PW,
+        f"postgresql://u:{AT_PW}@h:5/db": AT_PW,
+        "postgresql://u:s%33cret-pct@h/db": "s3cret-pct",
+        "mysql://u@h/db?passwd=my-pw-99": "my-pw-99",
+    }
+    for url, pw in cases.items():
+        shown = redact(url)
+        assert "***" in shown and pw not in shown and url.split("?")[0].split("@")[-1] not in \
+            pw, (url, shown)
+        assert not any(t in shown for t in pw.split("@")[1:]), (url, shown)
+        assert scrub(f"driver said: bad password {pw} for {url}", url).count(pw) == 0
+    assert redact(f"postgresql://u:{AT_PW}@h:5/db") == "postgresql://u:***@h:5/db"
+    assert redact("postgresql://u@h/db?application_name=a@b") == \
+        "postgresql://u@h/db?application_name=a@b"
+    assert redact("journal:/shared/x.log") == "journal:/shared/x.log"
+
+
+def test_a_failing_shared_search_writes_and_prints_no_password(small_dataset, tmp_path, space):
+    port = _free_port()  # nobody listens there
+    out = tmp_path / "out"
+    for url, pw in ((f"postgresql://{USER}@127.0.0.1:{port}/{DB}?connect_timeout=1"
+                     f"&password={QUERY_PW}", QUERY_PW),
+                    (f"postgresql://{USER}:{AT_PW}@127.0.0.1:{port}/{DB}", AT_PW)):
+        r = subprocess.run([sys.executable, "-m", "autotune", "search", str(small_dataset),
+                            "--storage", url, "--study", "x", "--out", str(out), "--no-probe",
+                            "--space", space], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert r.returncode == 1, r.stderr
+        assert "***" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert _leaks(pw, r.stdout, r.stderr, out) == [], r.stderr
+
+
+def test_a_succeeding_shared_search_writes_and_prints_no_password(pg, small_dataset, tmp_path,
+                                                                  space):
+    out = tmp_path / "out"
+    url = f"{pg['url_nopw']}?connect_timeout=5&password={PASSWORD}"
+    p = _search("host-pw", small_dataset, out, url, space, "pw", 1, quiet=False)  # all it says
+    o, e = p.communicate(timeout=300)
+    assert p.returncode == 0, e[-3000:]
+    d = json.loads(o)
+    assert d["storage"] == f"{pg['url_nopw']}?connect_timeout=5&password=***"
+    assert (out / "search.json").is_file() and (out / "report.html").is_file()
+    assert _leaks(PASSWORD, o, e, out) == [], e[-3000:]

@@ -43,7 +43,7 @@ class OwnParser(LogParser):
     def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
         try:
             obj, _ = _DECODER.raw_decode(piece)
-        except ValueError:
+        except (ValueError, RecursionError):   # nested deeper than Python's stack: bad line
             raise Skip(TRUNCATED) from None
         if not isinstance(obj, dict):
             raise Skip(TRUNCATED)

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.analyze.analysis import Analysis
+from autotune.cli.tables import budget_texts, printable
 
 _STYLE = {"compute": "bold green", "storage": "bold red", "decode": "bold red",
           "loader": "bold yellow", "unknown": "bold magenta"}
@@ -29,21 +30,21 @@ def verdict_lines(a: Analysis) -> list[Text]:
     """The verdict block: summary, evidence, next command, advice."""
     v = a.verdict
     out = [Text.assemble(("Verdict: ", "bold"), (v.bottleneck, _STYLE.get(v.bottleneck, "bold")),
-                         f" - {v.summary}")]
-    out += [Text(f"  · {e}") for e in v.evidence]
-    out.append(Text.assemble(("  next: ", "bold"), (v.next_command, "cyan")))
-    out += [Text(f"  → {x}", style="dim") for x in v.advice]
+                         f" - {printable(v.summary)}")]
+    out += [Text(f"  · {printable(e)}") for e in v.evidence]
+    out.append(Text.assemble(("  next: ", "bold"), (printable(v.next_command), "cyan")))
+    out += [Text(f"  → {printable(x)}", style="dim") for x in v.advice]
     return out
 
 
 def analysis_renderable(a: Analysis) -> Group:
     parts: list[Any] = []
     ln = a.lines
-    head = Text.assemble(("Analysis ", "bold"), a.log, f"  (format {a.format}; "
+    head = Text.assemble(("Analysis ", "bold"), printable(a.log), f"  (format {a.format}; "
                          f"{ln['parsed']:,} of {ln['total']:,} lines parsed)")
     parts.append(head)
     if ln["skipped_by_reason"]:
-        parts.append(Text("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in
+        parts.append(Text("  skipped: " + ", ".join(f"{printable(k)} {v:,}" for k, v in
                                                     ln["skipped_by_reason"].items()), style="dim"))
     if a.share_from and a.share_from.get("figures"):
         parts.append(Text(f"  share from {a.share_from['figures']}", style="dim"))
@@ -66,14 +67,15 @@ def analysis_renderable(a: Analysis) -> Group:
     t.add_row("batch size", f"{a.batch_size if a.batch_size else '-'} ({a.batch_size_source})")
     parts.append(t)
     parts.append(Text("trend", style="bold"))
-    parts += [Text(f"  · {f}") for f in a.trend.get("findings", [])]
+    parts += [Text(f"  · {printable(f)}") for f in a.trend.get("findings", [])]
     s = a.system
     if s is not None:
         parts.append(Text(f"system ({s.samples} of {s.samples_total} monitor samples, joined by "
                           f"{s.joined_by})", style="bold"))
         for sec, why in s.unavailable.items():
             parts.append(Text(f"  {sec}: not measured ({why})", style="dim"))
+        parts += budget_texts(s.budget)
     parts += verdict_lines(a)
     for w in a.warnings:
-        parts.append(Text(f"warning: {w}", style="yellow"))
+        parts.append(Text(f"warning: {printable(w)}", style="yellow"))
     return Group(*parts)

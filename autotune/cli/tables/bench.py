@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import _ms, _pct, _stat
+from autotune.cli.tables import _ms, _pct, _stat, budget_texts, printable
 from converters.units import fmt_rate
 
 
@@ -17,7 +17,7 @@ def bench_renderable(r: Any) -> Group:
     parts: list[Any] = []
     c, ds = r.config, r.dataset
     images = ds.get("images")
-    head = Text.assemble(("Bench ", "bold"), f"{ds.get('path')}",
+    head = Text.assemble(("Bench ", "bold"), printable(ds.get('path')),
                          f" ({images:,} images, {ds.get('format')})" if images else "",
                          "  ", (r.label, "bold cyan" if r.cold else "bold yellow"))
     parts.append(head)
@@ -33,17 +33,19 @@ def bench_renderable(r: Any) -> Group:
         from autotune.data.transforms import TransformSpec
         parts.append(Text(f"  transform: {TransformSpec.from_dict(tr).describe()}", style="dim"))
     if r.failed:
-        parts.append(Text.assemble(("FAILED", "bold red"), f" ({r.failure_kind}): {r.reason}"))
-        parts.append(Text(f"  → {r.hint}", style="bold"))
+        parts.append(Text.assemble(("FAILED", "bold red"),
+                                   f" ({r.failure_kind}): {printable(r.reason)}"))
+        parts.append(Text(f"  → {printable(r.hint)}", style="bold"))
     else:
         parts.append(_measured(r))
     s = r.system or {}
     if s.get("samples"):
         parts.append(_system(s))
+    parts += budget_texts((s.get("figures") or {}).get("budget"))
     for wmsg in r.warnings:
-        parts.append(Text(f"warning: {wmsg}", style="yellow"))
+        parts.append(Text(f"warning: {printable(wmsg)}", style="yellow"))
     if r.timeline_file:
-        parts.append(Text(f"timeline: {r.timeline_file}", style="dim"))
+        parts.append(Text(f"timeline: {printable(r.timeline_file)}", style="dim"))
     return Group(*parts)
 
 

@@ -8,13 +8,15 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from autotune.cli.tables import printable
 from converters import registry
 from converters.units import fmt_bytes
 
 
 def convert_summary(res: Any) -> Group:
     """From a ConvertResult: counts, sizes, rate, skipped files."""
-    t = Table(title=f"autotune convert: {res.dst} ({res.format})", title_justify="left",
+    t = Table(title=f"autotune convert: {printable(res.dst, markup=True)} ({res.format})",
+              title_justify="left",
               show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
@@ -33,7 +35,7 @@ def convert_summary(res: Any) -> Group:
               f"{res.samples:,} in {res.classes:,} classes")
     t.add_row("skipped", f"{len(res.skipped):,}")
     for kind, n in sorted(res.skipped_by_kind.items(), key=lambda kv: -kv[1]):
-        t.add_row(f"  {kind}", f"{n:,}")
+        t.add_row(f"  {printable(kind, markup=True)}", f"{n:,}")
     if res.ignored:
         t.add_row("ignored (no image extension)", f"{res.ignored:,}")
     t.add_row(unit, f"{res.shards:,}, {fmt_bytes(res.output_bytes)}")
@@ -48,11 +50,13 @@ def convert_summary(res: Any) -> Group:
         t.add_row("rate", f"{res.images_per_s:,.0f} images/s, {res.mb_per_s:,.1f} MB/s read")
     parts: list[Any] = [t]
     for w in res.warnings:
-        parts.append(Text(f"warning: {w}", style="yellow"))
-    shown = res.skipped[:10]
-    for s in shown:
-        parts.append(Text(f"skipped: {s['path']}: {s['reason']}", style="dim"))
-    if len(res.skipped) > len(shown):
-        parts.append(Text(f"... and {len(res.skipped) - len(shown)} more in {res.manifest}",
+        parts.append(Text(f"warning: {printable(w)}", style="yellow"))
+    first = res.skipped[:10]
+    for s in first:
+        parts.append(Text(f"skipped: {printable(s['path'])}: {printable(s['reason'])}",
+                          style="dim"))
+    if len(res.skipped) > len(first):
+        parts.append(Text(f"... and {len(res.skipped) - len(first)} more in "
+                          f"{printable(res.manifest)}",
                           style="dim"))
     return Group(*parts)

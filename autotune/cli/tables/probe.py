@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import _ms
+from autotune.cli.tables import _ms, printable
 from converters.units import fmt_bytes, fmt_rate
 
 
@@ -16,12 +16,12 @@ def probe_renderable(r: Any) -> Group:
     """Tables for a ProbeResult: filesystem, fio, replay, verdict."""
     parts: list[Any] = []
     fs = r.filesystem
-    head = Text.assemble(("Storage ", "bold"), f"{r.path}: ", (fs.klass, "bold cyan"),
+    head = Text.assemble(("Storage ", "bold"), f"{printable(r.path)}: ", (fs.klass, "bold cyan"),
                          f"  ({fs.type or '?'} on {fs.device or fs.source or '?'}"
                          + (f", behaves like {fs.behaves_like}" if fs.behaves_like else "") + ")")
     parts.append(head)
     for e in fs.evidence:
-        parts.append(Text(f"  · {e}", style="dim"))
+        parts.append(Text(f"  · {printable(e)}", style="dim"))
     if r.fio is not None:
         t = Table(title=f"fio ({'direct' if r.fio.direct else 'BUFFERED'}, {r.fio.ioengine}, "
                         f"{fmt_bytes(r.fio.file_bytes)} scratch file, {r.fio.runtime_s:g} s/job)",

@@ -10,6 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from autotune.cli.tables import budget_texts, printable
 from autotune.params import cells, shown
 from converters.units import fmt_rate
 
@@ -30,9 +31,9 @@ def search_renderable(d: dict[str, Any]) -> Group:
         t.add_row(k + mark, fmt_rate(c.get(k)) if c.get(k) else "unbounded" if k == "demand" else "-")
     parts.append(t)
     for e in c.get("evidence", []):
-        parts.append(Text(f"  · {e}", style="dim"))
+        parts.append(Text(f"  · {printable(e)}", style="dim"))
     cols = shown([t["params"] for t in d["trials"]])
-    tt = Table(title=f"Trials ({d['study']})", title_justify="left")
+    tt = Table(title=f"Trials ({printable(d['study'], markup=True)})", title_justify="left")
     for col in ("#", *(c.column for c in cols), "state", "images/s", "AU", "wait", "RSS MiB",
                 "reason"):
         tt.add_column(col, justify="left" if col in ("state", "reason") else "right")
@@ -42,7 +43,8 @@ def search_renderable(d: dict[str, Any]) -> Group:
         tt.add_row(f"{tr['number']}{mark}", *cells(tr["params"], cols),
                    tr["state"] + (f" of {tr['duplicate_of']}" if tr.get("duplicate_of") is not None else ""),
                    fmt_rate(tr["images_per_s"]), _f(tr["au"]), _f(tr["data_wait_fraction"]),
-                   _f(tr["peak_rss_mib"], ",.0f"), (tr.get("reason") or "")[:60])
+                   _f(tr["peak_rss_mib"], ",.0f"),
+                   printable((tr.get("reason") or "")[:60], markup=True))
     b = d.get("baseline")
     if b:
         tt.add_row("base" + (" *" if rec_n == -1 else ""), *cells(b["config"], cols),
@@ -61,16 +63,20 @@ def search_renderable(d: dict[str, Any]) -> Group:
             ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
                        *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), ".1f"),
                        fmt_rate(c["images_per_s"]) if c["state"] == "complete"
-                       else f"{c['state']}: {(c.get('reason') or '')[:40]}", _f(c.get("au")))
+                       else f"{c['state']}: "
+                            f"{printable((c.get('reason') or '')[:40], markup=True)}",
+                       _f(c.get("au")))
         parts.append(ct)
     v = d.get("verdict")
     if v:
-        parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"), f" — {v['summary']}"))
+        parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"),
+                                   f" — {printable(v['summary'])}"))
         for e in v["evidence"]:
-            parts.append(Text(f"  · {e}"))
+            parts.append(Text(f"  · {printable(e)}"))
         for a in v["advice"]:
-            parts.append(Text(f"  → {a}", style="bold"))
+            parts.append(Text(f"  → {printable(a)}", style="bold"))
     rec = d.get("recommended")
+    parts += budget_texts(_recommended_budget(d), "time budget of the recommended trial")
     if rec:
         gain = d.get("gain_vs_baseline")
         parts.append(Text.assemble(
@@ -83,11 +89,23 @@ def search_renderable(d: dict[str, Any]) -> Group:
         parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))
         parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
     if d.get("cold") is False and d.get("cold_reason"):
-        parts.append(Text(f"NOT COLD: {d['cold_reason']}", style="bold yellow"))
-    parts.append(Text(f"stopped: {d['stop_reason']}; {d['seconds']:.0f} s; report: {d.get('report_html')}"))
+        parts.append(Text(f"NOT COLD: {printable(d['cold_reason'])}", style="bold yellow"))
+    parts.append(Text(f"stopped: {printable(d['stop_reason'])}; {d['seconds']:.0f} s; report: "
+                      f"{printable(d.get('report_html'))}"))
     for w in d.get("warnings", []):
-        parts.append(Text(f"note: {w}", style="yellow"))
+        parts.append(Text(f"note: {printable(w)}", style="yellow"))
     return Group(*parts)
+
+
+def _recommended_budget(d: dict[str, Any]) -> dict[str, Any] | None:
+    """The recommended trial's time budget (its window's system figures), if measured."""
+    n = (d.get("recommended") or {}).get("trial")
+    if n is None:
+        return None
+    for tr in d.get("trials") or []:
+        if tr.get("number") == n:
+            return (tr.get("system_figures") or {}).get("budget")
+    return None
 
 
 def loop_renderable(loop: Any) -> Group:
