@@ -29,13 +29,12 @@ RULE_MAX_WORKERS = 8    # the rule of thumb: min(8, cores)
 
 
 def _worker_bound() -> int:
-    """Most workers the controller may try: the usable cores (cgroup quota, affinity).
-
-    Will call the verdict engine's `worker_bound(...)` (autotune/verdict/rules.py) once it
-    is merged: ranks per node, and more than the cores while workers are seen blocked on
-    I/O."""
+    """Most workers the controller may try: the verdict engine's worker bound on the
+    usable cores (cgroup quota, affinity), the one `search` and the verdicts use."""
     from autotune.cpus import usable_cores
-    return usable_cores()
+    from autotune.verdict.bounds import worker_bound
+
+    return worker_bound(usable_cores())
 
 
 @dataclass(frozen=True)
