@@ -3,7 +3,8 @@
 Importing this package needs no GPU, no fio and no root: hardware- and tool-specific
 pieces (NVML, fio, FUSE) are imported or executed lazily where they are used, and so is
 `instrument` (from autotune.instrumentation: a module named like the function would
-be shadowed by it as an attribute of the package).
+be shadowed by it as an attribute of the package), and `DataLoader` (autotune.online,
+which imports torch).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 
 __version__ = "0.1.0"
-__all__ = ["AutotuneError", "__version__", "instrument", "loader_kwargs", "tune"]
+__all__ = ["AutotuneError", "DataLoader", "__version__", "instrument", "loader_kwargs", "tune"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +22,10 @@ def __getattr__(name: str) -> Any:
     if name == "instrument":
         from autotune.instrumentation import instrument
         return instrument
+    if name == "DataLoader":
+        # torch is imported only by those who use it.
+        from autotune.online import DataLoader
+        return DataLoader
     if name in ("loader_kwargs", "tune"):
         from autotune import handoff
         return getattr(handoff, name)

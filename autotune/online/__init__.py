@@ -1,0 +1,16 @@
+"""autotune.online: `autotune.DataLoader`, tuned inside the user's own training loop.
+
+loader      the DataLoader (epochs, switching, measuring) and its epoch iterator
+stream      the epoch's index batches, drawn lazily, and each pool's lease of them
+pool        one inner torch DataLoader with one configuration, started idle for a switch
+controller  start point, hill climbing, bounds, settling, tuning again
+ddp         the ranks' decisions at agreed steps over a gloo group
+measure     windows of (step, wait), noise
+memory      PSS, batch bytes, the default budget
+cache       ~/.cache/autotune/online.json
+why         once, why AU stays under 0.90 after tuning (the workers' CPU time)
+"""
+
+from autotune.online.loader import DataLoader
+
+__all__ = ["DataLoader"]

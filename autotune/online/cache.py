@@ -1,0 +1,77 @@
+"""The settings an earlier run settled on, per dataset and machine: ~/.cache/autotune/online.json.
+
+Keyed by the dataset (a `key=` the user passes, else a root path it exposes, else its class),
+its length, the batch size and the machine's usable cores. Written atomically (a temporary
+file in the same directory, then rename), so a killed run never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_ROOT_ATTRS = ("root", "path", "data_dir", "directory", "folder")
+
+
+def cache_file() -> Path:
+    """$AUTOTUNE_CACHE_DIR/online.json, else ~/.cache/autotune/online.json."""
+    base = os.environ.get("AUTOTUNE_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "autotune")
+    return Path(base) / "online.json"
+
+
+def dataset_key(dataset: Any, key: str | None, batch_size: int | None, cores: int) -> str:
+    """The cache key of a dataset on this machine."""
+    if key is None:
+        cls = type(dataset)
+        key = f"{cls.__module__}.{cls.__qualname__}"
+        for attr in _ROOT_ATTRS:
+            val = getattr(dataset, attr, None)
+            if isinstance(val, (str, os.PathLike)):
+                key = os.path.abspath(os.fspath(val))
+                break
+    try:
+        n: Any = len(dataset)
+    except TypeError:
+        n = "?"
+    return f"{key}|len={n}|batch={batch_size}|cores={cores}"
+
+
+def load(key: str, path: Path | None = None) -> dict[str, Any] | None:
+    """The stored settings for `key`, None when there are none or the file is unreadable."""
+    path = path or cache_file()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    entry = data.get(key) if isinstance(data, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def store(key: str, settings: dict[str, Any], path: Path | None = None) -> None:
+    """Record `settings` for `key`, keeping the other entries; atomic."""
+    path = path or cache_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            data = {}
+    except (OSError, ValueError):
+        data = {}
+    data[key] = settings
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".online.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

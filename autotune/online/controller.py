@@ -1,0 +1,310 @@
+"""The in-loop controller: a known-good start, then hill climbing one knob at a time.
+
+As tf.data's autotune does, it changes one knob (num_workers, then prefetch_factor) a step
+at a time and keeps a change only when the wait share of a full window fell beyond the
+noise of the two windows; it is bounded by the worker bound and a memory budget (workers'
+PSS plus the batches in flight, both pools counted during a switch's overlap). It settles
+when AU >= 0.95 or no knob helps, and tunes again only when the wait share stays above the
+settled one for several windows. Every decision is one logging record on "autotune.online".
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from autotune.online import cache
+from autotune.online.config import Config
+from autotune.online.measure import WindowStats, beyond_noise
+from autotune.online.memory import footprint
+
+log = logging.getLogger("autotune.online")
+
+SETTLE_AU = 0.95
+RETUNE_WINDOWS = 3      # windows in a row above the settled wait share before tuning again
+RETUNE_MARGIN = 0.05    # ... by at least this much (and beyond the window's noise)
+MAX_PREFETCH = 8
+RULE_MAX_WORKERS = 8    # the rule of thumb: min(8, cores)
+
+
+def _worker_bound() -> int:
+    """Most workers the controller may try: the verdict engine's worker bound on the
+    usable cores (cgroup quota, affinity), the one `search` and the verdicts use."""
+    from autotune.cpus import usable_cores
+    from autotune.verdict.bounds import worker_bound
+
+    return worker_bound(usable_cores())
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """What the budget check needs, measured by the loader when asked."""
+
+    per_worker: int   # bytes of PSS per worker (measured, or the estimate before any)
+    per_batch: int    # bytes of one batch
+    measured: bool    # per_worker was read from the pool's workers
+
+
+def emit(event: str, msg: str, **fields: Any) -> None:
+    """One decision, one record; the fields ride along for handlers and tests."""
+    log.info(msg, extra={"autotune_event": event, "autotune": fields})
+
+
+@dataclass
+class _Trial:
+    config: Config
+    stats: WindowStats | None = None
+    switch_cost_s: float = 0.0
+
+
+@dataclass
+class Controller:
+    """Decides the next configuration from each full window of the current one.
+
+    `fixed` holds the settings the user gave (never changed); `memory` returns the figures
+    for the budget check."""
+
+    fixed: dict[str, Any]
+    cuda: bool
+    budget: int
+    memory: Callable[[], MemoryFigures]
+    cache_key: str | None = None
+    cache_key_store: bool = True          # False on DDP ranks other than 0
+    bound: int = field(default_factory=lambda: _worker_bound())
+    phase: str = "measure"                # measure -> trial ... -> settled
+    best: _Trial | None = None
+    first: _Trial | None = None           # the start point's first window (the summary's "before")
+    last: WindowStats | None = None
+    trials: list[_Trial] = field(default_factory=list)
+    _knob: int = 0
+    _high: int = 0
+    _current: Config | None = None
+    _cause: _Trial | None = None
+
+    # ---- configurations
+
+    def make(self, num_workers: int, prefetch_factor: int | None = 2) -> Config:
+        """A configuration with the user's settings applied over the tuned ones."""
+        w = self.fixed.get("num_workers", num_workers)
+        pf = self.fixed.get("prefetch_factor", prefetch_factor) if w else None
+        cfg = Config(w, pf, bool(self.fixed.get("persistent_workers", True)),
+                     bool(self.fixed.get("pin_memory", self.cuda)))
+        return cfg
+
+    @property
+    def knobs(self) -> list[str]:
+        if self.fixed.get("num_workers") == 0:
+            return []
+        return [k for k in ("num_workers", "prefetch_factor") if k not in self.fixed]
+
+    def min_workers(self) -> int:
+        # A prefetch_factor or persistent_workers=True the user gave needs workers in torch.
+        need = "prefetch_factor" in self.fixed or self.fixed.get("persistent_workers")
+        return 1 if need else 0
+
+    def start(self) -> Config:
+        """The start point: this dataset's cached settings, else the rule of thumb; capped by
+        the worker bound and the budget."""
+        stored = cache.load(self.cache_key) if self.cache_key else None
+        if stored and isinstance(stored.get("num_workers"), int):
+            cfg = self.make(min(stored["num_workers"], self.bound),
+                            stored.get("prefetch_factor") or 2)
+            source = "cached for this dataset and machine"
+        else:
+            cfg = self.make(min(RULE_MAX_WORKERS, self.bound), 2)
+            source = "the rule of thumb min(8, usable cores)"
+        if not self.knobs:
+            source = "the settings given: nothing to tune"
+        cfg = self._fit_start(cfg)
+        self._current = cfg
+        emit("start", f"start at {cfg.short()} ({source}; worker bound {self.bound})",
+             config=cfg.kwargs(), source=source, bound=self.bound)
+        return cfg
+
+    def _fit_start(self, cfg: Config) -> Config:
+        if "num_workers" in self.fixed:
+            return cfg
+        mem = self.memory()
+        while cfg.num_workers > self.min_workers() and footprint(
+                cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > self.budget:
+            cfg = self.make(cfg.num_workers - 1, cfg.prefetch_factor)
+        return cfg
+
+    def adopt(self, cfg: Config) -> None:
+        """Run from `cfg` instead of the own start point (DDP: rank 0's)."""
+        self._current = cfg
+
+    # ---- the climb
+
+    def charge(self, cfg: Config, cost_s: float) -> None:
+        """A switch's own cost, charged to the configuration that caused it: the one tried,
+        and for the way back from a rejected trial, that trial."""
+        self._current = cfg
+        (self._cause or self._trial(cfg)).switch_cost_s += cost_s
+        self._cause = None
+
+    @property
+    def switch_cost_s(self) -> float:
+        """Every switch's cost so far."""
+        return sum(t.switch_cost_s for t in self.trials)
+
+    def failed(self, cfg: Config, why: str) -> Config | None:
+        """A pool could not be started: drop the knob and go on from the best."""
+        emit("failed", f"{cfg.short()} could not start ({why}); staying at "
+             f"{self._best_cfg().short()}", config=cfg.kwargs(), why=why)
+        self._knob += 1
+        return self._next_step()
+
+    def observe(self, stats: WindowStats, cfg: Config) -> Config | None:
+        """One full window of `cfg`; the configuration to switch to, or None."""
+        self._current = cfg
+        self.last = stats
+        trial = self._trial(cfg)
+        if trial.stats is None or self.phase != "settled":
+            trial.stats = stats
+        if self.first is None:
+            self.first = _Trial(cfg, stats)
+        if self.phase == "measure":
+            self.best = trial
+            return self._next_step()
+        if self.phase == "trial":
+            return self._judge(trial)
+        return self._watch(stats, cfg)
+
+    def _trial(self, cfg: Config) -> _Trial:
+        for t in reversed(self.trials):
+            if t.config == cfg:
+                return t
+        t = _Trial(cfg)
+        self.trials.append(t)
+        return t
+
+    def _best_cfg(self) -> Config:
+        return self.best.config if self.best else (self._current or self.make(0))
+
+    def _judge(self, trial: _Trial) -> Config | None:
+        best = self.best
+        assert best is not None and best.stats is not None and trial.stats is not None
+        old, new = best.stats, trial.stats
+        fields = dict(config=trial.config.kwargs(), wait_before=old.wait_share,
+                      wait_after=new.wait_share, noise=max(old.noise, new.noise),
+                      switch_cost_s=trial.switch_cost_s)
+        if beyond_noise(old, new):
+            emit("keep", f"keep {trial.config.short()}: wait {_pct(old.wait_share)} -> "
+                 f"{_pct(new.wait_share)} (noise {_pct(max(old.noise, new.noise))}; switch "
+                 f"cost {trial.switch_cost_s:.2f} s charged to it)", **fields)
+            self.best = trial
+            return self._next_step()
+        emit("reject", f"{trial.config.short()} does not help: wait {_pct(old.wait_share)} -> "
+             f"{_pct(new.wait_share)}, within the noise; back to {best.config.short()}",
+             **fields)
+        self._knob += 1
+        # From a rejected trial go straight to the next one, or back to the best.
+        nxt = self._next_step()
+        if nxt is None or nxt == best.config:
+            self._cause = trial  # the way back is this trial's cost
+            return best.config
+        return nxt
+
+    def _next_step(self) -> Config | None:
+        best = self.best
+        if best is not None and best.stats is not None and best.stats.au >= SETTLE_AU:
+            return self._settle(f"AU {best.stats.au:.2f} >= {SETTLE_AU}")
+        cand = self._propose()
+        if cand is None:
+            return self._settle("no knob helps further")
+        self.phase = "trial"
+        self._cause = self._trial(cand)
+        emit("try", f"try {cand.short()} (from {self._best_cfg().short()})",
+             config=cand.kwargs())
+        return cand
+
+    def _propose(self) -> Config | None:
+        base = self._best_cfg()
+        knobs = self.knobs
+        while self._knob < len(knobs):
+            knob = knobs[self._knob]
+            cand, why = self._step(base, knob)
+            if cand is not None and why is None:
+                return cand
+            if why:
+                emit("bound", f"{knob}: {why}", knob=knob, why=why)
+            self._knob += 1
+        return None
+
+    def _step(self, base: Config, knob: str) -> tuple[Config | None, str | None]:
+        if knob == "num_workers":
+            w = base.num_workers + 1
+            if w > self.bound:
+                return None, f"{w} workers would exceed the worker bound ({self.bound})"
+            cand = self.make(w, base.prefetch_factor or 2)
+        else:
+            if not base.num_workers:
+                return None, None
+            pf = (base.prefetch_factor or 2) * 2
+            if pf > MAX_PREFETCH:
+                return None, f"prefetch_factor {pf} is over {MAX_PREFETCH}"
+            cand = self.make(base.num_workers, pf)
+        return cand, self._over_budget(cand)
+
+    def _over_budget(self, cand: Config) -> str | None:
+        mem = self.memory()
+        cur = self._current or self._best_cfg()
+        # Both pools are alive during a switch's overlap.
+        need = (footprint(cur.num_workers, cur.prefetch_factor, mem.per_worker, mem.per_batch)
+                + footprint(cand.num_workers, cand.prefetch_factor, mem.per_worker,
+                            mem.per_batch))
+        if need <= self.budget:
+            return None
+        return (f"{cand.short()} needs {_mib(need)} during the switch (workers' PSS "
+                f"{_mib(mem.per_worker)} each{'' if mem.measured else ', estimated'}, batch "
+                f"{_mib(mem.per_batch)}), over the memory budget of {_mib(self.budget)}")
+
+    def _settle(self, why: str) -> Config | None:
+        best = self._best_cfg()
+        self.phase = "settled"
+        self._high = 0
+        share = self.best.stats.wait_share if self.best and self.best.stats else 0.0
+        emit("settle", f"settled at {best.short()}: {why}, wait {_pct(share)}",
+             config=best.kwargs(), why=why, wait=share)
+        if self.cache_key and self.cache_key_store:
+            try:
+                cache.store(self.cache_key, {k: v for k, v in best.kwargs().items()
+                                             if k in ("num_workers", "prefetch_factor")})
+            except OSError as e:
+                emit("cache", f"{cache.cache_file()}: not written ({e})", why=str(e))
+        cur = self._current
+        return best if cur is not None and cur != best else None
+
+    def _watch(self, stats: WindowStats, cfg: Config) -> Config | None:
+        best = self.best
+        if best is None or best.stats is None or cfg != best.config:
+            return None
+        settled = best.stats.wait_share
+        if stats.wait_share > settled + max(RETUNE_MARGIN, 2 * stats.noise):
+            self._high += 1
+        else:
+            self._high = 0
+        if self._high < RETUNE_WINDOWS:
+            return None
+        emit("retune", f"wait {_pct(stats.wait_share)} above the settled {_pct(settled)} for "
+             f"{RETUNE_WINDOWS} windows: tuning again from {cfg.short()}",
+             wait=stats.wait_share, settled=settled)
+        best.stats = stats
+        self._knob = 0
+        self.phase = "measure"
+        return self._next_step()
+
+    @property
+    def tuned(self) -> Config:
+        """The best configuration so far."""
+        return self._best_cfg()
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"

@@ -1,0 +1,89 @@
+"""DDP: the ranks decide together, at step numbers fixed in advance, over a gloo group.
+
+When torch.distributed is initialised, each rank's loader creates one gloo group at
+construction (never the training's NCCL group), takes rank 0's start point, and tunes within
+its share of the node (the worker bound and the memory budget divided by the local ranks).
+Decisions fall on the same step on every rank: the next one is a window of the current
+configuration after the last. There every rank hands in its window's figures; when a rank is
+still switching or has too few batches measured, all skip; otherwise every rank's controller
+gets the slowest rank's figures (the largest wait share) and the largest memory figures, so
+that all take the same decision and start the same switch at the same step. Each rank's own
+switch then completes on its own time: pools are local, so no rank waits for another's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from autotune.online.measure import WindowStats
+
+TIMEOUT_S = 300
+_FIELDS = 8  # wait_s, step_s, batches, noise, busy, per_worker, per_batch, failed
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the ranks agreed on at one decision step."""
+
+    slowest: WindowStats | None  # None: some rank is busy (switching, too few batches)
+    per_worker: int
+    per_batch: int
+    failed: bool                 # some rank's new pool could not start
+
+
+class RankSync:
+    """The gloo group and the exchange at each decision step."""
+
+    def __init__(self, group: Any, rank: int, world: int, local: int) -> None:
+        self.group, self.rank, self.world, self.local = group, rank, world, local
+
+    @classmethod
+    def create(cls) -> RankSync | None:
+        """A RankSync when torch.distributed is initialised, else None."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        # Every rank constructs its loader in order. A rank that stops stepping (uneven
+        # epochs, an early exit) must not hang the others for gloo's default 30 minutes.
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or _guess_local(dist, group)
+        return cls(group, dist.get_rank(), dist.get_world_size(), local)
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's object on every rank."""
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def exchange(self, stats: WindowStats | None, busy: bool, per_worker: int,
+                 per_batch: int, failed: bool) -> Shared:
+        """Every rank's figures in, the agreed ones out (a collective: every rank calls it at
+        the same step)."""
+        s = stats or WindowStats(0, 0.0, 0.0, 0.0)
+        mine = torch.tensor([s.wait_s, s.step_s, s.batches, s.noise, float(busy or stats is None),
+                             per_worker, per_batch, float(failed)], dtype=torch.float64)
+        rows = [torch.empty(_FIELDS, dtype=torch.float64) for _ in range(self.world)]
+        torch.distributed.all_gather(rows, mine, group=self.group)
+        table = torch.stack(rows)
+        per_worker_all, per_batch_all = int(table[:, 5].max()), int(table[:, 6].max())
+        failed_any = bool(table[:, 7].max() > 0)
+        if table[:, 4].max() > 0:
+            return Shared(None, per_worker_all, per_batch_all, failed_any)
+        wall = table[:, 0] + table[:, 1]
+        share = torch.where(wall > 0, table[:, 0] / wall, torch.zeros_like(wall))
+        r = table[int(torch.argmax(share))]
+        slowest = WindowStats(int(r[2]), float(r[0]), float(r[1]), float(r[3]))
+        return Shared(slowest, per_worker_all, per_batch_all, failed_any)
+
+
+def _guess_local(dist: Any, group: Any) -> int:
+    # Without LOCAL_WORLD_SIZE (torchrun sets it): the ranks on this host, by hostname.
+    import socket
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, socket.gethostname(), group=group)
+    return max(1, names.count(socket.gethostname()))

@@ -1,0 +1,576 @@
+"""`autotune.DataLoader`: torch's DataLoader, tuned while the user's own loop trains.
+
+The epoch's index batches come from the user's sampler or batch_sampler (or the sampler
+torch builds from shuffle and generator), drawn lazily from one `IndexStream`; each inner
+torch DataLoader (a `Pool`) takes a lease of it. A switch starts the new pool idle while
+the old one serves, and once every new worker is up it closes the old lease at a batch
+boundary and hands the rest of the epoch to the new pool, so no index batch is lost,
+repeated or reordered. Timing is two clock reads per next(); decisions are taken there,
+once per window, never in a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+from torch.utils.data import IterableDataset
+
+from autotune.errors import UsageError
+from autotune.online import cache, ddp, why
+from autotune.online.config import TUNED, Config
+from autotune.cpus import usable_cores
+from autotune.online.controller import Controller, MemoryFigures, emit
+from autotune.online.measure import Meter, WindowStats, window_batches
+from autotune.online.memory import batch_bytes, default_budget, own_pss, pss_bytes
+from autotune.online.pool import Pool
+from autotune.online.stream import IndexStream
+
+log = logging.getLogger("autotune.online")
+
+_UNSET: Any = object()
+READY_TIMEOUT_S = 120.0  # a pool whose workers are not up by then is given up
+
+
+@dataclass
+class _Switch:
+    pool: Pool
+    old: Config
+    reason: str
+    decided_at: float
+    main_s: float = 0.0     # seconds spent in this process starting, opening, retiring
+    wait_s: float = 0.0     # wait inside next() from the decision to the new pool's first batch
+    wall_s: float = 0.0
+    batches: int = 0
+
+
+@dataclass(frozen=True)
+class _Seen:
+    config: Config
+    stats: WindowStats
+
+
+class DataLoader:
+    """A drop-in torch.utils.data.DataLoader that tunes the settings the user did not give.
+
+    num_workers, prefetch_factor, persistent_workers (and pin_memory where CUDA is present)
+    are tuned inside the training loop unless given; every other argument means what it
+    means to torch. For a map-style dataset the sequence of index batches and the state of
+    `generator` (or of torch's global RNG) after each epoch equal those of a plain
+    torch DataLoader with the same arguments and seed, across switches: one base seed is
+    drawn per epoch iterator, as torch draws it, and the inner loaders' worker seeds come
+    from a generator of their own seeded with it (per worker, through `worker_init_fn`,
+    but not the very seeds torch would give). A dataset that draws from torch's global RNG
+    in `__getitem__` draws in the workers instead of this process once workers are used,
+    as with any change of num_workers.
+
+    An IterableDataset switches only at epoch boundaries, and no identity with torch is
+    promised for it. One live iterator at a time: `iter()` ends the previous epoch.
+
+    Under torch.distributed (map-style datasets) the ranks decide together, from the
+    slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
+    step its loader the same number of times, as DistributedSampler's padding makes them.
+
+    Extra keywords: `key` names the dataset in the settings cache
+    (~/.cache/autotune/online.json); `memory_budget` (bytes; default half the available
+    memory) bounds the workers' PSS plus the batches in flight.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
+                 sampler: Any = None, batch_sampler: Any = None, num_workers: int = _UNSET,
+                 collate_fn: Callable | None = None, pin_memory: bool = _UNSET,
+                 drop_last: bool = False, timeout: float = 0,
+                 worker_init_fn: Callable[[int], None] | None = None,
+                 multiprocessing_context: Any = None, generator: torch.Generator | None = None,
+                 *, prefetch_factor: int | None = _UNSET, persistent_workers: bool = _UNSET,
+                 pin_memory_device: str = "", in_order: bool = True, key: str | None = None,
+                 memory_budget: int | None = None, _controller: Any = None) -> None:
+        given = dict(num_workers=num_workers, prefetch_factor=prefetch_factor,
+                     persistent_workers=persistent_workers, pin_memory=pin_memory)
+        self._fixed = {k: v for k, v in given.items() if v is not _UNSET and v is not None}
+        self._ref = _reference(dataset, self._fixed, dict(
+            batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
+            collate_fn=collate_fn, drop_last=drop_last, timeout=timeout,
+            worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
+            generator=generator, pin_memory_device=pin_memory_device, in_order=in_order))
+        if memory_budget is not None and memory_budget <= 0:
+            raise UsageError(f"memory_budget must be a positive number of bytes, but got "
+                             f"{memory_budget}.")
+        self.dataset = dataset
+        self.batch_size, self.drop_last = self._ref.batch_size, self._ref.drop_last
+        self.sampler, self.batch_sampler = self._ref.sampler, self._ref.batch_sampler
+        self.generator, self.collate_fn = generator, collate_fn
+        self.timeout, self.worker_init_fn = timeout, worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self._iterable = isinstance(dataset, IterableDataset)
+        self._auto = self.batch_sampler is not None
+        self._index_sampler = self.batch_sampler if self._auto else self.sampler
+        # torch draws no base seed for the later epochs of a persistent pool.
+        self._ref_persistent = bool(self._fixed.get("num_workers")
+                                    and self._fixed.get("persistent_workers"))
+        self._common: dict[str, Any] = dict(collate_fn=collate_fn, timeout=timeout,
+                                            pin_memory_device=pin_memory_device,
+                                            in_order=in_order)
+        if self._iterable:
+            self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
+        self._cuda = torch.cuda.is_available()
+        self._tuning = _controller is not False
+        me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
+        self._ctl = _controller if _controller not in (None, False) else Controller(
+            fixed=self._fixed, cuda=self._cuda, budget=memory_budget or default_budget(),
+            memory=lambda: me()._memory(), cache_key=cache.dataset_key(
+                dataset, key, self.batch_size, usable_cores()))
+        self._init_state()
+        self._sync = self._join_ranks(memory_budget is None)
+        self._target: Config = self._ctl.start()
+        if self._sync is not None:
+            self._target = self._sync.broadcast(self._target)
+            self._ctl.adopt(self._target)
+        self._agreed = self._target
+        self._next_decision = window_batches(self._target.num_workers,
+                                             self._target.prefetch_factor)
+        self._meter = Meter(self._window(self._target))
+
+    def _join_ranks(self, default_budget_: bool) -> ddp.RankSync | None:
+        """Under torch.distributed: the gloo group, and this rank's share of the node."""
+        sync = ddp.RankSync.create() if self._tuning and not self._iterable else None
+        if sync is not None and isinstance(self._ctl, Controller):
+            self._ctl.bound = max(1, self._ctl.bound // sync.local)
+            if default_budget_:
+                self._ctl.budget = max(1, self._ctl.budget // sync.local)
+            if sync.rank != 0:
+                self._ctl.cache_key_store = False
+        return sync
+
+    def _window(self, cfg: Config) -> int:
+        # Under DDP the window closes at the agreed decision steps, not when full.
+        return 10**9 if self._sync is not None else window_batches(cfg.num_workers,
+                                                                   cfg.prefetch_factor)
+
+    def _init_state(self) -> None:
+        self._pools: list[Pool] = []
+        self._batch_bytes: int | None = None
+        self._pending: Pool | None = None
+        self._switch: _Switch | None = None
+        self._stream: IndexStream | None = None
+        self._inner_gen = torch.Generator()
+        self._epochs = 0
+        self._live: object | None = None
+        self._served = 0
+        self._last_return: float | None = None
+        self._steps = 0                       # batches served since construction
+        self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
+        self._cpu = why.WorkerCpu()
+        self._said_why = False
+        self._why_waits = 0
+        self._failed: Config | None = None    # DDP: this rank's new pool could not start
+        self._shared_mem: MemoryFigures | None = None
+        self._forced: list[Config] = []
+        self._first: _Seen | None = None
+        self._latest: _Seen | None = None
+        self.summary: str | None = None
+        self.retired: list[list[int]] = []  # per retired pool: worker pids still alive after it
+
+    # ---- what torch's DataLoader offers
+
+    def __len__(self) -> int:
+        return len(self._ref)
+
+    @property
+    def memory_budget(self) -> int:
+        """Bytes the workers' PSS and the batches in flight may take (both pools during a
+        switch); settable while training."""
+        return int(self._ctl.budget)
+
+    @memory_budget.setter
+    def memory_budget(self, value: int) -> None:
+        if value <= 0:
+            raise UsageError(f"memory_budget must be a positive number of bytes, but got {value}.")
+        self._ctl.budget = int(value)
+
+    @property
+    def num_workers(self) -> int:
+        return self._running.num_workers
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        return self._running.prefetch_factor
+
+    @property
+    def persistent_workers(self) -> bool:
+        return self._running.persistent_workers
+
+    @property
+    def pin_memory(self) -> bool:
+        return self._running.pin_memory
+
+    @property
+    def tuned_kwargs(self) -> dict[str, Any]:
+        """The tuned settings so far, as DataLoader keywords to freeze for the next run (the
+        ones the user gave are left out: they are the user's)."""
+        kw = self._ctl.tuned.kwargs() if self._tuning else self._running.kwargs()
+        if not self._cuda:
+            kw.pop("pin_memory", None)
+        return {k: v for k, v in kw.items() if k not in self._fixed}
+
+    @property
+    def _running(self) -> Config:
+        if self._pools:
+            return self._pools[-1].config
+        return self._target
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._live is not None:
+            self._end_epoch(completed=False)
+        sampler_iter = None if self._iterable else iter(self._index_sampler)
+        # After iter(sampler), as torch's iterator does; one draw per epoch iterator.
+        if not (self._ref_persistent and self._epochs > 0):
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+            self._inner_gen = torch.Generator()
+            self._inner_gen.manual_seed(seed)
+        self._epochs += 1
+        self._stream = None if sampler_iter is None else IndexStream(sampler_iter)
+        self._begin_epoch()
+        token = self._live = object()
+        return _EpochIter(self, token)
+
+    def close(self) -> None:
+        """Stop every worker now (they also stop when the loader is collected)."""
+        for p in self._pools + ([self._pending] if self._pending else []):
+            self._retire(p)
+        self._pools, self._pending, self._switch, self._live = [], None, None, None
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _force_config(self, num_workers: int, prefetch_factor: int | None = 2) -> None:
+        """Tests: switch to this configuration at the next batch boundary (at the next epoch
+        for an IterableDataset). Build the loader with `_controller=False` so that the
+        controller does not switch as well."""
+        self._forced.append(Config(num_workers, prefetch_factor if num_workers else None,
+                                   bool(self._fixed.get("persistent_workers", True)),
+                                   bool(self._fixed.get("pin_memory", self._cuda))))
+
+    # ---- epochs
+
+    def _new_pool(self, cfg: Config) -> Pool:
+        return Pool(self.dataset, cfg, self._common, auto_collation=self._auto,
+                    iterable=self._iterable, generator=self._inner_gen,
+                    mp_context=self.multiprocessing_context, worker_init_fn=self.worker_init_fn)
+
+    def _begin_epoch(self) -> None:
+        if self._iterable and self._forced:
+            self._target = self._forced.pop(0)
+        cfg = self._target
+        reused = False
+        if self._pending is not None:
+            pool, self._pending = self._pending, None
+        elif self._pools and self._pools[-1].config == cfg:
+            pool, reused = self._pools.pop(), True
+        else:
+            pool = self._new_pool(cfg)
+        for p in self._pools:
+            self._retire(p)
+        self._pools = [pool]
+        pool.open(self._stream, 0)
+        self._served = 0
+        self._last_return = None
+        self._carry = 0.0
+        if not reused:
+            self._meter.reset(self._window(cfg), skip=cfg.queue)
+
+    def _end_epoch(self, completed: bool) -> None:
+        """Keep the pool the next epoch starts with (a persistent one, or a switch's new
+        pool still coming up); stop the others."""
+        self._live = None
+        keep: Pool | None = None
+        if self._pending is not None:
+            keep = self._pending
+        elif self._pools and self._pools[-1].config == self._target:
+            keep = self._pools[-1]
+        for p in self._pools + ([self._pending] if self._pending else []):
+            if p is not keep:
+                self._retire(p)
+        if keep is not None and not keep.config.persistent_workers:
+            self._retire(keep)
+            keep = None
+        if self._switch is not None and self._switch.pool is not keep:
+            self._switch = None
+        self._pools = [keep] if keep is not None and keep is not self._pending else []
+        if keep is None:
+            self._pending = None
+        if completed and self._epochs == 1 and self.summary is None:
+            self._summarize()
+
+    def _retire(self, pool: Pool) -> None:
+        t = time.perf_counter()
+        alive = pool.shutdown()
+        self.retired.append(alive)
+        if self._switch is not None:
+            self._switch.main_s += time.perf_counter() - t
+        if alive:
+            log.warning("workers %s of %s still running after shutdown", alive,
+                        pool.config.short(), extra={"autotune_event": "not-gone",
+                                                    "autotune": {"pids": alive}})
+
+    # ---- one batch
+
+    def _next(self, token: object) -> Any:
+        if token is not self._live:
+            raise StopIteration
+        t0 = time.perf_counter()
+        step = None if self._last_return is None else t0 - self._last_return
+        if self._forced and not self._iterable and self._pending is None \
+                and self._switch is None:
+            self._begin_switch(self._forced.pop(0), "forced")
+        if self._pending is not None:
+            self._poll_pending()
+        try:
+            batch = self._take()
+        except StopIteration:
+            self._end_epoch(completed=True)
+            raise
+        self._served += 1
+        t1 = time.perf_counter()
+        self._after_batch(batch, step, t1 - t0 + self._carry)
+        self._last_return = time.perf_counter()
+        # The loop waited through the bookkeeping too (a decision, a pool started): count
+        # it in the next batch's wait, not in the user's step.
+        self._carry = self._last_return - t1
+        return batch
+
+    def _take(self) -> Any:
+        while len(self._pools) > 1 and self._pools[0].done:
+            self._retire(self._pools.pop(0))
+        return self._pools[0].next()
+
+    def _after_batch(self, batch: Any, step: float | None, wait: float) -> None:
+        if self._batch_bytes is None:
+            self._batch_bytes = batch_bytes(batch)
+        self._steps += 1
+        sw = self._switch
+        if sw is not None:
+            sw.wait_s += wait
+            sw.wall_s += wait + (step or 0.0)
+            sw.batches += 1
+            if self._pools[0] is sw.pool:
+                self._finish_switch(sw)
+        elif step is not None:  # an epoch's first batch waits for the epoch's start
+            stats = self._meter.add(step, wait)
+            if stats is not None:
+                self._on_window(stats)
+        if self._sync is not None and self._steps >= self._next_decision:
+            self._decide_together()
+
+    def _on_window(self, stats: WindowStats) -> None:
+        cfg = self._running
+        seen = _Seen(cfg, stats)
+        self._first = self._first or seen
+        self._latest = seen
+        self._cpu.sample(self._pools[-1].pids() if self._pools else [])
+        if not self._tuning or (self._iterable and self._target != cfg):
+            return
+        new = self._ctl.observe(stats, cfg)
+        if new is not None and new != cfg:
+            self._begin_switch(new, "controller")
+        self._say_why(stats, cfg)
+
+    def _say_why(self, stats: WindowStats, cfg: Config) -> None:
+        """Once: why AU stays under 0.90 when tuning settled there."""
+        if self._said_why or getattr(self._ctl, "phase", None) != "settled" \
+                or stats.au >= why.INPUT_BOUND_AU or (self._sync and self._sync.rank):
+            return
+        if self._cpu.share is None and cfg.num_workers and self._why_waits < 3:
+            self._why_waits += 1  # a new pool's first window has no CPU figure yet
+            return
+        self._said_why = True
+        kind, msg = why.explain(stats.au, self._cpu.share, cfg.num_workers,
+                                getattr(self._ctl, "bound", cfg.num_workers))
+        emit("verdict", msg, bottleneck=kind, au=stats.au, worker_cpu=self._cpu.share)
+
+    def _decide_together(self) -> None:
+        """DDP: the agreed decision step (every rank is here at this same step)."""
+        assert self._sync is not None
+        need = window_batches(self._agreed.num_workers, self._agreed.prefetch_factor)
+        self._next_decision = self._steps + need
+        local = self._meter.peek() if len(self._meter.steps) >= need else None
+        busy = self._switch is not None or self._pending is not None
+        mem = self._memory_here()
+        failed, self._failed = self._failed, None
+        try:
+            shared = self._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
+                                         failed is not None)
+        except RuntimeError as e:  # a rank out of step (uneven epochs) or gone
+            self._sync, self._tuning = None, False
+            log.warning("ranks out of step at step %d (%s): tuning stopped at %s", self._steps,
+                        e, self._running.short(), extra={"autotune_event": "ddp-stopped",
+                                                         "autotune": {"step": self._steps}})
+            return
+        self._shared_mem = MemoryFigures(shared.per_worker, shared.per_batch, mem.measured)
+        if shared.failed:
+            new = self._ctl.failed(self._agreed, "a rank's new pool could not start")
+            self._agreed = new or self._ctl.tuned
+        elif shared.slowest is not None:
+            self._meter.reset(self._window(self._running))
+            self._on_window(shared.slowest)
+            self._agreed = self._target
+        else:
+            return
+        if self._agreed != self._running and self._pending is None and self._switch is None:
+            self._begin_switch(self._agreed, "controller")
+        self._next_decision = self._steps + window_batches(self._agreed.num_workers,
+                                                           self._agreed.prefetch_factor)
+
+    # ---- switching
+
+    def _begin_switch(self, cfg: Config, reason: str) -> None:
+        if self._iterable:
+            self._target = cfg
+            emit("switch", f"{cfg.short()} from the next epoch on (an IterableDataset "
+                 "switches at epoch boundaries)", config=cfg.kwargs())
+            return
+        if cfg == self._running:
+            return
+        t = time.perf_counter()
+        pool = self._new_pool(cfg)
+        if cfg.num_workers:
+            pool.open(None)  # idle: its workers come up while the old pool serves
+        self._pending, self._target = pool, cfg
+        self._switch = _Switch(pool, self._running, reason, t, time.perf_counter() - t)
+
+    def _poll_pending(self) -> None:
+        pool = self._pending
+        assert pool is not None
+        if pool.ready():
+            self._activate(pool)
+            return
+        reason = None
+        if pool.died():
+            reason = "a worker exited while starting"
+        elif pool.started_at is not None and \
+                time.perf_counter() - pool.started_at > READY_TIMEOUT_S:
+            reason = f"workers not up after {READY_TIMEOUT_S:.0f} s"
+        if reason is None:
+            return
+        self._pending, self._switch = None, None
+        self._retire(pool)
+        self._target = self._running
+        if self._sync is not None:
+            self._failed = pool.config  # told to every rank at the next decision step
+            return
+        new = self._ctl.failed(pool.config, reason) if self._tuning else None
+        if new is not None and new != self._running:
+            self._begin_switch(new, "controller")
+
+    def _activate(self, pool: Pool) -> None:
+        """Close the last pool's lease at a batch boundary and give the new pool the rest."""
+        last = self._pools[-1]
+        # A pool without workers fetches in this process: let it serve one more batch while
+        # the new workers fetch their first.
+        boundary = last.lease.next + (0 if last.config.num_workers else 1)
+        last.lease.stop = boundary
+        main_s = pool.open(self._stream, boundary)
+        self._pools.append(pool)
+        self._pending = None
+        if self._switch is not None:
+            self._switch.main_s += main_s
+
+    def _finish_switch(self, sw: _Switch) -> None:
+        """The new pool served its first batch: measure the switch and charge it."""
+        self._switch = None
+        old_share = self._latest.stats.wait_share if self._latest else 0.0
+        # What the switch cost the loop: the wait beyond what the old pool would have made.
+        cost = max(0.0, sw.wait_s - old_share * sw.wall_s)
+        pool = sw.pool
+        up = (pool.ready_at - pool.started_at) if pool.ready_at and pool.started_at else 0.0
+        cfg = pool.config
+        self._meter.reset(self._window(cfg), skip=cfg.queue)
+        if self._tuning and sw.reason != "forced":
+            self._ctl.charge(cfg, cost)
+        emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
+             f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
+             f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "
+             "here, partly while waiting anyway)",
+             config=cfg.kwargs(), old=sw.old.kwargs(), cost_s=cost, startup_s=up,
+             main_s=sw.main_s, overlap_batches=sw.batches, reason=sw.reason)
+
+    # ---- figures
+
+    def _memory(self) -> MemoryFigures:
+        # Under DDP every rank's controller must see the same figures: the agreed ones.
+        if self._shared_mem is not None:
+            return self._shared_mem
+        return self._memory_here()
+
+    def _memory_here(self) -> MemoryFigures:
+        pids = self._pools[-1].pids() if self._pools else []
+        sizes = [s for s in (pss_bytes(p) for p in pids) if s]
+        if sizes:
+            return MemoryFigures(sum(sizes) // len(sizes), self._batch_bytes or 0, True)
+        return MemoryFigures(own_pss(), self._batch_bytes or 0, False)
+
+    def _summarize(self) -> None:
+        first, last = self._first, self._latest
+        if first is None or last is None:
+            msg = (f"{self._served} batches, fewer than one window "
+                   f"({self._meter.size}); nothing measured")
+        else:
+            a, b = first.config, last.config
+            parts = []
+            if a.num_workers != b.num_workers:
+                parts.append(f"num_workers {a.num_workers} \u2192 {b.num_workers}")
+            if (a.num_workers or b.num_workers) and a.prefetch_factor != b.prefetch_factor:
+                parts.append(f"prefetch {a.prefetch_factor or '-'} \u2192 "
+                             f"{b.prefetch_factor or '-'}")
+            head = ", ".join(parts) or f"{b.short()} kept"
+            ratio = (last.stats.batches_per_s / first.stats.batches_per_s
+                     if first.stats.batches_per_s else 1.0)
+            msg = (f"{head}: wait {100 * first.stats.wait_share:.0f} % \u2192 "
+                   f"{100 * last.stats.wait_share:.0f} %, {ratio:.1f}x")
+            cost = getattr(self._ctl, "switch_cost_s", 0.0) if self._tuning else 0.0
+            if cost:
+                msg += f" (switches cost {cost:.2f} s)"
+        self.summary = msg
+        emit("summary", f"first epoch: {msg}", summary=msg)
+
+
+def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:
+    """A plain DataLoader with the user's arguments, never iterated: torch's own checks, and
+    the sampler and batch_sampler exactly as torch builds them (shuffle, generator)."""
+    nw = fixed.get("num_workers", 0)
+    ctx = kw["multiprocessing_context"]
+    if isinstance(ctx, str):
+        torch.multiprocessing.get_context(ctx)  # ValueError naming the valid methods
+    # torch refuses these three without workers; the tuned pools will have some.
+    kw = dict(kw, multiprocessing_context=ctx if nw else None)
+    if nw:
+        kw.update(prefetch_factor=fixed.get("prefetch_factor"),
+                  persistent_workers=bool(fixed.get("persistent_workers")))
+    return TorchLoader(dataset, num_workers=nw, **kw)
+
+
+class _EpochIter:
+    """One epoch's iterator (what `iter(loader)` returns)."""
+
+    def __init__(self, owner: DataLoader, token: object) -> None:
+        self._owner, self._token = owner, token
+
+    def __iter__(self) -> _EpochIter:
+        return self
+
+    def __next__(self) -> Any:
+        return self._owner._next(self._token)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+
+__all__ = ["DataLoader", "TUNED"]

@@ -1,0 +1,143 @@
+"""One inner torch DataLoader (a pool of workers, or none) with one configuration.
+
+Workers are always started with torch's persistent_workers machinery: a pool can then be
+started idle (its lease yields nothing), come up while the old pool serves, and be handed
+its first index batches only once every worker has run worker_init_fn (the flag each one
+raises in shared memory). Whether a pool outlives an epoch is the configuration's
+`persistent_workers`, decided by the loader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+import warnings
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+
+from autotune.online.config import Config
+from autotune.online.stream import IndexStream, Lease
+
+
+class ReadyInit:
+    """worker_init_fn wrapper: the user's function, then this worker's ready flag.
+
+    Module-level so that spawn and forkserver workers can unpickle it."""
+
+    def __init__(self, user_fn: Callable[[int], None] | None, flags: Any) -> None:
+        self.user_fn, self.flags = user_fn, flags
+
+    def __call__(self, worker_id: int) -> None:
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+        self.flags[worker_id] = 1
+
+
+class Pool:
+    """An inner DataLoader over a lease of the epoch's index batches (map-style) or over the
+    dataset itself (IterableDataset)."""
+
+    def __init__(self, dataset: Any, config: Config, common: dict[str, Any], *,
+                 auto_collation: bool, iterable: bool, generator: torch.Generator,
+                 mp_context: Any, worker_init_fn: Callable[[int], None] | None) -> None:
+        self.config = config
+        self.lease = Lease()
+        self.delivered = 0
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+        self.it: Any = None
+        w = config.num_workers
+        # A RawArray is lock-free to read: the main process polls it once per batch.
+        self._flags = multiprocessing.RawArray("b", w) if w else None
+        kw = dict(common)
+        if iterable:
+            pass  # batch_size and drop_last are in `common`
+        elif auto_collation:
+            kw["batch_sampler"] = self.lease
+        else:
+            kw.update(batch_size=None, sampler=self.lease)
+        if w:
+            kw.update(num_workers=w, prefetch_factor=config.prefetch_factor,
+                      persistent_workers=True, multiprocessing_context=mp_context,
+                      worker_init_fn=ReadyInit(worker_init_fn, self._flags))
+        else:
+            kw["worker_init_fn"] = worker_init_fn
+        with _quiet():
+            self.loader = TorchLoader(dataset, pin_memory=config.pin_memory,
+                                      generator=generator, **kw)
+
+    def open(self, stream: IndexStream | None, start: int = 0) -> float:
+        """Point the lease at `stream` from `start` (None: idle) and (re)start the inner
+        iterator; the first call starts the workers. Returns the seconds it took here."""
+        t = time.perf_counter()
+        self.lease.assign(stream, start)
+        self.delivered = 0
+        if self.started_at is None:
+            self.started_at = t
+        with _quiet():
+            self.it = iter(self.loader)
+        return time.perf_counter() - t
+
+    def ready(self) -> bool:
+        """Every worker has run worker_init_fn (always, without workers)."""
+        if self._flags is None:
+            return True
+        if self.ready_at is None and all(self._flags):
+            self.ready_at = time.perf_counter()
+        return self.ready_at is not None
+
+    def died(self) -> bool:
+        """A worker exited while the pool was coming up."""
+        return any(p.exitcode is not None for p in self._procs())
+
+    def next(self) -> Any:
+        batch = next(self.it)
+        self.delivered += 1
+        return batch
+
+    @property
+    def done(self) -> bool:
+        """Every batch of a closed lease has been delivered."""
+        le = self.lease
+        return le.stop is not None and self.delivered >= le.stop - le.start
+
+    def _procs(self) -> list[Any]:
+        # torch keeps the worker processes on its iterator; there is no public accessor.
+        return list(getattr(self.it, "_workers", None) or [])
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs() if p.pid is not None]
+
+    def shutdown(self) -> list[int]:
+        """Stop the workers and return the pids still present afterwards (should be none)."""
+        pids = self.pids()
+        stop = getattr(self.it, "_shutdown_workers", None)
+        if stop is not None:
+            stop()
+        self.it = None
+        return [p for p in pids if _alive(p)]
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torch warns when workers outnumber the CPUs; the worker bound decides that here (more
+    than the cores only while workers wait on I/O)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (/proc/PID/stat state)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+__all__ = ["Pool", "ReadyInit"]

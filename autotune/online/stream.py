@@ -1,0 +1,89 @@
+"""One epoch's index batches, drawn lazily from the user's sampler, shared by every pool.
+
+Each inner torch DataLoader is given a `Lease` as its batch_sampler (or sampler without
+auto-collation): a window [start, stop) of positions in the epoch's `IndexStream`. A pool
+switch closes the old lease at a batch boundary and opens the new one there, so the epoch's
+index batches are each taken exactly once and in the sampler's order, and the sampler is
+drawn exactly as far as torch's own DataLoader would draw it (an infinite sampler works).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+
+class IndexStream:
+    """The epoch's index batches by position; each position is handed out once.
+
+    Positions are drawn from the sampler in order; one taken ahead of an earlier one (the
+    new pool starts while the old one still takes the positions before it) leaves the
+    earlier ones buffered until they are taken.
+    """
+
+    def __init__(self, sampler_iter: Iterator[Any]) -> None:
+        self._it = sampler_iter
+        self._buf: dict[int, Any] = {}
+        self._drawn = 0
+        self.end: int | None = None  # the epoch's length once the sampler has ended
+
+    def get(self, pos: int) -> Any:
+        """The index batch at `pos`; StopIteration at and after the epoch's end."""
+        while self._drawn <= pos:
+            if self.end is not None:
+                raise StopIteration
+            try:
+                item = next(self._it)
+            except StopIteration:
+                self.end = self._drawn
+                raise
+            self._buf[self._drawn] = item
+            self._drawn += 1
+        if pos not in self._buf:
+            # A position handed out twice would repeat a batch: a bug here, never the user's.
+            raise RuntimeError(f"index batch {pos} of this epoch was already taken")
+        return self._buf.pop(pos)
+
+
+class Lease:
+    """The positions [start, stop) of a stream that one inner loader takes, in order.
+
+    Without a stream it is idle (yields nothing): a pool is started idle so that its workers
+    come up while the old pool serves. `stop` None means open-ended.
+    """
+
+    def __init__(self) -> None:
+        self.stream: IndexStream | None = None
+        self.start = 0
+        self.next = 0
+        self.stop: int | None = None
+        self.gen = 0  # bumped by assign: an iterator of an earlier assignment yields nothing
+
+    def assign(self, stream: IndexStream | None, start: int = 0) -> None:
+        self.stream, self.start, self.next, self.stop = stream, start, start, None
+        self.gen += 1
+
+    @property
+    def exhausted(self) -> bool:
+        """The stream ended at or before this lease's next position."""
+        s = self.stream
+        return s is not None and s.end is not None and self.next >= s.end
+
+    def __iter__(self) -> Iterator[Any]:
+        return _LeaseIter(self)
+
+
+class _LeaseIter:
+    def __init__(self, lease: Lease) -> None:
+        self._lease, self._gen = lease, lease.gen
+
+    def __iter__(self) -> _LeaseIter:
+        return self
+
+    def __next__(self) -> Any:
+        le = self._lease
+        if (le.gen != self._gen or le.stream is None
+                or (le.stop is not None and le.next >= le.stop)):
+            raise StopIteration
+        item = le.stream.get(le.next)
+        le.next += 1
+        return item

@@ -1,0 +1,83 @@
+"""Small synthetic datasets for the online loader's tests (importable by spawned workers)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, Sampler, get_worker_info
+
+
+class Slow(Dataset):
+    """Item i is tensor([i]), after `sleep_s`: workers matter."""
+
+    def __init__(self, n: int = 120, sleep_s: float = 0.0005, payload: int = 0) -> None:
+        self.n, self.sleep_s, self.payload = n, sleep_s, payload
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        if self.payload:
+            x = torch.zeros(self.payload + 1)
+            x[0] = i
+            return x
+        return torch.tensor([i])
+
+
+class Stream(IterableDataset):
+    """0..n-1, shared out between the workers as torch's documentation shows."""
+
+    def __init__(self, n: int = 60, sleep_s: float = 0.0005) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __iter__(self):
+        info = get_worker_info()
+        k, r = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in range(r, self.n, k):
+            time.sleep(self.sleep_s)
+            yield torch.tensor([i])
+
+
+class Forever(Sampler):
+    """An infinite sampler: random indices from its own generator, forever."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed = n, seed
+
+    def __iter__(self):
+        g = torch.Generator()
+        g.manual_seed(self.seed)
+        while True:
+            yield int(torch.randint(self.n, (1,), generator=g))
+
+
+class EveryThird(Sampler):
+    """A custom sampler that draws from torch's global RNG as it goes (lazily)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        for i in range(0, self.n, 3):
+            yield (i + int(torch.randint(3, (1,)))) % self.n
+
+    def __len__(self) -> int:
+        return len(range(0, self.n, 3))
+
+
+class Pairs(Sampler):
+    """A batch_sampler: shuffled pairs of indices from a generator it is given."""
+
+    def __init__(self, n: int, generator: torch.Generator) -> None:
+        self.n, self.g = n, generator
+
+    def __iter__(self):
+        perm = torch.randperm(self.n, generator=self.g).tolist()
+        for i in range(0, self.n - 1, 2):
+            yield perm[i:i + 2]
+
+    def __len__(self) -> int:
+        return self.n // 2

@@ -1,0 +1,41 @@
+"""`autotune.DataLoader` is exported lazily: `import autotune` stays free of torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import autotune
+from autotune.errors import UsageError
+from online_datasets import Slow
+
+
+def test_import_autotune_does_not_import_torch():
+    code = ("import sys, autotune; assert 'torch' not in sys.modules; "
+            "autotune.DataLoader; assert 'torch' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert "DataLoader" in autotune.__all__
+
+
+def test_torch_argument_errors_are_torchs():
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        autotune.DataLoader(Slow(8), batch_size=2, batch_sampler=[[0, 1]])
+    with pytest.raises(ValueError, match="teleport"):
+        autotune.DataLoader(Slow(8), multiprocessing_context="teleport")
+    with pytest.raises(UsageError, match="memory_budget must be a positive"):
+        autotune.DataLoader(Slow(8), memory_budget=-1)
+
+
+def test_attributes_as_torch_has_them():
+    g = torch.Generator()
+    loader = autotune.DataLoader(Slow(10), batch_size=3, shuffle=True, generator=g,
+                                 _controller=False)
+    plain = torch.utils.data.DataLoader(Slow(10), batch_size=3, shuffle=True, generator=g)
+    assert len(loader) == len(plain) == 4
+    assert type(loader.sampler) is type(plain.sampler) and loader.sampler.generator is g
+    assert loader.batch_size == 3 and loader.drop_last is False and loader.generator is g
+    assert isinstance(loader.num_workers, int)
+    loader.close()

@@ -1,0 +1,147 @@
+"""The controller's decisions from given windows (in addition to the real runs in
+test_tuning.py), and its settings cache."""
+
+from __future__ import annotations
+
+import json
+
+from autotune.online import cache
+from autotune.online.controller import Controller, MemoryFigures
+from autotune.online.measure import Meter, WindowStats, beyond_noise, window_batches
+
+
+def _w(share, noise=0.01, n=20, wall=1.0):
+    return WindowStats(n, share * wall, (1 - share) * wall, noise)
+
+
+def _ctl(bound=16, budget=10**12, per_worker=1, per_batch=0, **kw):
+    return Controller(fixed=kw.pop("fixed", {}), cuda=False, budget=budget,
+                      memory=lambda: MemoryFigures(per_worker, per_batch, True), bound=bound,
+                      **kw)
+
+
+def test_window_size_and_noise():
+    assert window_batches(0, None) == 10
+    assert window_batches(4, 4) == 32
+    m = Meter(10)
+    stats = [m.add(0.01, 0.01 if i % 2 else 0.03) for i in range(10)]
+    assert stats[:9] == [None] * 9 and stats[9].batches == 10
+    # Every 2-batch sub-window alike: no spread, no noise.
+    assert stats[9].noise == 0 and abs(stats[9].wait_share - 0.2 / 0.3) < 1e-9
+    ramp = [m.add(0.01, 0.002 * i) for i in range(10)][-1]
+    assert ramp.noise > 0.05
+    assert not beyond_noise(_w(0.30, 0.02), _w(0.27, 0.02))
+    assert beyond_noise(_w(0.30, 0.02), _w(0.20, 0.02))
+
+
+def test_climbs_one_knob_at_a_time_then_settles(decisions):
+    c = _ctl()
+    start = c.start()
+    assert (start.num_workers, start.prefetch_factor) == (8, 2)
+    nxt = c.observe(_w(0.50), start)
+    assert (nxt.num_workers, nxt.prefetch_factor) == (9, 2)
+    nxt2 = c.observe(_w(0.30), nxt)           # kept: 50 % -> 30 %
+    assert nxt2.num_workers == 10
+    nxt3 = c.observe(_w(0.29, 0.02), nxt2)    # within the noise: next knob, from the best
+    assert (nxt3.num_workers, nxt3.prefetch_factor) == (9, 4)
+    assert c.observe(_w(0.02), nxt3) is None  # AU 0.98: settled where it is
+    assert c.phase == "settled" and c.tuned == nxt3
+    events = [e for e, _ in decisions()]
+    assert events == ["start", "try", "keep", "try", "reject", "try", "keep", "settle"]
+
+
+def test_rejected_last_knob_goes_back_to_the_best():
+    c = _ctl(bound=2)
+    start = c.start()                         # 2 workers: the bound
+    pf4 = c.observe(_w(0.5), start)
+    assert (pf4.num_workers, pf4.prefetch_factor) == (2, 4)
+    back = c.observe(_w(0.49), pf4)
+    assert back == start and c.phase == "settled"
+
+
+def test_tunes_again_only_after_several_high_windows(decisions):
+    c = _ctl(bound=2)
+    start = c.start()
+    assert c.observe(_w(0.03), start) is None and c.phase == "settled"
+    assert c.observe(_w(0.30), start) is None
+    assert c.observe(_w(0.02), start) is None      # one high window is not enough
+    assert c.observe(_w(0.30), start) is None
+    assert c.observe(_w(0.30), start) is None
+    again = c.observe(_w(0.30), start)
+    assert again is not None and again.prefetch_factor == 4
+    assert [e for e, _ in decisions()].count("retune") == 1
+
+
+def test_memory_budget_refuses_and_names_the_figures(decisions):
+    # 8 workers of 100 MiB: a ninth needs 8 + 9 workers alive during the switch.
+    mib = 2**20
+    c = _ctl(bound=16, budget=1500 * mib, per_worker=100 * mib, per_batch=0)
+    start = c.start()
+    assert c.observe(_w(0.5), start) is None
+    assert c.phase == "settled"
+    msgs = [r.getMessage() for e, r in decisions() if e == "bound"]
+    assert any("memory budget of 1,500 MiB" in m and "1,700 MiB" in m for m in msgs)
+
+
+def test_start_is_capped_by_the_budget():
+    mib = 2**20
+    c = _ctl(bound=8, budget=350 * mib, per_worker=100 * mib)
+    assert c.start().num_workers == 3
+
+
+def test_fixed_settings_are_kept():
+    c = _ctl(fixed={"num_workers": 3, "persistent_workers": False})
+    start = c.start()
+    assert (start.num_workers, start.persistent_workers) == (3, False)
+    assert c.knobs == ["prefetch_factor"]
+    assert c.observe(_w(0.5), start).num_workers == 3
+    assert _ctl(fixed={"num_workers": 0}).knobs == []
+
+
+def test_settled_settings_are_cached_and_used(tmp_path):
+    key = cache.dataset_key(object(), "mine", 32, 2)
+    c = _ctl(bound=4, cache_key=key)
+    c.observe(_w(0.01), c.start())
+    stored = json.loads(cache.cache_file().read_text())
+    assert stored[key] == {"num_workers": 4, "prefetch_factor": 2}
+    cache.store(key, {"num_workers": 3, "prefetch_factor": 4})
+    again = _ctl(bound=4, cache_key=key).start()
+    assert (again.num_workers, again.prefetch_factor) == (3, 4)
+    assert [p.name for p in cache.cache_file().parent.iterdir()] == ["online.json"]
+
+
+def test_cache_key_names_the_dataset_root(tmp_path):
+    class WithRoot:
+        root = str(tmp_path)
+
+        def __len__(self):
+            return 7
+    assert cache.dataset_key(WithRoot(), None, 4, 2) == f"{tmp_path}|len=7|batch=4|cores=2"
+    assert cache.dataset_key([1, 2], None, 4, 2).startswith("builtins.list|len=2")
+
+
+def test_switch_costs_are_charged_to_the_trial_that_caused_them():
+    c = _ctl(bound=2)
+    start = c.start()
+    pf4 = c.observe(_w(0.5), start)
+    c.charge(pf4, 0.25)                        # the switch to the trial
+    back = c.observe(_w(0.49), pf4)            # rejected: back to the start
+    c.charge(back, 0.5)                        # the way back, caused by the trial too
+    costs = {t.config: t.switch_cost_s for t in c.trials}
+    assert costs[pf4] == 0.75 and costs.get(start, 0.0) == 0.0
+    assert c.switch_cost_s == 0.75
+
+
+def test_why_names_decode_storage_and_loader():
+    from autotune.online.why import WorkerCpu, cpu_seconds, explain
+    import os
+    assert explain(0.5, 0.95, 4, 4)[0] == "decode"
+    assert explain(0.5, 0.1, 4, 4)[0] == "storage"
+    assert explain(0.5, 0.9, 2, 4)[0] == "loader"
+    assert explain(0.5, None, 0, 4)[0] == "unknown"
+    assert cpu_seconds([os.getpid()]) > 0 and cpu_seconds([2**22 + 7]) is None
+    w = WorkerCpu()
+    w.sample([os.getpid()])
+    sum(range(2_000_000))
+    w.sample([os.getpid()])
+    assert w.share is not None and w.share > 0

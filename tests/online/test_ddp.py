@@ -1,0 +1,84 @@
+"""Two gloo ranks: the same decisions at the same steps on both, each rank's index batches
+those of a plain DataLoader with its DistributedSampler."""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import time
+
+import pytest
+
+from online_datasets import Slow
+
+DECISIONS = ("try", "keep", "reject", "settle", "retune", "bound", "failed")
+
+
+def _rank(rank: int, world: int, rdv: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader as TorchLoader, DistributedSampler
+
+    import autotune
+    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    ds = Slow(160, 0.003)
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=1)
+    loader = autotune.DataLoader(ds, batch_size=4, sampler=sampler, key="ddp-test")
+    events = []
+
+    class Decisions(logging.Handler):
+        def emit(self, record):
+            e = getattr(record, "autotune_event", None)
+            if e in DECISIONS:
+                events.append([e, loader._steps, record.autotune.get("config")])
+    log = logging.getLogger("autotune.online")
+    log.addHandler(Decisions())
+    log.setLevel(logging.INFO)
+    seqs = []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        for b in loader:
+            time.sleep(0.004 if rank == 0 else 0.001)  # rank 1 waits longer: the slowest
+            seqs.append(b.flatten().tolist())
+    loader.close()
+    plain_sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=1)
+    plain = TorchLoader(ds, batch_size=4, sampler=plain_sampler)
+    ref = []
+    for epoch in range(4):
+        plain_sampler.set_epoch(epoch)
+        ref += [b.flatten().tolist() for b in plain]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"events": events, "same_batches": seqs == ref,
+                   "bound": loader._ctl.bound}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_decide_alike_at_the_same_steps(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    rdv = str(tmp_path / "rendezvous")
+    procs = [ctx.Process(target=_rank, args=(r, 2, rdv, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 240
+    for p in procs:
+        p.join(max(1.0, deadline - time.monotonic()))
+    hung = [p for p in procs if p.is_alive()]
+    for p in hung:
+        p.kill()
+    assert not hung, "a rank hung: the decision steps disagreed"
+    assert [p.exitcode for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["same_batches"] and r1["same_batches"]
+    assert r0["events"] == r1["events"]
+    assert any(e[0] == "try" for e in r0["events"])  # a decision was taken, together
+    assert r0["bound"] == r1["bound"] == max(1, _cores() // 2)  # each rank's share
+
+
+def _cores() -> int:
+    from autotune.cpus import usable_cores
+    return usable_cores()
+
+
