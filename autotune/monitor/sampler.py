@@ -59,6 +59,18 @@ def _guard(fn: Callable[[], Any]) -> Any:
         return Unavailable(f"{type(e).__name__}: {e}")
 
 
+def _rates(prev: Any, cur: Any, kind: type, rates: Callable[[Any, Any], Any]) -> Any:
+    """The interval's rates of two snapshots; else why not (never a raw snapshot: a read
+    that failed once, e.g. out of file descriptors, leaves the next interval without a
+    start)."""
+    if isinstance(prev, kind) and isinstance(cur, kind):
+        return _guard(lambda: rates(prev, cur))
+    if isinstance(cur, kind):
+        return prev if isinstance(prev, Unavailable) else Unavailable(
+            "no snapshot at the interval's start")
+    return cur   # Unavailable, or None when not watched
+
+
 class SystemMonitor:
     """Samples the system every `interval` seconds in a background thread.
 
@@ -191,12 +203,8 @@ class SystemMonitor:
 
     def _measure(self, prev: _State, cur: _State) -> Sample:
         dt = cur.mono - prev.mono
-        disk: Any = cur.disk
-        if isinstance(prev.disk, DiskSnapshot) and isinstance(cur.disk, DiskSnapshot):
-            disk = _guard(lambda: disk_rates(prev.disk, cur.disk))
-        cpu: Any = cur.cpu
-        if isinstance(prev.cpu, CpuSnapshot) and isinstance(cur.cpu, CpuSnapshot):
-            cpu = _guard(lambda: cpu_usage(prev.cpu, cur.cpu))
+        disk: Any = _rates(prev.disk, cur.disk, DiskSnapshot, disk_rates)
+        cpu: Any = _rates(prev.cpu, cur.cpu, CpuSnapshot, cpu_usage)
         proc = _guard(lambda: self._tree.sample(cur.mono)) if self._tree is not None else None
         gpu = _guard(self._gpu.read) if self._gpu is not None else None
         return Sample(time=cur.wall, monotonic=cur.mono, interval_s=dt, disk=disk, cpu=cpu,

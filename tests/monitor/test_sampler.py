@@ -93,3 +93,23 @@ def test_percentile_matches_numpy_linear() -> None:
     vals = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
     for q in (0, 50, 95, 100):
         assert percentile(vals, q) == pytest.approx(float(np.percentile(vals, q)))
+
+
+def test_an_interval_after_a_failed_read_is_unavailable_not_a_raw_snapshot():
+    # Seen under `ulimit -n 32`: one /proc/stat read failed (EMFILE), the next interval
+    # carried the raw snapshot and the search's JSON could not be written.
+    import json
+    import time
+
+    from autotune.monitor.cpu import CpuSnapshot, cpu_usage, read_cpu_times
+    from autotune.monitor.records import Unavailable, to_jsonable
+    from autotune.monitor.sampler import _rates
+
+    cur = read_cpu_times()
+    got = _rates(Unavailable("OSError: [Errno 24] Too many open files"), cur, CpuSnapshot,
+                 cpu_usage)
+    assert isinstance(got, Unavailable) and "Too many open files" in got.reason
+    json.dumps(to_jsonable(got))
+    assert isinstance(_rates(None, cur, CpuSnapshot, cpu_usage), Unavailable)
+    time.sleep(0.05)
+    assert not isinstance(_rates(cur, read_cpu_times(), CpuSnapshot, cpu_usage), Unavailable)
