@@ -282,7 +282,8 @@ class TaskSampler:
                 # its wait changed: one pread and a compare, no parsing. A thread quiet for
                 # QUIET_SWEEPS is read only every QUIET_EVERY-th sweep (idle pool threads:
                 # most of a job's threads); its wake-up is seen at most that late.
-                if t.skip:
+                skipped = t.skip > 0
+                if skipped:
                     t.skip -= 1
                     data = t.raw
                 else:
@@ -297,7 +298,9 @@ class TaskSampler:
                     elif t.storage:
                         t.s_storage_s += dt
                     t.quiet += 1
-                    if t.quiet >= QUIET_SWEEPS and not t.skip:
+                    # Only a read that found it unchanged starts a new run of skips: set
+                    # on a skipped sweep too, the thread would never be read again.
+                    if t.quiet >= QUIET_SWEEPS and not skipped:
                         t.skip = QUIET_EVERY - 1
                     continue
                 t.quiet = 0

@@ -326,3 +326,30 @@ def test_a_kernel_without_schedstat_or_psi_gets_one_note_each(
     assert main.share("on_cpu") > 0.2
     assert main.seconds["runnable"] == 0.0
     assert b.io_source == "state-sampling" or tasks.delayacct_on()
+
+
+def test_a_thread_that_sleeps_between_bursts_is_still_read():
+    # A training step's pattern: 250 ms asleep (quiet for more than QUIET_SWEEPS sweeps),
+    # then 50 ms on a CPU. The quiet-thread shortcut once skipped such a thread for good:
+    # every window after the first read on a CPU 0 % (the demo's budget said "idle").
+    import subprocess
+    import sys
+    import time
+
+    from autotune.monitor.tasks import TaskSampler
+
+    code = ("import time\nwhile True:\n    time.sleep(0.25)\n    t = time.perf_counter()\n"
+            "    while time.perf_counter() - t < 0.05:\n        pass\n")
+    p = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        time.sleep(0.3)
+        ts = TaskSampler(p.pid).start()
+        shares = []
+        for _ in range(5):
+            time.sleep(0.6)
+            shares.append(ts.take().classes["main"].share("on_cpu"))
+        ts.stop()
+    finally:
+        p.kill()
+        p.wait()
+    assert all(s > 0.01 for s in shares[1:]), shares
