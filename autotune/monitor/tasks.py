@@ -21,7 +21,7 @@ QUIET_EVERY-th sweep only, until it runs again: its wake-up, or its exit, is see
 ~50 ms late. The tree is re-discovered every
 DISCOVER_S; a process born in between is counted from its birth (its schedstat from 0).
 
-Storage waits (wchan of a thread in S; see `storage_wait_kind`): FUSE requests
+Storage waits (wchan of a thread in S, or in D outside block I/O; see `storage_wait_kind`): FUSE requests
 (`request_wait_answer`, `fuse_*`), NFS/SunRPC (`rpc_wait_bit_killable`, `nfs_*`, `rpc_*`),
 CIFS and Ceph clients, and, in worker processes only, a TCP socket receive (`sk_wait_data`,
 `tcp_recvmsg*`, and `wait_woken`, which names an inet receive on kernels where
@@ -137,8 +137,8 @@ class _Thread:
     state: bytes = b"S"
     storage: str | None = None
     alive_s: float = 0.0                        # wall time seen in this window
-    d_s: float = 0.0                            # sampled time in D
-    s_storage_s: float = 0.0                    # sampled time in S on a storage wait
+    d_s: float = 0.0                            # sampled time in D, not a storage wait
+    s_storage_s: float = 0.0                    # sampled time in S or D on a storage wait
     pre_switch: bool = False                    # born before delay accounting was switched on
     gone: bool = False
 
@@ -293,10 +293,10 @@ class TaskSampler:
                         data = b""
                 if data and data == t.raw:
                     t.alive_s += dt
-                    if t.state == b"D":
-                        t.d_s += dt
-                    elif t.storage:
+                    if t.storage:
                         t.s_storage_s += dt
+                    elif t.state == b"D":
+                        t.d_s += dt
                     t.quiet += 1
                     # Only a read that found it unchanged starts a new run of skips: set
                     # on a skipped sweep too, the thread would never be read again.
@@ -407,14 +407,18 @@ class TaskSampler:
             t.state, blkio = st[0], st[1]
             if not self.schedstat:
                 run = int(st[3] * 1e9 / CLK_TCK)
-            t.storage = self._storage(t) if t.state == b"S" else None
+            # A storage client may wait in D, not only S: FUSE's O_DIRECT read sleeps
+            # uninterruptibly in fuse_direct_IO, NFS's TASK_KILLABLE waits read D. Delay
+            # accounting counts neither (they are not io_schedule), so they are storage
+            # waits, and D without a storage wchan is block I/O.
+            t.storage = self._storage(t) if t.state in (b"S", b"D") else None
         t.last = (run, wait, blkio)
         if not fresh:
             t.alive_s += dt
-            if t.state == b"D":
-                t.d_s += dt
-            elif t.state == b"S" and t.storage:
+            if t.storage:
                 t.s_storage_s += dt
+            elif t.state == b"D":
+                t.d_s += dt
 
     def _storage(self, t: _Thread) -> str | None:
         if t.fd_wchan < 0:
@@ -462,6 +466,7 @@ class TaskSampler:
         pre: set[int] = set()
         # Switched off under us (by hand, or a run outside autotune): blkio stopped counting.
         da = self.delayacct and delayacct_on()
+        implausible = 0
         for t in self._threads.values():
             if t.alive_s <= 0 and t.last == t.base:
                 continue
@@ -474,6 +479,12 @@ class TaskSampler:
             runnable = max(0, t.last[1] - t.base[1]) / 1e9
             if da and not t.pre_switch:
                 io = max(0, t.last[2] - t.base[2]) / CLK_TCK
+                if io > t.alive_s + 2.0 / CLK_TCK:
+                    # Blocked longer than it was alive in the window: a count that is not
+                    # this window's (seen once behind a cap: 210x the window). The sampled
+                    # state is the figure then, and the budget says so.
+                    io = t.d_s
+                    implausible += 1
             else:
                 io = t.d_s
                 if t.pre_switch:
@@ -491,6 +502,9 @@ class TaskSampler:
                        io_source="delayacct" if da and not pre else "state-sampling",
                        samples=win.sweeps, hz=win.sweeps / wall if wall > 0 else 0.0)
         b.notes.extend(self._notes(win, pre))
+        if implausible:
+            b.notes.append(f"{implausible} thread(s)' delay-accounting I/O exceeded their time "
+                           "alive in the window: their I/O is sampled from task states")
         if self.delayacct and not da:
             b.notes.append("kernel.task_delayacct was switched off during the run: I/O is "
                            "sampled from task states")
