@@ -426,13 +426,19 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                 # The running figure, so that a search can stop a clearly worse trial early.
                 last_tick = t2
                 _status(status_fd, f"tick {t2 - start:.3f} {window_images}")
-            if deadline is not None and t2 >= deadline:
+            if deadline is not None and t2 >= deadline and (
+                    len(batches) >= cfg.min_batches or t2 >= deadline + cfg.window_extension_s):
+                # --seconds is the window's least length: one that holds fewer batches
+                # than a figure needs stays open for them (a busy machine or a slow disk
+                # makes each batch slower, not the figure wrong), up to its extension.
                 break
     except EpochEnd:
         stop_reason = "epoch_end"
     if batches:
         out["window_io"] = _io_delta(io0, _tree_io())
     marks["window_start"] = start
+    if deadline is not None and batches and batches[-1][3] > deadline:
+        out["extended_s"] = batches[-1][3] - deadline
     marks["window_end"] = batches[-1][3] if batches else time.monotonic()
     out.update(stop_reason=stop_reason, epochs=src.epochs, warmup_done=done_warm,
                warmup_wait_s=warm_wait)

@@ -18,6 +18,7 @@ DEFAULT_PRESET = "resnet50"
 # tens of seconds (a 300-IOPS disk: 7-10 s).
 _STARTUP_ALLOWANCE_S = 180.0
 MIN_WINDOW_BATCHES = 10
+WINDOW_EXTENSION_MIN_S = 10.0
 DEFAULT_SECONDS = 20.0
 
 
@@ -223,6 +224,13 @@ class BenchConfig:
         """Fewest measured batches that make a figure: 10, and twice the prefetch queue
         (batches made during warm-up can still be draining when the window opens)."""
         return max(MIN_WINDOW_BATCHES, 2 * self.prefetch_queue)
+
+    @property
+    def window_extension_s(self) -> float:
+        """How long past --seconds a window that holds fewer than min_batches stays open
+        for them: as long again, and at least WINDOW_EXTENSION_MIN_S (well inside the hard
+        timeout of 2 x seconds + the start-up allowance)."""
+        return max(self.seconds, WINDOW_EXTENSION_MIN_S)
 
     @property
     def window_needed_s(self) -> float | None:

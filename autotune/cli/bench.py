@@ -85,7 +85,9 @@ options override them."""
                                "[B,3,H,W], labels [B]); also path/to/file.py:function")
         p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
                        help="measured window after warm-up (default 20, longer for a long "
-                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps)")
+                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
+                            "kept open longer, up to as long again, until it holds 10 "
+                            "batches)")
         p.add_argument("--warmup-batches", type=nonneg_int("--warmup-batches"), metavar="N",
                        help="batches excluded at start (default max(5, workers x prefetch))")
         cache = p.add_mutually_exclusive_group()

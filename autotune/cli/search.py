@@ -81,7 +81,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
         p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
                        help="measured window per trial (default 10, longer for a long "
-                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps)")
+                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
+                            "kept open longer, up to as long again, until it holds 10 "
+                            "batches)")
         p.add_argument("--study", metavar="NAME", help="study name (default: from dataset and preset)")
         p.add_argument("--storage", metavar="URL",
                        help="Optuna storage (default sqlite:///OUT/study.db); hosts share one "

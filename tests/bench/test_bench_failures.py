@@ -73,17 +73,31 @@ def test_real_step_is_called_with_the_batch(small_dataset: Path, tmp_path: Path,
 
 def test_a_real_step_too_long_for_the_window_names_the_seconds_it_needs(
         small_dataset: Path, tmp_path: Path, no_leftovers) -> None:
-    # A real step's time is known only once measured: 0.5 s per batch in a 2 s window
-    # holds 4 batches. The hint names the window the pace measured needs: 2 warm-up + 10
-    # batches of at least 0.5 s each (a busy machine can only make it longer).
+    # A real step's time is known only once measured: 1.5 s per batch in a 2 s window
+    # kept open 10 s more for the batches a figure needs holds 8. The hint names the
+    # window the pace measured needs: 2 warm-up + 10 batches of at least 1.5 s each (a
+    # busy machine can only make it longer).
     step = tmp_path / "slowstep.py"
-    step.write_text("import time\ndef step(batch):\n    time.sleep(0.5)\n")
+    step.write_text("import time\ndef step(batch):\n    time.sleep(1.5)\n")
     r = run_bench(small_dataset, _cfg(step=f"{step}:step", seconds=2, warmup_batches=2))
     assert r.failed and r.failure_kind == "too_few_batches", r.reason
+    assert r.window["batches"] < 10 and r.window["extended_s"] >= 9, r.window
     import re
 
     m = re.search(r"give --seconds (\d+) or more \(2 warm-up \+ 10 batches at the ", r.hint)
-    assert m and int(m.group(1)) >= 6, r.hint
+    assert m and int(m.group(1)) >= 18, r.hint
+
+
+def test_a_window_too_short_for_a_real_step_stays_open_for_the_batches_it_needs(
+        small_dataset: Path, tmp_path: Path, no_leftovers) -> None:
+    # 0.3 s per batch: a 1 s window holds 3 batches, so it stays open past --seconds
+    # until it holds the 10 a figure needs (about 3 s), then closes.
+    step = tmp_path / "step.py"
+    step.write_text("import time\ndef step(batch):\n    time.sleep(0.3)\n")
+    r = run_bench(small_dataset, _cfg(step=f"{step}:step", seconds=1, warmup_batches=2))
+    assert not r.failed, r.reason
+    assert r.window["batches"] == 10 and r.window["extended_s"] > 0, r.window
+    assert r.window["requested_seconds"] == 1 and r.window["seconds"] >= 3, r.window
     no_leftovers(r)
 
 

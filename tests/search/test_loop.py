@@ -45,6 +45,7 @@ def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir
         # trials run under the cap.
         r = run_loop(ds, opts(tmp_path, compute_ms=5, cold=True, trials=1, throttle=cap),
                      convert="auto", stage_dir=stage_dir)
+    assert r.before.verdict is not None, [(t.params, t.reason) for t in r.before.trials]
     assert r.before.verdict.bottleneck == "storage"
     assert r.converted["format"] == "wds"  # throttled, unmeasured storage: shards
     assert r.after is not None and r.after.recommended is not None

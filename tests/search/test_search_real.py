@@ -134,6 +134,7 @@ def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
                                 throttle=cap))
     assert r.ceilings.storage < 100  # the probe's replay ran under the cap
     assert r.ceilings.storage < r.ceilings.decode
+    assert r.verdict is not None, [(t.params, t.reason) for t in r.trials]
     assert r.verdict.bottleneck == "storage", r.verdict.to_dict()
     # Decided from the budget (the workers blocked on the capped reads), with the ceiling
     # measured apart beside it in the evidence.

@@ -79,6 +79,8 @@ def _measured(r: Any) -> Table:
     t.add_row("window", f"{w.get('seconds', 0):.1f} s",
               f"{w.get('batches')} batches, {w.get('samples'):,} images"
               + (" (SHORTENED: end of the first cold pass)" if w.get("shortened") else "")
+              + (f" (kept open {w['extended_s']:.1f} s past --seconds for the batches a "
+                 "figure needs)" if w.get("extended_s") else "")
               + f"; warm-up {w.get('warmup_batches')} batches in {w.get('warmup_s', 0):.1f} s"
               + (f", first batch {fb:.1f} s" if fb is not None else ""))
     return t
