@@ -207,6 +207,38 @@ def test_cpu_heavy_workers_with_the_cores_full_is_decode():
     assert any("want 2.10 core(s) (on a CPU + runnable) of 2 usable" in e for e in v.evidence)
 
 
+def _stages(read: float, decode: float, transform: float, collate: float) -> dict:
+    from autotune.data.stages import stage_budget
+
+    after = {"read": read, "decode": decode, "transform": transform, "collate": collate,
+             "samples": 1000, "batches": 100}
+    return stage_budget({}, after, workers=2, wall_s=20.0)
+
+
+def test_a_decode_verdict_names_the_pipeline_stage_to_lighten():
+    s = system(cores=2, total=98, budget_d=budget(workers=klass(2, on_cpu=0.8, runnable=0.15),
+                                                  main=IDLE_MAIN))
+    for (r, d, t, c), word in (((1, 30, 6, 1), "decoder simplejpeg"),
+                               ((1, 6, 30, 1), "exact: false"),
+                               ((1, 6, 6, 30), "uint8 output")):
+        v = decide(inputs(0.2, s, workers=2, stages=_stages(r, d, t, c)))
+        assert v.bottleneck == "decode", v
+        assert word in v.advice[0] and "convert --max-side" in v.advice[1], v.advice
+        assert "of the pipeline's time" in v.summary
+        assert any(e.startswith("pipeline stages (timed in the loading processes): read")
+                   for e in v.evidence), v.evidence
+    # The shared advice is not changed by one verdict's insertion.
+    assert decide(inputs(0.2, s, workers=2)).advice[0].startswith("decode is the limit")
+
+
+def test_storage_verdict_shows_the_read_stage_as_evidence_only():
+    s = system(cores=8, budget_d=budget(workers=klass(4, io=0.8, on_cpu=0.05), main=IDLE_MAIN))
+    v = decide(inputs(0.2, s, workers=4, stages=_stages(30, 2, 1, 0.5)))
+    assert v.bottleneck == "storage", v
+    assert any("pipeline stages" in e and "read 90%" in e for e in v.evidence), v.evidence
+    assert "pipeline's time" not in v.summary
+
+
 def test_one_worker_on_a_cpu_with_a_free_core_is_loader():
     s = system(cores=2, total=55, budget_d=budget(workers=klass(1, on_cpu=0.9, runnable=0.02),
                                                   main=IDLE_MAIN))

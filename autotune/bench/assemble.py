@@ -285,6 +285,7 @@ def _figures(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
         res.input_bound = f.step_fraction < INPUT_BOUND_AU
     res.batch_wait_ms = {"p50": f.wait_ms_p50, "p95": f.wait_ms_p95, "max": f.wait_ms_max}
     res.step_ms = ({"p50": f.step_ms_p50, "p95": f.step_ms_p95} if cfg.has_step else None)
+    res.stages = child.get("stages")
     res.window = {
         "seconds": f.wall_s, "requested_seconds": cfg.seconds, "batches": f.batches,
         "samples": f.samples, "windows": len(f.window_rates),

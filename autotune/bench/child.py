@@ -192,7 +192,8 @@ def run(spec: dict[str, Any], status_fd: int, go_fd: int, out: dict[str, Any]) -
     out["marks"]["go"] = time.monotonic()
     del primer  # its worker exits; the pages it touched stay cached for ours
     loader = _build_loader(spec, cfg, out)
-    return _measure(loader, cfg, _step(cfg, step_fn), status_fd, out)
+    return _measure(loader, cfg, _step(cfg, step_fn), status_fd, out,
+                    getattr(loader.dataset, "stage_clock", None))
 
 
 def _prepare(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> tuple[Any, Any]:
@@ -256,15 +257,33 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
         note = source.readers_note(cfg.num_workers, world)
         if note:
             out.setdefault("warnings", []).append(note)
+    else:
+        dataset = ImageDataset(source, transform)
+    # autotune's own pipeline times its stages in each worker (autotune.data.stages).
+    dataset.stage_clock = clock = _stage_clock(spec, cfg)
+    if clock is not None:
+        kwargs["collate_fn"] = clock.timed_collate(kwargs.get("collate_fn")
+                                                   or torch.utils.data.default_collate)
+    if source.iterable:
         loader = torch.utils.data.DataLoader(dataset, drop_last=True, **kwargs)
     else:
-        loader = _map_loader(ImageDataset(source, transform), cfg, rank, world, kwargs)
+        loader = _map_loader(dataset, cfg, rank, world, kwargs)
     out["epoch_batches"] = len(loader)
     out["images"] = len(source)
     if out["epoch_batches"] == 0:
         raise ValueError(f"{spec['dataset']}: {len(source)} images is less than one batch of "
                          f"{cfg.batch_size}; use a smaller batch size or a larger dataset")
     return loader
+
+
+def _stage_clock(spec: dict[str, Any], cfg: Any) -> Any:
+    """A stage clock in the run's scratch folder, or None without one (a caller of
+    run() that gave none)."""
+    from autotune.data.stages import StageClock, clock_path
+
+    if not spec.get("scratch"):
+        return None
+    return StageClock.create(clock_path(spec["scratch"]), cfg.num_workers)
 
 
 def _loader_kwargs(cfg: Any, worker_init: Callable[[int], None]) -> dict[str, Any]:
@@ -375,8 +394,9 @@ class _Batches:
 
 
 def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
-             out: dict[str, Any]) -> Any:
-    """Warm-up (excluded), then the window: each batch's wait and step, timed."""
+             out: dict[str, Any], clock: Any = None) -> Any:
+    """Warm-up (excluded), then the window: each batch's wait and step, timed; with a
+    stage clock, the pipeline's stage budget of the window."""
     from autotune.instrumentation import batch_len
 
     marks = out["marks"]
@@ -389,6 +409,7 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
     out["batches"] = batches
     warm_wait, done_warm = 0.0, 0
     io0 = _tree_io() if warmup == 0 else {}
+    st0 = clock.totals() if clock is not None and warmup == 0 else {}
     deadline = start + cfg.seconds if warmup == 0 else None
     if warmup == 0:
         out["phase"] = "measure"
@@ -415,6 +436,8 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                     # Storage reads of the window, from the kernel's per-process counters:
                     # proof of where the bytes came from (page cache or disk).
                     io0 = _tree_io()
+                    if clock is not None:
+                        st0 = clock.totals()
                     out["phase"] = "measure"
                     _status(status_fd, f"measure {cfg.seconds:g}")
                 continue
@@ -436,6 +459,11 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
         stop_reason = "epoch_end"
     if batches:
         out["window_io"] = _io_delta(io0, _tree_io())
+        if clock is not None:
+            from autotune.data.stages import stage_budget
+
+            out["stages"] = stage_budget(st0, clock.totals(), workers=cfg.num_workers,
+                                         wall_s=batches[-1][3] - start)
     marks["window_start"] = start
     if deadline is not None and batches and batches[-1][3] > deadline:
         out["extended_s"] = batches[-1][3] - deadline

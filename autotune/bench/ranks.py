@@ -130,7 +130,7 @@ def _combine(out: dict[str, Any], ranks: list[_Rank], results: list[dict[str, An
     first = results[0] or {}
     for k in ("torch", "cuda", "dataset", "epoch_batches", "images", "nofile_limit",
               "stop_reason", "epochs", "warmup_done", "warmup_wait_s", "batches", "window_io",
-              "extended_s"):
+              "extended_s", "stages"):
         if k in first:
             out[k] = first[k]
     out["marks"].update({k: v for k, v in (first.get("marks") or {}).items()

@@ -55,6 +55,10 @@ class BenchResult:
     # With ranks (procs_per_node > 1): each rank's figures; images_per_s is the node's
     # (ranks x the slowest rank), images_per_s_sum what the ranks delivered together.
     per_rank: list[dict[str, Any]] | None = None
+    # autotune's own pipeline: seconds and shares of read, decode, transform and collate
+    # in the window, timed in each loading process (autotune.data.stages.stage_budget);
+    # None for a user's own dataset (the time budget in system.figures is its budget).
+    stages: dict[str, Any] | None = None
     images_per_s_sum: float | None = None
 
     @property
@@ -94,6 +98,7 @@ class BenchResult:
             "cache_label": self.label,
             "cache": self.cache,
             "window": self.window,
+            "stages": self.stages,
             "system": self.system,
             "warnings": self.warnings,
             "process": self.process,

@@ -231,7 +231,8 @@ class _Measurement:
     def run(self, tmp: Path, popen: Popen, watch_path: Path | str) -> None:
         """Spawn, watch under the hard timeout, and kill the whole group whatever happened."""
         spec = {"config": self.cfg.to_dict(), "dataset": str(self.root),
-                "parent_pid": os.getpid(), "formats": registry.exported()}
+                "parent_pid": os.getpid(), "formats": registry.exported(),
+                "scratch": str(tmp)}
         (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
         repo = str(Path(__file__).resolve().parents[2])  # the checkout or site dir holding autotune/

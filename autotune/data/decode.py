@@ -23,6 +23,7 @@ Over it, SampleError says the dimensions (Pillow's own warning or error never es
 from __future__ import annotations
 
 import io
+import time
 import warnings
 from typing import Any
 
@@ -110,6 +111,15 @@ class Opened:
     at full scale."""
 
     def __init__(self, data: bytes, decoder: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._open(data, decoder)
+        finally:
+            # Seconds spent decoding so far (the header, then pil()/array()): the
+            # pipeline's decode stage (autotune.data.stages).
+            self.decode_s = time.perf_counter() - t0
+
+    def _open(self, data: bytes, decoder: str) -> None:
         self.data = data
         self._sj: Any = None
         self._img: Any = None
@@ -129,10 +139,25 @@ class Opened:
 
     def pil(self, k: int = 1) -> tuple[Any, int]:
         """(PIL image as decoded, in the file's own mode; the factor it was shrunk by)."""
+        t0 = time.perf_counter()
+        try:
+            return self._pil(k)
+        finally:
+            self.decode_s += time.perf_counter() - t0
+
+    def array(self, k: int = 1) -> tuple[Any, int]:
+        """(HxWx3 uint8 RGB array; the factor the image was shrunk by)."""
+        t0 = time.perf_counter()
+        try:
+            return self._array(k)
+        finally:
+            self.decode_s += time.perf_counter() - t0
+
+    def _pil(self, k: int) -> tuple[Any, int]:
         if self._sj is not None:
             from PIL import Image
 
-            arr, k = self.array(k)
+            arr, k = self._array(k)
             return Image.fromarray(arr, "RGB"), k
         img = self._img
         if k > 1 and img.format == "JPEG":
@@ -142,12 +167,11 @@ class Opened:
         img.load()
         return img, _factor(self.size, img.size) if img.size != self.size else 1
 
-    def array(self, k: int = 1) -> tuple[Any, int]:
-        """(HxWx3 uint8 RGB array; the factor the image was shrunk by)."""
+    def _array(self, k: int) -> tuple[Any, int]:
         if self._sj is None:
             import numpy as np
 
-            img, k = self.pil(k)
+            img, k = self._pil(k)
             if img.mode != "RGB":
                 img = img.convert("RGB")
             return np.asarray(img), k

@@ -203,13 +203,21 @@ class SampleTransform:
         return self._consts
 
     def __call__(self, data: bytes | str | os.PathLike[str]) -> Any:
-        from autotune.data import geometry, pixels
-        from autotune.data.decode import open_image
+        return self.run(data)[0]
 
+    def run(self, data: bytes | str | os.PathLike[str]) -> tuple[Any, float]:
+        """(the output; the seconds of it spent decoding: the header and the pixels)."""
         if isinstance(data, (str, os.PathLike)):
             data = Path(data).read_bytes()
+        from autotune.data.decode import open_image
+
+        opened = open_image(data, self.spec.decoder)
+        return self._pixels(opened), opened.decode_s
+
+    def _pixels(self, opened: Any) -> Any:
+        from autotune.data import geometry, pixels
+
         s = self.spec
-        opened = open_image(data, s.decoder)
         geo = geometry.plan(s, *opened.size)  # crop, then flip: torchvision's draw order
         k = geo.reduction() if s.draft else 1
         jitter = geometry.jitter_params(s.jitter) if s.jitter else None

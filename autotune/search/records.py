@@ -46,6 +46,7 @@ class TrialRecord:
     step_ms: float | None = None      # p50 of the (emulated or real) step
     # What the monitor saw in the window (autotune.monitor.figures): the verdict's evidence.
     system_figures: dict[str, Any] | None = None
+    stages: dict[str, Any] | None = None   # autotune's pipeline by stage (BenchResult.stages)
     per_rank: list[dict[str, Any]] | None = None   # procs_per_node > 1: each rank's figures
     # Who measured it (autotune.search.shared.host_info): figures compare within one class
     # of hosts (CPU model, cores, storage class).
@@ -81,6 +82,7 @@ class TrialRecord:
             reason=r.get("reason"), hint=r.get("hint"), seconds=r.get("seconds_total"),
             measured_s=_fig(r, "window", "seconds"), step_ms=_fig(r, "step_ms", "p50"),
             system_figures=system.get("figures"), per_rank=r.get("per_rank"),
+            stages=r.get("stages"),
             batches=int(b) if (b := _fig(r, "window", "batches")) is not None else None,
             timeline_file=r.get("timeline_file"), warnings=list(r.get("warnings") or []))
 

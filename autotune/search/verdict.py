@@ -36,7 +36,8 @@ def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings, *,
         storage_ceiling=ceilings.valid("storage"), storage_unit=ceilings.storage_unit,
         storage_overtaken="storage" in ceilings.lower_bounds,
         storage_concurrency=ceilings.storage_best_concurrency,
-        decode_ceiling=ceilings.valid("decode"), worker_bound=worker_bound)
+        decode_ceiling=ceilings.valid("decode"), worker_bound=worker_bound,
+        stages=rec.stages)
     v = decide_rules(inp)
     v.evidence[1:1] = _search_lines(rec, best, ceilings, no_step)
     return v

@@ -66,6 +66,9 @@ class RuleInputs:
     storage_concurrency: int | None = None    # reads in flight at the storage ceiling
     decode_ceiling: float | None = None
     worker_bound: int | None = None           # the most workers; None: bounds.worker_bound
+    # autotune's own pipeline: where its time went by stage (autotune.data.stages), None
+    # for a user's dataset (the time budget is its budget).
+    stages: dict[str, Any] | None = None
 
 
 def _pct(x: float | None) -> str:
@@ -155,8 +158,32 @@ def decide(inp: RuleInputs) -> Verdict:
         v = _on_cpu(inp, budget, load, ev, cmd)
     else:
         v = _main_process(inp, budget, load, ev, cmd)
+    _stages(inp, v, ev)
     _confirm(v, at, ev)
     return v
+
+
+def _stages(inp: RuleInputs, v: Verdict, ev: list[str]) -> None:
+    """The pipeline's own stage budget beside the kernel's: which stage the loaders' time
+    went to, and for a CPU-bound pipeline, which part of it to make lighter."""
+    from autotune.data.stages import stage_line
+
+    line = stage_line(inp.stages)
+    if line is None:
+        return
+    ev.append(f"pipeline stages (timed in the loading processes): {line}")
+    if v.bottleneck != "decode":
+        return
+    sh = inp.stages["share"]  # type: ignore[index]
+    top = max(("decode", "transform", "collate"), key=lambda k: sh[k])
+    v.summary += f"; of the pipeline's time, {top} takes {sh[top]:.0%}"
+    v.advice = [{
+        "decode": "the decode itself is the cost: decoder simplejpeg, `draft: true` for JPEGs "
+                  "larger than the crop, or smaller stored images (`autotune convert --max-side`)",
+        "transform": "the transform costs more than the decode: `exact: false` (the same crops, "
+                     "fewer copies), or `output: uint8` and normalise on the GPU",
+        "collate": "collate is the cost: a uint8 output (a quarter of float32's bytes) or "
+                   "smaller batches per worker"}[top], *v.advice]
 
 
 def _headline(inp: RuleInputs) -> list[str]:

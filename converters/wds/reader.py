@@ -52,6 +52,7 @@ import hashlib
 import json
 import os
 import random
+import time
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
@@ -193,6 +194,9 @@ class WdsDataset(torch.utils.data.IterableDataset):
         self.num_workers = num_workers
         self.shards = [(str(p), n) for p, n in shards]
         self.transform = transform
+        # A clock that times each sample's read, decode and transform (duck-typed: its
+        # add(read=, decode=, transform=, samples=); autotune.data.stages), or None.
+        self.stage_clock: Any = None
         self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -280,6 +284,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
         if self.shuffle and self.shuffle_buffer > 1:
             stages.append(wds.shuffle(self.shuffle_buffer, initial=min(100, self.shuffle_buffer),
                                       seed=_seed(self.seed, epoch, rank, worker, num_workers)))
+        if self.stage_clock is not None:
+            stages.append(_timed_reads)
         stages.append(wds.map(self._apply))
         return iter(wds.DataPipeline(*stages))
 
@@ -305,12 +311,20 @@ class WdsDataset(torch.utils.data.IterableDataset):
         data, label = sample["image"], sample["label"]
         if self.transform is None:
             return data, label
+        clock = self.stage_clock
+        t0 = time.perf_counter()
         try:
-            return self.transform(data), label
+            if clock is None:
+                return self.transform(data), label
+            run = getattr(self.transform, "run", None)
+            out, decode_s = run(data) if run is not None else (self.transform(data), 0.0)
         except Exception as e:  # noqa: BLE001 (any decoder error: name the sample)
             raise SampleError(f"{sample['__url__']} key {sample['__key__']} ({sample['path']}): "
                               f"cannot decode ({type(e).__name__}: {e}); fix the source image "
                               "and convert again") from None
+        clock.add(read=sample.get("__read_s__", 0.0), decode=decode_s,
+                  transform=time.perf_counter() - t0 - decode_s, samples=1)
+        return out, label
 
 
 class _ShardList(torch.utils.data.IterableDataset):
@@ -339,6 +353,21 @@ def read_staged_node(root: str | os.PathLike[str]) -> tuple[int, int] | None:
         return None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SampleError(f"{p}: unreadable ({e}); stage the node again.") from None
+
+
+def _timed_reads(src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """webdataset stage: each sample with the seconds its upstream took to produce it
+    (`__read_s__`: the shard's GET or read and the tar member, the shuffle buffer's fill),
+    for a stage clock (autotune.data.stages; duck-typed: `clock.add(read=...)`)."""
+    it = iter(src)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            sample = next(it)
+        except StopIteration:
+            return
+        sample["__read_s__"] = time.perf_counter() - t0
+        yield sample
 
 
 def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,

@@ -139,6 +139,9 @@ def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
     # Decided from the budget (the workers blocked on the capped reads), with the ceiling
     # measured apart beside it in the evidence.
     assert "blocked on storage" in r.verdict.summary, r.verdict.to_dict()
+    # autotune's pipeline says the same from inside its workers: the capped reads take
+    # most of its time (each at least a 60-IOPS slot; the decode of a small JPEG, a few ms).
+    assert r.recommended.stages["share"]["read"] > 0.5, r.recommended.stages
     assert any("of the storage ceiling" in e for e in r.verdict.evidence), r.verdict.to_dict()
 
 

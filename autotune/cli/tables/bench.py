@@ -42,6 +42,12 @@ def bench_renderable(r: Any) -> Group:
     if s.get("samples"):
         parts.append(_system(s))
     parts += budget_texts((s.get("figures") or {}).get("budget"))
+    if r.stages:
+        from autotune.data.stages import stage_line
+
+        parts.append(Text("pipeline stages (autotune's own, timed in each loading process)",
+                          style="bold"))
+        parts.append(Text(f"  {stage_line(r.stages)}"))
     for wmsg in r.warnings:
         parts.append(Text(f"warning: {printable(wmsg)}", style="yellow"))
     if r.timeline_file:
