@@ -199,12 +199,31 @@ def budget_chart(budget: dict[str, Any] | None, title: str) -> str | None:
                             notes=[b.source_text(), *([b.psi_text()] if b.psi_text() else [])])
 
 
+STAGE_COLORS = {"read": "#d62728", "decode": "#9467bd", "transform": "#1f77b4",
+                "collate": "#ff7f0e"}
+
+
+def stage_chart(stages: dict[str, Any] | None, title: str) -> str | None:
+    """autotune's pipeline by stage (autotune.data.stages): one bar of the loading
+    processes' pipeline time, split into read, decode, transform and collate."""
+    from autotune.data.stages import STAGES, stage_line
+
+    if not stages:
+        return None
+    return svg_stacked_bars([(f"pipeline time ({stages['samples']:,} samples)",
+                              [(s, stages["share"][s]) for s in STAGES])],
+                            title=title, colors=STAGE_COLORS, notes=[stage_line(stages) or ""])
+
+
 def _budget_charts(rec: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:
-    """The recommended trial's time budget (its window's system figures)."""
+    """The recommended trial's time budget (its window's system figures) and, for
+    autotune's own pipeline, its stage budget."""
     rec_trial = next((t for t in trials if t["number"] == rec.get("trial")), None)
     budget = ((rec_trial or {}).get("system_figures") or {}).get("budget")
-    chart = budget_chart(budget, f"Recommended, {_trial_name(rec)}: where the time goes")
-    return [chart] if chart else []
+    charts = [budget_chart(budget, f"Recommended, {_trial_name(rec)}: where the time goes"),
+              stage_chart((rec_trial or {}).get("stages"),
+                          f"Recommended, {_trial_name(rec)}: the pipeline's stages")]
+    return [c for c in charts if c]
 
 
 def _trials_table(trials: list[dict[str, Any]], cols: Any, hosts: list[dict[str, Any]],

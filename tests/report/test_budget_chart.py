@@ -65,3 +65,17 @@ def test_table_lines_per_class_source_psi_notes() -> None:
     assert lines[3].startswith("note: wchan reads 0")
     texts = budget_texts(_budget().to_dict())
     assert len(texts) == 1 + len(lines)
+
+
+def test_the_pipeline_stages_are_one_bar_of_four_parts() -> None:
+    from autotune.data.stages import stage_budget
+    from autotune.report.html import stage_chart
+
+    after = {"read": 6.0, "decode": 2.0, "transform": 1.5, "collate": 0.5, "samples": 500,
+             "batches": 50}
+    svg = stage_chart(stage_budget({}, after, workers=2, wall_s=10.0), "stages")
+    assert svg is not None
+    xml.dom.minidom.parseString(svg)
+    assert svg.count('class="mark"') == 4 and svg.count('class="key"') == 4
+    assert "pipeline time (500 samples)" in svg and "read 60%" in svg
+    assert stage_chart(None, "t") is None
