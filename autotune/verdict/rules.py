@@ -295,7 +295,9 @@ class _Load:
 
 def _class_line(name: str, c: ClassBudget, b: TimeBudget) -> str:
     src = "delay accounting" if b.io_source == "delayacct" else "task-state sampling"
-    sh = {s: c.share(s) for s in ("io", "storage_wait", "on_cpu", "runnable", "asleep")}
+    # As the table and the report show it: asleep is what the other states leave of one
+    # thread (idle helper threads would otherwise read as 226 % asleep).
+    sh = c.display_shares()
     label = "workers" if name == "workers" else "main process"
     return (f"{label} ({c.processes} proc{'s' if c.processes != 1 else ''}, {c.threads} "
             f"threads): I/O {_pct(sh['io'])} of {'their' if name == 'workers' else 'its'} time, storage wait "
