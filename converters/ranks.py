@@ -105,6 +105,16 @@ def convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root
     """Rank `opts.rank` of `opts.world_size`: plan (rank 0) or wait for the plan, write
     this rank's units, and finalize when it is the last. Returns a ConvertResult
     (finalized=False while other ranks' units are missing)."""
+    res = _convert_rank(srcp, dstp, opts, fp, src_root, progress, t0)
+    if (dstp / MANIFEST_NAME).exists():
+        # Published while another rank still held its lock: the finalizer left the work
+        # folder to the last rank out (remove_stale: only once every rank's lock is free).
+        WorkDir(dstp).remove_stale()
+    return res
+
+
+def _convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root: str,
+                  progress: Any, t0: float) -> Any:
     from converters.conversion import RunState, _os_error, _write_units
     from converters.images import SampleOptions
 
@@ -140,7 +150,7 @@ def convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root
         mine = [r for r in results if r.unit % world == rank]
         run.resumed_units = len(mine) - run.units_written  # this rank's, not the others'
         res = _rank_result(dstp, plan, opts, mine, run, t0, rank, world)
-        done = finalize_if_complete(dstp, wd, plan, opts)
+        done = finalize_if_complete(dstp, wd, plan, opts, me=rank)
         if done is not None:
             res.finalized, res.manifest = True, str(dstp / MANIFEST_NAME)
         else:
@@ -347,7 +357,7 @@ def _options_of(plan: Plan) -> Any:
 
 
 def finalize_if_complete(dstp: Path, wd: WorkDir, plan: Plan, opts: Any,
-                         missing: list[int] | None = None) -> Any:
+                         missing: list[int] | None = None, me: int | None = None) -> Any:
     """Publish manifest.json when every unit is written for this plan; None when some are
     missing (their numbers appended to `missing`) or the manifest is already there.
     Waits for another finalizer to let go first."""
@@ -358,14 +368,17 @@ def finalize_if_complete(dstp: Path, wd: WorkDir, plan: Plan, opts: Any,
     try:
         if (dstp / MANIFEST_NAME).exists():
             return None
-        return _publish(dstp, wd, plan, opts, missing)
+        return _publish(dstp, wd, plan, opts, missing, me)
     finally:
         lock.release()
 
 
-def _publish(dstp: Path, wd: WorkDir, plan: Plan, opts: Any, missing: list[int] | None) -> Any:
+def _publish(dstp: Path, wd: WorkDir, plan: Plan, opts: Any, missing: list[int] | None,
+             me: int | None = None) -> Any:
     """When every unit is recorded for this plan and the writer finds each output whole,
-    let it publish, then write the manifest (last) and remove the work directory."""
+    let it publish, then write the manifest (last) and remove the work directory, unless
+    a rank other than `me` still holds its lock: its last unit is recorded, but it may
+    still be syncing its records and state in there (it removes the folder as it leaves)."""
     from converters.conversion import _manifest
     from converters.images import SampleOptions
 
@@ -386,7 +399,10 @@ def _publish(dstp: Path, wd: WorkDir, plan: Plan, opts: Any, missing: list[int] 
         writer.close()
     m = _manifest(plan, opts, plan.fingerprint, results, shards, wd, writer.LAYOUT)
     write_manifest(dstp, m)
-    wd.remove()
+    if any(r != me for r in wd.running_ranks()):
+        wd.unlock()
+    else:
+        wd.remove()
     return m
 
 

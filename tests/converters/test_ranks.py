@@ -165,6 +165,32 @@ def test_kill9_of_a_rank_mid_unit_then_rerun_is_identical_and_finalize_checks(
     assert tree_digest(dst) == tree_digest(reference)
 
 
+def test_the_finalizer_leaves_the_work_folder_to_a_rank_still_inside(img_src, reference,
+                                                                     work_dir, tree_digest):
+    """The last unit recorded is not the last write: a rank still syncing its records and
+    state when another publishes found `.autotune-convert/done` gone (seen in CI: "done: No
+    such file or directory"). The finalizer leaves the folder while another rank holds its
+    lock; the last rank out removes it."""
+    from converters import ConvertOptions, convert
+    from converters.errors import ConvertError
+    from converters.fsutil import PidLock
+    from converters.workdir import WorkDir
+
+    opts = dict(format="wds", shard_size=256 << 10, readers=2, workers=1, verify="decode")
+    dst = work_dir / "inside"
+    convert(img_src, dst, ConvertOptions(**opts, rank=0, world_size=2))
+    rank0 = PidLock(WorkDir(dst).rank_dir(0) / "lock", ConvertError).acquire()  # still inside
+    try:
+        res = convert(img_src, dst, ConvertOptions(**opts, rank=1, world_size=2))
+        assert res.finalized and (dst / "manifest.json").exists()
+        assert (dst / ".autotune-convert" / "done").is_dir()  # rank 0 may still write there
+    finally:
+        rank0.release()
+    assert WorkDir(dst).remove_stale()  # what rank 0 does as it leaves
+    assert not (dst / ".autotune-convert").exists()
+    assert tree_digest(dst) == tree_digest(reference)
+
+
 def test_a_killed_finalizer_is_resumed_by_finalize(img_src, reference, work_dir, tree_digest,
                                                    monkeypatch):
     """Death inside the finalizer, before and after manifest.json: `--finalize` (a real
