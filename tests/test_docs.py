@@ -95,12 +95,16 @@ def test_the_cli_reference_is_the_parsers_own_help():
 def test_no_issue_numbers_or_internal_history_in_the_readme_or_the_docs():
     for f in [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]:
         text = f.read_text()
-        assert not re.search(r"\bissues? \d+|#\d{1,3}\b", text, re.IGNORECASE), f
+        assert not re.search(r"\bissues? \d+|(?<!&)#\d{1,3}\b", text, re.IGNORECASE), f
 
 
 @pytest.mark.slow
 def test_the_site_builds_in_strict_mode(tmp_path):
-    pytest.importorskip("mkdocs", reason="mkdocs missing: scripts/setup installs the docs extra")
+    # No skip: scripts/setup always installs the docs extra, so a missing mkdocs is a
+    # broken set-up, which CI must see.
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings") is None:
+        pytest.fail("mkdocs or mkdocstrings is not installed: run scripts/setup (the docs extra: "
+                    "pip install -e '.[docs]')")
     r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f",
                         str(ROOT / "mkdocs.yml"), "--site-dir", str(tmp_path / "site")],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
