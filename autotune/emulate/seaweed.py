@@ -62,10 +62,14 @@ class SeaweedServer:
     """`weed mini` on 127.0.0.1 in `data_dir`; the context manager yields the S3 endpoint.
 
     ready_timeout: seconds to wait for the S3 gateway to answer (per start attempt).
+    s3_config: an S3 identities file (`weed -s3.config`: keys and allowed actions);
+        without one any key is accepted.
     """
 
-    def __init__(self, data_dir: str | os.PathLike[str], *, ready_timeout: float = 60.0) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], *, ready_timeout: float = 60.0,
+                 s3_config: str | os.PathLike[str] | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.s3_config = s3_config
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = ""
@@ -99,6 +103,8 @@ class SeaweedServer:
                 *(f"-{name}.port={p}" for name, p in port.items()),
                 "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-master.telemetry=false"]
+        if self.s3_config is not None:
+            args.append(f"-s3.config={self.s3_config}")
         with open(self.log, "ab") as log:
             # Its own session: the group (weed and anything it starts) is killed together.
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,

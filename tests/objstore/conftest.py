@@ -31,6 +31,12 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
+def s3_keys() -> tuple[str, str]:
+    """(access key id, secret) the tests sign with: neither may appear in any output."""
+    return KEY_ID, SECRET
+
+
+@pytest.fixture
 def s3_creds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
