@@ -252,6 +252,7 @@ class Store:
 
     def list(self, url: S3Url) -> Listing:
         """One paginated LIST of the prefix (not cached: see `listing`)."""
+        self.client  # made first: its start-up (~0.3 s) is not the LIST's time
         t0, wall = time.perf_counter(), time.time()
         objs: list[ObjectInfo] = []
         pages = 0
