@@ -75,11 +75,18 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
         apply_endpoint(args)
         size = parse_size(args.size, name="--size")
         with spinner(not args.quiet) as prog:
-            res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
-                        replay_files=args.replay_files, concurrency=args.concurrency,
-                        replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
-                        run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
-                        progress=prog)
+            if args.path.startswith("s3://"):  # GETs of its objects: no fio, no replay
+                from autotune.probe.objstore import probe_objects
+
+                res = probe_objects(args.path, concurrency=args.concurrency,
+                                    seconds=args.replay_seconds, max_objects=args.replay_files,
+                                    cold=not args.warm, seed=args.seed, progress=prog)
+            else:
+                res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
+                            replay_files=args.replay_files, concurrency=args.concurrency,
+                            replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
+                            run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
+                            progress=prog)
         emit(args, res.to_dict(), probe_renderable(res))
         failed = _gates(res, [("--min-iops", args.min_iops, "rand_read", "iops", "random-read IOPS"),
                               ("--min-seq-mibps", args.min_seq_mibps, "seq_read", "bw_mib_s",

@@ -156,13 +156,8 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
           concurrency: Sequence[int] = DEFAULT_CONCURRENCY, replay_seconds: float = 10.0,
           run_fio: bool = True, run_replay: bool = True, cold: bool = True, seed: int = 0,
           progress: Callable[[str], None] | None = None) -> ProbeResult:
-    """Measure the storage holding `path` (a dataset directory or file, or an s3:// prefix:
-    then GETs of its objects, autotune.probe.objstore)."""
-    if isinstance(path, str) and path.startswith("s3://"):
-        from autotune.probe.objstore import probe_objects
-
-        return probe_objects(path, concurrency=concurrency, seconds=replay_seconds,
-                             max_objects=replay_files, cold=cold, seed=seed, progress=progress)
+    """Measure the storage holding `path` (a dataset directory or file; an s3:// prefix is
+    autotune.probe.objstore.probe_objects)."""
     t0 = time.monotonic()
     p = Path(path)
     if not p.exists():

@@ -143,10 +143,17 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
     if opts.probe:
         from autotune.probe import probe
 
-        say("probing storage (fio + cold replay of the dataset's files)")
-        probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,
-                          replay_seconds=5.0, run_fio=opts.probe_fio, cold=opts.cold,
-                          progress=say)
+        if is_s3(root):
+            from autotune.probe.objstore import probe_objects
+
+            say("probing object storage (GETs of the dataset's objects)")
+            probe_res = probe_objects(root, max_objects=1000, seconds=5.0, cold=opts.cold,
+                                      progress=say)
+        else:
+            say("probing storage (fio + cold replay of the dataset's files)")
+            probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,
+                              replay_seconds=5.0, run_fio=opts.probe_fio, cold=opts.cold,
+                              progress=say)
     demand_ms = base.compute_ms if base.step is None else 0.0
     transform = build_transform(base.transform)
     if base.dataset_factory:
