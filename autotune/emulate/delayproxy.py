@@ -155,9 +155,11 @@ class DelayProxy:
         async def close() -> None:
             if self._server is not None:
                 self._server.close()
-            for t in asyncio.all_tasks():
-                if t is not asyncio.current_task():
-                    t.cancel()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            # Let every connection's finally run (sockets closed) before the loop stops.
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
@@ -175,6 +177,8 @@ class DelayProxy:
         try:
             await asyncio.gather(_read_into(creader, up, self), _write_from(up, swriter),
                                  _read_into(sreader, down, self), _write_from(down, cwriter))
+        except asyncio.CancelledError:
+            pass  # stop(): end quietly (Python 3.11's start_server logs a cancelled handler)
         finally:
             for w in (swriter, cwriter):
                 with contextlib.suppress(Exception):
