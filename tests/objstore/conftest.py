@@ -38,6 +38,7 @@ def s3_keys() -> tuple[str, str]:
 
 @pytest.fixture
 def s3_creds(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("boto3", reason="boto3 is not installed (the s3 extra)")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY_ID)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
