@@ -265,6 +265,11 @@ class _Measurement:
                 "scratch": str(tmp)}
         (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
+        if is_s3(self.root):  # the child reads the parent's LIST: one per dataset
+            from converters.objstore.client import LISTINGS_ENV, S3Config, hand_down
+
+            hand_down(str(tmp), S3Config.from_env().endpoint_url)
+            env[LISTINGS_ENV] = str(tmp)
         repo = str(Path(__file__).resolve().parents[2])  # the checkout or site dir holding autotune/
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
         status_r, status_w = os.pipe()

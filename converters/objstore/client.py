@@ -264,17 +264,65 @@ class Store:
 
     def listing(self, url: S3Url, *, max_age: float = 3600.0) -> Listing:
         """The prefix's listing, from this process's cache when younger than `max_age`
-        seconds (one LIST per dataset however often it is opened)."""
+        seconds, else from the file a parent process handed down (LISTINGS_ENV), else one
+        fresh LIST: one LIST per dataset however often, and in however many measurement
+        processes, it is opened."""
         key = (self.config.endpoint_url, url)
-        hit = _LISTINGS.get(key)
+        hit = _LISTINGS.get(key) or _handed_down(self.config.endpoint_url, url)
         if hit is not None and time.time() - hit.listed_at <= max_age:
+            _LISTINGS[key] = hit
             return hit
         fresh = self.list(url)
         _LISTINGS[key] = fresh
         return fresh
 
 
+# A directory of listings a parent process wrote for its children (bench's scratch
+# directory): valid for that run only, so a rerun lists again and sees what changed.
+LISTINGS_ENV = "AUTOTUNE_S3_LISTINGS"
 _LISTINGS: dict[tuple[str | None, S3Url], Listing] = {}
+
+
+def _listing_file(directory: str, endpoint: str | None, url: S3Url) -> str:
+    import hashlib
+
+    h = hashlib.sha1(repr((endpoint, url.bucket, url.prefix)).encode()).hexdigest()[:16]
+    return os.path.join(directory, f"s3-listing-{h}.json")
+
+
+def hand_down(directory: str, endpoint: str | None) -> int:
+    """Write this process's cached listings of `endpoint` into `directory` for child
+    processes (run with LISTINGS_ENV=directory); the number written."""
+    import json
+
+    n = 0
+    for (ep, url), lst in list(_LISTINGS.items()):
+        if ep != endpoint:
+            continue
+        d = {"bucket": url.bucket, "prefix": url.prefix, "listed_at": lst.listed_at,
+             "seconds": lst.seconds, "pages": lst.pages,
+             "objects": [[o.key, o.size, o.etag] for o in lst.objects]}
+        path = _listing_file(directory, ep, url)
+        with open(path + ".tmp", "w") as f:
+            json.dump(d, f)
+        os.replace(path + ".tmp", path)
+        n += 1
+    return n
+
+
+def _handed_down(endpoint: str | None, url: S3Url) -> Listing | None:
+    import json
+
+    directory = os.environ.get(LISTINGS_ENV)
+    if not directory:
+        return None
+    try:
+        with open(_listing_file(directory, endpoint, url)) as f:
+            d = json.load(f)
+        objs = tuple(ObjectInfo(str(k), int(n), str(e)) for k, n, e in d["objects"])
+        return Listing(url, objs, float(d["listed_at"]), float(d["seconds"]), int(d["pages"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none, or unreadable: LIST afresh
 
 
 def forget_listings() -> None:

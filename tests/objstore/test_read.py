@@ -117,3 +117,17 @@ def test_bench_of_a_missing_bucket_or_a_silent_endpoint(s3_endpoint: str, s3_cre
     r = _bench("s3://no-such-bkt/train", "http://127.0.0.1:9", tmp=tmp_path)
     assert r.returncode == 1 and "attempts" in r.stderr and "\n" not in r.stderr.strip()
     assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_child_reads_the_parents_listing(s3_dataset: str, tmp_path: Path) -> None:
+    """One LIST per dataset: the measurement process gets the parent's, not its own."""
+    from autotune.bench import BenchConfig, run_bench
+    from converters.objstore import S3Config, Store, parse
+
+    cfg = BenchConfig.from_preset("decode-only", num_workers=1, batch_size=4, seconds=1,
+                                  warmup_batches=1, compute_ms=0, cold=False)
+    res = run_bench(s3_dataset, cfg)
+    assert not res.failed, res.reason
+    parents = Store(S3Config.from_env()).listing(parse(s3_dataset))  # this process's cache
+    assert res.dataset["listed_at"] == parents.listed_at
