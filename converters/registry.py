@@ -268,7 +268,8 @@ _builtin(Format("lmdb", reader="converters.lmdb.reader:LmdbSource", sniff="conve
                 description="one LMDB environment with manifest.json (autotune convert)"))
 _builtin(Format("wds", reader="converters.wds.reader:WdsSource", sniff="converters.wds:sniff",
                 writer="converters.wds.writer:WdsWriter", access="sequential",
-                description="WebDataset tar shards with manifest.json (autotune convert)"))
+                description="WebDataset tar shards with manifest.json (autotune convert)",
+                s3_reader="converters.objstore.wds:S3WdsSource"))
 
 __all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "load",
            "manifest_format", "names", "open_source", "register", "register_all", "resolve",

@@ -31,6 +31,7 @@ from typing import Any
 from autotune.probe import ProbeResult
 from autotune.probe.classify import FilesystemInfo
 from autotune.probe.samples import SampleLevel, SampleReplay
+from converters import registry
 from converters.objstore import ObjectInfo, S3Config, Store, parse
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
@@ -65,6 +66,9 @@ class ObjectProbe:
     cold_method: str
     by_concurrency: list[GetLevel] = field(default_factory=list)
     retries: int = 0
+    # A conversion (PREFIX/manifest.json: shards): an object is not a sample, so no
+    # samples/s ceiling is claimed from GETs/s.
+    conversion: str | None = None
 
     @property
     def best(self) -> GetLevel:
@@ -169,12 +173,15 @@ def measure_objects(url: str, *, store: Store | None = None,
     store = store or Store(S3Config.from_env())
     say(f"listing {u}")
     listing = store.list(u)
-    objs = [o for o in listing.objects if not o.key.endswith("/")]
+    manifest = u.key("manifest.json")
+    objs = [o for o in listing.objects if not o.key.endswith("/") and o.key != manifest]
     n = len(objs)
     res = ObjectProbe(str(u), store.config.shown, n,
                       listing.total_bytes / n if n else 0.0, round(listing.seconds, 4),
                       listing.pages, round(len(listing.objects) / max(listing.seconds, 1e-9), 1),
                       "warm (--warm)" if not cold else "")
+    if len(objs) < len(listing.objects):
+        res.conversion = registry.resolve(str(u))
     rng = random.Random(seed)
     for c in concurrency:
         pick = rng.sample(objs, min(n, max_objects))
@@ -202,7 +209,8 @@ def probe_result(url: str, obj: ObjectProbe) -> Any:
                                        "file on)", replay=None,
                              replay_error="object storage: measured by GETs (see object)",
                              verdict=verdict, scratch_dir=None, seconds=0.0,
-                             samples=samples if levels else None, object=obj)
+                             samples=samples if levels and obj.conversion is None else None,
+                             object=obj)
 
 
 def _verdict(obj: ObjectProbe, levels: list[GetLevel]) -> dict[str, Any]:
@@ -224,7 +232,12 @@ def _verdict(obj: ObjectProbe, levels: list[GetLevel]) -> dict[str, Any]:
     rate = None if best is None else round(best.gets_per_s, 1)
     summary = (f"object storage ({obj.endpoint})"
                + (f": at most ~{rate:,.0f} objects/s for this dataset's objects" if rate else ""))
-    return {"class": "object", "storage_files_per_s": rate, "storage_samples_per_s": rate,
+    per_sample = rate
+    if obj.conversion is not None:
+        per_sample = None  # a shard holds many samples: GETs/s is not samples/s
+        ev.append(f"a {obj.conversion} conversion: its objects are shards, so GETs/s is no "
+                  "samples/s ceiling (bench it for samples/s)")
+    return {"class": "object", "storage_files_per_s": rate, "storage_samples_per_s": per_sample,
             "samples_best_concurrency": best.concurrency if best else None,
             "storage_pass": None, "storage_method": "GETs", "best_concurrency":
             best.concurrency if best else None, "rules": [], "evidence": ev, "advice": advice,

@@ -3,7 +3,8 @@
     url.py      s3://BUCKET/PREFIX addresses (parse, is_s3) and endpoints as shown
     client.py   Store: a lazily made boto3 client per process, retries with backoff,
                 one cached paginated LIST per dataset, GETs pinned to ETags, one-line errors
-    folder.py   the `s3folder` format: PREFIX/CLASS/NAME.jpg objects as a SampleSource
+    folder.py   the folder format in a bucket: PREFIX/CLASS/NAME.jpg, read(i) = one GET
+    wds.py      WebDataset shards in a bucket: each shard streamed by one GET
 
 boto3 is imported only when a client is made (the s3 extra).
 """
