@@ -238,10 +238,20 @@ class _ChunkReader:
         return bytes(self.mv[self.start:self.start + n])
 
     def skip(self, n: int) -> None:
-        """Past `n` bytes, or to the end of what the file holds (the next read ends it)."""
+        """Past `n` bytes, or to the end of what the file holds (the next read ends it).
+        Bytes not buffered yet are read and dropped: the padding after a member that
+        filled a buffer of exactly its size (a member over 1 MiB) is not in it."""
         got = min(n, self.end - self.start)
         self.start += got
         self.consumed += got
+        rest = n - got
+        while rest > 0 and not self.eof:
+            self.start = self.end = 0  # the buffer is empty here
+            k = self.f.readinto(self.mv[:min(rest, len(self.buf))])
+            if not k:
+                self.eof = True
+            rest -= k
+            self.consumed += k
 
 
 def _fast_header(h: bytes, name: str, count: int) -> tuple[str, int] | None:
