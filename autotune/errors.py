@@ -6,7 +6,9 @@ of measurement added:
 
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
     ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
-    │   └── UnsafeName       a manifest, plan or state file names a path outside its tree
+    │   ├── UnsafeName       a manifest, plan or state file names a path outside its tree
+    │   └── StoreDenied      an object store refused: no such bucket, access denied
+    ├── StoreUnreachable     an object store did not answer, or its retries ran out
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
     ├── StageError           staging cannot start or go on (space, lock, manifest)
     ├── SampleError          one sample cannot be read or decoded (names the file)
@@ -21,8 +23,8 @@ failed, 4 partial (stage: some files failed, named), 130 interrupted, 143 termin
 
 from __future__ import annotations
 
-from converters.errors import (AutotuneError, ConvertError, SampleError, StageError, UnsafeName,
-                               UsageError)
+from converters.errors import (AutotuneError, ConvertError, SampleError, StageError, StoreDenied,
+                               StoreUnreachable, UnsafeName, UsageError)
 
 
 class GateFailed(AutotuneError):
@@ -44,4 +46,5 @@ class NotPermitted(AutotuneError):
 
 
 __all__ = ["AutotuneError", "ConvertError", "FioError", "GateFailed", "NotPermitted",
-           "SampleError", "StageError", "ToolMissing", "UnsafeName", "UsageError"]
+           "SampleError", "StageError", "StoreDenied", "StoreUnreachable", "ToolMissing",
+           "UnsafeName", "UsageError"]

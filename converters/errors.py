@@ -6,7 +6,10 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
 
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
     ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
-    │   └── UnsafeName       a manifest, plan or state file names a path outside its tree
+    │   ├── UnsafeName       a manifest, plan or state file names a path outside its tree
+    │   └── StoreDenied      an object store refused: no such bucket, access denied (names
+    │                        the endpoint, the bucket and the server's error code)
+    ├── StoreUnreachable     an object store did not answer, or its retries ran out
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
     ├── StageError           staging cannot start or go on (space, lock, manifest)
     ├── SampleError          one sample cannot be read or decoded (names the file); also a
@@ -50,6 +53,16 @@ class UnsafeName(UsageError):
     and the entry."""
 
 
+class StoreDenied(UsageError):
+    """An object store refused the dataset: a missing bucket, denied access or bad keys;
+    the message names the endpoint, the bucket and the server's error code."""
+
+
+class StoreUnreachable(AutotuneError):
+    """An object store's endpoint did not answer, or kept failing until the retries ran
+    out (503 SlowDown, timeouts); the message names the endpoint and the attempts."""
+
+
 class ConvertError(AutotuneError):
     """A conversion failed; the message names the file, the figure and the fix."""
 
@@ -66,4 +79,5 @@ class SampleError(AutotuneError, RuntimeError):
     """
 
 
-__all__ = ["AutotuneError", "ConvertError", "SampleError", "StageError", "UnsafeName", "UsageError"]
+__all__ = ["AutotuneError", "ConvertError", "SampleError", "StageError", "StoreDenied",
+           "StoreUnreachable", "UnsafeName", "UsageError"]

@@ -16,6 +16,11 @@ lmdb) and so that a measurement process can re-create a format registered at run
     sniff    f(path: Path) -> bool: whether `path` holds this format (cheap: no scan)
     access   how its reader reads storage: "sequential" (large reads of shards: what slow,
              network or throttled storage serves well) or "random" (a read per sample)
+    s3_reader  the reader of the same format in a bucket (s3://BUCKET/PREFIX), built as
+             Reader(url), or None where the format is read from local paths only
+
+An s3:// dataset is resolved by its listing (converters.objstore: one LIST, cached): the
+format a PREFIX/manifest.json names, else folder.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class Format:
     writer: str | None = None
     access: str = "random"
     description: str = ""
+    s3_reader: str | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -125,6 +131,8 @@ def manifest_format(path: Path) -> str | None:
 def detect(path: str | os.PathLike[str]) -> str:
     """The format of `path`: what its manifest says, else the first registered format
     whose sniff recognises it (the folder format last: it takes any directory)."""
+    if _is_s3(path):
+        return _resolve_s3(str(path), "auto")
     p = Path(path)
     named = manifest_format(p)
     if named is not None:
@@ -141,11 +149,43 @@ def detect(path: str | os.PathLike[str]) -> str:
     return "folder"
 
 
+def _is_s3(path: str | os.PathLike[str]) -> bool:
+    return isinstance(path, str) and path.startswith("s3://")
+
+
+def _resolve_s3(url: str, format: str) -> str:
+    """The format of an s3:// dataset, from its (cached) listing."""
+    from converters.objstore import S3Config, Store, parse
+
+    u = parse(url)
+    store = Store(S3Config.from_env())
+    listing = store.listing(u)
+    manifest = next((o for o in listing.objects if o.key == u.key(MANIFEST)), None)
+    if format == "auto":
+        if manifest is None:
+            format = "folder"
+        else:
+            try:
+                format = str(json.loads(store.get(u.bucket, manifest)).get("format"))
+            except (ValueError, AttributeError) as e:
+                raise UsageError(f"{u.url(manifest.key)}: not a readable autotune manifest "
+                                 f"({e}); pass --format folder.", setting="format") from e
+    f = get(format)
+    if f.s3_reader is None:
+        can = ", ".join(n for n, g in _FORMATS.items() if g.s3_reader) or "none"
+        raise UsageError(f"{url}: format {format} cannot be read from object storage yet "
+                         f"(formats that can: {can}); stage it to a local directory first.",
+                         setting="format")
+    return format
+
+
 def resolve(path: str | os.PathLike[str], format: str = "auto") -> str:
     """The format to read `path` with; UsageError when it is unknown, missing, or not what
-    `path` holds, without scanning the dataset."""
+    `path` holds, without scanning the dataset (an s3:// one: by its listing)."""
     if format != "auto":
         get(format)
+    if _is_s3(path):
+        return _resolve_s3(str(path), format)
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{p}: no such file or directory.")
@@ -167,7 +207,8 @@ def open_source(path: str | os.PathLike[str], format: str = "auto") -> Any:
     first format that recognises it, else folder). Raises UsageError for a missing path,
     an unknown format, or a directory that does not hold it."""
     fmt = resolve(path, format)
-    src = _FORMATS[fmt].reader_class()(path)
+    f = _FORMATS[fmt]
+    src = (load(f.s3_reader) if _is_s3(path) and f.s3_reader else f.reader_class())(path)
     if src.format != fmt:
         raise UsageError(f"{path}: read as format {src.format}, not {fmt}.", setting="format")
     return src
@@ -220,13 +261,15 @@ def _builtin(fmt: Format) -> None:
 
 # -- the built-in formats: one line each ------------------------------------------------
 _builtin(Format("folder", reader="converters.folder:FolderSource", sniff="converters.folder:sniff",
-                description="an image folder DATASET/CLASS/IMAGE.jpg"))
+                description="an image folder DATASET/CLASS/IMAGE.jpg",
+                s3_reader="converters.objstore.folder:S3FolderSource"))
 _builtin(Format("lmdb", reader="converters.lmdb.reader:LmdbSource", sniff="converters.lmdb:sniff",
                 writer="converters.lmdb.writer:LmdbWriter", access="random",
                 description="one LMDB environment with manifest.json (autotune convert)"))
 _builtin(Format("wds", reader="converters.wds.reader:WdsSource", sniff="converters.wds:sniff",
                 writer="converters.wds.writer:WdsWriter", access="sequential",
-                description="WebDataset tar shards with manifest.json (autotune convert)"))
+                description="WebDataset tar shards with manifest.json (autotune convert)",
+                s3_reader="converters.objstore.wds:S3WdsSource"))
 
 __all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "load",
            "manifest_format", "names", "open_source", "register", "register_all", "resolve",

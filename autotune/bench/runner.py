@@ -41,6 +41,7 @@ from autotune.monitor.run import budget_section
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
 from converters import registry
+from converters.objstore.url import is_s3
 from converters.registry import open_source
 from converters.fsutil import PidLock
 from converters.registry import resolve as resolve_format
@@ -143,8 +144,14 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     cfg = (config or BenchConfig.from_preset()).validate()
     say = progress or (lambda _msg: None)
     t_begin = time.monotonic()
-    root = Path(dataset).absolute()
-    if cfg.dataset_factory:
+    s3 = is_s3(dataset)
+    root: Any = str(dataset) if s3 else Path(dataset).absolute()
+    if s3 and cfg.dataset_factory:
+        raise UsageError(f"{root}: --dataset-factory takes a local path; an s3:// dataset is "
+                         "read by autotune's own reader.", setting="dataset_factory")
+    if s3:
+        fmt = resolve_format(root, cfg.format)  # its listing: one LIST, kept for the scan
+    elif cfg.dataset_factory:
         from autotune.bench import factory
 
         factory.check(cfg.dataset_factory)
@@ -159,6 +166,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     _remove_stale_tmp()
     tmp, lock = _scratch()
     try:
+        # An s3:// dataset has no local disk to watch (the monitor records why).
         m.run(tmp, popen or subprocess.Popen, monitor_path or root)
         res = m.result(tmp)
         if timeline is not None:
@@ -205,6 +213,9 @@ class _Measurement:
     def prepare_cache(self) -> None:
         """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
         cfg, cache = self.cfg, self.cache
+        if is_s3(self.root):
+            self._prepare_s3()
+            return
         ram = ram_backed(self.root)
         if ram is not None and not cfg.in_memory:
             cache["ram_backed"] = ram
@@ -217,6 +228,25 @@ class _Measurement:
             self.files = self._files()
         if not cfg.cold and not cfg.in_memory:
             cache["resident_fraction_at_start"] = resident_fraction(self.files or [])
+            cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
+
+    def _prepare_s3(self) -> None:
+        """An s3:// dataset has no page cache of its own here: its objects travel over the
+        network each read. 'Cold' drops this machine's page cache (root), which is the
+        server's cache too only where the server runs on this machine (a local SeaweedFS
+        or MinIO); a remote bucket's caches are the provider's and cannot be dropped."""
+        cfg, cache = self.cfg, self.cache
+        self.files = []
+        cache["storage"] = "object"
+        if cfg.in_memory:
+            cache["in_memory"] = cfg.in_memory
+            cache["note"] = ("from memory: the images are held in the measurement process; "
+                             "storage plays no part")
+        elif cfg.cold:
+            cache["note"] = ("cold (object storage): this machine's page cache is dropped "
+                             "(root), which holds the server's files only where the server "
+                             "runs here; a remote store's own caches cannot be dropped")
+        else:
             cache["note"] = "warm: the page cache was left as it was (labelled in every output)"
 
     def _files(self) -> list[Path]:
@@ -235,6 +265,11 @@ class _Measurement:
                 "scratch": str(tmp)}
         (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
+        if is_s3(self.root):  # the child reads the parent's LIST: one per dataset
+            from converters.objstore.client import LISTINGS_ENV, S3Config, hand_down
+
+            hand_down(str(tmp), S3Config.from_env().endpoint_url)
+            env[LISTINGS_ENV] = str(tmp)
         repo = str(Path(__file__).resolve().parents[2])  # the checkout or site dir holding autotune/
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
         status_r, status_w = os.pipe()
@@ -332,7 +367,9 @@ class _Measurement:
         self.phase = "dataset scan"
         if self.throttle is not None:
             self.throttle.add_pid(self.proc.pid)
-        if self.cfg.cold:
+        if self.cfg.cold and is_s3(self.root) and os.geteuid() != 0:
+            self.cache["method"] = None  # nothing local to evict, no right to drop the rest
+        elif self.cfg.cold:
             self.say("dropping the page cache")
             try:
                 self.cache["method"] = make_cold(self.files)

@@ -76,3 +76,20 @@ def size(name: str) -> Callable[[str], int]:
         except UsageError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
     return conv
+
+
+def add_endpoint(p: argparse.ArgumentParser) -> None:
+    """--endpoint-url: the S3 endpoint of an s3:// dataset (an S3-compatible server)."""
+    p.add_argument("--endpoint-url", metavar="URL", default=None,
+                   help="S3 endpoint for s3:// datasets (default AWS_ENDPOINT_URL, else AWS); "
+                        "S3-compatible servers are addressed path-style, region AWS_REGION or "
+                        "us-east-1; credentials the usual boto3 way")
+
+
+def apply_endpoint(args: argparse.Namespace) -> None:
+    """Hand --endpoint-url to every process of the run (measurement children read the
+    environment, as boto3 itself does)."""
+    import os
+
+    if getattr(args, "endpoint_url", None):
+        os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url

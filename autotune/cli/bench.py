@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import int_at_least, nonneg_float, nonneg_int, positive_float, positive_int
+from autotune.cli.args import (add_endpoint, apply_endpoint, int_at_least, nonneg_float,
+                               nonneg_int, positive_float, positive_int)
 
 EXIT = """\
 exit status:
@@ -69,7 +70,8 @@ options override them."""
         from converters import registry
 
         presets = ", ".join(list_presets()) or "none found"
-        p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg)")
+        p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg), a conversion, or s3://BUCKET/PREFIX")
+        add_endpoint(p)
         p.add_argument("--preset", default="resnet50", metavar="NAME",
                        help=f"workload preset: {presets}, or a YAML file (default resnet50)")
         p.add_argument("--format", choices=registry.choices(), default="auto",
@@ -120,6 +122,7 @@ options override them."""
                             "never switched off while another autotune run holds it")
 
     def run(self, args: argparse.Namespace) -> int:
+        apply_endpoint(args)
         from autotune.bench import BenchConfig, run_bench
         from autotune.cli.tables.bench import bench_renderable
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli._base import EXIT_CODES, Command, emit, spinner
-from autotune.cli.args import int_list, positive_float, positive_int
+from autotune.cli.args import add_endpoint, apply_endpoint, int_list, positive_float, positive_int
 from autotune.errors import GateFailed
 
 
@@ -26,13 +26,16 @@ fio only ever touches the scratch file it created (it overwrites any file it is 
 at). Cold reads need root for drop_caches; otherwise pages are evicted per file."""
     epilog = ("examples:\n  autotune probe /data/imagenet/train\n"
               "  autotune probe /mnt/nfs/ds --runtime 5 --json probe.json\n"
-              "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n\n"
+              "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n"
+              "  autotune probe s3://bucket/train --endpoint-url http://127.0.0.1:8333\n\n"
               + EXIT_CODES)
     after_stop = "scratch files removed"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("path", metavar="PATH",
-                       help="dataset directory (or a file) on the storage to measure")
+                       help="dataset directory (or a file) on the storage to measure, or "
+                            "s3://BUCKET/PREFIX (GETs of its objects at each concurrency)")
+        add_endpoint(p)
         p.add_argument("--json", metavar="FILE",
                        help="also write the result as JSON to FILE ('-' for stdout)")
         p.add_argument("--runtime", type=positive_float("--runtime"), default=10.0,
@@ -69,13 +72,21 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
         from autotune.probe import probe
         from converters.units import parse_size
 
+        apply_endpoint(args)
         size = parse_size(args.size, name="--size")
         with spinner(not args.quiet) as prog:
-            res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
-                        replay_files=args.replay_files, concurrency=args.concurrency,
-                        replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
-                        run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
-                        progress=prog)
+            if args.path.startswith("s3://"):  # GETs of its objects: no fio, no replay
+                from autotune.probe.objstore import probe_objects
+
+                res = probe_objects(args.path, concurrency=args.concurrency,
+                                    seconds=args.replay_seconds, max_objects=args.replay_files,
+                                    cold=not args.warm, seed=args.seed, progress=prog)
+            else:
+                res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
+                            replay_files=args.replay_files, concurrency=args.concurrency,
+                            replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
+                            run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
+                            progress=prog)
         emit(args, res.to_dict(), probe_renderable(res))
         failed = _gates(res, [("--min-iops", args.min_iops, "rand_read", "iops", "random-read IOPS"),
                               ("--min-seq-mibps", args.min_seq_mibps, "seq_read", "bw_mib_s",

@@ -7,6 +7,8 @@ import argparse
 
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (
+    add_endpoint,
+    apply_endpoint,
     fraction,
     int_at_least,
     nonneg_float,
@@ -64,6 +66,7 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         from converters import registry
 
         p.add_argument("dataset", metavar="DATASET")
+        add_endpoint(p)
         p.add_argument("--preset", default="resnet50", help="workload preset (default resnet50)")
         p.add_argument("--space", metavar="FILE.yaml",
                        help="search space YAML (default configs/search/default.yaml; 'small' names "
@@ -132,6 +135,7 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                             "never switched off while another autotune run holds it")
 
     def run(self, args: argparse.Namespace) -> int:
+        apply_endpoint(args)
         from autotune.monitor.delayacct import hold_if
 
         with hold_if(args.delayacct):

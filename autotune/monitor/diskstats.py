@@ -211,6 +211,8 @@ def disk_rates(before: DiskSnapshot, after: DiskSnapshot,
 
 def resolve_disk(path: str | os.PathLike[str]) -> BlockDevice | Unavailable:
     """The whole disk whose /proc/diskstats line accounts for I/O on `path`, or why none does."""
+    if isinstance(path, str) and path.startswith("s3://"):
+        return Unavailable(f"{path}: object storage, read over the network (no local disk)")
     p = Path(path)
     if not p.exists():
         return Unavailable(f"{p}: no such file or directory")

@@ -156,7 +156,8 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
           concurrency: Sequence[int] = DEFAULT_CONCURRENCY, replay_seconds: float = 10.0,
           run_fio: bool = True, run_replay: bool = True, cold: bool = True, seed: int = 0,
           progress: Callable[[str], None] | None = None) -> ProbeResult:
-    """Measure the storage holding `path` (a dataset directory or file)."""
+    """Measure the storage holding `path` (a dataset directory or file; an s3:// prefix is
+    autotune.probe.objstore.probe_objects)."""
     t0 = time.monotonic()
     p = Path(path)
     if not p.exists():

@@ -1,4 +1,5 @@
-"""What kind of storage holds a path: nvme / ssd / hdd / network / memory / unknown.
+"""What kind of storage holds a path: nvme / ssd / hdd / network / memory / object / unknown
+(object: an s3:// dataset, autotune.probe.objstore).
 
 Kernel flags alone mislead (virtio and many cloud disks report rotational=1 while serving
 100k IOPS; an SSD behind a cgroup throttle serves 500), so the class comes from the
@@ -15,7 +16,7 @@ from autotune.blockdev import MEMORY_FS, OVERLAY_FS, block_device_for, mount_for
 from autotune.probe.fio import FioResult
 from autotune.probe.replay import ReplayResult
 
-CLASSES = ("nvme", "ssd", "hdd", "network", "memory", "unknown")
+CLASSES = ("nvme", "ssd", "hdd", "network", "memory", "object", "unknown")
 HDD_MAX_IOPS = 1_000   # a 15k rpm disk serves ~200-400 random IOPS; SSDs serve >10k
 SSD_MIN_IOPS = 5_000
 
@@ -58,6 +59,10 @@ def _measured_tier(fio: FioResult | None, replay: ReplayResult | None) -> tuple[
 def classify(path: str | os.PathLike[str], fio: FioResult | None = None,
              replay: ReplayResult | None = None) -> FilesystemInfo:
     """Classify the storage under `path`, using measured figures when given."""
+    if isinstance(path, str) and path.startswith("s3://"):
+        return FilesystemInfo(type="s3", mountpoint=None, source=None, device=None,
+                              rotational=None, klass="object",
+                              evidence=["an s3:// dataset: object storage, read over the network"])
     m = mount_for(path)
     dev = block_device_for(path)
     info = FilesystemInfo(type=m.fstype if m else None, mountpoint=m.mountpoint if m else None,

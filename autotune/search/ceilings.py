@@ -250,7 +250,14 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
     probe_d = None
     if probe is not None:
         probe_d = probe.to_dict()
-        if probe.samples is not None and probe.samples.by_concurrency:
+        obj = getattr(probe, "object", None)
+        if obj is not None and probe.samples is not None and probe.samples.by_concurrency:
+            b = obj.best  # an s3:// folder: one GET per sample
+            storage, best_c, unit = b.gets_per_s, b.concurrency, "samples/s"
+            ev.append(f"storage: GETs of the dataset's objects ({obj.endpoint}): {storage:,.0f} "
+                      f"samples/s with {best_c} in flight, {b.mib_per_s:,.0f} MiB/s, first "
+                      f"byte p50 {b.first_byte_p50_ms:.1f} ms (one object per sample)")
+        elif probe.samples is not None and probe.samples.by_concurrency:
             b = probe.samples.best
             storage, best_c, unit = b.samples_per_s, b.concurrency, "samples/s"
             ev.append(f"storage: {probe.samples.format} read cold through its reader (bytes "

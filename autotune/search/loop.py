@@ -148,6 +148,14 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
                          "dataset is staged to and measured on.", setting=("convert", "stage_dir"))
     say = progress or (lambda _m: None)
     out = Path(opts.out)
+    if isinstance(dataset, str) and dataset.startswith("s3://"):
+        if convert != "off":
+            raise UsageError(f"{dataset}: --convert from object storage is not built yet; "
+                             "search it with --convert off, or copy it to a local directory "
+                             "and convert that.", setting="convert")
+        return LoopResult(run_search(dataset, opts, progress=say), None,
+                          "conversion off (--convert off)",
+                          commands=[f"autotune search {shlex.quote(dataset)}{search_flags(opts)}"])
     root = Path(dataset).absolute()
     q = shlex.quote
     before = run_search(root, replace(opts, out=str(out / "before") if convert != "off" else opts.out),

@@ -28,6 +28,7 @@ from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult
 from autotune.search.session import SEARCH_SECONDS
+from converters.objstore.url import is_s3
 
 Progress = Callable[[str], None]
 
@@ -125,9 +126,10 @@ def procs_per_node(given: int | None) -> int:
         return 1
 
 
-def default_study_name(dataset: Path, preset: str) -> str:
+def default_study_name(dataset: Path | str, preset: str) -> str:
     h = hashlib.sha1(str(dataset).encode()).hexdigest()[:8]
-    return f"{dataset.name or 'dataset'}-{preset}-{h}"
+    name = str(dataset).rstrip("/").rsplit("/", 1)[-1] if is_s3(dataset) else Path(dataset).name
+    return f"{name or 'dataset'}-{preset}-{h}"
 
 
 def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
@@ -141,10 +143,17 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
     if opts.probe:
         from autotune.probe import probe
 
-        say("probing storage (fio + cold replay of the dataset's files)")
-        probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,
-                          replay_seconds=5.0, run_fio=opts.probe_fio, cold=opts.cold,
-                          progress=say)
+        if is_s3(root):
+            from autotune.probe.objstore import probe_objects
+
+            say("probing object storage (GETs of the dataset's objects)")
+            probe_res = probe_objects(root, max_objects=1000, seconds=5.0, cold=opts.cold,
+                                      progress=say)
+        else:
+            say("probing storage (fio + cold replay of the dataset's files)")
+            probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,
+                              replay_seconds=5.0, run_fio=opts.probe_fio, cold=opts.cold,
+                              progress=say)
     demand_ms = base.compute_ms if base.step is None else 0.0
     transform = build_transform(base.transform)
     if base.dataset_factory:
@@ -164,7 +173,7 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
         c = ceil_mod.measure(transform=transform, blobs=blobs, batch_size=base.batch_size,
                              compute_ms=demand_ms, probe=probe_res, samples=len(source))
         c.iterable = bool(source.iterable)
-    c.ram_backed = ram_backed(root)
+    c.ram_backed = None if is_s3(root) else ram_backed(root)
     return c
 
 
@@ -190,8 +199,11 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     opts = (opts or SearchOptions()).validate()
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
-    root = Path(dataset).absolute()
-    if not root.exists():
+    root: Any = str(dataset) if is_s3(dataset) else Path(dataset).absolute()
+    if is_s3(root) and opts.dataset_factory:
+        raise UsageError(f"{root}: --dataset-factory takes a local path; an s3:// dataset is "
+                         "read by autotune's own reader.", setting="dataset_factory")
+    if not is_s3(root) and not root.exists():
         raise UsageError(f"{root}: no such file or directory.")
     out = Path(opts.out)
     overrides = {"compute_ms": opts.compute_ms, "step": opts.step, "batch_size": opts.batch_size,

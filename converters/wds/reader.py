@@ -95,6 +95,7 @@ class WdsSource(SampleSource):
             raise UsageError(f"max_member_bytes must be a positive number of bytes, but got "
                              f"{max_member_bytes!r}.", setting="max_member_bytes")
         self.max_member_bytes = max_member_bytes
+        self.members: Any = None  # local files (see WdsDataset.members)
         self.manifest = manifest or read_manifest(self.root, expect_format="wds")
         self.shards = [(self.root / s["file"], int(s["samples"])) for s in self.manifest.shards]
         self.staged_node = read_staged_node(self.root)  # (node, nnodes) of a node's copy
@@ -133,7 +134,7 @@ class WdsSource(SampleSource):
         """Every sample in stored order, checked: (image bytes, label, original path)."""
         counts = {str(p): n for p, n in self.shards}
         for s in _expand(({"url": str(p)} for p, _ in self.shards), counts, len(self.classes),
-                         self.max_member_bytes):
+                         self.max_member_bytes, self.members):
             yield s["image"], s["label"], s["path"]
 
     def readers_note(self, num_workers: int, world_size: int = 1) -> str | None:
@@ -168,12 +169,14 @@ class WdsSource(SampleSource):
         num_workers: the DataLoader's, for an exact `len()` when ranks are equalized
             (iteration itself always uses the real worker count).
         """
-        return WdsDataset(self.shards, transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
-                          seed=seed, rank=rank, world_size=world_size,
-                          num_classes=len(self.classes), local_world_size=local_world_size,
-                          staged_node=self.staged_node, root=str(self.root),
-                          equalize=equalize, num_workers=num_workers,
-                          max_member_bytes=self.max_member_bytes)
+        ds = WdsDataset(self.shards, transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                        seed=seed, rank=rank, world_size=world_size,
+                        num_classes=len(self.classes), local_world_size=local_world_size,
+                        staged_node=self.staged_node, root=str(self.root),
+                        equalize=equalize, num_workers=num_workers,
+                        max_member_bytes=self.max_member_bytes)
+        ds.members = self.members
+        return ds
 
 
 class WdsDataset(torch.utils.data.IterableDataset):
@@ -187,6 +190,9 @@ class WdsDataset(torch.utils.data.IterableDataset):
                  max_member_bytes: int = MAX_MEMBER_BYTES) -> None:
         super().__init__()
         self.max_member_bytes = max_member_bytes
+        # How a shard's members are read: None for a local file (iter_members), else a
+        # picklable f(url, max_member_bytes) -> members (shards in a bucket: one GET each).
+        self.members: Callable[[str, int], Iterator[tuple[str, str, bytes]]] | None = None
         self.local_world_size = local_world_size
         self.staged_node = staged_node
         self.root = root
@@ -274,7 +280,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
         stages: list[Any] = [
             _ShardList(mine, _seed(self.seed, epoch, rank) if self.shuffle else None),
             wds.split_by_worker,
-            lambda src: _expand(src, counts, self.num_classes, self.max_member_bytes),
+            lambda src: _expand(src, counts, self.num_classes, self.max_member_bytes,
+                                self.members),
         ]
         quotas = self.quotas(epoch, world, num_workers)
         if quotas is not None:
@@ -371,13 +378,14 @@ def _timed_reads(src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,
-            max_member_bytes: int = MAX_MEMBER_BYTES) -> Iterator[dict[str, Any]]:
+            max_member_bytes: int = MAX_MEMBER_BYTES, members: Any = None
+            ) -> Iterator[dict[str, Any]]:
     """webdataset stage: shard URLs -> samples, checked (see the module doc)."""
     for item in src:
         url = item["url"]
         expected = counts.get(url, -1)
         n = 0
-        samples = _samples(url, num_classes, max_member_bytes)
+        samples = _samples(url, num_classes, max_member_bytes, members)
         for sample in samples:
             n += 1
             if 0 <= expected < n:  # never yield past the manifest: len() and quotas rely on it
@@ -402,11 +410,12 @@ def _too_many(url: str, expected: int, n: int, rest: Iterator[dict[str, Any]]) -
                       "with the manifest): restage or convert again.")
 
 
-def _samples(url: str, num_classes: int,
-             max_member_bytes: int = MAX_MEMBER_BYTES) -> Iterator[dict[str, Any]]:
+def _samples(url: str, num_classes: int, max_member_bytes: int = MAX_MEMBER_BYTES,
+             members: Any = None) -> Iterator[dict[str, Any]]:
     cur: dict[str, Any] | None = None
+    read = members or iter_members
     try:
-        for key, suffix, data in iter_members(url, max_member_bytes):
+        for key, suffix, data in read(url, max_member_bytes):
             if cur is not None and key != cur["__key__"]:
                 yield _finish(cur, url, num_classes)
                 cur = None

@@ -238,10 +238,20 @@ class _ChunkReader:
         return bytes(self.mv[self.start:self.start + n])
 
     def skip(self, n: int) -> None:
-        """Past `n` bytes, or to the end of what the file holds (the next read ends it)."""
+        """Past `n` bytes, or to the end of what the file holds (the next read ends it).
+        Bytes not buffered yet are read and dropped: the padding after a member that
+        filled a buffer of exactly its size (a member over 1 MiB) is not in it."""
         got = min(n, self.end - self.start)
         self.start += got
         self.consumed += got
+        rest = n - got
+        while rest > 0 and not self.eof:
+            self.start = self.end = 0  # the buffer is empty here
+            k = self.f.readinto(self.mv[:min(rest, len(self.buf))])
+            if not k:
+                self.eof = True
+            rest -= k
+            self.consumed += k
 
 
 def _fast_header(h: bytes, name: str, count: int) -> tuple[str, int] | None:
@@ -292,7 +302,6 @@ def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBE
     the rest of the shard goes through `tarfile`, which names what it is.
     """
     name = os.path.basename(os.fspath(path))
-    count = 0
     try:
         f = open(path, "rb", buffering=0)
     except OSError as e:
@@ -303,43 +312,105 @@ def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBE
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except (OSError, AttributeError):
             pass
-        r = _ChunkReader(f)
         try:
             length = os.fstat(f.fileno()).st_size
-            while True:
-                if not r.fill(BLOCK):
-                    if count == 0:
-                        raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
-                                               "(empty or shorter than one tar header)")
-                    return  # as tarfile: the member count check names what is missing
-                h = r.take(BLOCK)
-                if h[0] == 0 and h == _ZEROS[:BLOCK]:
-                    return  # end-of-archive blocks
-                parsed = _fast_header(h, name, count)
-                if parsed is None:
-                    break  # not what autotune writes: tarfile takes it from here
-                mname, size = parsed
-                m = MEMBER_RE.match(mname)
-                if not m:
-                    raise ShardFormatError(
-                        f"{name}: member name {mname!r} is not KEY.EXT (a path, '..', an "
-                        "absolute name or a dot in the key); refusing to read it")
-                r.skip(BLOCK)
-                _check_size(name, mname, size, r.consumed, length, max_member_bytes, count)
-                if not r.fill(size):
-                    raise ShardFormatError(
-                        f"{name}: truncated or corrupt after {count} members (ReadError: member "
-                        f"{mname!r} has {r.end - r.start} of {size} bytes)")
-                data = r.take(size)
-                r.skip(size + (-size % BLOCK))
-                count += 1
-                yield m.group(1), m.group(2), data
         except OSError as e:
-            raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+            raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
                                    f"({type(e).__name__}: {e})") from None
-        # The slow path, from the first header the fast one does not take.
+        yield from iter_stream(f, name, length, max_member_bytes, seekable=True)
+
+
+def iter_stream(f: Any, name: str, length: int, max_member_bytes: int = MAX_MEMBER_BYTES, *,
+                seekable: bool = False) -> Iterator[tuple[str, str, bytes]]:
+    """iter_members of an open stream of `length` bytes (a shard read by one GET: its
+    body's `readinto` or `read`), with the same checks; `name` names it in errors."""
+    count = 0
+    r = _ChunkReader(f if hasattr(f, "readinto") else _ReadInto(f))
+    try:
+        while True:
+            if not r.fill(BLOCK):
+                if count == 0:
+                    raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
+                                           "(empty or shorter than one tar header)")
+                return  # as tarfile: the member count check names what is missing
+            h = r.take(BLOCK)
+            if h[0] == 0 and h == _ZEROS[:BLOCK]:
+                return  # end-of-archive blocks
+            parsed = _fast_header(h, name, count)
+            if parsed is None:
+                break  # not what autotune writes: tarfile takes it from here
+            mname, size = parsed
+            m = MEMBER_RE.match(mname)
+            if not m:
+                raise ShardFormatError(
+                    f"{name}: member name {mname!r} is not KEY.EXT (a path, '..', an "
+                    "absolute name or a dot in the key); refusing to read it")
+            r.skip(BLOCK)
+            _check_size(name, mname, size, r.consumed, length, max_member_bytes, count)
+            if not r.fill(size):
+                raise ShardFormatError(
+                    f"{name}: truncated or corrupt after {count} members (ReadError: member "
+                    f"{mname!r} has {r.end - r.start} of {size} bytes)")
+            data = r.take(size)
+            r.skip(size + (-size % BLOCK))
+            count += 1
+            yield m.group(1), m.group(2), data
+    except OSError as e:
+        raise ShardFormatError(f"{name}: truncated or corrupt after {count} members "
+                               f"({type(e).__name__}: {e})") from None
+    # The slow path, from the first header the fast one does not take.
+    if seekable:
         f.seek(r.consumed)
-        yield from _iter_tarfile(f, name, count, max_member_bytes)
+        yield from _iter_tarfile(f, name, count, max_member_bytes, length=length)
+    else:  # a stream cannot go back: what the buffer holds, then the rest of it
+        yield from _iter_tarfile(_Rest(r), name, count, max_member_bytes, length=length)
+
+
+class _ReadInto:
+    """`readinto` over a stream that has only `read(n)` (an HTTP response body)."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def readinto(self, mv: memoryview) -> int:
+        data = self.f.read(len(mv))
+        mv[:len(data)] = data
+        return len(data)
+
+
+class _Rest:
+    """The unread part of a _ChunkReader's stream, for tarfile: the buffered bytes first,
+    then the rest; `tell()` is the offset in the whole stream."""
+
+    def __init__(self, r: _ChunkReader) -> None:
+        self.r = r
+        self.pos = r.consumed
+
+    def tell(self) -> int:
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        r = self.r
+        have = r.end - r.start
+        if have:
+            k = have if n < 0 else min(n, have)
+            out = bytes(r.mv[r.start:r.start + k])
+            r.start += k
+        else:
+            parts = []
+            want = n if n >= 0 else 1 << 62
+            while want > 0:
+                buf = bytearray(min(want, 1 << 20))
+                k = r.f.readinto(memoryview(buf))
+                if not k:
+                    break
+                parts.append(bytes(buf[:k]))
+                want -= k
+                if n >= 0:
+                    break  # one read, as a file's read(n) may return fewer
+            out = b"".join(parts)
+        self.pos += len(out)
+        return out
 
 
 class _Sparse(Exception):
@@ -368,10 +439,11 @@ def _sparse(ti: tarfile.TarInfo) -> bool:
         k.startswith("GNU.sparse.") for k in ti.pax_headers)
 
 
-def _iter_tarfile(f, name: str, count: int, max_member_bytes: int = MAX_MEMBER_BYTES
-                  ) -> Iterator[tuple[str, str, bytes]]:
+def _iter_tarfile(f, name: str, count: int, max_member_bytes: int = MAX_MEMBER_BYTES,
+                  *, length: int | None = None) -> Iterator[tuple[str, str, bytes]]:
     base = f.tell()  # tarfile's offsets are from where its stream starts
-    length = os.fstat(f.fileno()).st_size
+    if length is None:
+        length = os.fstat(f.fileno()).st_size
     try:
         with tarfile.open(fileobj=f, mode="r|", tarinfo=_CheckedInfo) as tf:
             for ti in tf:

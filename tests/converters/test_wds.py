@@ -411,3 +411,22 @@ def test_a_deeply_nested_key_json_only_loses_the_path(tmp_path):
     root = _shard_dataset(tmp_path / "ds", body)
     assert list(WdsSource(root).records()) == [(b"x", 1, "?")]
     assert list(WdsSource(root).dataset(None)) == [(b"x", 1)]
+
+
+def test_a_member_over_the_read_buffer_with_padding_is_read(tmp_path: Path) -> None:
+    """A member larger than the 1 MiB read buffer, its size not a multiple of 512: the
+    padding after it was left unread and the next header failed its checksum."""
+    import io
+    import os
+    import tarfile
+
+    from converters.wds.tarfmt import iter_members
+
+    p = tmp_path / "big.tar"
+    sizes = (("a.jpg", 1_500_001), ("a.cls", 1), ("b.jpg", 10), ("b.cls", 1))
+    with tarfile.open(p, "w", format=tarfile.USTAR_FORMAT) as tf:
+        for name, n in sizes:
+            ti = tarfile.TarInfo(name)
+            ti.size = n
+            tf.addfile(ti, io.BytesIO(os.urandom(n)))
+    assert [(f"{k}.{s}", len(d)) for k, s, d in iter_members(p)] == list(sizes)

@@ -22,7 +22,10 @@ def probe_renderable(r: Any) -> Group:
     parts.append(head)
     for e in fs.evidence:
         parts.append(Text(f"  · {printable(e)}", style="dim"))
-    if r.fio is not None:
+    obj = getattr(r, "object", None)
+    if obj is not None:
+        parts.append(_object_table(obj))
+    elif r.fio is not None:
         t = Table(title=f"fio ({'direct' if r.fio.direct else 'BUFFERED'}, {r.fio.ioengine}, "
                         f"{fmt_bytes(r.fio.file_bytes)} scratch file, {r.fio.runtime_s:g} s/job)",
                   title_justify="left")
@@ -38,7 +41,9 @@ def probe_renderable(r: Any) -> Group:
         parts.append(t)
     else:
         parts.append(Text(f"fio: not run: {r.fio_error}", style="yellow"))
-    if r.replay is not None:
+    if obj is not None:
+        pass
+    elif r.replay is not None:
         rp = r.replay
         t = Table(title=f"dataset replay ({rp.files_sampled} files, mean "
                         f"{fmt_bytes(rp.mean_file_bytes)}, cold: {rp.cold_method})",
@@ -71,3 +76,19 @@ def probe_renderable(r: Any) -> Group:
     for w in r.warnings:
         parts.append(Text(f"warning: {w}", style="yellow"))
     return Group(*parts)
+
+
+def _object_table(o: Any) -> Table:
+    """The GETs of an s3:// probe, one row per concurrency."""
+    t = Table(title=f"GETs of the dataset's objects ({o.objects:,} listed, mean "
+                    f"{fmt_bytes(o.mean_object_bytes)}; LIST {o.list_keys_per_s:,.0f} keys/s in "
+                    f"{o.list_pages} page(s); cold: {o.cold_method})", title_justify="left")
+    for c in ("in flight", "GETs/s", "MiB/s", "first byte p50 ms", "p99 ms", "object p50 ms",
+              "p99 ms", "GETs", "errors"):
+        t.add_column(c, justify="right")
+    best = o.best if o.by_concurrency else None
+    for lv in o.by_concurrency:
+        t.add_row(f"{lv.concurrency}{' *' if lv is best else ''}", fmt_rate(lv.gets_per_s),
+                  fmt_rate(lv.mib_per_s), _ms(lv.first_byte_p50_ms), _ms(lv.first_byte_p99_ms),
+                  _ms(lv.object_p50_ms), _ms(lv.object_p99_ms), str(lv.gets), str(lv.errors))
+    return t

@@ -1,0 +1,18 @@
+"""Object storage (s3://) for datasets: the client layer every s3 reader, probe and copy uses.
+
+    url.py      s3://BUCKET/PREFIX addresses (parse, is_s3) and endpoints as shown
+    client.py   Store: a lazily made boto3 client per process, retries with backoff,
+                one cached paginated LIST per dataset, GETs pinned to ETags, one-line errors
+    folder.py   the folder format in a bucket: PREFIX/CLASS/NAME.jpg, read(i) = one GET
+    wds.py      WebDataset shards in a bucket: each shard streamed by one GET
+
+boto3 is imported only when a client is made (the s3 extra).
+"""
+
+from __future__ import annotations
+
+from converters.objstore.client import Listing, ObjectInfo, S3Config, Store, forget_listings
+from converters.objstore.url import S3Url, is_s3, parse, shown_endpoint
+
+__all__ = ["Listing", "ObjectInfo", "S3Config", "S3Url", "Store", "forget_listings", "is_s3",
+           "parse", "shown_endpoint"]

@@ -1,0 +1,330 @@
+"""An S3 client for datasets: lazy per process, retried, pinned to ETags, errors in one line.
+
+    store = Store(S3Config.from_env(endpoint_url))      # picklable: no client inside yet
+    listing = store.listing(parse("s3://bucket/train"))  # one paginated LIST, cached
+    data = store.get(obj)                                # GET If-Match obj.etag
+
+- The boto3 client is made on first use in the process that uses it, and again after a
+  fork (DataLoader workers fork after the dataset is built; a client, its connection pool
+  and any native runtime must never cross a fork). boto3 clients are thread-safe, the
+  session that makes one is not: one client per process, made under a lock.
+- S3-compatible servers (an endpoint is given) are addressed path-style, with a region
+  (AWS_REGION / AWS_DEFAULT_REGION, else us-east-1) to sign with.
+- botocore's own retries are off; this layer retries 500/502/503/504, SlowDown and
+  throttling codes, timeouts and dropped connections with full-jitter exponential backoff
+  (`attempts` in all), so that its counting and its error are one place.
+- Every GET carries If-Match: the object's ETag from the listing, so an object changed
+  after the LIST is an error (SampleError naming it), never a mix of two versions.
+- Errors: no bucket / access denied / bad keys -> StoreDenied (exit 2) naming the endpoint,
+  the bucket and the server's code; no answer or retries exhausted -> StoreUnreachable
+  (exit 1). The access key and the secret are scrubbed from every message.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from converters.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
+from converters.objstore.url import S3Url, shown_endpoint
+
+T = TypeVar("T")
+
+RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
+               "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500",
+               "502", "504"}
+DENIED_CODES = {"NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                "AllAccessDisabled", "InvalidBucketName", "AccountProblem", "403", "404",
+                "PermanentRedirect", "AuthorizationHeaderMalformed"}
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """Where and how to reach the store. Picklable (it crosses to DataLoader workers and
+    measurement processes; the client never does)."""
+
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    addressing: str = "auto"          # 'path' for S3-compatible servers (auto: path with an endpoint)
+    attempts: int = 5                 # tries per request, the first included
+    backoff: float = 0.1              # seconds: the first retry's ceiling, doubling
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    max_pool: int = 64                # connections per process: 64 requests in flight
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise UsageError(f"attempts must be at least 1, but got {self.attempts}.")
+        if self.addressing not in ("auto", "path", "virtual"):
+            raise UsageError(f"addressing must be auto, path or virtual, but got "
+                             f"{self.addressing!r}.")
+
+    @classmethod
+    def from_env(cls, endpoint_url: str | None = None, **kw: Any) -> S3Config:
+        """--endpoint-url, else AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL; the region from
+        AWS_REGION / AWS_DEFAULT_REGION."""
+        ep = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+              or os.environ.get("AWS_ENDPOINT_URL") or None)
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        return cls(endpoint_url=ep, region=kw.pop("region", region), **kw)
+
+    @property
+    def shown(self) -> str:
+        return shown_endpoint(self.endpoint_url)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One LIST of a prefix: its objects (sorted by key) and when it was taken."""
+
+    url: S3Url
+    objects: tuple[ObjectInfo, ...]
+    listed_at: float                  # time.time() when the LIST began
+    seconds: float                    # how long the paginated LIST took
+    pages: int
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(o.size for o in self.objects)
+
+
+@dataclass
+class Store:
+    """An object store's client for one process at a time (see the module doc)."""
+
+    config: S3Config = field(default_factory=S3Config)
+    retries: int = 0                  # retries made in this process (all requests)
+
+    def __post_init__(self) -> None:
+        self._client: Any = None
+        self._pid = -1
+        self._lock = threading.Lock()
+        self._secrets: list[str] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config, "retries": 0}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.config, self.retries = state["config"], state["retries"]
+        self.__post_init__()
+
+    @property
+    def client(self) -> Any:
+        """This process's boto3 client, made on first use (and anew after a fork)."""
+        if self._client is None or self._pid != os.getpid():
+            with self._lock:
+                if self._client is None or self._pid != os.getpid():
+                    self._client = self._make_client()
+                    self._pid = os.getpid()
+        return self._client
+
+    def _make_client(self) -> Any:
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise UsageError("s3:// datasets need boto3: pip install boto3 (the s3 extra)."
+                             ) from None
+        c = self.config
+        style = c.addressing if c.addressing != "auto" else ("path" if c.endpoint_url else "virtual")
+        session = boto3.session.Session()
+        creds = session.get_credentials()
+        if creds is not None:  # what must never be printed (a key of a few letters, as
+            # test servers take, cannot be hidden without mangling every word holding it)
+            frozen = creds.get_frozen_credentials()
+            self._secrets = [s for s in (frozen.access_key, frozen.secret_key, frozen.token)
+                             if s and len(s) >= 6]
+        return session.client(
+            "s3", endpoint_url=c.endpoint_url, region_name=c.region,
+            config=Config(s3={"addressing_style": style}, retries={"total_max_attempts": 1},
+                          connect_timeout=c.connect_timeout, read_timeout=c.read_timeout,
+                          max_pool_connections=c.max_pool))
+
+    # -- requests ------------------------------------------------------------------------
+
+    def call(self, what: str, bucket: str, fn: Callable[[Any], T]) -> T:
+        """fn(client), retried on what a busy or slow store answers; errors in one line.
+        `what` names the request in messages (e.g. 's3://b/k' or 'LIST s3://b/p')."""
+        c = self.config
+        last = ""
+        for attempt in range(c.attempts):
+            if attempt:
+                self.retries += 1
+                time.sleep(random.uniform(0, c.backoff * 2 ** (attempt - 1)))
+            try:
+                return fn(self.client)
+            except Exception as e:  # noqa: BLE001 (sorted below; the rest re-raised)
+                kind, last = self._classify(e, what, bucket)
+                if kind != "retry":
+                    raise
+        raise StoreUnreachable(self._scrub(
+            f"{c.shown}: {what}: no good answer after {c.attempts} attempts (last: {last}); "
+            "check --endpoint-url / AWS_ENDPOINT_URL and the network, or retry later."))
+
+    def _classify(self, e: Exception, what: str, bucket: str) -> tuple[str, str]:
+        """('retry', why) for a transient failure; raises the one-line error for the rest."""
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        from urllib3.exceptions import HTTPError as Urllib3Error
+
+        if isinstance(e, ClientError):
+            err = e.response.get("Error", {})
+            code = str(err.get("Code") or e.response.get("ResponseMetadata", {})
+                       .get("HTTPStatusCode", "?"))
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in RETRY_CODES or status in (500, 502, 503, 504):
+                return "retry", f"{status} {code}"
+            raise self._refusal(what, bucket, code, status, str(err.get("Message") or "")
+                                ) from None
+        if isinstance(e, NoCredentialsError):
+            raise StoreDenied(f"{self.config.shown}: bucket {bucket}: no credentials (set "
+                              "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)."
+                              ) from None
+        if isinstance(e, (BotoCoreError, OSError, Urllib3Error)):  # timeouts, refused, dropped
+            return "retry", self._scrub(f"{type(e).__name__}: {e}")
+        raise e
+
+    def _refusal(self, what: str, bucket: str, code: str, status: Any, message: str) -> Exception:
+        ep = self.config.shown
+        if code == "PreconditionFailed" or status == 412:
+            return SampleError(f"{what}: changed since the dataset was listed (If-Match on "
+                               f"its ETag refused: {code}); list it again (rerun).")
+        if code in ("NoSuchKey", "InvalidRange") or (status == 404 and code != "NoSuchBucket"
+                                                     and "/" in what):
+            return SampleError(f"{what}: {code} at {ep} (deleted since the dataset was "
+                               "listed?); rerun to list it again.")
+        if code in DENIED_CODES or status in (401, 403, 404):
+            fix = ("check the bucket name" if code in ("NoSuchBucket", "404", "InvalidBucketName")
+                   else "check the credentials (AWS_ACCESS_KEY_ID, AWS_PROFILE) and the "
+                        "bucket's policy")
+            return StoreDenied(self._scrub(f"{ep}: bucket {bucket}: {code} ({message or status}); "
+                                           f"{fix}."))
+        return StoreUnreachable(self._scrub(f"{ep}: {what}: {status} {code} ({message})."))
+
+    def _scrub(self, text: str) -> str:
+        for s in self._secrets:
+            text = text.replace(s, "***")
+        return text
+
+    def get(self, bucket: str, obj: ObjectInfo, byte_range: tuple[int, int] | None = None) -> bytes:
+        """The object's bytes (or bytes [start, end) of it), pinned to its ETag."""
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
+        if obj.etag:
+            kw["IfMatch"] = obj.etag
+        if byte_range is not None:
+            kw["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+        # The body is read inside the retry: a connection dropped mid-body is retried too.
+        return self.call(f"s3://{bucket}/{obj.key}", bucket,
+                         lambda c: c.get_object(**kw)["Body"].read())
+
+    def open(self, bucket: str, obj: ObjectInfo) -> Any:
+        """A streaming body of the whole object (one GET, pinned to its ETag), for readers
+        that consume it sequentially (tar shards); its `.read(n)` and `.close()`."""
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
+        if obj.etag:
+            kw["IfMatch"] = obj.etag
+        return self.call(f"s3://{bucket}/{obj.key}", bucket, lambda c: c.get_object(**kw)["Body"])
+
+    def list_pages(self, url: S3Url) -> Iterator[list[ObjectInfo]]:
+        """LIST the prefix, a page (up to 1,000 keys) at a time, each page retried."""
+        token: str | None = None
+        while True:
+            kw: dict[str, Any] = {"Bucket": url.bucket, "Prefix": url.list_prefix}
+            if token:
+                kw["ContinuationToken"] = token
+            page = self.call(f"LIST {url}", url.bucket, lambda c, kw=kw: c.list_objects_v2(**kw))
+            yield [ObjectInfo(o["Key"], int(o["Size"]), str(o.get("ETag", "")))
+                   for o in page.get("Contents", [])]
+            token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+            if not token:
+                return
+
+    def list(self, url: S3Url) -> Listing:
+        """One paginated LIST of the prefix (not cached: see `listing`)."""
+        self.client  # made first: its start-up (~0.3 s) is not the LIST's time
+        t0, wall = time.perf_counter(), time.time()
+        objs: list[ObjectInfo] = []
+        pages = 0
+        for page in self.list_pages(url):
+            objs.extend(page)
+            pages += 1
+        objs.sort(key=lambda o: o.key)
+        return Listing(url, tuple(objs), wall, time.perf_counter() - t0, pages)
+
+    def listing(self, url: S3Url, *, max_age: float = 3600.0) -> Listing:
+        """The prefix's listing, from this process's cache when younger than `max_age`
+        seconds, else from the file a parent process handed down (LISTINGS_ENV), else one
+        fresh LIST: one LIST per dataset however often, and in however many measurement
+        processes, it is opened."""
+        key = (self.config.endpoint_url, url)
+        hit = _LISTINGS.get(key) or _handed_down(self.config.endpoint_url, url)
+        if hit is not None and time.time() - hit.listed_at <= max_age:
+            _LISTINGS[key] = hit
+            return hit
+        fresh = self.list(url)
+        _LISTINGS[key] = fresh
+        return fresh
+
+
+# A directory of listings a parent process wrote for its children (bench's scratch
+# directory): valid for that run only, so a rerun lists again and sees what changed.
+LISTINGS_ENV = "AUTOTUNE_S3_LISTINGS"
+_LISTINGS: dict[tuple[str | None, S3Url], Listing] = {}
+
+
+def _listing_file(directory: str, endpoint: str | None, url: S3Url) -> str:
+    import hashlib
+
+    h = hashlib.sha1(repr((endpoint, url.bucket, url.prefix)).encode()).hexdigest()[:16]
+    return os.path.join(directory, f"s3-listing-{h}.json")
+
+
+def hand_down(directory: str, endpoint: str | None) -> int:
+    """Write this process's cached listings of `endpoint` into `directory` for child
+    processes (run with LISTINGS_ENV=directory); the number written."""
+    import json
+
+    n = 0
+    for (ep, url), lst in list(_LISTINGS.items()):
+        if ep != endpoint:
+            continue
+        d = {"bucket": url.bucket, "prefix": url.prefix, "listed_at": lst.listed_at,
+             "seconds": lst.seconds, "pages": lst.pages,
+             "objects": [[o.key, o.size, o.etag] for o in lst.objects]}
+        path = _listing_file(directory, ep, url)
+        with open(path + ".tmp", "w") as f:
+            json.dump(d, f)
+        os.replace(path + ".tmp", path)
+        n += 1
+    return n
+
+
+def _handed_down(endpoint: str | None, url: S3Url) -> Listing | None:
+    import json
+
+    directory = os.environ.get(LISTINGS_ENV)
+    if not directory:
+        return None
+    try:
+        with open(_listing_file(directory, endpoint, url)) as f:
+            d = json.load(f)
+        objs = tuple(ObjectInfo(str(k), int(n), str(e)) for k, n, e in d["objects"])
+        return Listing(url, objs, float(d["listed_at"]), float(d["seconds"]), int(d["pages"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # none, or unreadable: LIST afresh
+
+
+def forget_listings() -> None:
+    """Empty this process's listing cache (tests; after writing to a prefix)."""
+    _LISTINGS.clear()

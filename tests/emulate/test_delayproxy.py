@@ -1,0 +1,125 @@
+"""The delaying TCP proxy: real sockets, real servers on loopback.
+
+Only lower bounds on times, except one upper bound with a margin noise cannot break: a
+proxy that slept per chunk would take at least chunks x delay (the chunks it counted),
+and a busy machine only makes the pipelined one slower by its transfer time, never by a
+delay per chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from autotune.emulate.delayproxy import DelayProxy
+
+DELAY = 0.05
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+class _Source(socketserver.BaseRequestHandler):
+    """Sends SIZE bytes as soon as a client connects, then closes."""
+    SIZE = 32 * 1024 * 1024
+
+    def handle(self) -> None:
+        block = b"\xab" * (1024 * 1024)
+        for _ in range(self.SIZE // len(block)):
+            self.request.sendall(block)
+
+
+def _serve(handler: type) -> Iterator[tuple[str, int]]:
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv.server_address[:2]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def echo() -> Iterator[tuple[str, int]]:
+    yield from _serve(_Echo)
+
+
+@pytest.fixture
+def source() -> Iterator[tuple[str, int]]:
+    yield from _serve(_Source)
+
+
+def _recv_exactly(s: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = s.recv(min(1 << 20, n - len(buf)))
+        assert chunk, f"connection closed after {len(buf)} of {n} bytes"
+        buf += chunk
+    return bytes(buf)
+
+
+def test_round_trip_waits_the_delay_each_way_and_bytes_are_identical(echo) -> None:
+    payload = os.urandom(4 * 1024 * 1024)
+    with DelayProxy(echo, DELAY) as addr, socket.create_connection(addr) as s:
+        t0 = time.monotonic()
+        s.sendall(b"x")
+        first = _recv_exactly(s, 1)
+        rtt = time.monotonic() - t0
+        sender = threading.Thread(target=s.sendall, args=(payload,))
+        sender.start()
+        got = _recv_exactly(s, len(payload))
+        sender.join()
+    assert first == b"x"
+    # Up and down, each released DELAY after it arrived (1 ms for the loop's clock).
+    assert rtt >= 2 * DELAY - 0.001
+    assert got == payload
+
+
+def test_first_byte_from_server_waits_the_delay(source) -> None:
+    with DelayProxy(source, DELAY) as addr:
+        t0 = time.monotonic()
+        with socket.create_connection(addr) as s:
+            s.recv(1)
+            assert time.monotonic() - t0 >= DELAY - 0.001
+
+
+def test_half_close_passes_through(echo) -> None:
+    with DelayProxy(echo, 0.01) as addr, socket.create_connection(addr) as s:
+        s.sendall(b"abc")
+        s.shutdown(socket.SHUT_WR)
+        assert _recv_exactly(s, 3) == b"abc"
+        assert s.recv(10) == b""  # the server saw our EOF and closed
+
+
+@pytest.mark.slow
+def test_bandwidth_is_not_cut_by_the_delay(source) -> None:
+    proxy = DelayProxy(source, DELAY)
+    with proxy as addr, socket.create_connection(addr) as s:
+        t0 = time.monotonic()
+        n = 0
+        while chunk := s.recv(1 << 20):
+            n += len(chunk)
+        elapsed = time.monotonic() - t0
+        chunks = proxy.chunks
+    assert n == _Source.SIZE
+    assert elapsed >= DELAY - 0.001
+    # A sleep per chunk would need chunks x DELAY (>= 128 x 50 ms = 6.4 s for 32 MiB in
+    # chunks of at most 256 KiB); the delay line needs DELAY plus the copy.
+    assert chunks >= _Source.SIZE // (256 * 1024)
+    assert elapsed < 0.5 * chunks * DELAY, (elapsed, chunks)
+
+
+def test_refuses_a_negative_delay() -> None:
+    with pytest.raises(ValueError, match="delay must be at least 0"):
+        DelayProxy(("127.0.0.1", 1), -1)

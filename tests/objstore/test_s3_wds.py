@@ -1,0 +1,107 @@
+"""WebDataset shards in a bucket: the same samples as the local shards, one GET a shard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from converters import registry
+from converters.errors import SampleError
+from converters.objstore import forget_listings
+from converters.objstore.wds import S3WdsSource
+from converters.wds.reader import WdsSource
+
+
+@pytest.fixture(scope="session")
+def wds_dir(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from converters import ConvertOptions, convert
+
+    dst = tmp_path_factory.mktemp("wds") / "train-wds"
+    convert(small_dataset, dst, ConvertOptions(format="wds", workers=1, readers=4))
+    return dst
+
+
+@pytest.fixture
+def s3_wds(wds_dir: Path, s3_endpoint: str, s3_client, bucket: str, upload,  # noqa: ANN001
+           monkeypatch: pytest.MonkeyPatch) -> str:
+    upload(s3_client, bucket, wds_dir, "wds")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    forget_listings()
+    return f"s3://{bucket}/wds"
+
+
+def test_shards_in_a_bucket_read_as_the_local_shards(s3_wds: str, wds_dir: Path) -> None:
+    assert registry.resolve(s3_wds) == "wds"
+    src = registry.open_source(s3_wds)
+    local = WdsSource(wds_dir)
+    assert isinstance(src, S3WdsSource) and src.num_shards == local.num_shards >= 2
+    assert len(src) == len(local) == 64 and src.classes == local.classes
+    assert list(src.records()) == list(local.records())
+    assert list(src.files()) == [] and src.info()["storage"] == "object"
+
+
+def test_dataset_through_forked_workers(s3_wds: str, wds_dir: Path) -> None:
+    import torch.utils.data
+
+    ds = registry.open_source(s3_wds).dataset(None, shuffle=False, rank=0, world_size=1)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    got = sorted((bytes(b), int(l)) for b, l in loader)
+    want = sorted((b, l) for b, l, _ in WdsSource(wds_dir).records())
+    assert got == want
+
+
+def test_a_shard_changed_after_the_listing_is_an_error(s3_wds: str, s3_client,  # noqa: ANN001
+                                                      bucket: str, wds_dir: Path) -> None:
+    src = registry.open_source(s3_wds)
+    first = src.shards[0][0]
+    key = first[len(f"s3://{bucket}/"):]
+    s3_client.put_object(Bucket=bucket, Key=key, Body=(wds_dir / Path(key).name).read_bytes()
+                         + b"\0" * 1024)  # other bytes, another ETag
+    with pytest.raises(SampleError, match="changed since the dataset was listed"):
+        list(src.records())
+
+
+def test_a_truncated_shard_names_it(s3_wds: str, s3_client, bucket: str,  # noqa: ANN001
+                                    wds_dir: Path) -> None:
+    src0 = registry.open_source(s3_wds)
+    key = src0.shards[0][0][len(f"s3://{bucket}/"):]
+    s3_client.put_object(Bucket=bucket, Key=key,
+                         Body=(wds_dir / Path(key).name).read_bytes()[:5000])
+    forget_listings()
+    src = registry.open_source(s3_wds)
+    with pytest.raises(SampleError, match=Path(key).name):
+        list(src.records())
+
+
+@pytest.mark.slow
+def test_bench_streams_shards_from_a_bucket(s3_wds: str, s3_endpoint: str, tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run(
+        [sys.executable, "-m", "autotune", "bench", s3_wds, "--endpoint-url", s3_endpoint, "-q",
+         "--warm", "--workers", "2", "--batch-size", "4", "--warmup-batches", "2",
+         "--compute-ms", "0", "--seconds", "2", "--json", str(tmp_path / "b.json")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-2000:]
+    d = json.loads((tmp_path / "b.json").read_text())
+    assert d["dataset"]["format"] == "wds" and d["dataset"]["storage"] == "object"
+    assert d["images_per_s"] > 0 and d["stages"]["seconds"]["read"] > 0
+
+
+def test_probe_of_shards_claims_no_samples_ceiling(s3_wds: str, s3_endpoint: str) -> None:
+    from autotune.probe.objstore import measure_objects, probe_result
+    from converters.objstore import S3Config, Store
+
+    obj = measure_objects(s3_wds, store=Store(S3Config(s3_endpoint)), concurrency=(1,),
+                          seconds=1, cold=False)
+    assert obj.conversion == "wds" and obj.by_concurrency[0].gets > 0
+    d = probe_result(s3_wds, obj).to_dict()
+    assert d["verdict"]["storage_samples_per_s"] is None and d["samples"] is None
+    assert any("GETs/s is no samples/s ceiling" in e for e in d["verdict"]["evidence"])
