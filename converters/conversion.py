@@ -255,8 +255,10 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     list, fingerprint, source root, the result when DST is already complete)."""
     opts.validate()
     if _is_s3(dst):
-        raise UsageError(f"{dst}: converting into a bucket is not built yet; give a local "
-                         "DST (and `aws s3 sync` it, or stage from it).")
+        raise UsageError(f"{dst}: a bucket DST is converted by converters.convert in one "
+                         "process (a local work folder, then uploaded: "
+                         "converters.objstore.upload); ranks write a local or shared DST.",
+                         setting="world_size")
     dstp = Path(dst)
     if _is_s3(src):
         srcp: Any = src  # an s3:// address stays a string (a Path would lose the '//')

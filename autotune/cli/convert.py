@@ -62,7 +62,9 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         p.add_argument("src", metavar="SRC", help="image folder (class subfolders), the root "
                                                   "of the --file-list paths, or a bucket's "
                                                   "s3://BUCKET/PREFIX of CLASS/NAME.jpg objects")
-        p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume)")
+        p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume), "
+                                                  "or s3://BUCKET/PREFIX (uploaded, the "
+                                                  "manifest last)")
         p.add_argument("--format", choices=registry.choices(writable=True),
                        help="wds: WebDataset tar shards (sequential reading, best on slow or "
                             "network storage); lmdb: one LMDB environment (random access)")
@@ -116,6 +118,10 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                           help="the Ray head's GCS address, as `ray start --head --port` "
                                "prints it (default $RAY_ADDRESS, else a local Ray)")
         add_endpoint(p)
+        p.add_argument("--work-dir", metavar="DIR",
+                       help="DST s3://...: the local folder the conversion is made in before "
+                            "it is uploaded, manifest.json last (default ~/.cache/autotune/"
+                            "convert-HASH; removed once uploaded; needs the output's size)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE "
                                                       "('-' for stdout)")
 
@@ -150,7 +156,14 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                               world_size=world, plan_timeout=args.plan_timeout,
                               engine=args.engine, ray_address=args.ray_address)
         with _progress_display(not args.quiet) as prog:
-            res = convert(args.src, args.dst, opts, progress=prog)
+            if args.dst.startswith("s3://") and (world or 1) <= 1:
+                from converters.objstore.upload import convert_to_bucket
+
+                opts.validate()
+                res = convert_to_bucket(args.src, args.dst, opts, work_dir=args.work_dir,
+                                        progress=prog)
+            else:
+                res = convert(args.src, args.dst, opts, progress=prog)
         emit(args, res.to_dict(), convert_summary(res))
         return 0
 
