@@ -200,3 +200,22 @@ def test_a_file_list_with_a_bucket_src_is_refused(s3_src: str, tmp_path: Path) -
     fl.write_text("a.jpg,0\n")
     with pytest.raises(UsageError, match="--file-list is for a local SRC"):
         convert(s3_src, tmp_path / "out", ConvertOptions(format="wds", file_list=str(fl)))
+
+
+def test_an_object_deleted_or_changed_since_the_listing_is_a_named_skip(
+        s3_src: str, s3_client, bucket: str, tmp_path: Path) -> None:  # noqa: ANN001
+    """fetch_ahead: GETs pinned to the plan's ETags; a deleted object and one rewritten
+    since the LIST are this sample's skip (named), the others are read."""
+    from converters.objstore.convsource import ETAGS, fetch_ahead
+    from converters.records import Entry, SkippedFile
+
+    objs = s3_client.list_objects_v2(Bucket=bucket, Prefix="data/images/class_0000/")["Contents"]
+    rel = [o["Key"][len("data/images/"):] for o in objs[:3]]
+    (tmp_path / ETAGS).write_text(json.dumps({r: o["ETag"] for r, o in zip(rel, objs)}))
+    s3_client.delete_object(Bucket=bucket, Key=objs[0]["Key"])
+    s3_client.put_object(Bucket=bucket, Key=objs[1]["Key"], Body=b"another version")
+    entries = [Entry(i, 0, r, int(o["Size"])) for i, (r, o) in enumerate(zip(rel, objs))]
+    got = [g for _, g in fetch_ahead(s3_src, str(tmp_path), entries)]
+    assert isinstance(got[0], SkippedFile) and "NoSuchKey" in got[0].reason
+    assert isinstance(got[1], SkippedFile) and "changed since" in got[1].reason
+    assert got[2] == s3_client.get_object(Bucket=bucket, Key=objs[2]["Key"])["Body"].read()

