@@ -61,6 +61,9 @@ class ConvertOptions:
     plan_timeout: float = 1800.0  # how long ranks > 0 wait for rank 0's plan (seconds)
     engine: str = "local"  # "local" (this process and its workers) or "ray" (Ray tasks)
     ray_address: str | None = None  # the head's GCS address; default RAY_ADDRESS, else local
+    # An s3:// SRC's endpoint (default AWS_ENDPOINT_URL when the conversion starts): carried
+    # to the workers with the options, not read from their environment. Not in the output.
+    endpoint_url: str | None = None
 
     def validate(self) -> None:
         if self.format not in registry.names(writable=True):
@@ -268,7 +271,12 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         _check_paths(srcp, dstp, opts.file_list)
         src_root = os.path.abspath(srcp)
     fl = os.path.abspath(opts.file_list) if opts.file_list else None
-    opts = ConvertOptions(**{**asdict(opts), "file_list": fl})
+    ep = opts.endpoint_url
+    if _is_s3(src) and ep is None:
+        from converters.objstore.client import S3Config
+
+        ep = S3Config.from_env().endpoint_url
+    opts = ConvertOptions(**{**asdict(opts), "file_list": fl, "endpoint_url": ep})
     fp = opts.fingerprint(src_root)
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
@@ -413,7 +421,8 @@ def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any
         from converters.objstore.convsource import scan_bucket
         from converters.objstore.url import parse
 
-        scan = scan_bucket(parse(str(src)), sink, progress=scan_progress)
+        scan = scan_bucket(parse(str(src)), sink, progress=scan_progress,
+                           endpoint_url=opts.endpoint_url)
     elif opts.file_list:
         scan = scan_file_list(Path(opts.file_list), src, sink, scan_progress)
     else:

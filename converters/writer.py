@@ -226,7 +226,8 @@ class FormatWriter(ABC):
         from converters.objstore.convsource import fetch_ahead
 
         opts = self.sample_opts
-        for entry, got in fetch_ahead(opts.root, self.plan.dir, self.plan.entries(unit)):
+        for entry, got in fetch_ahead(opts.root, self.plan.dir, self.plan.entries(unit),
+                                      endpoint_url=getattr(self.opts, "endpoint_url", None)):
             if isinstance(got, SkippedFile):
                 s: Sample | SkippedFile = got
             else:

@@ -39,20 +39,23 @@ ETAGS = "etags.json"
 INFLIGHT = 16
 WINDOW_BYTES = 32 << 20
 
-_STORE: Store | None = None
+_STORES: dict[S3Config, Store] = {}
 
 
-def process_store() -> Store:
-    """This process's Store (endpoint and region from the environment, as the CLI's
-    --endpoint-url leaves them): one client per process, made on first use."""
-    global _STORE
-    if _STORE is None:
-        _STORE = Store(S3Config.from_env())
-    return _STORE
+def process_store(endpoint_url: str | None = None) -> Store:
+    """This process's Store for the endpoint (default: the environment's, as the CLI's
+    --endpoint-url leaves it; region from the environment): one per endpoint and process,
+    its client made on first use."""
+    cfg = S3Config.from_env(endpoint_url)
+    st = _STORES.get(cfg)
+    if st is None:
+        st = _STORES[cfg] = Store(cfg)
+    return st
 
 
 def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Any:
+                progress: Callable[[int, int], None] | None = None,
+                endpoint_url: str | None = None) -> Any:
     """LIST `url` and add its images to `sink` (a converters.scan.ScanSink); returns the
     ScanResult (sink closed), as converters.scan.scan_folder does for a folder."""
     import time
@@ -60,7 +63,7 @@ def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
     from converters.scan import _result
 
     t0 = time.monotonic()
-    listing = (store or process_store()).list(url)
+    listing = (store or process_store(endpoint_url)).list(url)
     classes, found, ignored = classify(listing)
     etags: dict[str, str] = {}
     empty = []
@@ -144,11 +147,12 @@ def _etags(plan_dir: str) -> dict[str, str]:
 
 def fetch_ahead(root: str, plan_dir: str, entries: Iterable[Entry], *,
                 inflight: int = INFLIGHT, window_bytes: int = WINDOW_BYTES,
-                store: Store | None = None) -> Iterator[tuple[Entry, bytes | SkippedFile]]:
+                store: Store | None = None, endpoint_url: str | None = None
+                ) -> Iterator[tuple[Entry, bytes | SkippedFile]]:
     """(entry, its object's bytes or the SkippedFile saying why not), in order, with the
     next objects' GETs already in flight. StoreUnreachable / StoreDenied propagate."""
     url = parse(root)
-    st = store or process_store()
+    st = store or process_store(endpoint_url)
     etags = _etags(plan_dir)
     it = iter(entries)
     ahead: collections.deque[tuple[Entry, Future[bytes]]] = collections.deque()

@@ -3,6 +3,7 @@ byte, as the same files in a local folder; killed and rerun, the same again. A r
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -219,3 +220,43 @@ def test_an_object_deleted_or_changed_since_the_listing_is_a_named_skip(
     assert isinstance(got[0], SkippedFile) and "NoSuchKey" in got[0].reason
     assert isinstance(got[1], SkippedFile) and "changed since" in got[1].reason
     assert got[2] == s3_client.get_object(Bucket=bucket, Key=objs[2]["Key"])["Body"].read()
+
+
+@pytest.mark.slow
+def test_an_endpoint_lost_mid_way_stops_with_store_unreachable_and_resumes(
+        s3_src: str, local_src: Path, s3_endpoint: str, tmp_path: Path) -> None:
+    """The server reached through a proxy that is stopped after a few shards: the run
+    stops with StoreUnreachable (exit 1: retries exhausted), no manifest, the finished
+    shards kept; the rerun, straight to the server, ends identical to the local folder's."""
+    import threading
+    from urllib.parse import urlsplit
+
+    from autotune.emulate.delayproxy import DelayProxy
+    from converters.errors import StoreUnreachable
+
+    ep = urlsplit(s3_endpoint)
+    opts = ConvertOptions(format="wds", shard_size=1 << 16, readers=1, workers=2)
+    ref = convert(local_src, tmp_path / "ref", opts)
+    dst = tmp_path / "dst"
+    proxy = DelayProxy((ep.hostname, ep.port), 0.002)
+    proxy.start()
+
+    def cut() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(list(dst.glob("shard-*.tar"))) < 3:
+            time.sleep(0.005)
+        proxy.stop()
+
+    t = threading.Thread(target=cut)
+    t.start()
+    try:
+        with pytest.raises(StoreUnreachable, match=r"no good answer after \d+ attempts"):
+            convert(s3_src, dst, dataclasses.replace(opts, endpoint_url=proxy.url))
+    finally:
+        t.join()
+        proxy.stop()
+    kept = len(list(dst.glob("shard-*.tar")))
+    assert not (dst / "manifest.json").exists() and 3 <= kept < ref.shards
+    res = convert(s3_src, dst, dataclasses.replace(opts, endpoint_url=s3_endpoint))
+    assert res.resumed_units >= 3  # the units written before the outage are kept
+    assert tree_digest(dst) == tree_digest(tmp_path / "ref")
