@@ -181,3 +181,15 @@ def test_denied_access_is_one_line_exit_2_for_convert_and_stage(images: Path, tm
         # nothing in the bucket says complete; the local conversion waits for a rerun
         assert admin.list_objects_v2(Bucket="open-bkt").get("KeyCount", 0) == 0
         assert (tmp_path / "work" / "manifest.json").exists()
+
+
+def test_a_missing_bucket_is_refused_before_anything_is_converted(images: Path, tmp_path: Path,
+                                                                  s3_creds: None,
+                                                                  env_endpoint: str) -> None:
+    from converters.errors import StoreDenied
+
+    with pytest.raises(StoreDenied, match=r"bucket no-such-bkt-\d+: NoSuchBucket") as e:
+        convert_to_bucket(images, f"s3://no-such-bkt-{os.getpid()}/out",
+                          ConvertOptions(format="wds"), work_dir=tmp_path / "work")
+    assert env_endpoint.split("//")[1] in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "work").exists()
