@@ -188,6 +188,8 @@ class ConvertResult:
     finalized: bool = True
     waiting_for: list[int] = field(default_factory=list)
     units_written: int = 0  # units this run wrote
+    # DST s3://: what the upload did (converters.objstore.upload.UploadResult as a dict)
+    upload: dict[str, Any] = field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:

@@ -192,10 +192,7 @@ def convert_to_bucket(src: str | os.PathLike[str], dst: str, opts: Any, *,
     if not keep_local:
         shutil.rmtree(local, ignore_errors=True)
     res = _as_remote(res, url)
-    res.warnings.append(f"uploaded {up.uploaded} file(s) ({up.bytes_uploaded / 2**20:,.1f} "
-                        f"MiB), {up.kept} already in the bucket"
-                        + (f", {len(up.aborted)} stale multipart upload(s) aborted"
-                           if up.aborted else ""))
+    res.upload = dataclasses.asdict(up)
     return res
 
 

@@ -75,6 +75,16 @@ def test_converted_into_a_bucket_is_the_local_conversion(images: Path, tmp_path:
     assert head["Metadata"]["sha256"] == hashlib.sha256(want[big]).hexdigest()
     assert head["ETag"].strip('"').endswith("-2")  # multipart: the ETag is no checksum
     assert not work.exists()  # the local work folder goes once the manifest is up
+    assert res.upload["uploaded"] == len(want) and res.upload["kept"] == 0
+    from rich.console import Console
+
+    from autotune.cli.tables.convert import convert_summary
+
+    con = Console(width=120, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    con.print(convert_summary(res))
+    text = con.export_text()
+    assert "uploaded" in text and f"{len(want):,} files" in text
+    assert f"s3://{bucket}/out" in text
     again = convert_to_bucket(images, f"s3://{bucket}/out", opts, work_dir=work)
     assert again.already_complete and not work.exists()
     # other options against a complete conversion in the bucket: refused, nothing touched
@@ -97,7 +107,7 @@ def test_a_stale_multipart_upload_is_aborted(images: Path, tmp_path: Path, bucke
     finally:
         del os.environ["XDG_CACHE_HOME"]
     assert not list((tmp_path / "cache" / "autotune").iterdir())
-    assert any("1 stale multipart upload(s) aborted" in w for w in res.warnings)
+    assert res.upload["aborted"] == [key]
     left = s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     assert [u["UploadId"] for u in left] == [other]  # only our names' uploads are touched
 
@@ -130,8 +140,8 @@ def test_killed_mid_upload_and_rerun_gives_the_same_bytes(images: Path, tmp_path
     r = subprocess.run(cmd + ["--json", "-"], env=env, cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert any("already in the bucket" in w and not w.startswith("uploaded 0 ")
-               for w in json.loads(r.stdout)["warnings"])
+    up = json.loads(r.stdout)["upload"]
+    assert up["kept"] >= 5 and up["uploaded"] == len(want) - 1 - up["kept"]
     got = bucket_files(s3_client, bucket, "out")
     mg, mw = json.loads(got.pop("manifest.json")), json.loads(want.pop("manifest.json"))
     mg.pop("created"), mw.pop("created")
