@@ -61,6 +61,9 @@ class ConvertOptions:
     plan_timeout: float = 1800.0  # how long ranks > 0 wait for rank 0's plan (seconds)
     engine: str = "local"  # "local" (this process and its workers) or "ray" (Ray tasks)
     ray_address: str | None = None  # the head's GCS address; default RAY_ADDRESS, else local
+    # An s3:// SRC's endpoint (default AWS_ENDPOINT_URL when the conversion starts): carried
+    # to the workers with the options, not read from their environment. Not in the output.
+    endpoint_url: str | None = None
 
     def validate(self) -> None:
         if self.format not in registry.names(writable=True):
@@ -185,6 +188,8 @@ class ConvertResult:
     finalized: bool = True
     waiting_for: list[int] = field(default_factory=list)
     units_written: int = 0  # units this run wrote
+    # DST s3://: what the upload did (converters.objstore.upload.UploadResult as a dict)
+    upload: dict[str, Any] = field(default_factory=dict)
 
     @property
     def images_per_s(self) -> float:
@@ -222,6 +227,20 @@ def _check_paths(src: Path, dst: Path, file_list: str | None) -> None:
         raise UsageError(f"{dst}: contains SRC {src}; choose a separate DST.")
 
 
+def _is_s3(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith("s3://")
+
+
+def _check_bucket_src(src: str, file_list: str | None) -> str:
+    """The source root of an s3:// SRC as the plan records it (s3://BUCKET/PREFIX)."""
+    from converters.objstore.url import parse
+
+    if file_list:
+        raise UsageError(f"{src}: --file-list is for a local SRC; a bucket is converted from "
+                         "its listing (PREFIX/CLASS/NAME.jpg).", setting="file_list")
+    return str(parse(src))
+
+
 def _complete_result(dst: Path, m: Manifest) -> ConvertResult:
     kinds = collections.Counter(s["reason"].split(" (", 1)[0] for s in m.skipped)
     return ConvertResult(
@@ -240,11 +259,26 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     conversion (partial or complete). Returns (src, dst, options with an absolute file
     list, fingerprint, source root, the result when DST is already complete)."""
     opts.validate()
-    srcp, dstp = Path(src), Path(dst)
-    _check_paths(srcp, dstp, opts.file_list)
+    if _is_s3(dst):
+        raise UsageError(f"{dst}: a bucket DST is converted by converters.convert in one "
+                         "process (a local work folder, then uploaded: "
+                         "converters.objstore.upload); ranks write a local or shared DST.",
+                         setting="world_size")
+    dstp = Path(dst)
+    if _is_s3(src):
+        srcp: Any = src  # an s3:// address stays a string (a Path would lose the '//')
+        src_root = _check_bucket_src(str(src), opts.file_list)
+    else:
+        srcp = Path(src)
+        _check_paths(srcp, dstp, opts.file_list)
+        src_root = os.path.abspath(srcp)
     fl = os.path.abspath(opts.file_list) if opts.file_list else None
-    opts = ConvertOptions(**{**asdict(opts), "file_list": fl})
-    src_root = os.path.abspath(srcp)
+    ep = opts.endpoint_url
+    if _is_s3(src) and ep is None:
+        from converters.objstore.client import S3Config
+
+        ep = S3Config.from_env().endpoint_url
+    opts = ConvertOptions(**{**asdict(opts), "file_list": fl, "endpoint_url": ep})
     fp = opts.fingerprint(src_root)
     if (dstp / MANIFEST_NAME).exists():
         m = read_manifest(dstp)
@@ -385,7 +419,13 @@ def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any
         if progress:
             progress(ConvertProgress("scan", files, 0, nbytes, 0, time.monotonic() - t0))
 
-    if opts.file_list:
+    if _is_s3(src):
+        from converters.objstore.convsource import scan_bucket
+        from converters.objstore.url import parse
+
+        scan = scan_bucket(parse(str(src)), sink, progress=scan_progress,
+                           endpoint_url=opts.endpoint_url)
+    elif opts.file_list:
         scan = scan_file_list(Path(opts.file_list), src, sink, scan_progress)
     else:
         scan = scan_folder(src, sink, scan_progress)

@@ -91,6 +91,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Any,
     """`converters.convert`: one process (conversion.convert), or rank `opts.rank` of
     `opts.world_size` > 1 (convert_rank). See ConvertOptions and the module doc."""
     if (opts.world_size or 1) <= 1:
+        if isinstance(dst, str) and dst.startswith("s3://"):
+            from converters.objstore.upload import convert_to_bucket
+
+            opts.validate()
+            return convert_to_bucket(src, dst, opts, progress=progress)
         return conversion.convert(src, dst, opts, progress)
     t0 = time.monotonic()
     srcp, dstp, opts, fp, src_root, complete = conversion.prepare(src, dst, opts)

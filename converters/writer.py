@@ -198,6 +198,9 @@ class FormatWriter(ABC):
 
         opts = self.sample_opts
         fail = self.opts.on_error == "fail"
+        if opts.root.startswith("s3://"):
+            yield from self._object_samples(unit, dest, fail)
+            return
         for entry, fd in prefetch(opts.root, self.plan.entries(unit)):
             if isinstance(fd, OSError):
                 s: Sample | SkippedFile = unreadable(entry, fd)
@@ -209,6 +212,31 @@ class FormatWriter(ABC):
                     s = unreadable(entry, e)
                 else:
                     s = check_sample(entry, mv[:got] if isinstance(got, int) else got, opts)
+            report_progress(1, entry.size)
+            if fail and isinstance(s, SkippedFile):
+                raise ConvertError(s.message(opts.root))
+            yield s
+
+    def _object_samples(self, unit: int, dest: Callable[[Any], memoryview | None], fail: bool
+                        ) -> Iterator[Sample | SkippedFile]:
+        """samples_into for a bucket (converters.objstore.convsource): each object's bytes
+        copied into `dest` as a file's would be read into it (or kept when they do not fit,
+        as a file that grew since the scan)."""
+        from converters.images import check_sample
+        from converters.objstore.convsource import fetch_ahead
+
+        opts = self.sample_opts
+        for entry, got in fetch_ahead(opts.root, self.plan.dir, self.plan.entries(unit),
+                                      endpoint_url=getattr(self.opts, "endpoint_url", None)):
+            if isinstance(got, SkippedFile):
+                s: Sample | SkippedFile = got
+            else:
+                mv = dest(entry)
+                if mv is not None and len(got) <= len(mv):
+                    mv[:len(got)] = got
+                    s = check_sample(entry, mv[:len(got)], opts)
+                else:
+                    s = check_sample(entry, got, opts)
             report_progress(1, entry.size)
             if fail and isinstance(s, SkippedFile):
                 raise ConvertError(s.message(opts.root))

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autotune.cli._base import Command, emit
-from autotune.cli.args import int_at_least, positive_float, size
+from autotune.cli.args import add_endpoint, apply_endpoint, int_at_least, positive_float, size
 
 EXIT = """\
 exit status:
@@ -49,6 +49,8 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                "  autotune convert /data/train /fast/train-wds --format wds --workers 8\n"
                "  autotune convert /data/train /fast/train-lmdb --format lmdb\n"
                "  autotune convert /data /fast/ds --format wds --file-list train.csv\n"
+               "  autotune convert s3://bucket/train /fast/train-wds --format wds "
+               "--endpoint-url http://127.0.0.1:8333\n"
                "  autotune convert /data/train /fast/small --format wds --max-side 512 "
                "--quality 90\n\n"
               + EXIT)
@@ -57,9 +59,12 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from converters import registry
 
-        p.add_argument("src", metavar="SRC", help="image folder (class subfolders), or the root "
-                                                  "of the --file-list paths")
-        p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume)")
+        p.add_argument("src", metavar="SRC", help="image folder (class subfolders), the root "
+                                                  "of the --file-list paths, or a bucket's "
+                                                  "s3://BUCKET/PREFIX of CLASS/NAME.jpg objects")
+        p.add_argument("dst", metavar="DST", help="output directory (created; rerun to resume), "
+                                                  "or s3://BUCKET/PREFIX (uploaded, the "
+                                                  "manifest last)")
         p.add_argument("--format", choices=registry.choices(writable=True),
                        help="wds: WebDataset tar shards (sequential reading, best on slow or "
                             "network storage); lmdb: one LMDB environment (random access)")
@@ -112,6 +117,11 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         dist.add_argument("--ray-address", metavar="HOST:PORT",
                           help="the Ray head's GCS address, as `ray start --head --port` "
                                "prints it (default $RAY_ADDRESS, else a local Ray)")
+        add_endpoint(p)
+        p.add_argument("--work-dir", metavar="DIR",
+                       help="DST s3://...: the local folder the conversion is made in before "
+                            "it is uploaded, manifest.json last (default ~/.cache/autotune/"
+                            "convert-HASH; removed once uploaded; needs the output's size)")
         p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE "
                                                       "('-' for stdout)")
 
@@ -121,6 +131,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         from converters.errors import UsageError
         from converters.ranks import finalize, ranks_from_env
 
+        apply_endpoint(args)
         if args.finalize:
             if args.rank is not None or args.world_size is not None:
                 raise UsageError("--finalize needs no --rank or --world-size: the plan knows "
@@ -145,7 +156,14 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                               world_size=world, plan_timeout=args.plan_timeout,
                               engine=args.engine, ray_address=args.ray_address)
         with _progress_display(not args.quiet) as prog:
-            res = convert(args.src, args.dst, opts, progress=prog)
+            if args.dst.startswith("s3://") and (world or 1) <= 1:
+                from converters.objstore.upload import convert_to_bucket
+
+                opts.validate()
+                res = convert_to_bucket(args.src, args.dst, opts, work_dir=args.work_dir,
+                                        progress=prog)
+            else:
+                res = convert(args.src, args.dst, opts, progress=prog)
         emit(args, res.to_dict(), convert_summary(res))
         return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import nonneg_int, positive_int
+from autotune.cli.args import add_endpoint, apply_endpoint, nonneg_int, positive_int
 from autotune.errors import AutotuneError
 
 EXIT = """\
@@ -32,11 +32,15 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
     epilog = ("examples:\n  autotune stage /nfs/imagenet-wds /local/nvme/imagenet-wds\n"
               "  autotune stage /nfs/imagenet-wds /local/nvme/imagenet-wds --node-rank "
               "$SLURM_NODEID --nnodes $SLURM_NNODES\n"
-              "  autotune stage /nfs/ds /local/ds --verify-only\n\n" + EXIT)
+              "  autotune stage /nfs/ds /local/ds --verify-only\n"
+              "  autotune stage s3://bucket/train-wds /local/nvme/train-wds --endpoint-url "
+              "http://127.0.0.1:8333\n\n" + EXIT)
     after_stop = "verified files are kept; rerun to resume"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("src", metavar="SRC")
+        p.add_argument("src", metavar="SRC", help="a conversion's folder, any folder, or a "
+                       "conversion in a bucket: s3://BUCKET/PREFIX (its shards fetched by "
+                       "parallel ranged GETs, checked against its manifest's sha256)")
         p.add_argument("dst", metavar="DST")
         p.add_argument("--workers", type=positive_int("--workers"), default=4, metavar="N",
                        help="parallel copies (default 4)")
@@ -52,6 +56,7 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
                             "same every epoch), plus the manifest")
         p.add_argument("--nnodes", type=positive_int("--nnodes"), metavar="N",
                        help="number of nodes (with --node-rank); without both: the whole dataset")
+        add_endpoint(p)
         p.add_argument("--json", metavar="FILE",
                        help="also write the result JSON to FILE ('-' for stdout)")
 
@@ -59,16 +64,26 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
         from autotune.cli.tables.stage import stage_renderable
         from converters.stage import stage, verify_staged
 
+        apply_endpoint(args)
+        remote = args.src.startswith("s3://")
         if args.verify_only:
-            res = verify_staged(args.dst, src=args.src)
+            res = verify_staged(args.dst, src=None if remote else args.src)
         else:
             seq = _source_seq(args.probe) if args.probe else None
             with spinner(not args.quiet) as prog:
-                res = stage(args.src, args.dst, workers=args.workers, verify=args.verify,
-                            progress=(lambda done, total: prog(
-                                f"staging {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"))
-                            if prog else None, source_seq_mib_s=seq,
-                            node_rank=args.node_rank, nnodes=args.nnodes)
+                shown = ((lambda done, total: prog(
+                    f"staging {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"))
+                    if prog else None)
+                if remote:
+                    from converters.objstore.stage import stage_s3
+
+                    res = stage_s3(args.src, args.dst, workers=args.workers,
+                                   verify=args.verify, progress=shown,
+                                   node_rank=args.node_rank, nnodes=args.nnodes)
+                else:
+                    res = stage(args.src, args.dst, workers=args.workers, verify=args.verify,
+                                progress=shown, source_seq_mib_s=seq,
+                                node_rank=args.node_rank, nnodes=args.nnodes)
         d = res.to_dict()
         emit(args, d, stage_renderable(d))
         return 4 if res.failures else 0

@@ -42,6 +42,12 @@ def convert_summary(res: Any) -> Group:
     t.add_row("source", f"{res.source_files:,} files, {fmt_bytes(res.source_bytes)}")
     if res.reencoded:
         t.add_row("re-encoded", f"{res.reencoded:,} images, {fmt_bytes(res.bytes_saved)} saved")
+    up = getattr(res, "upload", None)
+    if up:
+        t.add_row("uploaded", f"{up['uploaded']:,} files, {fmt_bytes(up['bytes_uploaded'])}"
+                  + (f"; {up['kept']:,} already in the bucket" if up["kept"] else "")
+                  + (f"; {len(up['aborted']):,} stale multipart upload(s) aborted"
+                     if up["aborted"] else ""))
     if res.already_complete:
         t.add_row("time", "already complete: nothing to do")
     else:
