@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -148,15 +150,10 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
                          "dataset is staged to and measured on.", setting=("convert", "stage_dir"))
     say = progress or (lambda _m: None)
     out = Path(opts.out)
-    if isinstance(dataset, str) and dataset.startswith("s3://"):
-        if convert != "off":
-            raise UsageError(f"{dataset}: --convert from object storage is not built yet; "
-                             "search it with --convert off, or copy it to a local directory "
-                             "and convert that.", setting="convert")
-        return LoopResult(run_search(dataset, opts, progress=say), None,
-                          "conversion off (--convert off)",
-                          commands=[f"autotune search {shlex.quote(dataset)}{search_flags(opts)}"])
-    root = Path(dataset).absolute()
+    # A bucket is converted straight into the stage directory (local disk): for object
+    # storage the conversion is the staging.
+    bucket = isinstance(dataset, str) and dataset.startswith("s3://")
+    root: Any = dataset if bucket else Path(dataset).absolute()
     q = shlex.quote
     before = run_search(root, replace(opts, out=str(out / "before") if convert != "off" else opts.out),
                         progress=lambda m: say(f"before: {m}"))
@@ -170,7 +167,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
                f"the verdict is {v.bottleneck}, not storage: converting and staging would not "
                "help. " + " ".join(v.advice))
         return LoopResult(before, None, why, commands=cmds)
-    if stage_dir and Path(stage_dir).absolute() in (root, *root.parents):
+    if not bucket and stage_dir and Path(stage_dir).absolute() in (root, *root.parents):
         raise UsageError(f"stage directory {stage_dir} contains the dataset; pick a directory on "
                          "another (local) disk.", setting="stage_dir")
 
@@ -178,6 +175,9 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     from converters.stage import stage
 
     fmt, why = choose_format(convert, before)
+    if bucket:
+        return _from_bucket(root, opts, out, before, fmt, why, Path(stage_dir),  # type: ignore[arg-type]
+                            convert_workers, cmds, say)
     cdir = Path(convert_dir) if convert_dir else out / f"converted-{fmt}"
     say(f"converting to {fmt} in {cdir} ({why})")
     copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
@@ -193,11 +193,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
         raise UsageError(f"staging {cdir} to {sdir} was partial: "
                          + "; ".join(f"{f.file}: {f.reason}" for f in sres.failures))
     cmds.append(f"autotune stage {q(str(cdir))} {q(str(sdir))}")
-    after_opts = replace(opts, out=str(out / "after"), format="auto",
-                         study=(opts.study + "-after") if opts.study else None,
-                         monitor_path=None, popen=None, throttle=None)
-    after = run_search(sdir, after_opts, progress=lambda m: say(f"after: {m}"))
-    cmds.append(f"autotune search {q(str(sdir))}{flags} --out {q(str(out / 'after'))}")
+    after = _search_after(sdir, opts, out, flags, cmds, say)
     conv = {"format": fmt, "why": why, "dir": str(cdir), "manifest": str(cdir / "manifest.json"),
             "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None)}
     staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,
@@ -221,3 +217,46 @@ def write_loop_outputs(res: LoopResult, out: Path) -> None:
     if res.after is not None:
         sections.append((f"after: {res.after.dataset} (converted, staged)", res.after.to_dict()))
     write_text_atomic(out / "report.html", report_html.render(sections, "autotune search: before and after"))
+
+
+def _search_after(sdir: Path, opts: SearchOptions, out: Path, flags: str, cmds: list[str],
+                  say: Callable[[str], None]) -> Any:
+    """The search of the staged copy: its own study and folder, nothing throttled."""
+    after_opts = replace(opts, out=str(out / "after"), format="auto",
+                         study=(opts.study + "-after") if opts.study else None,
+                         monitor_path=None, popen=None, throttle=None)
+    after = run_search(sdir, after_opts, progress=lambda m: say(f"after: {m}"))
+    cmds.append(f"autotune search {shlex.quote(str(sdir))}{flags} "
+                f"--out {shlex.quote(str(out / 'after'))}")
+    return after
+
+
+def _from_bucket(url: str, opts: SearchOptions, out: Path, before: Any, fmt: str, why: str,
+                 stage_dir: Path, convert_workers: int | None, cmds: list[str],
+                 say: Callable[[str], None]) -> LoopResult:
+    """A storage-bound bucket: converted from the bucket straight into the stage
+    directory (one pass over the objects, GETs pinned to the listing's ETags), then the
+    staged shards searched again."""
+    from converters import ConvertOptions, convert as do_convert
+
+    q = shlex.quote
+    sdir = stage_dir / f"converted-{fmt}"
+    say(f"converting {url} to {fmt} straight into {sdir} ({why})")
+    copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
+    t0 = time.monotonic()
+    cres = do_convert(url, sdir, copts)
+    secs = time.monotonic() - t0
+    cmds.append(f"autotune convert {q(url)} {q(str(sdir))} --format {fmt}")
+    after = _search_after(sdir, opts, out, search_flags(opts), cmds, say)
+    size = sum(f.stat().st_size for f in sdir.iterdir() if f.is_file())
+    conv = {"format": fmt, "why": why, "dir": str(sdir), "manifest": str(sdir / "manifest.json"),
+            "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None),
+            "source": url}
+    staged = {"dir": str(sdir), "mib_per_s": size / 2**20 / secs if secs > 0 else None,
+              "files": sum(1 for f in sdir.iterdir() if f.is_file()), "vs_source_seq": None,
+              "how": "converted from the bucket straight into the stage directory"}
+    decision = (f"storage-bound: converted {url} to {fmt} ({why}) straight into {sdir} (the "
+                "conversion is the staging for object storage), searched again")
+    res = LoopResult(before, after, decision, conv, staged, cmds)
+    write_loop_outputs(res, out)
+    return res

@@ -94,6 +94,3 @@ def test_search_a_bucket(s3_endpoint: str, s3_client, bucket: str, upload,  # no
     c = d["ceilings"]
     assert c["storage"] > 0 and c["storage_unit"] == "samples/s"
     assert any("GETs of the dataset's objects" in e for e in c["evidence"])
-    r = _cli("search", f"s3://{bucket}/train", "--convert", "auto", "--stage-dir",
-             str(tmp_path / "st"), "--out", str(tmp_path / "o2"), endpoint=s3_endpoint)
-    assert r.returncode == 2 and "not built yet" in r.stderr
