@@ -165,11 +165,16 @@ def stage_line(b: dict[str, Any] | None) -> str | None:
              f"transform {sh['transform']:.0%} ({ms['transform']:.2g})"]
     cb = b.get("collate_ms_per_batch")
     parts.append(f"collate {sh['collate']:.0%}" + (f" ({cb:.2g} ms/batch)" if cb else ""))
-    who = (f"the {b['workers']} workers were" if b.get("workers") else
-           "the main process (no workers) was")
-    busy = b.get("busy")
-    tail = f"; {who} in the pipeline {busy:.0%} of their time" if busy is not None else ""
+    tail = f"; {busy_text(b)}" if b.get("busy") is not None else ""
     return ", ".join(parts) + f" over {b['samples']:,} samples" + tail
+
+
+def busy_text(b: dict[str, Any]) -> str:
+    """'the 2 workers were in the pipeline 77% of their time'."""
+    w = b.get("workers") or 0
+    who = ("the main process (no workers) was" if w == 0 else
+           "the worker was" if w == 1 else f"the {w} workers were")
+    return f"{who} in the pipeline {b['busy']:.0%} of {'its' if w <= 1 else 'their'} time"
 
 
 def clock_path(scratch: str | os.PathLike[str], pid: int | None = None) -> Path:

@@ -206,13 +206,20 @@ STAGE_COLORS = {"read": "#d62728", "decode": "#9467bd", "transform": "#1f77b4",
 def stage_chart(stages: dict[str, Any] | None, title: str) -> str | None:
     """autotune's pipeline by stage (autotune.data.stages): one bar of the loading
     processes' pipeline time, split into read, decode, transform and collate."""
-    from autotune.data.stages import STAGES, stage_line
+    from autotune.data.stages import STAGES, busy_text
 
     if not stages:
         return None
+    ms = stages["ms_per_sample"]
+    notes = [f"per sample: read {ms['read']:.2g} ms, decode {ms['decode']:.2g} ms, "
+             f"transform {ms['transform']:.2g} ms"]
+    if stages.get("collate_ms_per_batch"):
+        notes.append(f"collate {stages['collate_ms_per_batch']:.2g} ms per batch")
+    if stages.get("busy") is not None:
+        notes.append(busy_text(stages))
     return svg_stacked_bars([(f"pipeline time ({stages['samples']:,} samples)",
                               [(s, stages["share"][s]) for s in STAGES])],
-                            title=title, colors=STAGE_COLORS, notes=[stage_line(stages) or ""])
+                            title=title, colors=STAGE_COLORS, notes=notes)
 
 
 def _budget_charts(rec: dict[str, Any], trials: list[dict[str, Any]]) -> list[str]:

@@ -78,4 +78,5 @@ def test_the_pipeline_stages_are_one_bar_of_four_parts() -> None:
     xml.dom.minidom.parseString(svg)
     assert svg.count('class="mark"') == 4 and svg.count('class="key"') == 4
     assert "pipeline time (500 samples)" in svg and "read 60%" in svg
+    assert "the 2 workers were in the pipeline 50% of their time" in svg
     assert stage_chart(None, "t") is None
