@@ -88,17 +88,22 @@ def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dat
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     def in_trial() -> bool:
+        # sqlite read-only and straight: loading the study through optuna on every poll
+        # took seconds on a busy machine (and could wait on the search's write lock).
+        assert a.poll() is None, f"the search ended before a trial was caught: {a.stderr.read()}"
         if not (out / "study.db").exists():
             return False
-        try:
-            from optuna.trial import TrialState
+        import sqlite3
 
-            running = _study(out).get_trials(states=(TrialState.RUNNING,))
-        except Exception:  # noqa: BLE001 - the study is not created yet
+        try:
+            with sqlite3.connect(f"file:{out / 'study.db'}?mode=ro", uri=True, timeout=1) as c:
+                running = c.execute("SELECT count(*) FROM trials WHERE state = 'RUNNING'"
+                                    ).fetchone()[0]
+        except sqlite3.Error:  # not created yet, or locked this instant
             return False
         return bool(running) and bool(live_measurements(a.pid))
 
-    wait_for(in_trial, 120, "the first trial's measurement")
+    wait_for(in_trial, 300, "the first trial's measurement")
     kids = live_measurements(a.pid)
     a.kill()  # SIGKILL: no finally, no atexit
     a.wait()

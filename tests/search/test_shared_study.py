@@ -187,7 +187,9 @@ def test_two_hosts_a_killed_host_and_a_resuming_host_share_one_study(
     assert again and again[0]["host"]["hostname"] == "host-d"
     # the report groups by host; every host is of one class here (one machine)
     assert res_d["host"]["hostname"] == "host-d"
-    assert len(res_d["hosts"]) == 1 and set(res_d["hosts"][0]["hostnames"]) >= {"host-a", "host-d"}
+    # (which of host-a and host-b measured the first two trials is the scheduler's call:
+    # on a busy machine one took both)
+    assert len(res_d["hosts"]) == 1 and set(res_d["hosts"][0]["hostnames"]) >= hosts | {"host-d"}
     html = (tmp_path / "d" / "report.html").read_text()
     assert "Hosts sharing the study" in html and "host-c" in html
 
