@@ -12,6 +12,7 @@ once per window, never in a thread.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class DataLoader:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
         self.dataset = dataset
+        self._stage_clock = why.attach_stage_clock(dataset) if _controller is not False else None
         self.batch_size, self.drop_last = self._ref.batch_size, self._ref.drop_last
         self.sampler, self.batch_sampler = self._ref.sampler, self._ref.batch_sampler
         self.generator, self.collate_fn = generator, collate_fn
@@ -165,15 +167,18 @@ class DataLoader:
         self._last_return: float | None = None
         self._steps = 0                       # batches served since construction
         self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
-        self._cpu = why.WorkerCpu()
         self._said_why = False
-        self._why_waits = 0
+        self._burst: why.Burst | None = None      # the time budget being sampled, apart
+        self._burst_windows: list[WindowStats] = []
+        self._burst_cfg: Config | None = None
+        self._stages0: dict[str, float] | None = None
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
         self._first: _Seen | None = None
         self._latest: _Seen | None = None
         self.summary: str | None = None
+        self.verdict: Any = None             # autotune.verdict.Verdict, when one was said
         self.retired: list[list[int]] = []  # per retired pool: worker pids still alive after it
 
     # ---- what torch's DataLoader offers
@@ -241,6 +246,11 @@ class DataLoader:
 
     def close(self) -> None:
         """Stop every worker now (they also stop when the loader is collected)."""
+        if self._burst is not None:
+            self._burst.cancel()
+            self._burst = None
+        why.detach_stage_clock(self.dataset, self._stage_clock)
+        self._stage_clock = None
         for p in self._pools + ([self._pending] if self._pending else []):
             self._retire(p)
         self._pools, self._pending, self._switch, self._live = [], None, None, None
@@ -375,7 +385,6 @@ class DataLoader:
         seen = _Seen(cfg, stats)
         self._first = self._first or seen
         self._latest = seen
-        self._cpu.sample(self._pools[-1].pids() if self._pools else [])
         if not self._tuning or (self._iterable and self._target != cfg):
             return
         new = self._ctl.observe(stats, cfg)
@@ -384,17 +393,50 @@ class DataLoader:
         self._say_why(stats, cfg)
 
     def _say_why(self, stats: WindowStats, cfg: Config) -> None:
-        """Once: why AU stays under 0.90 when tuning settled there."""
-        if self._said_why or getattr(self._ctl, "phase", None) != "settled" \
-                or stats.au >= why.INPUT_BOUND_AU or (self._sync and self._sync.rank):
+        """Once: why AU stays under 0.90 when tuning settled there, from the verdict engine.
+        The time budget is sampled by a process of its own over the next windows (started
+        here, read when done); the verdict is said when it is in."""
+        if self._said_why or (self._sync and self._sync.rank):
             return
-        if self._cpu.share is None and cfg.num_workers and self._why_waits < 3:
-            self._why_waits += 1  # a new pool's first window has no CPU figure yet
+        if self._burst is not None:
+            if cfg != self._burst_cfg:  # tuning again: the budget is of another pool
+                self._burst.cancel()
+                self._burst = None
+            else:
+                self._burst_windows.append(stats)
+                if self._burst.done():
+                    self._verdict(cfg)
+                return
+        if getattr(self._ctl, "phase", None) != "settled" or stats.au >= why.INPUT_BOUND_AU:
             return
-        self._said_why = True
-        kind, msg = why.explain(stats.au, self._cpu.share, cfg.num_workers,
-                                getattr(self._ctl, "bound", cfg.num_workers))
-        emit("verdict", msg, bottleneck=kind, au=stats.au, worker_cpu=self._cpu.share)
+        self._burst, self._burst_cfg, self._burst_windows = why.Burst(os.getpid()), cfg, []
+        clock = self._stage_clock
+        self._stages0 = clock.totals() if clock is not None else None
+
+    def _verdict(self, cfg: Config) -> None:
+        burst = self._burst
+        assert burst is not None
+        self._burst, self._said_why = None, True
+        wall = time.perf_counter() - burst.started
+        stats = why.merge(self._burst_windows) or (self._latest.stats if self._latest else None)
+        if stats is None:
+            return
+        stages = None
+        if self._stage_clock is not None and self._stages0 is not None:
+            from autotune.data.stages import stage_budget
+
+            stages = stage_budget(self._stages0, self._stage_clock.totals(),
+                                  workers=cfg.num_workers, wall_s=wall)
+        bound = getattr(self._ctl, "bound", None)
+        v = why.explain(why.Figures(
+            stats=stats, loader=cfg.kwargs(), batch_size=self.batch_size,
+            cores=usable_cores(), budget=burst.result(), stages=stages,
+            dataset=_root_path(self.dataset),
+            worker_bound=bound if self._sync is not None else None))
+        self.verdict = v
+        emit("verdict", f"AU {stats.au:.2f} after tuning (under {why.INPUT_BOUND_AU:.2f}): "
+             f"{v.summary}; next: {v.next_command}", bottleneck=v.bottleneck, au=stats.au,
+             verdict=v.to_dict())
 
     def _decide_together(self) -> None:
         """DDP: the agreed decision step (every rank is here at this same step)."""
@@ -540,6 +582,17 @@ class DataLoader:
                 msg += f" (switches cost {cost:.2f} s)"
         self.summary = msg
         emit("summary", f"first epoch: {msg}", summary=msg)
+
+
+def _root_path(dataset: Any) -> str | None:
+    """The dataset's folder where it exposes one (for the verdict's commands)."""
+    for attr in cache._ROOT_ATTRS:
+        val = getattr(dataset, attr, None)
+        if isinstance(val, (str, os.PathLike)):
+            return os.fspath(val)
+    src = getattr(dataset, "source", None)
+    val = getattr(src, "root", None) or getattr(src, "path", None)
+    return os.fspath(val) if isinstance(val, (str, os.PathLike)) else None
 
 
 def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:

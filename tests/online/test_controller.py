@@ -132,16 +132,67 @@ def test_switch_costs_are_charged_to_the_trial_that_caused_them():
     assert c.switch_cost_s == 0.75
 
 
-def test_why_names_decode_storage_and_loader():
-    from autotune.online.why import WorkerCpu, cpu_seconds, explain
+def _budget(workers=None, main=None, wall=3.0):
+    from autotune.monitor.timebudget import ClassBudget, TimeBudget
+
+    def klass(procs, **shares):
+        secs = {k: v * procs * wall for k, v in shares.items()}
+        secs["asleep"] = max(0.0, procs * wall - sum(secs.values()))
+        return ClassBudget(procs, procs, procs * wall, secs)
+    classes = {}
+    if workers:
+        classes["workers"] = klass(*workers[:1], **workers[1])
+    if main:
+        classes["main"] = klass(*main[:1], **main[1])
+    return TimeBudget(wall, classes, samples=170, hz=58).to_dict()
+
+
+def test_why_is_the_verdict_engine_fed_the_loaders_figures():
+    from autotune.online.measure import WindowStats
+    from autotune.online.why import Figures, explain
+
+    starved = WindowStats(40, 6.0, 4.0, 0.01)          # AU 0.40
+    kw = {"num_workers": 2, "prefetch_factor": 4}
+
+    def fig(budget, stats=starved, loader=kw):
+        return Figures(stats=stats, loader=loader, batch_size=64, cores=2, budget=budget,
+                       dataset="/data/train")
+    main = (1, {"on_cpu": 0.05})
+    v = explain(fig(_budget(workers=(2, {"on_cpu": 0.9, "runnable": 0.08}), main=main)))
+    assert v.bottleneck == "decode"
+    v = explain(fig(_budget(workers=(2, {"io": 0.85, "on_cpu": 0.05}), main=main)))
+    assert v.bottleneck == "storage" and v.next_command.startswith("autotune convert /data/train")
+    v = explain(fig(_budget(workers=(2, {"on_cpu": 0.05}), main=main)))
+    assert v.bottleneck == "loader" and "(main process)" in v.summary
+    # The loader's own figures are the headline: AU, wait share, step, images/s.
+    assert "data wait 60% of the time, AU 40%" in v.evidence[0] and "256 images/s" in v.evidence[0]
+    v = explain(fig({"available": False, "reason": "no schedstat"}))
+    assert v.bottleneck == "unknown" and "no schedstat" in v.summary
+    v = explain(fig(None, stats=WindowStats(40, 0.2, 9.8, 0.01)))
+    assert v.bottleneck == "compute"
+
+
+def test_burst_samples_this_process_tree_from_a_process_of_its_own():
+    """The real sampler over a real busy child: the budget sees it as a worker, and the
+    sampler's own process is not in it."""
     import os
-    assert explain(0.5, 0.95, 4, 4)[0] == "decode"
-    assert explain(0.5, 0.1, 4, 4)[0] == "storage"
-    assert explain(0.5, 0.9, 2, 4)[0] == "loader"
-    assert explain(0.5, None, 0, 4)[0] == "unknown"
-    assert cpu_seconds([os.getpid()]) > 0 and cpu_seconds([2**22 + 7]) is None
-    w = WorkerCpu()
-    w.sample([os.getpid()])
-    sum(range(2_000_000))
-    w.sample([os.getpid()])
-    assert w.share is not None and w.share > 0
+    import subprocess
+    import sys
+    import time
+    from autotune.monitor.timebudget import TimeBudget
+    from autotune.online.why import Burst
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        b = Burst(os.getpid(), seconds=1.5)
+        deadline = time.perf_counter() + 30
+        while not b.done() and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        d = b.result()
+    finally:
+        child.kill()
+        child.wait()
+    assert d.get("available", True), d
+    w = TimeBudget.from_dict(d).cls("workers")
+    assert w is not None and w.processes == 1  # the busy child only, not the sampler
+    assert w.share("on_cpu") + w.share("runnable") > 0.5

@@ -15,7 +15,7 @@ from autotune.cpus import usable_cores
 from autotune.online import cache, controller
 from autotune.online.config import TUNED
 from autotune.online.memory import footprint
-from online_datasets import Slow
+from online_datasets import Burn, Slow
 
 
 def test_decisions_tuned_kwargs_and_summary(decisions):
@@ -92,15 +92,45 @@ def test_step_lines_through_instrument(tmp_path):
     assert "num_workers" in json.dumps(lines[0])
 
 
-def test_input_bound_after_tuning_says_why_once(decisions):
-    """Workers that sleep in __getitem__ (a slow read) and a loop with no step: no setting
-    reaches AU 0.90; the loader says once that the workers are off the CPU, waiting."""
-    loader = autotune.DataLoader(Slow(200, 0.004), batch_size=4)
-    for _ in range(3):
+def _until_verdict(loader, seconds=90.0):
+    deadline = time.perf_counter() + seconds
+    while loader.verdict is None and time.perf_counter() < deadline:
         for _ in loader:
             pass
+    for _ in loader:  # one more epoch: a second verdict would be said here
+        pass
     loader.close()
+
+
+@pytest.mark.slow
+def test_idle_workers_after_tuning_verdict_once_from_the_engine(decisions):
+    """Workers that sleep in __getitem__ and a loop with no step: no setting reaches AU
+    0.90; the loader says why once, from the verdict engine and a time budget of its own
+    workers: asleep, neither on a CPU nor blocked on storage (a sleep is not a read)."""
+    loader = autotune.DataLoader(Slow(200, 0.004), batch_size=4)
+    _until_verdict(loader)
     verdicts = [r for e, r in decisions() if e == "verdict"]
     assert len(verdicts) == 1
-    assert verdicts[0].autotune["bottleneck"] == "storage"
-    assert "off the CPU" in verdicts[0].getMessage()
+    v = verdicts[0].autotune["verdict"]
+    assert v["bottleneck"] == "loader" and "(main process)" in v["summary"]
+    assert any(line.startswith("workers (") for line in v["evidence"])  # the budget's line
+    assert loader.verdict.bottleneck == "loader"
+
+
+@pytest.mark.slow
+def test_busy_workers_on_every_core_after_tuning_say_decode_once(decisions):
+    """Workers that burn a CPU per item on as many cores as the process may use: decode."""
+    import os
+
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(sorted(old)[:2]))
+    try:
+        n = usable_cores()
+        loader = autotune.DataLoader(Burn(400, 0.002), batch_size=4, num_workers=n)
+        _until_verdict(loader)
+    finally:
+        os.sched_setaffinity(0, old)
+    verdicts = [r for e, r in decisions() if e == "verdict"]
+    assert len(verdicts) == 1, [r.getMessage() for r in verdicts]
+    assert verdicts[0].autotune["bottleneck"] == "decode", verdicts[0].getMessage()
+    assert "decode" in verdicts[0].getMessage()
