@@ -1,5 +1,6 @@
-"""`python -m autotune.online._burst PID SECONDS`: the time budget of PID's process tree over
-SECONDS, one JSON line on stdout (the monitor's "budget" section).
+"""`python -m autotune.online._burst PID SECONDS [WORKER,PID,...]`: the time budget of PID's
+process tree over SECONDS, one JSON line on stdout (the monitor's "budget" section); with
+worker pids, only those of PID's other processes are counted (the loader's own workers).
 
 A process of its own, so that the sampler's sweeps never take the training process's GIL;
 it is a child of the training process, so it leaves its own threads out of the tree.
@@ -19,10 +20,14 @@ def main(argv: list[str]) -> int:
 
     pid, seconds = int(argv[1]), float(argv[2])
     me = os.getpid()
+    restrict = len(argv) > 3              # "none": no worker (num_workers=0)
+    only = {int(x) for x in argv[3].split(",") if x.isdigit()} if restrict else set()
 
     class _Sampler(TaskSampler):
         def _add(self, p: int, tid: int, now: float) -> None:
-            if p != me:  # the sampler is in the tree it samples: not a loader
+            # The sampler is in the tree it samples: not a loader; nor anything else the
+            # training process runs when the loader's workers are named.
+            if p != me and (not restrict or p == pid or p in only):
                 super()._add(p, tid, now)
 
     try:

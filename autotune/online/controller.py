@@ -79,6 +79,12 @@ class Controller:
     trials: list[_Trial] = field(default_factory=list)
     _knob: int = 0
     _high: int = 0
+    bound_hit: bool = False               # a num_workers step was refused at the bound
+    bound_checked: bool = False           # ... and the workers' blocked share looked at
+    _reopen: bool = False
+    # Configurations a trial rejected since the last retune: a re-opened climb does not
+    # switch to them again (each switch costs; the same window would say the same).
+    _rejected: set = field(default_factory=set)
     _current: Config | None = None
     _cause: _Trial | None = None
 
@@ -200,6 +206,7 @@ class Controller:
              f"{_pct(new.wait_share)}, within the noise; back to {best.config.short()}",
              **fields)
         self._knob += 1
+        self._rejected.add(trial.config)
         # From a rejected trial go straight to the next one, or back to the best.
         nxt = self._next_step()
         if nxt is None or nxt == best.config:
@@ -223,10 +230,12 @@ class Controller:
     def _propose(self) -> Config | None:
         base = self._best_cfg()
         knobs = self.knobs
+        if self._reopen:
+            self._reopen, self._knob = False, 0
         while self._knob < len(knobs):
             knob = knobs[self._knob]
             cand, why = self._step(base, knob)
-            if cand is not None and why is None:
+            if cand is not None and why is None and cand not in self._rejected:
                 return cand
             if why:
                 emit("bound", f"{knob}: {why}", knob=knob, why=why)
@@ -237,6 +246,7 @@ class Controller:
         if knob == "num_workers":
             w = base.num_workers + 1
             if w > self.bound:
+                self.bound_hit = True
                 return None, f"{w} workers would exceed the worker bound ({self.bound})"
             cand = self.make(w, base.prefetch_factor or 2)
         else:
@@ -293,8 +303,31 @@ class Controller:
              wait=stats.wait_share, settled=settled)
         best.stats = stats
         self._knob = 0
+        self._rejected.clear()  # the conditions changed: what did not help may now
         self.phase = "measure"
         return self._next_step()
+
+    @property
+    def wants_budget(self) -> bool:
+        """The climb stopped at the worker bound and nobody has looked yet whether the
+        workers are blocked on I/O (which raises the bound: bounds.worker_bound)."""
+        return self.bound_hit and not self.bound_checked and "num_workers" in self.knobs
+
+    def workers_blocked(self, blocked: float | None, bound: int, why: str) -> None:
+        """The workers' blocked share measured at the bound, and the bound it gives
+        (autotune.verdict.bounds.worker_bound). A higher bound re-opens the climb on
+        num_workers from the best configuration; the next full window proposes."""
+        self.bound_checked = True
+        if bound <= self.bound:
+            emit("bound", f"num_workers: worker bound stays {self.bound} ({why})",
+                 knob="num_workers", why=why, blocked=blocked)
+            return
+        emit("bound-raised", f"worker bound {self.bound} -> {bound}: {why}",
+             old=self.bound, bound=bound, blocked=blocked)
+        self.bound, self.bound_hit, self.bound_checked = bound, False, False
+        self._reopen = True          # taken by the next proposal (after a trial in flight)
+        if self.phase == "settled":
+            self.phase = "measure"   # from the settled (best) configuration's next window
 
     @property
     def tuned(self) -> Config:

@@ -26,7 +26,7 @@ from autotune.errors import UsageError
 from autotune.online import cache, ddp, why
 from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
-from autotune.online.controller import Controller, MemoryFigures, emit
+from autotune.online.controller import SETTLE_AU, Controller, MemoryFigures, emit
 from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import batch_bytes, default_budget, own_pss, pss_bytes
 from autotune.online.pool import Pool
@@ -166,11 +166,15 @@ class DataLoader:
         self._served = 0
         self._last_return: float | None = None
         self._steps = 0                       # batches served since construction
+        # Seconds spent in this loader's own work after each fetch (the meter, decisions,
+        # starting and stopping pools): what tuning costs the training process.
+        self.overhead_s = 0.0
         self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
         self._said_why = False
         self._burst: why.Burst | None = None      # the time budget being sampled, apart
         self._burst_windows: list[WindowStats] = []
         self._burst_cfg: Config | None = None
+        self._burst_for = "verdict"                # or "bound": the workers' blocked share
         self._stages0: dict[str, float] | None = None
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
@@ -355,6 +359,7 @@ class DataLoader:
         # The loop waited through the bookkeeping too (a decision, a pool started): count
         # it in the next batch's wait, not in the user's step.
         self._carry = self._last_return - t1
+        self.overhead_s += self._carry
         return batch
 
     def _take(self) -> Any:
@@ -387,39 +392,79 @@ class DataLoader:
         self._latest = seen
         if not self._tuning or (self._iterable and self._target != cfg):
             return
+        self._budget_window(stats, cfg)
         new = self._ctl.observe(stats, cfg)
         if new is not None and new != cfg:
             self._begin_switch(new, "controller")
-        self._say_why(stats, cfg)
+        self._want_budget(stats)
 
-    def _say_why(self, stats: WindowStats, cfg: Config) -> None:
-        """Once: why AU stays under 0.90 when tuning settled there, from the verdict engine.
-        The time budget is sampled by a process of its own over the next windows (started
-        here, read when done); the verdict is said when it is in."""
-        if self._said_why or (self._sync and self._sync.rank):
+    def _want_budget(self, stats: WindowStats) -> None:
+        """Start a time-budget burst (a process of its own, a few seconds) when one is
+        needed: the climb stopped at the worker bound short of AU 0.95 (are the workers
+        blocked on I/O? then the bound rises), or tuning settled under AU 0.90 (the
+        verdict, said once). Never under DDP for the bound: the ranks must agree on it."""
+        if self._burst is not None or (self._sync is not None and self._sync.rank):
             return
-        if self._burst is not None:
-            if cfg != self._burst_cfg:  # tuning again: the budget is of another pool
-                self._burst.cancel()
-                self._burst = None
-            else:
-                self._burst_windows.append(stats)
-                if self._burst.done():
-                    self._verdict(cfg)
-                return
-        if getattr(self._ctl, "phase", None) != "settled" or stats.au >= why.INPUT_BOUND_AU:
+        ctl = self._ctl
+        if getattr(ctl, "wants_budget", False) and self._sync is None \
+                and stats.au < SETTLE_AU:
+            purpose = "bound"
+        elif not self._said_why and getattr(ctl, "phase", None) == "settled" \
+                and stats.au < why.INPUT_BOUND_AU:
+            purpose = "verdict"
+        else:
             return
-        self._burst, self._burst_cfg, self._burst_windows = why.Burst(os.getpid()), cfg, []
+        pids = [p for pool in self._pools + ([self._pending] if self._pending else [])
+                for p in pool.pids()]
+        self._burst, self._burst_cfg, self._burst_for = why.Burst(
+            os.getpid(), workers=pids), self._target, purpose
+        self._burst_windows = []
         clock = self._stage_clock
         self._stages0 = clock.totals() if clock is not None else None
 
-    def _verdict(self, cfg: Config) -> None:
+    def _budget_window(self, stats: WindowStats, cfg: Config) -> None:
+        """A window while a burst samples: its figures go with the budget; when the budget
+        is in, it raises the worker bound or gives the verdict."""
         burst = self._burst
-        assert burst is not None
-        self._burst, self._said_why = None, True
+        if burst is None:
+            return
+        if cfg != self._burst_cfg:  # another pool now: the budget would mix two
+            burst.cancel()
+            self._burst = None
+            return
+        self._burst_windows.append(stats)
+        if not burst.done():
+            return
+        self._burst = None
+        if self._burst_for == "bound":
+            self._bound_from(burst.result())
+        elif getattr(self._ctl, "phase", None) == "settled":
+            self._verdict(cfg, burst)
+
+    def _bound_from(self, budget: dict[str, Any]) -> None:
+        """The worker bound from the workers' blocked share (bounds.worker_bound)."""
+        from autotune.monitor.timebudget import TimeBudget
+        from autotune.verdict.bounds import worker_bound
+
+        ctl = self._ctl
+        wc = TimeBudget.from_dict(budget).cls("workers") if budget.get("available", True) \
+            else None
+        if wc is None or not wc.process_seconds:
+            reason = budget.get("reason") or "no worker seen"
+            ctl.workers_blocked(None, ctl.bound, f"the workers' time budget is missing: {reason}")
+            return
+        blocked = wc.blocked()
+        ctl.workers_blocked(blocked, worker_bound(usable_cores(), blocked_share=blocked),
+                            f"the {wc.processes} workers were blocked on storage "
+                            f"{blocked:.0%} of their time (the bound is cores / (1 - blocked))")
+
+    def _verdict(self, cfg: Config, burst: why.Burst) -> None:
+        """Why AU stays under 0.90 after tuning: the verdict engine, said once."""
+        self._said_why = True
         wall = time.perf_counter() - burst.started
         stats = why.merge(self._burst_windows) or (self._latest.stats if self._latest else None)
-        if stats is None:
+        if stats is None or stats.au >= why.INPUT_BOUND_AU:
+            self._said_why = False  # it kept up over the burst: nothing to explain yet
             return
         stages = None
         if self._stage_clock is not None and self._stages0 is not None:

@@ -67,9 +67,12 @@ def detach_stage_clock(dataset: Any, clock: Any) -> None:
 
 
 class Burst:
-    """A time-budget sample of process `pid`'s tree over `seconds`, by a separate process."""
+    """A time-budget sample of process `pid`'s tree over `seconds`, by a separate process;
+    `workers`: the only other processes to count (the loader's own workers, not the
+    training process's other children: a FUSE server, a tool it runs)."""
 
-    def __init__(self, pid: int, seconds: float = BURST_S) -> None:
+    def __init__(self, pid: int, seconds: float = BURST_S,
+                 workers: list[int] | None = None) -> None:
         self.started = time.perf_counter()
         self.seconds = seconds
         self.error: str | None = None
@@ -79,7 +82,8 @@ class Burst:
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         try:
             self._proc: subprocess.Popen[Any] | None = subprocess.Popen(
-                [sys.executable, "-m", "autotune.online._burst", str(pid), str(seconds)],
+                [sys.executable, "-m", "autotune.online._burst", str(pid), str(seconds),
+                 *([] if workers is None else [",".join(map(str, workers)) or "none"])],
                 stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, close_fds=True)
         except OSError as e:

@@ -43,6 +43,24 @@ class Burn(Dataset):
         return torch.tensor([i])
 
 
+class Files(Dataset):
+    """Item i: file i of `root` read whole (sorted names); returns tensor([i])."""
+
+    def __init__(self, root: str) -> None:
+        import os
+
+        self.root = root
+        self.files = sorted(os.path.join(root, f) for f in os.listdir(root))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.files[i], "rb") as f:
+            f.read()
+        return torch.tensor([i])
+
+
 class Stream(IterableDataset):
     """0..n-1, shared out between the workers as torch's documentation shows."""
 
