@@ -26,7 +26,7 @@ from autotune.errors import UsageError
 from autotune.online import cache, ddp, why
 from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
-from autotune.online.controller import SETTLE_AU, Controller, MemoryFigures, emit
+from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import batch_bytes, default_budget, own_pss, pss_bytes
 from autotune.online.pool import Pool
@@ -129,6 +129,8 @@ class DataLoader:
                 dataset, key, self.batch_size, usable_cores()))
         self._init_state()
         self._sync = self._join_ranks(memory_budget is None)
+        if self._sync is None and isinstance(self._ctl, Controller):
+            self._ctl.sample_bound = True  # ranks would have to agree on a raised bound
         self._target: Config = self._ctl.start()
         if self._sync is not None:
             self._target = self._sync.broadcast(self._target)
@@ -406,8 +408,7 @@ class DataLoader:
         if self._burst is not None or (self._sync is not None and self._sync.rank):
             return
         ctl = self._ctl
-        if getattr(ctl, "wants_budget", False) and self._sync is None \
-                and stats.au < SETTLE_AU:
+        if getattr(ctl, "wants_budget", False) and self._sync is None:
             purpose = "bound"
         elif not self._said_why and getattr(ctl, "phase", None) == "settled" \
                 and stats.au < why.INPUT_BOUND_AU:

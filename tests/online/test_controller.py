@@ -198,34 +198,41 @@ def test_burst_samples_this_process_tree_from_a_process_of_its_own():
     assert w.share("on_cpu") + w.share("runnable") > 0.5
 
 
-def test_workers_blocked_at_the_bound_raise_it_and_reopen_the_climb(decisions):
-    c = _ctl(bound=2)
+def test_at_the_bound_the_climb_waits_for_the_budget_then_goes_past_it(decisions):
+    c = _ctl(bound=2, sample_bound=True)
     start = c.start()                          # 2 workers: the bound
-    pf4 = c.observe(_w(0.5), start)            # 3 workers refused: the prefetch knob
-    assert (pf4.num_workers, pf4.prefetch_factor) == (2, 4) and c.wants_budget
-    # The budget arrives while the prefetch trial runs: blocked 75 % -> 2 / 0.25 = 8.
-    c.workers_blocked(0.75, 8, "blocked 75 %")
+    assert c.observe(_w(0.5), start) is None   # 3 refused: stay, sample the workers first
+    assert c.wants_budget and c.phase == "budget"
+    assert c.observe(_w(0.5), start) is None   # still waiting: no switch meanwhile
+    c.workers_blocked(0.75, 8, "blocked 75 %")  # 2 / (1 - 0.75) = 8
     assert c.bound == 8 and not c.wants_budget
+    nxt = c.observe(_w(0.5), start)
+    assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
+    nxt = c.observe(_w(0.30), nxt)             # kept; 4 is within the raised bound
+    assert nxt.num_workers == 4
+    assert [e for e, _ in decisions()][:4] == ["start", "bound", "bound-raised", "try"]
+    # Not blocked: the bound stays, and the climb goes on to the next knob.
+    c2 = _ctl(bound=2, sample_bound=True)
+    s2 = c2.start()
+    assert c2.observe(_w(0.5), s2) is None
+    c2.workers_blocked(0.0, 2, "blocked 0 %")
+    nxt = c2.observe(_w(0.5), s2)
+    assert c2.bound == 2 and (nxt.num_workers, nxt.prefetch_factor) == (2, 4)
+    assert not c2.wants_budget
+
+
+def test_a_rejected_configuration_is_not_tried_again_after_the_bound_rose():
+    """A budget that arrives while a trial runs (no pause: sample_bound off) re-opens
+    num_workers; what a trial rejected is not switched to again: three switches, as behind
+    an IOPS cap where neither knob helps."""
+    c = _ctl(bound=2)
+    start = c.start()
+    pf4 = c.observe(_w(0.5), start)
+    assert (pf4.num_workers, pf4.prefetch_factor) == (2, 4)
+    c.workers_blocked(0.75, 8, "blocked 75 %")
     nxt = c.observe(_w(0.49), pf4)             # the trial rejected; num_workers again
     assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
-    # 3 workers do not help either; prefetch 4 at 2 workers was rejected already: not
-    # again, back to the start (three switches in all, as behind an IOPS cap).
     assert c.observe(_w(0.49), nxt) == start and c.phase == "settled"
-    c3 = _ctl(bound=2)
-    s3 = c3.start()
-    p3 = c3.observe(_w(0.5), s3)
-    c3.workers_blocked(0.75, 8, "blocked 75 %")
-    nxt = c3.observe(_w(0.49), p3)
-    nxt = c3.observe(_w(0.30), nxt)            # 3 workers kept: 4 next
-    assert nxt.num_workers == 4
-    events = [e for e, _ in decisions()]
-    assert events[:4] == ["start", "bound", "try", "bound-raised"]
-    # Not blocked: the bound stays, said once, and no second look at the same bound.
-    c2 = _ctl(bound=2)
-    s2 = c2.start()
-    c2.observe(_w(0.5), s2)
-    c2.workers_blocked(0.0, 2, "blocked 0 %")
-    assert c2.bound == 2 and not c2.wants_budget
 
 
 def test_a_raised_bound_after_settling_climbs_from_the_settled_config():
