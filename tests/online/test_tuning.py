@@ -21,12 +21,17 @@ from online_datasets import Burn, Slow
 def test_decisions_tuned_kwargs_and_summary(decisions):
     loader = autotune.DataLoader(Slow(240, 0.002), batch_size=4, shuffle=True,
                                  persistent_workers=True, key="tuning-test")
-    for _ in range(3):
+    epochs, deadline = 0, time.perf_counter() + 90
+    # At least 3 epochs, and until it settled (at the worker bound it first waits a few
+    # seconds for its workers' time budget, sampled by a process of its own).
+    while epochs < 3 or ("settle" not in [e for e, _ in decisions()]
+                         and time.perf_counter() < deadline):
         for _ in loader:
             time.sleep(0.004)
             names = {t.name for t in threading.enumerate()} - {"MainThread"}
             # torch's own queue feeders only: the loader runs no thread of its own.
             assert names <= {"QueueFeederThread"}
+        epochs += 1
     loader.close()
     recs = decisions()
     events = [e for e, _ in recs]
