@@ -79,6 +79,13 @@ class Controller:
     trials: list[_Trial] = field(default_factory=list)
     _knob: int = 0
     _high: int = 0
+    sample_bound: bool = False            # the loader can sample the workers' time budget
+    bound_hit: bool = False               # a num_workers step was refused at the bound
+    bound_checked: bool = False           # ... and the workers' blocked share looked at
+    _reopen: bool = False
+    # Configurations a trial rejected since the last retune: a re-opened climb does not
+    # switch to them again (each switch costs; the same window would say the same).
+    _rejected: set = field(default_factory=set)
     _current: Config | None = None
     _cause: _Trial | None = None
 
@@ -170,6 +177,8 @@ class Controller:
             return self._next_step()
         if self.phase == "trial":
             return self._judge(trial)
+        if self.phase == "budget":
+            return None  # until workers_blocked()
         return self._watch(stats, cfg)
 
     def _trial(self, cfg: Config) -> _Trial:
@@ -200,6 +209,7 @@ class Controller:
              f"{_pct(new.wait_share)}, within the noise; back to {best.config.short()}",
              **fields)
         self._knob += 1
+        self._rejected.add(trial.config)
         # From a rejected trial go straight to the next one, or back to the best.
         nxt = self._next_step()
         if nxt is None or nxt == best.config:
@@ -212,6 +222,8 @@ class Controller:
         if best is not None and best.stats is not None and best.stats.au >= SETTLE_AU:
             return self._settle(f"AU {best.stats.au:.2f} >= {SETTLE_AU}")
         cand = self._propose()
+        if cand is _PAUSE:
+            return None
         if cand is None:
             return self._settle("no knob helps further")
         self.phase = "trial"
@@ -220,14 +232,24 @@ class Controller:
              config=cand.kwargs())
         return cand
 
-    def _propose(self) -> Config | None:
+    def _propose(self) -> Any:
         base = self._best_cfg()
         knobs = self.knobs
+        if self._reopen:
+            self._reopen, self._knob = False, 0
         while self._knob < len(knobs):
             knob = knobs[self._knob]
             cand, why = self._step(base, knob)
-            if cand is not None and why is None:
+            if cand is not None and why is None and cand not in self._rejected:
                 return cand
+            if cand is None and knob == "num_workers" and self.bound_hit \
+                    and self.sample_bound and not self.bound_checked and self._current == base:
+                # Before the next knob: are the workers blocked on I/O (then more of them
+                # than cores help)? Stay here while the loader samples their time budget.
+                self.phase = "budget"
+                emit("bound", f"{knob}: {why}; first, whether the workers are blocked on "
+                     "I/O (a time-budget sample of a few seconds)", knob=knob, why=why)
+                return _PAUSE
             if why:
                 emit("bound", f"{knob}: {why}", knob=knob, why=why)
             self._knob += 1
@@ -237,6 +259,7 @@ class Controller:
         if knob == "num_workers":
             w = base.num_workers + 1
             if w > self.bound:
+                self.bound_hit = True
                 return None, f"{w} workers would exceed the worker bound ({self.bound})"
             cand = self.make(w, base.prefetch_factor or 2)
         else:
@@ -293,13 +316,41 @@ class Controller:
              wait=stats.wait_share, settled=settled)
         best.stats = stats
         self._knob = 0
+        self._rejected.clear()  # the conditions changed: what did not help may now
         self.phase = "measure"
         return self._next_step()
+
+    @property
+    def wants_budget(self) -> bool:
+        """The climb waits at the worker bound for the workers' time budget: blocked on
+        I/O, they raise the bound (bounds.worker_bound); see workers_blocked."""
+        return self.phase == "budget"
+
+    def workers_blocked(self, blocked: float | None, bound: int, why: str) -> None:
+        """The workers' blocked share measured at the bound, and the bound it gives
+        (autotune.verdict.bounds.worker_bound). A higher bound re-opens the climb on
+        num_workers from the best configuration; the next full window proposes."""
+        self.bound_checked = True
+        if self.phase == "budget":
+            self.phase = "measure"   # the next window goes on: to a higher bound or a knob
+        if bound <= self.bound:
+            emit("bound", f"num_workers: worker bound stays {self.bound} ({why})",
+                 knob="num_workers", why=why, blocked=blocked)
+            return
+        emit("bound-raised", f"worker bound {self.bound} -> {bound}: {why}",
+             old=self.bound, bound=bound, blocked=blocked)
+        self.bound, self.bound_hit, self.bound_checked = bound, False, False
+        self._reopen = True          # taken by the next proposal (after a trial in flight)
+        if self.phase == "settled":
+            self.phase = "measure"   # from the settled (best) configuration's next window
 
     @property
     def tuned(self) -> Config:
         """The best configuration so far."""
         return self._best_cfg()
+
+
+_PAUSE = object()   # _propose: wait for the workers' time budget before the next knob
 
 
 def _pct(x: float) -> str:

@@ -12,6 +12,7 @@ once per window, never in a thread.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class DataLoader:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
         self.dataset = dataset
+        self._stage_clock = why.attach_stage_clock(dataset) if _controller is not False else None
         self.batch_size, self.drop_last = self._ref.batch_size, self._ref.drop_last
         self.sampler, self.batch_sampler = self._ref.sampler, self._ref.batch_sampler
         self.generator, self.collate_fn = generator, collate_fn
@@ -127,6 +129,8 @@ class DataLoader:
                 dataset, key, self.batch_size, usable_cores()))
         self._init_state()
         self._sync = self._join_ranks(memory_budget is None)
+        if self._sync is None and isinstance(self._ctl, Controller):
+            self._ctl.sample_bound = True  # ranks would have to agree on a raised bound
         self._target: Config = self._ctl.start()
         if self._sync is not None:
             self._target = self._sync.broadcast(self._target)
@@ -164,16 +168,23 @@ class DataLoader:
         self._served = 0
         self._last_return: float | None = None
         self._steps = 0                       # batches served since construction
+        # Seconds spent in this loader's own work after each fetch (the meter, decisions,
+        # starting and stopping pools): what tuning costs the training process.
+        self.overhead_s = 0.0
         self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
-        self._cpu = why.WorkerCpu()
         self._said_why = False
-        self._why_waits = 0
+        self._burst: why.Burst | None = None      # the time budget being sampled, apart
+        self._burst_windows: list[WindowStats] = []
+        self._burst_cfg: Config | None = None
+        self._burst_for = "verdict"                # or "bound": the workers' blocked share
+        self._stages0: dict[str, float] | None = None
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
         self._first: _Seen | None = None
         self._latest: _Seen | None = None
         self.summary: str | None = None
+        self.verdict: Any = None             # autotune.verdict.Verdict, when one was said
         self.retired: list[list[int]] = []  # per retired pool: worker pids still alive after it
 
     # ---- what torch's DataLoader offers
@@ -241,6 +252,11 @@ class DataLoader:
 
     def close(self) -> None:
         """Stop every worker now (they also stop when the loader is collected)."""
+        if self._burst is not None:
+            self._burst.cancel()
+            self._burst = None
+        why.detach_stage_clock(self.dataset, self._stage_clock)
+        self._stage_clock = None
         for p in self._pools + ([self._pending] if self._pending else []):
             self._retire(p)
         self._pools, self._pending, self._switch, self._live = [], None, None, None
@@ -345,6 +361,7 @@ class DataLoader:
         # The loop waited through the bookkeeping too (a decision, a pool started): count
         # it in the next batch's wait, not in the user's step.
         self._carry = self._last_return - t1
+        self.overhead_s += self._carry
         return batch
 
     def _take(self) -> Any:
@@ -375,26 +392,97 @@ class DataLoader:
         seen = _Seen(cfg, stats)
         self._first = self._first or seen
         self._latest = seen
-        self._cpu.sample(self._pools[-1].pids() if self._pools else [])
         if not self._tuning or (self._iterable and self._target != cfg):
             return
+        self._budget_window(stats, cfg)
         new = self._ctl.observe(stats, cfg)
         if new is not None and new != cfg:
             self._begin_switch(new, "controller")
-        self._say_why(stats, cfg)
+        self._want_budget(stats)
 
-    def _say_why(self, stats: WindowStats, cfg: Config) -> None:
-        """Once: why AU stays under 0.90 when tuning settled there."""
-        if self._said_why or getattr(self._ctl, "phase", None) != "settled" \
-                or stats.au >= why.INPUT_BOUND_AU or (self._sync and self._sync.rank):
+    def _want_budget(self, stats: WindowStats) -> None:
+        """Start a time-budget burst (a process of its own, a few seconds) when one is
+        needed: the climb stopped at the worker bound short of AU 0.95 (are the workers
+        blocked on I/O? then the bound rises), or tuning settled under AU 0.90 (the
+        verdict, said once). Never under DDP for the bound: the ranks must agree on it."""
+        if self._burst is not None or (self._sync is not None and self._sync.rank):
             return
-        if self._cpu.share is None and cfg.num_workers and self._why_waits < 3:
-            self._why_waits += 1  # a new pool's first window has no CPU figure yet
+        ctl = self._ctl
+        if getattr(ctl, "wants_budget", False) and self._sync is None:
+            purpose = "bound"
+        elif not self._said_why and getattr(ctl, "phase", None) == "settled" \
+                and stats.au < why.INPUT_BOUND_AU:
+            purpose = "verdict"
+        else:
             return
+        pids = [p for pool in self._pools + ([self._pending] if self._pending else [])
+                for p in pool.pids()]
+        self._burst, self._burst_cfg, self._burst_for = why.Burst(
+            os.getpid(), workers=pids), self._target, purpose
+        self._burst_windows = []
+        clock = self._stage_clock
+        self._stages0 = clock.totals() if clock is not None else None
+
+    def _budget_window(self, stats: WindowStats, cfg: Config) -> None:
+        """A window while a burst samples: its figures go with the budget; when the budget
+        is in, it raises the worker bound or gives the verdict."""
+        burst = self._burst
+        if burst is None:
+            return
+        if cfg != self._burst_cfg:  # another pool now: the budget would mix two
+            burst.cancel()
+            self._burst = None
+            return
+        self._burst_windows.append(stats)
+        if not burst.done():
+            return
+        self._burst = None
+        if self._burst_for == "bound":
+            self._bound_from(burst.result())
+        elif getattr(self._ctl, "phase", None) == "settled":
+            self._verdict(cfg, burst)
+
+    def _bound_from(self, budget: dict[str, Any]) -> None:
+        """The worker bound from the workers' blocked share (bounds.worker_bound)."""
+        from autotune.monitor.timebudget import TimeBudget
+        from autotune.verdict.bounds import worker_bound
+
+        ctl = self._ctl
+        wc = TimeBudget.from_dict(budget).cls("workers") if budget.get("available", True) \
+            else None
+        if wc is None or not wc.process_seconds:
+            reason = budget.get("reason") or "no worker seen"
+            ctl.workers_blocked(None, ctl.bound, f"the workers' time budget is missing: {reason}")
+            return
+        blocked = wc.blocked()
+        ctl.workers_blocked(blocked, worker_bound(usable_cores(), blocked_share=blocked),
+                            f"the {wc.processes} workers were blocked on storage "
+                            f"{blocked:.0%} of their time (the bound is cores / (1 - blocked))")
+
+    def _verdict(self, cfg: Config, burst: why.Burst) -> None:
+        """Why AU stays under 0.90 after tuning: the verdict engine, said once."""
         self._said_why = True
-        kind, msg = why.explain(stats.au, self._cpu.share, cfg.num_workers,
-                                getattr(self._ctl, "bound", cfg.num_workers))
-        emit("verdict", msg, bottleneck=kind, au=stats.au, worker_cpu=self._cpu.share)
+        wall = time.perf_counter() - burst.started
+        stats = why.merge(self._burst_windows) or (self._latest.stats if self._latest else None)
+        if stats is None or stats.au >= why.INPUT_BOUND_AU:
+            self._said_why = False  # it kept up over the burst: nothing to explain yet
+            return
+        stages = None
+        if self._stage_clock is not None and self._stages0 is not None:
+            from autotune.data.stages import stage_budget
+
+            stages = stage_budget(self._stages0, self._stage_clock.totals(),
+                                  workers=cfg.num_workers, wall_s=wall)
+        bound = getattr(self._ctl, "bound", None)
+        v = why.explain(why.Figures(
+            stats=stats, loader=cfg.kwargs(), batch_size=self.batch_size,
+            cores=usable_cores(), budget=burst.result(), stages=stages,
+            dataset=_root_path(self.dataset),
+            worker_bound=bound if self._sync is not None else None))
+        self.verdict = v
+        emit("verdict", f"AU {stats.au:.2f} after tuning (under {why.INPUT_BOUND_AU:.2f}): "
+             f"{v.summary}; next: {v.next_command}", bottleneck=v.bottleneck, au=stats.au,
+             verdict=v.to_dict())
 
     def _decide_together(self) -> None:
         """DDP: the agreed decision step (every rank is here at this same step)."""
@@ -540,6 +628,17 @@ class DataLoader:
                 msg += f" (switches cost {cost:.2f} s)"
         self.summary = msg
         emit("summary", f"first epoch: {msg}", summary=msg)
+
+
+def _root_path(dataset: Any) -> str | None:
+    """The dataset's folder where it exposes one (for the verdict's commands)."""
+    for attr in cache._ROOT_ATTRS:
+        val = getattr(dataset, attr, None)
+        if isinstance(val, (str, os.PathLike)):
+            return os.fspath(val)
+    src = getattr(dataset, "source", None)
+    val = getattr(src, "root", None) or getattr(src, "path", None)
+    return os.fspath(val) if isinstance(val, (str, os.PathLike)) else None
 
 
 def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:

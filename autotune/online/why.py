@@ -1,67 +1,162 @@
-"""Why AU stays under 0.90 after tuning: what the loader's own workers were doing.
+"""Why AU stays under 0.90 after tuning: the verdict engine (autotune.verdict), fed the
+loader's own figures.
 
-A stand-in until the verdict engine (autotune/verdict) takes the online loader's figures:
-one engine is to serve search, analyze and this loader. Here only the cheap part of the
-time budget: the workers' CPU seconds (/proc/PID/stat utime + stime) over each window, one
-read per worker per window. Workers on a CPU most of the time at the worker bound: decode;
-workers off the CPU most of the time while the loop waits: their reads (storage), or
-whatever else they block on.
+One engine serves search, analyze and this loader. The loader gives it what it measured
+itself (AU and the wait share over the windows, the step time, images/s, its settings,
+the usable cores) and two budgets taken cheaply:
+
+- the time budget of its own process tree (autotune.monitor.tasks.TaskSampler: where each
+  worker's time went, on a CPU, runnable, blocked on storage, asleep), sampled for a few
+  seconds by a separate process (`python -m autotune.online._burst PID SECONDS`), started
+  only once tuning has settled under AU 0.90, so that no sampling thread ever competes
+  with the training loop for the GIL;
+- for autotune's own ImageDataset, the stage budget (autotune.data.stages): a StageClock
+  attached to the dataset, read at the burst's start and end.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-ON_CPU = 0.8    # workers busier than this on a CPU: decode-bound
-OFF_CPU = 0.5   # workers on a CPU less than this: waiting (storage, a lock, the network)
-INPUT_BOUND_AU = 0.90
+from autotune.online.measure import WindowStats
+from autotune.thresholds import AU_HEALTHY
+
+INPUT_BOUND_AU = AU_HEALTHY
+BURST_S = 3.0             # the time budget's window: ~170 sweeps at 58 Hz
+BURST_TIMEOUT_S = 30.0    # a sampler not done by then is given up (the verdict without it)
 
 
-def cpu_seconds(pids: list[int]) -> float | None:
-    """utime + stime of these processes, None when one cannot be read."""
-    total = 0
-    for pid in pids:
+def attach_stage_clock(dataset: Any) -> Any:
+    """A StageClock on autotune's own ImageDataset (one that has none), else None; the
+    caller removes its file with `detach_stage_clock`. No import when the dataset cannot be
+    one: an ImageDataset's module is loaded before one exists."""
+    mod = sys.modules.get("autotune.data.torchds")
+    if mod is None or not isinstance(dataset, mod.ImageDataset) \
+            or getattr(dataset, "stage_clock", None) is not None:
+        return None
+    from autotune.data.stages import StageClock
+    from autotune.verdict.bounds import MAX_WORKERS
+
+    fd, path = tempfile.mkstemp(prefix="autotune-stages-", suffix=".bin")
+    os.close(fd)
+    os.unlink(path)  # StageClock.create makes it anew, O_EXCL
+    clock = StageClock.create(path, MAX_WORKERS)
+    dataset.stage_clock = clock
+    return clock
+
+
+def detach_stage_clock(dataset: Any, clock: Any) -> None:
+    """Take the clock off the dataset and remove its file."""
+    if clock is None:
+        return
+    if getattr(dataset, "stage_clock", None) is clock:
+        dataset.stage_clock = None
+    clock.close()
+    try:
+        os.unlink(clock.path)
+    except OSError:
+        pass
+
+
+class Burst:
+    """A time-budget sample of process `pid`'s tree over `seconds`, by a separate process;
+    `workers`: the only other processes to count (the loader's own workers, not the
+    training process's other children: a FUSE server, a tool it runs)."""
+
+    def __init__(self, pid: int, seconds: float = BURST_S,
+                 workers: list[int] | None = None) -> None:
+        self.started = time.perf_counter()
+        self.seconds = seconds
+        self.error: str | None = None
+        self._out = tempfile.TemporaryFile(mode="w+")
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH")) if p))
         try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rpartition(")")[2].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-        except (OSError, IndexError, ValueError):
-            return None
-    return total / _TICK
+            self._proc: subprocess.Popen[Any] | None = subprocess.Popen(
+                [sys.executable, "-m", "autotune.online._burst", str(pid), str(seconds),
+                 *([] if workers is None else [",".join(map(str, workers)) or "none"])],
+                stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, close_fds=True)
+        except OSError as e:
+            self._proc, self.error = None, f"the sampler could not start ({e})"
+
+    def done(self) -> bool:
+        """Whether the result is in (or the sampler failed or was given up)."""
+        if self._proc is None:
+            return True
+        if self._proc.poll() is not None:
+            return True
+        if time.perf_counter() - self.started > BURST_TIMEOUT_S:
+            self._proc.kill()
+            self._proc.wait()
+            self.error = f"the sampler did not finish in {BURST_TIMEOUT_S:.0f} s"
+            return True
+        return False
+
+    def result(self) -> dict[str, Any]:
+        """The monitor's "budget" section ({"available": False, "reason"} when it failed)."""
+        if self._proc is None or self.error:
+            return {"available": False, "reason": self.error or "no sampler"}
+        self._out.seek(0)
+        text = self._out.read()
+        self._out.close()
+        try:
+            d = json.loads(text.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"available": False, "reason": f"the sampler failed: {text.strip()[-300:]}"}
+        return d if isinstance(d, dict) else {"available": False, "reason": "no budget"}
+
+    def cancel(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._out.close()
 
 
-class WorkerCpu:
-    """The workers' share of their wall time on a CPU, between two samples of one pool."""
-
-    def __init__(self) -> None:
-        self._last: tuple[tuple[int, ...], float, float] | None = None
-        self.share: float | None = None
-
-    def sample(self, pids: list[int]) -> None:
-        now, cpu = time.perf_counter(), cpu_seconds(pids)
-        key = tuple(pids)
-        last, self._last = self._last, (key, now, cpu) if cpu is not None and pids else None
-        if last is None or self._last is None or last[0] != key or now <= last[1]:
-            self.share = None
-            return
-        self.share = (cpu - last[2]) / ((now - last[1]) * len(pids))
+def merge(windows: list[WindowStats]) -> WindowStats | None:
+    """Several windows as one (the figures over the burst)."""
+    if not windows:
+        return None
+    return WindowStats(sum(w.batches for w in windows), sum(w.wait_s for w in windows),
+                       sum(w.step_s for w in windows), max(w.noise for w in windows))
 
 
-def explain(au: float, share: float | None, workers: int, bound: int) -> tuple[str, str]:
-    """(bottleneck, one line) for a loop that tuning left input-bound."""
-    head = f"AU {au:.2f} after tuning (under {INPUT_BOUND_AU:.2f})"
-    if workers == 0 or share is None:
-        return "unknown", f"{head}: the workers' CPU time could not be read"
-    pct = f"{100 * share:.0f} %"
-    if share >= ON_CPU and workers >= bound:
-        return "decode", (f"{head}: decode; the {workers} workers are on a CPU {pct} of the "
-                          f"time at the worker bound ({bound}): a cheaper transform or more "
-                          "cores")
-    if share < OFF_CPU:
-        return "storage", (f"{head}: the workers are off the CPU {100 - 100 * share:.0f} % "
-                           "of the time, waiting (on storage if their reads are slow): "
-                           "`autotune probe PATH`, then `autotune convert` / `autotune stage`")
-    return "loader", (f"{head}: the workers are on a CPU {pct} of the time with cores free; "
-                      "`autotune search` measures the pipeline apart")
+@dataclass
+class Figures:
+    """What the loader hands the engine."""
+
+    stats: WindowStats
+    loader: dict[str, Any]
+    batch_size: int | None
+    cores: int
+    budget: dict[str, Any] | None
+    stages: dict[str, Any] | None = None
+    dataset: str | None = None
+    worker_bound: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def explain(fig: Figures) -> Any:
+    """The verdict (autotune.verdict.Verdict) from the loader's figures."""
+    from autotune.monitor.figures import SystemFigures
+    from autotune.verdict.rules import RuleInputs, decide
+
+    s = fig.stats
+    ips = s.batches_per_s * fig.batch_size if fig.batch_size else None
+    system = SystemFigures(source="autotune.DataLoader", joined_by="time", samples=1,
+                           samples_total=1, cores=fig.cores, budget=fig.budget)
+    inp = RuleInputs(au=s.au, data_share=s.wait_share,
+                     step_time_s=s.step_s / s.batches if s.batches else None,
+                     images_per_s=ips, batch_size=fig.batch_size, steps=s.batches,
+                     loader=fig.loader, job_cores=fig.cores, system=system,
+                     dataset=fig.dataset, worker_bound=fig.worker_bound, stages=fig.stages)
+    return decide(inp)

@@ -27,6 +27,40 @@ class Slow(Dataset):
         return torch.tensor([i])
 
 
+class Burn(Dataset):
+    """Item i is tensor([i]), after `cost_s` of CPU (a busy loop: decode is CPU, not sleep)."""
+
+    def __init__(self, n: int = 120, cost_s: float = 0.002) -> None:
+        self.n, self.cost_s = n, cost_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        end = time.perf_counter() + self.cost_s
+        while time.perf_counter() < end:
+            pass
+        return torch.tensor([i])
+
+
+class Files(Dataset):
+    """Item i: file i of `root` read whole (sorted names); returns tensor([i])."""
+
+    def __init__(self, root: str) -> None:
+        import os
+
+        self.root = root
+        self.files = sorted(os.path.join(root, f) for f in os.listdir(root))
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        with open(self.files[i], "rb") as f:
+            f.read()
+        return torch.tensor([i])
+
+
 class Stream(IterableDataset):
     """0..n-1, shared out between the workers as torch's documentation shows."""
 

@@ -132,16 +132,116 @@ def test_switch_costs_are_charged_to_the_trial_that_caused_them():
     assert c.switch_cost_s == 0.75
 
 
-def test_why_names_decode_storage_and_loader():
-    from autotune.online.why import WorkerCpu, cpu_seconds, explain
+def _budget(workers=None, main=None, wall=3.0):
+    from autotune.monitor.timebudget import ClassBudget, TimeBudget
+
+    def klass(procs, **shares):
+        secs = {k: v * procs * wall for k, v in shares.items()}
+        secs["asleep"] = max(0.0, procs * wall - sum(secs.values()))
+        return ClassBudget(procs, procs, procs * wall, secs)
+    classes = {}
+    if workers:
+        classes["workers"] = klass(*workers[:1], **workers[1])
+    if main:
+        classes["main"] = klass(*main[:1], **main[1])
+    return TimeBudget(wall, classes, samples=170, hz=58).to_dict()
+
+
+def test_why_is_the_verdict_engine_fed_the_loaders_figures():
+    from autotune.online.measure import WindowStats
+    from autotune.online.why import Figures, explain
+
+    starved = WindowStats(40, 6.0, 4.0, 0.01)          # AU 0.40
+    kw = {"num_workers": 2, "prefetch_factor": 4}
+
+    def fig(budget, stats=starved, loader=kw):
+        return Figures(stats=stats, loader=loader, batch_size=64, cores=2, budget=budget,
+                       dataset="/data/train")
+    main = (1, {"on_cpu": 0.05})
+    v = explain(fig(_budget(workers=(2, {"on_cpu": 0.9, "runnable": 0.08}), main=main)))
+    assert v.bottleneck == "decode"
+    v = explain(fig(_budget(workers=(2, {"io": 0.85, "on_cpu": 0.05}), main=main)))
+    assert v.bottleneck == "storage" and v.next_command.startswith("autotune convert /data/train")
+    v = explain(fig(_budget(workers=(2, {"on_cpu": 0.05}), main=main)))
+    assert v.bottleneck == "loader" and "(main process)" in v.summary
+    # The loader's own figures are the headline: AU, wait share, step, images/s.
+    assert "data wait 60% of the time, AU 40%" in v.evidence[0] and "256 images/s" in v.evidence[0]
+    v = explain(fig({"available": False, "reason": "no schedstat"}))
+    assert v.bottleneck == "unknown" and "no schedstat" in v.summary
+    v = explain(fig(None, stats=WindowStats(40, 0.2, 9.8, 0.01)))
+    assert v.bottleneck == "compute"
+
+
+def test_burst_samples_this_process_tree_from_a_process_of_its_own():
+    """The real sampler over a real busy child: the budget sees it as a worker, and the
+    sampler's own process is not in it."""
     import os
-    assert explain(0.5, 0.95, 4, 4)[0] == "decode"
-    assert explain(0.5, 0.1, 4, 4)[0] == "storage"
-    assert explain(0.5, 0.9, 2, 4)[0] == "loader"
-    assert explain(0.5, None, 0, 4)[0] == "unknown"
-    assert cpu_seconds([os.getpid()]) > 0 and cpu_seconds([2**22 + 7]) is None
-    w = WorkerCpu()
-    w.sample([os.getpid()])
-    sum(range(2_000_000))
-    w.sample([os.getpid()])
-    assert w.share is not None and w.share > 0
+    import subprocess
+    import sys
+    import time
+    from autotune.monitor.timebudget import TimeBudget
+    from autotune.online.why import Burst
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        b = Burst(os.getpid(), seconds=1.5)
+        deadline = time.perf_counter() + 30
+        while not b.done() and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        d = b.result()
+    finally:
+        child.kill()
+        child.wait()
+    assert d.get("available", True), d
+    w = TimeBudget.from_dict(d).cls("workers")
+    assert w is not None and w.processes == 1  # the busy child only, not the sampler
+    assert w.share("on_cpu") + w.share("runnable") > 0.5
+
+
+def test_at_the_bound_the_climb_waits_for_the_budget_then_goes_past_it(decisions):
+    c = _ctl(bound=2, sample_bound=True)
+    start = c.start()                          # 2 workers: the bound
+    assert c.observe(_w(0.5), start) is None   # 3 refused: stay, sample the workers first
+    assert c.wants_budget and c.phase == "budget"
+    assert c.observe(_w(0.5), start) is None   # still waiting: no switch meanwhile
+    c.workers_blocked(0.75, 8, "blocked 75 %")  # 2 / (1 - 0.75) = 8
+    assert c.bound == 8 and not c.wants_budget
+    nxt = c.observe(_w(0.5), start)
+    assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
+    nxt = c.observe(_w(0.30), nxt)             # kept; 4 is within the raised bound
+    assert nxt.num_workers == 4
+    assert [e for e, _ in decisions()][:4] == ["start", "bound", "bound-raised", "try"]
+    # Not blocked: the bound stays, and the climb goes on to the next knob.
+    c2 = _ctl(bound=2, sample_bound=True)
+    s2 = c2.start()
+    assert c2.observe(_w(0.5), s2) is None
+    c2.workers_blocked(0.0, 2, "blocked 0 %")
+    nxt = c2.observe(_w(0.5), s2)
+    assert c2.bound == 2 and (nxt.num_workers, nxt.prefetch_factor) == (2, 4)
+    assert not c2.wants_budget
+
+
+def test_a_rejected_configuration_is_not_tried_again_after_the_bound_rose():
+    """A budget that arrives while a trial runs (no pause: sample_bound off) re-opens
+    num_workers; what a trial rejected is not switched to again: three switches, as behind
+    an IOPS cap where neither knob helps."""
+    c = _ctl(bound=2)
+    start = c.start()
+    pf4 = c.observe(_w(0.5), start)
+    assert (pf4.num_workers, pf4.prefetch_factor) == (2, 4)
+    c.workers_blocked(0.75, 8, "blocked 75 %")
+    nxt = c.observe(_w(0.49), pf4)             # the trial rejected; num_workers again
+    assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
+    assert c.observe(_w(0.49), nxt) == start and c.phase == "settled"
+
+
+def test_a_raised_bound_after_settling_climbs_from_the_settled_config():
+    c = _ctl(bound=2)
+    start = c.start()
+    pf4 = c.observe(_w(0.5), start)
+    back = c.observe(_w(0.49), pf4)            # rejected: settled at the start
+    assert back == start and c.phase == "settled"
+    c.workers_blocked(0.6, 5, "blocked 60 %")
+    assert c.phase == "measure"
+    nxt = c.observe(_w(0.5), start)            # the settled pool's next window
+    assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
