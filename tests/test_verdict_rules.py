@@ -239,6 +239,27 @@ def test_storage_verdict_shows_the_read_stage_as_evidence_only():
     assert "pipeline's time" not in v.summary
 
 
+def test_workers_asleep_inside_the_read_stage_are_waiting_on_storage():
+    # An object store's client polls its socket with a timeout (poll_schedule_timeout):
+    # the kernel's budget reads asleep, the pipeline's clock reads "in read".
+    s = system(cores=2, disk=False, budget_d=budget(workers=klass(4, on_cpu=0.07,
+                                                                  runnable=0.07),
+                                                    main=IDLE_MAIN))
+    slow_reads = _stages(93, 4, 2, 1)
+    slow_reads["busy"] = 1.0                     # the workers were in the pipeline throughout
+    v = decide(inputs(0.13, s, workers=4, stages=slow_reads))
+    assert v.bottleneck == "storage" and "blocked on storage 79%" in v.summary, v
+    assert any("inside the read stage 93%" in e and "counted as storage wait" in e
+               for e in v.evidence), v.evidence
+    # Without the stage budget the same kernel figures are the main process's wait.
+    assert decide(inputs(0.13, s, workers=4)).bottleneck == "loader"
+    # A decode-heavy pipeline asleep between batches is not a storage wait.
+    busy_decode = _stages(2, 60, 30, 8)
+    busy_decode["busy"] = 0.3
+    v = decide(inputs(0.13, s, workers=4, stages=busy_decode))
+    assert not any("counted as storage wait" in e for e in v.evidence)
+
+
 def test_one_worker_on_a_cpu_with_a_free_core_is_loader():
     s = system(cores=2, total=55, budget_d=budget(workers=klass(1, on_cpu=0.9, runnable=0.02),
                                                   main=IDLE_MAIN))

@@ -151,6 +151,7 @@ def decide(inp: RuleInputs) -> Verdict:
     load, missing = _loading(inp, budget, ev)
     if load is None:
         return _without_budget(inp, ev, cmd, missing, at)
+    _hidden_read_wait(inp, load, ev)
     state = load.dominant()
     if state == "blocked":
         v = _blocked(inp, load, ev, cmd)
@@ -161,6 +162,26 @@ def decide(inp: RuleInputs) -> Verdict:
     _stages(inp, v, ev)
     _confirm(v, at, ev)
     return v
+
+
+def _hidden_read_wait(inp: RuleInputs, load: _Load, ev: list[str]) -> None:
+    """A wait the kernel cannot name, seen by the pipeline's own clock: workers inside the
+    read stage while neither on a CPU nor blocked (a storage client polls its socket with
+    a timeout, `poll_schedule_timeout`, as the DataLoader's own pipes do: no wchan tells
+    them apart) are waiting on storage. That part of their asleep time is counted as
+    storage wait, and said."""
+    st = inp.stages
+    if load.main_only or not st or st.get("busy") is None:
+        return
+    in_read = min(1.0, st["busy"]) * st["share"]["read"]
+    hidden = min(load.idle, max(0.0, in_read - load.cpu - load.blocked))
+    if hidden < 0.05:
+        return
+    load.storage_wait += hidden
+    load.idle -= hidden
+    ev.append(f"the pipeline's clock saw {load.who} inside the read stage {_pct(in_read)} of "
+              f"their time, {_pct(hidden)} of it neither on a CPU nor in a wait the kernel "
+              "names (a storage client polling its socket): counted as storage wait")
 
 
 def _stages(inp: RuleInputs, v: Verdict, ev: list[str]) -> None:
