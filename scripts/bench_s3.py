@@ -23,6 +23,10 @@ front of it. Everything below goes through the proxy:
    s3torchconnector's S3IterableDataset (its endpoint; skipped where not installed), each
    in a fresh process with the same DataLoader workers, --rounds interleaved rounds, median.
 
+The third reader is optional: `.venv/bin/python -m pip install s3torchconnector` (1.5.0
+was measured; it pulls no torch of its own where torch is installed). webdataset and curl
+are used as installed.
+
 Prints a table, writes --json. Note the machine's load beside the figures (printed).
 """
 
@@ -330,18 +334,22 @@ def _table(res: dict[str, Any]) -> None:
               "(medians of the rounds)")
 
 
+def _child(kind: str, args: list[str]) -> int:
+    """`--child KIND ARGS...`: one measurement in this fresh process; its JSON on stdout."""
+    os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+    if kind == "plain":
+        r = child_plain(args[0], args[1], int(args[2]))
+    elif kind == "probe":
+        r = child_probe(args[0], args[1], int(args[2]), int(args[3]))
+    else:
+        r = child_read(args[0], args[1], args[2], int(args[3]), int(args[4]))
+    print(json.dumps(r))
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
-        kind, args = sys.argv[2], sys.argv[3:]
-        os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
-        if kind == "plain":
-            r = child_plain(args[0], args[1], int(args[2]))
-        elif kind == "probe":
-            r = child_probe(args[0], args[1], int(args[2]), int(args[3]))
-        else:
-            r = child_read(args[0], args[1], args[2], int(args[3]), int(args[4]))
-        print(json.dumps(r))
-        return 0
+        return _child(sys.argv[2], sys.argv[3:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--images", type=int, default=4000)
     ap.add_argument("--delay-ms", type=float, default=25.0, help="proxy delay, each way")
