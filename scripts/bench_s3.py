@@ -1,0 +1,410 @@
+#!/usr/bin/env python3
+"""Issue 24's "Done when" figures for object storage, in one run (not a test: timings).
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_s3.py [--images 4000] [--delay-ms 25] \\
+        [--json out/bench_s3.json] [--no-peers]
+
+Starts SeaweedFS (`weed mini`, the s3 extra) in a temporary directory, uploads --images
+generated JPEGs (autotune.synth.make_image_folder, about 80 KB each) to a fresh bucket as
+s3://BUCKET/train/CLASS/NAME.jpg, and puts the delaying proxy (autotune.emulate.delayproxy,
+its own process: --delay-ms each way, so a GET's first byte waits at least twice that) in
+front of it. Everything below goes through the proxy:
+
+1. probe vs plain: at 1, 4, 16, 64 in flight, the probe's GET loop
+   (autotune.probe.objstore.measure_objects, what `autotune probe s3://` runs) and a plain
+   ThreadPoolExecutor boto3 GET loop (a child process that imports no autotune), on the
+   same objects (the probe's own seeded pick), warm; GETs/s and the ratio.
+2. the closed loop: `autotune search s3://BUCKET/train --convert auto --stage-dir LOCAL
+   --compute-ms 250 --batch-size 64` (AWS_ENDPOINT_URL = the proxy; --warm: no
+   drop_caches on a machine others time tests on), a small space and few trials; its
+   JSON's before (verdict, evidence, images/s, AU), converted, staged, after.
+3. bytes only, the converted shards uploaded to s3://BUCKET/train-wds: our S3 WebDataset
+   reader vs webdataset with a `pipe:curl` of a presigned GET per shard and
+   s3torchconnector's S3IterableDataset (its endpoint; skipped where not installed), each
+   in a fresh process with the same DataLoader workers, --rounds interleaved rounds, median.
+
+The third reader is optional: `.venv/bin/python -m pip install s3torchconnector` (1.5.0
+was measured; it pulls no torch of its own where torch is installed). webdataset and curl
+are used as installed.
+
+Prints a table, writes --json. Note the machine's load beside the figures (printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KEY, SECRET = "bench-s3-key", "bench-s3-secret"
+BUCKET = "bench-s3"
+PY = sys.executable
+
+
+def _boto(endpoint: str, pool: int = 64):  # noqa: ANN202 (a boto3 client)
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
+                        aws_secret_access_key=SECRET, region_name="us-east-1",
+                        config=Config(s3={"addressing_style": "path"}, max_pool_connections=pool))
+
+
+# -- children (each a fresh process) -----------------------------------------------------
+
+def child_plain(endpoint: str, keys_file: str, c: int) -> dict[str, Any]:
+    """The plain loop: boto3 only, c threads sharing one client, every key GET once."""
+    keys = json.loads(Path(keys_file).read_text())
+    client = _boto(endpoint)
+    client.list_buckets()  # connected before the clock, as the probe's client is
+
+    def one(key: str) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        r = client.get_object(Bucket=BUCKET, Key=key)
+        first = time.perf_counter() - t0
+        return first, len(r["Body"].read())
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(c) as pool:
+        got = list(pool.map(one, keys))
+    el = time.perf_counter() - t0
+    firsts = sorted(f for f, _ in got)
+    return {"gets": len(got), "gets_per_s": len(got) / el,
+            "mib_per_s": sum(n for _, n in got) / el / 2**20,
+            "first_byte_p50_ms": 1000 * firsts[len(firsts) // 2]}
+
+
+def child_probe(endpoint: str, url: str, c: int, k: int) -> dict[str, Any]:
+    """The probe's GET loop at one concurrency over its seeded pick of k objects."""
+    from autotune.probe.objstore import measure_objects
+    from converters.objstore import S3Config, Store
+
+    obj = measure_objects(url, store=Store(S3Config(endpoint)), concurrency=[c], seconds=3600,
+                          max_objects=k, cold=False)
+    p = obj.by_concurrency[0]
+    return {"gets": p.gets, "gets_per_s": p.gets_per_s, "mib_per_s": p.mib_per_s,
+            "first_byte_p50_ms": p.first_byte_p50_ms, "errors": p.errors,
+            "list_keys_per_s": obj.list_keys_per_s, "mean_object_bytes": obj.mean_object_bytes}
+
+
+def _count(batch: list) -> tuple[int, int]:  # noqa: ANN001 (collate: samples, image bytes)
+    return len(batch), sum(len(x) for x in batch)
+
+
+def _timed(loader: Any) -> dict[str, Any]:
+    """One pass: samples/s and MiB/s over the whole pass (from iter(loader), worker start
+    included, as an epoch costs a user) and after the first item (steady reading)."""
+    n = nb = n1 = 0
+    t_first = None
+    t0 = time.perf_counter()
+    for k, b in loader:
+        if t_first is None:
+            t_first, n1 = time.perf_counter(), k
+        n += k
+        nb += b
+    t1 = time.perf_counter()
+    t_first = t_first or t1
+    return {"samples": n, "samples_per_s": n / (t1 - t0), "mib_per_s": nb / (t1 - t0) / 2**20,
+            "seconds": round(t1 - t0, 3), "first_item_s": round(t_first - t0, 3),
+            "steady_samples_per_s": (n - n1) / max(t1 - t_first, 1e-9)}
+
+
+def _ours_item(x: Any) -> bytes:
+    return x[0]  # (image bytes, label): bytes only
+
+
+def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int) -> dict:
+    """Read every shard under s3://BUCKET/PREFIX once, bytes only, with `workers` workers."""
+    import torch
+
+    if kind == "ours":
+        from converters.objstore.wds import S3WdsSource
+
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(None, shuffle=False)
+        collate = lambda b: _count([_ours_item(x) for x in b])  # noqa: E731
+    elif kind == "webdataset":
+        import webdataset as wds
+
+        client = _boto(endpoint)
+        keys = sorted(o["Key"] for o in client.list_objects_v2(
+            Bucket=BUCKET, Prefix=prefix + "/")["Contents"] if o["Key"].endswith(".tar"))
+        urls = [f"pipe:curl -s -f '{client.generate_presigned_url('get_object', Params={'Bucket': BUCKET, 'Key': k}, ExpiresIn=3600)}'"
+                for k in keys]
+        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        collate = lambda b: _count([max((v for k, v in s.items()  # noqa: E731
+                                         if not k.startswith("__") and isinstance(v, bytes)),
+                                        key=len) for s in b])
+    else:
+        import tarfile
+
+        from s3torchconnector import S3ClientConfig, S3IterableDataset
+
+        def members(reader: Any) -> list[int]:
+            if not reader.key.endswith(".tar"):
+                return []
+            with tarfile.open(fileobj=reader, mode="r|") as tf:
+                out = []
+                for m in tf:
+                    f = tf.extractfile(m) if m.isfile() else None
+                    if f is not None and m.name.rsplit(".", 1)[-1] in ("jpg", "jpeg", "png"):
+                        out.append(len(f.read()))
+                return out
+
+        ds = S3IterableDataset.from_prefix(
+            f"s3://{BUCKET}/{prefix}/", region="us-east-1", endpoint=endpoint,
+            s3client_config=S3ClientConfig(force_path_style=True), enable_sharding=True,
+            transform=members)
+        # one item per shard: (samples, bytes) of its images (its first item is a shard)
+        loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=None,
+                                             collate_fn=lambda sizes: (len(sizes), sum(sizes)))
+        return _timed(loader)
+    loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=batch,
+                                         collate_fn=collate)
+    return _timed(loader)
+
+
+def _run_child(args: list[str], timeout: float = 900) -> dict[str, Any]:
+    p = subprocess.run([PY, __file__, "--child", *args], capture_output=True, text=True,
+                       timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# -- the run ------------------------------------------------------------------------------
+
+def _uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def _upload(endpoint: str, root: Path, prefix: str) -> int:
+    client = _boto(endpoint)
+    files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda p: client.put_object(
+            Bucket=BUCKET, Key=f"{prefix}/{p.relative_to(root).as_posix()}",
+            Body=p.read_bytes()), files))
+    return len(files)
+
+
+def _start_proxy(endpoint: str, delay_s: float) -> tuple[subprocess.Popen, str]:
+    u = urlsplit(endpoint)
+    p = subprocess.Popen([PY, "-m", "autotune.emulate.delayproxy", "--target",
+                          f"{u.hostname}:{u.port}", "--delay", str(delay_s)],
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    addr = p.stdout.readline().strip()  # type: ignore[union-attr]
+    return p, f"http://{addr}"
+
+
+def probe_vs_plain(via: str, levels: list[int], tmp: Path) -> list[dict[str, Any]]:
+    """Each level: the probe's seeded pick (its own rule: Random(0).sample of the listing
+    without the manifest), then the plain loop on the same keys."""
+    client = _boto(via)
+    keys: list[str] = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="train/"):
+        keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+    rows = []
+    for c in levels:
+        k = min(len(keys), max(100, 60 * c))  # about 10 s a level at 50 ms first byte
+        pick = random.Random(0).sample(keys, k)
+        kf = tmp / f"keys-{c}.json"
+        kf.write_text(json.dumps(pick))
+        pr = _run_child(["probe", via, f"s3://{BUCKET}/train", str(c), str(k)])
+        pl = _run_child(["plain", via, str(kf), str(c)])
+        ratio = (pr["gets_per_s"] / pl["gets_per_s"]) if "error" not in pr | pl else None
+        rows.append({"concurrency": c, "objects": k, "probe": pr, "plain": pl, "ratio": ratio})
+        print(f"  {c:>2} in flight: probe {pr.get('gets_per_s', 0):.1f}, plain "
+              f"{pl.get('gets_per_s', 0):.1f} GETs/s", flush=True)
+    return rows
+
+
+def _side(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not d:
+        return None
+    pick = lambda t: t and {k: t.get(k) for k in ("config", "images_per_s", "au")}  # noqa: E731
+    v = d.get("verdict") or {}
+    return {"verdict": v.get("bottleneck"), "summary": v.get("summary"),
+            "evidence": v.get("evidence"), "best": pick(d.get("best")),
+            "recommended": pick(d.get("recommended")), "baseline": pick(d.get("baseline")),
+            "baseline_confirmed": pick(d.get("baseline_confirmed")),
+            "ceilings": d.get("ceilings"), "dataset": d.get("dataset")}
+
+
+def closed_loop(via: str, tmp: Path, a: argparse.Namespace) -> dict[str, Any]:
+    out, stage = tmp / "search-out", tmp / "stage"
+    cmd = [PY, "-m", "autotune", "search", f"s3://{BUCKET}/train", "--convert", "auto",
+           "--stage-dir", str(stage), "--compute-ms", "250", "--batch-size", "64",
+           "--space", a.space, "--trials", str(a.trials), "--confirm", str(a.confirm),
+           *(["--seconds", str(a.seconds)] if a.seconds else []), "--warm", "--out", str(out), "-q",
+           "--json", str(tmp / "search.json")]
+    shown = " ".join(["autotune", *cmd[3:]]).replace(str(tmp), "$TMP")
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.search_timeout,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": via})
+    res: dict[str, Any] = {"command": f"AWS_ENDPOINT_URL=<proxy> {shown}",
+                           "exit": p.returncode, "seconds": round(time.perf_counter() - t0, 1),
+                           "stdout_tail": p.stdout[-3000:], "stderr_tail": p.stderr[-2000:]}
+    f = tmp / "search.json"
+    if not f.is_file():
+        return res
+    d = json.loads(f.read_text())
+    res.update(before=_side(d.get("before", d)), after=_side(d.get("after")),
+               converted=d.get("converted"), staged=d.get("staged"),
+               decision=d.get("decision"), gain=d.get("gain"))
+    return res
+
+
+def peers(via: str, endpoint: str, tmp: Path, staged: dict | None, a: argparse.Namespace) -> dict:
+    sdir = Path(staged["dir"]) if staged and staged.get("dir") else None
+    how = "the loop's staged conversion"
+    if sdir is None or not (sdir / "manifest.json").is_file():
+        # The loop did not convert (its verdict was not storage): convert from the bucket
+        # here, as the loop would have (WebDataset, convert's defaults), to compare readers.
+        sdir, how = tmp / "converted-wds", "autotune convert s3://BUCKET/train DIR --format wds"
+        p = subprocess.run([PY, "-m", "autotune", "convert", f"s3://{BUCKET}/train", str(sdir),
+                            "--format", "wds", "--workers", "2", "-q"], capture_output=True,
+                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                           "AWS_ENDPOINT_URL": via})
+        if p.returncode != 0:
+            return {"skipped": f"convert failed: {p.stderr.strip()[-300:]}"}
+    n = _upload(endpoint, sdir, "train-wds")
+    kinds = ["ours", "webdataset"]
+    try:
+        import s3torchconnector  # noqa: F401
+        kinds.append("s3torchconnector")
+    except ImportError:
+        pass
+    rounds: dict[str, list[dict]] = {k: [] for k in kinds}
+    for r in range(a.rounds):
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]  # interleaved, rotated
+        for k in order:
+            rounds[k].append(_run_child(["read", k, via, "train-wds", str(a.read_workers),
+                                         "64"]))
+            print(f"  round {r + 1} {k}: {rounds[k][-1]}", flush=True)
+    med = {}
+    for k, rs in rounds.items():
+        ok = [x["samples_per_s"] for x in rs if "samples_per_s" in x]
+        mib = [x["mib_per_s"] for x in rs if "mib_per_s" in x]
+        st = [x["steady_samples_per_s"] for x in rs if "steady_samples_per_s" in x]
+        med[k] = {"median_samples_per_s": statistics.median(ok) if ok else None,
+                  "median_steady_samples_per_s": statistics.median(st) if st else None,
+                  "median_mib_per_s": statistics.median(mib) if mib else None,
+                  "samples": [x.get("samples") for x in rs]}
+    shards = json.loads((sdir / "manifest.json").read_text()).get("shards", [])
+    return {"shards_from": how, "objects_uploaded": n, "shards": len(shards), "workers": a.read_workers,
+            "rounds": rounds, "median": med}
+
+
+def _table(res: dict[str, Any]) -> None:
+    print(f"\n{res['images']} images, proxy {res['delay_ms']:g} ms each way; load before: "
+          f"{res['uptime_before']}; after: {res['uptime_after']}")
+    print(f"{'in flight':>9} | {'objects':>7} | {'probe GETs/s':>12} | {'plain GETs/s':>12} | "
+          f"ratio | 1st byte p50 ms (probe, plain)")
+    for r in res["probe_vs_plain"]:
+        p, q = r["probe"], r["plain"]
+        print(f"{r['concurrency']:>9} | {r['objects']:>7} | {p.get('gets_per_s', 0):>12.1f} | "
+              f"{q.get('gets_per_s', 0):>12.1f} | {r['ratio'] or 0:.2f} | "
+              f"{p.get('first_byte_p50_ms', 0):.0f}, {q.get('first_byte_p50_ms', 0):.0f}")
+    lp = res.get("loop") or {}
+    for side in ("before", "after"):
+        s = lp.get(side)
+        if s:
+            print(f"{side}: verdict {s['verdict']}; best {s['best']}; baseline {s['baseline']}")
+    print(f"converted: {bool(lp.get('converted'))}; staged: {bool(lp.get('staged'))}; "
+          f"exit {lp.get('exit')}, {lp.get('seconds')} s")
+    for k, m in ((res.get("peers") or {}).get("median") or {}).items():
+        print(f"read bytes only {k:>16}: {m['median_samples_per_s'] or 0:8.1f} samples/s "
+              f"{m['median_mib_per_s'] or 0:7.1f} MiB/s whole pass, "
+              f"{m['median_steady_samples_per_s'] or 0:8.1f} samples/s after the first item "
+              "(medians of the rounds)")
+
+
+def _child(kind: str, args: list[str]) -> int:
+    """`--child KIND ARGS...`: one measurement in this fresh process; its JSON on stdout."""
+    os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+    if kind == "plain":
+        r = child_plain(args[0], args[1], int(args[2]))
+    elif kind == "probe":
+        r = child_probe(args[0], args[1], int(args[2]), int(args[3]))
+    else:
+        r = child_read(args[0], args[1], args[2], int(args[3]), int(args[4]))
+    print(json.dumps(r))
+    return 0
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        return _child(sys.argv[2], sys.argv[3:])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--images", type=int, default=4000)
+    ap.add_argument("--delay-ms", type=float, default=25.0, help="proxy delay, each way")
+    ap.add_argument("--levels", default="1,4,16,64")
+    ap.add_argument("--space", default="small")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--confirm", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="search's window per trial (default: search's own, from the step)")
+    ap.add_argument("--search-timeout", type=float, default=1200)
+    ap.add_argument("--read-workers", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--no-search", action="store_true")
+    ap.add_argument("--json", metavar="FILE")
+    a = ap.parse_args()
+    os.environ.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+    from autotune.emulate.seaweed import SeaweedServer
+    from autotune.synth import make_image_folder
+
+    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "images": a.images, "delay_ms": a.delay_ms,
+                           "uptime_before": _uptime(), "cores": os.cpu_count()}
+    print(f"load: {res['uptime_before']}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-s3-", dir="/var/tmp") as td:
+        tmp = Path(td)
+        t0 = time.perf_counter()
+        syn = make_image_folder(tmp / "train", a.images, 10, seed=1, workers=2)
+        res["mean_image_bytes"] = getattr(syn, "bytes", 0) / max(1, a.images)
+        with SeaweedServer(tmp / "weed") as endpoint:
+            _boto(endpoint).create_bucket(Bucket=BUCKET)
+            res["uploaded"] = _upload(endpoint, tmp / "train", "train")
+            print(f"made and uploaded {res['uploaded']} images in "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            proxy, via = _start_proxy(endpoint, a.delay_ms / 1000)
+            try:
+                res["probe_vs_plain"] = probe_vs_plain(via, [int(x) for x in
+                                                             a.levels.split(",")], tmp)
+                if not a.no_search:
+                    res["loop"] = closed_loop(via, tmp, a)
+                    print(f"search: exit {res['loop']['exit']} in {res['loop']['seconds']} s",
+                          flush=True)
+                if not a.no_peers:
+                    res["peers"] = peers(via, endpoint, tmp, (res.get("loop") or {})
+                                         .get("staged"), a)
+            finally:
+                proxy.terminate()
+                proxy.wait(10)
+    res["uptime_after"] = _uptime()
+    _table(res)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
