@@ -46,7 +46,21 @@ def _watch_parent(pid: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _worker_main(conn: Connection, work: Callable[[int], Any], counter: Any, parent: int) -> None:
+# The environment a worker must read as the converter's, not the fork server's: the fork
+# server keeps the environment of the moment it started (in a long-lived process, an
+# earlier conversion), so credentials or an endpoint set since would be missing.
+_ENV_PREFIXES = ("AWS_",)
+
+
+def _parents_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
+
+
+def _worker_main(conn: Connection, work: Callable[[int], Any], counter: Any, parent: int,
+                 env: dict[str, str] | None = None) -> None:
+    for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES)]:
+        del os.environ[k]
+    os.environ.update(env or {})
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent decides
     set_progress_counter(counter)
@@ -75,7 +89,8 @@ class WorkerPool:
         self._workers: list[tuple[Any, Connection]] = []
         for _ in range(n):
             parent_end, child_end = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, args=(child_end, work, counter, os.getpid()),
+            p = ctx.Process(target=_worker_main,
+                            args=(child_end, work, counter, os.getpid(), _parents_env()),
                             daemon=True, name="autotune-convert-worker")
             p.start()
             child_end.close()
