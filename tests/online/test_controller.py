@@ -175,23 +175,33 @@ def test_why_is_the_verdict_engine_fed_the_loaders_figures():
 def test_burst_samples_this_process_tree_from_a_process_of_its_own():
     """The real sampler over a real busy child: the budget sees it as a worker, and the
     sampler's own process is not in it."""
-    import os
     import subprocess
     import sys
     import time
     from autotune.monitor.timebudget import TimeBudget
     from autotune.online.why import Burst
 
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    import psutil
+
+    # A parent of its own holding the busy child: the test process may have other
+    # children (a session's S3 server) that are not this tree's workers.
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               "subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+                               "time.sleep(120)\n"])
     try:
-        b = Burst(os.getpid(), seconds=1.5)
         deadline = time.perf_counter() + 30
-        while not b.done() and time.perf_counter() < deadline:
+        while not psutil.Process(parent.pid).children() and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        b = Burst(parent.pid, seconds=1.5)
+        while not b.done() and time.perf_counter() < deadline + 30:
             time.sleep(0.05)
         d = b.result()
     finally:
-        child.kill()
-        child.wait()
+        for k in psutil.Process(parent.pid).children(recursive=True):
+            k.kill()
+        parent.kill()
+        parent.wait()
     assert d.get("available", True), d
     w = TimeBudget.from_dict(d).cls("workers")
     assert w is not None and w.processes == 1  # the busy child only, not the sampler
