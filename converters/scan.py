@@ -208,8 +208,15 @@ def scan_folder(root: Path, sink: ScanSink, progress: ScanProgress | None = None
                         ignored += 1
         if len(sink) == n0:
             empty.append(cls)
+    return folder_result(sink, classes, time.monotonic() - t0, ignored, empty)
+
+
+def folder_result(sink: ScanSink, classes: list[str], seconds: float, ignored: int,
+                  empty: list[str]) -> ScanResult:
+    """A class-folder scan's result (a local folder's or a bucket's): the sink closed, the
+    files it ignored, and a warning naming the class folders left without a sample."""
     sink.close()
-    res = _result(sink, classes, list(range(len(classes))), time.monotonic() - t0)
+    res = _result(sink, classes, list(range(len(classes))), seconds)
     res.ignored = ignored
     if empty:
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")

@@ -70,21 +70,9 @@ def child_plain(endpoint: str, keys_file: str, c: int) -> dict[str, Any]:
     keys = json.loads(Path(keys_file).read_text())
     client = _boto(endpoint)
     client.list_buckets()  # connected before the clock, as the probe's client is
+    from s3_probe_check import timed_gets  # the same plain loop (boto3 only)
 
-    def one(key: str) -> tuple[float, int]:
-        t0 = time.perf_counter()
-        r = client.get_object(Bucket=BUCKET, Key=key)
-        first = time.perf_counter() - t0
-        return first, len(r["Body"].read())
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(c) as pool:
-        got = list(pool.map(one, keys))
-    el = time.perf_counter() - t0
-    firsts = sorted(f for f, _ in got)
-    return {"gets": len(got), "gets_per_s": len(got) / el,
-            "mib_per_s": sum(n for _, n in got) / el / 2**20,
-            "first_byte_p50_ms": 1000 * firsts[len(firsts) // 2]}
+    return timed_gets(client, BUCKET, keys, c)
 
 
 def child_probe(endpoint: str, url: str, c: int, k: int) -> dict[str, Any]:

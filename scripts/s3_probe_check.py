@@ -46,6 +46,12 @@ def plain_loop(endpoint: str, bucket: str, keys: list[str], c: int) -> dict:
     """Every key GET once by c threads sharing one client: GETs/s, MiB/s, first byte p50."""
     client = _client(endpoint)
     client.list_buckets()  # connect before the clock
+    return timed_gets(client, bucket, keys, c)
+
+
+def timed_gets(client, bucket: str, keys: list[str], c: int) -> dict:  # noqa: ANN001
+    """The plain loop itself (boto3 only): every key GET once by c threads sharing
+    `client`, timed from the first GET to the last byte."""
 
     def one(key: str) -> tuple[float, int]:
         t0 = time.perf_counter()
@@ -58,7 +64,8 @@ def plain_loop(endpoint: str, bucket: str, keys: list[str], c: int) -> dict:
         got = list(pool.map(one, keys))
     el = time.perf_counter() - t0
     firsts = sorted(f for f, _ in got)
-    return {"gets_per_s": len(got) / el, "mib_per_s": sum(n for _, n in got) / el / 2**20,
+    return {"gets": len(got), "gets_per_s": len(got) / el,
+            "mib_per_s": sum(n for _, n in got) / el / 2**20,
             "first_byte_p50_ms": 1000 * firsts[len(firsts) // 2]}
 
 

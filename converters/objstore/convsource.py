@@ -60,7 +60,7 @@ def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
     ScanResult (sink closed), as converters.scan.scan_folder does for a folder."""
     import time
 
-    from converters.scan import _result
+    from converters.scan import folder_result
 
     t0 = time.monotonic()
     listing = (store or process_store(endpoint_url)).list(url)
@@ -78,14 +78,7 @@ def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
             empty.append(cls)
     plan_dir = Path(sink.records_path).parent
     _write_etags(plan_dir / ETAGS, etags)
-    sink.close()
-    res = _result(sink, classes, list(range(len(classes))), time.monotonic() - t0)
-    res.ignored = ignored
-    if empty:
-        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
-        res.warnings.append(f"{len(empty)} class folder(s) without usable images ({shown}); "
-                            "their labels are kept but no sample has them.")
-    return res
+    return folder_result(sink, classes, time.monotonic() - t0, ignored, empty)
 
 
 def classify(listing: Listing) -> tuple[list[str], dict[str, list[tuple[str, ObjectInfo]]], int]:
