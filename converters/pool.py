@@ -82,6 +82,12 @@ def _worker_main(conn: Connection, work: Callable[[int], Any], counter: Any, par
         conn.send(("ok", unit, out))
 
 
+_FIRST_UNIT_HINT = (
+    ", its first. When convert() runs from a script, the call must be under "
+    "`if __name__ == \"__main__\":`: workers import the script, which converts again "
+    "(its error is printed above).")
+
+
 class WorkerPool:
     """`n` processes running `work(unit)`; results come back in unit order."""
 
@@ -104,6 +110,8 @@ class WorkerPool:
         idle = list(range(len(self._workers)))
         busy: dict[int, int] = {}  # worker index -> unit
         ready: dict[int, Any] = {}
+        answered: set[int] = set()  # workers that returned a unit: they did start
+        broken: set[int] = set()    # workers whose pipe ended: nothing more to read
         order = iter(units)
         nxt = next(order, None)
         while nxt is not None:
@@ -123,16 +131,18 @@ class WorkerPool:
                     w = conns[obj]
                     try:
                         status, u, out = obj.recv()
-                    except EOFError:
+                    except (EOFError, ConnectionError):
+                        broken.add(w)
                         continue  # its sentinel says how it died
                     if status == "err":
                         raise out
                     ready[u] = out
+                    answered.add(w)
                     del busy[w]
                     idle.append(w)
                 elif obj in sentinels and sentinels[obj] in busy:
                     w = sentinels[obj]
-                    if self._workers[w][1].poll():
+                    if w not in broken and self._workers[w][1].poll():
                         continue  # its last message is still to be read
                     p = self._workers[w][0]
                     p.join(1)
@@ -141,8 +151,8 @@ class WorkerPool:
                     raise ConvertError(
                         f"a worker process died ({how}) while converting unit {busy[w]}"
                         + (" (SIGKILL: out of memory?)" if code == -signal.SIGKILL else "")
-                        + "; rerun the same command to resume (with fewer --workers if memory "
-                          "is short).")
+                        + ("; rerun the same command to resume (with fewer --workers if memory "
+                           "is short)." if w in answered or code != 1 else _FIRST_UNIT_HINT))
             if tick:
                 tick()
 

@@ -37,6 +37,21 @@ NAME = ".autotune-convert"
 DIST_VERSION = 1
 
 
+def _ancestors(levels: int = 3) -> set[str]:
+    """The pids of this process's parent, grandparent, ... (from /proc; as strings)."""
+    out, pid = set(), os.getppid()
+    for _ in range(levels):
+        if pid <= 1:
+            break
+        out.add(str(pid))
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
 class WorkDir:
     """Paths and durable records of one conversion's work directory."""
 
@@ -88,9 +103,18 @@ class WorkDir:
     def lock(self) -> None:
         """Take the per-DST lock; a second conversion into DST is refused."""
         self.create()
-        self._lock = PidLock(self.path / "lock", lambda holder: ConvertError(
-            f"{self.dst}: another `autotune convert` (pid {holder}) is writing here; wait "
-            "for it, or stop it and rerun to resume.")).acquire()
+        self._lock = PidLock(self.path / "lock", self._busy).acquire()
+
+    def _busy(self, holder: str) -> ConvertError:
+        if holder in _ancestors():
+            # The holder is an ancestor: this is a conversion worker (or its fork server)
+            # importing the user's script again, which calls convert() anew.
+            return ConvertError(
+                f"{self.dst}: convert() was called again by a child of the conversion (pid "
+                f"{holder}) re-importing the main script; put the call under "
+                "`if __name__ == \"__main__\":` (worker processes import the script).")
+        return ConvertError(f"{self.dst}: another `autotune convert` (pid {holder}) is "
+                            "writing here; wait for it, or stop it and rerun to resume.")
 
     def unlock(self) -> None:
         if self._lock is not None:
