@@ -381,3 +381,28 @@ def test_latency_verdict():
     assert "above the 8-worker bound" in c.reason
     with pytest.raises(ValueError, match="needed_in_flight"):
         latency_verdict(0, 8)
+
+
+def test_cpu_inside_the_read_stage_is_the_storage_clients_not_decode():
+    # Seen behind a 50 ms object store on a busy machine: 4 workers on a CPU 5 %, runnable
+    # 39 % (the machine full), asleep 56 %; the pipeline's clock: read 86 % of their time.
+    # Decode and the rest took at most 14 %: the CPU was boto3's, per request. Before, the
+    # rule said decode ("storage conversion would not help"); shards are the fix.
+    s = system(cores=2, total=100, disk=False,
+               budget_d=budget(workers=klass(4, on_cpu=0.05, runnable=0.39), main=IDLE_MAIN))
+    st = _stages(86, 3, 5, 6)
+    st["busy"] = 0.99
+    probe = probe_levels((1, 20.0), (8, 150.0), (64, 480.0))
+    v = decide(inputs(0.16, s, workers=4, stages=st, probe=probe, ips=41.0))
+    assert v.bottleneck == "storage", v
+    assert "(latency)" in v.summary and "reading 71%" in v.summary, v.summary
+    assert any("at least 30% was inside the read stage" in e for e in v.evidence), v.evidence
+    # Workers as busy, but the pipeline's clock puts their time in decode: decode.
+    s = system(cores=2, total=100, disk=False,
+               budget_d=budget(workers=klass(4, on_cpu=0.3, runnable=0.5, io=0.1),
+                               main=IDLE_MAIN))
+    heavy = _stages(12, 60, 23, 5)
+    heavy["busy"] = 0.99
+    v = decide(inputs(0.16, s, workers=4, stages=heavy, probe=probe, ips=41.0))
+    assert v.bottleneck == "decode", v
+    assert not any("inside the read stage (the other" in e for e in v.evidence)

@@ -173,15 +173,27 @@ def _hidden_read_wait(inp: RuleInputs, load: _Load, ev: list[str]) -> None:
     st = inp.stages
     if load.main_only or not st or st.get("busy") is None:
         return
-    in_read = min(1.0, st["busy"]) * st["share"]["read"]
+    busy = min(1.0, st["busy"])
+    in_read = busy * st["share"]["read"]
     hidden = min(load.idle, max(0.0, in_read - load.cpu - load.blocked))
-    if hidden < 0.05:
-        return
-    load.storage_wait += hidden
-    load.idle -= hidden
-    ev.append(f"the pipeline's clock saw {load.who} inside the read stage {_pct(in_read)} of "
-              f"their time, {_pct(hidden)} of it neither on a CPU nor in a wait the kernel "
-              "names (a storage client polling its socket): counted as storage wait")
+    if hidden >= 0.05:
+        load.storage_wait += hidden
+        load.idle -= hidden
+        ev.append(f"the pipeline's clock saw {load.who} inside the read stage {_pct(in_read)} "
+                  f"of their time, {_pct(hidden)} of it neither on a CPU nor in a wait the "
+                  "kernel names (a storage client polling its socket): counted as storage wait")
+    # CPU time that cannot have been spent decoding: the stages after read took at most
+    # (busy - in_read) of the loaders' time, so the rest of their CPU (and runnable) time
+    # was inside read: the storage client's per-request work (signing, HTTP, TLS), which
+    # shards cut as they cut requests. Counted with the read only where the read also waits
+    # on storage: a read that is CPU alone (a local shard's parser) stays CPU.
+    read_cpu = min(in_read, max(0.0, load.cpu - (busy - in_read)))
+    if read_cpu >= 0.05 and load.blocked >= 0.1:
+        load.read_cpu = read_cpu
+        ev.append(f"of {load.whose} {_pct(load.cpu)} on a CPU or runnable, at least "
+                  f"{_pct(read_cpu)} was inside the read stage (the other stages took at most "
+                  f"{_pct(busy - in_read)} of their time): the storage client's per-request "
+                  "work, counted with the read, not as decode")
 
 
 def _stages(inp: RuleInputs, v: Verdict, ev: list[str]) -> None:
@@ -276,6 +288,7 @@ class _Load:
     io: float
     storage_wait: float
     idle: float
+    read_cpu: float = 0.0   # of `cpu`, the part the pipeline's clock puts inside the read stage
 
     @property
     def cpu(self) -> float:
@@ -305,7 +318,8 @@ class _Load:
     def dominant(self) -> str:
         """The state that took most of the time: states compared with each other, never
         one share against a fixed line (ties: blocked, then cpu)."""
-        states = {"blocked": self.blocked, "cpu": self.cpu, "idle": self.idle}
+        states = {"blocked": self.blocked + self.read_cpu, "cpu": self.cpu - self.read_cpu,
+                  "idle": self.idle}
         return max(states, key=lambda k: states[k])
 
     def shares(self) -> str:
@@ -495,6 +509,11 @@ def _blocked(inp: RuleInputs, load: _Load, ev: list[str], cmd: dict[str, str]) -
     head = (f"{load.who} {load.verb} blocked on storage "
             f"{_pct(load.blocked)} of {load.whose} time (on a CPU "
             f"or runnable {_pct(load.cpu)}, idle {_pct(load.idle)})")
+    if load.read_cpu:
+        head = (f"{load.who} {load.verb} reading {_pct(load.blocked + load.read_cpu)} of "
+                f"{load.whose} time (blocked on storage {_pct(load.blocked)}, the storage "
+                f"client on a CPU or runnable {_pct(load.read_cpu)}; on a CPU or runnable "
+                f"elsewhere {_pct(load.cpu - load.read_cpu)}, idle {_pct(load.idle)})")
     if kind == "latency" and need:
         bound, why = _bound(inp, load)
         ev.append(why)
