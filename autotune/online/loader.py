@@ -648,9 +648,11 @@ def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> Torch
     ctx = kw["multiprocessing_context"]
     if isinstance(ctx, str):
         torch.multiprocessing.get_context(ctx)  # ValueError naming the valid methods
-    # torch refuses these three without workers; the tuned pools will have some.
-    kw = dict(kw, multiprocessing_context=ctx if nw else None)
-    if nw:
+    # torch refuses these three without workers; the tuned pools will have some. With
+    # num_workers=0 given, they are checked as torch checks them (its ValueError).
+    given_zero = "num_workers" in fixed and not nw
+    kw = dict(kw, multiprocessing_context=ctx if nw or given_zero else None)
+    if nw or given_zero:
         kw.update(prefetch_factor=fixed.get("prefetch_factor"),
                   persistent_workers=bool(fixed.get("persistent_workers")))
     return TorchLoader(dataset, num_workers=nw, **kw)

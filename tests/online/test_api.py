@@ -27,6 +27,18 @@ def test_torch_argument_errors_are_torchs():
         autotune.DataLoader(Slow(8), multiprocessing_context="teleport")
     with pytest.raises(UsageError, match="memory_budget must be a positive"):
         autotune.DataLoader(Slow(8), memory_budget=-1)
+    # Given with num_workers=0, the worker-only settings are refused as torch refuses them
+    # (not given, they are tuned: no error).
+    for kw, msg in ((dict(prefetch_factor=2), "prefetch_factor option could only"),
+                    (dict(persistent_workers=True), "persistent_workers option needs"),
+                    (dict(multiprocessing_context="spawn"), "multiprocessing_context can only"),
+                    (dict(), "num_workers option should be non-negative")):
+        nw = -1 if not kw else 0
+        with pytest.raises(ValueError, match=msg):
+            torch.utils.data.DataLoader(Slow(8), num_workers=nw, **kw)
+        with pytest.raises(ValueError, match=msg):
+            autotune.DataLoader(Slow(8), num_workers=nw, _controller=False, **kw)
+    autotune.DataLoader(Slow(8), prefetch_factor=2, persistent_workers=True, _controller=False)
 
 
 def test_attributes_as_torch_has_them():
