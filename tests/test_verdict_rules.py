@@ -393,9 +393,13 @@ def test_cpu_inside_the_read_stage_is_the_storage_clients_not_decode():
     st = _stages(86, 3, 5, 6)
     st["busy"] = 0.99
     probe = probe_levels((1, 20.0), (8, 150.0), (64, 480.0))
-    v = decide(inputs(0.16, s, workers=4, stages=st, probe=probe, ips=41.0))
+    v = decide(inputs(0.16, s, workers=4, stages=st, probe=probe, ips=41.0, worker_bound=8))
     assert v.bottleneck == "storage", v
     assert "(latency)" in v.summary and "reading 71%" in v.summary, v.summary
+    # The figure at the bound beside the demand (256 images/s, batch 256 / 0.1 s here):
+    # 150 at 8 in flight, within the search's bound of 8.
+    assert ("at the 8-worker bound the storage gives at most 150 files/s (150 at 8 in "
+            "flight), below the step's demand of 2,560") in v.summary, v.summary
     assert any("at least 30% was inside the read stage" in e for e in v.evidence), v.evidence
     # Workers as busy, but the pipeline's clock puts their time in decode: decode.
     s = system(cores=2, total=100, disk=False,

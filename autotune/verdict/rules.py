@@ -524,9 +524,29 @@ def _blocked(inp: RuleInputs, load: _Load, ev: list[str], cmd: dict[str, str]) -
                            cmd["search"],
                            [f"use at least {need} reads in flight (num_workers={need}), or "
                             "convert to shards (`autotune convert`) so each read is large"])
-        return _storage(inp, ev, cmd, f"(latency): {head}; {call.reason}")
+        return _storage(inp, ev, cmd, f"(latency): {head}; {call.reason}"
+                        + _at_bound(inp, bound))
     label = "(throughput)" if kind == "throughput" else "(throughput or latency: not measured)"
     return _storage(inp, ev, cmd, f"{label}: {head}")
+
+
+def _at_bound(inp: RuleInputs, bound: int) -> str:
+    """What the storage gives at the worker bound, beside the step's demand: the probe's
+    rate at its most reads in flight within the bound, scaled up to the bound (while
+    latency limits, the rate grows at most in proportion to the reads in flight)."""
+    pts, unit = _levels(inp.probe)
+    within = [p for p in pts if p[0] <= bound]
+    if not within:
+        return ""
+    c, r = within[-1]
+    most = r * bound / c
+    demand = (inp.batch_size / inp.step_time_s if inp.batch_size and inp.step_time_s
+              else None)
+    scaled = f", scaled by {bound}/{c}" if c != bound else ""
+    vs = (f", {'below' if most < demand else 'not below'} the step's demand of "
+          f"{demand:,.0f}" if demand else "")
+    return (f"; at the {bound}-worker bound the storage gives at most {most:,.0f} {unit} "
+            f"({r:,.0f} at {c} in flight{scaled}){vs}")
 
 
 def _cpu_line(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[int | None, float, float | None]:
