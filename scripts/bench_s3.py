@@ -167,10 +167,15 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
     if kind in ("litdata", "mosaic"):
         from bench_s3_peers import dataset
 
+        import shutil
+
         ds = dataset(kind, endpoint, BUCKET, prefix, batch, transform)
         loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=batch,
                                              collate_fn=_counted)
-        return _timed(loader)
+        try:
+            return _timed(loader)
+        finally:
+            shutil.rmtree(ds.cache, ignore_errors=True)  # its downloaded shards
     return _s3torchconnector(endpoint, prefix, workers, transform)
 
 

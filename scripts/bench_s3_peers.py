@@ -100,9 +100,10 @@ def prepare(kind: str, images_root: Path, out: Path) -> Path:
 class Images(torch.utils.data.IterableDataset):
     """A peer's items as image bytes (or transform(bytes)), in the worker that reads them."""
 
-    def __init__(self, inner: Any, transform: Callable[[bytes], Any] | None) -> None:
+    def __init__(self, inner: Any, transform: Callable[[bytes], Any] | None,
+                 cache: str) -> None:
         super().__init__()
-        self.inner, self.transform = inner, transform
+        self.inner, self.transform, self.cache = inner, transform, cache
 
     def __iter__(self) -> Iterator[Any]:
         for item in self.inner:
@@ -130,4 +131,4 @@ def dataset(kind: str, endpoint: str, bucket: str, prefix: str, batch: int,
         os.environ["S3_ENDPOINT_URL"] = endpoint
         ds = _import_streaming().StreamingDataset(remote=f"s3://{bucket}/{prefix}",
                                                   local=cache, shuffle=False, batch_size=batch)
-    return Images(ds, transform)
+    return Images(ds, transform, cache)  # the caller removes `cache` after the pass
