@@ -303,13 +303,6 @@ def _botocore_session() -> Any:
     return session
 
 
-def warm_client_data() -> None:
-    """Parse what an S3 client is made from (service model, endpoint rules) into this
-    process's cache now, without connecting: call it before forking workers that will
-    make clients (S3 datasets do, when built: their LIST makes the parent's client)."""
-    Store(S3Config(endpoint_url="http://127.0.0.1:9"))._make_client()
-
-
 # A directory of listings a parent process wrote for its children (bench's scratch
 # directory): valid for that run only, so a rerun lists again and sees what changed.
 LISTINGS_ENV = "AUTOTUNE_S3_LISTINGS"
