@@ -2,7 +2,7 @@
 """Issue 24's "Done when" figures for object storage, in one run (not a test: timings).
 
     PYTHONPATH=. .venv/bin/python scripts/bench_s3.py [--images 4000] [--delay-ms 25] \\
-        [--json out/bench_s3.json] [--no-peers]
+        [--json out/bench_s3.json] [--no-peers] [--only peers] [--pipeline resnet50|none]
 
 Starts SeaweedFS (`weed mini`, the s3 extra) in a temporary directory, uploads --images
 generated JPEGs (autotune.synth.make_image_folder, about 80 KB each) to a fresh bucket as
@@ -18,10 +18,14 @@ front of it. Everything below goes through the proxy:
    --compute-ms 250 --batch-size 64` (AWS_ENDPOINT_URL = the proxy; --warm: no
    drop_caches on a machine others time tests on), a small space and few trials; its
    JSON's before (verdict, evidence, images/s, AU), converted, staged, after.
-3. bytes only, the converted shards uploaded to s3://BUCKET/train-wds: our S3 WebDataset
-   reader vs webdataset with a `pipe:curl` of a presigned GET per shard and
-   s3torchconnector's S3IterableDataset (its endpoint; skipped where not installed), each
-   in a fresh process with the same DataLoader workers, --rounds interleaved rounds, median.
+3. readers, the converted shards uploaded to s3://BUCKET/train-wds: our S3 WebDataset
+   reader vs webdataset with a `pipe:curl` of a presigned GET per shard,
+   s3torchconnector's S3IterableDataset (its endpoint; skipped where not installed), and
+   LitData's and Mosaic Streaming's S3 readers on the same images in their own formats
+   (scripts/bench_s3_peers.py: converted locally, uploaded beside ours), each in a fresh
+   process with the same DataLoader workers and batch, bytes only and with the --pipeline
+   preset's transform (`resnet50`) in the workers, --rounds interleaved rounds, median.
+   `--only peers` runs this section alone (no 1., no 2.: it converts from the bucket).
 
 The third reader is optional: `.venv/bin/python -m pip install s3torchconnector` (1.5.0
 was measured; it pulls no torch of its own where torch is installed). webdataset and curl
@@ -88,10 +92,6 @@ def child_probe(endpoint: str, url: str, c: int, k: int) -> dict[str, Any]:
             "list_keys_per_s": obj.list_keys_per_s, "mean_object_bytes": obj.mean_object_bytes}
 
 
-def _count(batch: list) -> tuple[int, int]:  # noqa: ANN001 (collate: samples, image bytes)
-    return len(batch), sum(len(x) for x in batch)
-
-
 def _timed(loader: Any) -> dict[str, Any]:
     """One pass: samples/s and MiB/s over the whole pass (from iter(loader), worker start
     included, as an epoch costs a user) and after the first item (steady reading)."""
@@ -110,21 +110,48 @@ def _timed(loader: Any) -> dict[str, Any]:
             "steady_samples_per_s": (n - n1) / max(t1 - t_first, 1e-9)}
 
 
-def _ours_item(x: Any) -> bytes:
-    return x[0]  # (image bytes, label): bytes only
+def _pipeline(name: str) -> Any:
+    """None (bytes only) or autotune's preset transform of that name (e.g. `resnet50`)."""
+    if name == "bytes":
+        return None
+    from autotune.data.presets import load_preset
+    from autotune.data.transforms import build_transform
+
+    return build_transform(load_preset(name).transform)
 
 
-def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int) -> dict:
-    """Read every shard under s3://BUCKET/PREFIX once, bytes only, with `workers` workers."""
+def _size(x: Any) -> int:
+    return len(x) if isinstance(x, (bytes, bytearray, memoryview)) else int(x.nbytes)
+
+
+def _counted(batch: list) -> tuple[int, int]:  # noqa: ANN001 (collate: samples, bytes)
+    """In the worker: the batch's samples and bytes (image bytes, or the tensors' bytes
+    with a pipeline); only the two counts cross to the main process, for every reader."""
+    return len(batch), sum(_size(x) for x in batch)
+
+
+def _largest_bytes(s: dict) -> bytes:  # noqa: ANN001 (a webdataset sample: the image)
+    return max((v for k, v in s.items() if not k.startswith("__") and isinstance(v, bytes)),
+               key=len)
+
+
+def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
+               pipeline: str = "bytes") -> dict:
+    """Read every shard under s3://BUCKET/PREFIX once with `workers` workers: the images'
+    bytes only, or through `pipeline` (an autotune preset's transform) in the workers."""
     import torch
 
+    transform = _pipeline(pipeline)
     if kind == "ours":
         from converters.objstore.wds import S3WdsSource
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
-        ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(None, shuffle=False)
-        collate = lambda b: _count([_ours_item(x) for x in b])  # noqa: E731
-    elif kind == "webdataset":
+        ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(transform, shuffle=False)
+        loader = torch.utils.data.DataLoader(  # (transform(bytes), label) -> the first
+            ds, num_workers=workers, batch_size=batch,
+            collate_fn=lambda b: _counted([x[0] for x in b]))
+        return _timed(loader)
+    if kind == "webdataset":
         import webdataset as wds
 
         client = _boto(endpoint)
@@ -132,36 +159,53 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int) 
             Bucket=BUCKET, Prefix=prefix + "/")["Contents"] if o["Key"].endswith(".tar"))
         urls = [f"pipe:curl -s -f '{client.generate_presigned_url('get_object', Params={'Bucket': BUCKET, 'Key': k}, ExpiresIn=3600)}'"
                 for k in keys]
-        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
-        collate = lambda b: _count([max((v for k, v in s.items()  # noqa: E731
-                                         if not k.startswith("__") and isinstance(v, bytes)),
-                                        key=len) for s in b])
-    else:
-        import tarfile
-
-        from s3torchconnector import S3ClientConfig, S3IterableDataset
-
-        def members(reader: Any) -> list[int]:
-            if not reader.key.endswith(".tar"):
-                return []
-            with tarfile.open(fileobj=reader, mode="r|") as tf:
-                out = []
-                for m in tf:
-                    f = tf.extractfile(m) if m.isfile() else None
-                    if f is not None and m.name.rsplit(".", 1)[-1] in ("jpg", "jpeg", "png"):
-                        out.append(len(f.read()))
-                return out
-
-        ds = S3IterableDataset.from_prefix(
-            f"s3://{BUCKET}/{prefix}/", region="us-east-1", endpoint=endpoint,
-            s3client_config=S3ClientConfig(force_path_style=True), enable_sharding=True,
-            transform=members)
-        # one item per shard: (samples, bytes) of its images (its first item is a shard)
-        loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=None,
-                                             collate_fn=lambda sizes: (len(sizes), sum(sizes)))
+        ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(
+            lambda s: _largest_bytes(s) if transform is None else transform(_largest_bytes(s)))
+        loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=batch,
+                                             collate_fn=_counted)
         return _timed(loader)
-    loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=batch,
-                                         collate_fn=collate)
+    if kind in ("litdata", "mosaic"):
+        from bench_s3_peers import dataset
+
+        import shutil
+
+        ds = dataset(kind, endpoint, BUCKET, prefix, batch, transform)
+        loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=batch,
+                                             collate_fn=_counted)
+        try:
+            return _timed(loader)
+        finally:
+            shutil.rmtree(ds.cache, ignore_errors=True)  # its downloaded shards
+    return _s3torchconnector(endpoint, prefix, workers, transform)
+
+
+def _s3torchconnector(endpoint: str, prefix: str, workers: int, transform: Any) -> dict:
+    """s3torchconnector's S3IterableDataset, one item per shard (its unit): the shard's
+    images, each through `transform` when given, counted in the worker."""
+    import tarfile
+
+    import torch
+    from s3torchconnector import S3ClientConfig, S3IterableDataset
+
+    def members(reader: Any) -> tuple[int, int]:
+        if not reader.key.endswith(".tar"):
+            return 0, 0
+        n = nb = 0
+        with tarfile.open(fileobj=reader, mode="r|") as tf:
+            for m in tf:
+                f = tf.extractfile(m) if m.isfile() else None
+                if f is not None and m.name.rsplit(".", 1)[-1] in ("jpg", "jpeg", "png"):
+                    data = f.read()
+                    n, nb = n + 1, nb + _size(data if transform is None else transform(data))
+        return n, nb
+
+    ds = S3IterableDataset.from_prefix(
+        f"s3://{BUCKET}/{prefix}/", region="us-east-1", endpoint=endpoint,
+        s3client_config=S3ClientConfig(force_path_style=True), enable_sharding=True,
+        transform=members)
+    # one item per shard: its first item is a whole shard, not a batch of 64
+    loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=None,
+                                         collate_fn=lambda counts: counts)
     return _timed(loader)
 
 
@@ -271,55 +315,108 @@ def peers(via: str, endpoint: str, tmp: Path, staged: dict | None, a: argparse.N
         if p.returncode != 0:
             return {"skipped": f"convert failed: {p.stderr.strip()[-300:]}"}
     n = _upload(endpoint, sdir, "train-wds")
-    kinds = ["ours", "webdataset"]
-    try:
-        import s3torchconnector  # noqa: F401
-        kinds.append("s3torchconnector")
-    except ImportError:
-        pass
-    rounds: dict[str, list[dict]] = {k: [] for k in kinds}
+    kinds, prefix, notes = _readers(endpoint, tmp)
+    pipelines = ["bytes", *([a.pipeline] if a.pipeline != "none" else [])]
+    rounds: dict[str, list[dict]] = {f"{k}|{p}": [] for p in pipelines for k in kinds}
     for r in range(a.rounds):
         order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]  # interleaved, rotated
-        for k in order:
-            rounds[k].append(_run_child(["read", k, via, "train-wds", str(a.read_workers),
-                                         "64"]))
-            print(f"  round {r + 1} {k}: {rounds[k][-1]}", flush=True)
+        for p in pipelines:
+            for k in order:
+                rounds[f"{k}|{p}"].append(_run_child(["read", k, via, prefix[k],
+                                                      str(a.read_workers), "64", p]))
+                print(f"  round {r + 1} {k} {p}: {rounds[f'{k}|{p}'][-1]}", flush=True)
     med = {}
-    for k, rs in rounds.items():
+    for key, rs in rounds.items():
         ok = [x["samples_per_s"] for x in rs if "samples_per_s" in x]
         mib = [x["mib_per_s"] for x in rs if "mib_per_s" in x]
         st = [x["steady_samples_per_s"] for x in rs if "steady_samples_per_s" in x]
-        med[k] = {"median_samples_per_s": statistics.median(ok) if ok else None,
-                  "median_steady_samples_per_s": statistics.median(st) if st else None,
-                  "median_mib_per_s": statistics.median(mib) if mib else None,
-                  "samples": [x.get("samples") for x in rs]}
+        first = [x["first_item_s"] for x in rs if "first_item_s" in x]
+        med[key] = {"median_samples_per_s": statistics.median(ok) if ok else None,
+                    "median_steady_samples_per_s": statistics.median(st) if st else None,
+                    "median_mib_per_s": statistics.median(mib) if mib else None,
+                    "median_first_item_s": statistics.median(first) if first else None,
+                    "samples": [x.get("samples") for x in rs],
+                    "errors": [x["error"] for x in rs if "error" in x]}
     shards = json.loads((sdir / "manifest.json").read_text()).get("shards", [])
-    return {"shards_from": how, "objects_uploaded": n, "shards": len(shards), "workers": a.read_workers,
+    return {"shards_from": how, "objects_uploaded": n, "shards": len(shards),
+            "workers": a.read_workers, "batch": 64, "pipelines": pipelines, "notes": notes,
             "rounds": rounds, "median": med}
+
+
+def _readers(endpoint: str, tmp: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """The readers measured here, the prefix each reads, and how each was pointed at the
+    proxy (or why it is not measured). LitData and Mosaic Streaming get the same images
+    converted into their own formats (bench_s3_peers.prepare), uploaded beside ours."""
+    import bench_s3_peers
+
+    kinds = ["ours", "webdataset"]
+    prefix = {"ours": "train-wds", "webdataset": "train-wds", "s3torchconnector": "train-wds"}
+    notes = {"ours": "AWS_ENDPOINT_URL", "webdataset": "pipe:curl of a presigned GET URL"}
+    try:
+        import s3torchconnector  # noqa: F401
+        kinds.append("s3torchconnector")
+        notes["s3torchconnector"] = "S3IterableDataset.from_prefix(endpoint=...)"
+    except ImportError:
+        notes["s3torchconnector"] = "not installed"
+    how = {"litdata": "StreamingDataset(storage_options={'endpoint_url': ...}), through "
+                      "boto3 (its obstore path refuses http://)",
+           "mosaic": "S3_ENDPOINT_URL"}
+    for k in bench_s3_peers.PEERS:
+        why = bench_s3_peers.available(k)
+        if why is None:
+            try:
+                out = bench_s3_peers.prepare(k, tmp / "train", tmp / f"peer-{k}")
+                prefix[k] = f"train-{k}"
+                _upload(endpoint, out, prefix[k])
+                kinds.append(k)
+                notes[k] = how[k]
+                continue
+            except Exception as e:  # noqa: BLE001 (the reason goes into the table)
+                why = f"conversion failed ({type(e).__name__}: {e})"[:200]
+        notes[k] = why
+        print(f"  {k}: {why}", flush=True)
+    return kinds, prefix, notes
 
 
 def _table(res: dict[str, Any]) -> None:
     print(f"\n{res['images']} images, proxy {res['delay_ms']:g} ms each way; load before: "
           f"{res['uptime_before']}; after: {res['uptime_after']}")
-    print(f"{'in flight':>9} | {'objects':>7} | {'probe GETs/s':>12} | {'plain GETs/s':>12} | "
-          f"ratio | 1st byte p50 ms (probe, plain)")
-    for r in res["probe_vs_plain"]:
+    if res.get("probe_vs_plain"):
+        print(f"{'in flight':>9} | {'objects':>7} | {'probe GETs/s':>12} | {'plain GETs/s':>12} | "
+              f"ratio | 1st byte p50 ms (probe, plain)")
+    for r in res.get("probe_vs_plain") or []:
         p, q = r["probe"], r["plain"]
         print(f"{r['concurrency']:>9} | {r['objects']:>7} | {p.get('gets_per_s', 0):>12.1f} | "
               f"{q.get('gets_per_s', 0):>12.1f} | {r['ratio'] or 0:.2f} | "
               f"{p.get('first_byte_p50_ms', 0):.0f}, {q.get('first_byte_p50_ms', 0):.0f}")
     lp = res.get("loop") or {}
+    if not lp:
+        return _readers_table(res)
     for side in ("before", "after"):
         s = lp.get(side)
         if s:
             print(f"{side}: verdict {s['verdict']}; best {s['best']}; baseline {s['baseline']}")
     print(f"converted: {bool(lp.get('converted'))}; staged: {bool(lp.get('staged'))}; "
           f"exit {lp.get('exit')}, {lp.get('seconds')} s")
-    for k, m in ((res.get("peers") or {}).get("median") or {}).items():
-        print(f"read bytes only {k:>16}: {m['median_samples_per_s'] or 0:8.1f} samples/s "
-              f"{m['median_mib_per_s'] or 0:7.1f} MiB/s whole pass, "
-              f"{m['median_steady_samples_per_s'] or 0:8.1f} samples/s after the first item "
-              "(medians of the rounds)")
+    _readers_table(res)
+
+
+def _readers_table(res: dict[str, Any]) -> None:
+    pe = res.get("peers") or {}
+    if pe.get("median"):
+        print(f"\nreaders, {pe['workers']} workers, batch {pe['batch']}, medians of the rounds:")
+        print(f"{'reader':>16} | {'pipeline':>8} | {'samples/s':>9} | {'MiB/s':>6} | "
+              f"{'1st item s':>10} | {'after 1st':>9} | endpoint given as")
+    for key, m in (pe.get("median") or {}).items():
+        k, p = key.split("|")
+        print(f"{k:>16} | {p:>8} | {m['median_samples_per_s'] or 0:9.0f} | "
+              f"{(m['median_mib_per_s'] or 0) if p == 'bytes' else 0:6.0f} | "
+              f"{m['median_first_item_s'] or 0:10.2f} | "
+              f"{m['median_steady_samples_per_s'] or 0:9.0f} | {pe['notes'].get(k, '')}"
+              + (f" ERRORS: {m['errors'][0]}" if m["errors"] else ""))
+    for k, why in (pe.get("notes") or {}).items():
+        if not any(key.startswith(k + "|") for key in pe.get("median") or {}):
+            print(f"{k:>16} | not measured: {why}")
 
 
 def _child(kind: str, args: list[str]) -> int:
@@ -330,7 +427,8 @@ def _child(kind: str, args: list[str]) -> int:
     elif kind == "probe":
         r = child_probe(args[0], args[1], int(args[2]), int(args[3]))
     else:
-        r = child_read(args[0], args[1], args[2], int(args[3]), int(args[4]))
+        r = child_read(args[0], args[1], args[2], int(args[3]), int(args[4]),
+                       args[5] if len(args) > 5 else "bytes")
     print(json.dumps(r))
     return 0
 
@@ -351,6 +449,10 @@ def main() -> int:
     ap.add_argument("--read-workers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--only", choices=["peers"], default=None,
+                    help="run only this section (peers: section 3, no probe loop, no search)")
+    ap.add_argument("--pipeline", default="resnet50",
+                    help="a preset whose transform every reader also runs ('none': bytes only)")
     ap.add_argument("--no-search", action="store_true")
     ap.add_argument("--json", metavar="FILE")
     a = ap.parse_args()
@@ -374,9 +476,10 @@ def main() -> int:
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
             proxy, via = _start_proxy(endpoint, a.delay_ms / 1000)
             try:
-                res["probe_vs_plain"] = probe_vs_plain(via, [int(x) for x in
-                                                             a.levels.split(",")], tmp)
-                if not a.no_search:
+                if a.only is None:
+                    res["probe_vs_plain"] = probe_vs_plain(via, [int(x) for x in
+                                                                 a.levels.split(",")], tmp)
+                if not a.no_search and a.only is None:
                     res["loop"] = closed_loop(via, tmp, a)
                     print(f"search: exit {res['loop']['exit']} in {res['loop']['seconds']} s",
                           flush=True)

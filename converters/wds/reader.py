@@ -380,14 +380,35 @@ def _timed_reads(src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,
             max_member_bytes: int = MAX_MEMBER_BYTES, members: Any = None
             ) -> Iterator[dict[str, Any]]:
-    """webdataset stage: shard URLs -> samples, checked (see the module doc)."""
-    for item in src:
+    """webdataset stage: shard URLs -> samples, checked (see the module doc).
+
+    Where `members` can read ahead (a duck-typed `prefetch(url)` and `discard()`: shards
+    in a bucket), the next shard's request is started once the current one's first sample
+is read (its own request taken), so
+    that its first byte's wait overlaps reading this one (one shard ahead, no more)."""
+    prefetch = getattr(members, "prefetch", None)
+    try:
+        yield from _expand_ahead(src, counts, num_classes, max_member_bytes, members, prefetch)
+    finally:
+        if prefetch is not None:  # an abandoned pass (quota, error, break): close the GET
+            members.discard()
+
+
+def _expand_ahead(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,
+                  max_member_bytes: int, members: Any, prefetch: Callable[[str], None] | None
+                  ) -> Iterator[dict[str, Any]]:
+    it = iter(src)
+    nxt = next(it, None)
+    while nxt is not None:
+        item, nxt = nxt, next(it, None)
         url = item["url"]
         expected = counts.get(url, -1)
         n = 0
         samples = _samples(url, num_classes, max_member_bytes, members)
         for sample in samples:
             n += 1
+            if n == 1 and prefetch is not None and nxt is not None:
+                prefetch(nxt["url"])  # now: this shard's own GET has been taken
             if 0 <= expected < n:  # never yield past the manifest: len() and quotas rely on it
                 _too_many(url, expected, n, samples)
             yield sample

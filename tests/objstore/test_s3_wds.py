@@ -105,3 +105,112 @@ def test_probe_of_shards_claims_no_samples_ceiling(s3_wds: str, s3_endpoint: str
     d = probe_result(s3_wds, obj).to_dict()
     assert d["verdict"]["storage_samples_per_s"] is None and d["samples"] is None
     assert any("GETs/s is no samples/s ceiling" in e for e in d["verdict"]["evidence"])
+
+
+# -- read-ahead and the warmed client ------------------------------------------------------
+
+def _forked_client_parses(src: S3WdsSource, conn) -> None:  # noqa: ANN001 (a Pipe end)
+    """In a forked child: how many botocore data files making this process's client read."""
+    import botocore.loaders
+
+    n = [0]
+    orig = botocore.loaders.JSONFileLoader.load_file
+
+    def counted(self, *a, **k):  # noqa: ANN001, ANN002, ANN003, ANN202
+        n[0] += 1
+        return orig(self, *a, **k)
+
+    botocore.loaders.JSONFileLoader.load_file = counted
+    try:
+        src.members.store.client.head_bucket(Bucket=src.url.bucket)  # made here, and used
+        conn.send(n[0])
+    except Exception as e:  # noqa: BLE001 (sent to the test to fail with)
+        conn.send(repr(e))
+
+
+def test_a_forked_worker_makes_its_client_from_the_parents_parsed_models(s3_wds: str) -> None:
+    import multiprocessing as mp
+
+    src = registry.open_source(s3_wds)  # its LIST and manifest GET made the parent's client
+    ctx = mp.get_context("fork")
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=_forked_client_parses, args=(src, there))
+    p.start()
+    got = here.recv()
+    p.join(60)
+    assert got == 0  # no JSON model parsed again; a cold process parses several
+    cold = ctx.Process(target=_forked_client_parses, args=(src, there))
+    import converters.objstore.client as client
+
+    saved, client._LOADER = client._LOADER, None  # as a spawned worker starts
+    try:
+        cold.start()
+        parsed = here.recv()
+        cold.join(60)
+        assert isinstance(parsed, int) and parsed > 0  # the count would see a re-parse
+    finally:
+        client._LOADER = saved
+
+
+def test_the_next_shard_is_asked_for_while_this_one_is_read(s3_wds: str) -> None:
+    src = registry.open_source(s3_wds)
+    it = src.records()
+    next(it)  # the first sample of the first shard
+    waiting = list(src.members._waiting)
+    assert waiting == [src.shards[1][0]]
+    rest = list(it)
+    assert len(rest) == len(src) - 1 and not src.members._waiting
+    it2 = src.records()
+    next(it2)
+    it2.close()  # an abandoned pass: its read-ahead GET is dropped, not left waiting
+    assert not src.members._waiting
+
+
+@pytest.mark.parametrize("context", ["fork", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_every_sample_once_across_workers_with_read_ahead(s3_wds: str, wds_dir: Path,
+                                                         context: str) -> None:
+    import torch.utils.data
+
+    ds = registry.open_source(s3_wds).dataset(None, shuffle=True, seed=3, rank=0,
+                                              world_size=1)
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=3,
+                                         multiprocessing_context=context)
+    got = [(bytes(b), int(l)) for b, l in loader]
+    want = [(b, l) for b, l, _ in WdsSource(wds_dir).records()]
+    assert len(got) == len(want) and sorted(got) == sorted(want)  # each once, none twice
+
+
+def test_a_shard_changed_while_an_earlier_one_is_read_is_an_error(  # noqa: ANN001
+        s3_wds: str, s3_client, bucket: str, wds_dir: Path) -> None:
+    src = registry.open_source(s3_wds)
+    it = src.records()
+    next(it)  # reading shard 0; shard 1 is being asked for ahead, shard 2 not yet
+    key = src.shards[2][0][len(f"s3://{bucket}/"):]
+    s3_client.put_object(Bucket=bucket, Key=key, Body=(wds_dir / Path(key).name).read_bytes()
+                         + b"\0" * 1024)
+    with pytest.raises(SampleError, match=f"{Path(key).name}: changed since the dataset"):
+        list(it)
+
+
+def test_a_read_ahead_body_that_fails_first_is_asked_for_again(s3_wds: str) -> None:
+    from converters.objstore.wds import _FirstReadAgain
+
+    src = registry.open_source(s3_wds)
+    url = src.shards[0][0]
+
+    class Dropped:  # what a connection the server closed while it waited gives
+        closed = False
+
+        def read(self, n: int = -1) -> bytes:
+            raise ConnectionResetError("reset by peer")
+
+        def close(self) -> None:
+            self.closed = True
+
+    dropped = Dropped()
+    body = _FirstReadAgain(dropped, lambda: src.members._open(url))
+    assert body.read(512)[:4] and dropped.closed  # a fresh GET's first bytes
+    body.close()
+    failing = _FirstReadAgain(Dropped(), lambda: Dropped())  # asked once more, no more
+    with pytest.raises(ConnectionResetError):
+        failing.read(512)
