@@ -174,3 +174,25 @@ def test_pick_large_prefers_a_shard_and_says_why() -> None:
     huge = ObjectInfo("v.bin", RANGE_MIN_BYTES, "e")
     assert pick_large([*shards, huge], None)[0] == huge
     assert pick_large([], None)[0] is None
+
+
+def test_table_shows_the_ranged_reads_or_the_note() -> None:
+    from rich.console import Console
+
+    from autotune.cli.tables.probe import probe_renderable
+    from autotune.probe.objstore import GetLevel, ObjectProbe, RangeLevel, RangeProbe
+
+    obj = ObjectProbe("s3://b/p", "http://h:1", 3, 1000.0, 0.01, 1, 300.0, "warm (--warm)",
+                      [GetLevel(1, 10, 10000, 1.0, 10.0, 0.01, 5.0, 9.0, 6.0, 9.5)])
+    obj.ranged = RangeProbe("p/big.bin", 20 << 20, "e", "the largest object",
+                            [RangeLevel(8 << 20, 4, 3, 24 << 20, 1.0, 3.0, 24.0, 7.5, 12.25)])
+
+    def text(o: ObjectProbe) -> str:
+        c = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        c.print(probe_renderable(probe_result("s3://b/p", o)))
+        return c.export_text()
+
+    t = text(obj)
+    assert "Ranged GETs of p/big.bin" in t and "12.2" in t and "7.5" in t
+    obj.ranged, obj.ranged_note = None, "no large object: the largest, p/x, is 9 bytes"
+    assert "ranged reads: no large object" in text(obj)
