@@ -96,18 +96,20 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale() -> list[str]:
-    """Delete the namespaces and veths of netcaps whose process is gone; their names."""
+    """Delete the veths and namespaces of netcaps whose process is gone; their names.
+    The veth first: deleting a namespace also removes its end, but the kernel does it
+    later (a workqueue), so the host end would otherwise be seen half-gone."""
     gone = []
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for name in re.findall(rf"^({PREFIX}-(\d+)-\d+)", out, re.M):
-        if not _alive(int(name[1])):
-            subprocess.run(["ip", "netns", "del", name[0]], capture_output=True)
-            gone.append(name[0])
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for name, pid in re.findall(r"^\d+: (ac(\d+)x\d+h)[@:]", links, re.M):
         if not _alive(int(pid)):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
             gone.append(name)
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for name in re.findall(rf"^({PREFIX}-(\d+)-\d+)", out, re.M):
+        if not _alive(int(name[1])):
+            subprocess.run(["ip", "netns", "del", name[0]], capture_output=True)
+            gone.append(name[0])
     return gone
 
 

@@ -65,6 +65,7 @@ def test_a_killed_owner_is_swept() -> None:
     assert ns in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     gone = sweep_stale()
     assert ns in gone and host_if in gone
+    assert subprocess.run(["ip", "link", "show", host_if], capture_output=True).returncode != 0
     assert ns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                     text=True).stdout
 
