@@ -85,7 +85,7 @@ def child_probe(endpoint: str, url: str, c: int, k: int) -> dict[str, Any]:
     from converters.objstore import S3Config, Store
 
     obj = measure_objects(url, store=Store(S3Config(endpoint)), concurrency=[c], seconds=3600,
-                          max_objects=k, cold=False)
+                          max_objects=k, cold=False, ranges=False)
     p = obj.by_concurrency[0]
     return {"gets": p.gets, "gets_per_s": p.gets_per_s, "mib_per_s": p.mib_per_s,
             "first_byte_p50_ms": p.first_byte_p50_ms, "errors": p.errors,

@@ -104,7 +104,7 @@ def main() -> int:
                 for lv in levels:
                     obj = measure_objects("s3://probe-check/ds", store=Store(S3Config(via)),
                                           concurrency=[lv], seconds=600, max_objects=len(keys),
-                                          cold=False)
+                                          cold=False, ranges=False)
                     p = obj.by_concurrency[0]
                     q = plain_loop(via, "probe-check", keys, lv)
                     rows.append({"concurrency": lv, "objects": p.gets,

@@ -64,11 +64,15 @@ class SeaweedServer:
     ready_timeout: seconds to wait for the S3 gateway to answer (per start attempt).
     s3_config: an S3 identities file (`weed -s3.config`: keys and allowed actions);
         without one any key is accepted.
+    ip: the address it binds and serves on (a network namespace's, with `prefix`).
+    prefix: a command prefix it runs under (`ip netns exec NS`: autotune.emulate.netcap).
     """
 
     def __init__(self, data_dir: str | os.PathLike[str], *, ready_timeout: float = 60.0,
-                 s3_config: str | os.PathLike[str] | None = None) -> None:
+                 s3_config: str | os.PathLike[str] | None = None, ip: str = "127.0.0.1",
+                 prefix: list[str] | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.ip, self.prefix = ip, list(prefix or [])
         self.s3_config = s3_config
         self.ready_timeout = ready_timeout
         self.proc: subprocess.Popen[bytes] | None = None
@@ -99,7 +103,8 @@ class SeaweedServer:
 
     def _start_at(self, weed: str, base: int) -> bool:
         port = {name: base + i for i, name in enumerate(_SERVICES)}
-        args = [weed, "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+        args = [*self.prefix, weed, "mini", f"-dir={self.data_dir}", f"-ip={self.ip}",
+                f"-ip.bind={self.ip}",
                 *(f"-{name}.port={p}" for name, p in port.items()),
                 "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-master.telemetry=false"]
@@ -109,7 +114,7 @@ class SeaweedServer:
             # Its own session: the group (weed and anything it starts) is killed together.
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        self.endpoint = f"http://127.0.0.1:{port['s3']}"
+        self.endpoint = f"http://{self.ip}:{port['s3']}"
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

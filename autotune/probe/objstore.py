@@ -8,6 +8,12 @@ Measured with the dataset's own objects, through the same client layer the reade
   DataLoader workers each hold one): GETs/s, MiB/s, first-byte latency (the response's
   headers are in) and whole-object latency, p50 and p99. Each level reads a fresh seeded
   sample of objects (no object twice in a level) until its time is up;
+- ranged GETs of one large object (a shard of a conversion, else the largest object when
+  it is at least RANGE_MIN_BYTES): 1 MiB and 8 MiB ranges at seeded 4 KiB-aligned offsets,
+  pinned with If-Match to its ETag, at 1, 4, 16 in flight: MiB/s and first-byte p50/p99
+  (what a random-access reader of shards, or a parallel download, gets). Each answer's
+  length and Content-Range are checked (a mismatch is an error). No such object: a note
+  says so, never a zero;
 - the storage ceiling in samples/s: an image folder reads one object per sample, so the
   best level's GETs/s (class `object`).
 
@@ -35,6 +41,12 @@ from converters import registry
 from converters.objstore import ObjectInfo, S3Config, Store, parse
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
+RANGE_SIZES = (1 << 20, 8 << 20)
+RANGE_CONCURRENCY = (1, 4, 16)
+# A loose object this large is read in ranges in practice (a video, an archive, a shard
+# uploaded by hand); below it a whole GET is the way to read it.
+RANGE_MIN_BYTES = 16 << 20
+_ALIGN = 4096
 
 
 @dataclass
@@ -50,6 +62,34 @@ class GetLevel:
     object_p50_ms: float
     object_p99_ms: float
     errors: int = 0
+
+
+@dataclass
+class RangeLevel:
+    """Ranged GETs of `range_bytes` each with `concurrency` in flight."""
+
+    range_bytes: int
+    concurrency: int
+    gets: int
+    bytes: int
+    seconds: float
+    gets_per_s: float
+    mib_per_s: float
+    first_byte_p50_ms: float
+    first_byte_p99_ms: float
+    errors: int = 0
+
+
+@dataclass
+class RangeProbe:
+    """Ranged reads of one large object (the `object.ranged` section of probe's JSON)."""
+
+    key: str
+    size: int
+    etag: str
+    why: str                          # which object and why it was chosen
+    levels: list[RangeLevel] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # range sizes larger than the object
 
 
 @dataclass
@@ -69,6 +109,9 @@ class ObjectProbe:
     # A conversion (PREFIX/manifest.json: shards): an object is not a sample, so no
     # samples/s ceiling is claimed from GETs/s.
     conversion: str | None = None
+    # Ranged reads of a large object, or (None and) the note that says why there are none.
+    ranged: RangeProbe | None = None
+    ranged_note: str | None = None
 
     @property
     def best(self) -> GetLevel:
@@ -148,6 +191,97 @@ def _level(store: Store, bucket: str, objs: list[ObjectInfo], c: int, seconds: f
                     round(_pct(whole, 0.99), 2), got[2])
 
 
+def pick_large(objs: Sequence[ObjectInfo], conversion: str | None,
+               min_bytes: int = RANGE_MIN_BYTES) -> tuple[ObjectInfo | None, str]:
+    """The object to read in ranges and why, or (None, why there is none)."""
+    if not objs:
+        return None, "no objects: no ranged reads"
+    big = max(objs, key=lambda o: (o.size, o.key))
+    smallest = min(RANGE_SIZES)
+    if conversion is not None and big.size >= smallest:
+        return big, f"the largest shard of the {conversion} conversion"
+    if big.size >= min_bytes:
+        return big, f"the largest object (at least {min_bytes >> 20} MiB)"
+    return None, (f"no large object: the largest, {big.key}, is {big.size:,} bytes (under "
+                  f"{min_bytes >> 20} MiB{'' if conversion is None else ' and under 1 MiB'}); "
+                  "no ranged reads measured")
+
+
+def _range_level(store: Store, bucket: str, obj: ObjectInfo, size: int, c: int,
+                 seconds: float, seed: int,
+                 on_range: Callable[[int, bytes], None] | None = None) -> RangeLevel:
+    """Ranged GETs of `size` bytes at seeded 4 KiB-aligned offsets of `obj` with `c`
+    threads until `seconds` have passed; each answer's length and Content-Range checked."""
+    rng = random.Random(seed)
+    slots = (obj.size - size) // _ALIGN + 1
+    lock = threading.Lock()
+    first: list[float] = []
+    got = [0, 0, 0]  # gets, bytes, errors
+    deadline = time.perf_counter() + seconds
+    what = f"s3://{bucket}/{obj.key}"
+
+    def work() -> None:
+        store.client  # made before the clock runs
+        while time.perf_counter() < deadline:
+            with lock:
+                off = rng.randrange(slots) * _ALIGN
+            kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key,
+                                  "Range": f"bytes={off}-{off + size - 1}"}
+            if obj.etag:
+                kw["IfMatch"] = obj.etag
+            t0 = time.perf_counter()
+            try:
+                r = store.call(what, bucket, lambda cl: cl.get_object(**kw))
+                t1 = time.perf_counter()
+                data = r["Body"].read()
+                ok = (len(data) == size and str(r.get("ContentRange", "")).startswith(
+                    f"bytes {off}-{off + size - 1}/"))
+            except Exception:  # noqa: BLE001 (counted: a probe reports, the reader raises)
+                ok = False
+            if not ok:
+                with lock:
+                    got[2] += 1
+                continue
+            if on_range is not None:
+                on_range(off, data)
+            with lock:
+                first.append(t1 - t0)
+                got[0] += 1
+                got[1] += len(data)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(c)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    el = max(time.perf_counter() - t0, 1e-9)
+    return RangeLevel(size, c, got[0], got[1], round(el, 3), round(got[0] / el, 1),
+                      round(got[1] / el / 2**20, 2), round(_pct(first, 0.5), 2),
+                      round(_pct(first, 0.99), 2), got[2])
+
+
+def measure_ranges(store: Store, bucket: str, obj: ObjectInfo, why: str, *,
+                   sizes: Sequence[int] = RANGE_SIZES,
+                   concurrency: Sequence[int] = RANGE_CONCURRENCY, seconds: float = 5.0,
+                   seed: int = 0, on_range: Callable[[int, bytes], None] | None = None,
+                   progress: Callable[[str], None] | None = None) -> RangeProbe:
+    """Ranged GETs of `obj` at each range size and concurrency. `on_range(offset, data)`
+    sees every range read (to verify it)."""
+    say = progress or (lambda _m: None)
+    res = RangeProbe(obj.key, obj.size, obj.etag, why)
+    for size in sizes:
+        if size > obj.size:
+            res.skipped.append(f"{size >> 20} MiB ranges: larger than the object "
+                               f"({obj.size:,} bytes)")
+            continue
+        for c in concurrency:
+            say(f"ranged GETs of {size >> 20} MiB with {c} in flight ({seconds:g} s)")
+            res.levels.append(_range_level(store, bucket, obj, size, c, seconds,
+                                           seed * 1000 + size + c, on_range))
+    return res
+
+
 def _cold(cold: bool) -> str:
     if not cold:
         return "warm (--warm)"
@@ -166,8 +300,13 @@ def _cold(cold: bool) -> str:
 def measure_objects(url: str, *, store: Store | None = None,
                     concurrency: Sequence[int] = DEFAULT_CONCURRENCY, seconds: float = 10.0,
                     max_objects: int = 2000, cold: bool = True, seed: int = 0,
+                    ranges: bool = True, range_seconds: float | None = None,
+                    range_min_bytes: int = RANGE_MIN_BYTES,
+                    on_range: Callable[[int, bytes], None] | None = None,
                     progress: Callable[[str], None] | None = None) -> ObjectProbe:
-    """LIST the prefix once (fresh), then GET its objects at each concurrency."""
+    """LIST the prefix once (fresh), then GET its objects at each concurrency, then (with
+    `ranges`) ranged GETs of its large object, `range_seconds` a level (default half of
+    `seconds`); `on_range(offset, data)` sees each range read."""
     say = progress or (lambda _m: None)
     u = parse(url)
     store = store or Store(S3Config.from_env())
@@ -188,6 +327,17 @@ def measure_objects(url: str, *, store: Store | None = None,
         res.cold_method = _cold(cold)
         say(f"GETs with {c} in flight ({seconds:g} s)")
         res.by_concurrency.append(_level(store, u.bucket, pick, c, seconds))
+    if ranges:
+        big, why = pick_large(objs, res.conversion, range_min_bytes)
+        if big is None:
+            res.ranged_note = why
+        else:
+            res.ranged = measure_ranges(store, u.bucket, big, why, seed=seed,
+                                        seconds=seconds / 2 if range_seconds is None
+                                        else range_seconds, on_range=on_range,
+                                        progress=progress)
+    else:
+        res.ranged_note = "ranged reads not measured (ranges=False)"
     res.retries = store.retries
     return res
 
@@ -229,6 +379,7 @@ def _verdict(obj: ObjectProbe, levels: list[GetLevel]) -> dict[str, Any]:
                       f"{best.gets_per_s:,.0f} with {best.concurrency}: keep about "
                       f"{best.concurrency} requests in flight (DataLoader workers x threads), "
                       "or convert to shards so that each request is large")
+    ev.extend(_range_evidence(obj))
     rate = None if best is None else round(best.gets_per_s, 1)
     summary = (f"object storage ({obj.endpoint})"
                + (f": at most ~{rate:,.0f} objects/s for this dataset's objects" if rate else ""))
@@ -245,13 +396,30 @@ def _verdict(obj: ObjectProbe, levels: list[GetLevel]) -> dict[str, Any]:
             "cold_reason": None if obj.cold_method.startswith("drop_caches") else obj.cold_method}
 
 
+def _range_evidence(obj: ObjectProbe) -> list[str]:
+    rp = obj.ranged
+    if rp is None:
+        return [obj.ranged_note] if obj.ranged_note else []
+    out = []
+    for size in sorted({lv.range_bytes for lv in rp.levels}):
+        lvs = [lv for lv in rp.levels if lv.range_bytes == size and lv.gets]
+        if lvs:
+            b = max(lvs, key=lambda lv: lv.mib_per_s)
+            out.append(f"ranged GETs of {size >> 20} MiB of {rp.key} ({rp.why}): best "
+                       f"{b.mib_per_s:,.1f} MiB/s at {b.concurrency} in flight, first byte "
+                       f"p50 {b.first_byte_p50_ms:.1f} ms p99 {b.first_byte_p99_ms:.1f} ms")
+    return out + rp.skipped
+
+
 def probe_objects(url: str, *, concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
                   seconds: float = 10.0, max_objects: int = 2000, cold: bool = True,
-                  seed: int = 0, progress: Callable[[str], None] | None = None) -> Any:
+                  seed: int = 0, ranges: bool = True,
+                  progress: Callable[[str], None] | None = None) -> Any:
     """`autotune probe s3://...`: measure_objects as a ProbeResult (with `.object`)."""
     t0 = time.monotonic()
     obj = measure_objects(url, concurrency=concurrency, seconds=seconds,
-                          max_objects=max_objects, cold=cold, seed=seed, progress=progress)
+                          max_objects=max_objects, cold=cold, seed=seed, ranges=ranges,
+                          progress=progress)
     res = probe_result(url, obj)
     res.seconds = time.monotonic() - t0
     return res

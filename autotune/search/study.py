@@ -147,8 +147,9 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
             from autotune.probe.objstore import probe_objects
 
             say("probing object storage (GETs of the dataset's objects)")
+            # No ranged reads: the ceiling is GETs of the objects a trial reads whole.
             probe_res = probe_objects(root, max_objects=1000, seconds=5.0, cold=opts.cold,
-                                      progress=say)
+                                      ranges=False, progress=say)
         else:
             say("probing storage (fio + cold replay of the dataset's files)")
             probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,

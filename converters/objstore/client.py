@@ -22,6 +22,13 @@
   (`attempts` in all), so that its counting and its error are one place.
 - Every GET carries If-Match: the object's ETag from the listing, so an object changed
   after the LIST is an error (SampleError naming it), never a mix of two versions.
+- `client="obstore"` (S3Config; AUTOTUNE_S3_CLIENT=obstore) makes `get` use obstore
+  (about a fifth of boto3's CPU per GET: docs/integrations/object-storage.md); LIST,
+  `open` and uploads stay boto3. obstore's runtime does not survive a fork: a process
+  forked from one that used it hangs on its first request, even with a store made after
+  the fork. So a process that was forked after obstore was used raises a one-line
+  UsageError instead (use the DataLoader's multiprocessing_context="spawn" or
+  "forkserver", or the boto3 client).
 - Errors: no bucket / access denied / bad keys -> StoreDenied (exit 2) naming the endpoint,
   the bucket and the server's code; no answer or retries exhausted -> StoreUnreachable
   (exit 1). The access key and the secret are scrubbed from every message.
@@ -63,6 +70,7 @@ class S3Config:
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     max_pool: int = 64                # connections per process: 64 requests in flight
+    client: str = "boto3"             # the GET path: boto3 or obstore (see the module doc)
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
@@ -70,6 +78,9 @@ class S3Config:
         if self.addressing not in ("auto", "path", "virtual"):
             raise UsageError(f"addressing must be auto, path or virtual, but got "
                              f"{self.addressing!r}.")
+        if self.client not in ("boto3", "obstore"):
+            raise UsageError(f"the S3 client must be boto3 or obstore (AUTOTUNE_S3_CLIENT), "
+                             f"but got {self.client!r}.")
 
     @classmethod
     def from_env(cls, endpoint_url: str | None = None, **kw: Any) -> S3Config:
@@ -78,6 +89,7 @@ class S3Config:
         ep = (endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
               or os.environ.get("AWS_ENDPOINT_URL") or None)
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        kw.setdefault("client", os.environ.get("AUTOTUNE_S3_CLIENT") or "boto3")
         return cls(endpoint_url=ep, region=kw.pop("region", region), **kw)
 
     @property
@@ -226,6 +238,8 @@ class Store:
 
     def get(self, bucket: str, obj: ObjectInfo, byte_range: tuple[int, int] | None = None) -> bytes:
         """The object's bytes (or bytes [start, end) of it), pinned to its ETag."""
+        if self.config.client == "obstore":
+            return self._obstore_get(bucket, obj, byte_range)
         kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
         if obj.etag:
             kw["IfMatch"] = obj.etag
@@ -234,6 +248,41 @@ class Store:
         # The body is read inside the retry: a connection dropped mid-body is retried too.
         return self.call(f"s3://{bucket}/{obj.key}", bucket,
                          lambda c: c.get_object(**kw)["Body"].read())
+
+    def _obstore_get(self, bucket: str, obj: ObjectInfo,
+                     byte_range: tuple[int, int] | None) -> bytes:
+        import obstore
+        from obstore.exceptions import (NotFoundError, PermissionDeniedError, PreconditionError,
+                                        UnauthenticatedError)
+
+        store = _obstore_store(self.config, bucket)
+        opts: dict[str, Any] = {}
+        if obj.etag:
+            opts["if_match"] = obj.etag
+        if byte_range is not None:
+            opts["range"] = byte_range
+        what, c, last = f"s3://{bucket}/{obj.key}", self.config, ""
+        for attempt in range(c.attempts):
+            if attempt:
+                self.retries += 1
+                time.sleep(random.uniform(0, c.backoff * 2 ** (attempt - 1)))
+            try:
+                return bytes(obstore.get(store, obj.key, options=opts).bytes())
+            except PreconditionError:
+                raise SampleError(f"{what}: changed since the dataset was listed (If-Match on "
+                                  "its ETag refused); list it again (rerun).") from None
+            except (NotFoundError, FileNotFoundError):  # obstore raises the builtin one
+                raise SampleError(f"{what}: not found at {c.shown} (deleted since the dataset "
+                                  "was listed?); rerun to list it again.") from None
+            except (PermissionDeniedError, UnauthenticatedError, PermissionError) as e:
+                raise StoreDenied(self._scrub(
+                    f"{c.shown}: bucket {bucket}: {type(e).__name__}; check the credentials "
+                    "(AWS_ACCESS_KEY_ID, AWS_PROFILE) and the bucket's policy.")) from None
+            except Exception as e:  # noqa: BLE001 (obstore's own retries are off: ours count)
+                last = self._scrub(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        raise StoreUnreachable(self._scrub(
+            f"{c.shown}: {what}: no good answer after {c.attempts} attempts (last: {last}); "
+            "check --endpoint-url / AWS_ENDPOINT_URL and the network, or retry later."))
 
     def open(self, bucket: str, obj: ObjectInfo) -> Any:
         """A streaming body of the whole object (one GET, pinned to its ETag), for readers
@@ -301,6 +350,43 @@ def _botocore_session() -> Any:
         else:
             session.register_component("data_loader", _LOADER)
     return session
+
+
+# obstore stores of this process, and the pid that first used obstore (inherited by a
+# fork: a child whose pid differs was forked after its runtime started, and would hang).
+_OBSTORES: dict[tuple[S3Config, str], Any] = {}
+_OBSTORE_PID: list[int] = []
+
+
+def _obstore_store(config: S3Config, bucket: str) -> Any:
+    """This process's obstore S3Store for `bucket`, or a UsageError after a fork."""
+    if _OBSTORE_PID and _OBSTORE_PID[0] != os.getpid():
+        raise UsageError(f"client obstore: this process was forked from pid {_OBSTORE_PID[0]}, "
+                         "which had used obstore, whose runtime does not survive a fork; use "
+                         "multiprocessing_context='spawn' or 'forkserver', or "
+                         "AUTOTUNE_S3_CLIENT=boto3.")
+    key = (config, bucket)
+    if key not in _OBSTORES:
+        try:
+            from obstore.store import S3Store
+        except ImportError:
+            raise UsageError("client obstore needs obstore: pip install obstore (the "
+                             "s3-clients extra), or AUTOTUNE_S3_CLIENT=boto3.") from None
+        kw: dict[str, Any] = {"region": config.region}
+        if config.endpoint_url:
+            kw["endpoint"] = config.endpoint_url
+        style = config.addressing if config.addressing != "auto" else (
+            "path" if config.endpoint_url else "virtual")
+        _OBSTORES[key] = S3Store(
+            bucket, virtual_hosted_style_request=style == "virtual",
+            client_options={"allow_http": bool(config.endpoint_url and config.endpoint_url
+                                               .startswith("http://")),
+                            "connect_timeout": f"{round(config.connect_timeout * 1000)}ms",
+                            "timeout": f"{round(config.read_timeout * 1000)}ms"},
+            retry_config={"max_retries": 0}, **kw)
+        if not _OBSTORE_PID:
+            _OBSTORE_PID.append(os.getpid())
+    return _OBSTORES[key]
 
 
 # A directory of listings a parent process wrote for its children (bench's scratch

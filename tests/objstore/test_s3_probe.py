@@ -72,6 +72,9 @@ def test_cli_probe_json(s3_endpoint: str, objects: str, s3_keys, tmp_path: Path)
     assert d["object"]["objects"] == 40 and d["verdict"]["class"] == "object"
     assert [lv["concurrency"] for lv in d["object"]["by_concurrency"]] == [1, 4]
     assert "GETs of the dataset's objects" in r.stderr
+    assert d["object"]["ranged"] is None and "no large object" in d["object"]["ranged_note"]
+    assert "ranged reads: no large object" in r.stderr
+    assert d["object"]["ranged"] is None and "no large object" in d["object"]["ranged_note"]
     for secret in s3_keys:
         assert secret not in r.stdout and secret not in r.stderr
 
@@ -94,3 +97,102 @@ def test_search_a_bucket(s3_endpoint: str, s3_client, bucket: str, upload,  # no
     c = d["ceilings"]
     assert c["storage"] > 0 and c["storage_unit"] == "samples/s"
     assert any("GETs of the dataset's objects" in e for e in c["evidence"])
+
+
+def test_ranged_reads_of_a_large_object_are_its_bytes(s3_endpoint: str, s3_client,  # noqa: ANN001
+                                                      bucket: str) -> None:
+    from autotune.probe.objstore import RANGE_MIN_BYTES
+
+    blob = os.urandom(RANGE_MIN_BYTES + 3 * 4096 + 17)  # not a multiple of a range
+    s3_client.put_object(Bucket=bucket, Key="big/video.bin", Body=blob)
+    for i in range(3):
+        s3_client.put_object(Bucket=bucket, Key=f"big/{i}.jpg", Body=os.urandom(2048))
+    seen: list[tuple[int, int]] = []
+    bad: list[int] = []
+
+    def check(off: int, data: bytes) -> None:
+        seen.append((off, len(data)))
+        if data != blob[off:off + len(data)]:
+            bad.append(off)
+
+    obj = measure_objects(f"s3://{bucket}/big", store=Store(S3Config(s3_endpoint)),
+                          concurrency=(1,), seconds=0.5, range_seconds=0.5, cold=False,
+                          on_range=check)
+    rp = obj.ranged
+    assert rp is not None and obj.ranged_note is None
+    assert rp.key == "big/video.bin" and rp.size == len(blob) and rp.etag
+    assert [(lv.range_bytes, lv.concurrency) for lv in rp.levels] == [
+        (s, c) for s in (1 << 20, 8 << 20) for c in (1, 4, 16)]
+    for lv in rp.levels:
+        assert lv.gets > 0 and lv.errors == 0 and lv.bytes == lv.gets * lv.range_bytes
+        assert 0 < lv.first_byte_p50_ms <= lv.first_byte_p99_ms
+    assert not bad and len(seen) == sum(lv.gets for lv in rp.levels)
+    assert len({off for off, _ in seen}) > 1  # offsets vary (not one range read again)
+    assert all(off % 4096 == 0 and off + n <= len(blob) for off, n in seen)
+    d = probe_result(f"s3://{bucket}/big", obj).to_dict()
+    r = d["object"]["ranged"]
+    assert r["key"] == "big/video.bin" and len(r["levels"]) == 6
+    assert {"range_bytes", "concurrency", "mib_per_s", "first_byte_p50_ms",
+            "first_byte_p99_ms", "errors"} <= set(r["levels"][0])
+    assert any("ranged GETs of 8 MiB" in e for e in d["verdict"]["evidence"])
+    json.dumps(d)
+
+
+def test_ranged_reads_refuse_a_changed_object(s3_endpoint: str, s3_client,  # noqa: ANN001
+                                              bucket: str) -> None:
+    """Pinned to the listing's ETag: an object rewritten after the LIST reads as errors."""
+    from autotune.probe.objstore import measure_ranges
+    from converters.objstore import ObjectInfo
+
+    s3_client.put_object(Bucket=bucket, Key="x/big.bin", Body=os.urandom(2 << 20))
+    stale = ObjectInfo("x/big.bin", 2 << 20, '"0123456789abcdef0123456789abcdef"')
+    rp = measure_ranges(Store(S3Config(s3_endpoint, attempts=1)), bucket, stale, "test",
+                        concurrency=(1,), seconds=0.3)
+    assert [lv.range_bytes for lv in rp.levels] == [1 << 20]
+    assert rp.levels[0].gets == 0 and rp.levels[0].errors > 0
+    assert rp.skipped and "8 MiB" in rp.skipped[0]
+
+
+def test_no_large_object_is_said_not_zeroed(s3_endpoint: str, objects: str) -> None:
+    obj = measure_objects(objects, store=Store(S3Config(s3_endpoint)), concurrency=(1,),
+                          seconds=0.5, cold=False)
+    assert obj.ranged is None and "no large object" in obj.ranged_note
+    d = probe_result(objects, obj).to_dict()
+    assert d["object"]["ranged"] is None and "no ranged reads" in d["object"]["ranged_note"]
+    assert any("no large object" in e for e in d["verdict"]["evidence"])
+
+
+def test_pick_large_prefers_a_shard_and_says_why() -> None:
+    from autotune.probe.objstore import RANGE_MIN_BYTES, pick_large
+    from converters.objstore import ObjectInfo
+
+    shards = [ObjectInfo(f"s/shard-{i:06d}.tar", (2 + i) << 20, "e") for i in range(3)]
+    big, why = pick_large(shards, "wds")
+    assert big == shards[2] and "shard of the wds conversion" in why
+    assert pick_large(shards, None) == (None, pick_large(shards, None)[1])
+    assert "no large object" in pick_large(shards, None)[1]
+    huge = ObjectInfo("v.bin", RANGE_MIN_BYTES, "e")
+    assert pick_large([*shards, huge], None)[0] == huge
+    assert pick_large([], None)[0] is None
+
+
+def test_table_shows_the_ranged_reads_or_the_note() -> None:
+    from rich.console import Console
+
+    from autotune.cli.tables.probe import probe_renderable
+    from autotune.probe.objstore import GetLevel, ObjectProbe, RangeLevel, RangeProbe
+
+    obj = ObjectProbe("s3://b/p", "http://h:1", 3, 1000.0, 0.01, 1, 300.0, "warm (--warm)",
+                      [GetLevel(1, 10, 10000, 1.0, 10.0, 0.01, 5.0, 9.0, 6.0, 9.5)])
+    obj.ranged = RangeProbe("p/big.bin", 20 << 20, "e", "the largest object",
+                            [RangeLevel(8 << 20, 4, 3, 24 << 20, 1.0, 3.0, 24.0, 7.5, 12.25)])
+
+    def text(o: ObjectProbe) -> str:
+        c = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+        c.print(probe_renderable(probe_result("s3://b/p", o)))
+        return c.export_text()
+
+    t = text(obj)
+    assert "Ranged GETs of p/big.bin" in t and "12.2" in t and "7.5" in t
+    obj.ranged, obj.ranged_note = None, "no large object: the largest, p/x, is 9 bytes"
+    assert "ranged reads: no large object" in text(obj)

@@ -25,6 +25,7 @@ def probe_renderable(r: Any) -> Group:
     obj = getattr(r, "object", None)
     if obj is not None:
         parts.append(_object_table(obj))
+        parts.append(_range_part(obj))
     elif r.fio is not None:
         t = Table(title=f"fio ({'direct' if r.fio.direct else 'BUFFERED'}, {r.fio.ioengine}, "
                         f"{fmt_bytes(r.fio.file_bytes)} scratch file, {r.fio.runtime_s:g} s/job)",
@@ -76,6 +77,23 @@ def probe_renderable(r: Any) -> Group:
     for w in r.warnings:
         parts.append(Text(f"warning: {w}", style="yellow"))
     return Group(*parts)
+
+
+def _range_part(o: Any) -> Any:
+    """The ranged reads of an s3:// probe's large object, or the note why there are none."""
+    rp = o.ranged
+    if rp is None:
+        return Text(f"ranged reads: {printable(o.ranged_note or 'not measured')}", style="dim")
+    t = Table(title=f"Ranged GETs of {printable(rp.key)} ({fmt_bytes(rp.size)}; {rp.why}; If-Match its "
+                    "ETag)", title_justify="left")
+    for c in ("range", "in flight", "MiB/s", "GETs/s", "first byte p50 ms", "p99 ms", "GETs",
+              "errors"):
+        t.add_column(c, justify="right")
+    for lv in rp.levels:
+        t.add_row(fmt_bytes(lv.range_bytes), str(lv.concurrency), fmt_rate(lv.mib_per_s),
+                  fmt_rate(lv.gets_per_s), _ms(lv.first_byte_p50_ms), _ms(lv.first_byte_p99_ms),
+                  str(lv.gets), str(lv.errors))
+    return t
 
 
 def _object_table(o: Any) -> Table:
