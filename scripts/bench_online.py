@@ -10,13 +10,14 @@ through the same factory, the same step, the same batch size).
 
     a  default settings, fast disk, 250 ms step per 64: samples over the first --minutes
        (exploration included), the rate over the run's second half, time to settle, AU
+       (the issue's run: --minutes 3, 180 s an arm)
     b  the same with a 100 ms step (decode-bound on 2 cores): the verdict said once
     c  NFS-like latency: a FUSE delay of --delay-ms per request, 250 ms step
     d  an already good configuration (this dataset's settings cached from (a)'s best
        fixed one): the loader's own time as a share of the wall time, switches after
        settling, and next()'s added cost (a microbenchmark, num_workers=0 both sides)
     e  behind a --iops read-IOPS cap (a loop disk of its own, cgroup blkio; root): switches,
-       then the storage verdict once
+       then the storage verdict once (the table says when: "storage at 23 s")
 
 b, c and e run --seconds per arm; a runs --minutes. Each arm is a fresh process; the
 dataset's pages are evicted before each (posix_fadvise per file: this dataset only, never
@@ -96,6 +97,7 @@ def figures(r: dict[str, Any], seconds: float) -> dict[str, Any]:
                                         e["t"] > settle[0] for e in ev),
            "retunes": sum(e["event"] == "retune" for e in ev),
            "verdicts": [e["bottleneck"] for e in ev if e["event"] == "verdict"],
+           "verdict_s": next((e["t"] for e in ev if e["event"] == "verdict"), None),
            "verdict_msgs": [e["msg"] for e in ev if e["event"] == "verdict"],
            "tuned": r.get("tuned"), "summary": r.get("summary"),
            "events": [f"{e['t']:.1f} s {e['event']}: {e['msg']}" for e in ev],
@@ -189,11 +191,13 @@ def table(results: list[dict[str, Any]]) -> str:
                   else "-")
             st = f"{x['settled_s']:.0f} s" if x["settled_s"] is not None else "-"
             name = x["loader"] + (" (best fixed)" if x is best else "")
+            verdict = ", ".join(x["verdicts"]) or "-"
+            if x.get("verdict_s") is not None:
+                verdict += f" at {x['verdict_s']:.0f} s"
             lines.append(f"| {r['scenario']} ({r['step_ms']:g} ms, {r['setup']}) | {name} | "
                          f"{x['samples']:,} | {vs} | {x['rate'] or 0:,.0f} | {vr} | "
                          f"{x['au'] or 0:.2f} | {st} | "
-                         f"{x['switches'] if x['loader'] == 'online' else '-'} | "
-                         f"{', '.join(x['verdicts']) or '-'} |")
+                         f"{x['switches'] if x['loader'] == 'online' else '-'} | {verdict} |")
         if "micro" in r:
             o = arms[0]
             lines.append(f"| d | online: own time {100 * o['overhead_share']:.2f} % of wall, "

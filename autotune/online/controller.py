@@ -5,7 +5,11 @@ at a time and keeps a change only when the wait share of a full window fell beyo
 noise of the two windows; it is bounded by the worker bound and a memory budget (workers'
 PSS plus the batches in flight, both pools counted during a switch's overlap). It settles
 when AU >= 0.95 or no knob helps, and tunes again only when the wait share stays above the
-settled one for several windows. Every decision is one logging record on "autotune.online".
+settled one for several windows. At the worker bound with the workers blocked on storage
+the bound rises (more reads in flight hide a latency); when one worker past the cores then
+does not help, the storage's own rate is the limit: it settles there at once (a deeper
+prefetch adds no reads in flight) and, as after any storage verdict, switches no more.
+Every decision is one logging record on "autotune.online".
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ class Controller:
     _rejected: set = field(default_factory=set)
     _current: Config | None = None
     _cause: _Trial | None = None
+    # The bound before the workers were seen blocked on storage (None: never raised).
+    cores_bound: int | None = None
+    storage: bool = False                 # storage-bound: no configuration helps, no switches
 
     # ---- configurations
 
@@ -210,12 +217,31 @@ class Controller:
              **fields)
         self._knob += 1
         self._rejected.add(trial.config)
+        if self._past_cores(trial.config, best.config):
+            # Blocked on storage, and one more read in flight did not help: the storage's
+            # rate is the limit; a deeper prefetch adds no reads in flight either.
+            self.storage = True
+            self._cause = trial
+            return self._settle(f"the workers were blocked on storage and "
+                                f"{trial.config.num_workers} workers (past the "
+                                f"{self.cores_bound} cores) did not help")
         # From a rejected trial go straight to the next one, or back to the best.
         nxt = self._next_step()
         if nxt is None or nxt == best.config:
             self._cause = trial  # the way back is this trial's cost
             return best.config
         return nxt
+
+    def _past_cores(self, trial: Config, best: Config) -> bool:
+        """A num_workers trial past the cores, allowed by a bound raised for blocked
+        workers."""
+        return (self.cores_bound is not None and trial.num_workers > best.num_workers
+                and trial.num_workers > self.cores_bound)
+
+    def storage_verdict(self) -> None:
+        """The verdict said storage: more workers or a deeper queue cannot help; no more
+        switches (the verdict names `autotune convert` / `stage`)."""
+        self.storage = True
 
     def _next_step(self) -> Config | None:
         best = self.best
@@ -302,7 +328,7 @@ class Controller:
 
     def _watch(self, stats: WindowStats, cfg: Config) -> Config | None:
         best = self.best
-        if best is None or best.stats is None or cfg != best.config:
+        if best is None or best.stats is None or cfg != best.config or self.storage:
             return None
         settled = best.stats.wait_share
         if stats.wait_share > settled + max(RETUNE_MARGIN, 2 * stats.noise):
@@ -326,23 +352,30 @@ class Controller:
         I/O, they raise the bound (bounds.worker_bound); see workers_blocked."""
         return self.phase == "budget"
 
-    def workers_blocked(self, blocked: float | None, bound: int, why: str) -> None:
+    def workers_blocked(self, blocked: float | None, bound: int, why: str) -> Config | None:
         """The workers' blocked share measured at the bound, and the bound it gives
         (autotune.verdict.bounds.worker_bound). A higher bound re-opens the climb on
-        num_workers from the best configuration; the next full window proposes."""
+        num_workers from the best configuration. Waiting at the bound, the climb goes on
+        at once (the configuration to switch to, or None): the window that hit the bound
+        is measured already, and behind a slow disk another takes many seconds. Otherwise
+        the next full window proposes."""
         self.bound_checked = True
-        if self.phase == "budget":
-            self.phase = "measure"   # the next window goes on: to a higher bound or a knob
+        waiting = self.phase == "budget"
+        if waiting:
+            self.phase = "measure"
         if bound <= self.bound:
             emit("bound", f"num_workers: worker bound stays {self.bound} ({why})",
                  knob="num_workers", why=why, blocked=blocked)
-            return
-        emit("bound-raised", f"worker bound {self.bound} -> {bound}: {why}",
-             old=self.bound, bound=bound, blocked=blocked)
-        self.bound, self.bound_hit, self.bound_checked = bound, False, False
-        self._reopen = True          # taken by the next proposal (after a trial in flight)
-        if self.phase == "settled":
-            self.phase = "measure"   # from the settled (best) configuration's next window
+        else:
+            emit("bound-raised", f"worker bound {self.bound} -> {bound}: {why}",
+                 old=self.bound, bound=bound, blocked=blocked)
+            if self.cores_bound is None:
+                self.cores_bound = self.bound
+            self.bound, self.bound_hit, self.bound_checked = bound, False, False
+            self._reopen = True      # taken by the next proposal (after a trial in flight)
+            if self.phase == "settled":
+                self.phase = "measure"  # from the settled (best) configuration's next window
+        return self._next_step() if waiting else None
 
     @property
     def tuned(self) -> Config:

@@ -138,7 +138,8 @@ class DataLoader:
         self._agreed = self._target
         self._next_decision = window_batches(self._target.num_workers,
                                              self._target.prefetch_factor)
-        self._meter = Meter(self._window(self._target))
+        self._meter = Meter(self._window(self._target), early=self._sync is None,
+                            group=self._target.num_workers)
 
     def _join_ranks(self, default_budget_: bool) -> ddp.RankSync | None:
         """Under torch.distributed: the gloo group, and this rank's share of the node."""
@@ -178,6 +179,9 @@ class DataLoader:
         self._burst_cfg: Config | None = None
         self._burst_for = "verdict"                # or "bound": the workers' blocked share
         self._stages0: dict[str, float] | None = None
+        # The budget sampled at the worker bound: (its configuration, budget, seconds,
+        # stages), the verdict's own when tuning settles there blocked on storage.
+        self._bound_seen: tuple[Config, dict[str, Any], float, Any] | None = None
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
@@ -301,7 +305,7 @@ class DataLoader:
         self._last_return = None
         self._carry = 0.0
         if not reused:
-            self._meter.reset(self._window(cfg), skip=cfg.queue)
+            self._meter.reset(self._window(cfg), skip=cfg.queue, group=cfg.num_workers)
 
     def _end_epoch(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new
@@ -384,6 +388,10 @@ class DataLoader:
             stats = self._meter.add(step, wait)
             if stats is not None:
                 self._on_window(stats)
+        if self._burst is not None and self._burst_for == "bound" and self._burst.done():
+            # The bound's budget needs no window of its own: act on it at once (behind a
+            # slow disk the next window closes many seconds later).
+            self._bound_done()
         if self._sync is not None and self._steps >= self._next_decision:
             self._decide_together()
 
@@ -413,6 +421,14 @@ class DataLoader:
         elif not self._said_why and getattr(ctl, "phase", None) == "settled" \
                 and stats.au < why.INPUT_BOUND_AU:
             purpose = "verdict"
+            seen = self._bound_seen
+            if getattr(ctl, "storage", False) and seen is not None and seen[0] == ctl.tuned:
+                # Settled where the bound's budget was sampled, blocked on storage: that
+                # budget is the verdict's; no second burst, the verdict at once.
+                best = getattr(ctl, "best", None)
+                self._verdict(seen[0], seen[1], seen[2], seen[3],
+                              best.stats if best is not None and best.stats else stats)
+                return
         else:
             return
         pids = [p for pool in self._pools + ([self._pending] if self._pending else [])
@@ -434,15 +450,38 @@ class DataLoader:
             self._burst = None
             return
         self._burst_windows.append(stats)
-        if not burst.done():
-            return
+        if self._burst_for == "bound" or not burst.done():
+            return  # the bound's budget is taken per batch (_bound_done)
         self._burst = None
-        if self._burst_for == "bound":
-            self._bound_from(burst.result())
-        elif getattr(self._ctl, "phase", None) == "settled":
-            self._verdict(cfg, burst)
+        if getattr(self._ctl, "phase", None) == "settled":
+            wall = time.perf_counter() - burst.started
+            stats = why.merge(self._burst_windows) or (self._latest.stats if self._latest
+                                                       else None)
+            self._verdict(cfg, burst.result(), wall, self._stages(cfg, wall), stats)
 
-    def _bound_from(self, budget: dict[str, Any]) -> None:
+    def _stages(self, cfg: Config, wall: float) -> Any:
+        """The stage budget since the burst began (autotune's own ImageDataset), else None."""
+        if self._stage_clock is None or self._stages0 is None:
+            return None
+        from autotune.data.stages import stage_budget
+
+        return stage_budget(self._stages0, self._stage_clock.totals(),
+                            workers=cfg.num_workers, wall_s=wall)
+
+    def _bound_done(self) -> None:
+        """The bound's budget is in: the worker bound from it, and the climb goes on."""
+        burst, cfg = self._burst, self._burst_cfg
+        assert burst is not None and cfg is not None
+        self._burst = None
+        budget = burst.result()
+        wall = time.perf_counter() - burst.started
+        self._bound_seen = (cfg, budget, wall, self._stages(cfg, wall))
+        new = self._bound_from(budget)
+        if new is not None and new != self._running and self._pending is None \
+                and self._switch is None:
+            self._begin_switch(new, "controller")
+
+    def _bound_from(self, budget: dict[str, Any]) -> Config | None:
         """The worker bound from the workers' blocked share (bounds.worker_bound)."""
         from autotune.monitor.timebudget import TimeBudget
         from autotune.verdict.bounds import worker_bound
@@ -452,34 +491,30 @@ class DataLoader:
             else None
         if wc is None or not wc.process_seconds:
             reason = budget.get("reason") or "no worker seen"
-            ctl.workers_blocked(None, ctl.bound, f"the workers' time budget is missing: {reason}")
-            return
+            return ctl.workers_blocked(None, ctl.bound,
+                                       f"the workers' time budget is missing: {reason}")
         blocked = wc.blocked()
-        ctl.workers_blocked(blocked, worker_bound(usable_cores(), blocked_share=blocked),
-                            f"the {wc.processes} workers were blocked on storage "
-                            f"{blocked:.0%} of their time (the bound is cores / (1 - blocked))")
+        return ctl.workers_blocked(
+            blocked, worker_bound(usable_cores(), blocked_share=blocked),
+            f"the {wc.processes} workers were blocked on storage {blocked:.0%} of their "
+            "time (the bound is cores / (1 - blocked))")
 
-    def _verdict(self, cfg: Config, burst: why.Burst) -> None:
-        """Why AU stays under 0.90 after tuning: the verdict engine, said once."""
-        self._said_why = True
-        wall = time.perf_counter() - burst.started
-        stats = why.merge(self._burst_windows) or (self._latest.stats if self._latest else None)
+    def _verdict(self, cfg: Config, budget: dict[str, Any], wall: float, stages: Any,
+                 stats: WindowStats | None) -> None:
+        """Why AU stays under 0.90 after tuning: the verdict engine, said once. A storage
+        verdict ends the tuning: no setting can help (the verdict names convert/stage)."""
         if stats is None or stats.au >= why.INPUT_BOUND_AU:
-            self._said_why = False  # it kept up over the burst: nothing to explain yet
-            return
-        stages = None
-        if self._stage_clock is not None and self._stages0 is not None:
-            from autotune.data.stages import stage_budget
-
-            stages = stage_budget(self._stages0, self._stage_clock.totals(),
-                                  workers=cfg.num_workers, wall_s=wall)
+            return  # it kept up over the burst: nothing to explain yet
+        self._said_why = True
         bound = getattr(self._ctl, "bound", None)
         v = why.explain(why.Figures(
             stats=stats, loader=cfg.kwargs(), batch_size=self.batch_size,
-            cores=usable_cores(), budget=burst.result(), stages=stages,
+            cores=usable_cores(), budget=budget, stages=stages,
             dataset=_root_path(self.dataset),
             worker_bound=bound if self._sync is not None else None))
         self.verdict = v
+        if v.bottleneck == "storage" and hasattr(self._ctl, "storage_verdict"):
+            self._ctl.storage_verdict()
         emit("verdict", f"AU {stats.au:.2f} after tuning (under {why.INPUT_BOUND_AU:.2f}): "
              f"{v.summary}; next: {v.next_command}", bottleneck=v.bottleneck, au=stats.au,
              verdict=v.to_dict())
@@ -507,7 +542,7 @@ class DataLoader:
             new = self._ctl.failed(self._agreed, "a rank's new pool could not start")
             self._agreed = new or self._ctl.tuned
         elif shared.slowest is not None:
-            self._meter.reset(self._window(self._running))
+            self._meter.reset(self._window(self._running), group=self._running.num_workers)
             self._on_window(shared.slowest)
             self._agreed = self._target
         else:
@@ -580,7 +615,7 @@ class DataLoader:
         pool = sw.pool
         up = (pool.ready_at - pool.started_at) if pool.ready_at and pool.started_at else 0.0
         cfg = pool.config
-        self._meter.reset(self._window(cfg), skip=cfg.queue)
+        self._meter.reset(self._window(cfg), skip=cfg.queue, group=cfg.num_workers)
         if self._tuning and sw.reason != "forced":
             self._ctl.charge(cfg, cost)
         emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "

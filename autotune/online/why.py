@@ -8,8 +8,10 @@ the usable cores) and two budgets taken cheaply:
 - the time budget of its own process tree (autotune.monitor.tasks.TaskSampler: where each
   worker's time went, on a CPU, runnable, blocked on storage, asleep), sampled for a few
   seconds by a separate process (`python -m autotune.online._burst PID SECONDS`), started
-  only once tuning has settled under AU 0.90, so that no sampling thread ever competes
-  with the training loop for the GIL;
+  only once tuning has settled under AU 0.90 (or at the worker bound, to see whether the
+  workers are blocked on I/O: when tuning then settles there storage-bound, that budget is
+  the verdict's, said at once), so that no sampling thread ever competes with the training
+  loop for the GIL;
 - for autotune's own ImageDataset, the stage budget (autotune.data.stages): a StageClock
   attached to the dataset, read at the burst's start and end.
 """

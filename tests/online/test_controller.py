@@ -7,7 +7,8 @@ import json
 
 from autotune.online import cache
 from autotune.online.controller import Controller, MemoryFigures
-from autotune.online.measure import Meter, WindowStats, beyond_noise, window_batches
+from autotune.online.measure import (NOISE_TARGET, Meter, WindowStats, beyond_noise,
+                                     window_batches)
 
 
 def _w(share, noise=0.01, n=20, wall=1.0):
@@ -24,14 +25,60 @@ def test_window_size_and_noise():
     assert window_batches(0, None) == 10
     assert window_batches(4, 4) == 32
     m = Meter(10)
-    stats = [m.add(0.01, 0.01 if i % 2 else 0.03) for i in range(10)]
-    assert stats[:9] == [None] * 9 and stats[9].batches == 10
-    # Every 2-batch sub-window alike: no spread, no noise.
-    assert stats[9].noise == 0 and abs(stats[9].wait_share - 0.2 / 0.3) < 1e-9
+    steady = [m.add(0.01, 0.03) for i in range(10)]
+    assert steady[:9] == [None] * 9 and steady[9].batches == 10
+    # Every batch alike: no spread, no noise.
+    assert steady[9].noise < 1e-12 and abs(steady[9].wait_share - 0.75) < 1e-9
+    # The noise is the per-batch spread's: alternating waits of 0.01 and 0.03 (step 0.01)
+    # give a standard error of sqrt(10 * (1/300)**2 / 90) / 0.03 = 1/27.
+    alt = [m.add(0.01, 0.01 if i % 2 else 0.03) for i in range(10)][-1]
+    assert abs(alt.noise - 1 / 27) < 1e-9 and abs(alt.wait_share - 0.2 / 0.3) < 1e-9
     ramp = [m.add(0.01, 0.002 * i) for i in range(10)][-1]
     assert ramp.noise > 0.05
     assert not beyond_noise(_w(0.30, 0.02), _w(0.27, 0.02))
     assert beyond_noise(_w(0.30, 0.02), _w(0.20, 0.02))
+
+
+def test_a_slow_window_closes_on_time_once_its_noise_is_low():
+    """Behind a slow disk (3 s a batch) a window of 10 batches would take 30 s: it closes
+    after 5 batches spanning 15 s, its wait share's noise from the batches' own spread
+    being small; erratic batches keep it open to the full 10."""
+    m = Meter(10)
+    got = [m.add(0.25, 2.75 + 0.05 * (i % 2)) for i in range(5)]
+    assert got[:4] == [None] * 4 and got[4] is not None and got[4].batches == 5
+    assert got[4].noise <= NOISE_TARGET
+    m.reset()
+    erratic = [m.add(0.25, w) for w in (0.1, 0.1, 0.1, 6, 6, 6, 0.1, 0.1, 6, 6)]
+    assert erratic[:9] == [None] * 9 and erratic[9].batches == 10
+    # Two workers sharing the disk: their batches come in pairs, a long wait then none.
+    # Per batch that is spread; per round of the two workers it is steady: closed after
+    # three rounds.
+    pairs = [m.add(0.25, 0.0 if i % 2 else 2.0) for i in range(10)]
+    assert pairs[:9] == [None] * 9
+    m.reset(group=2)
+    pairs = [m.add(0.25, 0.0 if i % 2 else 2.0) for i in range(6)]
+    assert pairs[:5] == [None] * 5 and pairs[5].batches == 6 and pairs[5].noise < 1e-12
+    # Fast batches (a 250 ms step, no wait): the window is full at 10 batches in 2.5 s,
+    # before any time rule could close it.
+    m.reset(group=1)
+    fast = [m.add(0.25, 0.001) for _ in range(10)]
+    assert fast[:9] == [None] * 9 and fast[9].batches == 10
+    # Under DDP (early=False) only the size closes it.
+    d = Meter(10, early=False)
+    assert all(d.add(0.25, 2.75) is None for _ in range(9))
+
+
+def test_skipping_a_new_pools_queue_ends_at_the_first_batch_that_waited():
+    m = Meter(5)
+    m.reset(skip=8)
+    # A queue filled while the old pool drained: batches without a wait, all skipped.
+    assert [m.add(0.25, 0.0) for _ in range(8)] == [None] * 8 and m.steps == []
+    m.reset(skip=8)
+    # Behind a slow disk the queue never fills: after the first batch, one that waited
+    # longer than the step is counted, and the skip ends there.
+    assert m.add(0.25, 3.0) is None and m.steps == []
+    m.add(0.25, 3.0)
+    assert m.steps == [0.25] and m.skip == 0
 
 
 def test_climbs_one_knob_at_a_time_then_settles(decisions):
@@ -214,9 +261,9 @@ def test_at_the_bound_the_climb_waits_for_the_budget_then_goes_past_it(decisions
     assert c.observe(_w(0.5), start) is None   # 3 refused: stay, sample the workers first
     assert c.wants_budget and c.phase == "budget"
     assert c.observe(_w(0.5), start) is None   # still waiting: no switch meanwhile
-    c.workers_blocked(0.75, 8, "blocked 75 %")  # 2 / (1 - 0.75) = 8
+    # 2 / (1 - 0.75) = 8; the window at the bound is measured: the climb goes on at once.
+    nxt = c.workers_blocked(0.75, 8, "blocked 75 %")
     assert c.bound == 8 and not c.wants_budget
-    nxt = c.observe(_w(0.5), start)
     assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
     nxt = c.observe(_w(0.30), nxt)             # kept; 4 is within the raised bound
     assert nxt.num_workers == 4
@@ -225,8 +272,7 @@ def test_at_the_bound_the_climb_waits_for_the_budget_then_goes_past_it(decisions
     c2 = _ctl(bound=2, sample_bound=True)
     s2 = c2.start()
     assert c2.observe(_w(0.5), s2) is None
-    c2.workers_blocked(0.0, 2, "blocked 0 %")
-    nxt = c2.observe(_w(0.5), s2)
+    nxt = c2.workers_blocked(0.0, 2, "blocked 0 %")
     assert c2.bound == 2 and (nxt.num_workers, nxt.prefetch_factor) == (2, 4)
     assert not c2.wants_budget
 
@@ -255,3 +301,45 @@ def test_a_raised_bound_after_settling_climbs_from_the_settled_config():
     assert c.phase == "measure"
     nxt = c.observe(_w(0.5), start)            # the settled pool's next window
     assert (nxt.num_workers, nxt.prefetch_factor) == (3, 2)
+
+
+def test_blocked_on_storage_and_one_more_worker_no_help_settles_storage_bound(decisions):
+    """Behind an IOPS cap: at the bound the workers are blocked on storage, the bound rises,
+    one worker past the cores does not help; it settles back at the bound at once (no
+    prefetch trial: a deeper queue adds no reads in flight) and switches no more: two
+    switches in all, and no retune however high the wait stays."""
+    c = _ctl(bound=2, sample_bound=True)
+    start = c.start()
+    assert c.observe(_w(0.90, 0.01, n=5, wall=15.0), start) is None and c.wants_budget
+    trial = c.workers_blocked(0.85, 13, "blocked 85 %")
+    assert (trial.num_workers, trial.prefetch_factor) == (3, 2)
+    back = c.observe(_w(0.89, 0.01, n=5, wall=15.0), trial)
+    assert back == start and c.phase == "settled" and c.storage
+    settle = [r for e, r in decisions() if e == "settle"][-1]
+    assert "blocked on storage" in settle.getMessage()
+    for _ in range(6):
+        assert c.observe(_w(0.99, 0.001), start) is None
+    assert [e for e, _ in decisions()] == ["start", "bound", "bound-raised", "try", "reject",
+                                          "settle"]
+
+
+def test_past_the_cores_a_worker_that_helps_is_kept_and_the_climb_goes_on():
+    """Behind a latency (FUSE) more workers than cores do help: kept, the next tried;
+    the first that does not settles it there, storage-bound."""
+    c = _ctl(bound=2, sample_bound=True)
+    start = c.start()
+    c.observe(_w(0.6), start)
+    three = c.workers_blocked(0.8, 10, "blocked 80 %")
+    four = c.observe(_w(0.3), three)
+    assert four.num_workers == 4 and not c.storage
+    assert c.observe(_w(0.29), four) == three and c.storage and c.tuned == three
+
+
+def test_a_storage_verdict_stops_the_retunes():
+    c = _ctl(bound=2)
+    start = c.start()
+    assert c.observe(_w(0.5), start).prefetch_factor == 4
+    c.observe(_w(0.5), c.make(2, 4))              # rejected: settled at the start
+    assert c.phase == "settled"
+    c.storage_verdict()
+    assert all(c.observe(_w(0.95), start) is None for _ in range(6))
