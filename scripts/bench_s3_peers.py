@@ -131,4 +131,12 @@ def dataset(kind: str, endpoint: str, bucket: str, prefix: str, batch: int,
         os.environ["S3_ENDPOINT_URL"] = endpoint
         ds = _import_streaming().StreamingDataset(remote=f"s3://{bucket}/{prefix}",
                                                   local=cache, shuffle=False, batch_size=batch)
+        # Its constructor GETs index.json with a boto3 client kept on the stream, pooled
+        # keep-alive connection and all. DataLoader workers fork after this, so every
+        # worker inherited that one socket and used it at once: one worker read the bytes
+        # of another's response, the other waited out botocore's 60 s read timeout (its
+        # downloader drops the client only on a retry; its __getstate__ drops it, but a
+        # fork does not pickle). Dropped here, each worker makes its own, as under spawn.
+        for stream in ds.streams:
+            stream._downloader.clean_up()  # noqa: SLF001 (the one way to drop it)
     return Images(ds, transform, cache)  # the caller removes `cache` after the pass

@@ -10,6 +10,8 @@ stream's bandwidth is not cut by the delay (a sleep per chunk would cap it at
 chunk/delay); a request-response round trip costs 2 x delay, as a link with that one-way
 latency would. A direction's queue holds at most `max_queued` bytes (then reading pauses:
 TCP's own back-pressure), which bounds memory when one side reads slowly.
+A side that goes away mid-stream (a client closing a body it did not finish) ends the
+connection both ways, so the other side is not held open behind a full queue.
 
 This kernel has no sch_netem, hence a proxy; it touches nothing of the machine's own
 loopback. Runs an asyncio loop in a daemon thread (`DelayProxy`), or as a process:
@@ -24,6 +26,7 @@ import collections
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 CHUNK = 256 * 1024
@@ -76,7 +79,8 @@ async def _read_into(reader: asyncio.StreamReader, line: _Line, proxy: DelayProx
         line.put(b"")
 
 
-async def _write_from(line: _Line, writer: asyncio.StreamWriter) -> None:
+async def _write_from(line: _Line, writer: asyncio.StreamWriter,
+                      abort: Callable[[], None]) -> None:
     try:
         while True:
             data = await line.get()
@@ -87,7 +91,10 @@ async def _write_from(line: _Line, writer: asyncio.StreamWriter) -> None:
             writer.write(data)
             await writer.drain()
     except (ConnectionError, OSError):
-        return
+        # This side is gone (a client that closed mid-body): nothing more can reach it,
+        # so end the connection both ways. Else the other side kept sending into a queue
+        # that no one drains, its reader parked in room() and its socket open for ever.
+        abort()
 
 
 class DelayProxy:
@@ -107,6 +114,7 @@ class DelayProxy:
         self.address: tuple[str, int] = ("", 0)
         self.connections = 0
         self.chunks = 0  # chunks read (both directions): a sleep per chunk would cost each
+        self.aborted = 0  # connections ended because one side went away mid-stream
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
@@ -174,9 +182,20 @@ class DelayProxy:
             cwriter.close()
             return
         up, down = _Line(self.delay, self.max_queued), _Line(self.delay, self.max_queued)
+        tasks = [asyncio.ensure_future(c) for c in (
+            _read_into(creader, up, self), _read_into(sreader, down, self))]
+
+        def abort() -> None:
+            self.aborted += 1
+            for t in tasks:
+                t.cancel()
+            for w in (swriter, cwriter):
+                w.close()
+
+        tasks += [asyncio.ensure_future(_write_from(up, swriter, abort)),
+                  asyncio.ensure_future(_write_from(down, cwriter, abort))]
         try:
-            await asyncio.gather(_read_into(creader, up, self), _write_from(up, swriter),
-                                 _read_into(sreader, down, self), _write_from(down, cwriter))
+            await asyncio.gather(*tasks, return_exceptions=True)
         except asyncio.CancelledError:
             pass  # stop(): end quietly (Python 3.11's start_server logs a cancelled handler)
         finally:

@@ -50,6 +50,32 @@ def _serve(handler: type) -> Iterator[tuple[str, int]]:
         srv.server_close()
 
 
+class _Ranged(socketserver.BaseRequestHandler):
+    """A keep-alive request-response server: each line b"N\\n" is answered with N bytes."""
+
+    def handle(self) -> None:
+        f = self.request.makefile("rb")
+        while line := f.readline():
+            n = int(line)
+            block = bytes(range(256)) * 4096  # 1 MiB
+            while n > 0:
+                self.request.sendall(block[:n])
+                n -= min(n, len(block))
+
+
+class _Endless(socketserver.BaseRequestHandler):
+    """Sends until the connection breaks, then says so (`ended`)."""
+    ended = threading.Event()
+
+    def handle(self) -> None:
+        block = b"\xcd" * (1024 * 1024)
+        try:
+            while True:
+                self.request.sendall(block)
+        except OSError:
+            _Endless.ended.set()
+
+
 @pytest.fixture
 def echo() -> Iterator[tuple[str, int]]:
     yield from _serve(_Echo)
@@ -58,6 +84,17 @@ def echo() -> Iterator[tuple[str, int]]:
 @pytest.fixture
 def source() -> Iterator[tuple[str, int]]:
     yield from _serve(_Source)
+
+
+@pytest.fixture
+def ranged() -> Iterator[tuple[str, int]]:
+    yield from _serve(_Ranged)
+
+
+@pytest.fixture
+def endless() -> Iterator[tuple[str, int]]:
+    _Endless.ended.clear()
+    yield from _serve(_Endless)
 
 
 def _recv_exactly(s: socket.socket, n: int) -> bytes:
@@ -123,3 +160,47 @@ def test_bandwidth_is_not_cut_by_the_delay(source) -> None:
 def test_refuses_a_negative_delay() -> None:
     with pytest.raises(ValueError, match="delay must be at least 0"):
         DelayProxy(("127.0.0.1", 1), -1)
+
+
+def test_connections_that_pause_mid_body_and_resume_get_every_byte(ranged) -> None:
+    # Several keep-alive connections at once, each asking for multi-MB bodies and pausing
+    # halfway through each (the queue, 256 KiB here, fills and the proxy stops reading),
+    # as a ranged GET read by a busy DataLoader worker does. Bytes are counted; the socket
+    # timeout is only there to turn a stall into a failure.
+    size, got, errors = 6 * 1024 * 1024, [], []
+
+    def client(addr: tuple[str, int]) -> None:
+        try:
+            with socket.create_connection(addr, timeout=30) as s:
+                for _ in range(3):
+                    s.sendall(b"%d\n" % size)
+                    first = _recv_exactly(s, size // 2)
+                    time.sleep(0.2)  # the client stops reading mid-body
+                    rest = _recv_exactly(s, size - size // 2)
+                    got.append(first + rest)
+        except Exception as e:  # noqa: BLE001 (handed to the assertion)
+            errors.append(e)
+
+    with DelayProxy(ranged, 0.01, max_queued=256 * 1024) as addr:
+        threads = [threading.Thread(target=client, args=(addr,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    expected = (bytes(range(256)) * 4096 * 6)[:size]
+    assert len(got) == 12 and all(g == expected for g in got)
+
+
+def test_a_client_that_abandons_a_body_ends_the_server_side(endless) -> None:
+    proxy = DelayProxy(endless, 0.01, max_queued=1024 * 1024)
+    with proxy as addr:
+        with socket.create_connection(addr, timeout=30) as s:
+            _recv_exactly(s, 1024 * 1024)
+        # The proxy can no longer write to the client, so it closes its side to the server
+        # (which sees its send fail) instead of holding it and a full queue for ever.
+        assert _Endless.ended.wait(30)
+        assert proxy.aborted == 1
+        # And it still serves the next connection.
+        with socket.create_connection(addr, timeout=30) as s:
+            assert len(_recv_exactly(s, 1024 * 1024)) == 1024 * 1024
