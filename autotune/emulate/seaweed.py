@@ -58,6 +58,19 @@ def _free_base(rng: random.Random) -> int:
     raise OSError("no free block of loopback ports for weed mini in 20000-40010")
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the starting thread's process dies (a bench
+    script or test run killed with SIGKILL left `weed mini` running, orphaned, for hours).
+    Linux's PR_SET_PDEATHSIG; where it is missing the server is stopped as before."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 class SeaweedServer:
     """`weed mini` on 127.0.0.1 in `data_dir`; the context manager yields the S3 endpoint.
 
@@ -113,7 +126,8 @@ class SeaweedServer:
         with open(self.log, "ab") as log:
             # Its own session: the group (weed and anything it starts) is killed together.
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
         self.endpoint = f"http://{self.ip}:{port['s3']}"
         deadline = time.monotonic() + self.ready_timeout
         while time.monotonic() < deadline:
