@@ -431,10 +431,15 @@ class DataLoader:
                 return
         else:
             return
-        pids = [p for pool in self._pools + ([self._pending] if self._pending else [])
-                for p in pool.pids()]
+        if self._switch is not None or self._pending is not None:
+            # A switch under way (the controller settling back, say): the old pool's workers
+            # still serve beside the new pool's, and the budget would count both. Sample
+            # from the new pool's first window on (this is called again then).
+            return
+        serving = self._pools[-1] if self._pools else None
+        pids = serving.pids() if serving is not None else []
         self._burst, self._burst_cfg, self._burst_for = why.Burst(
-            os.getpid(), workers=pids), self._target, purpose
+            os.getpid(), workers=pids), self._running, purpose
         self._burst_windows = []
         clock = self._stage_clock
         self._stages0 = clock.totals() if clock is not None else None
