@@ -174,6 +174,7 @@ class DataLoader:
         self.overhead_s = 0.0
         self._carry = 0.0                     # bookkeeping seconds not yet counted as wait
         self._said_why = False
+        self._budget_deferred: WindowStats | None = None  # a budget wanted during a switch
         self._burst: why.Burst | None = None      # the time budget being sampled, apart
         self._burst_windows: list[WindowStats] = []
         self._burst_cfg: Config | None = None
@@ -431,10 +432,17 @@ class DataLoader:
                 return
         else:
             return
-        pids = [p for pool in self._pools + ([self._pending] if self._pending else [])
-                for p in pool.pids()]
+        if self._switch is not None or self._pending is not None:
+            # A switch under way (the controller settling back, say): the old pool's workers
+            # still serve beside the new pool's, and the budget would count both. Sample
+            # once the new pool serves alone (_finish_switch asks again).
+            self._budget_deferred = stats
+            return
+        self._budget_deferred = None
+        serving = self._pools[-1] if self._pools else None
+        pids = serving.pids() if serving is not None else []
         self._burst, self._burst_cfg, self._burst_for = why.Burst(
-            os.getpid(), workers=pids), self._target, purpose
+            os.getpid(), workers=pids), self._running, purpose
         self._burst_windows = []
         clock = self._stage_clock
         self._stages0 = clock.totals() if clock is not None else None
@@ -618,6 +626,10 @@ class DataLoader:
         self._meter.reset(self._window(cfg), skip=cfg.queue, group=cfg.num_workers)
         if self._tuning and sw.reason != "forced":
             self._ctl.charge(cfg, cost)
+        wanted, self._budget_deferred = self._budget_deferred, None
+        if wanted is not None and self._tuning:
+            # The old pool is retired: its workers are out of the budget from here on.
+            self._want_budget(wanted)
         emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
              f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
              f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "

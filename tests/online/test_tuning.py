@@ -220,3 +220,45 @@ def test_workers_blocked_on_a_slow_mount_raise_the_worker_bound(tmp_path, decisi
     assert "the 2 workers were blocked" in raised[0].getMessage()  # not the FUSE server
     assert max(workers) > cores
     assert all(sorted(e) == list(range(160)) for e in epochs)  # none lost or repeated
+
+
+class _SettlesBackToOne(controller.Controller):
+    """The real controller's ending behind a slow mount, scripted: it settles at once on a
+    configuration other than the running one (a trial rejected, the way back to the best),
+    so the verdict's time budget is wanted while a switch is starting."""
+
+    def start(self):
+        self._current = self.make(3, 4)
+        return self._current
+
+    def observe(self, stats, cfg):
+        self._current, self.last = cfg, stats
+        if self.phase != "settled":
+            self.phase = "settled"
+            return self.make(1, 2)
+        return None
+
+
+@pytest.mark.slow
+def test_the_verdicts_budget_counts_only_the_serving_pools_workers(decisions):
+    """A verdict wanted just as the controller switches 3 -> 1 worker: its time budget is
+    sampled over the one worker of the pool that serves from then on, not the retired
+    pool's three beside it (the old pool and the new one overlap during a switch)."""
+    ctl = _SettlesBackToOne(fixed={}, cuda=False, budget=10**12, bound=4,
+                            memory=lambda: controller.MemoryFigures(1, 0, True))
+    # A step, and a deep queue on the old pool: the overlap lasts a second or more (behind
+    # a slow mount, many), longer than the sampler takes to start.
+    loader = autotune.DataLoader(Slow(200, 0.1), batch_size=4, _controller=ctl)
+    deadline = time.perf_counter() + 120
+    while loader.verdict is None and time.perf_counter() < deadline:
+        for _ in loader:
+            time.sleep(0.1)
+    loader.close()
+    switched = [r for e, r in decisions() if e == "switched"]
+    assert [r.autotune["config"]["num_workers"] for r in switched] == [1]
+    verdicts = [r for e, r in decisions() if e == "verdict"]
+    assert len(verdicts) == 1, [r.getMessage() for _, r in decisions()]
+    ev = verdicts[0].autotune["verdict"]["evidence"]
+    workers = [line for line in ev if line.startswith("workers (")]
+    assert workers and workers[0].startswith("workers (1 proc,"), ev
+    assert verdicts[0].autotune["verdict"]["summary"].count("3 workers") == 0
