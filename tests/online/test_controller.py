@@ -91,7 +91,9 @@ def test_climbs_one_knob_at_a_time_then_settles(decisions):
     assert nxt2.num_workers == 10
     nxt3 = c.observe(_w(0.29, 0.02), nxt2)    # within the noise: next knob, from the best
     assert (nxt3.num_workers, nxt3.prefetch_factor) == (9, 4)
-    assert c.observe(_w(0.02), nxt3) is None  # AU 0.98: settled where it is
+    assert c.observe(_w(0.02), nxt3) is None  # AU 0.98: one more window of it
+    assert c.phase == "confirm"
+    assert c.observe(_w(0.03), nxt3) is None  # AU 0.97 again: settled where it is
     assert c.phase == "settled" and c.tuned == nxt3
     events = [e for e, _ in decisions()]
     assert events == ["start", "try", "keep", "try", "reject", "try", "keep", "settle"]
@@ -109,6 +111,7 @@ def test_rejected_last_knob_goes_back_to_the_best():
 def test_tunes_again_only_after_several_high_windows(decisions):
     c = _ctl(bound=2)
     start = c.start()
+    assert c.observe(_w(0.03), start) is None and c.phase == "confirm"
     assert c.observe(_w(0.03), start) is None and c.phase == "settled"
     assert c.observe(_w(0.30), start) is None
     assert c.observe(_w(0.02), start) is None      # one high window is not enough
@@ -148,7 +151,9 @@ def test_fixed_settings_are_kept():
 def test_settled_settings_are_cached_and_used(tmp_path):
     key = cache.dataset_key(object(), "mine", 32, 2)
     c = _ctl(bound=4, cache_key=key)
-    c.observe(_w(0.01), c.start())
+    start = c.start()
+    c.observe(_w(0.01), start)
+    c.observe(_w(0.01), start)                # the second healthy window settles it
     stored = json.loads(cache.cache_file().read_text())
     assert stored[key] == {"num_workers": 4, "prefetch_factor": 2}
     cache.store(key, {"num_workers": 3, "prefetch_factor": 4})
@@ -343,3 +348,16 @@ def test_a_storage_verdict_stops_the_retunes():
     assert c.phase == "settled"
     c.storage_verdict()
     assert all(c.observe(_w(0.95), start) is None for _ in range(6))
+
+
+def test_one_healthy_window_is_confirmed_by_the_next_before_settling(decisions):
+    """A window at AU >= 0.95 can be a full queue's or a quiet moment's: a decode-bound run
+    settled "in 2 s at AU 0.98" whose AU was 0.71. The next window decides: healthy again,
+    settled; not, the climb goes on from it."""
+    c = _ctl(bound=4)
+    start = c.start()
+    assert c.observe(_w(0.02), start) is None and c.phase == "confirm"
+    nxt = c.observe(_w(0.30), start)          # the queue ran dry: not healthy after all
+    assert nxt is not None and c.phase == "trial"
+    events = [e for e, _ in decisions()]
+    assert "settle" not in events and events[-1] == "try", events
