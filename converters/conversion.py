@@ -533,8 +533,8 @@ def _in_pool(units: list[int], work: Callable[[int], Any], workers: int, window:
 
     ctx = mp.get_context("forkserver")
     try:
-        live["counter"] = ctx.Array("q", 2, lock=True)
-        pool = WorkerPool(workers, work, live["counter"], ctx)
+        pool = WorkerPool(workers, work, ctx)
+        live["counter"] = pool.progress
     except OSError as e:
         # forkserver re-executes the interpreter: a user who may run this Python but not
         # exec its real path (a venv built on a private pyenv under /root) ends up here.

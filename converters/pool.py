@@ -56,14 +56,14 @@ def _parents_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
 
 
-def _worker_main(conn: Connection, work: Callable[[int], Any], counter: Any, parent: int,
-                 env: dict[str, str] | None = None) -> None:
+def _worker_main(conn: Connection, work: Callable[[int], Any], slots: Any, slot: int,
+                 parent: int, env: dict[str, str] | None = None) -> None:
     for k in [k for k in os.environ if k.startswith(_ENV_PREFIXES)]:
         del os.environ[k]
     os.environ.update(env or {})
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent decides
-    set_progress_counter(counter)
+    set_progress_counter(slots, slot)
     while True:
         try:
             unit = conn.recv()
@@ -88,15 +88,31 @@ _FIRST_UNIT_HINT = (
     "(its error is printed above).")
 
 
-class WorkerPool:
-    """`n` processes running `work(unit)`; results come back in unit order."""
+class Progress:
+    """What the workers report done, summed: `progress[0]` samples, `progress[1]` bytes.
 
-    def __init__(self, n: int, work: Callable[[int], Any], counter: Any, ctx: Any) -> None:
+    One pair of slots per worker, each written by its worker alone and read here without
+    a lock, so a worker killed mid-update cannot block the parent (see records.py)."""
+
+    def __init__(self, ctx: Any, n: int) -> None:
+        self.slots = ctx.RawArray("q", 2 * n)
+
+    def __getitem__(self, k: int) -> int:
+        return int(sum(self.slots[k::2]))
+
+
+class WorkerPool:
+    """`n` processes running `work(unit)`; results come back in unit order; what they
+    report done while they work sums up in `self.progress`."""
+
+    def __init__(self, n: int, work: Callable[[int], Any], ctx: Any) -> None:
+        self.progress = Progress(ctx, n)
         self._workers: list[tuple[Any, Connection]] = []
-        for _ in range(n):
+        for i in range(n):
             parent_end, child_end = ctx.Pipe()
             p = ctx.Process(target=_worker_main,
-                            args=(child_end, work, counter, os.getpid(), _parents_env()),
+                            args=(child_end, work, self.progress.slots, i, os.getpid(),
+                                  _parents_env()),
                             daemon=True, name="autotune-convert-worker")
             p.start()
             child_end.close()

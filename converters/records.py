@@ -90,24 +90,24 @@ class UnitResult:
                    shard=shard)
 
 
-# Progress shared by the worker processes: (samples, source bytes) done, in a shared
-# array set by the pool initializer (a plain list when converting inline).
+# Progress of the reading workers: (samples, source bytes) done. Inline, a plain list;
+# in a pool, the pool's shared array of one (samples, bytes) pair per worker, `_slot` this
+# worker's. One writer per pair, so no lock: a worker killed while it held a shared lock
+# (by the pool on another unit's error, or by the OOM killer) left it held, and the
+# parent's next read of the counter waited forever (CI: `convert --on-error fail` hung).
 _progress: Any = None
+_slot = 0
 
 
-def set_progress_counter(counter: Any) -> None:
-    global _progress
-    _progress = counter
+def set_progress_counter(counter: Any, slot: int = 0) -> None:
+    global _progress, _slot
+    _progress, _slot = counter, slot
 
 
 def report_progress(samples: int, nbytes: int) -> None:
     c = _progress
     if c is None:
         return
-    if isinstance(c, list):
-        c[0] += samples
-        c[1] += nbytes
-        return
-    with c.get_lock():
-        c[0] += samples
-        c[1] += nbytes
+    i = 2 * _slot
+    c[i] += samples
+    c[i + 1] += nbytes

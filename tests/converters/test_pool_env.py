@@ -16,8 +16,7 @@ from converters.pool import WorkerPool
 def _run(ctx, name: str) -> str | int:
     """The worker's value of `name` (os.getenv(name, unit): the unit 0 when unset).
     partial(os.getenv): importable by reference in the fork server's children."""
-    counter = ctx.Array("q", 2, lock=True)   # held: its semaphore must outlive the start
-    pool = WorkerPool(1, partial(os.getenv, name), counter, ctx)
+    pool = WorkerPool(1, partial(os.getenv, name), ctx)
     try:
         return [out for _, out in pool.run([0], window=1)][0]
     finally:
