@@ -339,7 +339,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         writer = registry.get(opts.format).writer_class()(dstp, wd, plan, opts, sample_opts)
         results, shards = _write_units(writer, plan, opts, progress, t0, run)
         m = _manifest(plan, opts, fp, results, shards, wd, writer.LAYOUT)
-        write_manifest(dstp, m)
+        write_manifest(dstp, m, wd.tmp)
     except OSError as e:
         raise _os_error(e, dstp, run) from e
     finally:

@@ -38,30 +38,33 @@ def fsync_dir(path: str | os.PathLike[str] | int) -> None:
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str | bytes, *, durable: bool = True,
-                      dir_fd: int | None = None) -> None:
+                      dir_fd: int | None = None, tmp_dir_fd: int | None = None) -> None:
     """Write `text` to `path` via a temporary file (fsynced when `durable`) and rename:
     readers see the old file or the whole new one, never half of it. With `dir_fd`,
     `path` is a name in that directory (no link followed: the rename replaces a link
-    there, never its target). Mode: 0666 less the umask, set at creation, before the
-    rename makes it visible."""
+    there, never its target). `tmp_dir_fd`: a directory on the same filesystem for the
+    temporary file (a work folder the next run empties), so that a process killed before
+    the rename leaves nothing in the user's folder. Mode: 0666 less the umask, set at
+    creation, before the rename makes it visible."""
     own = dir_fd is None
     p = Path(path)
     d = open_dir(p.parent) if own else dir_fd
+    t = d if tmp_dir_fd is None else tmp_dir_fd
     leaf = p.name
     tmp = f".{leaf}.{secrets.token_hex(4)}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o666, dir_fd=d)
+                     0o666, dir_fd=t)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(text if isinstance(text, bytes) else text.encode("utf-8"))
                 f.flush()
                 if durable:
                     os.fsync(f.fileno())
-            os.replace(tmp, leaf, src_dir_fd=d, dst_dir_fd=d)
+            os.replace(tmp, leaf, src_dir_fd=t, dst_dir_fd=d)
         except BaseException:
             try:
-                os.unlink(tmp, dir_fd=d)
+                os.unlink(tmp, dir_fd=t)
             except OSError:
                 pass
             raise
@@ -83,12 +86,19 @@ def _fd_path(fd: int) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | None = None,
-                      durable: bool = True) -> None:
+                      durable: bool = True, tmp_dir: str | os.PathLike[str] | None = None) -> None:
     """JSON to `path`, atomically (see write_text_atomic). ASCII and fixed separators keep
     the bytes reproducible between runs (a manifest of the same input is the same file)."""
     text = json.dumps(obj, ensure_ascii=True, sort_keys=False, indent=indent,
                       separators=(",", ": ") if indent else (",", ":")) + "\n"
-    write_text_atomic(path, text, durable=durable)
+    if tmp_dir is None:
+        write_text_atomic(path, text, durable=durable)
+        return
+    t = open_dir(tmp_dir)
+    try:
+        write_text_atomic(path, text, durable=durable, tmp_dir_fd=t)
+    finally:
+        os.close(t)
 
 
 def sha256_file(path: str | os.PathLike[str], *, drop_cache: bool = False,

@@ -128,12 +128,13 @@ def parse_manifest(raw: bytes | str, where: str) -> Manifest:
     return Manifest.from_dict(d, where)
 
 
-def write_manifest(dst: Path, m: Manifest) -> Path:
-    """Write DST/manifest.json atomically (temporary file, fsync, rename, dir fsync)."""
+def write_manifest(dst: Path, m: Manifest, tmp_dir: Path | None = None) -> Path:
+    """Write DST/manifest.json atomically (temporary file, fsync, rename, dir fsync);
+    the temporary file in `tmp_dir` (the work folder's, emptied by a rerun) when given."""
     if not m.created:
         m.created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     path = dst / NAME
-    write_json_atomic(path, m.to_dict(), indent=1)
+    write_json_atomic(path, m.to_dict(), indent=1, tmp_dir=tmp_dir)
     fsync_dir(dst)
     return path
 

@@ -403,7 +403,8 @@ def _publish(dstp: Path, wd: WorkDir, plan: Plan, opts: Any, missing: list[int] 
     finally:
         writer.close()
     m = _manifest(plan, opts, plan.fingerprint, results, shards, wd, writer.LAYOUT)
-    write_manifest(dstp, m)
+    wd.clear_tmp()  # a killed finalizer's half-written manifest, if any
+    write_manifest(dstp, m, wd.tmp)
     if any(r != me for r in wd.running_ranks()):
         wd.unlock()
     else:

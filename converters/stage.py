@@ -417,15 +417,17 @@ def _rehash(dst_fd: int, entries: list[FileEntry], state: _State | None
     return failures, nbytes
 
 
-def _publish(s: Path, dst_fd: int, raw: bytes | None, state: _State,
+def _publish(s: Path, dst_fd: int, tmp_fd: int, raw: bytes | None, state: _State,
              want_node: tuple[int, int] | None, entries: list[FileEntry]) -> None:
-    """Which copy this is (node.json), then the manifest, last: it means complete."""
+    """Which copy this is (node.json), then the manifest, last: it means complete. Their
+    temporary files go in the work folder's tmp, which a rerun empties: a stage killed
+    before the rename leaves nothing half-written in DST."""
     from converters.wds.split import NODE_FILE
 
     if want_node is not None:
         write_text_atomic(NODE_FILE, json.dumps(
             {"node_rank": want_node[0], "nnodes": want_node[1],
-             "shards": [e.name for e in entries]}, indent=1), dir_fd=dst_fd)
+             "shards": [e.name for e in entries]}, indent=1), dir_fd=dst_fd, tmp_dir_fd=tmp_fd)
     elif lstat(dst_fd, NODE_FILE) is not None:
         unlink_file(dst_fd, NODE_FILE)  # now the whole dataset
     if raw is not None:
@@ -434,7 +436,7 @@ def _publish(s: Path, dst_fd: int, raw: bytes | None, state: _State,
         body = json.dumps({"version": 1, "format": "folder", "staged_from": str(s),
                            "shards": [{"file": n, "bytes": v[0], "sha256": v[2]}
                                       for n, v in sorted(state.done.items())]}, indent=1)
-    write_text_atomic(MANIFEST, body, dir_fd=dst_fd)
+    write_text_atomic(MANIFEST, body, dir_fd=dst_fd, tmp_dir_fd=tmp_fd)
     os.fsync(dst_fd)
 
 
@@ -493,7 +495,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
             dst_fd, state, d, on_file, progress)
         wrote_manifest = not failures
         if wrote_manifest:
-            _publish(s, dst_fd, raw, state, (node_rank, nnodes) if node_rank is not None
+            _publish(s, dst_fd, tmp_fd, raw, state, (node_rank, nnodes) if node_rank is not None
                      else None, entries)
         shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)
     return StageResult(str(s), str(d), len(entries), len(todo) - len(failures),

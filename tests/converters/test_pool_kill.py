@@ -42,4 +42,4 @@ def test_a_worker_killed_while_reporting_progress_does_not_block_the_parent() ->
     reader.join(10)
     assert seen, "reading the progress of a killed pool blocked"
     samples, nbytes = seen[0]
-    assert samples > 0 and nbytes in (samples, samples + 1)   # killed between the two adds
+    assert samples > 0 and nbytes in (samples, samples - 1)   # maybe killed between the adds
