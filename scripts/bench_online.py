@@ -5,7 +5,7 @@ fixed configuration `autotune search` finds for the same job (run here: the same
 through the same factory, the same step, the same batch size).
 
     sudo PYTHONPATH=$PWD .venv/bin/python scripts/bench_online.py [--scenarios a,b,c,d,e]
-        [--minutes 1] [--seconds 30] [--search-trials 4] [--search-seconds S]
+        [--minutes 1] [--seconds 30] [--rounds 1] [--search-trials 4] [--search-seconds S]
         [--json out/bench_online.json]
 
     a  default settings, fast disk, 250 ms step per 64: samples over the first --minutes
@@ -172,40 +172,77 @@ def scenario(name: str, ds: Path, a: argparse.Namespace, work: Path,
         best, params, took = search_best(path, a, step, cap, mon, work / f"search-{name}")
         res.update(best=best, best_params=params, search_s=took)
         rows = []
-        for loader in ("plain", "online", best):
-            log(f"{name}: {loader}, {seconds:g} s")
-            rows.append(figures(arm(path, loader, a, step, seconds, env, cap, src), seconds))
+        arms = ["plain", "online", best]
+        for rnd in range(a.rounds):
+            # Each round in another order: on a shared machine the load drifts over minutes,
+            # and an arm always run last would always meet the same part of the drift.
+            for loader in arms[rnd % 3:] + arms[:rnd % 3]:
+                log(f"{name}: {loader}, {seconds:g} s" + (f" (round {rnd + 1} of {a.rounds})"
+                                                          if a.rounds > 1 else ""))
+                fig = figures(arm(path, loader, a, step, seconds, env, cap, src), seconds)
+                fig["round"] = rnd
+                rows.append(fig)
         res["arms"] = rows
         return res
 
 
+def _round_rows(r: dict[str, Any], arms: list[dict[str, Any]], label: str) -> list[str]:
+    best = next((x for x in arms if x["loader"] == r.get("best")), None)
+    lines = []
+    for x in arms:
+        vs = f"{x['samples'] / best['samples']:.2f}x" if best else "-"
+        vr = (f"{x['rate'] / best['rate']:.2f}x" if best and best["rate"] and x["rate"]
+              else "-")
+        st = f"{x['settled_s']:.0f} s" if x["settled_s"] is not None else "-"
+        name = x["loader"] + (" (best fixed)" if x is best else "") + label
+        verdict = ", ".join(x["verdicts"]) or "-"
+        if x.get("verdict_s") is not None:
+            verdict += f" at {x['verdict_s']:.0f} s"
+        lines.append(f"| {r['scenario']} ({r['step_ms']:g} ms, {r['setup']}) | {name} | "
+                     f"{x['samples']:,} | {vs} | {x['rate'] or 0:,.0f} | {vr} | "
+                     f"{x['au'] or 0:.2f} | {st} | "
+                     f"{x['switches'] if x['loader'] == 'online' else '-'} | {verdict} |")
+    return lines
+
+
+def _ratio(r: dict[str, Any], arms: list[dict[str, Any]]) -> tuple[float, float] | None:
+    """online vs best fixed in one round: samples, rate."""
+    best = next((x for x in arms if x["loader"] == r.get("best")), None)
+    on = next((x for x in arms if x["loader"] == "online"), None)
+    if best and on and best["samples"] and best["rate"] and on["rate"]:
+        return on["samples"] / best["samples"], on["rate"] / best["rate"]
+    return None
+
+
 def table(results: list[dict[str, Any]]) -> str:
+    import statistics
+
     lines = ["| scenario | arm | samples | vs best | rate/s (2nd half) | vs best | AU | "
              "settled | switches | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    medians = []
     for r in results:
-        arms = r["arms"]
-        best = next((x for x in arms if x["loader"] == r.get("best")), None)
-        for x in arms:
-            vs = f"{x['samples'] / best['samples']:.2f}x" if best else "-"
-            vr = (f"{x['rate'] / best['rate']:.2f}x" if best and best["rate"] and x["rate"]
-                  else "-")
-            st = f"{x['settled_s']:.0f} s" if x["settled_s"] is not None else "-"
-            name = x["loader"] + (" (best fixed)" if x is best else "")
-            verdict = ", ".join(x["verdicts"]) or "-"
-            if x.get("verdict_s") is not None:
-                verdict += f" at {x['verdict_s']:.0f} s"
-            lines.append(f"| {r['scenario']} ({r['step_ms']:g} ms, {r['setup']}) | {name} | "
-                         f"{x['samples']:,} | {vs} | {x['rate'] or 0:,.0f} | {vr} | "
-                         f"{x['au'] or 0:.2f} | {st} | "
-                         f"{x['switches'] if x['loader'] == 'online' else '-'} | {verdict} |")
+        rounds = sorted({x.get("round", 0) for x in r["arms"]})
+        ratios = []
+        for rnd in rounds:
+            arms = [x for x in r["arms"] if x.get("round", 0) == rnd]
+            lines += _round_rows(r, arms, f", round {rnd + 1}" if len(rounds) > 1 else "")
+            q = _ratio(r, arms)
+            if q:
+                ratios.append(q)
         if "micro" in r:
-            o = arms[0]
+            o = r["arms"][0]
             lines.append(f"| d | online: own time {100 * o['overhead_share']:.2f} % of wall, "
                          f"main process CPU {100 * o['main_cpu_s'] / o['wall_s']:.1f} %, "
                          f"switches after settling {o['switches_after_settle']} "
                          f"(retunes {o['retunes']}); next() +{r['micro']['added_us']:.1f} us "
                          "| | | | | | | | |")
-    return "\n".join(lines)
+        if len(ratios) > 1:
+            medians.append(
+                f"{r['scenario']}: online vs best fixed over {len(ratios)} rounds, median "
+                f"{statistics.median(q[0] for q in ratios):.2f}x samples, "
+                f"{statistics.median(q[1] for q in ratios):.2f}x rate (each round: "
+                + ", ".join(f"{q[0]:.2f}x/{q[1]:.2f}x" for q in ratios) + ")")
+    return "\n".join(lines + ([""] + medians if medians else []))
 
 
 def main() -> int:
@@ -215,6 +252,9 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=1.0, help="(a)'s run (the issue: 3)")
     ap.add_argument("--seconds", type=float, default=30.0, help="b, c, d and e's runs")
     ap.add_argument("--cost-ms", type=float, default=2.4)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="b, c and e: run the three arms this many times, each round in "
+                         "another order, and give the median of the rounds' ratios")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--delay-ms", type=float, default=5.0)
     ap.add_argument("--iops", type=int, default=100)
