@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import NotPermitted, ToolMissing
+from autotune.monitor.proctree import pid_alive
 
 PREFIX = "atcap"
 _n = itertools.count()
@@ -85,16 +86,6 @@ def _free_subnet(seed: int) -> Any:
                        "(ip link | grep ac) and retry.")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale() -> list[str]:
     """Delete the veths and namespaces of netcaps whose process is gone; their names.
     The veth first: deleting a namespace also removes its end, but the kernel does it
@@ -102,12 +93,12 @@ def sweep_stale() -> list[str]:
     gone = []
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for name, pid in re.findall(r"^\d+: (ac(\d+)x\d+h)[@:]", links, re.M):
-        if not _alive(int(pid)):
+        if not pid_alive(int(pid)):
             subprocess.run(["ip", "link", "del", name], capture_output=True)
             gone.append(name)
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     for name in re.findall(rf"^({PREFIX}-(\d+)-\d+)", out, re.M):
-        if not _alive(int(name[1])):
+        if not pid_alive(int(name[1])):
             subprocess.run(["ip", "netns", "del", name[0]], capture_output=True)
             gone.append(name[0])
     return gone

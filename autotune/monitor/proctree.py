@@ -26,6 +26,27 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def pid_alive(pid: int) -> bool:
+    """Process `pid` exists and is not a zombie (its /proc/PID/stat state); where /proc
+    hides other users' processes (hidepid), whether a signal could find it."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            state = f.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    except PermissionError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 @dataclass(frozen=True)
 class TreeUsage:
     """One interval of a process tree.

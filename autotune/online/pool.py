@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader as TorchLoader
 
+from autotune.monitor.proctree import pid_alive
 from autotune.online.config import Config
 from autotune.online.stream import IndexStream, Lease
 
@@ -118,7 +119,7 @@ class Pool:
         if stop is not None:
             stop()
         self.it = None
-        return [p for p in pids if _alive(p)]
+        return [p for p in pids if pid_alive(p)]
 
 
 @contextlib.contextmanager
@@ -128,16 +129,6 @@ def _quiet() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         yield
-
-
-def _alive(pid: int) -> bool:
-    """The process exists and is not a zombie (/proc/PID/stat state)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 __all__ = ["Pool", "ReadyInit"]

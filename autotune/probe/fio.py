@@ -35,6 +35,7 @@ from pathlib import Path
 
 from autotune.blockdev import MEMORY_FS, mount_for
 from autotune.errors import FioError, ToolMissing
+from autotune.monitor.proctree import pid_alive
 from converters.fsutil import rmdir_quietly
 
 SCRATCH_PREFIX = ".autotune-probe-"
@@ -189,13 +190,7 @@ def _owner_alive(d: Path) -> bool:
         pid = int((d / OWNER_FILE).read_text().strip())
     except (OSError, ValueError):
         return True  # not ours to judge: keep it
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def remove_stale_scratch(parent: Path) -> list[Path]:

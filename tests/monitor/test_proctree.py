@@ -154,3 +154,22 @@ def test_stat_parsing_survives_a_command_name_with_spaces_and_parens() -> None:
     finally:
         p.kill()
         p.wait()
+
+
+def test_pid_alive_sees_a_zombie_as_gone():
+    """A child that exited but was not reaped is a zombie: its owner is gone, though a
+    signal still finds it (fio's scratch and netcap's leftovers are swept by this)."""
+    import subprocess
+    import time
+
+    from autotune.monitor.proctree import pid_alive
+
+    assert pid_alive(os.getpid())
+    p = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while pid_alive(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not pid_alive(p.pid)
+    os.kill(p.pid, 0)               # still there for a signal: a zombie, not reaped yet
+    p.wait()
+    assert not pid_alive(p.pid)
