@@ -335,6 +335,24 @@ def test_idle_workers_and_a_busy_main_names_its_cpu():
     assert "collate, pin or unpickling" in v.summary
 
 
+def test_workers_asleep_in_a_timer_wait_inside_the_dataset_not_for_the_main_process():
+    """Workers asleep in nanosleep (time.sleep in __getitem__, a client's backoff) wait
+    inside their own work: more workers overlap it. A stranger's script with a sleeping
+    Dataset was told "the wait is in the main process" before."""
+    w = klass(2, on_cpu=0.03)
+    w.timer_s = 0.9 * w.process_seconds
+    s = system(cores=2, budget_d=budget(workers=w, main=IDLE_MAIN))
+    v = decide(inputs(0.4, s, workers=2))
+    assert v.bottleneck == "loader" and "(waits inside the dataset)" in v.summary, v
+    assert "asleep in a timer 90%" in v.summary
+    assert "raise num_workers (up to about 8:" in v.advice[0]   # 2 / (1 - 0.9), capped
+    # Asleep, but mostly not in a timer: a wait for work, so the main process is the cause.
+    w.timer_s = 0.2 * w.process_seconds
+    v = decide(inputs(0.4, system(cores=2, budget_d=budget(workers=w, main=IDLE_MAIN)),
+                      workers=2))
+    assert "(main process)" in v.summary, v
+
+
 def test_no_data_time_but_a_starved_gpu_is_input_bound():
     s = system(disk=False, gpu=20, budget_d=budget(workers=klass(8, storage_wait=0.7),
                                                    main=IDLE_MAIN))

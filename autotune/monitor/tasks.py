@@ -9,7 +9,8 @@ moment of every step) and yields one `TimeBudget` per monitor interval (`take()`
     io                 exact where delay accounting is on (stat field 42,
                        delayacct_blkio_ticks), else the sampled share of state D x time
     storage_wait       the sampled share of state S with a storage wchan x time
-    asleep             the thread's wall time in the window less the four above (>= 0)
+    asleep             the thread's wall time in the window less the four above (>= 0);
+                       of it, `timer_s`: the sampled share asleep in a timer (nanosleep)
 
 Cost (the monitor must stay under 1 % of a core): the files are opened once per thread and
 re-read with os.pread(fd, n, 0); a sweep reads each thread's schedstat only, and its stat
@@ -63,6 +64,9 @@ _FUSE = ("request_wait_answer", "fuse_wait_answer", "fuse_")
 _NETFS = ("rpc_wait_bit_killable", "rpc_", "nfs_", "nfs4_", "__rpc_", "cifs_",
           "wait_for_response", "smb2_", "ceph_", "ceph_osdc_")
 _SOCKET = ("sk_wait_data", "tcp_recvmsg", "inet_recvmsg", "wait_woken", "sk_stream_wait")
+# A timer sleep (time.sleep, a retry's backoff, a rate limiter): not storage, but not a
+# worker waiting for work either (that is a poll on its index queue's pipe, or a futex).
+_TIMER = ("hrtimer_nanosleep", "do_nanosleep", "clock_nanosleep", "common_nsleep")
 
 
 def storage_wait_kind(wchan: str, worker: bool) -> str | None:
@@ -139,6 +143,8 @@ class _Thread:
     alive_s: float = 0.0                        # wall time seen in this window
     d_s: float = 0.0                            # sampled time in D, not a storage wait
     s_storage_s: float = 0.0                    # sampled time in S or D on a storage wait
+    timer: bool = False                         # asleep in a timer (nanosleep) at the last read
+    s_timer_s: float = 0.0                      # sampled time asleep in a timer
     pre_switch: bool = False                    # born before delay accounting was switched on
     gone: bool = False
 
@@ -297,6 +303,8 @@ class TaskSampler:
                         t.s_storage_s += dt
                     elif t.state == b"D":
                         t.d_s += dt
+                    elif t.timer:
+                        t.s_timer_s += dt
                     t.quiet += 1
                     # Only a read that found it unchanged starts a new run of skips: set
                     # on a skipped sweep too, the thread would never be read again.
@@ -411,6 +419,7 @@ class TaskSampler:
             # uninterruptibly in fuse_direct_IO, NFS's TASK_KILLABLE waits read D. Delay
             # accounting counts neither (they are not io_schedule), so they are storage
             # waits, and D without a storage wchan is block I/O.
+            t.timer = False
             t.storage = self._storage(t) if t.state in (b"S", b"D") else None
         t.last = (run, wait, blkio)
         if not fresh:
@@ -419,6 +428,8 @@ class TaskSampler:
                 t.s_storage_s += dt
             elif t.state == b"D":
                 t.d_s += dt
+            elif t.timer:
+                t.s_timer_s += dt
 
     def _storage(self, t: _Thread) -> str | None:
         if t.fd_wchan < 0:
@@ -428,6 +439,7 @@ class TaskSampler:
             self._win.wchan_zero += 1
             return None
         self._win.wchan_named += 1
+        t.timer = w.startswith(_TIMER)
         return storage_wait_kind(w, t.worker)
 
     def _gone(self, t: _Thread) -> None:
@@ -441,7 +453,7 @@ class TaskSampler:
             del self._threads[key]
         for t in self._threads.values():
             t.base = t.last
-            t.alive_s = t.d_s = t.s_storage_s = 0.0
+            t.alive_s = t.d_s = t.s_storage_s = t.s_timer_s = 0.0
 
     def take(self) -> TimeBudget | None:
         """The budget of the window since the previous take (None before any sweep)."""
@@ -494,7 +506,9 @@ class TaskSampler:
             secs["runnable"] += runnable
             secs["io"] += io
             secs["storage_wait"] += t.s_storage_s
-            secs["asleep"] += max(0.0, t.alive_s - on_cpu - runnable - io - t.s_storage_s)
+            asleep = max(0.0, t.alive_s - on_cpu - runnable - io - t.s_storage_s)
+            secs["asleep"] += asleep
+            c.timer_s += min(asleep, t.s_timer_s)
         for name, c in classes.items():
             c.processes = len(pids[name])
             c.process_seconds = sum(procs[p] for p in pids[name])

@@ -9,7 +9,10 @@ other descendant), the thread-seconds each state took over the measured window:
                   where it is on, else task-state sampling)
     storage_wait  asleep (S) in a wait that belongs to storage: a FUSE request, an NFS
                   RPC, a storage client's socket receive (from the thread's wchan)
-    asleep        asleep otherwise: a queue, a lock, the training step
+    asleep        asleep otherwise: a queue, a lock, the training step; of it, the
+                  class's `timer_s` was asleep in a timer (nanosleep: time.sleep, a
+                  backoff), which in a worker is a wait inside its own work, not a wait for
+                  work (that is a poll on its index queue)
 
 `process_seconds` is the sum over the class's processes of the part of the window each
 was alive (a process that exits mid-window is counted to its exit), so that
@@ -42,6 +45,11 @@ class ClassBudget:
     threads: int = 0                    # threads of the class seen in the window
     process_seconds: float = 0.0        # sum of each process's alive time in the window
     seconds: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STATES})
+    timer_s: float = 0.0                # of `asleep`, the thread-seconds asleep in a timer
+
+    def timer(self) -> float:
+        """Share asleep in a timer (nanosleep), per process-second: part of asleep."""
+        return self.timer_s / self.process_seconds if self.process_seconds else 0.0
 
     def share(self, state: str) -> float:
         """Thread-seconds in `state` per process-second (0 when nothing was seen)."""
@@ -72,17 +80,19 @@ class ClassBudget:
         self.process_seconds += other.process_seconds
         for s in STATES:
             self.seconds[s] = self.seconds.get(s, 0.0) + other.seconds.get(s, 0.0)
+        self.timer_s += other.timer_s
 
     def to_dict(self) -> dict[str, Any]:
         return {"processes": self.processes, "threads": self.threads,
                 "process_seconds": self.process_seconds, "seconds": dict(self.seconds),
-                "shares": {s: self.share(s) for s in STATES}}
+                "shares": {s: self.share(s) for s in STATES}, "timer_seconds": self.timer_s}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClassBudget:
         secs = {s: float((d.get("seconds") or {}).get(s, 0.0)) for s in STATES}
         return cls(processes=int(d.get("processes", 0)), threads=int(d.get("threads", 0)),
-                   process_seconds=float(d.get("process_seconds", 0.0)), seconds=secs)
+                   process_seconds=float(d.get("process_seconds", 0.0)), seconds=secs,
+                   timer_s=float(d.get("timer_seconds", 0.0)))
 
 
 @dataclass

@@ -501,11 +501,15 @@ class DataLoader:
             reason = budget.get("reason") or "no worker seen"
             return ctl.workers_blocked(None, ctl.bound,
                                        f"the workers' time budget is missing: {reason}")
-        blocked = wc.blocked()
+        # A worker asleep in a timer inside its work (time.sleep, a client's backoff)
+        # needs no core while it waits, as one blocked on storage does not.
+        timer = min(wc.idle(), wc.timer())
+        blocked = min(1.0, wc.blocked() + timer)
+        also = f" and asleep in a timer inside their work {timer:.0%}" if timer >= 0.05 else ""
         return ctl.workers_blocked(
             blocked, worker_bound(usable_cores(), blocked_share=blocked),
-            f"the {wc.processes} workers were blocked on storage {blocked:.0%} of their "
-            "time (the bound is cores / (1 - blocked))")
+            f"the {wc.processes} workers were blocked on storage {wc.blocked():.0%}{also} of "
+            "their time (the bound is cores / (1 - blocked))")
 
     def _verdict(self, cfg: Config, budget: dict[str, Any], wall: float, stages: Any,
                  stats: WindowStats | None) -> None:

@@ -18,8 +18,11 @@ the states with each other rather than one share with a fixed line, so that a wo
      the job's own demand (as many loaders as cores, or the job's tasks want >= 85 % of
      the cores): decode; else loader (too few workers: a neighbour's load does not make
      the cores full, the scheduler shares them per task, so more workers get more);
-   - idle workers while the step waits: the wait is in the main process (collate,
-     pin_memory, IPC, a lock): loader (main process).
+   - idle workers while the step waits: asleep in a timer for most of it (nanosleep:
+     time.sleep in the Dataset, a client's backoff, a rate limiter), the wait is inside
+     their own work, which more workers overlap: loader (waits inside the dataset); else
+     the wait is in the main process (collate, pin_memory, IPC, a lock): loader (main
+     process).
    The ceilings measured apart (the probe's or the search's storage ceiling, the decode
    ceiling) confirm or contradict it in the evidence.
 3. Without a budget: a ceiling measured apart that is reached still decides (storage,
@@ -157,6 +160,8 @@ def decide(inp: RuleInputs) -> Verdict:
         v = _blocked(inp, load, ev, cmd)
     elif state == "cpu":
         v = _on_cpu(inp, budget, load, ev, cmd)
+    elif not load.main_only and load.timer >= 0.5 * load.idle:
+        v = _timer_waits(inp, load, ev, cmd)
     else:
         v = _main_process(inp, budget, load, ev, cmd)
     _stages(inp, v, ev)
@@ -289,6 +294,7 @@ class _Load:
     storage_wait: float
     idle: float
     read_cpu: float = 0.0   # of `cpu`, the part the pipeline's clock puts inside the read stage
+    timer: float = 0.0      # of `idle`, the part asleep in a timer (nanosleep)
 
     @property
     def cpu(self) -> float:
@@ -337,7 +343,9 @@ def _class_line(name: str, c: ClassBudget, b: TimeBudget) -> str:
     return (f"{label} ({c.processes} proc{'s' if c.processes != 1 else ''}, {c.threads} "
             f"threads): I/O {_pct(sh['io'])} of {'their' if name == 'workers' else 'its'} time, storage wait "
             f"{_pct(sh['storage_wait'])}, on a CPU {_pct(sh['on_cpu'])}, runnable "
-            f"{_pct(sh['runnable'])}, asleep {_pct(sh['asleep'])} ({src}, {b.samples:,} "
+            f"{_pct(sh['runnable'])}, asleep {_pct(sh['asleep'])}"
+            + (f" (in a timer {_pct(c.timer())})" if c.timer() >= 0.05 else "")
+            + f" ({src}, {b.samples:,} "
             f"samples at {b.hz:.0f} Hz over {b.wall_s:.1f} s)")
 
 
@@ -384,7 +392,8 @@ def _loading(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[_Load | Non
                       "the workers were not seen in the window (run the training command "
                       "itself under `autotune monitor`, not a shell that forks it away)")
     return _Load("workers", wc.processes or int(workers or 1), wc.share("on_cpu"),
-                 wc.share("runnable"), wc.share("io"), wc.share("storage_wait"), wc.idle()), ""
+                 wc.share("runnable"), wc.share("io"), wc.share("storage_wait"), wc.idle(),
+                 timer=min(wc.idle(), wc.timer())), ""
 
 
 def _usable_cores(inp: RuleInputs) -> int | None:
@@ -598,6 +607,26 @@ def _on_cpu(inp: RuleInputs, b: TimeBudget, load: _Load, ev: list[str],
                    "of the time: too few workers", ev, cmd["search"],
                    [f"raise num_workers (up to about {min(bound, cores or bound)}), and "
                     "prefetch_factor if batches arrive unevenly; `autotune search` finds the knee"])
+
+
+def _timer_waits(inp: RuleInputs, load: _Load, ev: list[str], cmd: dict[str, str]) -> Verdict:
+    """Workers asleep in a timer while the step waits: a wait inside their own work (a
+    worker waiting for work polls its index queue's pipe instead), which overlaps across
+    workers as a storage latency does."""
+    cores = _usable_cores(inp) or 1
+    bound = worker_bound(cores, blocked_share=min(1.0, load.blocked + load.timer))
+    ev.append(f"the workers' sleeps are timer sleeps (nanosleep) {_pct(load.timer)} of their "
+              f"time: inside their work, not a wait for work; worker bound {bound} "
+              f"({cores} usable core(s), raised while they sleep or block: cores / (1 - share))")
+    return Verdict("loader", f"loader-configuration-bound (waits inside the dataset): "
+                   f"{load.who} {load.verb} asleep in a timer {_pct(load.timer)} of "
+                   f"{load.whose} time (time.sleep, a client's backoff or a rate limiter in "
+                   f"the Dataset; on a CPU {_pct(load.cpu)}, blocked {_pct(load.blocked)}) while "
+                   f"the step waits {_pct(inp.data_share)}: more workers overlap such waits",
+                   ev, cmd["search"],
+                   [f"raise num_workers (up to about {bound}: a sleeping worker needs no core), "
+                    "or remove the wait from __getitem__; a client backing off means the "
+                    "service is throttling its requests"])
 
 
 def _main_process(inp: RuleInputs, b: TimeBudget, load: _Load, ev: list[str],

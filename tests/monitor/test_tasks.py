@@ -142,6 +142,48 @@ def test_launcher_shell_main_is_its_python_child(procs: list[subprocess.Popen[by
     assert b.classes["workers"].processes == 0     # the shell above it counts nowhere
 
 
+SLEEPER_AND_POLLER = """
+    import os, time
+    r, w = os.pipe()
+    if os.fork() == 0:                  # a worker sleeping inside its work: time.sleep
+        while True: time.sleep(0.02)
+    if os.fork() == 0:                  # a worker waiting for work: a poll on its pipe
+        import select
+        while True: select.select([r], [], [], 5.0)
+    print("ready", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_timer_sleep_is_told_from_a_wait_for_work(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Both workers are asleep; only the one in nanosleep is asleep in a timer (the verdict
+    reads that as a wait inside the Dataset, the other as a wait for the main process)."""
+    procs.append(p := _spawn(SLEEPER_AND_POLLER))
+    time.sleep(0.2)
+    kids = sorted(int(x) for x in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split())
+    assert len(kids) == 2
+    sleeper, poller = kids
+    for pid, want in ((sleeper, True), (poller, False)):
+        s = TaskSampler(p.pid, psi=False)
+        s._add = (lambda orig, keep: lambda q, tid, now: orig(q, tid, now) if q == keep
+                  else None)(s._add, pid)   # one worker each time
+        s.start()
+        try:
+            time.sleep(1.5)
+            b = s.take()
+        finally:
+            s.stop()
+        assert b is not None
+        w = b.classes["workers"]
+        assert w.share("asleep") > 0.8
+        if want:
+            assert w.timer() > 0.5, w.to_dict()
+        else:
+            assert w.timer() == 0.0, w.to_dict()
+    b2 = TimeBudget.from_dict(b.to_dict())
+    assert b2.classes["workers"].timer_s == b.classes["workers"].timer_s
+
+
 def test_storage_wait_kinds() -> None:
     assert storage_wait_kind("request_wait_answer", worker=True) == "fuse"
     assert storage_wait_kind("fuse_dev_do_read", worker=False) == "fuse"

@@ -111,13 +111,14 @@ def _until_verdict(loader, seconds=90.0):
 def test_idle_workers_after_tuning_verdict_once_from_the_engine(decisions):
     """Workers that sleep in __getitem__ and a loop with no step: no setting reaches AU
     0.90; the loader says why once, from the verdict engine and a time budget of its own
-    workers: asleep, neither on a CPU nor blocked on storage (a sleep is not a read)."""
+    workers: asleep in a timer, neither on a CPU nor blocked on storage (a sleep is not a
+    read), which is a wait inside the Dataset (it said "main process" before: wrong)."""
     loader = autotune.DataLoader(Slow(200, 0.004), batch_size=4)
     _until_verdict(loader)
     verdicts = [r for e, r in decisions() if e == "verdict"]
     assert len(verdicts) == 1
     v = verdicts[0].autotune["verdict"]
-    assert v["bottleneck"] == "loader" and "(main process)" in v["summary"]
+    assert v["bottleneck"] == "loader" and "(waits inside the dataset)" in v["summary"], v
     assert any(line.startswith("workers (") for line in v["evidence"])  # the budget's line
     assert loader.verdict.bottleneck == "loader"
 
