@@ -222,8 +222,8 @@ class Controller:
             # rate is the limit; a deeper prefetch adds no reads in flight either.
             self.storage = True
             self._cause = trial
-            return self._settle(f"the workers were blocked on storage and "
-                                f"{trial.config.num_workers} workers (past the "
+            return self._settle(f"the workers were waiting (blocked on storage, or asleep "
+                                f"inside their work) and {trial.config.num_workers} workers (past the "
                                 f"{self.cores_bound} cores) did not help")
         # From a rejected trial go straight to the next one, or back to the best.
         nxt = self._next_step()
