@@ -428,3 +428,16 @@ def test_cpu_inside_the_read_stage_is_the_storage_clients_not_decode():
     v = decide(inputs(0.16, s, workers=4, stages=heavy, probe=probe, ips=41.0))
     assert v.bottleneck == "decode", v
     assert not any("inside the read stage (the other" in e for e in v.evidence)
+
+
+def test_the_next_command_names_the_users_dataset_and_step():
+    """A search of a user's Dataset (a factory) or step: the verdict's next command carries
+    them, else it would search the folder's images with an emulated step, another job."""
+    s = system(budget_d=budget(workers=klass(4, on_cpu=0.1), main=IDLE_MAIN))
+    v = decide(inputs(0.3, s, workers=4, job_args="--dataset-factory my.py:make"))
+    assert v.next_command == ("autotune search /data/train --dataset-factory my.py:make "
+                              "--compute-ms 100 --batch-size 256"), v.next_command
+    s = system(budget_d=budget(workers=klass(4, on_cpu=0.1), main=IDLE_MAIN))
+    v = decide(inputs(0.3, s, workers=4, job_args="--dataset-factory my.py:make --step t:step"))
+    assert v.next_command == ("autotune search /data/train --dataset-factory my.py:make "
+                              "--step t:step --batch-size 256"), v.next_command

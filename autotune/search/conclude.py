@@ -11,7 +11,7 @@ from autotune.search.confirm import ckey, confirmed
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult, options_dict
 from autotune.search.session import Session
-from autotune.search.verdict import decide, worker_bound_of
+from autotune.search.verdict import decide, job_args_of, worker_bound_of
 
 
 def _trial_records(study: Any) -> list[TrialRecord]:
@@ -87,8 +87,8 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
     rec = rec_mod.knee(pool)
     step_s = s.base.compute_ms / 1000 if s.base.step is None and s.base.compute_ms else None
     verdict = decide(rec, best, ceilings, batch_size=s.base.batch_size, step_s=step_s,
-                     dataset=str(s.root),
-                     worker_bound=worker_bound_of(s.space)) if rec and best else None
+                     dataset=str(s.root), worker_bound=worker_bound_of(s.space),
+                     job_args=job_args_of(s.base)) if rec and best else None
     if best is None:
         warnings.append("no configuration completed: see each trial's reason and hint")
     if baseline is not None and not baseline.ok:

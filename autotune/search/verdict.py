@@ -20,7 +20,8 @@ def _pct(x: float | None) -> str:
 
 def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings, *,
            batch_size: int | None = None, step_s: float | None = None,
-           dataset: str | None = None, worker_bound: int | None = None) -> Verdict:
+           dataset: str | None = None, worker_bound: int | None = None,
+           job_args: str = "") -> Verdict:
     """The verdict for the recommended configuration `rec` (best: the fastest measured)."""
     figs = SystemFigures.from_dict(rec.system_figures) if rec.system_figures else None
     no_step = rec.au is None
@@ -37,7 +38,7 @@ def decide(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings, *,
         storage_overtaken="storage" in ceilings.lower_bounds,
         storage_concurrency=ceilings.storage_best_concurrency,
         decode_ceiling=ceilings.valid("decode"), worker_bound=worker_bound,
-        stages=rec.stages)
+        stages=rec.stages, job_args=job_args)
     v = decide_rules(inp)
     v.evidence[1:1] = _search_lines(rec, best, ceilings, no_step)
     return v
@@ -60,6 +61,23 @@ def _search_lines(rec: TrialRecord, best: TrialRecord, ceilings: Ceilings,
     if ceilings.ram_backed:
         lines.append(f"the dataset is RAM-backed ({ceilings.ram_backed}): never cold")
     return lines
+
+
+def job_args_of(base: Any) -> str:
+    """The search options that name the job, for the verdict's next command: the user's
+    Dataset factory, their step, a preset other than the default."""
+    import shlex
+
+    from autotune.bench.config import DEFAULT_PRESET
+
+    out = []
+    if getattr(base, "dataset_factory", None):
+        out.append(f"--dataset-factory {shlex.quote(base.dataset_factory)}")
+    elif getattr(base, "preset", None) and base.preset != DEFAULT_PRESET:
+        out.append(f"--preset {shlex.quote(base.preset)}")
+    if getattr(base, "step", None):
+        out.append(f"--step {shlex.quote(base.step)}")
+    return " ".join(out)
 
 
 def worker_bound_of(space: Any) -> int | None:

@@ -72,6 +72,10 @@ class RuleInputs:
     # autotune's own pipeline: where its time went by stage (autotune.data.stages), None
     # for a user's dataset (the time budget is its budget).
     stages: dict[str, Any] | None = None
+    # What else names the job in a next `search` command: "--dataset-factory F.py:fn",
+    # "--step M:fn", "--preset P" (a user's Dataset searched as a folder of images would
+    # be another job). With --step, no --compute-ms is added.
+    job_args: str = ""
 
 
 def _pct(x: float | None) -> str:
@@ -89,9 +93,12 @@ def _commands(inp: RuleInputs) -> dict[str, str]:
     step = f" --compute-ms {ms:.0f}" if ms is not None and ms >= 1 else (
         f" --compute-ms {ms:.1f}" if ms is not None else " --compute-ms MS")
     half = f" --compute-ms {ms / 2:.0f}" if ms is not None and ms >= 2 else step
+    job = f" {inp.job_args.strip()}" if inp.job_args.strip() else ""
+    if " --step " in f" {job} ":
+        step = half = ""          # the user's own step, measured as it is
     return {
-        "search": f"autotune search {ds}{step}{bs}",
-        "search_half": f"autotune search {ds}{half}{bs}",
+        "search": f"autotune search {ds}{job}{step}{bs}",
+        "search_half": f"autotune search {ds}{job}{half}{bs}",
         "convert": (f"autotune convert {ds} {shlex.quote(inp.dataset.rstrip('/') + '-wds')} "
                     "--format wds" if inp.dataset else "autotune convert DATASET DATASET-wds --format wds"),
         "monitor": f"autotune monitor --data {ds} -- YOUR TRAINING COMMAND",

@@ -109,6 +109,9 @@ def test_search_with_a_factory_and_ranks_hands_back_kwargs_that_work(small_datas
     rec = d["recommended"]
     assert len(rec["per_rank"]) == 2 and rec["config"]["num_workers"] <= max(1, os.cpu_count() // 2)
     assert any("num_workers is per rank" in n for n in d["warnings"])
+    # The verdict's next command is this job's: the user's Dataset, not the folder's images.
+    nxt = d["verdict"]["next_command"]
+    assert f"--dataset-factory {USER}:make" in nxt and "--preset" not in nxt, nxt
     kw = autotune.loader_kwargs(out / "search.json")
     assert kw == d["loader_kwargs"] and kw["batch_size"] == 4 and kw["shuffle"] is True
     # A plain DataLoader over the user's dataset takes them as they are.
