@@ -186,6 +186,7 @@ class DataLoader:
         self._failed: Config | None = None    # DDP: this rank's new pool could not start
         self._shared_mem: MemoryFigures | None = None
         self._forced: list[Config] = []
+        self._epoch_cfg: Config | None = None   # the configuration the last epoch began with
         self._first: _Seen | None = None
         self._latest: _Seen | None = None
         self.summary: str | None = None
@@ -291,6 +292,13 @@ class DataLoader:
         if self._iterable and self._forced:
             self._target = self._forced.pop(0)
         cfg = self._target
+        last = self._epoch_cfg
+        self._epoch_cfg = cfg
+        if self._iterable and last is not None and last != cfg:
+            # Decided during the last epoch ("from the next epoch on"); it takes effect now.
+            emit("switched", f"switched {last.short()} -> {cfg.short()} at the epoch boundary "
+                 "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
+                 old=last.kwargs(), reason="epoch")
         reused = False
         if self._pending is not None:
             pool, self._pending = self._pending, None

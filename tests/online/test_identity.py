@@ -162,7 +162,7 @@ def test_distributed_sampler_set_epoch():
     assert runs[1][0] != runs[1][1]  # set_epoch reached the sampler
 
 
-def test_iterable_dataset_switches_at_epoch_boundaries():
+def test_iterable_dataset_switches_at_epoch_boundaries(decisions):
     loader = autotune.DataLoader(Stream(60, 0.001), batch_size=4, _controller=False)
     seen = []
     for epoch in range(3):
@@ -178,6 +178,10 @@ def test_iterable_dataset_switches_at_epoch_boundaries():
         seen.append(workers.pop())
     loader.close()
     assert seen[1] == 0 and seen[2] == 1
+    # Each switch is logged when it takes effect, at the epoch boundary, not only decided.
+    sw = [r for e, r in decisions() if e == "switched"]
+    assert [r.autotune["config"]["num_workers"] for r in sw] == [0, 1], [r.getMessage() for r in sw]
+    assert all("at the epoch boundary" in r.getMessage() for r in sw)
 
 
 def _alive(pid):
