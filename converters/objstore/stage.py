@@ -193,7 +193,7 @@ def stage_s3(src: str, dst: str | os.PathLike[str], *, workers: int = 4,
             lambda e: _copy_object(st, url, objs, dst_fd, tmp_fd, e, verify, d),
             dst_fd, state, d, on_file, progress)
         if not failures:
-            _publish(d, dst_fd, raw, state, (node_rank, nnodes) if node_rank is not None
+            _publish(d, dst_fd, tmp_fd, raw, state, (node_rank, nnodes) if node_rank is not None
                      else None, entries)
         shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)
     return StageResult(str(url), str(d), len(entries), len(todo) - len(failures),
