@@ -120,7 +120,7 @@ class SeaweedServer:
                 f"-ip.bind={self.ip}",
                 *(f"-{name}.port={p}" for name, p in port.items()),
                 "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-master.telemetry=false"]
+                "-master.telemetry=false", "-volume.max=2000"]
         if self.s3_config is not None:
             args.append(f"-s3.config={self.s3_config}")
         with open(self.log, "ab") as log:

@@ -145,6 +145,30 @@ def _pct(xs: list[float], q: float) -> float:
     return 1000 * s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
+def _run_for(store: Store, c: int, seconds: float, step: Callable[[], bool]) -> float:
+    """`step()` in `c` threads until `seconds` have passed (each thread makes one step at
+    least) or a step returns False; the seconds it took. The client is made and the threads
+    are started before the clock runs: on a busy machine making a boto3 client can take
+    longer than a short level, which then measured nothing at all."""
+    store.client  # one per process, shared by the threads
+    start = [0.0]
+    gate = threading.Barrier(c + 1, action=lambda: start.__setitem__(0, time.perf_counter()))
+
+    def work() -> None:
+        gate.wait()
+        deadline = start[0] + seconds
+        while step() and time.perf_counter() < deadline:
+            pass
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(c)]
+    for t in threads:
+        t.start()
+    gate.wait()
+    for t in threads:
+        t.join()
+    return max(time.perf_counter() - start[0], 1e-9)
+
+
 def _level(store: Store, bucket: str, objs: list[ObjectInfo], c: int, seconds: float) -> GetLevel:
     """GET `objs` (each once at most) with `c` threads until `seconds` have passed."""
     it = iter(objs)
@@ -152,39 +176,31 @@ def _level(store: Store, bucket: str, objs: list[ObjectInfo], c: int, seconds: f
     first: list[float] = []
     whole: list[float] = []
     got = [0, 0, 0]  # gets, bytes, errors
-    deadline = time.perf_counter() + seconds
 
-    def work() -> None:
-        store.client  # made before the clock runs (one per process, shared by threads)
-        while time.perf_counter() < deadline:
+    def step() -> bool:
+        with lock:
+            obj = next(it, None)
+        if obj is None:
+            return False
+        t0 = time.perf_counter()
+        try:
+            r = store.call(f"s3://{bucket}/{obj.key}", bucket, lambda cl, o=obj: cl.get_object(
+                Bucket=bucket, Key=o.key, **({"IfMatch": o.etag} if o.etag else {})))
+            t1 = time.perf_counter()
+            n = len(r["Body"].read())
+        except Exception:  # noqa: BLE001 (counted: a probe reports, the reader raises)
             with lock:
-                obj = next(it, None)
-            if obj is None:
-                return
-            t0 = time.perf_counter()
-            try:
-                r = store.call(f"s3://{bucket}/{obj.key}", bucket, lambda cl, o=obj: cl.get_object(
-                    Bucket=bucket, Key=o.key, **({"IfMatch": o.etag} if o.etag else {})))
-                t1 = time.perf_counter()
-                n = len(r["Body"].read())
-            except Exception:  # noqa: BLE001 (counted: a probe reports, the reader raises)
-                with lock:
-                    got[2] += 1
-                continue
-            t2 = time.perf_counter()
-            with lock:
-                first.append(t1 - t0)
-                whole.append(t2 - t0)
-                got[0] += 1
-                got[1] += n
+                got[2] += 1
+            return True
+        t2 = time.perf_counter()
+        with lock:
+            first.append(t1 - t0)
+            whole.append(t2 - t0)
+            got[0] += 1
+            got[1] += n
+        return True
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    el = max(time.perf_counter() - t0, 1e-9)
+    el = _run_for(store, c, seconds, step)
     return GetLevel(c, got[0], got[1], round(el, 3), round(got[0] / el, 1),
                     round(got[1] / el / 2**20, 2), round(_pct(first, 0.5), 2),
                     round(_pct(first, 0.99), 2), round(_pct(whole, 0.5), 2),
@@ -217,45 +233,37 @@ def _range_level(store: Store, bucket: str, obj: ObjectInfo, size: int, c: int,
     lock = threading.Lock()
     first: list[float] = []
     got = [0, 0, 0]  # gets, bytes, errors
-    deadline = time.perf_counter() + seconds
     what = f"s3://{bucket}/{obj.key}"
 
-    def work() -> None:
-        store.client  # made before the clock runs
-        while time.perf_counter() < deadline:
+    def step() -> bool:
+        with lock:
+            off = rng.randrange(slots) * _ALIGN
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key,
+                              "Range": f"bytes={off}-{off + size - 1}"}
+        if obj.etag:
+            kw["IfMatch"] = obj.etag
+        t0 = time.perf_counter()
+        try:
+            r = store.call(what, bucket, lambda cl: cl.get_object(**kw))
+            t1 = time.perf_counter()
+            data = r["Body"].read()
+            ok = (len(data) == size and str(r.get("ContentRange", "")).startswith(
+                f"bytes {off}-{off + size - 1}/"))
+        except Exception:  # noqa: BLE001 (counted: a probe reports, the reader raises)
+            ok = False
+        if not ok:
             with lock:
-                off = rng.randrange(slots) * _ALIGN
-            kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key,
-                                  "Range": f"bytes={off}-{off + size - 1}"}
-            if obj.etag:
-                kw["IfMatch"] = obj.etag
-            t0 = time.perf_counter()
-            try:
-                r = store.call(what, bucket, lambda cl: cl.get_object(**kw))
-                t1 = time.perf_counter()
-                data = r["Body"].read()
-                ok = (len(data) == size and str(r.get("ContentRange", "")).startswith(
-                    f"bytes {off}-{off + size - 1}/"))
-            except Exception:  # noqa: BLE001 (counted: a probe reports, the reader raises)
-                ok = False
-            if not ok:
-                with lock:
-                    got[2] += 1
-                continue
-            if on_range is not None:
-                on_range(off, data)
-            with lock:
-                first.append(t1 - t0)
-                got[0] += 1
-                got[1] += len(data)
+                got[2] += 1
+            return True
+        if on_range is not None:
+            on_range(off, data)
+        with lock:
+            first.append(t1 - t0)
+            got[0] += 1
+            got[1] += len(data)
+        return True
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=work, daemon=True) for _ in range(c)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    el = max(time.perf_counter() - t0, 1e-9)
+    el = _run_for(store, c, seconds, step)
     return RangeLevel(size, c, got[0], got[1], round(el, 3), round(got[0] / el, 1),
                       round(got[1] / el / 2**20, 2), round(_pct(first, 0.5), 2),
                       round(_pct(first, 0.99), 2), got[2])

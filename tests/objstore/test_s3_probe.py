@@ -153,6 +153,34 @@ def test_ranged_reads_refuse_a_changed_object(s3_endpoint: str, s3_client,  # no
     assert rp.skipped and "8 MiB" in rp.skipped[0]
 
 
+class _SlowToMake(Store):
+    """A store whose client takes longer to make than a level lasts (a busy machine: CI
+    saw a 0.3 s level measure nothing while boto3 built its client)."""
+
+    def _make_client(self):  # noqa: ANN202
+        import time
+
+        time.sleep(0.6)
+        return super()._make_client()
+
+
+def test_a_level_starts_its_clock_after_the_client_is_made(s3_endpoint: str, s3_client,  # noqa: ANN001
+                                                          bucket: str) -> None:
+    from autotune.probe.objstore import measure_ranges
+    from converters.objstore import ObjectInfo
+
+    s3_client.put_object(Bucket=bucket, Key="x/big.bin", Body=os.urandom(1 << 20))
+    etag = s3_client.head_object(Bucket=bucket, Key="x/big.bin")["ETag"]
+    rp = measure_ranges(_SlowToMake(S3Config(s3_endpoint)), bucket,
+                        ObjectInfo("x/big.bin", 1 << 20, etag), "test", concurrency=(2,),
+                        seconds=0.2)
+    lv = rp.levels[0]
+    assert lv.gets >= 2 and lv.errors == 0, lv  # one request a thread at least
+    objs = measure_objects(f"s3://{bucket}/x", store=_SlowToMake(S3Config(s3_endpoint)),
+                           concurrency=(1,), seconds=0.2, cold=False, ranges=False)
+    assert objs.by_concurrency[0].gets == 1 and objs.by_concurrency[0].errors == 0
+
+
 def test_no_large_object_is_said_not_zeroed(s3_endpoint: str, objects: str) -> None:
     obj = measure_objects(objects, store=Store(S3Config(s3_endpoint)), concurrency=(1,),
                           seconds=0.5, cold=False)
