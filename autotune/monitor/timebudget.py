@@ -48,8 +48,10 @@ class ClassBudget:
     timer_s: float = 0.0                # of `asleep`, the thread-seconds asleep in a timer
 
     def timer(self) -> float:
-        """Share asleep in a timer (nanosleep), per process-second: part of asleep."""
-        return self.timer_s / self.process_seconds if self.process_seconds else 0.0
+        """Share asleep in a timer (nanosleep), per process-second: part of idle, and never
+        more than it (several threads of a process can sleep at once; idle is one thread's)."""
+        t = self.timer_s / self.process_seconds if self.process_seconds else 0.0
+        return min(t, self.idle())
 
     def share(self, state: str) -> float:
         """Thread-seconds in `state` per process-second (0 when nothing was seen)."""

@@ -511,7 +511,7 @@ class DataLoader:
                                        f"the workers' time budget is missing: {reason}")
         # A worker asleep in a timer inside its work (time.sleep, a client's backoff)
         # needs no core while it waits, as one blocked on storage does not.
-        timer = min(wc.idle(), wc.timer())
+        timer = wc.timer()
         blocked = min(1.0, wc.blocked() + timer)
         also = f" and asleep in a timer inside their work {timer:.0%}" if timer >= 0.05 else ""
         return ctl.workers_blocked(

@@ -400,7 +400,7 @@ def _loading(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[_Load | Non
                       "itself under `autotune monitor`, not a shell that forks it away)")
     return _Load("workers", wc.processes or int(workers or 1), wc.share("on_cpu"),
                  wc.share("runnable"), wc.share("io"), wc.share("storage_wait"), wc.idle(),
-                 timer=min(wc.idle(), wc.timer())), ""
+                 timer=wc.timer()), ""
 
 
 def _usable_cores(inp: RuleInputs) -> int | None:

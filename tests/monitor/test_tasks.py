@@ -395,3 +395,16 @@ def test_a_thread_that_sleeps_between_bursts_is_still_read():
         p.kill()
         p.wait()
     assert all(s > 0.01 for s in shares[1:]), shares
+
+
+def test_the_timer_share_never_exceeds_idle() -> None:
+    """Two threads of one process asleep in timers for the whole second are 2.0
+    thread-seconds per process-second, but idle is one thread's share: capped at it."""
+    from autotune.monitor.timebudget import ClassBudget
+
+    b = ClassBudget(processes=1, threads=3, process_seconds=1.0,
+                    seconds={"on_cpu": 0.5, "runnable": 0.0, "io": 0.0, "storage_wait": 0.0,
+                             "asleep": 2.0}, timer_s=2.0)
+    assert b.idle() == pytest.approx(0.5) and b.timer() == pytest.approx(0.5)
+    b.timer_s = 0.2
+    assert b.timer() == pytest.approx(0.2)
