@@ -151,11 +151,15 @@ def _localise(code: str, work: Path) -> str:
 RUNNABLE = [p for p in PAGES if any(e.runs and not e.file for e in _examples(p))]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("page", RUNNABLE)
-def test_the_examples_of_a_page_run(page, docs_dataset, tmp_path):
-    work = tmp_path / "work"
-    shutil.copytree(docs_dataset, work / "data" / "train")
+# Pages are independent (each its own directory, dataset copy and cache) and their examples
+# are judged by their exit status alone, never by a figure: two run at a time, started
+# together when the first page test asks, which halves the suite's longest stretch.
+JOBS = max(1, min(2, os.cpu_count() or 1))
+
+
+def _run_page(page: str, dataset: Path, work: Path) -> str | None:
+    """Run the page's examples in order in `work`; None, or why the first failure failed."""
+    shutil.copytree(dataset, work / "data" / "train")
     (work / "local" / "nvme").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "XDG_CACHE_HOME": str(work / "cache"),
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
@@ -173,7 +177,38 @@ def test_the_examples_of_a_page_run(page, docs_dataset, tmp_path):
             cmd = [sys.executable, str(script)]
         else:
             cmd = ["bash", "-e", "-o", "pipefail", "-c", code]
-        r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, (
-            f"docs/{page}, example {i + 1} ({e.lang}) exited {r.returncode}:\n{e.code}\n"
-            f"--- stdout ---\n{r.stdout[-2000:]}\n--- stderr ---\n{r.stderr[-3000:]}")
+        try:
+            r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True,
+                               timeout=600)
+        except subprocess.TimeoutExpired:
+            return f"docs/{page}, example {i + 1} ({e.lang}) ran past 600 s:\n{e.code}"
+        if r.returncode != 0:
+            return (f"docs/{page}, example {i + 1} ({e.lang}) exited {r.returncode}:\n{e.code}\n"
+                    f"--- stdout ---\n{r.stdout[-2000:]}\n--- stderr ---\n{r.stderr[-3000:]}")
+    return None
+
+
+@pytest.fixture(scope="session")
+def page_runs(request, docs_dataset, tmp_path_factory):
+    """{page: Future of _run_page} for the pages this session's tests ask for."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wanted = [it.callspec.params["page"] for it in request.session.items
+              if getattr(it, "originalname", "") == "test_the_examples_of_a_page_run"]
+    # The pages that search first (the longest), so that the two lanes end together.
+    order = sorted(wanted, key=lambda p: -sum(e.code.count("search") for e in _examples(p)
+                                               if e.runs))
+    base = tmp_path_factory.mktemp("docs-pages")
+    ex = ThreadPoolExecutor(JOBS, thread_name_prefix="docs-page")
+    try:
+        yield {p: ex.submit(_run_page, p, docs_dataset, base / f"{i:02d}" / "work")
+               for i, p in enumerate(order)}
+    finally:  # pages not started when the session stops early are not started at all
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", RUNNABLE)
+def test_the_examples_of_a_page_run(page, page_runs):
+    failure = page_runs[page].result()
+    assert failure is None, failure
