@@ -585,7 +585,7 @@ class DataLoader:
         t = time.perf_counter()
         pool = self._new_pool(cfg)
         if cfg.num_workers:
-            pool.open(None)  # idle: its workers come up while the old pool serves
+            pool.start_idle()  # idle: its workers come up while the old pool serves
         self._pending, self._target = pool, cfg
         self._switch = _Switch(pool, self._running, reason, t, time.perf_counter() - t)
 

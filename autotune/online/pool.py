@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator
@@ -50,7 +51,10 @@ class Pool:
         self.started_at: float | None = None
         self.ready_at: float | None = None
         self.it: Any = None
+        self._starter: threading.Thread | None = None
+        self._start_error: BaseException | None = None
         w = config.num_workers
+        self._forks = w > 0 and _start_method(mp_context) == "fork"
         # A RawArray is lock-free to read: the main process polls it once per batch.
         self._flags = multiprocessing.RawArray("b", w) if w else None
         kw = dict(common)
@@ -82,16 +86,51 @@ class Pool:
             self.it = iter(self.loader)
         return time.perf_counter() - t
 
+    def start_idle(self) -> float:
+        """Start the workers with an idle lease while another pool serves; the seconds it
+        took here. Forked workers start in this thread (a fork takes milliseconds, and
+        forking while the training thread runs would copy whatever locks it holds). Spawn
+        and forkserver workers start on a thread of their own: each `Process.start` waits
+        until the new interpreter has imported the script and read the pickled dataset,
+        about a second a worker, which would stall the training loop at every switch."""
+        if self._forks or not self.config.num_workers:
+            return self.open(None)
+        self.started_at = time.perf_counter()
+        self._starter = threading.Thread(target=self._start, name="autotune-pool-start",
+                                         daemon=True)
+        self._starter.start()
+        return time.perf_counter() - self.started_at
+
+    def _start(self) -> None:
+        try:
+            self.open(None)
+        except BaseException as e:  # noqa: BLE001 (told as a pool that could not start)
+            self._start_error = e
+
+    def _started(self) -> bool:
+        """The inner iterator exists (its workers were started)."""
+        if self._starter is None:
+            return True
+        if self._starter.is_alive():
+            return False
+        self._starter.join()
+        return self._start_error is None
+
     def ready(self) -> bool:
         """Every worker has run worker_init_fn (always, without workers)."""
         if self._flags is None:
             return True
+        if not self._started():
+            return False
         if self.ready_at is None and all(self._flags):
             self.ready_at = time.perf_counter()
         return self.ready_at is not None
 
     def died(self) -> bool:
-        """A worker exited while the pool was coming up."""
+        """A worker exited while the pool was coming up (or they could not be started)."""
+        if self._starter is not None and not self._starter.is_alive() and \
+                self._start_error is not None:
+            return True
         return any(p.exitcode is not None for p in self._procs())
 
     def next(self) -> Any:
@@ -114,12 +153,23 @@ class Pool:
 
     def shutdown(self) -> list[int]:
         """Stop the workers and return the pids still present afterwards (should be none)."""
+        if self._starter is not None:
+            self._starter.join()  # a pool retired while starting: stop what it started
         pids = self.pids()
         stop = getattr(self.it, "_shutdown_workers", None)
         if stop is not None:
             stop()
         self.it = None
         return [p for p in pids if pid_alive(p)]
+
+
+def _start_method(ctx: Any) -> str:
+    """The start method of a DataLoader's multiprocessing_context (None: the default)."""
+    if ctx is None:
+        return multiprocessing.get_start_method()
+    if isinstance(ctx, str):
+        return ctx
+    return ctx.get_start_method()
 
 
 @contextlib.contextmanager

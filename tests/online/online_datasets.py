@@ -115,3 +115,30 @@ class Pairs(Sampler):
 
     def __len__(self) -> int:
         return self.n // 2
+
+
+# Contexts that record which thread started each worker process (the parent's side).
+import multiprocessing.context as _mpc  # noqa: E402
+import threading as _threading  # noqa: E402
+
+STARTED_FROM: list[str] = []
+
+
+class _RecordingForkServerProcess(_mpc.ForkServerProcess):
+    def start(self) -> None:
+        STARTED_FROM.append(_threading.current_thread().name)
+        super().start()
+
+
+class _RecordingForkProcess(_mpc.ForkProcess):
+    def start(self) -> None:
+        STARTED_FROM.append(_threading.current_thread().name)
+        super().start()
+
+
+class RecordingForkServer(_mpc.ForkServerContext):
+    Process = _RecordingForkServerProcess
+
+
+class RecordingFork(_mpc.ForkContext):
+    Process = _RecordingForkProcess

@@ -326,3 +326,31 @@ def test_old_pool_serves_while_the_new_one_comes_up(decisions):
     assert len(sw) == 1 and sw[0].autotune["overlap_batches"] >= 3
     assert sw[0].autotune["startup_s"] >= 1.0  # it waited for worker_init_fn to finish
 
+
+
+@pytest.mark.parametrize("ctx, off_thread", [("forkserver", True), ("fork", False)])
+def test_spawned_workers_start_off_the_training_thread(ctx, off_thread):
+    """Each spawn or forkserver Process.start waits for the new interpreter (about a second
+    a worker: the training loop stalled for 2.5 s at a 1 -> 3 switch); those start on a
+    thread of their own while the old pool serves. Forked ones start in the caller."""
+    import threading
+
+    import online_datasets as od
+
+    del od.STARTED_FROM[:]
+    context = od.RecordingForkServer() if ctx == "forkserver" else od.RecordingFork()
+    loader = autotune.DataLoader(Slow(2000, 0.002), batch_size=4, num_workers=1,
+                                 multiprocessing_context=context, _controller=False)
+    it = iter(loader)
+    next(it)
+    first = list(od.STARTED_FROM)
+    loader._force_config(3, 2)
+    while loader._pools[-1].config.num_workers != 3 or loader._switch is not None:
+        next(it)
+    later = od.STARTED_FROM[len(first):]
+    main = threading.main_thread().name
+    assert first == [main]  # the first pool starts in the caller, as torch's does
+    assert len(later) == 3
+    assert all((name != main) == off_thread for name in later), later
+    assert [b for b in it]  # the epoch goes on to its end on the new pool
+    loader.close()
