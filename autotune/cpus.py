@@ -28,10 +28,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.cgroups import CGROUP_FILE, MOUNTINFO_FILE, cgroup_dirs
+
 __all__ = ["CpuLimit", "Quota", "cgroup_quotas", "cpu_limit", "usable_cores"]
 
-CGROUP_FILE = "/proc/self/cgroup"
-MOUNTINFO_FILE = "/proc/self/mountinfo"
 # A quota within this of a whole number is that number (150000/100000 is 1.5 exactly, but
 # a period of 33333 us makes 1 core 0.99999...).
 _EPS = 1e-6
@@ -78,52 +78,6 @@ def _affinity() -> int:
         return os.cpu_count() or 1
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as a backslash and three octal
-    # digits.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def _cgroup_mounts(mountinfo_text: str) -> list[tuple[str, str, str]]:
-    """(kind, mount root, mountpoint) of each v1 cpu and each v2 mount; kind is "v1"/"v2"."""
-    out = []
-    for line in mountinfo_text.splitlines():
-        left, _, right = line.partition(" - ")
-        parts, rparts = left.split(), right.split()
-        if len(parts) < 5 or not rparts:
-            continue
-        fstype = rparts[0]
-        opts = set(rparts[2].split(",")) if len(rparts) > 2 else set()
-        if fstype == "cgroup2":
-            out.append(("v2", _unescape(parts[3]), _unescape(parts[4])))
-        elif fstype == "cgroup" and "cpu" in opts:
-            out.append(("v1", _unescape(parts[3]), _unescape(parts[4])))
-    return out
-
-
-def _own_paths(cgroup_text: str) -> dict[str, str]:
-    """The process's cgroup path in the v1 cpu hierarchy and in the v2 one."""
-    paths: dict[str, str] = {}
-    for line in cgroup_text.splitlines():
-        hid, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if not path:
-            continue
-        if hid == "0" and controllers == "":
-            paths["v2"] = path
-        elif "cpu" in controllers.split(","):
-            paths["v1"] = path
-    return paths
-
-
 def _read_quota(kind: str, d: Path) -> Quota | None:
     """The quota set in cgroup directory `d`, None when none is set or none is readable."""
     try:
@@ -150,32 +104,10 @@ def cgroup_quotas(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
     cgroup first. Ancestors above what this mount namespace shows (a container's mount
     root) cannot be read and are not in the list. [] when /proc is unreadable."""
     try:
-        own = _own_paths(Path(cgroup_file).read_text())
-        mounts = _cgroup_mounts(Path(mountinfo_file).read_text())
+        dirs = cgroup_dirs("cpu", cgroup_file=cgroup_file, mountinfo_file=mountinfo_file)
     except OSError:
         return []
-    found: list[Quota] = []
-    seen: set[str] = set()
-    for kind, root, mnt in mounts:
-        path = own.get(kind)
-        if path is None:
-            continue
-        root = root.rstrip("/")
-        if not (path == root or path.startswith(root + "/") or root == ""):
-            continue  # this mount shows another part of the tree, not our cgroup
-        top = Path(mnt)
-        d = top / path[len(root):].lstrip("/")
-        while True:
-            key = os.path.realpath(d)
-            if key not in seen:  # a hierarchy mounted twice is read once
-                seen.add(key)
-                q = _read_quota(kind, d)
-                if q is not None:
-                    found.append(q)
-            if d == top or top not in d.parents:
-                break
-            d = d.parent
-    return found
+    return [q for kind, d in dirs if (q := _read_quota(kind, d)) is not None]
 
 
 def cpu_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,

@@ -1,0 +1,345 @@
+"""What the job's own container allows, read once: the one place every budget comes from.
+
+A job in a container or a Slurm allocation sees the host's figures in `/proc/meminfo` and
+`df /dev/shm`'s host mount only on bare metal; inside, what binds is
+
+* **memory**: the tightest cgroup limit on the way up from the process's own cgroup
+  (v1 `memory.limit_in_bytes`; v2 `memory.max`, and `memory.high`, where the kernel starts
+  reclaiming and throttling). v1's "unlimited" (a page counter's maximum, about 2**63) and
+  v2's `max` are no limit. The **working set** is usage less inactive file pages (what
+  cAdvisor and the kubelet evict on): the page cache a job has read counts in `usage`, and
+  without that subtraction a job that read its dataset once looks out of memory;
+* **/dev/shm**: Docker's default is a 64 MiB tmpfs, a Kubernetes pod's the same unless it
+  mounts an `emptyDir` of medium Memory; DataLoader workers hand every batch to the main
+  process through it, and its pages are charged to the cgroup too;
+* **CPU**: `autotune.cpus` (affinity and quotas);
+* **privileges**: whether the page cache can be dropped (root and a writable `/proc/sys`:
+  otherwise files are evicted one by one with `posix_fadvise`, which keeps inodes) and
+  whether delay accounting can be switched on (otherwise I/O waits come from sampling task
+  states), and whether the data's mount is read-only (probe's scratch file must go
+  elsewhere: `--scratch`).
+
+`read_environment()` returns an `Environment`; `Environment.to_dict()` is the `environment`
+key of probe, bench and search JSON, `Environment.lines()` their header, and
+`Environment.limitations()` says what a command could not do and what that changes. A file
+that is missing or unreadable is one note naming it, and the figure falls back to the next
+source (the cgroup to the host, `/dev/shm` to "unknown").
+
+cgroup v2 is read from the same code as v1; this project's machine mounts v1 only, so the
+v2 readers are tested on recorded v2 files (tests/test_environment.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from autotune.cgroups import CGROUP_FILE, MOUNTINFO_FILE, cgroup_dirs
+from autotune.cpus import CpuLimit, cpu_limit
+
+__all__ = ["DEV_SHM", "Environment", "MemoryLimit", "ShmSpace", "read_environment",
+           "read_memory_limit", "read_shm"]
+
+DEV_SHM = "/dev/shm"
+PROC_SYS = "/proc/sys"
+# v1 reports "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages);
+# anything this large is no limit on any machine that exists.
+_UNLIMITED = 1 << 60
+
+
+def _mib(n: int | float | None) -> str:
+    if n is None:
+        return "unknown"
+    if n >= 10 * 2**30:
+        return f"{n / 2**30:.0f} GiB"
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB"
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """The memory this job may use, from its cgroups, and how much of it is taken.
+
+    `limit_bytes` is the tightest of every `memory.max` / `memory.limit_in_bytes` /
+    `memory.high` on the way up (None: no cgroup limit), `source` the file it came from.
+    `usage_bytes`, `inactive_file_bytes` and `working_set_bytes` are those of the cgroup
+    whose limit binds (it holds every process below it)."""
+
+    limit_bytes: int | None
+    source: str
+    kind: str | None = None               # "v1" or "v2", None without a limit
+    usage_bytes: int | None = None
+    inactive_file_bytes: int | None = None
+    oom_group: bool = False                # v2 memory.oom.group on the binding cgroup
+    notes: tuple[str, ...] = ()
+
+    @property
+    def working_set_bytes(self) -> int | None:
+        """usage less inactive file pages: what the OOM killer cannot simply reclaim."""
+        if self.usage_bytes is None:
+            return None
+        return max(0, self.usage_bytes - (self.inactive_file_bytes or 0))
+
+    @property
+    def remaining_bytes(self) -> int | None:
+        """The limit less the working set; None without a limit."""
+        if self.limit_bytes is None:
+            return None
+        return max(0, self.limit_bytes - (self.working_set_bytes or 0))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        d["working_set_bytes"] = self.working_set_bytes
+        d["remaining_bytes"] = self.remaining_bytes
+        return d
+
+
+@dataclass(frozen=True)
+class ShmSpace:
+    """The filesystem at /dev/shm: DataLoader workers' batches live there until the loop
+    frees them. `total_bytes`/`free_bytes` None when it is missing or not a tmpfs."""
+
+    path: str
+    fstype: str | None
+    total_bytes: int | None
+    free_bytes: int | None
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What the job's own container allows; see the module doc."""
+
+    cpu: CpuLimit
+    memory: MemoryLimit
+    shm: ShmSpace
+    host_total_bytes: int
+    host_available_bytes: int
+    root: bool
+    can_drop_caches: bool
+    delayacct_on: bool
+    can_switch_delayacct: bool
+    data_path: str | None = None
+    data_read_only: bool | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    # -- budgets -------------------------------------------------------------------------
+    def memory_budget(self) -> int:
+        """Bytes this job may still take: the cgroup's limit less its working set where a
+        limit is set, else the host's available memory (the smaller of both when a limit
+        is above what the host has free)."""
+        rem = self.memory.remaining_bytes
+        if rem is None:
+            return self.host_available_bytes
+        return min(rem, self.host_available_bytes) if self.host_available_bytes else rem
+
+    def memory_total(self) -> int:
+        """The job's memory: the cgroup's limit, else the host's total."""
+        lim = self.memory.limit_bytes
+        if lim is None:
+            return self.host_total_bytes
+        return min(lim, self.host_total_bytes) if self.host_total_bytes else lim
+
+    def shm_budget(self) -> int | None:
+        """Bytes batches may take in /dev/shm: its free space, and no more than the cgroup
+        has left (tmpfs pages are charged to it). None when /dev/shm is unknown."""
+        if self.shm.free_bytes is None:
+            return None
+        return min(self.shm.free_bytes, self.memory_budget())
+
+    # -- presentation --------------------------------------------------------------------
+    def lines(self) -> list[str]:
+        """The header lines probe, bench and search print."""
+        mem = self.memory
+        if mem.limit_bytes is None:
+            m = f"memory: no cgroup limit; host {_mib(self.host_total_bytes)}, " \
+                f"{_mib(self.host_available_bytes)} available"
+        else:
+            m = (f"memory: cgroup limit {_mib(mem.limit_bytes)} ({mem.source}), working set "
+                 f"{_mib(mem.working_set_bytes)}, {_mib(mem.remaining_bytes)} left")
+        if self.shm.total_bytes is None:
+            s = f"/dev/shm: {self.shm.note or 'unknown'}"
+        else:
+            s = (f"/dev/shm: {self.shm.fstype} {_mib(self.shm.total_bytes)}, "
+                 f"{_mib(self.shm.free_bytes)} free")
+        c = f"cpu: {self.cpu.cores:g} usable core(s) ({self.cpu.source})"
+        return [c, m, s] + self.limitations()
+
+    def limitations(self) -> list[str]:
+        """What this environment keeps autotune from doing, and what that changes."""
+        out = []
+        if not self.can_drop_caches:
+            why = "not root" if not self.root else f"{PROC_SYS} is read-only"
+            out.append(f"caches cannot be dropped ({why}): files are evicted one by one "
+                       "with posix_fadvise, which keeps inodes and directory entries; a "
+                       "'cold' figure re-reads data but not metadata")
+        if not self.delayacct_on and not self.can_switch_delayacct:
+            out.append("delay accounting is off and cannot be switched on: I/O waits are "
+                       "sampled from task states (D, wchan), coarser than the kernel's count")
+        if self.data_read_only:
+            out.append(f"{self.data_path} is on a read-only mount: probe's scratch file "
+                       "needs another directory on the same device (--scratch DIR)")
+        if self.memory.oom_group:
+            out.append("memory.oom.group=1: the OOM killer ends the whole container, no "
+                       "worker can be lost and recovered; budgets stay well under the limit")
+        out.extend(self.notes)
+        out.extend(self.memory.notes)
+        if self.shm.note and self.shm.total_bytes is not None:
+            out.append(self.shm.note)
+        return out
+
+    def to_dict(self) -> dict:
+        return {"cpu": self.cpu.to_dict(), "memory": self.memory.to_dict(),
+                "shm": self.shm.to_dict(), "host_total_bytes": self.host_total_bytes,
+                "host_available_bytes": self.host_available_bytes, "root": self.root,
+                "can_drop_caches": self.can_drop_caches, "delayacct_on": self.delayacct_on,
+                "can_switch_delayacct": self.can_switch_delayacct,
+                "data_path": self.data_path, "data_read_only": self.data_read_only,
+                "memory_budget_bytes": self.memory_budget(),
+                "shm_budget_bytes": self.shm_budget(),
+                "limitations": self.limitations()}
+
+
+# -- readers -------------------------------------------------------------------------------
+
+def _read_int(f: Path) -> int | None:
+    """An integer file; None for v2's "max"."""
+    raw = f.read_text().strip()
+    if raw == "max":
+        return None
+    v = int(raw)
+    return None if v >= _UNLIMITED else v
+
+
+def _stat_value(f: Path, keys: tuple[str, ...]) -> int | None:
+    for line in f.read_text().splitlines():
+        k, _, v = line.partition(" ")
+        if k in keys:
+            return int(v)
+    return None
+
+
+def read_memory_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
+                      mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE
+                      ) -> MemoryLimit:
+    """The tightest memory limit on the way up from this process's cgroup (v1 and v2),
+    with the binding cgroup's usage and inactive file pages."""
+    try:
+        dirs = cgroup_dirs("memory", cgroup_file=cgroup_file, mountinfo_file=mountinfo_file)
+    except OSError as e:
+        return MemoryLimit(None, "no cgroup limit",
+                           notes=(f"{e.filename or cgroup_file}: {e.strerror}; memory "
+                                  "budgets use the host's figures",))
+    notes: list[str] = []
+    best: tuple[int, str, str, Path] | None = None  # limit, file, kind, dir
+    for kind, d in dirs:
+        names = ("memory.max", "memory.high") if kind == "v2" else ("memory.limit_in_bytes",)
+        for name in names:
+            f = d / name
+            try:
+                v = _read_int(f)
+            except FileNotFoundError:
+                continue  # the root cgroup has no limit files: not worth a note
+            except (OSError, ValueError) as e:
+                notes.append(f"{f}: unreadable ({getattr(e, 'strerror', None) or e}); "
+                             "the limits above it are used")
+                continue
+            if v is not None and (best is None or v < best[0]):
+                best = (v, str(f), kind, d)
+    if best is None:
+        return MemoryLimit(None, "no cgroup limit", notes=tuple(notes))
+    limit, src, kind, d = best
+    usage = inactive = None
+    oom_group = False
+    try:
+        usage = _read_int(d / ("memory.current" if kind == "v2" else "memory.usage_in_bytes"))
+        inactive = _stat_value(d / "memory.stat",
+                               ("inactive_file",) if kind == "v2"
+                               else ("total_inactive_file", "inactive_file"))
+    except (OSError, ValueError) as e:
+        notes.append(f"{d}: usage unreadable ({getattr(e, 'strerror', None) or e}); the "
+                     "working set is taken as 0")
+    if kind == "v2":
+        try:
+            oom_group = (d / "memory.oom.group").read_text().strip() == "1"
+        except OSError:
+            pass
+    return MemoryLimit(limit, src, kind, usage, inactive, oom_group, tuple(notes))
+
+
+def read_shm(path: str = DEV_SHM) -> ShmSpace:
+    """Size and free space of /dev/shm, and whether it is a tmpfs at all."""
+    from autotune.blockdev import mount_for
+
+    if not os.path.isdir(path):
+        return ShmSpace(path, None, None, None,
+                        note=f"{path} does not exist: DataLoader workers cannot share "
+                             "batches; budgets allow no worker batches in shared memory")
+    m = mount_for(path)
+    fstype = m.fstype if m is not None else None
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return ShmSpace(path, fstype, None, None, note=f"{path}: {e.strerror}")
+    total, free = st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
+    note = None
+    if fstype not in ("tmpfs", "ramfs"):
+        note = (f"{path} is not a tmpfs ({fstype or 'no mount of its own'}): its free space "
+                "is that of the filesystem that holds it")
+    return ShmSpace(path, fstype, total, free, note)
+
+
+def _meminfo() -> tuple[int, int]:
+    total = avail = 0
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    total = int(line.split()[1]) * 1024
+                elif line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total, avail
+
+
+def _writable(path: str) -> bool:
+    # access() answers EROFS for a read-only mount even to root: the container case.
+    return os.access(path, os.W_OK)
+
+
+def read_environment(data_path: str | os.PathLike[str] | None = None, *,
+                     shm_path: str = DEV_SHM, proc_sys: str = PROC_SYS,
+                     cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
+                     mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE) -> Environment:
+    """Read the environment once (a few small files; milliseconds)."""
+    root = os.geteuid() == 0
+    total, avail = _meminfo()
+    delay_file = os.path.join(proc_sys, "kernel", "task_delayacct")
+    try:
+        delay_on = Path(delay_file).read_text().strip() == "1"
+    except OSError:
+        delay_on = False
+    ro = None
+    data = None
+    if data_path is not None and "://" not in str(data_path):
+        data = str(data_path)
+        try:
+            ro = bool(os.statvfs(data).f_flag & os.ST_RDONLY)
+        except OSError:
+            ro = None
+    return Environment(
+        cpu=cpu_limit(cgroup_file=cgroup_file, mountinfo_file=mountinfo_file),
+        memory=read_memory_limit(cgroup_file=cgroup_file, mountinfo_file=mountinfo_file),
+        shm=read_shm(shm_path), host_total_bytes=total, host_available_bytes=avail,
+        root=root,
+        can_drop_caches=root and _writable(os.path.join(proc_sys, "vm", "drop_caches")),
+        delayacct_on=delay_on,
+        can_switch_delayacct=root and _writable(delay_file),
+        data_path=data, data_read_only=ro)
