@@ -128,6 +128,8 @@ class Environment:
     data_path: str | None = None
     data_read_only: bool | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Where probe's fio scratch file goes instead of the data's mount (--scratch), if given.
+    scratch_dir: str | None = None
 
     # -- budgets -------------------------------------------------------------------------
     def memory_budget(self) -> int:
@@ -145,6 +147,16 @@ class Environment:
         if lim is None:
             return self.host_total_bytes
         return min(lim, self.host_total_bytes) if self.host_total_bytes else lim
+
+    def memory_total_source(self) -> str:
+        """Where `memory_total()` comes from, for a header: the cgroup file, or the host."""
+        lim = self.memory.limit_bytes
+        if lim is None:
+            return f"the host's {_mib(self.host_total_bytes)} (no cgroup limit)"
+        if self.host_total_bytes and lim > self.host_total_bytes:
+            return (f"the host's {_mib(self.host_total_bytes)} (below the cgroup limit "
+                    f"{_mib(lim)}, {self.memory.source})")
+        return f"the cgroup limit {_mib(lim)} ({self.memory.source})"
 
     def shm_budget(self) -> int | None:
         """Bytes batches may take in /dev/shm: its free space, and no more than the cgroup
@@ -182,9 +194,14 @@ class Environment:
         if not self.delayacct_on and not self.can_switch_delayacct:
             out.append("delay accounting is off and cannot be switched on: I/O waits are "
                        "sampled from task states (D, wchan), coarser than the kernel's count")
-        if self.data_read_only:
-            out.append(f"{self.data_path} is on a read-only mount: probe's scratch file "
-                       "needs another directory on the same device (--scratch DIR)")
+        if self.data_read_only and self.scratch_dir:
+            out.append(f"{self.data_path} is on a read-only mount: fio's scratch file goes "
+                       f"to {self.scratch_dir} (--scratch); fio measures that directory's "
+                       "storage")
+        elif self.data_read_only:
+            out.append(f"{self.data_path} is on a read-only mount: fio cannot write its "
+                       "scratch file there and is not run; pass --scratch DIR (a writable "
+                       "directory on the same storage)")
         if self.memory.oom_group:
             out.append("memory.oom.group=1: the OOM killer ends the whole container, no "
                        "worker can be lost and recovered; budgets stay well under the limit")
@@ -201,9 +218,12 @@ class Environment:
                 "can_drop_caches": self.can_drop_caches, "delayacct_on": self.delayacct_on,
                 "can_switch_delayacct": self.can_switch_delayacct,
                 "data_path": self.data_path, "data_read_only": self.data_read_only,
+                "scratch_dir": self.scratch_dir,
+                "memory_total_bytes": self.memory_total(),
+                "memory_total_source": self.memory_total_source(),
                 "memory_budget_bytes": self.memory_budget(),
                 "shm_budget_bytes": self.shm_budget(),
-                "limitations": self.limitations()}
+                "limitations": self.limitations(), "lines": self.lines()}
 
 
 # -- readers -------------------------------------------------------------------------------
@@ -315,6 +335,7 @@ def _writable(path: str) -> bool:
 
 
 def read_environment(data_path: str | os.PathLike[str] | None = None, *,
+                     scratch: str | os.PathLike[str] | None = None,
                      shm_path: str = DEV_SHM, proc_sys: str = PROC_SYS,
                      cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
                      mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE) -> Environment:
@@ -342,4 +363,5 @@ def read_environment(data_path: str | os.PathLike[str] | None = None, *,
         can_drop_caches=root and _writable(os.path.join(proc_sys, "vm", "drop_caches")),
         delayacct_on=delay_on,
         can_switch_delayacct=root and _writable(delay_file),
-        data_path=data, data_read_only=ro)
+        data_path=data, data_read_only=ro,
+        scratch_dir=None if scratch is None else str(scratch))

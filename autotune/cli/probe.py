@@ -72,8 +72,11 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
         from autotune.probe import probe
         from converters.units import parse_size
 
+        from autotune.environment import read_environment
+
         apply_endpoint(args)
         size = parse_size(args.size, name="--size")
+        env = read_environment(args.path, scratch=args.scratch)  # once, for the whole probe
         with spinner(not args.quiet) as prog:
             if args.path.startswith("s3://"):  # GETs of its objects: no fio, no replay
                 from autotune.probe.objstore import probe_objects
@@ -81,12 +84,13 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
                 res = probe_objects(args.path, concurrency=args.concurrency,
                                     seconds=args.replay_seconds, max_objects=args.replay_files,
                                     cold=not args.warm, seed=args.seed, progress=prog)
+                res.environment = env.to_dict()
             else:
                 res = probe(args.path, size=size, runtime=args.runtime, scratch=args.scratch,
                             replay_files=args.replay_files, concurrency=args.concurrency,
                             replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
                             run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
-                            progress=prog)
+                            progress=prog, environment=env)
         emit(args, res.to_dict(), probe_renderable(res))
         failed = _gates(res, [("--min-iops", args.min_iops, "rand_read", "iops", "random-read IOPS"),
                               ("--min-seq-mibps", args.min_seq_mibps, "seq_read", "bw_mib_s",

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.blockdev import block_device_for, mount_for
 from autotune.cache import ram_backed
@@ -46,6 +47,8 @@ class ProbeResult:
     warnings: list[str] = field(default_factory=list)
     # A conversion (manifest.json): cold reads through its format's reader, samples/s.
     samples: SampleReplay | None = None
+    # What the job's container allows (autotune.environment.Environment.to_dict()).
+    environment: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -60,6 +63,7 @@ class ProbeResult:
             "seconds": round(self.seconds, 2),
             "warnings": self.warnings,
             "samples": self.samples.to_dict() if self.samples else None,
+            "environment": self.environment,
         }
 
 
@@ -155,9 +159,11 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
           scratch: str | os.PathLike[str] | None = None, replay_files: int = 2000,
           concurrency: Sequence[int] = DEFAULT_CONCURRENCY, replay_seconds: float = 10.0,
           run_fio: bool = True, run_replay: bool = True, cold: bool = True, seed: int = 0,
-          progress: Callable[[str], None] | None = None) -> ProbeResult:
+          progress: Callable[[str], None] | None = None,
+          environment: Any = None) -> ProbeResult:
     """Measure the storage holding `path` (a dataset directory or file; an s3:// prefix is
-    autotune.probe.objstore.probe_objects)."""
+    autotune.probe.objstore.probe_objects). `environment`: the command's
+    `autotune.environment.Environment` (read here when not given), kept in the result."""
     t0 = time.monotonic()
     p = Path(path)
     if not p.exists():
@@ -215,10 +221,15 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
                                    f"(bytes only, {samples.cold_method}): best "
                                    f"{b.samples_per_s:,.0f} samples/s with {b.concurrency} "
                                    "reader(s): its storage ceiling in samples, not files")
+    if environment is None:
+        from autotune.environment import read_environment
+
+        environment = read_environment(p, scratch=scratch)
     return ProbeResult(path=str(p), filesystem=fs, fio=fio_res, fio_error=fio_err, replay=rp,
                        replay_error=rp_err, verdict=verdict,
                        scratch_dir=str(sdir) if run_fio else None,
-                       seconds=time.monotonic() - t0, warnings=warnings, samples=samples)
+                       seconds=time.monotonic() - t0, warnings=warnings, samples=samples,
+                       environment=environment.to_dict())
 
 
 def _sample_replay(p: Path, seconds: float, cold: bool, seed: int,

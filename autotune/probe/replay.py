@@ -351,6 +351,12 @@ def replay(root: str | os.PathLike[str], *, max_files: int = 2000,
                           warnings=warnings, io_source=counter[1] if counter else None)
     if cold and steady and method == "drop_caches":
         _steady_pass(result, files, steady_seconds or seconds_per_level, reads, progress)
+    elif cold and steady:
+        warnings.append("steady-state pass not run: it needs drop_caches (root and a "
+                        "writable /proc/sys); the page cache was evicted file by file "
+                        "(posix_fadvise), which keeps inodes and directory entries (the scan "
+                        "loaded them), so every level read data only, as a long run's steady "
+                        "state does; a first epoch's metadata reads are not in these figures")
     if not cold:
         warnings.append("warm: files were not evicted from the page cache; figures are "
                         "the cache's, not the storage's.")

@@ -60,3 +60,21 @@ def budget_texts(budget: dict[str, Any] | None, title: str = "time budget") -> l
     out += [Text(f"  {line}", style="dim" if line.startswith("note:") else "")
             for line in b.lines()]
     return out
+
+
+def environment_texts(env: dict[str, Any] | None) -> list[Any]:
+    """The header lines of what the job's container allows (cpu, memory, /dev/shm), then
+    each limitation in yellow: what autotune could not do here and what that changes
+    (autotune.environment; `env` is Environment.to_dict())."""
+    from rich.text import Text
+
+    if not env or not env.get("lines"):
+        return []
+    limits = set(env.get("limitations") or [])
+    out: list[Any] = []
+    for line in env["lines"]:
+        if line in limits:
+            out.append(Text(f"  limitation: {printable(line)}", style="yellow"))
+        else:
+            out.append(Text(f"  {printable(line)}", style="dim"))
+    return out

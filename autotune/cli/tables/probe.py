@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import _ms, printable
+from autotune.cli.tables import _ms, environment_texts, printable
 from converters.units import fmt_bytes, fmt_rate
 
 
@@ -22,6 +22,7 @@ def probe_renderable(r: Any) -> Group:
     parts.append(head)
     for e in fs.evidence:
         parts.append(Text(f"  · {printable(e)}", style="dim"))
+    parts += environment_texts(getattr(r, "environment", None))
     obj = getattr(r, "object", None)
     if obj is not None:
         parts.append(_object_table(obj))
