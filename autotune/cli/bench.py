@@ -140,10 +140,14 @@ options override them."""
             from dataclasses import replace
 
             cfg.transform = replace(cfg.transform, draft=True)
+        from autotune.environment import read_environment
         from autotune.monitor.delayacct import hold_if
 
+        # Read once, by this command (the measurement runs in a child process of its own).
+        env = read_environment(args.dataset)
         with hold_if(args.delayacct), spinner(not args.quiet) as prog:
             res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
+        res.environment = {**res.environment, **env.to_dict()}
         if res.failure_kind == "step_import":   # the user's --step: a usage error, exit 2
             from autotune.errors import UsageError
 

@@ -8,7 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import _ms, _pct, _stat, budget_texts, printable
+from autotune.cli.tables import _ms, _pct, _stat, budget_texts, environment_texts, printable
 from converters.units import fmt_rate
 
 
@@ -32,6 +32,7 @@ def bench_renderable(r: Any) -> Group:
     if tr:
         from autotune.data.transforms import TransformSpec
         parts.append(Text(f"  transform: {TransformSpec.from_dict(tr).describe()}", style="dim"))
+    parts += environment_texts(r.environment)
     if r.failed:
         parts.append(Text.assemble(("FAILED", "bold red"),
                                    f" ({r.failure_kind}): {printable(r.reason)}"))
