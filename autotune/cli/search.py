@@ -115,7 +115,11 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                        help="directory for study.db, search.json, report.html (default autotune-out)")
         p.add_argument("--max-memory", metavar="SIZE",
                        help="reject configurations whose loader tree RSS + /dev/shm peak exceeds "
-                            "SIZE (default half the machine's RAM)")
+                            "SIZE (default half the job's memory: its cgroup's limit where one "
+                            "is set, else the machine's RAM; the header names the source)")
+        p.add_argument("--scratch", metavar="DIR",
+                       help="directory for the storage probe's fio scratch file when the "
+                            "dataset's filesystem is read-only (pick one on the same storage)")
         p.add_argument("--warm", action="store_true", help="do not drop caches (labelled WARM)")
         p.add_argument("--no-probe", action="store_true", help="skip the storage probe (no storage ceiling)")
         p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
@@ -151,7 +155,8 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                              timeout_s=args.timeout, compute_ms=args.compute_ms, step=args.step,
                              batch_size=args.batch_size, seconds=args.seconds, study=args.study,
                              storage=args.storage, grid=args.grid, out=args.out,
-                             max_memory_mib=max_mem, seed=args.seed, cold=not args.warm,
+                             max_memory_mib=max_mem, scratch=args.scratch, seed=args.seed,
+                             cold=not args.warm,
                              probe=not args.no_probe, probe_fio=not args.no_fio, format=args.format,
                              prune_below=None if args.no_prune else args.prune_below,
                              confirm=args.confirm, confirm_seconds=args.confirm_seconds,

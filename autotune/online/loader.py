@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -28,7 +29,7 @@ from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import Meter, WindowStats, window_batches
-from autotune.online.memory import batch_bytes, default_budget, own_pss, pss_bytes
+from autotune.online.memory import batch_bytes, default_budget, over_limit, own_pss, pss_bytes
 from autotune.online.pool import Pool
 from autotune.online.stream import IndexStream
 
@@ -78,8 +79,10 @@ class DataLoader:
     step its loader the same number of times, as DistributedSampler's padding makes them.
 
     Extra keywords: `key` names the dataset in the settings cache
-    (~/.cache/autotune/online.json); `memory_budget` (bytes; default half the available
-    memory) bounds the workers' PSS plus the batches in flight.
+    (~/.cache/autotune/online.json); `memory_budget` (bytes; default half of what the
+    job's cgroup has left under its memory limit, else half the host's available memory;
+    one above the cgroup's limit is warned about) bounds the workers' PSS plus the batches
+    in flight.
     """
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None,
@@ -102,6 +105,8 @@ class DataLoader:
         if memory_budget is not None and memory_budget <= 0:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
+        if memory_budget is not None and (over := over_limit(memory_budget)):
+            warnings.warn(over, stacklevel=2)
         self.dataset = dataset
         self._stage_clock = why.attach_stage_clock(dataset) if _controller is not False else None
         self.batch_size, self.drop_last = self._ref.batch_size, self._ref.drop_last
@@ -208,6 +213,8 @@ class DataLoader:
     def memory_budget(self, value: int) -> None:
         if value <= 0:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got {value}.")
+        if over := over_limit(value):
+            warnings.warn(over, stacklevel=2)
         self._ctl.budget = int(value)
 
     @property

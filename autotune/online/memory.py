@@ -34,8 +34,26 @@ def mem_available() -> int:
 
 
 def default_budget() -> int:
-    """Half the available memory, as tf.data's autotune budgets its buffers."""
-    return mem_available() // 2
+    """Half the memory this job may still take, as tf.data's autotune budgets its buffers:
+    its cgroup's limit less its working set where a limit is set (a container's, a Slurm
+    job's), else the host's available memory (autotune.environment)."""
+    from autotune.environment import read_environment
+
+    return read_environment().memory_budget() // 2
+
+
+def over_limit(budget: int) -> str | None:
+    """The warning for a user's `memory_budget` above the cgroup's memory limit (the OOM
+    killer acts at the limit, whatever the budget says), or None."""
+    from autotune.environment import read_memory_limit
+
+    lim = read_memory_limit()
+    if lim.limit_bytes is None or budget <= lim.limit_bytes:
+        return None
+    return (f"memory_budget={budget:,} bytes ({budget / 2**20:,.0f} MiB) is over this job's "
+            f"cgroup memory limit of {lim.limit_bytes:,} bytes ({lim.limit_bytes / 2**20:,.0f} "
+            f"MiB, {lim.source}): the OOM killer acts at the limit; give at most half of it, "
+            "or leave memory_budget unset (half of what the cgroup has left)")
 
 
 def batch_bytes(batch: Any, _depth: int = 0) -> int:

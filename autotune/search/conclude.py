@@ -104,7 +104,9 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         dataset_format=s.fmt,
                         warnings=warnings + [lb["reason"] for lb in ceilings.lower_bounds.values()]
                         + s.space.notes,
-                        host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host))
+                        host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host),
+                        environment=s.env.to_dict(),
+                        max_memory={"mib": s.max_mem, "source": s.max_mem_source})
 
 
 def write_outputs(res: Any) -> None:

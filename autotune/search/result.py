@@ -41,6 +41,10 @@ class SearchResult:
     # This host, and every class of hosts that measured trials of the study (shared studies).
     host: dict[str, Any] | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    # What the job's container allows (Environment.to_dict()), and the memory bound each
+    # configuration was held to: {"mib", "source"}.
+    environment: dict[str, Any] | None = None
+    max_memory: dict[str, Any] | None = None
 
     @property
     def iterable(self) -> bool:
@@ -97,6 +101,7 @@ class SearchResult:
             "host": self.host, "hosts": self.hosts,
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
+            "environment": self.environment, "max_memory": self.max_memory,
         }
 
 

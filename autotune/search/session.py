@@ -63,6 +63,11 @@ class Session:
         self.space: SearchSpace | None = None
         self.fmt = "folder"
         self.max_mem = 0.0
+        self.max_mem_source = "--max-memory"
+        # What the job's container allows, read once for the whole search (every budget).
+        from autotune.environment import read_environment
+
+        self.env = read_environment(root, scratch=getattr(opts, "scratch", None))
         self.cuda = False
         # Other hosts' trials, claims, heartbeats; this host (its class keys the ceilings,
         # the baseline and what counts as measured: figures compare within one class).
@@ -132,9 +137,10 @@ class Session:
         self._batch_note()
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
-            import psutil
-
-            self.max_mem = psutil.virtual_memory().total / 2**20 / 2
+            # Half the job's memory: its cgroup's limit where one is set (a pod's 16 GiB,
+            # not the node's 1 TiB), else the host's.
+            self.max_mem = self.env.memory_total() / 2**20 / 2
+            self.max_mem_source = f"half of {self.env.memory_total_source()}"
 
     @property
     def cores_per_rank(self) -> int:

@@ -57,6 +57,8 @@ class SearchOptions:
     grid: bool = False
     out: str | os.PathLike[str] = "autotune-out"
     max_memory_mib: float | None = None
+    # fio's scratch directory when the dataset's mount is read-only (probe's --scratch).
+    scratch: str | None = None
     seed: int = 0
     cold: bool = True
     probe: bool = True
@@ -99,6 +101,9 @@ class SearchOptions:
             raise UsageError(f"confirm must be at least 0, but got {self.confirm}.")
         if self.confirm_seconds is not None and self.confirm_seconds <= 0:
             raise UsageError(f"confirm_seconds must be positive, but got {self.confirm_seconds:g}.")
+        if self.scratch is not None and not os.path.isdir(self.scratch):
+            raise UsageError(f"scratch directory {self.scratch}: not a directory; give a "
+                             "writable directory on the dataset's storage.", setting="scratch")
         if self.max_memory_mib is not None and self.max_memory_mib <= 0:
             raise UsageError(f"max_memory must be positive, but got {self.max_memory_mib:g} MiB.")
         if int(self.heartbeat_grace) != self.heartbeat_grace or self.heartbeat_grace < 2:
@@ -133,7 +138,7 @@ def default_study_name(dataset: Path | str, preset: str) -> str:
 
 
 def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
-                      say: Progress) -> Ceilings:
+                      say: Progress, env: Any = None) -> Ceilings:
     from autotune.cache import ram_backed
     from autotune.data.transforms import build_transform
     from autotune.search import ceilings as ceil_mod
@@ -154,7 +159,7 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
             say("probing storage (fio + cold replay of the dataset's files)")
             probe_res = probe(root, size=256 * 2**20, runtime=3.0, replay_files=1000,
                               replay_seconds=5.0, run_fio=opts.probe_fio, cold=opts.cold,
-                              progress=say)
+                              progress=say, scratch=opts.scratch, environment=env)
     demand_ms = base.compute_ms if base.step is None else 0.0
     transform = build_transform(base.transform)
     if base.dataset_factory:
@@ -273,7 +278,7 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
 
     s = Session(study, root, opts, base, overrides, out, say, t0, shared=shared_study)
     s.check_fingerprint(_fingerprint(root, opts, base), name, shared.redact(url))
-    s.prepare(lambda: _measure_ceilings(root, opts, base, say), _cuda())
+    s.prepare(lambda: _measure_ceilings(root, opts, base, say, s.env), _cuda())
     baseline: TrialRecord | None = None
     try:
         baseline = s.baseline()

@@ -10,7 +10,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from autotune.cli.tables import budget_texts, printable
+from autotune.cli.tables import budget_texts, environment_texts, printable
 from autotune.params import cells, shown
 from converters.units import fmt_rate
 
@@ -21,7 +21,11 @@ def _f(x: float | None, spec: str = ".2f") -> str:
 
 def search_renderable(d: dict[str, Any]) -> Group:
     """From SearchResult.to_dict()."""
-    parts: list[Any] = []
+    parts: list[Any] = list(environment_texts(d.get("environment")))
+    mm = d.get("max_memory")
+    if mm:
+        parts.append(Text(f"  memory bound per configuration (loader tree RSS + /dev/shm): "
+                          f"{mm['mib']:,.0f} MiB, {printable(mm['source'])}", style="dim"))
     c = d["ceilings"]
     t = Table(title="Ceilings (images/s)", title_justify="left")
     t.add_column("ceiling")
