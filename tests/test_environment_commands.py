@@ -110,7 +110,10 @@ RO_PROC_SYS = "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /pro
 
 
 def test_probe_as_nobody_says_caches_are_evicted_file_by_file(world_dataset, world_tmp):
-    r = _namespace("", _autotune("probe", str(world_dataset), "--no-fio", "--replay-seconds",
+    # and /dev/shm is not a tmpfs (a directory of a disk's filesystem bound there)
+    shm = world_tmp / "shm"
+    shm.mkdir(mode=0o1777)
+    r = _namespace(f"mount --bind {shm} /dev/shm", _autotune("probe", str(world_dataset), "--no-fio", "--replay-seconds",
                                  "0.3", "--concurrency", "1,4", "--json", "-"),
                    user=NOBODY, tmp=world_tmp)
     d = _json(r)
@@ -127,6 +130,54 @@ def test_probe_as_nobody_says_caches_are_evicted_file_by_file(world_dataset, wor
     assert any(w.startswith("steady-state pass not run: it needs drop_caches")
                for w in d["warnings"])
     assert "warning: steady-state pass not run" in out
+    assert env["shm"]["fstype"] not in (None, "tmpfs")
+    assert f"/dev/shm is not a tmpfs ({env['shm']['fstype']})" in out
+
+
+DATALOADER = """
+import json, warnings
+import torch
+import autotune
+from autotune.environment import read_environment
+ds = torch.utils.data.TensorDataset(torch.zeros(8, 2))
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    default = autotune.DataLoader(ds, batch_size=4).memory_budget
+    autotune.DataLoader(ds, batch_size=4, memory_budget=4 * 2**30)
+print(json.dumps({"default": default, "warnings": [str(w.message) for w in seen],
+                  "budget": read_environment().memory_budget()}))
+"""
+
+
+def test_dataloader_budget_follows_the_memory_cgroup(world_tmp):
+    """In a 1 GiB cgroup on a larger host: the default budget is half of what the cgroup
+    has left, and a memory_budget over its limit is warned about, naming both figures."""
+    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory hierarchy on this machine")
+    cg = V1_MEMORY / f"autotune-env-loader-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(2**30))
+        r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
+                            sys.executable, "-c", DATALOADER], capture_output=True, text=True,
+                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                          "HOME": str(world_tmp)}, timeout=120)
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                import time
+                time.sleep(0.1)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0 < d["default"] <= 2**29
+    assert abs(d["default"] - d["budget"] // 2) < 64 * 2**20  # the cgroup's usage moves
+    over = [w for w in d["warnings"] if "memory_budget=4,294,967,296 bytes" in w]
+    assert len(over) == 1
+    assert f"cgroup memory limit of {2**30:,} bytes" in over[0]
+    assert str(cg / "memory.limit_in_bytes") in over[0]
 
 
 def test_bench_as_nobody_labels_its_cold_figure_and_delay_accounting(world_dataset, world_tmp):
