@@ -185,3 +185,22 @@ def test_a_read_only_proc_sys_means_no_cache_drop_and_says_so():
     assert env["can_switch_delayacct"] is False
     assert any("caches cannot be dropped (/proc/sys is read-only)" in x
                for x in env["limitations"])
+
+
+def test_a_missing_cgroup_file_and_a_missing_shm_are_printed_by_the_commands(tmp_path):
+    """The header probe, bench and search print carries each bad-input note, one line
+    naming the file."""
+    from rich.console import Console
+
+    from autotune.cli.tables import environment_texts
+
+    env = read_environment(ROOT, shm_path=str(tmp_path / "no-shm"),
+                           cgroup_file=tmp_path / "no-cgroup", mountinfo_file=tmp_path / "mi")
+    con = Console(width=400, record=True)
+    for t in environment_texts(env.to_dict()):
+        con.print(t)
+    lines = con.export_text().splitlines()
+    assert sum(f"{tmp_path / 'no-cgroup'}:" in line for line in lines) == 1
+    assert any(line.strip().startswith(f"/dev/shm: {tmp_path / 'no-shm'} does not exist")
+               for line in lines)
+    assert any("limitation:" in line and "no-cgroup" in line for line in lines)

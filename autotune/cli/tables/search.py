@@ -21,11 +21,7 @@ def _f(x: float | None, spec: str = ".2f") -> str:
 
 def search_renderable(d: dict[str, Any]) -> Group:
     """From SearchResult.to_dict()."""
-    parts: list[Any] = list(environment_texts(d.get("environment")))
-    mm = d.get("max_memory")
-    if mm:
-        parts.append(Text(f"  memory bound per configuration (loader tree RSS + /dev/shm): "
-                          f"{mm['mib']:,.0f} MiB, {printable(mm['source'])}", style="dim"))
+    parts: list[Any] = _header(d)
     c = d["ceilings"]
     t = Table(title="Ceilings (images/s)", title_justify="left")
     t.add_column("ceiling")
@@ -99,6 +95,16 @@ def search_renderable(d: dict[str, Any]) -> Group:
     for w in d.get("warnings", []):
         parts.append(Text(f"note: {printable(w)}", style="yellow"))
     return Group(*parts)
+
+
+def _header(d: dict[str, Any]) -> list[Any]:
+    """What the job's container allows, and the memory bound each configuration had."""
+    parts: list[Any] = list(environment_texts(d.get("environment")))
+    mm = d.get("max_memory")
+    if mm:
+        parts.append(Text(f"  memory bound per configuration (loader tree RSS + /dev/shm): "
+                          f"{mm['mib']:,.0f} MiB, {printable(mm['source'])}", style="dim"))
+    return parts
 
 
 def _recommended_budget(d: dict[str, Any]) -> dict[str, Any] | None:
