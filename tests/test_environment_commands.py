@@ -180,6 +180,7 @@ def test_dataloader_budget_follows_the_memory_cgroup(world_tmp):
     assert str(cg / "memory.limit_in_bytes") in over[0]
 
 
+@pytest.mark.slow
 def test_bench_as_nobody_labels_its_cold_figure_and_delay_accounting(world_dataset, world_tmp):
     r = _namespace("", _autotune("bench", str(world_dataset), "--batch-size", "8", "--workers",
                                  "1", "--seconds", "1", "--compute-ms", "0", "--json", "-"),
@@ -216,6 +217,7 @@ def test_probe_on_a_read_only_data_mount_names_the_path_and_scratch(world_datase
     assert f"fio's scratch file goes to {scratch} (--scratch)" in _flat(r.stderr)
 
 
+@pytest.mark.slow
 def test_search_in_a_container_a_memory_cgroup_read_only_proc_sys_and_data(world_dataset,
                                                                           world_tmp):
     """One search as a container gives it: a 3 GiB memory cgroup, /proc/sys read-only,
