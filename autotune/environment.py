@@ -200,8 +200,8 @@ class Environment:
                        "storage")
         elif self.data_read_only:
             out.append(f"{self.data_path} is on a read-only mount: fio cannot write its "
-                       "scratch file there and is not run; pass --scratch DIR (a writable "
-                       "directory on the same storage)")
+                       "scratch file there and is skipped; probe and search take --scratch "
+                       "DIR (a writable directory on the same storage)")
         if self.memory.oom_group:
             out.append("memory.oom.group=1: the OOM killer ends the whole container, no "
                        "worker can be lost and recovered; budgets stay well under the limit")

@@ -210,7 +210,7 @@ def test_probe_on_a_read_only_data_mount_names_the_path_and_scratch(world_datase
     assert d["fio"] is None and "--scratch" in d["fio_error"]
     out = _flat(r.stderr)
     assert (f"limitation: {ro} is on a read-only mount: fio cannot write its scratch file "
-            "there and is not run; pass --scratch DIR") in out
+            "there and is skipped; probe and search take --scratch DIR") in out
     r = _namespace(setup, _autotune(*args, "--scratch", str(scratch)), tmp=world_tmp)
     d = _json(r)
     assert d["fio"] is not None and d["scratch_dir"] == str(scratch)
