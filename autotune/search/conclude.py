@@ -92,7 +92,10 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
     if best is None:
         warnings.append("no configuration completed: see each trial's reason and hint")
     if baseline is not None and not baseline.ok:
-        warnings.append(f"the rule-of-thumb baseline failed: {baseline.reason}")
+        warnings.append(f"the rule-of-thumb baseline "
+                        f"{'was not run' if baseline.state == 'skipped' else 'failed'}: "
+                        f"{baseline.reason}")
+    shm = _shm_outcome(s, trials, verdict, rec)
     return SearchResult(dataset=str(s.root), study=name, storage=url,
                         options=options_dict(s.opts), space=s.space.to_dict(),
                         ceilings=ceilings, trials=trials, baseline=baseline, best=best,
@@ -104,7 +107,34 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         dataset_format=s.fmt,
                         warnings=warnings + [lb["reason"] for lb in ceilings.lower_bounds.values()]
                         + s.space.notes,
-                        host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host))
+                        host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host),
+                        shm=shm)
+
+
+def _shm_outcome(s: Session, trials: list[TrialRecord], verdict: Any,
+                 rec: TrialRecord | None) -> dict[str, Any] | None:
+    """search.json's `shm`; when /dev/shm cut configurations, the verdict names it as a
+    limit of the recommendation and gives the size that runs what was cut."""
+    from autotune.search.shmgate import skipped_for_shm
+
+    gate = s.shm_gate
+    if gate is None:
+        return None
+    n = skipped_for_shm(trials)
+    d = gate.to_dict(n)
+    if gate.bound and gate.active:
+        lines = gate.lines(n)
+        d["lines"] = lines
+        if verdict is not None:
+            w = (rec.params.get("num_workers") if rec is not None else None) or 0
+            verdict.summary += (f"; /dev/shm limited the search to configurations whose "
+                                f"batches fit ({gate.space_skipped} of "
+                                f"{gate.space_size} not run"
+                                + (", so the loading runs in the training process"
+                                   if w == 0 else "") + ")")
+            verdict.evidence.append(lines[0])
+            verdict.advice.extend(lines[1:] if gate.baseline_skipped is None else lines[2:])
+    return d
 
 
 def write_outputs(res: Any) -> None:

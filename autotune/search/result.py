@@ -41,6 +41,9 @@ class SearchResult:
     # This host, and every class of hosts that measured trials of the study (shared studies).
     host: dict[str, Any] | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    # /dev/shm: the first batch's bytes, the per-rank budget, the configurations not run
+    # because their batches do not fit, and the size that runs them (autotune.search.shmgate).
+    shm: dict[str, Any] | None = None
 
     @property
     def iterable(self) -> bool:
@@ -97,6 +100,7 @@ class SearchResult:
             "host": self.host, "hosts": self.hosts,
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
+            "shm": self.shm,
         }
 
 
