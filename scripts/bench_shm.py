@@ -108,6 +108,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=10, help="bench window of the uint8 runs")
     ap.add_argument("--skip-float32", action="store_true")
+    ap.add_argument("--skip-uint8", action="store_true")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_shm: needs root (a mount namespace with its own /dev/shm)", file=sys.stderr)
@@ -122,6 +123,9 @@ def main() -> int:
             rows.append(search(ds, tree, out, f"float32-{i}", "resnet50", a))
             print(json.dumps(rows[-1]), flush=True)
     after = trees[-1]
+    if a.skip_uint8:
+        (out / "summary.json").write_text(json.dumps(rows, indent=1))
+        return 0
     preset = str(uint8_preset(after, out))
     s = search(ds, after, out, "uint8-search", preset, a)
     rows.append(s)
