@@ -131,9 +131,17 @@ def _shm_outcome(s: Session, trials: list[TrialRecord], verdict: Any,
                                 f"batches fit ({gate.space_skipped} of "
                                 f"{gate.space_size} not run"
                                 + (", so the loading runs in the training process"
-                                   if w == 0 else "") + ")")
+                                   if w == 0 and not gate.workers_fit else "") + ")")
             verdict.evidence.append(lines[0])
-            verdict.advice.extend(lines[1:] if gate.baseline_skipped is None else lines[2:])
+            fixes = lines[1:] if gate.baseline_skipped is None else lines[2:]
+            if w == 0 and not gate.workers_fit:
+                # "Set num_workers" alone would crash here: the room comes first.
+                verdict.advice[:0] = [f"workers need room in /dev/shm first: no configuration "
+                                      f"with workers fits the "
+                                      f"{(gate.budget.budget_bytes or 0) / 2**20:,.0f} MiB "
+                                      "this rank may use"] + fixes
+            else:
+                verdict.advice.extend(fixes)
     return d
 
 

@@ -37,6 +37,7 @@ class ShmGate:
     space_skipped: int = 0
     added_zero: bool = False
     baseline_skipped: dict[str, Any] | None = None
+    workers_fit: bool = True          # some configuration with workers fits
     largest_skipped: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -68,6 +69,7 @@ class ShmGate:
         grid = space.grid()
         out = [p for p in grid if self.why(p)]
         self.space_size, self.space_skipped = len(grid), len(out)
+        self.workers_fit = any(p.get("num_workers") and not self.why(p) for p in grid)
         if out:
             self.largest_skipped = max(out, key=lambda p: live_batches(
                 p.get("num_workers") or 0, p.get("prefetch_factor")))
@@ -132,7 +134,8 @@ class ShmGate:
             "space_configurations": self.space_size, "skipped": self.space_skipped,
             "skipped_trials": skipped_trials,
             "baseline_skipped": self.baseline_skipped is not None,
-            "added_num_workers_0": self.added_zero, "bound": self.bound,
+            "added_num_workers_0": self.added_zero, "workers_fit": self.workers_fit,
+            "bound": self.bound,
             "limit": self.summary_line() if self.bound and self.active else None,
             "advice": adv.to_dict() if adv is not None else None,
             "note": self.note, "notes": self.notes,

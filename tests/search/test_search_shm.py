@@ -76,7 +76,7 @@ def test_gate_adds_num_workers_0_when_nothing_with_workers_fits(tmp_path):
     f32 = 64 * 3 * 224 * 224 * 4
     gate = ShmGate(shm_budget(_env_64mib()), BatchBytes(f32, f32))
     gate.apply(space)
-    assert gate.added_zero and 0 in space.choices["num_workers"]
+    assert gate.added_zero and 0 in space.choices["num_workers"] and not gate.workers_fit
     assert (gate.space_size, gate.space_skipped) == (5, 4)
     assert gate.why({"num_workers": 0}) is None
     assert gate.why({"num_workers": 2, "prefetch_factor": 1}).startswith(REASON_PREFIX)
@@ -127,6 +127,7 @@ echo $? > {out}-rec.rc
         if t["params"]["num_workers"]:
             assert t["state"] == "skipped" and t["reason"].startswith("/dev/shm too small"), t
     assert "/dev/shm" in d["verdict"]["summary"]
+    assert d["verdict"]["advice"][0].startswith("workers need room in /dev/shm first")
     assert "--shm-size=" in text and "/dev/shm" in text and "sizeLimit" in text
     # The recommendation runs in that namespace.
     assert Path(f"{out}-rec.rc").read_text().strip() == "0"
