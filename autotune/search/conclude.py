@@ -82,7 +82,8 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
             ceilings.revise(t.number, t.images_per_s)
     warnings: list[str] = []
     conf = confirmed(s.study, s.shared.host_key)
-    pool = _pool(s, measured, baseline, conf, stop_reason, warnings)
+    measured, pool_base, conf = _fit_now(s, measured, baseline, conf, warnings)
+    pool = _pool(s, measured, pool_base, conf, stop_reason, warnings)
     best = rec_mod.best_trial(pool)
     rec = rec_mod.knee(pool)
     step_s = s.base.compute_ms / 1000 if s.base.step is None and s.base.compute_ms else None
@@ -109,6 +110,25 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         + s.space.notes,
                         host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host),
                         shm=shm)
+
+
+def _fit_now(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
+             conf: dict[str, TrialRecord], warnings: list[str]) -> tuple[Any, Any, Any]:
+    """A resumed study may hold figures an earlier search measured with a larger /dev/shm:
+    configurations that do not fit here are listed but never recommended (the baseline
+    returned is None when it is one of them: still shown, not a candidate)."""
+    gate = s.shm_gate
+    if gate is None or not gate.active:
+        return measured, baseline, conf
+    gone = [t for t in measured if t.ok and gate.why(t.params)]
+    if baseline is not None and baseline.ok and gate.why(baseline.params):
+        gone.append(baseline)
+        baseline = None
+    if gone:
+        warnings.append(f"{len(gone)} configuration(s) measured earlier in this study do not "
+                        "fit this /dev/shm: listed, not candidates for the recommendation")
+    return ([t for t in measured if t not in gone], baseline,
+            {k: c for k, c in conf.items() if not gate.why(c.params)})
 
 
 def _shm_outcome(s: Session, trials: list[TrialRecord], verdict: Any,

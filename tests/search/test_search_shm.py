@@ -132,3 +132,22 @@ echo $? > {out}-rec.rc
     # The recommendation runs in that namespace.
     assert Path(f"{out}-rec.rc").read_text().strip() == "0"
     assert not json.loads(Path(f"{out}-rec.json").read_text())["failed"]
+
+
+def test_a_resumed_studys_figures_that_no_longer_fit_are_not_candidates():
+    # An earlier search of the study ran with a larger /dev/shm: its w4 and its baseline
+    # are listed, but the recommendation here comes from what fits here.
+    from autotune.search.conclude import _fit_now
+    from autotune.search.records import TrialRecord
+    from autotune.search.shmgate import ShmGate
+    from autotune.shmfit import BatchBytes, shm_budget
+
+    f32 = 64 * 3 * 224 * 224 * 4
+    s = SimpleNamespace(shm_gate=ShmGate(shm_budget(_env_64mib()), BatchBytes(f32, f32)))
+    w0 = TrialRecord(1, {"num_workers": 0}, "complete", images_per_s=50.0)
+    w4 = TrialRecord(2, {"num_workers": 4, "prefetch_factor": 2}, "complete", images_per_s=200.0)
+    base = TrialRecord(-1, {"num_workers": 2, "prefetch_factor": 2}, "complete", images_per_s=150.0)
+    warnings: list[str] = []
+    measured, pool_base, conf = _fit_now(s, [w0, w4], base, {"w4": w4, "w0": w0}, warnings)
+    assert measured == [w0] and pool_base is None and list(conf) == ["w0"]
+    assert "2 configuration(s)" in warnings[0]
