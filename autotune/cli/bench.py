@@ -13,7 +13,9 @@ exit status:
   0    the configuration was measured
   1    the measurement failed (crashed or hung worker, full /dev/shm, too many open
        files, OOM, timeout, too small a dataset): the table and JSON carry the reason
-       and a hint, and no process of the measurement is left running
+       and a hint, and no process of the measurement is left running; or the
+       configuration's batches cannot fit in /dev/shm (measured from one batch made
+       without workers): refused before it starts, with the size that would fit
   2    usage error: a bad option, preset or dataset
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM); the measurement is killed first
 """
@@ -145,8 +147,14 @@ options override them."""
 
         # Read once, by this command (the measurement runs in a child process of its own).
         env = read_environment(args.dataset)
+        from autotune.bench.shmcheck import shm_refusal
+
         with hold_if(args.delayacct), spinner(not args.quiet) as prog:
-            res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
+            # A configuration whose batches cannot fit in /dev/shm is refused before any
+            # process starts (exit 1, the figures and the fix), not left to die or hang.
+            res = shm_refusal(args.dataset, cfg)
+            if res is None:
+                res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
         res.environment = {**res.environment, **env.to_dict()}
         if res.failure_kind == "step_import":   # the user's --step: a usage error, exit 2
             from autotune.errors import UsageError

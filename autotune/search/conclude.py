@@ -82,7 +82,8 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
             ceilings.revise(t.number, t.images_per_s)
     warnings: list[str] = []
     conf = confirmed(s.study, s.shared.host_key)
-    pool = _pool(s, measured, baseline, conf, stop_reason, warnings)
+    measured, pool_base, conf = _fit_now(s, measured, baseline, conf, warnings)
+    pool = _pool(s, measured, pool_base, conf, stop_reason, warnings)
     best = rec_mod.best_trial(pool)
     rec = rec_mod.knee(pool)
     step_s = s.base.compute_ms / 1000 if s.base.step is None and s.base.compute_ms else None
@@ -92,7 +93,10 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
     if best is None:
         warnings.append("no configuration completed: see each trial's reason and hint")
     if baseline is not None and not baseline.ok:
-        warnings.append(f"the rule-of-thumb baseline failed: {baseline.reason}")
+        warnings.append(f"the rule-of-thumb baseline "
+                        f"{'was not run' if baseline.state == 'skipped' else 'failed'}: "
+                        f"{baseline.reason}")
+    shm = _shm_outcome(s, trials, verdict, rec)
     return SearchResult(dataset=str(s.root), study=name, storage=url,
                         options=options_dict(s.opts), space=s.space.to_dict(),
                         ceilings=ceilings, trials=trials, baseline=baseline, best=best,
@@ -106,7 +110,61 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         + s.space.notes,
                         host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host),
                         environment=s.env.to_dict(),
-                        max_memory={"mib": s.max_mem, "source": s.max_mem_source})
+                        max_memory={"mib": s.max_mem, "source": s.max_mem_source},
+                        shm=shm)
+
+
+def _fit_now(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
+             conf: dict[str, TrialRecord], warnings: list[str]) -> tuple[Any, Any, Any]:
+    """A resumed study may hold figures an earlier search measured with a larger /dev/shm:
+    configurations that do not fit here are listed but never recommended (the baseline
+    returned is None when it is one of them: still shown, not a candidate)."""
+    gate = s.shm_gate
+    if gate is None or not gate.active:
+        return measured, baseline, conf
+    gone = [t for t in measured if t.ok and gate.why(t.params)]
+    if baseline is not None and baseline.ok and gate.why(baseline.params):
+        gone.append(baseline)
+        baseline = None
+    if gone:
+        warnings.append(f"{len(gone)} configuration(s) measured earlier in this study do not "
+                        "fit this /dev/shm: listed, not candidates for the recommendation")
+    return ([t for t in measured if t not in gone], baseline,
+            {k: c for k, c in conf.items() if not gate.why(c.params)})
+
+
+def _shm_outcome(s: Session, trials: list[TrialRecord], verdict: Any,
+                 rec: TrialRecord | None) -> dict[str, Any] | None:
+    """search.json's `shm`; when /dev/shm cut configurations, the verdict names it as a
+    limit of the recommendation and gives the size that runs what was cut."""
+    from autotune.search.shmgate import skipped_for_shm
+
+    gate = s.shm_gate
+    if gate is None:
+        return None
+    n = skipped_for_shm(trials)
+    d = gate.to_dict(n)
+    if gate.bound and gate.active:
+        lines = gate.lines(n)
+        d["lines"] = lines
+        if verdict is not None:
+            w = (rec.params.get("num_workers") if rec is not None else None) or 0
+            verdict.summary += (f"; /dev/shm limited the search to configurations whose "
+                                f"batches fit ({gate.space_skipped} of "
+                                f"{gate.space_size} not run"
+                                + (", so the loading runs in the training process"
+                                   if w == 0 and not gate.workers_fit else "") + ")")
+            verdict.evidence.append(lines[0])
+            fixes = lines[1:] if gate.baseline_skipped is None else lines[2:]
+            if w == 0 and not gate.workers_fit:
+                # "Set num_workers" alone would crash here: the room comes first.
+                verdict.advice[:0] = [f"workers need room in /dev/shm first: no configuration "
+                                      f"with workers fits the "
+                                      f"{(gate.budget.budget_bytes or 0) / 2**20:,.0f} MiB "
+                                      "this rank may use"] + fixes
+            else:
+                verdict.advice.extend(fixes)
+    return d
 
 
 def write_outputs(res: Any) -> None:

@@ -45,6 +45,9 @@ class SearchResult:
     # configuration was held to: {"mib", "source"}.
     environment: dict[str, Any] | None = None
     max_memory: dict[str, Any] | None = None
+    # /dev/shm: the first batch's bytes, the per-rank budget, the configurations not run
+    # because their batches do not fit, and the size that runs them (autotune.search.shmgate).
+    shm: dict[str, Any] | None = None
 
     @property
     def iterable(self) -> bool:
@@ -102,6 +105,7 @@ class SearchResult:
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
             "environment": self.environment, "max_memory": self.max_memory,
+            "shm": self.shm,
         }
 
 

@@ -69,6 +69,9 @@ class Session:
 
         self.env = read_environment(root, scratch=getattr(opts, "scratch", None))
         self.cuda = False
+        # Which configurations' batches fit in /dev/shm (autotune.search.shmgate); set by
+        # fit_shm() after prepare(), None before (nothing refused).
+        self.shm_gate: Any = None
         # Other hosts' trials, claims, heartbeats; this host (its class keys the ceilings,
         # the baseline and what counts as measured: figures compare within one class).
         self.shared: SharedStudy = shared or SharedStudy(
@@ -155,8 +158,24 @@ class Session:
         return (cfg.effective_warmup + cfg.min_batches,
                 (n or 0) // self.base.procs_per_node // cfg.batch_size)
 
+    def fit_shm(self) -> None:
+        """Measure the first batch (no workers) and gate the space on /dev/shm: what
+        does not fit is never run, num_workers=0 joins when nothing else fits."""
+        from autotune.search.shmgate import measure_gate
+
+        self.shm_gate = measure_gate(self.root, self.base, self.base.procs_per_node, self.say)
+        self.shm_gate.apply(self.space)
+
+    def unfit_hint(self, params: dict[str, Any]) -> str:
+        if self.shm_gate is not None and self.shm_gate.why(params):
+            return self.shm_gate.hint
+        return "a smaller batch size, --warm, or a larger dataset"
+
     def unfit(self, params: dict[str, Any]) -> str | None:
-        """Why one cold pass cannot hold this configuration's measurement, or None."""
+        """Why this configuration is not run: its batches do not fit in /dev/shm, or one
+        cold pass cannot hold its measurement; None when it can run."""
+        if self.shm_gate is not None and (why := self.shm_gate.why(params)):
+            return why
         if not self.opts.cold or self.ceilings.samples is None:  # type: ignore[union-attr]
             return None
         need, have = self.needs(params)
@@ -305,6 +324,12 @@ class Session:
             return None  # another host of this class measures it: read at the end
         else:
             bp = rec_mod.baseline_params(self.cores_per_rank, self.cuda)
+            if self.shm_gate is not None and (why := self.shm_gate.why(bp)):
+                # Not run, and not stored: a later search with a larger /dev/shm runs it.
+                self.say(f"baseline (rule of thumb) {bp}: {why}")
+                self.shm_gate.baseline_skipped = {"params": bp, "reason": why}
+                return TrialRecord(-1, bp, "skipped", reason=why, hint=self.shm_gate.hint,
+                                   host=dict(self.shared.host))
             self.say(f"baseline (rule of thumb): {bp}")
             b = self.bench(bp, "baseline")
             b.number = -1

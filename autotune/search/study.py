@@ -279,6 +279,7 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
     s = Session(study, root, opts, base, overrides, out, say, t0, shared=shared_study)
     s.check_fingerprint(_fingerprint(root, opts, base), name, shared.redact(url))
     s.prepare(lambda: _measure_ceilings(root, opts, base, say, s.env), _cuda())
+    s.fit_shm()
     baseline: TrialRecord | None = None
     try:
         baseline = s.baseline()

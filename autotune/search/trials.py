@@ -117,7 +117,7 @@ def _answer_unfit(s: Session, trial: Any, params: dict[str, Any], why: str) -> N
     from optuna.trial import TrialState
 
     rec = TrialRecord(trial.number, params, "skipped", host=s.shared.host, reason=why,
-                      hint="a smaller batch size, --warm, or a larger dataset")
+                      hint=s.unfit_hint(params))
     trial.set_user_attr("record", _stored(rec.to_dict()))
     s.study.tell(trial, state=TrialState.FAIL)
 

@@ -75,6 +75,8 @@ def search_renderable(d: dict[str, Any]) -> Group:
             parts.append(Text(f"  · {printable(e)}"))
         for a in v["advice"]:
             parts.append(Text(f"  → {printable(a)}", style="bold"))
+    if not v:
+        parts += _shm_texts(d)
     rec = d.get("recommended")
     parts += budget_texts(_recommended_budget(d), "time budget of the recommended trial")
     if rec:
@@ -105,6 +107,14 @@ def _header(d: dict[str, Any]) -> list[Any]:
         parts.append(Text(f"  memory bound per configuration (loader tree RSS + /dev/shm): "
                           f"{mm['mib']:,.0f} MiB, {printable(mm['source'])}", style="dim"))
     return parts
+
+
+def _shm_texts(d: dict[str, Any]) -> list[Text]:
+    """What /dev/shm cut and the size that runs it: the verdict's evidence and advice
+    when there is a verdict, these lines when nothing ran."""
+    lines = (d.get("shm") or {}).get("lines") or []
+    return ([Text(printable(lines[0]), style="bold")]
+            + [Text(f"  → {printable(a)}", style="bold") for a in lines[1:]]) if lines else []
 
 
 def _recommended_budget(d: dict[str, Any]) -> dict[str, Any] | None:

@@ -1,0 +1,153 @@
+"""Issue 30, item 2: search and bench fit /dev/shm.
+
+Real: `autotune search` and `autotune bench` in a private mount namespace whose /dev/shm
+is a 64 MiB tmpfs (Docker's default), on a folder of tiny JPEGs read as 3x224x224 float32
+samples (what the resnet50 preset makes of them, checked on the preset's own pipeline
+below): a batch of 64 is 36.8 MiB, so no configuration with workers fits and
+num_workers=0 must be recommended, with the reason counted and the --shm-size that would
+run the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_SPACE = ROOT / "tests" / "search" / "space-tiny.yaml"
+FACTORY = f"{ROOT / 'tests' / 'search' / 'shm_dataset.py'}:make"
+MiB = 2**20
+
+
+@pytest.fixture(scope="module")
+def tiny_jpegs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """256 JPEGs of 32x32 px in 4 classes: cheap to decode, and RandomResizedCrop(224)
+    still makes each a 3x224x224 float32 sample (588 KiB)."""
+    import numpy as np
+    from PIL import Image
+
+    d = tmp_path_factory.mktemp("shm") / "train"
+    rng = np.random.default_rng(30)
+    for i in range(256):
+        c = d / f"c{i % 4}"
+        c.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(c / f"{i:03d}.jpg")
+    return d
+
+
+def _env_64mib() -> SimpleNamespace:
+    return SimpleNamespace(shm_budget=lambda: 64 * MiB,
+                           shm=SimpleNamespace(total_bytes=64 * MiB, free_bytes=64 * MiB, note=None),
+                           memory=SimpleNamespace(limit_bytes=None))
+
+
+def test_bench_refuses_workers_whose_float32_batches_cannot_fit(tiny_jpegs):
+    from autotune.bench import BenchConfig
+    from autotune.bench.shmcheck import shm_refusal
+
+    cfg = BenchConfig.from_preset("resnet50", batch_size=64, num_workers=2, prefetch_factor=2)
+    r = shm_refusal(tiny_jpegs, cfg, env=_env_64mib())
+    assert r is not None and r.failed and r.failure_kind == "shm"
+    fit = r.system["shm_fit"]
+    assert fit["batch_bytes"] == 64 * 3 * 224 * 224 * 4 + 64 * 8   # measured, labels int64
+    assert "5 batches of 36.8 MiB" in r.reason and "64.0 MiB" in r.reason
+    assert "--shm-size=256m" in r.hint and "sizeLimit: 256Mi" in r.hint and "uint8" in r.hint
+    # No workers: nothing in /dev/shm, nothing refused (and no batch measured for it).
+    assert shm_refusal(tiny_jpegs, BenchConfig.from_preset("resnet50", batch_size=64,
+                                                           num_workers=0), env=_env_64mib()) is None
+
+
+def test_gate_adds_num_workers_0_when_nothing_with_workers_fits(tmp_path):
+    from autotune.search.shmgate import REASON_PREFIX, ShmGate
+    from autotune.search.space import load_space
+    from autotune.shmfit import BatchBytes, shm_budget
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("num_workers: {choices: [2, 4]}\nprefetch_factor: {choices: [1, 2]}\n"
+                          "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
+    space = load_space(space_file, cores=2, cuda=False)
+    f32 = 64 * 3 * 224 * 224 * 4
+    gate = ShmGate(shm_budget(_env_64mib()), BatchBytes(f32, f32))
+    gate.apply(space)
+    assert gate.added_zero and 0 in space.choices["num_workers"] and not gate.workers_fit
+    assert (gate.space_size, gate.space_skipped) == (5, 4)
+    assert gate.why({"num_workers": 0}) is None
+    assert gate.why({"num_workers": 2, "prefetch_factor": 1}).startswith(REASON_PREFIX)
+    d = gate.to_dict(3)
+    assert d["skipped"] == 4 and d["skipped_trials"] == 3 and d["bound"]
+    assert d["advice"]["docker"].startswith("--shm-size=")
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_search_in_a_64_mib_dev_shm_recommends_what_fits_and_it_runs(tiny_jpegs, tmp_path):
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private /dev/shm")
+    out = tmp_path / "out"
+    py = f"{sys.executable} -m autotune -q"
+    # The resnet50 preset's batch of 64 with samples of its size (3x224x224 float32) from
+    # a cheap user dataset: the search's trials stay short on a busy machine.
+    common = f"--batch-size 64 --compute-ms 5 --warm --dataset-factory {FACTORY}"
+    # One namespace: the search, then bench of what it recommended (the refusal of what
+    # cannot fit is checked in-process above: no measurement process starts for it).
+    script = f"""
+set -u
+mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 90
+{py} search {tiny_jpegs} {common} --space {TINY_SPACE} --trials 2 --no-probe --confirm 0 \
+  --seconds 2 --out {out} --json {out}.json > {out}.txt 2>&1
+echo $? > {out}.rc
+w=$({sys.executable} -c "import json; print(json.load(open('{out}.json'))['recommended']['config']['num_workers'])")
+{py} bench {tiny_jpegs} {common} --workers $w --seconds 1 --json {out}-rec.json > /dev/null 2>&1
+echo $? > {out}-rec.rc
+"""
+    # One intra-op thread: on a busy 2-core machine torch's two OpenMP threads make each
+    # sample 10-100x slower (spinning at barriers), and the trial would not get 10 batches.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    text = " ".join(Path(f"{out}.txt").read_text().split())  # the table wraps at 110
+    assert Path(f"{out}.rc").read_text().strip() == "0", text
+    d = json.loads(Path(f"{out}.json").read_text())
+    assert d["recommended"]["config"]["num_workers"] == 0, text
+    shm = d["shm"]
+    assert shm["bound"] and shm["skipped"] == 4 and shm["space_configurations"] == 5
+    assert shm["batch_bytes"] == 64 * 3 * 224 * 224 * 4 + 64 * 8
+    assert shm["budget"]["total_bytes"] == 64 * MiB
+    assert shm["baseline_skipped"] and d["baseline"]["state"] == "skipped"
+    # Nothing with workers was started: every such trial is skipped with the reason.
+    for t in d["trials"]:
+        if t["params"]["num_workers"]:
+            assert t["state"] == "skipped" and t["reason"].startswith("/dev/shm too small"), t
+    assert "/dev/shm" in d["verdict"]["summary"]
+    assert d["verdict"]["advice"][0].startswith("workers need room in /dev/shm first")
+    assert "--shm-size=" in text and "/dev/shm" in text and "sizeLimit" in text
+    # The recommendation runs in that namespace.
+    assert Path(f"{out}-rec.rc").read_text().strip() == "0"
+    assert not json.loads(Path(f"{out}-rec.json").read_text())["failed"]
+
+
+def test_a_resumed_studys_figures_that_no_longer_fit_are_not_candidates():
+    # An earlier search of the study ran with a larger /dev/shm: its w4 and its baseline
+    # are listed, but the recommendation here comes from what fits here.
+    from autotune.search.conclude import _fit_now
+    from autotune.search.records import TrialRecord
+    from autotune.search.shmgate import ShmGate
+    from autotune.shmfit import BatchBytes, shm_budget
+
+    f32 = 64 * 3 * 224 * 224 * 4
+    s = SimpleNamespace(shm_gate=ShmGate(shm_budget(_env_64mib()), BatchBytes(f32, f32)))
+    w0 = TrialRecord(1, {"num_workers": 0}, "complete", images_per_s=50.0)
+    w4 = TrialRecord(2, {"num_workers": 4, "prefetch_factor": 2}, "complete", images_per_s=200.0)
+    base = TrialRecord(-1, {"num_workers": 2, "prefetch_factor": 2}, "complete", images_per_s=150.0)
+    warnings: list[str] = []
+    measured, pool_base, conf = _fit_now(s, [w0, w4], base, {"w4": w4, "w0": w0}, warnings)
+    assert measured == [w0] and pool_base is None and list(conf) == ["w0"]
+    assert "2 configuration(s)" in warnings[0]
