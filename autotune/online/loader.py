@@ -7,6 +7,12 @@ the old one serves, and once every new worker is up it closes the old lease at a
 boundary and hands the rest of the epoch to the new pool, so no index batch is lost,
 repeated or reordered. Timing is two clock reads per next(); decisions are taken there,
 once per window, never in a thread.
+
+The first epoch's first batch is made in this process before any worker starts: its bytes
+fit the start point to /dev/shm (autotune.shmfit). A pool that fails for a reason of
+autotune's (autotune.online.failure) is replaced at once by one that needs less; the index
+batches it had taken but not delivered go back to the stream, so the epoch goes on with
+nothing lost or repeated (an IterableDataset loses the rest of that epoch instead).
 """
 
 from __future__ import annotations
@@ -76,6 +82,11 @@ class DataLoader:
     Under torch.distributed (map-style datasets) the ranks decide together, from the
     slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
     step its loader the same number of times, as DistributedSampler's padding makes them.
+
+    A pool that fails for a reason of autotune's (/dev/shm refused, a worker killed by
+    SIGKILL, SIGBUS or SIGTERM) does not end the loop: the epoch carries on at a
+    configuration that needs less (see docs/library/dataloader.md); the user's own
+    exceptions raise as torch's would.
 
     Extra keywords: `key` names the dataset in the settings cache
     (~/.cache/autotune/online.json); `memory_budget` (bytes; default half the available
@@ -494,7 +505,7 @@ class DataLoader:
             self._retire(p)
         self._pools = []
         self._target = to
-        if self._tuning and isinstance(self._ctl, Controller):
+        if isinstance(self._ctl, Controller):  # tuning or not: the failed one stays out
             self._ctl.fell_back(failed, to, why_.detail)
         if self._sync is not None:
             self._failed = failed  # the other ranks' controllers hear of it at the next step
