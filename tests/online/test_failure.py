@@ -143,3 +143,26 @@ def test_real_enospc_in_workers_falls_back(tmp_path):
     r = _in_small_shm("fill", 4, 1280, tmp_path)
     assert r["every_sample_once"], r
     assert any(e.startswith("fell-back:") and "/dev/shm" in e for e in r["events"]), r["events"]
+
+
+def test_oom_group_halves_the_budgets(monkeypatch, decisions):
+    """cgroup v2 memory.oom.group=1 (recorded: this machine mounts v1): the OOM killer would
+    end the whole job, so both budgets are halved (a memory_budget given is kept) and the
+    log says so."""
+    import dataclasses
+
+    import autotune.environment as environment
+
+    free = autotune.DataLoader(Slow(40, 0), batch_size=4)
+    real = environment.read_environment()
+    grouped = dataclasses.replace(real, memory=dataclasses.replace(real.memory, oom_group=True))
+    monkeypatch.setattr(environment, "read_environment", lambda *a, **k: grouped)
+    given = autotune.DataLoader(Slow(40, 0), batch_size=4, memory_budget=2**30)
+    default = autotune.DataLoader(Slow(40, 0), batch_size=4)
+    assert [e for e, _ in decisions()].count("oom-group") == 2
+    assert given._ctl.budget == 2**30
+    assert default._ctl.budget < 0.75 * free._ctl.budget
+    # /dev/shm is shared with other processes here: its free space moves a little.
+    assert abs(given._ctl.shm - free._ctl.shm // 2) < 256 * 2**20
+    for ld in (free, given, default):
+        ld.close()
