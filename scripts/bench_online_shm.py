@@ -18,7 +18,9 @@ Re-runs itself in a private mount namespace whose /dev/shm is a tmpfs of --shm (
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -37,7 +39,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--shm", default="64m")
     p.add_argument("--item-ms", type=float, default=2.0)
     p.add_argument("--step-ms", type=float, default=20.0)
-    p.add_argument("--n", type=int, default=2048)
+    p.add_argument("--n", type=int, default=2048, help="uint8 items")
+    p.add_argument("--float-n", type=int, default=512, help="float32 items (8 batches)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
 
@@ -79,8 +82,17 @@ def main() -> None:
     budget = shm_budget(read_environment()).budget_bytes or 0
     out: dict = {"shm": a.shm, "shm_budget_bytes": budget, "cores": os.cpu_count()}
 
+    events: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append(record.getMessage())
+
+    logging.getLogger("autotune.online").addHandler(Keep())
+    logging.getLogger("autotune.online").setLevel(logging.INFO)
+
     # 1. float32, 37 MiB a batch: autotune.DataLoader for --seconds.
-    n = a.n
+    n = a.float_n
     loader = autotune.DataLoader(Images(n, torch.float32), batch_size=64, shuffle=True,
                                  generator=torch.Generator().manual_seed(0))
     t0, samples, epochs, once, crash = time.perf_counter(), 0, 0, True, None
@@ -101,10 +113,12 @@ def main() -> None:
     wall = time.perf_counter() - t0
     out["float32"] = {"seconds": round(wall, 1), "crash": crash, "epochs": epochs,
                       "every_sample_once": once, "samples_per_s": round(samples / wall, 1),
-                      "tuned_kwargs": loader.tuned_kwargs}
+                      "tuned_kwargs": loader.tuned_kwargs, "log": events[:]}
     loader.close()
+    del events[:]
 
     # 2. uint8, several batches fit: the plain settings that fit, then autotune's.
+    n = a.n
     ds = Decoded(n, torch.uint8)
     bb = 64 * 3 * 224 * 224
     plain = []
@@ -131,7 +145,11 @@ def main() -> None:
                         break
             rate = got / (time.perf_counter() - start) if start else 0.0
             plain.append({"num_workers": w, "prefetch_factor": pf, "samples_per_s": round(rate, 1)})
-            del it_loader
+            it = getattr(it_loader, "_iterator", None)
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()  # its batches out of /dev/shm before the next
+            del it_loader, it
+            gc.collect()
     best = max(plain, key=lambda r: r["samples_per_s"])
     loader = autotune.DataLoader(ds, batch_size=64, shuffle=True)
     t0, samples, half, t_half = time.perf_counter(), 0, 0, None
@@ -150,7 +168,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     ours = {"samples_per_s": round(samples / wall, 1),
             "last_half_samples_per_s": round(half / (time.perf_counter() - t_half), 1)
-            if t_half else None, "tuned_kwargs": loader.tuned_kwargs}
+            if t_half else None, "tuned_kwargs": loader.tuned_kwargs, "log": events[:]}
     loader.close()
     out["uint8"] = {"plain_fitting": plain, "best_plain": best, "autotune": ours,
                     "ratio_whole": round(ours["samples_per_s"] / best["samples_per_s"], 3),
@@ -161,6 +179,7 @@ def main() -> None:
     print(f"float32 3x224x224, batch 64, /dev/shm {a.shm}: {f['seconds']} s, crash: "
           f"{f['crash'] or 'none'}, {f['epochs']} epochs, every sample once: "
           f"{f['every_sample_once']}, {f['samples_per_s']} samples/s, {f['tuned_kwargs']}")
+    print("autotune's log (uint8):\n  " + "\n  ".join(ours["log"]))
     print(f"uint8: best plain torch that fits {best}; autotune {ours}; ratio "
           f"{u['ratio_whole']} (whole run), {u['ratio_last_half']} (last half)")
 

@@ -221,6 +221,8 @@ class Controller:
 
     def failed(self, cfg: Config, why: str) -> Config | None:
         """A pool could not be started: drop the knob and go on from the best."""
+        if cfg not in self.failed_configs:
+            self.failed_configs.append(cfg)  # not tried again in this run
         emit("failed", f"{cfg.short()} could not start ({why}); staying at "
              f"{self._best_cfg().short()}", config=cfg.kwargs(), why=why)
         self._knob += 1
