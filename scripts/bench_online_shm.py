@@ -144,6 +144,7 @@ def main() -> None:
                             or time.perf_counter() > t_end:
                         break
             rate = got / (time.perf_counter() - start) if start else 0.0
+            b = None  # the last batch lives in /dev/shm while referenced
             plain.append({"num_workers": w, "prefetch_factor": pf, "samples_per_s": round(rate, 1)})
             it = getattr(it_loader, "_iterator", None)
             if it is not None and hasattr(it, "_shutdown_workers"):
