@@ -504,7 +504,7 @@ class DataLoader:
         for p in pools:
             self._retire(p)
         self._pools = []
-        self._target = to
+        self._target = self._agreed = to
         if isinstance(self._ctl, Controller):  # tuning or not: the failed one stays out
             self._ctl.fell_back(failed, to, why_.detail)
         if self._sync is not None:
@@ -571,7 +571,7 @@ class DataLoader:
             self._batch_bytes = batch_bytes(batch)
         if self._probing is not None:
             cfg, self._probing = self._ctl.refit(self._probing), None
-            self._target = cfg
+            self._target = self._agreed = cfg
             if cfg.num_workers:
                 self._begin_switch(cfg, "start: the first batch was made in this process")
         self._steps += 1
