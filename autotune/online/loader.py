@@ -843,7 +843,9 @@ class DataLoader:
         if wanted is not None and self._tuning:
             # The old pool is retired: its workers are out of the budget from here on.
             self._want_budget(wanted)
-        emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
+        # The first pool after the batch made in this process is a start, not a decision.
+        event = "started" if sw.reason.startswith("start") else "switched"
+        emit(event, f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
              f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
              f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "
              "here, partly while waiting anyway)",
