@@ -3,6 +3,8 @@
 loader      the DataLoader (epochs, switching, measuring) and its epoch iterator
 stream      the epoch's index batches, drawn lazily, and each pool's lease of them
 pool        one inner torch DataLoader with one configuration, started idle for a switch
+failure     a pool's failure of autotune's making (shm refused, a worker killed) told apart
+            from the user's errors
 controller  start point, hill climbing, bounds, settling, tuning again
 ddp         the ranks' decisions at agreed steps over a gloo group
 measure     windows of (step, wait), noise

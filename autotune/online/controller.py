@@ -95,6 +95,11 @@ class Controller:
     # The bound before the workers were seen blocked on storage (None: never raised).
     cores_bound: int | None = None
     storage: bool = False                 # storage-bound: no configuration helps, no switches
+    # /dev/shm this loader's batches may fill (autotune.shmfit; None: unknown, not checked).
+    shm: int | None = None
+    # Configurations whose pool failed (shm refused, a worker killed): neither they nor any
+    # needing as much (as many workers and as long a queue) is tried again in this run.
+    failed_configs: list = field(default_factory=list)
 
     # ---- configurations
 
@@ -140,10 +145,61 @@ class Controller:
         if "num_workers" in self.fixed:
             return cfg
         mem = self.memory()
-        while cfg.num_workers > self.min_workers() and footprint(
-                cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > self.budget:
+        while cfg.num_workers > self.min_workers() and (footprint(
+                cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > self.budget
+                or not self.shm_fits(cfg, mem.per_batch)):
+            if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
+                    "prefetch_factor" not in self.fixed:
+                cfg = self.make(1, 1)  # one worker, one batch ahead: the last step before none
+                continue
             cfg = self.make(cfg.num_workers - 1, cfg.prefetch_factor)
         return cfg
+
+    def shm_fits(self, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
+        """Whether `cfg`'s live batches (and `also`'s, alive beside it during a switch) fit
+        in the /dev/shm budget; True while the batch or the budget is unknown."""
+        from autotune.shmfit import needed_bytes
+
+        if self.shm is None or not per_batch or not cfg.num_workers:
+            return True
+        need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, per_batch)
+        if also is not None and also.num_workers:
+            need += needed_bytes(also.num_workers, also.prefetch_factor, per_batch)
+        return need <= self.shm
+
+    def refit(self, cfg: Config) -> Config:
+        """The start point again, once the first batch is measured: within the /dev/shm and
+        memory budgets."""
+        fitted = self._fit_start(cfg)
+        if fitted != cfg:
+            mem = self.memory()
+            emit("fit", f"start at {fitted.short()} instead of {cfg.short()}: the first batch "
+                 f"is {_mib(mem.per_batch)}, and {cfg.short()} would hold more in /dev/shm or "
+                 f"memory than the budget ({_mib(self.shm or 0)} of /dev/shm, "
+                 f"{_mib(self.budget)} of memory)", config=fitted.kwargs(), old=cfg.kwargs(),
+                 batch_bytes=mem.per_batch, shm_budget=self.shm, budget=self.budget)
+        self._current = fitted
+        return fitted
+
+    def needs_as_much(self, cfg: Config) -> Config | None:
+        """The failed configuration `cfg` needs as much as (None: none)."""
+        for f in self.failed_configs:
+            if cfg.num_workers >= f.num_workers and cfg.queue >= f.queue:
+                return f
+        return None
+
+    def fell_back(self, failed: Config, to: Config, why: str) -> None:
+        """A pool of `failed` failed and the loop carries on at `to`: neither `failed` nor
+        any configuration needing as much is tried again; `to` is where tuning stands."""
+        if failed not in self.failed_configs:
+            self.failed_configs.append(failed)
+        self._current = to
+        trial = self._trial(to)
+        if self.best is None or self.needs_as_much(self.best.config) is not None:
+            self.best = trial
+        if self.phase == "trial":
+            self.phase = "measure"  # the trial is over: measure where the loop now runs
+        self._cause = None
 
     def adopt(self, cfg: Config) -> None:
         """Run from `cfg` instead of the own start point (DDP: rank 0's)."""
@@ -165,6 +221,8 @@ class Controller:
 
     def failed(self, cfg: Config, why: str) -> Config | None:
         """A pool could not be started: drop the knob and go on from the best."""
+        if cfg not in self.failed_configs:
+            self.failed_configs.append(cfg)  # not tried again in this run
         emit("failed", f"{cfg.short()} could not start ({why}); staying at "
              f"{self._best_cfg().short()}", config=cfg.kwargs(), why=why)
         self._knob += 1
@@ -301,6 +359,10 @@ class Controller:
             if pf > MAX_PREFETCH:
                 return None, f"prefetch_factor {pf} is over {MAX_PREFETCH}"
             cand = self.make(base.num_workers, pf)
+        dead = self.needs_as_much(cand)
+        if dead is not None:
+            return None, (f"{cand.short()} needs as much as {dead.short()}, whose pool failed "
+                          "in this run")
         return cand, self._over_budget(cand)
 
     def _over_budget(self, cand: Config) -> str | None:
@@ -310,6 +372,13 @@ class Controller:
         need = (footprint(cur.num_workers, cur.prefetch_factor, mem.per_worker, mem.per_batch)
                 + footprint(cand.num_workers, cand.prefetch_factor, mem.per_worker,
                             mem.per_batch))
+        if not self.shm_fits(cand, mem.per_batch, also=cur):
+            from autotune.shmfit import needed_bytes
+
+            shm = needed_bytes(cand.num_workers, cand.prefetch_factor, mem.per_batch)
+            return (f"{cand.short()} would hold {_mib(shm)} of batches in /dev/shm "
+                    f"({_mib(mem.per_batch)} each, beside the current pool's during the "
+                    f"switch), over its budget of {_mib(self.shm or 0)}")
         if need <= self.budget:
             return None
         return (f"{cand.short()} needs {_mib(need)} during the switch (workers' PSS "

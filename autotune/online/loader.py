@@ -7,6 +7,12 @@ the old one serves, and once every new worker is up it closes the old lease at a
 boundary and hands the rest of the epoch to the new pool, so no index batch is lost,
 repeated or reordered. Timing is two clock reads per next(); decisions are taken there,
 once per window, never in a thread.
+
+The first epoch's first batch is made in this process before any worker starts: its bytes
+fit the start point to /dev/shm (autotune.shmfit). A pool that fails for a reason of
+autotune's (autotune.online.failure) is replaced at once by one that needs less; the index
+batches it had taken but not delivered go back to the stream, so the epoch goes on with
+nothing lost or repeated (an IterableDataset loses the rest of that epoch instead).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset
 
 from autotune.errors import UsageError
-from autotune.online import cache, ddp, why
+from autotune.online import cache, ddp, failure, why
 from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
@@ -77,6 +83,11 @@ class DataLoader:
     Under torch.distributed (map-style datasets) the ranks decide together, from the
     slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
     step its loader the same number of times, as DistributedSampler's padding makes them.
+
+    A pool that fails for a reason of autotune's (/dev/shm refused, a worker killed by
+    SIGKILL, SIGBUS or SIGTERM) does not end the loop: the epoch carries on at a
+    configuration that needs less (see docs/library/dataloader.md); the user's own
+    exceptions raise as torch's would.
 
     Extra keywords: `key` names the dataset in the settings cache
     (~/.cache/autotune/online.json); `memory_budget` (bytes; default half of what the
@@ -134,6 +145,8 @@ class DataLoader:
                 dataset, key, self.batch_size, usable_cores()))
         self._init_state()
         self._sync = self._join_ranks(memory_budget is None)
+        if self._tuning and isinstance(self._ctl, Controller):
+            self._fit_environment(memory_budget is None)
         if self._sync is None and isinstance(self._ctl, Controller):
             self._ctl.sample_bound = True  # ranks would have to agree on a raised bound
         self._target: Config = self._ctl.start()
@@ -157,6 +170,34 @@ class DataLoader:
                 self._ctl.cache_key_store = False
         return sync
 
+    def _fit_environment(self, default_budget_: bool) -> None:
+        """The /dev/shm budget (autotune.shmfit: free /dev/shm and the cgroup's remaining
+        memory, this rank's share of the node); under cgroup v2 memory.oom.group=1 both
+        budgets are halved, for there a worker killed takes the whole job with it."""
+        from autotune.environment import read_environment
+        from autotune.shmfit import shm_budget
+
+        ctl = self._ctl
+        try:
+            env = read_environment()
+        except Exception as e:  # noqa: BLE001 (a budget unknown is not checked; say so)
+            log.warning("the environment could not be read (%s): /dev/shm is not budgeted", e,
+                        extra={"autotune_event": "environment", "autotune": {"why": str(e)}})
+            return
+        sb = shm_budget(env, self._sync.local if self._sync is not None else 1)
+        ctl.shm = sb.budget_bytes
+        self._shm_source = sb.source
+        if env.memory.oom_group:
+            self._oom_group = True
+            if ctl.shm is not None:
+                ctl.shm //= 2
+            if default_budget_:
+                ctl.budget = max(1, ctl.budget // 2)
+            emit("oom-group", f"{env.memory.source}: memory.oom.group is 1, so a worker the "
+                 "OOM killer ends takes the whole job with it and no fallback is possible: "
+                 f"budgets halved (/dev/shm {(ctl.shm or 0) / 2**20:,.0f} MiB, memory "
+                 f"{ctl.budget / 2**20:,.0f} MiB)", shm_budget=ctl.shm, budget=ctl.budget)
+
     def _window(self, cfg: Config) -> int:
         # Under DDP the window closes at the agreed decision steps, not when full.
         return 10**9 if self._sync is not None else window_batches(cfg.num_workers,
@@ -165,6 +206,10 @@ class DataLoader:
     def _init_state(self) -> None:
         self._pools: list[Pool] = []
         self._batch_bytes: int | None = None
+        self._probing: Config | None = None   # the start point, while the first batch is made
+        self._pos = 0                         # batches of this epoch delivered to the loop
+        self._oom_group = False
+        self._shm_source = ""
         self._pending: Pool | None = None
         self._switch: _Switch | None = None
         self._stream: IndexStream | None = None
@@ -293,7 +338,20 @@ class DataLoader:
     def _new_pool(self, cfg: Config) -> Pool:
         return Pool(self.dataset, cfg, self._common, auto_collation=self._auto,
                     iterable=self._iterable, generator=self._inner_gen,
-                    mp_context=self.multiprocessing_context, worker_init_fn=self.worker_init_fn)
+                    mp_context=self.multiprocessing_context, worker_init_fn=self.worker_init_fn,
+                    recoverable=self._recoverable(cfg))
+
+    def _recoverable(self, cfg: Config) -> bool:
+        """Whether a failure of this configuration's pool is autotune's to recover: it has
+        workers and autotune chose their number or their queue."""
+        return bool(cfg.num_workers) and not (
+            "num_workers" in self._fixed and "prefetch_factor" in self._fixed)
+
+    def _measure_first(self, cfg: Config) -> bool:
+        """Whether the epoch's first batch is made in this process, before any worker starts
+        (the batch's bytes decide what fits in /dev/shm)."""
+        return (self._tuning and self._batch_bytes is None and cfg.num_workers > 0
+                and "num_workers" not in self._fixed and isinstance(self._ctl, Controller))
 
     def _begin_epoch(self) -> None:
         if self._iterable and self._forced:
@@ -306,22 +364,48 @@ class DataLoader:
             emit("switched", f"switched {last.short()} -> {cfg.short()} at the epoch boundary "
                  "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
                  old=last.kwargs(), reason="epoch")
+        self._pos = 0
+        if self._iterable and self._measure_first(cfg):
+            cfg = self._target = self._epoch_cfg = self._measure_iterable(cfg)
         reused = False
         if self._pending is not None:
             pool, self._pending = self._pending, None
         elif self._pools and self._pools[-1].config == cfg:
             pool, reused = self._pools.pop(), True
+        elif self._measure_first(cfg):
+            # The first batch is made here; the start point is fitted to it and its workers
+            # start while this process makes the next batches (a switch, see _after_batch).
+            self._probing = cfg
+            cfg = Config(0, None, False, cfg.pin_memory)
+            pool = self._new_pool(cfg)
         else:
             pool = self._new_pool(cfg)
         for p in self._pools:
             self._retire(p)
         self._pools = [pool]
-        pool.open(self._stream, 0)
         self._served = 0
         self._last_return = None
         self._carry = 0.0
         if not reused:
             self._meter.reset(self._window(cfg), skip=cfg.queue, group=cfg.num_workers)
+        dead = failure.dead_workers(pool.procs()) if reused else []
+        try:
+            if dead:
+                raise failure.killed_error(dead)  # a worker of the kept pool ended meanwhile
+            pool.open(self._stream, 0)
+        except Exception as e:  # noqa: BLE001 (ours recovered, the user's raised)
+            self._recover_or_raise(e)
+
+    def _measure_iterable(self, cfg: Config) -> Config:
+        """IterableDataset: one batch made here by an iterator of its own before the first
+        pool starts, to fit the start point; that batch is not delivered (the epoch's own
+        iterator starts the dataset again)."""
+        probe = TorchLoader(self.dataset, num_workers=0, **self._common)
+        batch = next(iter(probe), None)
+        if batch is None:
+            return cfg
+        self._batch_bytes = batch_bytes(batch)
+        return self._ctl.refit(cfg)
 
     def _end_epoch(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new
@@ -385,13 +469,118 @@ class DataLoader:
         return batch
 
     def _take(self) -> Any:
-        while len(self._pools) > 1 and self._pools[0].done:
-            self._retire(self._pools.pop(0))
-        return self._pools[0].next()
+        while True:
+            while len(self._pools) > 1 and self._pools[0].done:
+                self._retire(self._pools.pop(0))
+            pool = self._pools[0]
+            try:
+                dead = failure.dead_workers(pool.procs()) if pool.recoverable else []
+                if dead:
+                    raise failure.killed_error(dead)
+                with failure.watching(pool.procs() if pool.recoverable else []):
+                    batch = pool.next()
+            except StopIteration:
+                raise
+            except Exception as e:  # noqa: BLE001 (ours recovered, the user's raised)
+                self._recover_or_raise(e)
+                continue
+            self._pos += 1
+            return batch
+
+    # ---- a pool that failed for a reason of ours
+
+    def _recover_or_raise(self, exc: Exception) -> None:
+        """Carry the epoch on at a configuration that needs less when `exc` is a failure of
+        a pool autotune chose (autotune.online.failure); re-raise it otherwise."""
+        serving = [p for p in self._pools if p.recoverable]
+        why_ = failure.classify(exc, [w for p in serving for w in p.procs()]) if serving else None
+        if why_ is None:
+            raise exc
+        failed = self._pools[0].config if self._pools[0].recoverable else serving[0].config
+        to = self._fallback(failed, why_)
+        if to is None:
+            raise exc
+        pools = self._pools + ([self._pending] if self._pending is not None else [])
+        back = 0
+        for p in pools:
+            back += p.lease.give_back()
+        self._pending, self._switch, self._budget_deferred = None, None, None
+        if self._burst is not None:
+            self._burst.cancel()
+            self._burst = None
+        for p in pools:
+            self._retire(p)
+        self._pools = []
+        self._target = self._agreed = to
+        if isinstance(self._ctl, Controller):  # tuning or not: the failed one stays out
+            self._ctl.fell_back(failed, to, why_.detail)
+        if self._sync is not None:
+            self._failed = failed  # the other ranks' controllers hear of it at the next step
+        lose = self._iterable and self._pos > 0  # a new pool starts the dataset's iterator again
+        if lose:
+            lost = f"the rest of this epoch is lost ({self._pos} batches delivered"
+            total = _length(self.dataset)
+            lost += f" of about {total // max(1, self.batch_size or 1)})" if total else ")"
+            tail = f"; {lost}, the next epoch starts at {to.short()}"
+        else:
+            tail = (f"; the epoch carries on at {to.short()} from batch {self._pos} "
+                    f"({back} batches in flight fetched again, none lost or repeated)")
+        emit("fell-back", f"{failed.short()} failed ({why_.detail}): not tried again in this "
+             f"run{tail}", config=to.kwargs(), failed=failed.kwargs(), kind=why_.kind,
+             why=why_.detail, refetched=back, delivered=self._pos)
+        if lose:
+            self._epoch_cfg = to
+            raise StopIteration  # _next ends the epoch
+        pool = self._new_pool(to)
+        self._pools = [pool]
+        self._meter.reset(self._window(to), skip=to.queue, group=to.num_workers)
+        pool.open(self._stream, self._pos)
+
+    def _fallback(self, failed: Config, why_: failure.PoolFailure) -> Config | None:
+        """What the loop carries on at: the last configuration that served a full window and
+        needs less than `failed`, else fewer workers and a shorter queue, down to loading in
+        this process; None when the user's own settings leave nothing less."""
+        ctl = self._ctl if isinstance(self._ctl, Controller) else None
+        if why_.kind == "shm" and ctl is not None and self._batch_bytes:
+            from autotune.shmfit import needed_bytes
+
+            # /dev/shm held less than the budget said (another process, a smaller mount):
+            # nothing needing as much is within it.
+            need = needed_bytes(failed.num_workers, failed.prefetch_factor, self._batch_bytes)
+            ctl.shm = min(ctl.shm if ctl.shm is not None else need, need - 1)
+
+        def less(c: Config) -> bool:
+            return (c != failed and c.num_workers <= failed.num_workers
+                    and c.queue <= failed.queue
+                    and (ctl is None or ctl.needs_as_much(c) is None)
+                    and (ctl is None or ctl.shm_fits(c, self._batch_bytes or 0)))
+
+        for seen in (self._latest, self._first):
+            if seen is not None and less(seen.config):
+                return seen.config
+        w, pf = failed.num_workers, failed.prefetch_factor or 2
+        make = ctl.make if ctl is not None else (
+            lambda n, p: Config(n, p if n else None, failed.persistent_workers,
+                                failed.pin_memory))
+        while w > 0:
+            nw = w if "num_workers" in self._fixed else w // 2
+            npf = pf if "prefetch_factor" in self._fixed else max(1, pf // 2)
+            if (nw, npf) == (w, pf):
+                return None  # the user's own settings: nothing less to go to
+            w, pf = nw, npf
+            cand = make(w, pf)
+            if less(cand):
+                return cand
+        return None
 
     def _after_batch(self, batch: Any, step: float | None, wait: float) -> None:
         if self._batch_bytes is None:
             self._batch_bytes = batch_bytes(batch)
+        if self._probing is not None:
+            cfg, self._probing = self._ctl.refit(self._probing), None
+            self._target = self._agreed = cfg
+            if cfg.num_workers:
+                self._begin_switch(cfg, "start: the first batch was made in this process")
         self._steps += 1
         sw = self._switch
         if sw is not None:
@@ -627,7 +816,19 @@ class DataLoader:
         # the new workers fetch their first.
         boundary = last.lease.next + (0 if last.config.num_workers else 1)
         last.lease.stop = boundary
-        main_s = pool.open(self._stream, boundary)
+        try:
+            main_s = pool.open(self._stream, boundary)
+        except Exception as e:  # noqa: BLE001 (the old pool serves on)
+            last.lease.stop = None
+            pool.lease.give_back()
+            if failure.classify(e, pool.procs()) is None:
+                raise
+            self._pending, self._switch = None, None
+            self._retire(pool)
+            self._target = self._running
+            if self._tuning and isinstance(self._ctl, Controller):
+                self._ctl.fell_back(pool.config, self._running, str(e))
+            return
         self._pools.append(pool)
         self._pending = None
         if self._switch is not None:
@@ -643,13 +844,15 @@ class DataLoader:
         up = (pool.ready_at - pool.started_at) if pool.ready_at and pool.started_at else 0.0
         cfg = pool.config
         self._meter.reset(self._window(cfg), skip=cfg.queue, group=cfg.num_workers)
-        if self._tuning and sw.reason != "forced":
+        if self._tuning and sw.reason == "controller":
             self._ctl.charge(cfg, cost)
         wanted, self._budget_deferred = self._budget_deferred, None
         if wanted is not None and self._tuning:
             # The old pool is retired: its workers are out of the budget from here on.
             self._want_budget(wanted)
-        emit("switched", f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
+        # The first pool after the batch made in this process is a start, not a decision.
+        event = "started" if sw.reason.startswith("start") else "switched"
+        emit(event, f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
              f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
              f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "
              "here, partly while waiting anyway)",
@@ -694,6 +897,13 @@ class DataLoader:
                 msg += f" (switches cost {cost:.2f} s)"
         self.summary = msg
         emit("summary", f"first epoch: {msg}", summary=msg)
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 def _root_path(dataset: Any) -> str | None:

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.monitor.proctree import pid_alive
+from autotune.online import failure
 from autotune.online.config import Config
 from autotune.online.stream import IndexStream, Lease
 
@@ -44,8 +45,11 @@ class Pool:
 
     def __init__(self, dataset: Any, config: Config, common: dict[str, Any], *,
                  auto_collation: bool, iterable: bool, generator: torch.Generator,
-                 mp_context: Any, worker_init_fn: Callable[[int], None] | None) -> None:
+                 mp_context: Any, worker_init_fn: Callable[[int], None] | None,
+                 recoverable: bool = False) -> None:
         self.config = config
+        # Workers autotune chose: out of torch's SIGCHLD check (autotune.online.failure).
+        self.recoverable = recoverable
         self.lease = Lease()
         self.delivered = 0
         self.started_at: float | None = None
@@ -84,6 +88,8 @@ class Pool:
             self.started_at = t
         with _quiet():
             self.it = iter(self.loader)
+        if self.recoverable:
+            failure.unregister(self.it)
         return time.perf_counter() - t
 
     def start_idle(self) -> float:
@@ -135,6 +141,7 @@ class Pool:
 
     def next(self) -> Any:
         batch = next(self.it)
+        self.lease.delivered(self.lease.start + self.delivered)
         self.delivered += 1
         return batch
 
@@ -143,6 +150,10 @@ class Pool:
         """Every batch of a closed lease has been delivered."""
         le = self.lease
         return le.stop is not None and self.delivered >= le.stop - le.start
+
+    def procs(self) -> list[Any]:
+        """The worker processes (none before they are started, or without workers)."""
+        return self._procs()
 
     def _procs(self) -> list[Any]:
         # torch keeps the worker processes on its iterator; there is no public accessor.

@@ -43,6 +43,14 @@ class IndexStream:
             raise RuntimeError(f"index batch {pos} of this epoch was already taken")
         return self._buf.pop(pos)
 
+    def put_back(self, items: dict[int, Any]) -> None:
+        """Index batches handed out but never delivered (their pool failed): each position
+        can be taken again, by the pool that carries on from the first of them."""
+        for pos, item in items.items():
+            if pos >= self._drawn or pos in self._buf:
+                raise RuntimeError(f"index batch {pos} of this epoch was never taken")
+            self._buf[pos] = item
+
 
 class Lease:
     """The positions [start, stop) of a stream that one inner loader takes, in order.
@@ -57,10 +65,26 @@ class Lease:
         self.next = 0
         self.stop: int | None = None
         self.gen = 0  # bumped by assign: an iterator of an earlier assignment yields nothing
+        # Positions handed to the inner loader and not yet delivered to the loop: what goes
+        # back to the stream when the pool fails.
+        self.out: dict[int, Any] = {}
 
     def assign(self, stream: IndexStream | None, start: int = 0) -> None:
         self.stream, self.start, self.next, self.stop = stream, start, start, None
+        self.out = {}
         self.gen += 1
+
+    def delivered(self, pos: int) -> None:
+        """The batch at `pos` reached the loop."""
+        self.out.pop(pos, None)
+
+    def give_back(self) -> int:
+        """Put the undelivered positions back into the stream; how many there were."""
+        out, self.out = self.out, {}
+        if self.stream is not None and out:
+            self.stream.put_back(out)
+        self.gen += 1  # the failed loader's iterator takes nothing more
+        return len(out)
 
     @property
     def exhausted(self) -> bool:
@@ -85,5 +109,6 @@ class _LeaseIter:
                 or (le.stop is not None and le.next >= le.stop)):
             raise StopIteration
         item = le.stream.get(le.next)
+        le.out[le.next] = item
         le.next += 1
         return item

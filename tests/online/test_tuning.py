@@ -65,7 +65,9 @@ def test_memory_budget_too_small_for_a_second_worker_keeps_one(monkeypatch, deci
     cache.store(key, {"num_workers": 1, "prefetch_factor": 2})
     loader = autotune.DataLoader(ds, batch_size=4, prefetch_factor=2, key="budget-test")
     it = iter(loader)
-    next(it)
+    # The first batch is made in this process (measured for /dev/shm); then the worker pool.
+    while loader._switch is not None or loader._pools[-1].config.num_workers == 0:
+        next(it)
     mem = loader._memory()
     assert mem.measured and mem.per_worker > 0  # read from the worker's smaps_rollup
     one = footprint(1, 2, mem.per_worker, mem.per_batch)

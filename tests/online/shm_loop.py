@@ -1,0 +1,91 @@
+"""A training loop over autotune.DataLoader, run by test_failure.py inside a mount namespace
+whose /dev/shm is a small tmpfs; prints one JSON line of what it saw.
+
+    python shm_loop.py MODE SECONDS [N]
+
+MODE: "float" (3x224x224 float32 items, a batch of 64 is 37 MiB), "uint8" (the same as
+uint8, 9.2 MiB), "fill" (uint8 items of 1x256x256 while /dev/shm is filled up behind the
+loader's back after its first epoch began: the workers' collate meets a real ENOSPC).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+from torch.utils.data import Dataset
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+class Images(Dataset):
+    """Item i is a 3x224x224 tensor whose first element is i (float32 or uint8)."""
+
+    def __init__(self, n: int, dtype: torch.dtype, shape: tuple = (3, 224, 224)) -> None:
+        self.n, self.dtype, self.shape = n, dtype, shape
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        x = torch.zeros(self.shape, dtype=self.dtype)
+        x.view(-1)[0] = i % 256 if self.dtype == torch.uint8 else i
+        x.view(-1)[1] = i // 256 if self.dtype == torch.uint8 else 0
+        return x
+
+
+def _index(x: torch.Tensor) -> list[int]:
+    flat = x.reshape(x.shape[0], -1)
+    return (flat[:, 0].long() + 256 * flat[:, 1].long()).tolist() if x.dtype == torch.uint8 \
+        else flat[:, 0].long().tolist()
+
+
+def main() -> None:
+    import autotune
+
+    mode, seconds = sys.argv[1], float(sys.argv[2])
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 640
+    events: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            events.append(f"{getattr(record, 'autotune_event', '')}: {record.getMessage()}")
+
+    logging.getLogger("autotune.online").addHandler(Keep())
+    logging.getLogger("autotune.online").setLevel(logging.INFO)
+    shape = (1, 256, 256) if mode == "fill" else (3, 224, 224)
+    ds = Images(n, torch.float32 if mode == "float" else torch.uint8, shape)
+    loader = autotune.DataLoader(ds, batch_size=64, shuffle=True,
+                                 generator=torch.Generator().manual_seed(0))
+    epochs, workers_seen, ok, filler = 0, set(), True, None
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds or epochs == 0:
+        seen = []
+        for i, batch in enumerate(loader):
+            seen += _index(batch)
+            workers_seen.add(loader.num_workers)
+            if mode == "fill" and filler is None and loader.num_workers and i >= 2:
+                # Leave under one batch of room: the workers' next batches meet ENOSPC.
+                free = os.statvfs("/dev/shm")
+                room = free.f_bavail * free.f_frsize
+                filler = open("/dev/shm/autotune-online-fill", "wb", buffering=0)
+                try:
+                    filler.write(b"\0" * max(0, room - 2**20))
+                except OSError:
+                    pass  # full already: the workers' batches took the rest
+            time.sleep(0.02)  # the step
+        ok = ok and sorted(seen) == list(range(n))
+        epochs += 1
+    print(json.dumps({"epochs": epochs, "every_sample_once": ok,
+                      "workers_seen": sorted(workers_seen),
+                      "tuned_kwargs": loader.tuned_kwargs, "events": events,
+                      "seconds": time.perf_counter() - t0}))
+    loader.close()
+
+
+if __name__ == "__main__":
+    main()
