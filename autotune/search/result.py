@@ -41,6 +41,8 @@ class SearchResult:
     # This host, and every class of hosts that measured trials of the study (shared studies).
     host: dict[str, Any] | None = None
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    # The whole run (autotune.search.runcache): which epochs the verdict describes.
+    run: dict[str, Any] | None = None
 
     @property
     def iterable(self) -> bool:
@@ -97,6 +99,7 @@ class SearchResult:
             "host": self.host, "hosts": self.hosts,
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
+            "run": self.run,
         }
 
 
