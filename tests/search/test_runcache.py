@@ -91,7 +91,7 @@ def _session_and_result(root: Path, first_ips: float, job_mib: float):
     from autotune.search.records import TrialRecord
     from autotune.verdict import Verdict
 
-    ceil = Ceilings(storage=first_ips, decode=10_000, demand=10_000, cores=2, samples=160)
+    ceil = Ceilings(storage=first_ips, decode=10_000, demand=20_000, cores=2, samples=160)
     rec = TrialRecord(0, {"num_workers": 1}, "complete", images_per_s=first_ips,
                       peak_rss_mib=job_mib)
     s = SimpleNamespace(root=root, fmt="folder", ceilings=ceil,
@@ -99,6 +99,27 @@ def _session_and_result(root: Path, first_ips: float, job_mib: float):
     res = SimpleNamespace(recommended=rec, verdict=Verdict("storage", "blocked on storage"),
                           cold=True, ceilings=ceil)
     return s, res
+
+
+def _images(root: Path, n: int = 160, size: int = 256 * 1024) -> Path:
+    for i in range(n):
+        d = root / f"class_{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"img_{i:03d}.jpg").write_bytes(os.urandom(size))
+    return root
+
+
+def test_a_fill_too_slow_to_measure_is_modelled_and_said(work_dir):
+    # It fits, but reading it into the cache at 0.1 files/s would be a whole slow first
+    # epoch: the later epochs get the next ceiling, labelled modelled, with the reason.
+    s, res = _session_and_result(_images(work_dir / "train", n=40, size=4096), 50.0, 10.0)
+    s.ceilings.storage = 0.1
+    run = whole_run(s, res)
+    assert run["fits"] is True and run["method"] == "modelled" and not run["later_measured"]
+    assert run["later"]["images_per_s"] == 10_000 and run["later"]["bottleneck"] == "decode"
+    assert any("would take about" in n for n in run["notes"]), run["notes"]
+    assert run["regime"].startswith("storage-bound for the first epoch only") \
+        and run["regime"].endswith("(modelled)")
 
 
 @pytest.mark.root
@@ -110,10 +131,7 @@ def test_a_dataset_larger_than_the_cgroup_may_cache_measures_its_hit_rate(work_d
     import autotune.environment as environment
     from autotune.probe.hitrate import lru_bound
 
-    for i in range(160):
-        d = work_dir / "train" / f"class_{i % 4}"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / f"img_{i:03d}.jpg").write_bytes(os.urandom(256 * 1024))
+    _images(work_dir / "train")
     real = environment.read_environment
     limit = 120 * MiB
 
