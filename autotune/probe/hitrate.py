@@ -25,8 +25,9 @@ figure.
    whose own memory is not cache;
 4. the reader reads every file whole, epoch after epoch, each in a new seeded random
    order, and after each epoch reads its `/proc/PID/io` `read_bytes` (bytes that came
-   from storage): hits = 1 - read_bytes / bytes delivered. The first epoch fills the
-   cache; the later ones are the figure.
+   from storage): hits = 1 - read_bytes / bytes delivered (rounded up to whole pages per
+   file: a miss reads the last partial page in full). The first epoch fills the cache;
+   the later ones are the figure.
 
 Where no cgroup can be made (not root, no v1 memory hierarchy, no v2 delegation) the
 reader runs in this process's own cgroup ("in place": the job's own limit then binds),
@@ -99,7 +100,7 @@ class HitRate:
     `epochs` each epoch's bytes delivered, bytes from storage (read_bytes) and seconds."""
 
     hit_rate: float
-    cache_share: float                 # c: the cache room over the bytes read each epoch
+    cache_share: float                 # c: the cache room over the pages read each epoch
     lru_bound: float                   # h(c): strict LRU's figure
     dataset_bytes: int                 # the bytes one epoch reads (the sample's, if sampled)
     room_bytes: int                    # the page cache the reader's cgroup left it
@@ -377,8 +378,10 @@ def measure_hit_rate(files: Sequence[tuple[str, int]] | Sequence[str], room_byte
         if left:
             notes.append(f"{left:.0%} of the files' sampled pages stayed cached after eviction "
                          "(mapped elsewhere): those hits cost this limit nothing")
+        page = os.sysconf("SC_PAGE_SIZE")
         spec = {"files": [f for f, _ in chosen], "epochs": epochs, "seed": seed,
-                "threads": max(1, threads)}
+                "threads": max(1, threads),
+                "pages_bytes": sum(-(-n // page) * page for _, n in chosen)}
         proc = subprocess.Popen([sys.executable, "-I", "-c", _READER], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True,
                                 preexec_fn=cg.preexec() if cg is not None else None)
@@ -417,8 +420,13 @@ def _drive(proc: subprocess.Popen, cg: MemoryCgroup | None, spec: dict[str, Any]
     rows: list[dict[str, Any]] = []
     for line in proc.stdout:
         r = json.loads(line)
-        r["from_storage"] = min(1.0, r["read_bytes"] / r["delivered"]) if r["delivered"] else None
-        r["hit_rate"] = None if r["from_storage"] is None else 1.0 - r["from_storage"]
+        # A miss reads whole pages: a file's last partial page counts in full in
+        # read_bytes, so misses are set against the page-rounded bytes delivered.
+        r["pages_bytes"] = spec["pages_bytes"] if r["delivered"] == epoch_bytes else r["delivered"]
+        # Over 1 where read-ahead pages were reclaimed before they were read (a tight
+        # cgroup): storage then serves more than the data, and nothing hits.
+        r["from_storage"] = r["read_bytes"] / r["pages_bytes"] if r["pages_bytes"] else None
+        r["hit_rate"] = None if r["from_storage"] is None else max(0.0, 1.0 - r["from_storage"])
         rows.append(r)
         say(f"hit rate: epoch {r['epoch']}: {r['delivered'] / 2**20:,.0f} MiB delivered, "
             f"{r['read_bytes'] / 2**20:,.0f} MiB from storage ({r['seconds']:.1f} s)")
@@ -432,7 +440,13 @@ def _drive(proc: subprocess.Popen, cg: MemoryCgroup | None, spec: dict[str, Any]
                             + (f"; its cgroup's limit was {limit:,} bytes" if limit else ""))
     later = [r["hit_rate"] for r in rows[1:] if r["hit_rate"] is not None]
     h = sum(later) / len(later) if later else 0.0
-    c = min(1.0, room / epoch_bytes) if epoch_bytes else 1.0
+    c = min(1.0, room / spec["pages_bytes"]) if spec["pages_bytes"] else 1.0
+    over = [r for r in rows[1:] if (r["from_storage"] or 0) > 1.0]
+    if over:
+        notes.append("epoch(s) " + ", ".join(str(r["epoch"]) for r in over) + " read more "
+                     "from storage than they delivered (up to "
+                     f"{max(r['from_storage'] for r in over):.0%}): read-ahead pages were "
+                     "reclaimed before they were read")
     if rows and rows[0]["hit_rate"] is not None and rows[0]["hit_rate"] > 0.1:
         notes.append(f"the first epoch already hit {rows[0]['hit_rate']:.0%}: not every page "
                      "was evicted before it")
