@@ -220,3 +220,22 @@ def test_throttled_small_dataset_is_storage_bound_for_the_first_epoch_only(loop_
     html = (out / "before" / "report.html").read_text()
     assert "Whole run" in html and "first epoch only" in html
     assert "Whole run: storage-bound for the first epoch only" in r.stdout
+
+
+@pytest.mark.root
+def test_the_warm_trials_pages_are_held_without_a_descriptor_each(work_dir):
+    # The warm trial's dataset is held mapped so that another process's cache drop (a
+    # shared machine) cannot make it cold; thousands of files must not mean thousands of
+    # open descriptors (they broke select() in the measurement runner at 2,000 files).
+    from autotune.bench.residency import resident_fraction
+    from autotune.cache import drop_caches
+    from autotune.search.runcache import _Pinned
+
+    root = _images(work_dir / "train", n=1500, size=4096)
+    paths = sorted(root.glob("*/*.jpg"))
+    fds = len(os.listdir("/proc/self/fd"))
+    with _Pinned(paths) as pinned:
+        assert pinned.pinned and len(pinned.maps) == 1500
+        assert len(os.listdir("/proc/self/fd")) <= fds + 2
+        drop_caches(1)
+        assert resident_fraction(paths) == 1.0
