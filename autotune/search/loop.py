@@ -44,7 +44,7 @@ class LoopResult:
     converted: dict[str, Any] | None = None
     staged: dict[str, Any] | None = None
     commands: list[str] = field(default_factory=list)
-    # --epochs N: the run's projected time with and without conversion (runcache.project).
+    # --epochs N: the run's projected time with and without conversion (search.projection).
     projection: dict[str, Any] | None = None
 
     @staticmethod
@@ -148,7 +148,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     stage to `stage_dir`, search the staged copy, and return both searches.
 
     epochs: the run's length; given, a storage-bound search converts only where the
-    projected run (runcache.project: the first and later epochs' measured rates against
+    projected run (autotune.search.projection: the first and later epochs' measured rates against
     the conversion's cost and the rate after it) is shorter with conversion, and the
     decision says so either way. Without it, storage-bound converts as before (the
     decision names the regime: the first epoch only, or every epoch).
@@ -229,7 +229,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
 def _projection(before: SearchResult, epochs: int | None, stage_dir: Any,
                 always: bool) -> tuple[dict[str, Any] | None, str]:
     """(--epochs N's projection, or None; what the decision adds about the whole run)."""
-    from autotune.search.runcache import conversion_projection
+    from autotune.search.projection import conversion_projection
 
     run = before.run
     regime = f" ({run['regime']})" if run else ""

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.search.runcache import project, regime, whole_run
+from autotune.search.projection import project
+from autotune.search.runcache import regime, whole_run
 
 TESTS = Path(__file__).parent
 MiB, GiB = 2**20, 2**30
