@@ -129,6 +129,15 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                        help="when the verdict is storage: convert (auto: WebDataset for slow, "
                             "network or throttled storage, LMDB for local flash), stage to "
                             "--stage-dir, search again and report before/after (default off)")
+        p.add_argument("--epochs", type=positive_int("--epochs"), metavar="N",
+                       help="the run's epochs: with --convert, convert only where the run's "
+                            "projected time (first epoch cold, later epochs from the page cache "
+                            "or at the measured hit rate, against the conversion's cost) is "
+                            "shorter, and say why either way (default: convert whenever storage "
+                            "limits the first epoch)")
+        p.add_argument("--first-epoch-only", action="store_true",
+                       help="measure the first (cold) epoch only: no warm trial, no page-cache "
+                            "hit rate; the verdict then says nothing about later epochs")
         p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to")
         p.add_argument("--convert-dir", metavar="DIR",
                        help="where to write the conversion (default OUT/converted-FORMAT)")
@@ -162,13 +171,15 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                              confirm=args.confirm, confirm_seconds=args.confirm_seconds,
                              dataset_factory=args.dataset_factory,
                              procs_per_node=args.procs_per_node,
-                             heartbeat_grace=args.heartbeat_grace)
+                             heartbeat_grace=args.heartbeat_grace,
+                             whole_run=not args.first_epoch_only, epochs=args.epochs)
         if args.convert != "off":
             from autotune.search.loop import run_loop
 
             with spinner(not args.quiet) as prog:
                 loop = run_loop(args.dataset, opts, convert=args.convert, stage_dir=args.stage_dir,
-                                convert_dir=args.convert_dir, progress=prog)
+                                convert_dir=args.convert_dir, progress=prog,
+                                epochs=args.epochs)
             d = loop.to_dict()
             emit(args, d, loop_renderable(loop))
             return 0 if loop.before.recommended else 1

@@ -248,6 +248,21 @@ def _trials_table(trials: list[dict[str, Any]], cols: Any, hosts: list[dict[str,
                          "images/s", "AU", "data wait", "peak RSS MiB", "reason"])
 
 
+def _run_part(run: dict[str, Any] | None) -> str:
+    """The whole run (search.json `run`): which epochs the verdict describes."""
+    if not isinstance(run, dict) or not run.get("regime"):
+        return ""
+    first, later = run.get("first") or {}, run.get("later") or {}
+    rows = [["first (cold)", _n(first.get("images_per_s")), first.get("bottleneck") or "-",
+             "measured (the search's trials)"],
+            ["later", _n(later.get("images_per_s")), later.get("bottleneck") or "-",
+             f"{run.get('method') or '-'}"
+             + ("" if run.get("hit_rate") is None else f", hit rate {run['hit_rate']:.0%}")
+             + ("" if run.get("later_measured") else " (not measured)")]]
+    return (f"<p><b>Whole run</b>: {html.escape(run['regime'])}</p>"
+            + _table(rows, ["epochs", "images/s", "limit", "how"]))
+
+
 def search_section(d: dict[str, Any], title: str) -> str:
     """One search's part of the report (the loop of a later issue puts two side by side)."""
     trials = [t for t in d["trials"] if t["state"] not in ("duplicate", "skipped")]
@@ -277,6 +292,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
              f"{html.escape(v.get('summary', ''))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in v.get("evidence", []))
              + "".join(f"<li><b>{html.escape(a)}</b></li>" for a in v.get("advice", [])) + "</ul>",
+             _run_part(d.get("run")),
              (f"<p class='verdict'><b>NOT COLD</b>: {html.escape(d['cold_reason'])}</p>"
               if d.get("cold") is False and d.get("cold_reason") else ""),
              "<h3>Recommendation</h3>",

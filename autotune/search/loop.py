@@ -44,6 +44,8 @@ class LoopResult:
     converted: dict[str, Any] | None = None
     staged: dict[str, Any] | None = None
     commands: list[str] = field(default_factory=list)
+    # --epochs N: the run's projected time with and without conversion (search.projection).
+    projection: dict[str, Any] | None = None
 
     @staticmethod
     def _side(r: SearchResult | None) -> dict[str, Any] | None:
@@ -52,7 +54,7 @@ class LoopResult:
         d = r.to_dict()
         return {k: d[k] for k in ("dataset", "cold", "cold_reason", "recommended", "best",
                                   "baseline", "baseline_confirmed", "verdict", "ceilings",
-                                  "gain_vs_baseline", "report_html")}
+                                  "gain_vs_baseline", "report_html", "run")}
 
     @property
     def start(self) -> TrialRecord | None:
@@ -77,7 +79,8 @@ class LoopResult:
         d = self.before.to_dict()
         d.update(before=self._side(self.before), after=self._side(self.after),
                  decision=self.decision, converted=self.converted, staged=self.staged,
-                 commands=self.commands, gain_after_vs_baseline=self.gain)
+                 commands=self.commands, gain_after_vs_baseline=self.gain,
+                 projection=self.projection)
         return d
 
 
@@ -126,6 +129,8 @@ def search_flags(opts: SearchOptions) -> str:
         out += " --warm"
     if not opts.probe_fio:
         out += " --no-fio"
+    if not opts.whole_run:
+        out += " --first-epoch-only"
     if opts.prune_below is None:
         out += " --no-prune"
     elif opts.prune_below != d.prune_below:
@@ -137,9 +142,16 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
              stage_dir: str | os.PathLike[str] | None = None,
              convert_dir: str | os.PathLike[str] | None = None,
              convert_workers: int | None = None,
-             progress: Progress | None = None, always: bool = False) -> LoopResult:
+             progress: Progress | None = None, always: bool = False,
+             epochs: int | None = None) -> LoopResult:
     """Search `dataset`; when the verdict is storage and `convert` is not 'off', convert,
     stage to `stage_dir`, search the staged copy, and return both searches.
+
+    epochs: the run's length; given, a storage-bound search converts only where the
+    projected run (autotune.search.projection: the first and later epochs' measured rates against
+    the conversion's cost and the rate after it) is shorter with conversion, and the
+    decision says so either way. Without it, storage-bound converts as before (the
+    decision names the regime: the first epoch only, or every epoch).
 
     always: convert, stage and search again whatever the verdict (to measure whether it
     pays where more workers may already hide the latency); the decision says so."""
@@ -150,6 +162,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
                          "dataset is staged to and measured on.", setting=("convert", "stage_dir"))
     say = progress or (lambda _m: None)
     out = Path(opts.out)
+    epochs = epochs if epochs is not None else opts.epochs
     # A bucket is converted straight into the stage directory (local disk): for object
     # storage the conversion is the staging.
     bucket = isinstance(dataset, str) and dataset.startswith("s3://")
@@ -170,14 +183,22 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     if not bucket and stage_dir and Path(stage_dir).absolute() in (root, *root.parents):
         raise UsageError(f"stage directory {stage_dir} contains the dataset; pick a directory on "
                          "another (local) disk.", setting="stage_dir")
+    projection, why_run = _projection(before, epochs, stage_dir, always)
+    if projection is not None and not projection["convert"]:
+        return LoopResult(before, None, f"storage-bound ({before.run['regime']}); "
+                          f"{projection['text']}", commands=cmds, projection=projection)
 
     from converters import ConvertOptions, convert as do_convert
     from converters.stage import stage
 
     fmt, why = choose_format(convert, before)
     if bucket:
-        return _from_bucket(root, opts, out, before, fmt, why, Path(stage_dir),  # type: ignore[arg-type]
-                            convert_workers, cmds, say)
+        res = _from_bucket(root, opts, out, before, fmt, why, Path(stage_dir),  # type: ignore[arg-type]
+                           convert_workers, cmds, say)
+        res.decision += why_run
+        res.projection = projection
+        write_loop_outputs(res, out)
+        return res
     cdir = Path(convert_dir) if convert_dir else out / f"converted-{fmt}"
     say(f"converting to {fmt} in {cdir} ({why})")
     copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
@@ -199,10 +220,29 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,
               "vs_source_seq": (sres.mib_per_s / seq) if seq else None}
     head = "storage-bound" if v.bottleneck == "storage" else f"{v.bottleneck}-bound (converted anyway: always)"
-    decision = f"{head}: converted to {fmt} ({why}), staged to {sdir}, searched again"
-    res = LoopResult(before, after, decision, conv, staged, cmds)
+    decision = f"{head}: converted to {fmt} ({why}), staged to {sdir}, searched again{why_run}"
+    res = LoopResult(before, after, decision, conv, staged, cmds, projection)
     write_loop_outputs(res, out)
     return res
+
+
+def _projection(before: SearchResult, epochs: int | None, stage_dir: Any,
+                always: bool) -> tuple[dict[str, Any] | None, str]:
+    """(--epochs N's projection, or None; what the decision adds about the whole run)."""
+    from autotune.search.projection import conversion_projection
+
+    run = before.run
+    regime = f" ({run['regime']})" if run else ""
+    if epochs is None:
+        return None, (f"; the verdict's regime{regime}: without --epochs a storage-bound "
+                      "first epoch is converted; --epochs N decides from the run's "
+                      "projected time" if run else "")
+    p = None if always else conversion_projection(before, epochs, stage_dir)
+    if p is None:
+        return None, (f"; --epochs {epochs}: " + ("asked to convert whatever the verdict "
+                                                   "(always)" if always else "no whole-run figures to "
+                                                   "project from, converted as without it"))
+    return p, f"; {p['text']}"
 
 
 def write_loop_outputs(res: LoopResult, out: Path) -> None:

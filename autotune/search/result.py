@@ -48,6 +48,8 @@ class SearchResult:
     # /dev/shm: the first batch's bytes, the per-rank budget, the configurations not run
     # because their batches do not fit, and the size that runs them (autotune.search.shmgate).
     shm: dict[str, Any] | None = None
+    # The whole run (autotune.search.runcache): which epochs the verdict describes.
+    run: dict[str, Any] | None = None
 
     @property
     def iterable(self) -> bool:
@@ -106,6 +108,7 @@ class SearchResult:
             "report_html": self.report_html, "warnings": self.warnings,
             "environment": self.environment, "max_memory": self.max_memory,
             "shm": self.shm,
+            "run": self.run,
         }
 
 

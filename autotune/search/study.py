@@ -83,6 +83,11 @@ class SearchOptions:
     # A study shared by several hosts (a server database or journal:PATH): a trial whose
     # host sends no heartbeat for this many seconds is interrupted and measured again.
     heartbeat_grace: int = 60
+    # The whole run (autotune.search.runcache): measure the later epochs (a warm trial, or
+    # the page cache's hit rate where the dataset does not fit), and with `epochs` project
+    # the run's time with and without conversion (`--convert auto` decides from it).
+    whole_run: bool = True
+    epochs: int | None = None
 
     def validate(self) -> SearchOptions:
         if self.trials < 1:
@@ -106,6 +111,9 @@ class SearchOptions:
                              "writable directory on the dataset's storage.", setting="scratch")
         if self.max_memory_mib is not None and self.max_memory_mib <= 0:
             raise UsageError(f"max_memory must be positive, but got {self.max_memory_mib:g} MiB.")
+        if self.epochs is not None and (int(self.epochs) != self.epochs or self.epochs < 1):
+            raise UsageError(f"epochs must be a whole number, at least 1, but got {self.epochs}.",
+                             setting="epochs")
         if int(self.heartbeat_grace) != self.heartbeat_grace or self.heartbeat_grace < 2:
             raise UsageError(f"heartbeat_grace must be a whole number of seconds, at least 2, but "
                              f"got {self.heartbeat_grace}.", setting="heartbeat_grace")
@@ -297,6 +305,10 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
         if baseline is not None and baseline.ok:
             s.revise(baseline)
     res = conclude(s, name, shared.redact(url), baseline, stop_reason, time.monotonic() - t0)
+    if opts.whole_run and not stop_reason.startswith("interrupted"):
+        from autotune.search.runcache import apply_run
+
+        apply_run(s, res, say)
     write_outputs(res)
     return res
 

@@ -47,6 +47,11 @@ def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir
                      convert="auto", stage_dir=stage_dir)
     assert r.before.verdict is not None, [(t.params, t.reason) for t in r.before.trials]
     assert r.before.verdict.bottleneck == "storage"
+    # No --epochs: converted as before, and the decision names the regime (160 small
+    # images fit in the page cache: the cap limits the first epoch only).
+    assert r.before.run["fits"] is True and r.before.run["method"] == "warm", r.before.run
+    assert "first epoch only" in r.decision and "--epochs N decides" in r.decision, r.decision
+    assert r.projection is None
     assert r.converted["format"] == "wds"  # throttled, unmeasured storage: shards
     assert r.after is not None and r.after.recommended is not None
     assert (Path(r.staged["dir"]) / "manifest.json").is_file()

@@ -131,7 +131,7 @@ def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
     # second at most.
     with IoThrottle(ds, read_iops=60, name="search-test") as cap:
         r = run_search(ds, opts(tmp_path, trials=2, compute_ms=5, cold=True, seconds=2,
-                                throttle=cap))
+                                throttle=cap, whole_run=False))
     assert r.ceilings.storage < 100  # the probe's replay ran under the cap
     assert r.ceilings.storage < r.ceilings.decode
     assert r.verdict is not None, [(t.params, t.reason) for t in r.trials]

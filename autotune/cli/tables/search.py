@@ -77,6 +77,7 @@ def search_renderable(d: dict[str, Any]) -> Group:
             parts.append(Text(f"  → {printable(a)}", style="bold"))
     if not v:
         parts += _shm_texts(d)
+    parts += run_texts(d.get("run"))
     rec = d.get("recommended")
     parts += budget_texts(_recommended_budget(d), "time budget of the recommended trial")
     if rec:
@@ -117,6 +118,32 @@ def _shm_texts(d: dict[str, Any]) -> list[Text]:
             + [Text(f"  → {printable(a)}", style="bold") for a in lines[1:]]) if lines else []
 
 
+def run_texts(run: dict[str, Any] | None) -> list[Text]:
+    """The whole run (search.json `run`): the regime, the first and later epochs."""
+    if not run:
+        return []
+    out = [Text.assemble(("Whole run: ", "bold"), printable(run.get("regime") or ""))]
+    first, later = run.get("first") or {}, run.get("later") or {}
+    how = {"warm": "measured warm (one trial, the dataset in the page cache)",
+           "cgroup hit rate": "from the page cache's hit rate, measured in a memory cgroup",
+           "in-place hit rate": "from the page cache's hit rate, measured in place",
+           "modelled": "modelled (strict LRU), not measured"}.get(run.get("method") or "",
+                                                                    run.get("method") or "-")
+    out.append(Text(f"  · first epoch {fmt_rate(first.get('images_per_s'))} images/s "
+                    f"({first.get('bottleneck')}); later epochs "
+                    f"{fmt_rate(later.get('images_per_s'))} images/s ({later.get('bottleneck')}): "
+                    f"{printable(how)}"))
+    if run.get("dataset_bytes") is not None:
+        out.append(Text(f"  · dataset {run['dataset_bytes'] / 2**20:,.0f} MiB, page cache this "
+                        f"job may use {(run.get('cache_bytes') or 0) / 2**20:,.0f} MiB "
+                        f"({printable(run.get('cache_source') or '')})"
+                        + ("" if run.get("hit_rate") is None else
+                           f"; hit rate {run['hit_rate']:.0%}")))
+    for n in run.get("notes") or []:
+        out.append(Text(f"  · {printable(n)}", style="dim"))
+    return out
+
+
 def _recommended_budget(d: dict[str, Any]) -> dict[str, Any] | None:
     """The recommended trial's time budget (its window's system figures), if measured."""
     n = (d.get("recommended") or {}).get("trial")
@@ -149,7 +176,7 @@ def loop_renderable(loop: Any) -> Group:
         if loop.gain:
             parts.append(Text(f"gain: {loop.gain:.2f}x the rule-of-thumb baseline on the source", style="bold"))
         parts.append(Text(f"staged at {loop.staged['mib_per_s']:,.0f} MiB/s"))
-    parts.append(Text(f"decision: {loop.decision}"))
+    parts.append(Text(f"decision: {printable(loop.decision)}"))
     for c in loop.commands:
         parts.append(Text(f"  $ {c}", style="dim"))
     return Group(*parts)
