@@ -20,6 +20,7 @@ import email
 import importlib.metadata as md
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -239,3 +240,31 @@ def test_bench_and_a_one_trial_search_run_from_the_wheel(venv, small_dataset, tm
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["recommended"] and d["space"]["source"].endswith("autotune_configs/search/small.yaml")
+
+
+# The old distribution name, as an install line would write it (NAME[ray], NAME the import
+# name). On the package index `autotune` is another project; `.autotune["config"]` (a log
+# record's attribute) is not an install line. Built from parts so this file does not match.
+_OLD_NAME = re.compile(r"(?<![\w.\-/])" + "autotune" + r"\[[a-z]|pip install " + "autotune"
+                       + r"(?![\w\-])")
+_SCANNED = ("autotune", "converters", "configs", "docs", "scripts", "examples", "tests",
+            "README.md", "mkdocs.yml", "pyproject.toml", "setup.py")
+
+
+def test_no_install_line_names_the_old_distribution():
+    hits = []
+    for top in _SCANNED:
+        base = ROOT / top
+        for f in [base] if base.is_file() else sorted(base.rglob("*")):
+            if not f.is_file() or "__pycache__" in f.parts or f.suffix in (".pyc", ".jpg",
+                                                                            ".png", ".whl"):
+                continue
+            try:
+                text = f.read_text()
+            except (UnicodeDecodeError, OSError):
+                continue
+            for n, line in enumerate(text.splitlines(), 1):
+                if _OLD_NAME.search(line):
+                    hits.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not hits, (f"{DIST} is the distribution name (`autotune` on the package index is "
+                      "another project):\n" + "\n".join(hits))

@@ -113,7 +113,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         dist.add_argument("--engine", choices=("local", "ray"), default="local",
                           help="local (default): this process and --workers processes; ray: "
                                "each unit a Ray task with one CPU (pip install "
-                               "'autotune[ray]'); DST must be shared by the nodes")
+                               "'autotune-loader[ray]'); DST must be shared by the nodes")
         dist.add_argument("--ray-address", metavar="HOST:PORT",
                           help="the Ray head's GCS address, as `ray start --head --port` "
                                "prints it (default $RAY_ADDRESS, else a local Ray)")
