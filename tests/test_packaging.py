@@ -153,18 +153,13 @@ def _closure(names: list[str]) -> list[md.Distribution]:
     return list(seen.values())
 
 
-@pytest.fixture(scope="module")
-def venv(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv outside the checkout with the wheel installed; torch and the declared
-    dependencies come from links to this environment's copies (no download)."""
-    _src, wheel = built
-    tmp = tmp_path_factory.mktemp("venv")
+def _fresh_venv(tmp: Path, dists: list[str]) -> tuple[Path, Path]:
+    """(python, site-packages) of a venv at tmp/v that sees, through one .pth line, links to
+    these distributions of this environment and what they require, and nothing else."""
     deps = tmp / "deps"
     deps.mkdir()
-    core = [name for name, extra, _ in _requirements(wheel_metadata(wheel)) if extra is None]
-    for dist in _closure(core):
-        tops = {Path(str(f)).parts[0] for f in dist.files or []}
-        for top in tops:
+    for dist in _closure(dists):
+        for top in {Path(str(f)).parts[0] for f in dist.files or []}:
             where = Path(str(dist.locate_file(top)))
             if top not in ("..", "__pycache__") and where.exists() and not (deps / top).exists():
                 (deps / top).symlink_to(where)
@@ -176,6 +171,17 @@ def venv(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, "autotune-test-deps.pth").write_text(f"{deps}\n")
+    return py, Path(site)
+
+
+@pytest.fixture(scope="module")
+def venv(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv outside the checkout with the wheel installed; torch and the declared
+    dependencies come from links to this environment's copies (no download)."""
+    _src, wheel = built
+    tmp = tmp_path_factory.mktemp("venv")
+    core = [name for name, extra, _ in _requirements(wheel_metadata(wheel)) if extra is None]
+    py, _site = _fresh_venv(tmp, core)
     # --no-index: every requirement must already be met by the linked distributions.
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
                         "--no-index", str(wheel)], env=_env(),
@@ -202,6 +208,28 @@ def test_the_installed_wheel_imports_and_its_command_runs(venv, tmp_path):
     assert r.stdout.strip().startswith(str(venv)), r.stdout   # the wheel's, not the checkout's
     r = _run([venv / "bin" / "autotune", "--help"], tmp_path)
     assert r.returncode == 0 and "exit status" in r.stdout, r.stderr[-3000:]
+
+
+def test_an_installed_cuda_torch_is_kept(built, tmp_path):
+    """pip resolves the wheel in a venv whose torch is a CUDA build's metadata (2.7.0+cu126):
+    torch is not in what it would install. Offline (--no-index, the other dependencies
+    linked in); scripts/check_install_keeps_torch.sh does the same against the index."""
+    _src, wheel = built
+    core = [name for name, extra, _ in _requirements(wheel_metadata(wheel))
+            if extra is None and name != "torch"]
+    py, site = _fresh_venv(tmp_path, core)
+    info = site / "torch-2.7.0+cu126.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.7.0+cu126\n")
+    (info / "RECORD").write_text("")
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                        "--dry-run", "--no-index", "--report", str(tmp_path / "r.json"),
+                        str(wheel)], env=_env(), capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    names = sorted(i["metadata"]["name"] for i in report["install"])
+    assert names == [DIST], names
 
 
 def test_every_module_and_the_package_data_come_from_the_wheel(venv, tmp_path):
