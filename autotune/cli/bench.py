@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (add_endpoint, apply_endpoint, int_at_least, nonneg_float,
                                nonneg_int, positive_float, positive_int)
 
-EXIT = """\
-exit status:
-  0    the configuration was measured
-  1    the measurement failed (crashed or hung worker, full /dev/shm, too many open
-       files, OOM, timeout, too small a dataset): the table and JSON carry the reason
-       and a hint, and no process of the measurement is left running
-  2    usage error: a bad option, preset or dataset
-  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); the measurement is killed first
-"""
+EXIT = exits.help_block("bench")
 
 
 class Bench(Command):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.cli._base import EXIT_CODES, Command, emit, spinner
+from autotune.cli import exits
+from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import add_endpoint, apply_endpoint, int_list, positive_float, positive_int
 from autotune.errors import GateFailed
 
@@ -28,7 +29,7 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
               "  autotune probe /mnt/nfs/ds --runtime 5 --json probe.json\n"
               "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n"
               "  autotune probe s3://bucket/train --endpoint-url http://127.0.0.1:8333\n\n"
-              + EXIT_CODES)
+              + exits.help_block("probe"))
     after_stop = "scratch files removed"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
