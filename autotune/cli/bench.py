@@ -75,9 +75,9 @@ options override them."""
         step = p.add_mutually_exclusive_group()
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step: hold each batch MS milliseconds (0 = no step)")
-        step.add_argument("--step", metavar="MODULE:FUNCTION",
+        step.add_argument("--step", metavar="FILE.py:FUNCTION",
                           help="call FUNCTION(batch) as the step; batch = (images float32 "
-                               "[B,3,H,W], labels [B]); also path/to/file.py:function")
+                               "[B,3,H,W], labels [B]); also MODULE:FUNCTION")
         p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
                        help="measured window after warm-up (default 20, longer for a long "
                             "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
@@ -151,7 +151,7 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
                    help="your own Dataset: FUNCTION(DATASET) returns a torch Dataset or "
                         "IterableDataset, or a dict with 'dataset' and optionally "
                         "'collate_fn', 'sampler', 'worker_init_fn'; called in each "
-                        "measurement process (also module:function)")
+                        "measurement process (also MODULE:FUNCTION)")
     p.add_argument("--procs-per-node", type=positive_int("--procs-per-node"), metavar="N",
                    help="ranks on this node, as DDP runs them: N processes, each with its own "
                         "DataLoader over its share of the samples (default LOCAL_WORLD_SIZE, "

@@ -22,7 +22,8 @@ Measure what the storage holding PATH can deliver to a data loader:
   2. a cold replay of up to --replay-files of the dataset's own files, read whole at
      concurrency 1, 4, 16 and 64: files/s, MiB/s, per-file latency (this is the storage
      ceiling `autotune search` uses).
-  3. a classification of the storage (nvme, ssd, hdd, network, memory) with its evidence.
+  3. a classification of the storage (nvme, ssd, hdd, network, memory, object for s3://,
+     unknown) with its evidence.
 fio only ever touches the scratch file it created (it overwrites any file it is pointed
 at). Cold reads need root for drop_caches; otherwise pages are evicted per file."""
     epilog = ("examples:\n  autotune probe /data/imagenet/train\n"

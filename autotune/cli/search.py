@@ -72,7 +72,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         step = p.add_mutually_exclusive_group()
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step time per batch (default: the preset's)")
-        step.add_argument("--step", metavar="MODULE:FUNCTION", help="a real step function")
+        step.add_argument("--step", metavar="FILE.py:FUNCTION",
+                          help="a real step: FUNCTION(batch), as bench --step; also "
+                               "MODULE:FUNCTION")
         from autotune.cli.bench import add_job_options
 
         add_job_options(p)
