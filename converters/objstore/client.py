@@ -371,7 +371,8 @@ def _obstore_store(config: S3Config, bucket: str) -> Any:
             from obstore.store import S3Store
         except ImportError:
             raise UsageError("client obstore needs obstore: pip install obstore (or "
-                             "'autotune-loader[s3-clients]'), or AUTOTUNE_S3_CLIENT=boto3.") from None
+                             "'autotune-loader[s3-clients]'), or AUTOTUNE_S3_CLIENT=boto3."
+                             ) from None
         kw: dict[str, Any] = {"region": config.region}
         if config.endpoint_url:
             kw["endpoint"] = config.endpoint_url
