@@ -17,8 +17,9 @@ of measurement added:
     ├── FioError             fio failed, printed something that is not its JSON, or is missing
     └── NotPermitted         the operation needs root, FUSE or cgroups
 
-Exit codes (README and `autotune --help`): 0 success, 1 error, 2 usage error, 3 gate
-failed, 4 partial (stage: some files failed, named), 130 interrupted, 143 terminated.
+Exit codes (autotune/cli/exits.py, the one table of `--help` and the docs): 0 success,
+1 error, 2 usage error, 3 gate failed, 4 partial (stage: some files failed, named), 130
+interrupted, 143 terminated.
 """
 
 from __future__ import annotations

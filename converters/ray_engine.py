@@ -10,7 +10,7 @@ driver is rerun like a killed conversion (finished units are kept).
 WebDataset tasks write their shards straight into DST, so DST must be one path on every
 node (a shared filesystem); LMDB tasks read and check, and the driver commits.
 
-Ray is an optional extra (`pip install 'autotune[ray]'`), imported only here.
+Ray is an optional extra (`pip install 'autotune-loader[ray]'`), imported only here.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 from converters.errors import ConvertError
 
 MAX_RETRIES = 3
-INSTALL = "pip install 'autotune[ray]'"
+INSTALL = "pip install 'autotune-loader[ray]'"
 
 
 def import_ray() -> Any:

@@ -23,9 +23,12 @@ Each is read bytes only (the image's bytes, counted) or with the `resnet50` pipe
 (autotune's preset transform: decode, random resized crop, flip, normalize), in the
 DataLoader workers, with the same workers and batch as every other reader.
 
-Install: `.venv/bin/python -m pip install litdata mosaicml-streaming` (the `peers`
-extra). Measured with litdata 0.2.76 and mosaicml-streaming 0.13.0 (installed without
-their pins of numpy and torchvision: both read here with numpy 2.4 and no torchvision).
+Install by hand (no extra of autotune-loader: with their declared pins pip would pull
+another torch, a CUDA build, for litdata's torchvision, and numpy<2.2 for
+mosaicml-streaming): `.venv/bin/python -m pip install --no-deps
+litdata mosaicml-streaming lightning-utilities obstore tifffile 'xxhash<4' zstd catalogue
+Brotli python-snappy 'transformers<5'`. Measured with litdata 0.2.76 and
+mosaicml-streaming 0.13.0 (both read here with numpy 2.4 and no torchvision).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from autotune import __version__
+from autotune.cli import exits
 from autotune.cli._base import EXIT_CODES, Command
 from autotune.cli.analyze import Analyze, Monitor
 from autotune.cli.bench import Bench
@@ -87,10 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print(f"autotune {cmd.name}: interrupted; {cmd.after_stop}", file=sys.stderr)
-        return 130
+        return exits.INTERRUPTED
     except _Terminated:
         print(f"autotune {cmd.name}: terminated; {cmd.after_stop}", file=sys.stderr)
-        return 143
+        return exits.TERMINATED
     except BrokenPipeError:
         return 1
     except Exception as e:  # a bug: say so in one line; the traceback is one flag away

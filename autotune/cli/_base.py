@@ -15,15 +15,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-EXIT_CODES = """\
-exit status:
-  0    success
-  1    error: a measurement or tool failed (the message says which and how to fix it)
-  2    usage error: a bad option or argument
-  3    gate failed: a measured figure is below --min-iops / --min-seq-mibps
-  4    partial: some items failed and are named (stage); the rest is done; rerun to resume
-  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); scratch files are removed first
-"""
+from autotune.cli import exits
+
+EXIT_CODES = exits.help_block()   # autotune --help; each command has its own
 
 
 class Command(ABC):

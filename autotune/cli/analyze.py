@@ -7,22 +7,13 @@ import argparse
 import sys
 import time
 
+from autotune.cli import exits
 from autotune.cli._base import Command, console
 from autotune.cli.args import nonneg_int, positive_float, positive_int
 
-MONITOR_EXIT = """\
-exit status:
-  the command's own exit status (128+N when a signal N killed it); Ctrl-C and SIGTERM
-  are forwarded to the command and the monitor waits for it to finish
-  2    usage error: no command, a command that cannot be started, a bad option
-"""
+MONITOR_EXIT = exits.help_block("monitor")
 
-ANALYZE_EXIT = """\
-exit status:
-  0    analysed (whatever the verdict)
-  1    error: a file could not be read
-  2    usage error: a bad option, an unknown format, or no step timing in the log
-"""
+ANALYZE_EXIT = exits.help_block("analyze")
 
 
 class Monitor(Command):

@@ -4,21 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (add_endpoint, apply_endpoint, int_at_least, nonneg_float,
                                nonneg_int, positive_float, positive_int)
 
-EXIT = """\
-exit status:
-  0    the configuration was measured
-  1    the measurement failed (crashed or hung worker, full /dev/shm, too many open
-       files, OOM, timeout, too small a dataset): the table and JSON carry the reason
-       and a hint, and no process of the measurement is left running; or the
-       configuration's batches cannot fit in /dev/shm (measured from one batch made
-       without workers): refused before it starts, with the size that would fit
-  2    usage error: a bad option, preset or dataset
-  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); the measurement is killed first
-"""
+EXIT = exits.help_block("bench")
 
 
 class Bench(Command):
@@ -84,9 +75,9 @@ options override them."""
         step = p.add_mutually_exclusive_group()
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step: hold each batch MS milliseconds (0 = no step)")
-        step.add_argument("--step", metavar="MODULE:FUNCTION",
+        step.add_argument("--step", metavar="FILE.py:FUNCTION",
                           help="call FUNCTION(batch) as the step; batch = (images float32 "
-                               "[B,3,H,W], labels [B]); also path/to/file.py:function")
+                               "[B,3,H,W], labels [B]); also MODULE:FUNCTION")
         p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
                        help="measured window after warm-up (default 20, longer for a long "
                             "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
@@ -170,7 +161,7 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
                    help="your own Dataset: FUNCTION(DATASET) returns a torch Dataset or "
                         "IterableDataset, or a dict with 'dataset' and optionally "
                         "'collate_fn', 'sampler', 'worker_init_fn'; called in each "
-                        "measurement process (also module:function)")
+                        "measurement process (also MODULE:FUNCTION)")
     p.add_argument("--procs-per-node", type=positive_int("--procs-per-node"), metavar="N",
                    help="ranks on this node, as DDP runs them: N processes, each with its own "
                         "DataLoader over its share of the samples (default LOCAL_WORLD_SIZE, "

@@ -10,17 +10,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from autotune.cli import exits
 from autotune.cli._base import Command, emit
 from autotune.cli.args import add_endpoint, apply_endpoint, int_at_least, positive_float, size
 
-EXIT = """\
-exit status:
-  0    success (skipped files, if any, are listed in DST/manifest.json and the summary)
-  1    error: the conversion stopped (the message names the file and the fix); rerun the
-       same command to resume, finished shards are kept
-  2    usage error: a bad option or argument, or a DST holding something else
-  130  interrupted (Ctrl-C); 143 terminated (SIGTERM); rerun to resume
-"""
+EXIT = exits.help_block("convert")
 
 
 def _default_workers() -> int:
@@ -113,7 +107,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         dist.add_argument("--engine", choices=("local", "ray"), default="local",
                           help="local (default): this process and --workers processes; ray: "
                                "each unit a Ray task with one CPU (pip install "
-                               "'autotune[ray]'); DST must be shared by the nodes")
+                               "'autotune-loader[ray]'); DST must be shared by the nodes")
         dist.add_argument("--ray-address", metavar="HOST:PORT",
                           help="the Ray head's GCS address, as `ray start --head --port` "
                                "prints it (default $RAY_ADDRESS, else a local Ray)")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from autotune.cli._base import EXIT_CODES, Command, emit, spinner
+from autotune.cli import exits
+from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import add_endpoint, apply_endpoint, int_list, positive_float, positive_int
 from autotune.errors import GateFailed
 
@@ -21,14 +22,15 @@ Measure what the storage holding PATH can deliver to a data loader:
   2. a cold replay of up to --replay-files of the dataset's own files, read whole at
      concurrency 1, 4, 16 and 64: files/s, MiB/s, per-file latency (this is the storage
      ceiling `autotune search` uses).
-  3. a classification of the storage (nvme, ssd, hdd, network, memory) with its evidence.
+  3. a classification of the storage (nvme, ssd, hdd, network, memory, object for s3://,
+     unknown) with its evidence.
 fio only ever touches the scratch file it created (it overwrites any file it is pointed
 at). Cold reads need root for drop_caches; otherwise pages are evicted per file."""
     epilog = ("examples:\n  autotune probe /data/imagenet/train\n"
               "  autotune probe /mnt/nfs/ds --runtime 5 --json probe.json\n"
               "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n"
               "  autotune probe s3://bucket/train --endpoint-url http://127.0.0.1:8333\n\n"
-              + EXIT_CODES)
+              + exits.help_block("probe"))
     after_stop = "scratch files removed"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (
     add_endpoint,
@@ -17,13 +18,7 @@ from autotune.cli.args import (
     positive_int,
 )
 
-EXIT = """\
-exit status:
-  0    a recommendation was made
-  1    error, or no configuration completed (each trial's reason is in the table/JSON)
-  2    usage error
-  130  interrupted (Ctrl-C): the study keeps every measured trial; rerun to resume
-"""
+EXIT = exits.help_block("search")
 
 
 class Search(Command):
@@ -77,7 +72,9 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         step = p.add_mutually_exclusive_group()
         step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                           help="emulated step time per batch (default: the preset's)")
-        step.add_argument("--step", metavar="MODULE:FUNCTION", help="a real step function")
+        step.add_argument("--step", metavar="FILE.py:FUNCTION",
+                          help="a real step: FUNCTION(batch), as bench --step; also "
+                               "MODULE:FUNCTION")
         from autotune.cli.bench import add_job_options
 
         add_job_options(p)

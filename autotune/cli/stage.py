@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import add_endpoint, apply_endpoint, nonneg_int, positive_int
 from autotune.errors import AutotuneError
 
-EXIT = """\
-exit status:
-  0    every file staged and verified; manifest.json written last
-  1    error: nothing could be staged (space, lock, manifest); the message says why
-  2    usage error
-  4    partial: some files failed (named); the others are staged; rerun to resume
-  130  interrupted: files already verified stay; rerun to resume
-"""
+EXIT = exits.help_block("stage")
 
 
 class Stage(Command):

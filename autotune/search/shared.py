@@ -134,14 +134,24 @@ def scrub(text: str, url: str) -> str:
     return text
 
 
+POSTGRES_INSTALL = "pip install 'autotune-loader[postgres]'"
+
+
 def with_driver(url: str) -> str:
-    """postgresql://... names the driver autotune depends on (psycopg2): SQLAlchemy 2.1
-    would pick psycopg 3 otherwise. A URL naming its driver is kept."""
+    """postgresql://... names the driver of the `postgres` extra (psycopg2): SQLAlchemy 2.1
+    would pick psycopg 3 otherwise. A URL naming its driver is kept. With neither driver
+    installed, one line naming the extra (SQLAlchemy's own error names only the module)."""
     for scheme in ("postgresql://", "postgres://"):
         if url.startswith(scheme):
             try:
                 import psycopg  # noqa: F401 - psycopg 3 installed: SQLAlchemy's default
             except ImportError:
+                try:
+                    import psycopg2  # noqa: F401
+                except ImportError:
+                    raise UsageError(f"{redact(url)}: a study on PostgreSQL needs a driver, "
+                                     "and neither psycopg2 nor psycopg is installed: "
+                                     f"{POSTGRES_INSTALL}.", setting="storage") from None
                 return "postgresql+psycopg2://" + url[len(scheme):]
             return "postgresql://" + url[len(scheme):]
     return url
@@ -223,11 +233,12 @@ def open_storage(url: str, grace: int) -> Any:
         kw["grace_period"] = grace
     from sqlalchemy import exc as sa_exc
 
+    driver_url = with_driver(url)   # before the retries: a missing driver is no server error
     for attempt in range(4):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # heartbeat_interval is "experimental"
-                return optuna.storages.RDBStorage(with_driver(url), **kw)
+                return optuna.storages.RDBStorage(driver_url, **kw)
         except (sa_exc.IntegrityError, sa_exc.ProgrammingError) as e:
             # Two hosts creating Optuna's tables at the same moment: one of them loses the
             # race; its second look finds the tables made.

@@ -154,7 +154,7 @@ class Store:
             import boto3
             from botocore.config import Config
         except ImportError:
-            raise UsageError("s3:// datasets need boto3: pip install boto3 (the s3 extra)."
+            raise UsageError("s3:// datasets need boto3: pip install 'autotune-loader[s3]'."
                              ) from None
         c = self.config
         style = c.addressing if c.addressing != "auto" else ("path" if c.endpoint_url else "virtual")
@@ -370,8 +370,9 @@ def _obstore_store(config: S3Config, bucket: str) -> Any:
         try:
             from obstore.store import S3Store
         except ImportError:
-            raise UsageError("client obstore needs obstore: pip install obstore (the "
-                             "s3-clients extra), or AUTOTUNE_S3_CLIENT=boto3.") from None
+            raise UsageError("client obstore needs obstore: pip install obstore (or "
+                             "'autotune-loader[s3-clients]'), or AUTOTUNE_S3_CLIENT=boto3."
+                             ) from None
         kw: dict[str, Any] = {"region": config.region}
         if config.endpoint_url:
             kw["endpoint"] = config.endpoint_url

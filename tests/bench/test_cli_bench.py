@@ -22,7 +22,7 @@ def test_help_says_what_is_measured(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for text in ("data-wait fraction", "AU ", "input-bound < 0.90", "cold", "--warm",
                  "resnet50", "decode-only", "heavy-augment", "examples:", "exit status:",
-                 "--prefetch-factor", "--step MODULE:FUNCTION", "--timeline", "--json"):
+                 "--prefetch-factor", "--step FILE.py:FUNCTION", "--timeline", "--json"):
         assert text in out, text
     with pytest.raises(SystemExit):
         main(["--help"])

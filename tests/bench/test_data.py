@@ -75,7 +75,7 @@ def test_other_formats_are_detected_and_incomplete_ones_refused(tmp_path: Path, 
 @pytest.mark.parametrize("preset", ["resnet50", "resnet50-fast", "decode-only", "heavy-augment"])
 def test_pipeline_gives_float32_chw(small_dataset: Path, preset: str) -> None:
     if preset == "resnet50-fast":
-        pytest.importorskip("simplejpeg", reason="pip install 'autotune[fast]'")
+        pytest.importorskip("simplejpeg", reason="pip install 'autotune-loader[fast]'")
     ds = ImageDataset(FolderSource(small_dataset), build_transform(load_preset(preset).transform))
     for i in range(4):
         x, y = ds[i]

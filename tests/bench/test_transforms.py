@@ -200,7 +200,7 @@ def test_reduction_keeps_the_resample_a_downscale_by_two() -> None:
 
 DECODERS = ["pil", pytest.param("simplejpeg", marks=pytest.mark.skipif(
     __import__("importlib").util.find_spec("simplejpeg") is None,
-    reason="simplejpeg not installed (pip install 'autotune[fast]')"))]
+    reason="simplejpeg not installed (pip install 'autotune-loader[fast]')"))]
 
 
 @pytest.mark.parametrize("decoder", DECODERS)

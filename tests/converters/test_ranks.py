@@ -324,4 +324,4 @@ def test_ray_not_installed_is_one_line_with_the_pip_command(img_src, work_dir, t
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert r.stderr.strip().count("\n") == 0
-    assert "pip install 'autotune[ray]'" in r.stderr, r.stderr
+    assert "pip install 'autotune-loader[ray]'" in r.stderr, r.stderr

