@@ -316,7 +316,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
 
     def _say_dropped(self, epoch: int, world: int, num_workers: int, quotas: list[int]) -> None:
         """The equalization's cost, once per process (rank 0, worker 0)."""
-        key = (tuple(self.shards), self.seed, world, num_workers)
+        key = (tuple(self.shards), self.seed, world, num_workers, self.pad)
         if key in _SAID:
             return
         _SAID.add(key)
