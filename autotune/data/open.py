@@ -44,7 +44,8 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
                  decode: bool = True, format: str = "auto", shuffle: bool = True,
                  seed: int = 0, shuffle_buffer: int = 1000, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True,
-                 num_workers: int | None = None) -> MapDataset | ShardDataset:
+                 num_workers: int | None = None, iterable: bool | None = None
+                 ) -> MapDataset | ShardDataset:
     """A torch Dataset of `(transform(sample), label)` over anything autotune reads.
 
     Args:
@@ -59,13 +60,21 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
         format: "auto" (the manifest's format, else an image folder), "folder", "lmdb",
             "wds".
 
+        iterable: None (default): map-style for a folder and LMDB, iterable for
+            WebDataset. True for LMDB: read it in its stored order (shuffled once, with the
+            conversion's seed, when it was written) in blocks of consecutive samples, each
+            block one sequential pass of large reads, the blocks shuffled per epoch and
+            split across ranks and workers as shards are: on storage slower than the
+            dataset is large (cold, throttled, network), one I/O per image is what random
+            access costs, and this avoids it.
+
     Map-style (folder, LMDB): `len()` and `dataset[i]`; the DataLoader's sampler orders
     and splits it: `shuffle=True` on the DataLoader, or `DistributedSampler(dataset,
     drop_last=...)` for DDP ranks. The arguments below are then not used.
 
-    Iterable (WebDataset shards): the dataset orders and splits itself; give the
-    DataLoader no `shuffle=` and no sampler, and call `dataset.set_epoch(epoch)` before
-    each epoch (as `DistributedSampler.set_epoch`):
+    Iterable (WebDataset shards, or LMDB with `iterable=True`): the dataset orders and
+    splits itself; give the DataLoader no `shuffle=` and no sampler, and call
+    `dataset.set_epoch(epoch)` before each epoch (as `DistributedSampler.set_epoch`):
 
         shuffle: shard order seeded per epoch (`seed`, epoch, rank) and a buffer of
             `shuffle_buffer` samples; False reads the shards and their samples in stored
@@ -89,11 +98,20 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
     holds nothing readable or a manifest written by a newer autotune.
     """
     src = _source(path, format)
-    if not src.iterable:
+    if iterable is not None and iterable != src.iterable and src.format != "lmdb":
+        raise UsageError(f"{path}: format {src.format} is read "
+                         + ("as a stream of shards: it has no random access; leave iterable "
+                            "unset" if src.iterable else "by index: it has no stored order "
+                            "to stream (convert it: `autotune convert`); leave iterable unset")
+                         + ".", setting="iterable")
+    stream = dict(shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed, rank=rank,
+                  world_size=world_size, num_workers=num_workers, pad=not drop_last)
+    if src.format == "lmdb" and iterable:
+        ds: ShardDataset = _lmdb_blocks(src, transform, stream)
+    elif not src.iterable:
         return MapDataset(src, transform, decode=decode)
-    ds = src.dataset(transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed,
-                     rank=rank, world_size=world_size, num_workers=num_workers,
-                     pad=not drop_last, cls=ShardDataset)
+    else:
+        ds = src.dataset(transform, cls=ShardDataset, **stream)  # type: ignore[assignment]
     assert isinstance(ds, ShardDataset)
     ds.decode, ds.classes, ds.path = decode, list(src.classes), str(path)
     if num_workers is not None:
@@ -128,6 +146,46 @@ def _source(path: str | os.PathLike[str], format: str) -> SampleSource:
         if s3 and "no objects PREFIX/CLASS/NAME" in str(e):
             raise DatasetError(f"{path}: nothing autotune can read ({e}); {LOOKED_FOR}.") from None
         raise
+
+
+# LMDB read as a stream: blocks of consecutive samples, at most BLOCK_SAMPLES each, and at
+# least MIN_BLOCKS of them where there are samples enough (each reader needs a block).
+BLOCK_SAMPLES = 1000
+MIN_BLOCKS = 64
+
+
+def _lmdb_blocks(src: Any, transform: Transform | None, stream: dict[str, Any]) -> ShardDataset:
+    """An LMDB conversion as a ShardDataset whose "shards" are blocks of its index."""
+    n = len(src)
+    size = max(1, min(BLOCK_SAMPLES, -(-n // MIN_BLOCKS)))
+    data = str(Path(src.root) / "data.mdb")
+    blocks = [(f"{data}#{a}-{min(a + size, n)}", min(a + size, n) - a) for a in range(0, n, size)]
+    ds = ShardDataset(blocks, transform, num_classes=len(src.classes),  # type: ignore[arg-type]
+                      root=str(src.root), **stream)
+    ds.members = _LmdbBlocks(src)
+    ds.format = "lmdb"
+    return ds
+
+
+class _LmdbBlocks:
+    """members(url, max_member_bytes) of a block 'ROOT/data.mdb#START-STOP': its samples in
+    index order, one sequential pass (LmdbSource.records: runs of up to 4 MiB a read), as
+    the tar members a shard would hold. Picklable (the source reopens per process)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __call__(self, url: str, max_member_bytes: int = 0) -> Any:
+        import json
+
+        from converters.lmdb.layout import key
+
+        start, stop = (int(x) for x in url.rpartition("#")[2].split("-"))
+        for i, (img, label, path) in enumerate(self.source.records(start, stop), start):
+            k = key(i).decode()
+            yield k, "cls", b"%d" % label
+            yield k, "jpg", img   # the member's suffix only marks the image: PIL reads any
+            yield k, "json", json.dumps({"path": path}).encode()
 
 
 def _has_class_folder(p: Path) -> bool:
@@ -198,11 +256,13 @@ class ShardDataset(_Classes, WdsDataset):
         shards = len(self.shards)  # all nodes' (a node's staged copy holds its part)
         if readers > shards:
             fit = max(1, shards // world)
+            unit = "blocks" if self.format == "lmdb" else "shards"
+            more = ("" if self.format == "lmdb" else
+                    f", or convert again with `autotune convert --readers {readers}`")
             raise DatasetError(
                 f"{self.root}: {readers} readers ({workers} DataLoader worker(s) x {world} "
-                f"rank(s)) but {shards} shards: each reader needs a shard of its own; use "
-                f"num_workers={fit} or fewer, or convert again with `autotune convert --readers "
-                f"{readers}`.", setting="num_workers")
+                f"rank(s)) but {shards} {unit}: each reader needs one of its own; use "
+                f"num_workers={fit} or fewer{more}.", setting="num_workers")
 
     def __iter__(self) -> Any:
         info = torch.utils.data.get_worker_info()

@@ -59,14 +59,17 @@ def _epoch(ds, workers: int = 2) -> collections.Counter:
     return collections.Counter((h, ds.classes[label]) for batch in loader for h, label in batch)
 
 
-@pytest.mark.parametrize("kind", ["folder", "wds", "lmdb", "staged-wds", "staged-folder"])
+@pytest.mark.parametrize("kind", ["folder", "wds", "lmdb", "staged-wds", "staged-folder",
+                                  "lmdb-stream"])
 def test_every_sample_once_an_epoch_with_the_folders_labels(made, truth, kind):
-    ds = autotune.open_dataset(made[kind], transform=hash_bytes, decode=False)
+    stream = kind == "lmdb-stream"
+    ds = autotune.open_dataset(made["lmdb" if stream else kind], transform=hash_bytes,
+                               decode=False, iterable=True if stream else None)
     assert ds.classes == sorted(p.name for p in made["folder"].iterdir())
     assert ds.class_to_idx == {c: i for i, c in enumerate(ds.classes)}
     iterable = isinstance(ds, torch.utils.data.IterableDataset)
-    assert iterable == kind.endswith("wds") and ds.format == ("wds" if iterable else
-                                                            kind.split("-")[-1])
+    assert iterable == (kind.endswith("wds") or stream)
+    assert ds.format == {"lmdb-stream": "lmdb"}.get(kind, kind.split("-")[-1])
     assert len(truth) == sum(truth.values()) == 64   # distinct images
     assert _epoch(ds) == truth
     if iterable:   # the next epoch: another order, the same samples
@@ -84,13 +87,14 @@ def test_the_default_sample_is_the_decoded_rgb_image(made):
 
 
 @pytest.mark.parametrize("drop_last", [True, False])
-def test_ranks_read_equal_counts_the_remainder_dropped_or_padded(made, truth, drop_last):
-    world = 3
+@pytest.mark.parametrize("kind", ["wds", "lmdb"])
+def test_ranks_read_equal_counts_the_remainder_dropped_or_padded(made, truth, drop_last, kind):
+    world = 3 if kind == "wds" else 5   # 64 one-sample LMDB blocks: 5 ranks leave 4 over
     per_rank = []
     for rank in range(world):
-        ds = autotune.open_dataset(made["wds"], transform=hash_bytes, decode=False,
+        ds = autotune.open_dataset(made[kind], transform=hash_bytes, decode=False,
                                    rank=rank, world_size=world, drop_last=drop_last,
-                                   num_workers=2)
+                                   num_workers=2, iterable=True)
         got = _epoch(ds)
         assert sum(got.values()) == len(ds)
         per_rank.append(got)
@@ -103,8 +107,8 @@ def test_ranks_read_equal_counts_the_remainder_dropped_or_padded(made, truth, dr
     else:            # everything at least once, some twice
         assert set(union) == set(truth) and sum(union.values()) > 64
     # Rank 0's first worker says it, once per process (here: in this one, no workers).
-    ds = autotune.open_dataset(made["wds"], decode=False, rank=0, world_size=world,
-                               drop_last=drop_last, seed=5)
+    ds = autotune.open_dataset(made[kind], decode=False, rank=0, world_size=world,
+                               drop_last=drop_last, seed=5, iterable=True)
     with pytest.warns(UserWarning, match="dropped" if drop_last else "read twice, padded"):
         list(ds)
 
@@ -172,11 +176,13 @@ def bad_transform(x):
     raise ValueError("no good")
 
 
-@pytest.mark.parametrize("kind", ["folder", "lmdb", "wds"])
+@pytest.mark.parametrize("kind", ["folder", "lmdb", "wds", "lmdb-stream"])
 def test_a_transform_that_raises_names_the_sample_and_its_source(made, kind):
-    ds = autotune.open_dataset(made[kind], transform=bad_transform)
+    stream = kind == "lmdb-stream"
+    ds = autotune.open_dataset(made["lmdb" if stream else kind], transform=bad_transform,
+                               iterable=True if stream else None)
     with pytest.raises(SampleError) as e:
-        ds[0] if kind != "wds" else next(iter(ds))
+        ds[0] if kind in ("folder", "lmdb") else next(iter(ds))
     msg = str(e.value)
     assert "bad_transform raised ValueError: no good" in msg, msg
     assert isinstance(e.value.__cause__, ValueError)
@@ -184,6 +190,8 @@ def test_a_transform_that_raises_names_the_sample_and_its_source(made, kind):
         assert str(made["folder"]) in msg and ".jpg" in msg
     elif kind == "lmdb":
         assert "data.mdb key 0000000000" in msg and ".jpg" in msg
+    elif stream:
+        assert "data.mdb#" in msg and " key 00000000" in msg and ".jpg" in msg
     else:
         assert ".tar key " in msg and ".jpg" in msg
     # Through a worker process: the same type, the same message inside torch's.
@@ -207,3 +215,7 @@ def test_importing_autotune_does_not_import_torch():
 def test_a_format_that_is_not_there_is_a_usage_error(made):
     with pytest.raises(UsageError, match="format lmdb needs the manifest.json"):
         autotune.open_dataset(made["folder"], format="lmdb")
+    with pytest.raises(UsageError, match="no stored order to stream"):
+        autotune.open_dataset(made["folder"], iterable=True)
+    with pytest.raises(UsageError, match="no random access"):
+        autotune.open_dataset(made["wds"], iterable=False)
