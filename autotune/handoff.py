@@ -79,7 +79,18 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
         kw = kwargs_of(rec["config"], int(measured or batch_size), iterable=iterable)
     # An older search.json's shuffle=True: the order was never the search's to set.
     kw = {k: v for k, v in kw.items() if k not in NOT_LOADER_SETTINGS}
-    measured = kw.get("batch_size", measured)
+    kw["batch_size"] = _users_batch_size(d, rec, kw.get("batch_size", measured), batch_size,
+                                         p, warn)
+    if warn:
+        _warn_if_other_machine(d, side, p)
+        if dataset is not None:
+            _warn_if_other_dataset(side, dataset, p)
+    return kw
+
+
+def _users_batch_size(d: dict[str, Any], rec: dict[str, Any], measured: Any,
+                      batch_size: int | None, p: Path, warn: bool) -> int:
+    """The batch size to hand back: the user's, or the measured one where they chose it."""
     if batch_size is None:
         if _batch_size_from(d, rec) == "preset":
             preset = (d.get("options") or {}).get("preset") or "the"
@@ -87,21 +98,16 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
                 f"{p}: the search measured batch_size={measured}, the {preset} preset's, which "
                 "you did not choose; pass yours: loader_kwargs(path, batch_size=N) (or search "
                 "with --batch-size N).", setting="batch_size")
-    else:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise UsageError(f"batch_size must be a whole number of at least 1, but got "
-                             f"{batch_size!r}.", setting="batch_size")
-        if warn and measured and batch_size != measured:
-            warnings.warn(f"{p}: the search measured batch_size={measured}, you pass "
-                          f"batch_size={batch_size}: the recommended settings were found for "
-                          f"{measured}; search again with --batch-size {batch_size} to tune for "
-                          "yours.", RuntimeWarning, stacklevel=2)
-        kw["batch_size"] = batch_size
-    if warn:
-        _warn_if_other_machine(d, side, p)
-        if dataset is not None:
-            _warn_if_other_dataset(side, dataset, p)
-    return kw
+        return int(measured)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be a whole number of at least 1, but got "
+                         f"{batch_size!r}.", setting="batch_size")
+    if warn and measured and batch_size != measured:
+        warnings.warn(f"{p}: the search measured batch_size={measured}, you pass "
+                      f"batch_size={batch_size}: the recommended settings were found for "
+                      f"{measured}; search again with --batch-size {batch_size} to tune for "
+                      "yours.", RuntimeWarning, stacklevel=4)
+    return batch_size
 
 
 def _batch_size_from(d: dict[str, Any], rec: dict[str, Any]) -> str:
