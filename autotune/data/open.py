@@ -59,7 +59,6 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
         decode: False: the sample is the image file's bytes as stored, undecoded.
         format: "auto" (the manifest's format, else an image folder), "folder", "lmdb",
             "wds".
-
         iterable: None (default): map-style for a folder and LMDB, iterable for
             WebDataset. True for LMDB: read it in its stored order (shuffled once, with the
             conversion's seed, when it was written) in blocks of consecutive samples, each
