@@ -339,8 +339,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
                 f"{sum(quotas):,} samples each rank per epoch ({kept:,} of {total:,}; "
                 f"{total - kept:,} dropped, {100 * (total - kept) / total:.1f} %, a different "
                 "remainder each epoch) so that every rank takes the same number of steps; "
-                "pass drop_last=False (pad=True) to pad instead, or equalize=False to "
-                "read all of them with unequal ranks.", stacklevel=2)
+                "pass equalize=False to read all of them with unequal ranks, or "
+                "drop_last=False (pad=True) to pad instead.", stacklevel=2)
 
     def _apply(self, sample: dict[str, Any]) -> tuple[Any, int]:
         data, label = sample["image"], sample["label"]
