@@ -7,6 +7,7 @@ of measurement added:
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
     ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
     │   ├── UnsafeName       a manifest, plan or state file names a path outside its tree
+    │   ├── DatasetError     nothing readable at a path, a newer manifest, readers > shards
     │   └── StoreDenied      an object store refused: no such bucket, access denied
     ├── StoreUnreachable     an object store did not answer, or its retries ran out
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
@@ -24,8 +25,8 @@ interrupted, 143 terminated.
 
 from __future__ import annotations
 
-from converters.errors import (AutotuneError, ConvertError, SampleError, StageError, StoreDenied,
-                               StoreUnreachable, UnsafeName, UsageError)
+from converters.errors import (AutotuneError, ConvertError, DatasetError, SampleError, StageError,
+                               StoreDenied, StoreUnreachable, UnsafeName, UsageError)
 
 
 class GateFailed(AutotuneError):
@@ -46,6 +47,6 @@ class NotPermitted(AutotuneError):
     """The operation needs privileges (root, FUSE, cgroups) this process does not have."""
 
 
-__all__ = ["AutotuneError", "ConvertError", "FioError", "GateFailed", "NotPermitted",
+__all__ = ["AutotuneError", "ConvertError", "DatasetError", "FioError", "GateFailed", "NotPermitted",
            "SampleError", "StageError", "StoreDenied", "StoreUnreachable", "ToolMissing",
            "UnsafeName", "UsageError"]

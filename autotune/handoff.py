@@ -7,10 +7,12 @@
     loader = DataLoader(res.dataset, **res.loader_kwargs); res.verdict; res.report_html
 
 `loader_kwargs` reads OUT/search.json (a search always writes it): the recommended
-configuration's DataLoader keywords, batch_size included, and only those valid for the
-dataset's kind (no shuffle= for an IterableDataset, no prefetch_factor without workers).
-It warns when the machine's usable cores differ from the ones the search measured on:
-the recommendation is a figure of that machine.
+configuration's loader settings (workers, prefetch, persistence, pinning) and the batch
+size, only those valid for the dataset's kind (no prefetch_factor without workers), never
+`shuffle` or anything else that changes what the model sees. The batch size is the
+user's: see `loader_kwargs`. It warns when the search.json was made on another machine
+(hostname, usable cores) or for another dataset (`dataset=`): the recommendation is a
+figure of that machine and that data.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import socket
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +29,26 @@ from typing import Any, Callable
 from autotune.errors import UsageError
 
 
-def loader_kwargs(search_json: str | os.PathLike[str], *, warn: bool = True) -> dict[str, Any]:
-    """DataLoader(dataset, **loader_kwargs(path)) for the recommended configuration."""
+def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = None, *,
+                  dataset: Any = None, warn: bool = True) -> dict[str, Any]:
+    """`DataLoader(dataset, **loader_kwargs(path))` for the recommended configuration.
+
+    Args:
+        search_json: the search.json `autotune search --out DIR` wrote, or DIR. After a
+            convert/stage loop: the staged copy's recommendation.
+        batch_size: yours. Without it, the batch size the search measured when you gave it
+            (`--batch-size`) or searched it; when the search measured the preset's batch
+            size, which you never chose, UsageError (one line, naming it): pass yours. A
+            batch size other than the measured one is used, with a warning naming both
+            (the settings were found for the measured one).
+        dataset: the path (or the `open_dataset` result) you train on: a warning when
+            the search measured another dataset.
+        warn: False silences the warnings (other machine, other dataset, other batch size).
+
+    Returns the DataLoader keywords: `batch_size`, `num_workers`, and where they apply
+    `prefetch_factor`, `persistent_workers`, `pin_memory` (and any setting a search
+    space added); never `shuffle`, a sampler or `drop_last`: the order is yours.
+    """
     p = Path(search_json)
     if p.is_dir():
         p = p / "search.json"
@@ -38,36 +59,98 @@ def loader_kwargs(search_json: str | os.PathLike[str], *, warn: bool = True) -> 
                          "wrote (or DIR)") from e
     except ValueError as e:
         raise UsageError(f"{p}: not JSON ({e}); give the search.json autotune wrote") from e
+    if not isinstance(d, dict):
+        raise UsageError(f"{p}: not a search.json (a JSON object is expected)")
     side = d.get("after") or d     # the loop: the staged copy's recommendation
     rec = (side.get("recommended") or {}) if isinstance(side, dict) else {}
     if not rec.get("config"):
         raise UsageError(f"{p}: no recommended configuration in it (the search completed no "
                          "configuration: see its trials' reasons)")
-    from autotune.search.recommend import kwargs_of
+    from autotune.search.recommend import NOT_LOADER_SETTINGS, kwargs_of
 
     kw = side.get("loader_kwargs")
+    measured = (rec["config"].get("batch_size") or side.get("batch_size") or d.get("batch_size")
+                or (d.get("options") or {}).get("batch_size"))
     if not kw:  # a search.json written before the key existed
         iterable = bool((side.get("ceilings") or {}).get("iterable"))
-        bs = (rec["config"].get("batch_size") or side.get("batch_size")
-              or (side.get("options") or {}).get("batch_size"))
-        if not bs:
+        if not measured and batch_size is None:
             raise UsageError(f"{p}: no batch size in it (written by an older autotune without "
                              "'batch_size'); search again, or pass batch_size= yourself")
-        kw = kwargs_of(rec["config"], int(bs), iterable=iterable)
+        kw = kwargs_of(rec["config"], int(measured or batch_size), iterable=iterable)
+    # An older search.json's shuffle=True: the order was never the search's to set.
+    kw = {k: v for k, v in kw.items() if k not in NOT_LOADER_SETTINGS}
+    kw["batch_size"] = _users_batch_size(d, rec, kw.get("batch_size", measured), batch_size,
+                                         p, warn)
     if warn:
-        _warn_if_other_machine(side, p)
+        _warn_if_other_machine(d, side, p)
+        if dataset is not None:
+            _warn_if_other_dataset(side, dataset, p)
     return kw
 
 
-def _warn_if_other_machine(d: dict[str, Any], p: Path) -> None:
+def _users_batch_size(d: dict[str, Any], rec: dict[str, Any], measured: Any,
+                      batch_size: int | None, p: Path, warn: bool) -> int:
+    """The batch size to hand back: the user's, or the measured one where they chose it."""
+    if batch_size is None:
+        if _batch_size_from(d, rec) == "preset":
+            preset = (d.get("options") or {}).get("preset") or "the"
+            raise UsageError(
+                f"{p}: the search measured batch_size={measured}, the {preset} preset's, which "
+                "you did not choose; pass yours: loader_kwargs(path, batch_size=N) (or search "
+                "with --batch-size N).", setting="batch_size")
+        return int(measured)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise UsageError(f"batch_size must be a whole number of at least 1, but got "
+                         f"{batch_size!r}.", setting="batch_size")
+    if warn and measured and batch_size != measured:
+        warnings.warn(f"{p}: the search measured batch_size={measured}, you pass "
+                      f"batch_size={batch_size}: the recommended settings were found for "
+                      f"{measured}; search again with --batch-size {batch_size} to tune for "
+                      "yours.", RuntimeWarning, stacklevel=4)
+    return batch_size
+
+
+def _batch_size_from(d: dict[str, Any], rec: dict[str, Any]) -> str:
+    """search.json's `batch_size_from`, or for an older one what its options say."""
+    got = d.get("batch_size_from")
+    if got in ("option", "searched", "preset"):
+        return got
+    if "batch_size" in (rec.get("config") or {}):
+        return "searched"
+    opts = d.get("options")
+    if not isinstance(opts, dict) or opts.get("batch_size") is not None:
+        return "option"  # options unknown (a hand-written file): its batch size stands
+    return "preset"
+
+
+def _warn_if_other_machine(d: dict[str, Any], side: dict[str, Any], p: Path) -> None:
     from autotune.cpus import usable_cores
 
-    searched = (d.get("ceilings") or {}).get("cores")
+    host = (d.get("host") or {}).get("hostname")
+    here_name = socket.gethostname()
+    if host and host != here_name:
+        warnings.warn(f"{p}: the search ran on {host}, this is {here_name}: the recommended "
+                      "settings are figures of that machine; search again here",
+                      RuntimeWarning, stacklevel=3)
+    searched = (side.get("ceilings") or {}).get("cores")
     here = usable_cores()
     if searched and searched != here:
         warnings.warn(f"{p}: the search measured on {searched} usable core(s), this machine has "
                       f"{here}: the recommended num_workers is a figure of that machine; search "
                       "again here", RuntimeWarning, stacklevel=3)
+
+
+def _where(x: Any) -> str:
+    s = str(getattr(x, "path", x))
+    return s if s.startswith("s3://") else os.path.realpath(s)
+
+
+def _warn_if_other_dataset(side: dict[str, Any], dataset: Any, p: Path) -> None:
+    searched = side.get("dataset")
+    if searched and _where(searched) != _where(dataset):
+        warnings.warn(f"{p}: the search measured {searched}, you train on {_where(dataset)}: "
+                      "its settings are figures of that data; search this one",
+                      RuntimeWarning, stacklevel=3)
 
 
 @dataclass
@@ -100,6 +183,11 @@ def tune(dataset: str | os.PathLike[str], factory: Callable[[str], Any] | str | 
     # The search.json's loader_kwargs, from the result in memory (not read back).
     kw = (kwargs_of(res.recommended.params, res.batch_size, iterable=res.iterable)
           if res.recommended else {})
+    if kw and res.batch_size_from == "preset":
+        warnings.warn(f"tune(): loader_kwargs holds batch_size={kw['batch_size']}, the "
+                      f"{opts.preset} preset's, measured but never chosen by you; pass "
+                      "batch_size= to tune() for yours, or replace it", RuntimeWarning,
+                      stacklevel=2)
     return TuneResult(res, kw, res.verdict, res.report_html, res.json_file)
 
 

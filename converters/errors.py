@@ -7,6 +7,8 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
     ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
     │   ├── UnsafeName       a manifest, plan or state file names a path outside its tree
+    │   ├── DatasetError     a path holds nothing readable, a manifest from a newer autotune,
+    │   │                    more readers than shards (also a ValueError)
     │   └── StoreDenied      an object store refused: no such bucket, access denied (names
     │                        the endpoint, the bucket and the server's error code)
     ├── StoreUnreachable     an object store did not answer, or its retries ran out
@@ -53,6 +55,13 @@ class UnsafeName(UsageError):
     and the entry."""
 
 
+class DatasetError(UsageError, ValueError):
+    """A dataset autotune cannot read as asked: a path that holds no format it knows
+    (the message names the path and the formats looked for), a manifest written by a
+    newer autotune (both versions named), more readers than shards (both numbers). Also a
+    ValueError, as a bad argument to a Dataset is elsewhere."""
+
+
 class StoreDenied(UsageError):
     """An object store refused the dataset: a missing bucket, denied access or bad keys;
     the message names the endpoint, the bucket and the server's error code."""
@@ -79,5 +88,5 @@ class SampleError(AutotuneError, RuntimeError):
     """
 
 
-__all__ = ["AutotuneError", "ConvertError", "SampleError", "StageError", "StoreDenied",
+__all__ = ["AutotuneError", "ConvertError", "DatasetError", "SampleError", "StageError", "StoreDenied",
            "StoreUnreachable", "UnsafeName", "UsageError"]

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from converters.beneath import plain_name
-from converters.errors import UnsafeName, UsageError
+from converters.errors import DatasetError, UnsafeName, UsageError
 from converters.fsutil import fsync_dir, write_json_atomic
 
 VERSION = 1
@@ -65,6 +65,10 @@ class Manifest:
         if not isinstance(d, dict):
             raise UsageError(f"{where}: not an autotune manifest (a JSON object is expected).")
         v = d.get("version")
+        if isinstance(v, int) and not isinstance(v, bool) and v > VERSION:
+            raise DatasetError(f"{where}: manifest version {v}, written by a newer autotune; "
+                               f"this one reads manifest version {VERSION}: upgrade autotune "
+                               "to read it.")
         if v != VERSION:
             raise UsageError(f"{where}: manifest version {v!r}, this autotune reads version "
                              f"{VERSION}; convert the dataset again with this version.")

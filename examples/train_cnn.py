@@ -92,27 +92,32 @@ def step(batch: Any) -> float:
     return float(loss.item())
 
 
-def loader_kwargs_from(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """DataLoader keywords (batch_size included) from a search's search.json."""
+def loader_kwargs_from(path: str | os.PathLike[str], batch_size: int | None = None
+                       ) -> dict[str, Any]:
+    """DataLoader keywords (batch_size included) from a search's search.json; the batch
+    size is `batch_size` when given (a search that measured the preset's asks for it)."""
     import autotune
 
     try:
-        return dict(autotune.loader_kwargs(path))
+        return dict(autotune.loader_kwargs(path, batch_size))
     except autotune.AutotuneError as e:   # the file, what is wrong, the fix: one line
         raise SystemExit(str(e)) from None
 
 
-def build_loader(root: str, kwargs: dict[str, Any], size: int) -> torch.utils.data.DataLoader:
-    """The image folder (or conversion) at `root`, torchvision's training transform."""
-    from autotune.data import ImagenetTrainTransform, open_source
-    from autotune.data.torchds import ImageDataset
+def build_loader(root: str, kwargs: dict[str, Any], size: int
+                 ) -> tuple[torch.utils.data.DataLoader, dict[str, Any]]:
+    """The image folder, conversion or staged copy at `root` (autotune.open_dataset),
+    torchvision's training transform on the encoded bytes; and the DataLoader's keywords."""
+    import autotune
+    from autotune.data import ImagenetTrainTransform
 
-    src = open_source(root)
-    tf = ImagenetTrainTransform(size)
-    if src.iterable:   # streamed shards shuffle themselves: DataLoader refuses shuffle=
-        kw = {k: v for k, v in kwargs.items() if k != "shuffle"}
-        return torch.utils.data.DataLoader(src.dataset(tf, shuffle=True, seed=0), **kw)
-    return torch.utils.data.DataLoader(ImageDataset(src, tf), **{"shuffle": True, **kwargs})
+    ds = autotune.open_dataset(root, ImagenetTrainTransform(size), decode=False,
+                               num_workers=kwargs.get("num_workers"))
+    # A training loader's order is ours to choose: shuffled. Streamed shards shuffle
+    # themselves (DataLoader refuses shuffle= for them).
+    order = {} if isinstance(ds, torch.utils.data.IterableDataset) else {"shuffle": True}
+    kw = {"batch_size": kwargs.get("batch_size"), **order, **kwargs}
+    return torch.utils.data.DataLoader(ds, **kw), kw
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--search-json", metavar="FILE",
                    help="take the DataLoader settings from a search's search.json")
     p.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
-    p.add_argument("--batch-size", type=int, help="override the batch size")
+    p.add_argument("--batch-size", type=int, help="your batch size (needed with a search.json whose batch size was the preset's)")
     p.add_argument("--workers", type=int, help="override num_workers")
     p.add_argument("--size", type=int, default=224, help="crop size (default 224)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
@@ -132,9 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     os.environ[DEVICE_ENV] = a.device
-    kw = loader_kwargs_from(a.search_json) if a.search_json else {"batch_size": 64, "num_workers": 2}
-    if a.batch_size:
-        kw["batch_size"] = a.batch_size
+    kw = (loader_kwargs_from(a.search_json, a.batch_size) if a.search_json
+          else {"batch_size": a.batch_size or 64, "num_workers": 2})
     if a.workers is not None:
         kw["num_workers"] = a.workers
         if a.workers == 0:   # worker-only settings are refused without workers
@@ -142,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                 kw.pop(k, None)
     if _device().type == "cuda":
         kw.setdefault("pin_memory", True)
+    built, kw = build_loader(a.data, kw, a.size)
     print(f"DataLoader({', '.join(f'{k}={v!r}' for k, v in kw.items())}) on {_device()}")
-
-    loader = autotune.instrument(build_loader(a.data, kw, a.size), log=a.log)
+    loader = autotune.instrument(built, log=a.log)
     done, t0, loss = 0, time.perf_counter(), float("nan")
     while done < a.steps:
         for batch in loader:

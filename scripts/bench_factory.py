@@ -46,7 +46,7 @@ from user_dataset import make
 root, out, step_s, warmup, seconds = sys.argv[2], sys.argv[3], *map(float, sys.argv[4:7])
 torch.set_num_threads(1)
 kw = autotune.loader_kwargs(out)
-it = iter(torch.utils.data.DataLoader(make(root), **kw))
+it = iter(torch.utils.data.DataLoader(make(root), shuffle=True, **kw))   # as the search measured
 n = batches = 0
 for _ in range(int(warmup)):
     next(it); time.sleep(step_s)

@@ -11,7 +11,11 @@
 - `load_preset(name)`: a workload from configs/presets/*.yaml (batch size, emulated step
   time, transform, default DataLoader settings).
 
-Importing this package does not import torch; `autotune.data.torchds.ImageDataset` does.
+The user's training reads any of them with `autotune.open_dataset` (autotune.data.open:
+decoded images or bytes through their transform, the folder's labels in every format).
+
+Importing this package does not import torch; `autotune.data.torchds.ImageDataset` and
+`autotune.data.open` do.
 """
 
 from autotune.data.presets import LoaderDefaults, Preset, list_presets, load_preset, presets_dir

@@ -94,9 +94,21 @@ def _kwargs_line(d: dict[str, Any]) -> str:
     out = (d.get("options") or {}).get("out")
     where = os.path.join(out, "search.json") if out else "search.json"
     body = ", ".join(f"{k!s}={v!r}" for k, v in kw.items())
+    # A batch size the user never chose (the preset's): loader_kwargs wants theirs.
+    bs = ", batch_size=your_batch_size" if d.get("batch_size_from") == "preset" else ""
     return ("<p>In code:</p><pre class='kwargs'>"
-            + html.escape(f'loader = DataLoader(dataset, **autotune.loader_kwargs("{where}"))\n'
+            + html.escape(f'loader = DataLoader(dataset, **autotune.loader_kwargs("{where}"{bs}))\n'
                           f"# = DataLoader(dataset, {body})") + "</pre>")
+
+
+def _train_block(d: dict[str, Any]) -> str:
+    """The lines that train on the recommended data (autotune.open_dataset)."""
+    t = d.get("train")
+    if not isinstance(t, dict) or not t.get("code"):
+        return ""
+    return (f"<h3>Train on it</h3><p>The data: <code>{html.escape(str(t.get('dataset')))}</code>"
+            f" ({html.escape(str(t.get('format')))}).</p>"
+            f"<pre class='train'>{html.escape(t['code'])}</pre>")
 
 
 def _rank_part(rec: dict[str, Any]) -> tuple[str, str]:
@@ -297,6 +309,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
               if d.get("cold") is False and d.get("cold_reason") else ""),
              "<h3>Recommendation</h3>",
              f"<pre>{html.escape(d.get('snippet') or '-')}</pre>", _kwargs_line(d),
+             _train_block(d),
              f"<p>{_n(rec.get('images_per_s'))} images/s, AU {_n(rec.get('au'), '.2f')}"
              + (f" (confirmed in a {rec['window_s']:.1f} s window)" if rec.get("window_s") else "")
              + f"; baseline (rule of thumb) {_n(cbase.get('images_per_s'))} images/s"

@@ -54,7 +54,8 @@ class LoopResult:
         d = r.to_dict()
         return {k: d[k] for k in ("dataset", "cold", "cold_reason", "recommended", "best",
                                   "baseline", "baseline_confirmed", "verdict", "ceilings",
-                                  "gain_vs_baseline", "report_html", "run")}
+                                  "gain_vs_baseline", "report_html", "run", "dataset_format",
+                                  "batch_size", "batch_size_from", "loader_kwargs", "train")}
 
     @property
     def start(self) -> TrialRecord | None:
@@ -81,6 +82,8 @@ class LoopResult:
                  decision=self.decision, converted=self.converted, staged=self.staged,
                  commands=self.commands, gain_after_vs_baseline=self.gain,
                  projection=self.projection)
+        if self.after is not None:  # what to train on: the staged copy, as searched
+            d["train"] = self.after.train()
         return d
 
 

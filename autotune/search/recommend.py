@@ -79,29 +79,71 @@ def baseline_params(cores: int, cuda: bool = True) -> dict[str, Any]:
             "pin_memory": cuda}
 
 
+# DataLoader keywords that change what the model sees (which samples, in which order, in
+# which batches): the user's to choose, never part of a recommendation.
+NOT_LOADER_SETTINGS = ("shuffle", "sampler", "batch_sampler", "drop_last", "generator",
+                       "collate_fn", "worker_init_fn")
+
+
 def kwargs_of(params: dict[str, Any], batch_size: int, *, iterable: bool = False) -> dict[str, Any]:
     """The DataLoader keywords of a configuration, in the order a person writes them:
-    batch_size, shuffle (not for an IterableDataset: DataLoader refuses it), then each
-    setting that applies (no prefetch_factor without workers). The snippet, the YAML
-    block and autotune.loader_kwargs() are all this dict."""
+    batch_size, then each loader setting that applies (no prefetch_factor without
+    workers). Never `shuffle` or anything else that changes what the model sees
+    (NOT_LOADER_SETTINGS): the order is the user's. The YAML block and
+    autotune.loader_kwargs() are this dict; the snippet adds the user's `shuffle=True`
+    where the dataset is map-style (`iterable` False), in plain sight."""
     full = {"batch_size": batch_size, **params}
     kw: dict[str, Any] = {"batch_size": full["batch_size"]}
-    if not iterable:
-        kw["shuffle"] = True
-    kw.update((k, v) for k, v in loader_kwargs(full).items() if k != "batch_size")
+    kw.update((k, v) for k, v in loader_kwargs(full).items()
+              if k != "batch_size" and k not in NOT_LOADER_SETTINGS)
     return kw
+
+
+def _arg(k: str, v: Any) -> str:
+    return f"{k}={PARAMS[k].python(v) if k in PARAMS else repr(v)}"
 
 
 def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
                        iterable: bool = False) -> str:
-    """Ready-to-paste DataLoader call for the recommended configuration."""
-    args = [f"{k}={PARAMS[k].python(v) if k in PARAMS else repr(v)}"
-            for k, v in kwargs_of(params, batch_size, iterable=iterable).items()]
+    """Ready-to-paste DataLoader call for the recommended configuration (a map-style
+    dataset's `shuffle=True` written out: a training loader's order, the user's to keep)."""
+    kw = kwargs_of(params, batch_size, iterable=iterable)
+    args = [_arg(k, v) for k, v in kw.items()]
+    if not iterable:
+        args.insert(1, "shuffle=True")
     return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
+
+
+def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterable: bool,
+               batch_size_from: str = "option") -> str:
+    """The lines that build `autotune.open_dataset(dataset)` and its DataLoader with the
+    recommended settings, and the epoch loop around them (runnable once `transform`
+    and the step are the user's). A batch size the user never chose (the preset's) is
+    marked to be replaced."""
+    kw = kwargs_of(params, batch_size, iterable=iterable)
+    args = [_arg(k, v) for k, v in kw.items()]
+    note = {"preset": "  # the preset's, measured: put yours (a model setting)",
+            "searched": "  # searched: a model setting, keep it only if training agrees"
+            }.get(batch_size_from, "")
+    workers = kw.get("num_workers", 0)
+    ds_args = [repr(str(dataset)), "transform=transform"]
+    if iterable and workers:
+        ds_args.append(f"num_workers={workers}")
+    lines = ["import autotune", "import torch", "",
+             "# transform: yours (a PIL image in RGB in, a tensor out)",
+             f"dataset = autotune.open_dataset({', '.join(ds_args)})",
+             "loader = torch.utils.data.DataLoader(", "    dataset,",
+             f"    {args[0]},{note}"]
+    if not iterable:
+        lines.append("    shuffle=True,")
+    lines += [f"    {a}," for a in args[1:]] + [")", "for epoch in range(epochs):"]
+    if iterable:
+        lines.append("    dataset.set_epoch(epoch)  # this epoch's shard order and buffer")
+    lines += ["    for images, labels in loader:", "        ...  # your step"]
+    return "\n".join(lines)
 
 
 def yaml_block(params: dict[str, Any], batch_size: int, *, iterable: bool = False) -> str:
     kw = kwargs_of(params, batch_size, iterable=iterable)
-    # shuffle is no registry setting: a bool, written as YAML writes one.
     return "\n".join(["dataloader:"] + [f"  {k}: {PARAMS[k].yaml(v) if k in PARAMS else str(v).lower()}"
                                         for k, v in kw.items()])

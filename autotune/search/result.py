@@ -1,5 +1,10 @@
 """The result of a search: everything it measured and concluded; `to_dict()` is
-search.json (schema autotune.search/1)."""
+search.json (schema autotune.search/2).
+
+Schema 2 added `batch_size_from` (where the measured batch size came from: "option",
+the user's --batch-size; "searched", the space's; "preset", the preset's, never chosen by
+the user) and `train` (the recommended data and the lines that train on it: `dataset`,
+`format`, `iterable`, `code`); `loader_kwargs` no longer holds `shuffle`."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.verdict import Verdict
 
-SCHEMA = "autotune.search/1"
+SCHEMA = "autotune.search/2"
 
 
 @dataclass
@@ -55,6 +60,25 @@ class SearchResult:
     def iterable(self) -> bool:
         """Whether the dataset is read as an IterableDataset (streamed shards)."""
         return self.ceilings.iterable
+
+    @property
+    def batch_size_from(self) -> str:
+        """Who chose the batch size measured: "searched" (the space), "option" (the
+        user's --batch-size, or tune(batch_size=)) or "preset" (nobody: the preset's)."""
+        if self.recommended is not None and "batch_size" in self.recommended.params:
+            return "searched"
+        return "option" if self.options.get("batch_size") is not None else "preset"
+
+    def train(self) -> dict[str, Any] | None:
+        """The recommended data and the lines that train on it (open_dataset + DataLoader)."""
+        rec = self.recommended
+        if rec is None:
+            return None
+        bs = rec.params.get("batch_size", self.batch_size)
+        return {"dataset": self.dataset, "format": self.dataset_format,
+                "iterable": self.iterable,
+                "code": rec_mod.train_code(self.dataset, rec.params, bs, iterable=self.iterable,
+                                           batch_size_from=self.batch_size_from)}
 
     @property
     def cold(self) -> bool:
@@ -101,6 +125,7 @@ class SearchResult:
                                        iterable=self.iterable) if rec else None,
             "loader_kwargs": rec_mod.kwargs_of(rec.params, self.batch_size,
                                                iterable=self.iterable) if rec else None,
+            "batch_size_from": self.batch_size_from, "train": self.train(),
             "trials": [t.to_dict() for t in self.trials],
             "confirmed": [t.to_dict() for t in self.confirmations],
             "host": self.host, "hosts": self.hosts,

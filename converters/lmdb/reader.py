@@ -270,28 +270,32 @@ class LmdbSource(SampleSource):
                               f"0..{n - 1} (manifest.json lists {n} classes); the environment "
                               "is damaged or not this manifest's: convert again.")
 
-    def records(self) -> Iterator[tuple[bytes, int, str]]:
-        """Every sample in index order: (image bytes, label, original path).
+    def records(self, start: int = 0, stop: int | None = None
+                ) -> Iterator[tuple[bytes, int, str]]:
+        """Every sample in index order (of `start`..`stop`, default all): (image bytes,
+        label, original path).
 
         With the index (io="pread"), a sequential pass reads data.mdb in runs of values
         of up to 4 MiB, each with one read into a reused buffer (values were appended in
         index order, so a run is one stretch of the file), not one read per value."""
+        stop = self._n if stop is None else min(stop, self._n)
         if self.io != "pread":
-            for i in range(self._n):
+            for i in range(start, stop):
                 yield self.record(i)
             return
         if self._pid != os.getpid():
             self._open()
         idx = self._index
-        offs, lens = idx["offset"].tolist(), idx["length"].tolist()
+        offs, lens = idx["offset"][start:stop].tolist(), idx["length"][start:stop].tolist()
         buf = bytearray(_RUN)
-        i = 0
-        while i < self._n:
-            lo = offs[i]
+        i = start
+        while i < stop:
+            lo = offs[i - start]
             j = i + 1
-            while j < self._n and offs[j] >= offs[j - 1] and offs[j] + lens[j] - lo <= _RUN:
+            while (j < stop and offs[j - start] >= offs[j - 1 - start]
+                   and offs[j - start] + lens[j - start] - lo <= _RUN):
                 j += 1
-            hi = offs[j - 1] + lens[j - 1]
+            hi = offs[j - 1 - start] + lens[j - 1 - start]
             if hi - lo > len(buf):
                 buf = bytearray(hi - lo)
             mv = memoryview(buf)[:hi - lo]
@@ -303,7 +307,7 @@ class LmdbSource(SampleSource):
                                       "the file is truncated: copy or convert again.")
                 got += k
             for n in range(i, j):
-                v = mv[offs[n] - lo:offs[n] - lo + lens[n]]
+                v = mv[offs[n - start] - lo:offs[n - start] - lo + lens[n - start]]
                 try:
                     label, path, img = decode_value(v)
                 except ValueError as e:

@@ -32,7 +32,10 @@ remainder (the tail of some shards, a different one each epoch) is dropped, and
 said once (a warning from rank 0's first worker, once per process: with non-persistent
 DataLoader workers, once an epoch). Per-worker equality is what makes the batch counts
 equal: equal totals split differently over workers can still give a rank one batch
-more. `equalize=False` reads every sample (then ranks may differ).
+more. `pad=True` equalizes the other way: each worker index reads the max over ranks,
+and a worker whose shards hold fewer reads the first samples of its own shards again
+(as DistributedSampler(drop_last=False) pads); every sample is read at least once.
+`equalize=False` reads every sample once (then ranks may differ).
 
 Length: `len(ds)` is the exact number of samples this rank reads in the coming epoch,
 summed from the manifest's per-shard counts (with `num_workers=` the DataLoader's, when
@@ -155,7 +158,8 @@ class WdsSource(SampleSource):
     def dataset(self, transform: Callable[[bytes], Any] | None = None, *, shuffle: bool = True,
                 shuffle_buffer: int = 1000, seed: int = 0, rank: int | None = None,
                 world_size: int | None = None, local_world_size: int | None = None,
-                equalize: bool = True, num_workers: int | None = None) -> WdsDataset:
+                equalize: bool = True, num_workers: int | None = None,
+                pad: bool = False, cls: type[WdsDataset] | None = None) -> WdsDataset:
         """An IterableDataset of (transform(image bytes), label); bytes when no transform.
 
         shuffle: the order of this rank's shards (seed, epoch) and a sample buffer of
@@ -168,13 +172,16 @@ class WdsSource(SampleSource):
             each worker index), the remainder dropped (see the module doc).
         num_workers: the DataLoader's, for an exact `len()` when ranks are equalized
             (iteration itself always uses the real worker count).
+        pad: equalize by reading some samples twice instead of dropping the remainder.
+        cls: the WdsDataset subclass to build (autotune.open_dataset's decodes and names
+            the sample when the user's transform raises).
         """
-        ds = WdsDataset(self.shards, transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+        ds = (cls or WdsDataset)(self.shards, transform, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
                         seed=seed, rank=rank, world_size=world_size,
                         num_classes=len(self.classes), local_world_size=local_world_size,
                         staged_node=self.staged_node, root=str(self.root),
                         equalize=equalize, num_workers=num_workers,
-                        max_member_bytes=self.max_member_bytes)
+                        max_member_bytes=self.max_member_bytes, pad=pad)
         ds.members = self.members
         return ds
 
@@ -187,8 +194,9 @@ class WdsDataset(torch.utils.data.IterableDataset):
                  world_size: int | None, num_classes: int, local_world_size: int | None = None,
                  staged_node: tuple[int, int] | None = None, root: str = "",
                  equalize: bool = True, num_workers: int | None = None,
-                 max_member_bytes: int = MAX_MEMBER_BYTES) -> None:
+                 max_member_bytes: int = MAX_MEMBER_BYTES, pad: bool = False) -> None:
         super().__init__()
+        self.pad = pad
         self.max_member_bytes = max_member_bytes
         # How a shard's members are read: None for a local file (iter_members), else a
         # picklable f(url, max_member_bytes) -> members (shards in a bucket: one GET each).
@@ -254,12 +262,14 @@ class WdsDataset(torch.utils.data.IterableDataset):
 
     def quotas(self, epoch: int, world: int, num_workers: int) -> list[int] | None:
         """Samples each worker index reads per rank in `epoch` (the same on every rank),
-        or None when nothing is equalized (one rank, or equalize=False)."""
+        or None when nothing is equalized (one rank, or equalize=False): the least any
+        rank's worker of that index holds, or with `pad` the most."""
         if world <= 1 or not self.equalize:
             return None
         w = max(1, num_workers)
         orders = [self._rank_order(epoch, r, world) for r in range(world)]
-        return [min(sum(n for _, n in o[k::w]) for o in orders) for k in range(w)]
+        most = max if self.pad else min
+        return [most(sum(n for _, n in o[k::w]) for o in orders) for k in range(w)]
 
     def __len__(self) -> int:
         epoch = self.epoch + self._iters
@@ -277,17 +287,25 @@ class WdsDataset(torch.utils.data.IterableDataset):
         _, _, worker, num_workers = wds.utils.pytorch_worker_info()
         counts = dict(self.shards)
         mine = [u for u, _ in rank_shards(self.shards, rank, world, self._local_world())]
-        stages: list[Any] = [
-            _ShardList(mine, _seed(self.seed, epoch, rank) if self.shuffle else None),
-            wds.split_by_worker,
-            lambda src: _expand(src, counts, self.num_classes, self.max_member_bytes,
-                                self.members),
-        ]
+
+        def expand(src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+            return _expand(src, counts, self.num_classes, self.max_member_bytes, self.members)
+
+        def read_mine() -> Iterator[dict[str, Any]]:
+            """This worker's samples of this rank, in this epoch's shard order."""
+            return iter(wds.DataPipeline(
+                _ShardList(mine, _seed(self.seed, epoch, rank) if self.shuffle else None),
+                wds.split_by_worker, expand))
+
+        stages: list[Any] = [read_mine]
         quotas = self.quotas(epoch, world, num_workers)
         if quotas is not None:
             if rank == 0 and worker == 0:
                 self._say_dropped(epoch, world, num_workers, quotas)
-            stages.append(lambda src, n=quotas[worker]: islice(src, n))
+            if self.pad:
+                stages.append(lambda src, n=quotas[worker]: _padded(src, n, read_mine))
+            else:
+                stages.append(lambda src, n=quotas[worker]: islice(src, n))
         if self.shuffle and self.shuffle_buffer > 1:
             stages.append(wds.shuffle(self.shuffle_buffer, initial=min(100, self.shuffle_buffer),
                                       seed=_seed(self.seed, epoch, rank, worker, num_workers)))
@@ -298,13 +316,22 @@ class WdsDataset(torch.utils.data.IterableDataset):
 
     def _say_dropped(self, epoch: int, world: int, num_workers: int, quotas: list[int]) -> None:
         """The equalization's cost, once per process (rank 0, worker 0)."""
-        key = (tuple(self.shards), self.seed, world, num_workers)
+        key = (tuple(self.shards), self.seed, world, num_workers, self.pad)
         if key in _SAID:
             return
         _SAID.add(key)
         total = sum(n for _, n in self.shards)
         kept = world * sum(quotas)
-        if kept < total:
+        if self.pad and kept > total:
+            import warnings
+
+            warnings.warn(
+                f"WebDataset shards: {world} ranks x {max(1, num_workers)} workers read "
+                f"{sum(quotas):,} samples each rank per epoch ({kept:,} for {total:,} samples; "
+                f"{kept - total:,} read twice, padded) so that every rank takes the same "
+                "number of steps; pass drop_last=True (pad=False) to drop the remainder "
+                "instead.", stacklevel=2)
+        elif kept < total:
             import warnings
 
             warnings.warn(
@@ -312,7 +339,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
                 f"{sum(quotas):,} samples each rank per epoch ({kept:,} of {total:,}; "
                 f"{total - kept:,} dropped, {100 * (total - kept) / total:.1f} %, a different "
                 "remainder each epoch) so that every rank takes the same number of steps; "
-                "pass equalize=False to read all of them with unequal ranks.", stacklevel=2)
+                "pass equalize=False to read all of them with unequal ranks, or "
+                "drop_last=False (pad=True) to pad instead.", stacklevel=2)
 
     def _apply(self, sample: dict[str, Any]) -> tuple[Any, int]:
         data, label = sample["image"], sample["label"]
@@ -332,6 +360,27 @@ class WdsDataset(torch.utils.data.IterableDataset):
         clock.add(read=sample.get("__read_s__", 0.0), decode=decode_s,
                   transform=time.perf_counter() - t0 - decode_s, samples=1)
         return out, label
+
+
+def _padded(src: Iterator[dict[str, Any]], n: int, again: Callable[[], Iterator[dict[str, Any]]]
+            ) -> Iterator[dict[str, Any]]:
+    """`n` samples: `src`'s, then its samples again from the start (`again()`) until n."""
+    k = 0
+    for s in src:
+        if k == n:
+            return
+        yield s
+        k += 1
+    while k < n:
+        got = 0
+        for s in again():
+            if k == n:
+                return
+            yield s
+            k += 1
+            got += 1
+        if not got:  # nothing to repeat: this worker has no shard
+            return
 
 
 class _ShardList(torch.utils.data.IterableDataset):

@@ -209,6 +209,10 @@ def test_the_report_of_a_real_search_in_a_real_browser(search_out):
     rec = d["recommended"]
     assert ("Per rank (" in dom) == bool(rec.get("per_rank"))
     assert ("autotune.loader_kwargs(" in dom) == bool(d.get("loader_kwargs"))
+    # The lines that train on the recommended data (search.json's `train`), shown as code.
+    assert d["schema"] == "autotune.search/2" and d["batch_size_from"] == "option"
+    assert d["train"]["dataset"] == d["dataset"] and "Train on it" in dom
+    assert f"autotune.open_dataset('{d['dataset']}', transform=transform)" in dom
 
 
 def test_the_crowded_charts_in_a_real_browser(tmp_path):

@@ -69,3 +69,12 @@ def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir
     assert d["before"]["cold"] is True and d["after"]["cold"] is True, d["after"]["cold_reason"]
     html = (tmp_path / "out" / "report.html").read_text()
     assert "before:" in html and "after:" in html
+    # What to train on: the staged copy through open_dataset, with its loader's settings.
+    assert d["train"]["dataset"] == r.staged["dir"] == d["after"]["train"]["dataset"]
+    assert "autotune.open_dataset(" in d["train"]["code"] and "set_epoch" in d["train"]["code"]
+    assert "Train on it" in html and f"autotune.open_dataset(&#x27;{r.staged['dir']}" in html
+    import autotune
+
+    kw = autotune.loader_kwargs(tmp_path / "out", warn=False)   # --batch-size 4: the user's
+    assert kw["batch_size"] == 4 and "shuffle" not in kw
+    assert kw["num_workers"] == r.after.recommended.params["num_workers"]

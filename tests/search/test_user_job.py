@@ -113,7 +113,8 @@ def test_search_with_a_factory_and_ranks_hands_back_kwargs_that_work(small_datas
     nxt = d["verdict"]["next_command"]
     assert f"--dataset-factory {USER}:make" in nxt and "--preset" not in nxt, nxt
     kw = autotune.loader_kwargs(out / "search.json")
-    assert kw == d["loader_kwargs"] and kw["batch_size"] == 4 and kw["shuffle"] is True
+    assert kw == d["loader_kwargs"] and kw["batch_size"] == 4 and "shuffle" not in kw
+    assert d["batch_size_from"] == "option" and d["schema"] == "autotune.search/2"
     # A plain DataLoader over the user's dataset takes them as they are.
     import torch.utils.data
 

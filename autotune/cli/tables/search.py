@@ -89,7 +89,13 @@ def search_renderable(d: dict[str, Any]) -> Group:
             f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
             f" (confirmed in a {rec['window_s']:.1f} s window)" if rec.get("window_s") else "",
             f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
-        parts.append(Syntax(d["snippet"], "python", theme="ansi_dark", background_color="default"))
+        # The lines that train on the recommended data hold the DataLoader call; an older
+        # search.json without them shows the call alone.
+        train = d.get("train") or {}
+        if train.get("code"):
+            parts.append(Text(f"Train on {printable(str(train.get('dataset')))}:", style="bold"))
+        parts.append(Syntax(train.get("code") or d["snippet"], "python", theme="ansi_dark",
+                            background_color="default"))
         parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
     if d.get("cold") is False and d.get("cold_reason"):
         parts.append(Text(f"NOT COLD: {printable(d['cold_reason'])}", style="bold yellow"))

@@ -1,0 +1,120 @@
+"""autotune.loader_kwargs hands back the loader's own settings and leaves the user's to
+them: no shuffle, the batch size theirs (the preset's never slips in, nor torch's 1), a
+warning for another batch size, another machine or another dataset; and search.json's
+`train` lines run as they stand."""
+
+from __future__ import annotations
+
+import json
+import socket
+import warnings
+from pathlib import Path
+
+import pytest
+
+import autotune
+from autotune.errors import UsageError
+
+CONFIG = {"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True,
+          "pin_memory": False}
+
+
+def _write(tmp_path: Path, *, source: str | None = "preset", given: int | None = None,
+           **extra) -> Path:
+    from autotune.search.recommend import kwargs_of
+
+    d = {"schema": "autotune.search/2", "dataset": str(tmp_path / "data"), "batch_size": 256,
+         "options": {"preset": "resnet50", "batch_size": given},
+         "recommended": {"config": CONFIG}, "ceilings": {"cores": None},
+         "host": {"hostname": socket.gethostname()},
+         # what an older autotune wrote: shuffle=True inside
+         "loader_kwargs": {"shuffle": True, **kwargs_of(CONFIG, 256)}, **extra}
+    if source is not None:
+        d["batch_size_from"] = source
+    p = tmp_path / "search.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_never_shuffle_and_the_batch_size_the_user_gave(tmp_path):
+    p = _write(tmp_path, source="option", given=256)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kw = autotune.loader_kwargs(p)
+        assert kw == {"batch_size": 256, **CONFIG}
+        assert autotune.loader_kwargs(p, batch_size=256) == kw   # the same: no warning
+
+
+def test_a_preset_batch_size_the_user_never_chose_is_refused_in_one_line(tmp_path):
+    for source in ("preset", None):   # None: an older search.json, its options say so
+        p = _write(tmp_path, source=source)
+        with pytest.raises(UsageError) as e:
+            autotune.loader_kwargs(p)
+        msg = str(e.value)
+        assert "\n" not in msg and "batch_size=256" in msg and "resnet50 preset" in msg, msg
+        assert "batch_size=N" in msg and str(p) in msg, msg
+        with pytest.warns(RuntimeWarning, match="measured batch_size=256, you pass batch_size=32"):
+            kw = autotune.loader_kwargs(p, batch_size=32)   # theirs: used, with a warning
+        assert kw["batch_size"] == 32 and "shuffle" not in kw
+
+
+def test_another_batch_size_than_the_measured_one_warns_naming_both(tmp_path):
+    p = _write(tmp_path, source="searched")
+    assert autotune.loader_kwargs(p)["batch_size"] == 256
+    with pytest.warns(RuntimeWarning, match="measured batch_size=256, you pass batch_size=64"):
+        kw = autotune.loader_kwargs(p, batch_size=64)
+    assert kw == {"batch_size": 64, **CONFIG}
+    with pytest.raises(UsageError, match="batch_size must be a whole number"):
+        autotune.loader_kwargs(p, batch_size=0)
+
+
+def test_another_machine_or_another_dataset_warns_naming_both(tmp_path):
+    p = _write(tmp_path, source="option", given=256, host={"hostname": "gpu-node-17"})
+    with pytest.warns(RuntimeWarning, match=f"ran on gpu-node-17, this is {socket.gethostname()}"):
+        autotune.loader_kwargs(p)
+    p = _write(tmp_path, source="option", given=256)
+    (tmp_path / "other").mkdir()
+    with pytest.warns(RuntimeWarning, match=f"measured {tmp_path / 'data'}, you train on "
+                                            f"{tmp_path / 'other'}"):
+        autotune.loader_kwargs(p, dataset=tmp_path / "other")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        autotune.loader_kwargs(p, dataset=tmp_path / "data")
+
+
+def test_the_after_side_of_a_loop_is_read(tmp_path):
+    # A convert/stage loop: the staged copy's recommendation, its own batch size record.
+    from autotune.search.recommend import kwargs_of
+
+    one = {**CONFIG, "num_workers": 1}
+    staged = {"dataset": str(tmp_path / "staged"), "recommended": {"config": one},
+              "loader_kwargs": kwargs_of(one, 256), "ceilings": {}}
+    p = _write(tmp_path, source="option", given=256, after=staged)
+    assert autotune.loader_kwargs(p)["num_workers"] == 1
+
+
+@pytest.mark.parametrize("kind", ["folder", "wds"])
+def test_the_train_lines_of_search_json_run(small_dataset, tmp_path, kind):
+    from autotune.search.recommend import train_code
+
+    data = small_dataset
+    if kind == "wds":
+        from converters import ConvertOptions, convert
+
+        data = tmp_path / "wds"
+        convert(small_dataset, data, ConvertOptions(format="wds", workers=1, readers=2))
+    code = train_code(str(data), {**CONFIG, "num_workers": 2}, 16, iterable=kind == "wds",
+                      batch_size_from="preset")
+    assert "shuffle" in code if kind == "folder" else "set_epoch" in code
+    assert "put yours" in code   # the preset's batch size is marked
+    seen = []
+    code = code.replace("...  # your step", "seen.append(len(labels))")
+    ns = {"transform": _to_tensor, "epochs": 1, "seen": seen}
+    exec(compile(code, "<train>", "exec"), ns)
+    assert sum(seen) == 64
+
+
+def _to_tensor(im):
+    import torch
+
+    return torch.tensor(im.size)
