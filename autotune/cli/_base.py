@@ -22,6 +22,8 @@ exit status:
   2    usage error: a bad option or argument
   3    gate failed: a measured figure is below --min-iops / --min-seq-mibps
   4    partial: some items failed and are named (stage); the rest is done; rerun to resume
+  5    gate not measured: --min-iops / --min-seq-mibps could not be judged (fio missing
+       or failed, a buffered run the page cache served, RAM-backed scratch)
   130  interrupted (Ctrl-C); 143 terminated (SIGTERM); scratch files are removed first
 """
 
