@@ -75,6 +75,7 @@ def run(tmp_path_factory) -> tuple[Path, dict]:
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
+    env["AUTOTUNE_CACHE_DIR"] = str(d / "cache")   # autotune.DataLoader's settings cache
     r = subprocess.run([sys.executable, str(script), str(d)], cwd=d, env=env,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -179,7 +179,8 @@ def test_without_lightning_one_line_names_the_extra():
     assert "\n" not in out and "pip install 'autotune[lightning]'" in out, out
 
 
-def test_autotune_dataloader_in_a_real_fit_serves_every_sample_once_an_epoch(tmp_path):
+def test_autotune_dataloader_in_a_real_fit_serves_every_sample_once_an_epoch(tmp_path,
+                                                                          monkeypatch):
     """`trainer.fit(model, autotune.DataLoader(...))` as a user writes it, with the release
     of Lightning that pip installs: Lightning iterates autotune's loader as it is (it
     re-creates only torch DataLoaders), the loader starts its workers and tunes, every
@@ -192,6 +193,7 @@ def test_autotune_dataloader_in_a_real_fit_serves_every_sample_once_an_epoch(tmp
     import autotune
     from autotune.integrations.lightning import InstrumentCallback
 
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))   # not the user's
     seen: list[list[int]] = [[], []]
 
     class Tiny(L.LightningModule):
