@@ -11,9 +11,9 @@ WebDataset tasks write their shards straight into DST, so DST must be one path o
 node (a shared filesystem); LMDB tasks read and check, and the driver commits.
 
 A head with token authentication on (Ray 2.60's `ray start --head` where a token exists):
-a head on this machine gets this machine's token, as Ray's own `address="auto"` does; a
-head elsewhere only when RAY_AUTH_MODE=token says so. A refused connection is one line
-naming the fix.
+a head on this machine that asks for a token gets this machine's, as Ray's own
+`address="auto"` does; a head elsewhere only when RAY_AUTH_MODE=token says so. A refused
+connection is one line naming the fix.
 
 Ray is an optional extra (`pip install 'autotune[ray]'`), imported only here.
 """
@@ -106,20 +106,54 @@ def is_this_machine(address: str) -> bool:
 
 
 def _token_auth_for_local_head(ray: Any, address: str) -> None:
-    """Send this machine's token to a head on this machine when the user has not chosen a
-    mode: Ray does so itself for the local cluster it finds (`address="auto"`), and
-    `ray start --head` here turned token authentication on from the same token. A head
-    elsewhere never gets it unasked (RAY_AUTH_MODE=token asks); one without
-    authentication ignores it."""
+    """Send this machine's token to a head on this machine that asks for one, when the
+    user has not chosen a mode: Ray does so itself for the local cluster it finds
+    (`address="auto"`), and `ray start --head` here turned token authentication on from
+    the same token. A head elsewhere never gets it unasked (RAY_AUTH_MODE=token asks). A
+    head without authentication must not: its workers, sending no token, could then not
+    fetch this driver's objects."""
     if AUTH_MODE in os.environ or "://" in address or address == "auto":
         return
     if token_source() is None or not is_this_machine(address):
+        return
+    if not _head_wants_token(address):
         return
     os.environ[AUTH_MODE] = "token"
     try:  # Ray reads its config once, at import: have it read the mode again
         ray._raylet.Config.initialize("")
     except Exception:  # noqa: BLE001 - an older Ray without the knob: nothing to refresh
         pass
+
+
+_PROBE = """
+import sys
+from ray._raylet import GcsClient
+try:
+    GcsClient(address=sys.argv[1])
+except Exception as e:
+    print("refused" if "InvalidAuthToken" in str(e) or "Authentication" in type(e).__name__
+          else "unknown")
+else:
+    print("open")
+"""
+
+
+def _head_wants_token(address: str) -> bool:
+    """One request to the head's GCS without a token: refused means it has token
+    authentication on. In a child process (a second or two), whose stderr takes the
+    warning Ray's C++ client logs (it reaches fd 2 late, past any redirect here); the
+    child sees no RAY_AUTH_* so that it sends no token. Unknown (an older Ray, any other
+    failure) counts as no."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_")}
+    try:
+        r = subprocess.run([sys.executable, "-c", _PROBE, address], env=env, timeout=60,
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.stdout.strip() == "refused"
 
 
 def _auth_refused(e: BaseException, stderr: str) -> bool:

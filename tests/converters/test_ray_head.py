@@ -58,19 +58,30 @@ def _stop(p: subprocess.Popen) -> None:
             time.sleep(0.2)
 
 
+def _token_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("rayhome")
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=_env(home), check=True,
+                   capture_output=True, timeout=60)
+    assert (home / ".ray" / "auth_token").is_file()
+    return home
+
+
 @pytest.fixture(scope="module")
 def head(tmp_path_factory):
     """`ray start --head --port PORT --num-cpus 1` with a token in its HOME: token
     authentication on. Yields (address, home)."""
-    home = tmp_path_factory.mktemp("rayhome")
-    tmp = Path(f"/tmp/autotune-integ-ray-{os.getpid()}")  # short: Ray's socket paths
+    home = _token_home(tmp_path_factory)
+    yield from _start_head(home, "auth", expect_auth=True)
+
+
+def _start_head(home: Path, name: str, *, expect_auth: bool):
+    # short: Ray's socket paths live under it
+    tmp = Path(f"/tmp/autotune-integ-ray-{os.getpid()}-{name}")
     env = _env(home)
-    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True,
-                   capture_output=True, timeout=60)
-    assert (home / ".ray" / "auth_token").is_file()
     port = _free_port()
     cmd = [RAY, "start", "--head", "--port", str(port), "--num-cpus", "1",
            "--temp-dir", str(tmp), "--include-dashboard=false", "--disable-usage-stats",
+           "--object-store-memory", str(100 * 2**20),
            "--dashboard-agent-listen-port", str(_free_port()),
            "--dashboard-port", str(_free_port()), "--metrics-export-port", str(_free_port())]
     p = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.PIPE,
@@ -78,7 +89,7 @@ def head(tmp_path_factory):
     try:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out[-3000:]
-        assert "Token authentication is enabled" in out, out[-3000:]
+        assert ("Token authentication is enabled" in out) is expect_auth, out[-3000:]
         yield f"127.0.0.1:{port}", home
     finally:
         _stop(p)
