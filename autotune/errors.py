@@ -14,13 +14,14 @@ of measurement added:
     ├── StageError           staging cannot start or go on (space, lock, manifest)
     ├── SampleError          one sample cannot be read or decoded (names the file)
     ├── GateFailed           a measured figure is under a threshold the user enforces       exit 3
+    ├── GateUnmeasured       a gate's figure could not be measured (fio missing, buffered)  exit 5
     ├── ToolMissing          an external program (iostat, ...) is not installed
     ├── FioError             fio failed, printed something that is not its JSON, or is missing
     └── NotPermitted         the operation needs root, FUSE or cgroups
 
 Exit codes (autotune/cli/exits.py, the one table of `--help` and the docs): 0 success,
-1 error, 2 usage error, 3 gate failed, 4 partial (stage: some files failed, named), 130
-interrupted, 143 terminated.
+1 error, 2 usage error, 3 gate failed, 4 partial (stage: some files failed, named), 5 gate
+not measured, 130 interrupted, 143 terminated.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ class GateFailed(AutotuneError):
     exit_code = 3
 
 
+class GateUnmeasured(AutotuneError):
+    """A threshold the user enforces could not be judged: the storage's own figure was not
+    measured (fio missing or failed, a buffered run the page cache served, RAM)."""
+
+    exit_code = 5
+
+
 class ToolMissing(AutotuneError):
     """An external program (fio, iostat, ...) is not installed."""
 
@@ -47,6 +55,7 @@ class NotPermitted(AutotuneError):
     """The operation needs privileges (root, FUSE, cgroups) this process does not have."""
 
 
-__all__ = ["AutotuneError", "ConvertError", "DatasetError", "FioError", "GateFailed", "NotPermitted",
+__all__ = ["AutotuneError", "ConvertError", "DatasetError", "FioError", "GateFailed",
+           "GateUnmeasured", "NotPermitted",
            "SampleError", "StageError", "StoreDenied", "StoreUnreachable", "ToolMissing",
            "UnsafeName", "UsageError"]

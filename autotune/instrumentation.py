@@ -140,6 +140,12 @@ def loader_info(iterable: Any) -> dict[str, Any]:
         if isinstance(v, (int, float, bool)) or v is None:
             if v is not None:
                 info[key] = v
+    if "batch_size" not in info:
+        # Accelerate's prepared loader (DataLoaderShard) keeps its batch size in its
+        # batch sampler (BatchSamplerShard), per process; its own batch_size is None.
+        v = getattr(getattr(iterable, "batch_sampler", None), "batch_size", None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            info["batch_size"] = v
     ds = getattr(iterable, "dataset", None)
     if ds is not None:
         d: dict[str, Any] = {"type": type(ds).__name__}

@@ -72,7 +72,8 @@ def error_line(cmd: Command, e: AutotuneError) -> str:
     flags = [f for s in e.settings if (f := cmd.flag_for(s)) and f not in msg]
     if flags:
         msg += f" (option{'s' if len(flags) > 1 else ''} {', '.join(flags)})"
-    return f"autotune {cmd.name}: {'error: ' if e.exit_code != 3 else ''}{msg}"
+    gate = e.exit_code in (3, 5)   # a gate's outcome, not an error
+    return f"autotune {cmd.name}: {'' if gate else 'error: '}{msg}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,8 +2,7 @@
 (docs/reference/exit-status.md, checked by tests/test_exits.py) are both made from.
 
 `EXITS` is what each code means for every command; `BY_COMMAND` says, per command, which
-codes it returns and what they mean there. Status 5 is kept free for a new outcome of
-`probe` ("could not measure", apart from a gate that failed).
+codes it returns and what they mean there.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ ERROR = 1
 USAGE = 2
 GATE_FAILED = 3
 PARTIAL = 4
+GATE_UNMEASURED = 5
 INTERRUPTED = 130   # 128 + SIGINT
 TERMINATED = 143    # 128 + SIGTERM
 
@@ -36,9 +36,12 @@ EXITS: tuple[Exit, ...] = (
     Exit(USAGE, "usage", "usage error: a bad option or argument, or an input autotune cannot "
          "use"),
     Exit(GATE_FAILED, "gate-failed", "gate failed: a measured figure is below `--min-iops` / "
-         "`--min-seq-mibps` (or could not be measured)"),
+         "`--min-seq-mibps`"),
     Exit(PARTIAL, "partial", "partial: some items failed and are named (`stage`); the rest is "
          "done; rerun to resume"),
+    Exit(GATE_UNMEASURED, "gate-unmeasured", "gate not measured: `--min-iops` / "
+         "`--min-seq-mibps` could not be judged (fio missing or failed, a buffered run the "
+         "page cache served, RAM-backed scratch)"),
     Exit(INTERRUPTED, "interrupted", "interrupted by Ctrl-C; scratch files are removed first"),
     Exit(TERMINATED, "terminated", "terminated by SIGTERM; scratch files are removed first"),
 )
@@ -49,8 +52,10 @@ BY_COMMAND: dict[str, dict[int, str]] = {
         OK: "measured (and every gate passed)",
         ERROR: "a measurement or tool failed (fio, the replay): the message says which",
         USAGE: "usage error: a bad option or path",
-        GATE_FAILED: "a gate failed: a figure below --min-iops / --min-seq-mibps, or not "
-                     "measured",
+        GATE_FAILED: "a gate failed: a figure below --min-iops / --min-seq-mibps",
+        GATE_UNMEASURED: "a gate could not be judged: its figure was not measured (fio "
+                         "missing or failed) or is not the storage's (the page cache or RAM "
+                         "served it); the message says which",
         INTERRUPTED: "interrupted (Ctrl-C); 143 terminated (SIGTERM); scratch files removed",
     },
     "bench": {

@@ -7,7 +7,7 @@ import argparse
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import add_endpoint, apply_endpoint, int_list, positive_float, positive_int
-from autotune.errors import GateFailed
+from autotune.errors import GateFailed, GateUnmeasured
 
 
 class Probe(Command):
@@ -28,7 +28,7 @@ fio only ever touches the scratch file it created (it overwrites any file it is 
 at). Cold reads need root for drop_caches; otherwise pages are evicted per file."""
     epilog = ("examples:\n  autotune probe /data/imagenet/train\n"
               "  autotune probe /mnt/nfs/ds --runtime 5 --json probe.json\n"
-              "  autotune probe /data --min-iops 50000   # CI gate: exit 3 when below\n"
+              "  autotune probe /data --min-iops 50000   # CI gate: exit 3 below, 5 unmeasured\n"
               "  autotune probe s3://bucket/train --endpoint-url http://127.0.0.1:8333\n\n"
               + exits.help_block("probe"))
     after_stop = "scratch files removed"
@@ -61,17 +61,20 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
         p.add_argument("--no-replay", action="store_true",
                        help="skip the dataset replay (fio only)")
         p.add_argument("--seed", type=int, default=0, help="seed of the file sample (default 0)")
-        p.add_argument("--min-iops", type=float, metavar="N",
-                       help="gate: exit 3 when fio's random-read IOPS is below N, not "
-                            "measured, or not served by the storage (page cache or RAM); "
-                            "small-file image training wants > 50000")
-        p.add_argument("--min-seq-mibps", type=float, metavar="N",
-                       help="gate: exit 3 when fio's sequential read MiB/s is below N, not "
-                            "measured, or not served by the storage (page cache or RAM)")
+        p.add_argument("--min-iops", type=positive_float("--min-iops"), metavar="N",
+                       help="gate: exit 3 when fio's random-read IOPS is below N, exit 5 "
+                            "when it could not be measured (fio missing, or not served by "
+                            "the storage: page cache or RAM); the outcome is `gate` in the "
+                            "JSON; small-file image training wants > 50000")
+        p.add_argument("--min-seq-mibps", type=positive_float("--min-seq-mibps"),
+                       metavar="N",
+                       help="gate: exit 3 when fio's sequential read MiB/s is below N, "
+                            "exit 5 when it could not be measured (as --min-iops)")
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.probe import probe_renderable
         from autotune.probe import probe
+        from autotune.probe.gate import judge
         from converters.units import parse_size
 
         from autotune.environment import read_environment
@@ -93,33 +96,19 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
                             replay_seconds=args.replay_seconds, run_fio=not args.no_fio,
                             run_replay=not args.no_replay, cold=not args.warm, seed=args.seed,
                             progress=prog, environment=env)
-        emit(args, res.to_dict(), probe_renderable(res))
-        failed = _gates(res, [("--min-iops", args.min_iops, "rand_read", "iops", "random-read IOPS"),
-                              ("--min-seq-mibps", args.min_seq_mibps, "seq_read", "bw_mib_s",
-                               "sequential MiB/s")])
+        gate = judge(res, {"--min-iops": args.min_iops,
+                           "--min-seq-mibps": args.min_seq_mibps})
+        doc = res.to_dict()
+        doc["gate"] = gate.to_dict() if gate is not None else None
+        emit(args, doc, probe_renderable(res, gate))
+        if gate is None or gate.passed:
+            return 0
+        failed, unmeasured = gate.failed(), gate.unmeasured()
+        parts = []
         if failed:
-            raise GateFailed("gate failed: " + "; ".join(failed))
-        return 0
-
-
-def _gates(res: object, gates: list[tuple[str, float | None, str, str, str]]) -> list[str]:
-    """The gates that failed. Each judges its own job's figure, and only one the storage
-    itself served (cross-checked against the disk's counters, not RAM, not the page cache)."""
-    failed = []
-    fio = getattr(res, "fio")
-    for flag, threshold, job, attr, unit in gates:
-        if threshold is None:
-            continue
-        if fio is None:
-            failed.append(f"{flag} {threshold:g}: {unit} not measured ({getattr(res, 'fio_error')})")
-            continue
-        j = getattr(fio, job)
-        if not j.plausible:
-            failed.append(f"{flag} {threshold:g}: {unit} not the storage's figure "
-                          f"({' '.join(j.warnings) or 'failed the plausibility check'})")
-            continue
-        value = getattr(j, attr)
-        if value < threshold:
-            failed.append(f"{flag} {threshold:g}: measured {value:,.0f} {unit} on "
-                          f"{getattr(res, 'path')}")
-    return failed
+            parts.append("gate failed: " + "; ".join(c.line() for c in failed))
+        if unmeasured:
+            parts.append("gate not measured: " + "; ".join(c.line() for c in unmeasured))
+        if failed:
+            raise GateFailed("; ".join(parts))
+        raise GateUnmeasured("; ".join(parts))

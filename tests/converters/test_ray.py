@@ -24,10 +24,18 @@ ARGS = ["--shard-size", "256KiB", "--readers", "2", "--verify", "decode"]
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    """A head and a second node, one CPU each, on this machine; shut down at the end."""
+def ray_cluster(tmp_path_factory):
+    """A head and a second node, one CPU each, on this machine; shut down at the end.
+    HOME holds a Ray token, as on any machine that ever ran a local `ray.init()` (Ray 2.60
+    writes ~/.ray/auth_token): the cluster runs without authentication all the same, and a
+    driver that sent the token unasked broke it (OwnerDiedError on the second node)."""
     from ray.cluster_utils import Cluster
 
+    home = tmp_path_factory.mktemp("rayhome")
+    (home / ".ray").mkdir()
+    (home / ".ray" / "auth_token").write_text("a" * 64)
+    old_home = os.environ["HOME"]
+    os.environ["HOME"] = str(home)
     # Workers must import this checkout's `converters`, whatever is installed.
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = f"{ROOT}:{old}" if old else str(ROOT)
@@ -39,6 +47,7 @@ def ray_cluster():
         yield cluster
     finally:
         cluster.shutdown()
+        os.environ["HOME"] = old_home
         if old is None:
             os.environ.pop("PYTHONPATH", None)
         else:

@@ -177,3 +177,56 @@ def test_without_lightning_one_line_names_the_extra():
     assert r.returncode == 0, r.stderr
     out = r.stdout.strip()
     assert "\n" not in out and "pip install 'autotune-loader[lightning]'" in out, out
+
+
+def test_autotune_dataloader_in_a_real_fit_serves_every_sample_once_an_epoch(tmp_path,
+                                                                          monkeypatch):
+    """`trainer.fit(model, autotune.DataLoader(...))` as a user writes it, with the release
+    of Lightning that pip installs: Lightning iterates autotune's loader as it is (it
+    re-creates only torch DataLoaders), the loader starts its workers and tunes, every
+    sample is trained on once per epoch, and the callback logs the loader it ran."""
+    L = pytest.importorskip("lightning.pytorch", reason="Lightning is not installed "
+                            "(pip install 'autotune-loader[lightning]'; scripts/setup does)")
+    import torch
+    from torch.utils.data import TensorDataset
+
+    import autotune
+    from autotune.integrations.lightning import InstrumentCallback
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))   # not the user's
+    seen: list[list[int]] = [[], []]
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(1, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            seen[self.current_epoch].extend(int(v) for v in x[:, 0])
+            return torch.nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    ds = TensorDataset(torch.arange(48, dtype=torch.float32)[:, None], torch.arange(48) % 2)
+    loader = autotune.DataLoader(ds, batch_size=4, shuffle=True, key="lightning-test",
+                                 generator=torch.Generator().manual_seed(0))
+    log = tmp_path / "steps.jsonl"
+    cb = InstrumentCallback(log=log)
+    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[cb])
+    try:
+        trainer.fit(Tiny(), loader)
+    finally:
+        loader.close()
+    assert trainer.train_dataloader is loader
+    assert [sorted(s) for s in seen] == [list(range(48))] * 2
+    assert seen[0] != seen[1]    # shuffled, a new order each epoch
+    headers, recs = _records(log)
+    h = headers[0]
+    assert h["wait_from"] == "fetch" and h["loader"]["type"] == "DataLoader", h
+    assert h["loader"]["batch_size"] == 4 and h["loader"]["num_workers"] >= 0
+    assert len(recs) == 24 and cb.summary().samples == 96
+    assert set(loader.tuned_kwargs) <= {"num_workers", "prefetch_factor", "persistent_workers"}

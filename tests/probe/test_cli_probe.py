@@ -47,24 +47,52 @@ def test_json_to_stdout_has_the_documented_keys(small_dataset, tmp_path):
 
 
 @pytest.mark.fio
-def test_gate_fails_with_exit_3(small_dataset):
-    r = run("-q", "probe", str(small_dataset), "--size", "16M", "--runtime", "0.5",
-            "--no-replay", "--min-iops", "1e12")
-    assert r.returncode == 3
-    assert "gate failed: --min-iops" in r.stderr and "random-read IOPS" in r.stderr
+@pytest.mark.parametrize("threshold, status, outcome", [("1", 0, "passed"),
+                                                        ("1e9", 3, "failed")])
+def test_the_ci_gate_passes_or_fails_on_real_fio_and_says_so_in_the_json(
+        work_dir, threshold, status, outcome):
+    """The recipe of docs/commands/probe.md: fio on a scratch directory on a real disk, a
+    threshold it surely passes and one it surely fails."""
+    out = work_dir / "probe.json"
+    r = run("-q", "probe", str(work_dir), "--size", "16M", "--runtime", "0.5", "--no-replay",
+            "--min-iops", threshold, "--json", str(out))
+    assert r.returncode == status, r.stderr
+    g = json.loads(out.read_text())["gate"]
+    assert g["outcome"] == outcome and g["passed"] is (status == 0)
+    (c,) = g["checks"]
+    assert c["flag"] == "--min-iops" and c["threshold"] == float(threshold)
+    assert c["measured"] > 1 and c["outcome"] == outcome
+    if status:
+        assert f"gate failed: --min-iops {float(threshold):g}: measured" in r.stderr
+        assert "random-read IOPS" in r.stderr and "error" not in r.stderr
+    assert f"Gate: {outcome.upper()}" in r.stdout   # the table (JSON went to a file)
 
 
-def test_fio_missing_still_replays_and_says_why(small_dataset, tmp_path):
+def test_fio_missing_still_replays_and_the_gate_is_not_measured(small_dataset, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     env = dict(os.environ, PATH=str(bindir))  # no fio on PATH
     out = tmp_path / "p.json"
     r = run("-q", "probe", str(small_dataset), "--json", str(out), "--concurrency", "1",
             "--min-iops", "1", env=env)
-    assert r.returncode == 3  # the gate cannot pass on an unmeasured figure
+    assert r.returncode == 5, r.stderr  # could not measure: not the "too slow" status 3
     d = json.loads(out.read_text())
     assert d["fio"] is None and "apt-get install fio" in d["fio_error"]
     assert d["replay"]["files_sampled"] == 64
+    g = d["gate"]
+    assert g["outcome"] == "unmeasured" and g["passed"] is None
+    (c,) = g["checks"]
+    assert c["measured"] is None and c["passed"] is None and "apt-get install fio" in c["reason"]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("autotune probe: gate not measured: --min-iops 1: random-read IOPS "
+                           "not measured"), r.stderr
+
+
+def test_without_a_threshold_the_gate_is_null(small_dataset):
+    r = run("-q", "probe", str(small_dataset), "--no-fio", "--concurrency", "1",
+            "--replay-seconds", "0.5", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["gate"] is None
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -72,6 +100,7 @@ def test_fio_missing_still_replays_and_says_why(small_dataset, tmp_path):
     (("probe", ".", "--size", "lots"), "--size must be a size"),
     (("probe", ".", "--runtime", "0"), "--runtime must be positive"),
     (("probe", ".", "--concurrency", "1,x"), "comma-separated"),
+    (("probe", ".", "--min-iops", "0"), "--min-iops must be positive"),
 ])
 def test_bad_input_is_one_line_on_stderr_with_exit_2(args, msg):
     r = run(*args)

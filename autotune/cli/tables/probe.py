@@ -12,8 +12,9 @@ from autotune.cli.tables import _ms, environment_texts, printable
 from converters.units import fmt_bytes, fmt_rate
 
 
-def probe_renderable(r: Any) -> Group:
-    """Tables for a ProbeResult: filesystem, fio, replay, verdict."""
+def probe_renderable(r: Any, gate: Any = None) -> Group:
+    """Tables for a ProbeResult: filesystem, fio, replay, verdict; and the gate's outcome
+    (an autotune.probe.gate.GateResult) when one was asked for."""
     parts: list[Any] = []
     fs = r.filesystem
     head = Text.assemble(("Storage ", "bold"), f"{printable(r.path)}: ", (fs.klass, "bold cyan"),
@@ -77,6 +78,12 @@ def probe_renderable(r: Any) -> Group:
         parts.append(Text(f"  → {a}", style="bold"))
     for w in r.warnings:
         parts.append(Text(f"warning: {w}", style="yellow"))
+    if gate is not None:
+        style = {"passed": "bold green", "failed": "bold red"}.get(gate.outcome, "bold yellow")
+        parts.append(Text.assemble(("Gate: ", "bold"), (gate.outcome.upper(), style)))
+        for c in gate.checks:
+            seen = "not measured" if c.measured is None else f"measured {c.measured:,.0f}"
+            parts.append(Text(f"  [{c.outcome}] {c.flag} {c.threshold:g} {c.unit}: {seen}"))
     return Group(*parts)
 
 
