@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'autotune[ray]'")
+pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'autotune-loader[ray]'")
 
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
