@@ -106,7 +106,7 @@ def _users_batch_size(d: dict[str, Any], rec: dict[str, Any], measured: Any,
         warnings.warn(f"{p}: the search measured batch_size={measured}, you pass "
                       f"batch_size={batch_size}: the recommended settings were found for "
                       f"{measured}; search again with --batch-size {batch_size} to tune for "
-                      "yours.", RuntimeWarning, stacklevel=4)
+                      "yours.", RuntimeWarning, stacklevel=3)
     return batch_size
 
 
@@ -169,7 +169,11 @@ def tune(dataset: str | os.PathLike[str], factory: Callable[[str], Any] | str | 
     """Run the search in this process (its measurements in fresh processes, as the CLI's)
     for `dataset`, with the user's own Dataset when `factory` is given: a module-level
     function (or 'file.py:function') that takes the dataset path. `options` are
-    SearchOptions fields (compute_ms, batch_size, trials, out, procs_per_node, ...)."""
+    SearchOptions fields (compute_ms, batch_size, trials, out, procs_per_node, ...).
+
+    The result's `loader_kwargs` holds `batch_size` when you gave it or the space searched
+    it; when the search measured the preset's, which you did not choose, it is left out
+    (a RuntimeWarning says so): pass yours to the DataLoader."""
     from autotune.search import SearchOptions, run_search
 
     spec = factory if isinstance(factory, str) or factory is None else factory_spec(factory)
@@ -184,10 +188,13 @@ def tune(dataset: str | os.PathLike[str], factory: Callable[[str], Any] | str | 
     kw = (kwargs_of(res.recommended.params, res.batch_size, iterable=res.iterable)
           if res.recommended else {})
     if kw and res.batch_size_from == "preset":
-        warnings.warn(f"tune(): loader_kwargs holds batch_size={kw['batch_size']}, the "
-                      f"{opts.preset} preset's, measured but never chosen by you; pass "
-                      "batch_size= to tune() for yours, or replace it", RuntimeWarning,
-                      stacklevel=2)
+        # A model setting nobody chose is not handed on: the caller passes theirs.
+        measured = kw.pop("batch_size")
+        warnings.warn(f"tune(): loader_kwargs holds no batch_size: the search measured "
+                      f"{measured}, the {opts.preset} preset's, which you did not choose; "
+                      "pass yours to the DataLoader (DataLoader(ds, batch_size=N, "
+                      "**result.loader_kwargs)), or batch_size= to tune() to measure it",
+                      RuntimeWarning, stacklevel=2)
     return TuneResult(res, kw, res.verdict, res.report_html, res.json_file)
 
 

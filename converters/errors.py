@@ -17,6 +17,7 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
     ├── SampleError          one sample cannot be read or decoded (names the file); also a
     │                        RuntimeError, so a DataLoader worker re-raises it intact
     ├── GateFailed           autotune.errors: a measured figure is under a threshold        exit 3
+    ├── GateUnmeasured       autotune.errors: a gate's figure could not be measured         exit 5
     ├── ToolMissing          autotune.errors: an external program is not installed
     │   └── FioError         autotune.errors: fio is missing or failed
     └── NotPermitted         autotune.errors: needs root, FUSE or cgroups

@@ -6,9 +6,12 @@
 # from a folder outside the checkout runs:
 #   autotune --help; search --trials 1; convert (wds and lmdb); stage; one epoch of
 #   autotune.DataLoader with two workers (every sample once, the folder's labels);
-#   autotune.open_dataset over the folder, the staged WebDataset and the LMDB where the
-#   build has it (two workers, every sample once with its label).
+#   autotune.open_dataset over the folder, the staged WebDataset and the LMDB (two
+#   workers: every sample once with the folder's bytes and label; two epochs of a plain
+#   training loop).
 #   TORCH=torch==2.6.0 scripts/check_wheel_install.sh
+# On a CPU-only machine give TORCH a CPU build (torch==2.13.0 here): the index's default
+# torch is a CUDA build of several GB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -69,17 +72,45 @@ for size, label, idx in autotune.DataLoader(Folder(), batch_size=8, shuffle=True
 assert sorted(seen) == list(range(len(items))) and set(seen.values()) == {1}
 print(f"[check-wheel] autotune.DataLoader: one epoch, {len(items)} samples once each, labels of the folder")
 
-if not hasattr(autotune, "open_dataset"):
-    print("[check-wheel] autotune.open_dataset: not in this build, skipped")
-else:
-    want = collections.Counter(l for _, l in items)
-    for path in ("ds/train", "out/staged-wds", "out/lmdb"):
-        ds = autotune.open_dataset(path, transform=None)
-        labels = collections.Counter()
-        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
-        for _sample, label in loader:
-            labels[int(label)] += 1
-        assert labels == want, (path, labels, want)
-        print(f"[check-wheel] autotune.open_dataset({path}): every sample once, the folder's labels")
+import hashlib
+
+import numpy as np
+
+# What each sample must be: the folder's file bytes with the folder's label.
+want = collections.Counter((hashlib.sha1(open(p, "rb").read()).hexdigest(), l) for p, l in items)
+
+
+def to_tensor(im):
+    im = im.resize((16, 16))
+    return torch.from_numpy(np.asarray(im)).permute(2, 0, 1).float() / 255
+
+
+for path in ("ds/train", "out/staged-wds", "out/lmdb"):
+    # The bytes and labels, each sample once, through two DataLoader workers.
+    raw = autotune.open_dataset(path, decode=False, shuffle=False, num_workers=2)
+    got = collections.Counter()
+    for blob, label in torch.utils.data.DataLoader(raw, batch_size=None, num_workers=2):
+        got[(hashlib.sha1(bytes(blob)).hexdigest(), int(label))] += 1
+    assert got == want, (path, sum(got.values()), len(want))
+    # A plain training loop over the decoded images, two epochs, two workers.
+    ds = autotune.open_dataset(path, transform=to_tensor, num_workers=2)
+    iterable = isinstance(ds, torch.utils.data.IterableDataset)
+    loader = torch.utils.data.DataLoader(ds, batch_size=8, num_workers=2,
+                                         shuffle=None if iterable else True)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, len(ds.classes)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        if hasattr(ds, "set_epoch"):
+            ds.set_epoch(epoch)
+        n = 0
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            n += len(y)
+        assert n == len(items), (path, epoch, n)
+    print(f"[check-wheel] autotune.open_dataset({path}): {len(items)} samples once each with "
+          f"the folder's bytes and labels; two epochs of a training loop (loss {loss.item():.2f})")
 EOF
 say "ok"

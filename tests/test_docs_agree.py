@@ -29,12 +29,20 @@ def test_probe_names_the_storage_classes_the_classifier_gives():
         assert re.search(rf"\b{c}\b", help_text), c
 
 
-def test_the_debian_packages_of_setup_are_the_ones_the_development_page_names():
+@pytest.mark.parametrize("page", ["development.md", "getting-started.md"])
+def test_the_debian_packages_of_setup_are_the_ones_the_pages_name(page):
     setup = (ROOT / "scripts" / "setup").read_text()
     pkgs = re.search(r"^apt_pkgs=\(([^)]*)\)", setup, re.M).group(1).split()
-    dev = (ROOT / "docs" / "development.md").read_text()
-    named = set(re.findall(r"`([a-z0-9][a-z0-9.+-]*)`", dev))
-    assert set(pkgs) <= named, f"docs/development.md lacks {sorted(set(pkgs) - named)}"
+    text = (ROOT / "docs" / page).read_text()
+    named = set(re.findall(r"`([a-z0-9][a-z0-9.+-]*)`", text))
+    assert set(pkgs) <= named, f"docs/{page} lacks {sorted(set(pkgs) - named)}"
+
+
+def test_the_step_is_named_file_py_function_everywhere():
+    """`--step FILE.py:FUNCTION` (any function name), never a fixed `:step`."""
+    bad = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").rglob("*.md"))
+           if "--step FILE.py:step" in p.read_text()]
+    assert not bad, bad
 
 
 def test_the_install_page_lists_every_extra():

@@ -276,7 +276,7 @@ def test_bench_and_a_one_trial_search_run_from_the_wheel(venv, small_dataset, tm
 # The old distribution name, as an install line would write it (NAME[ray], NAME the import
 # name). On the package index `autotune` is another project; `.autotune["config"]` (a log
 # record's attribute) is not an install line. Built from parts so this file does not match.
-_OLD_NAME = re.compile(r"(?<![\w.\-/])" + "autotune" + r"\[[a-z]|pip install " + "autotune"
+_OLD_NAME = re.compile(r"(?<![\w.\-/])" + "autotune" + r"\\?\[[a-z]|pip install " + "autotune"
                        + r"(?![\w\-])")
 _SCANNED = ("autotune", "converters", "configs", "docs", "scripts", "examples", "tests",
             "README.md", "mkdocs.yml", "pyproject.toml", "setup.py")

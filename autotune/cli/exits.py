@@ -144,5 +144,6 @@ def markdown_table(command: str | None = None) -> str:
     return note + "| code | meaning |\n|---|---|\n" + "\n".join(rows) + "\n"
 
 
-__all__ = ["BY_COMMAND", "ERROR", "EXITS", "Exit", "GATE_FAILED", "INTERRUPTED", "OK",
+__all__ = ["BY_COMMAND", "ERROR", "EXITS", "Exit", "GATE_FAILED", "GATE_UNMEASURED",
+           "INTERRUPTED", "OK",
            "PARTIAL", "TERMINATED", "USAGE", "help_block", "markdown_table"]

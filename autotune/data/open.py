@@ -276,7 +276,7 @@ class ShardDataset(_Classes, WdsDataset):
                       where), sample["label"]
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.path!r}, format='wds', shards={len(self.shards)}, "
+        return (f"{type(self).__name__}({self.path!r}, format={self.format!r}, shards={len(self.shards)}, "
                 f"classes={len(self.classes)})")
 
 

@@ -115,11 +115,12 @@ def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
 
 
 def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterable: bool,
-               batch_size_from: str = "option") -> str:
-    """The lines that build `autotune.open_dataset(dataset)` and its DataLoader with the
-    recommended settings, and the epoch loop around them (runnable once `transform`
-    and the step are the user's). A batch size the user never chose (the preset's) is
-    marked to be replaced."""
+               batch_size_from: str = "option", factory: str | None = None) -> str:
+    """The lines that build `autotune.open_dataset(dataset)` (or, when the search measured
+    the user's own Dataset, `factory` "file.py:function", that function's) and its
+    DataLoader with the recommended settings, and the epoch loop around them (runnable once
+    `transform` and the step are the user's). A batch size the user never chose (the
+    preset's) is marked to be replaced."""
     kw = kwargs_of(params, batch_size, iterable=iterable)
     args = [_arg(k, v) for k, v in kw.items()]
     note = {"preset": "  # the preset's, measured: put yours (a model setting)",
@@ -129,15 +130,21 @@ def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterabl
     ds_args = [repr(str(dataset)), "transform=transform"]
     if iterable and workers:
         ds_args.append(f"num_workers={workers}")
-    lines = ["import autotune", "import torch", "",
-             "# transform: yours (a PIL image in RGB in, a tensor out)",
-             f"dataset = autotune.open_dataset({', '.join(ds_args)})",
-             "loader = torch.utils.data.DataLoader(", "    dataset,",
+    if factory:
+        fn = factory.rsplit(":", 1)[-1]
+        lines = ["import torch", "",
+                 f"# {fn}: your Dataset factory ({factory}), the Dataset the search measured",
+                 f"dataset = {fn}({str(dataset)!r})"]
+    else:
+        lines = ["import autotune", "import torch", "",
+                 "# transform: yours (a PIL image in RGB in, a tensor out)",
+                 f"dataset = autotune.open_dataset({', '.join(ds_args)})"]
+    lines += ["loader = torch.utils.data.DataLoader(", "    dataset,",
              f"    {args[0]},{note}"]
     if not iterable:
         lines.append("    shuffle=True,")
     lines += [f"    {a}," for a in args[1:]] + [")", "for epoch in range(epochs):"]
-    if iterable:
+    if iterable and not factory:
         lines.append("    dataset.set_epoch(epoch)  # this epoch's shard order and buffer")
     lines += ["    for images, labels in loader:", "        ...  # your step"]
     return "\n".join(lines)

@@ -78,7 +78,8 @@ class SearchResult:
         return {"dataset": self.dataset, "format": self.dataset_format,
                 "iterable": self.iterable,
                 "code": rec_mod.train_code(self.dataset, rec.params, bs, iterable=self.iterable,
-                                           batch_size_from=self.batch_size_from)}
+                                           batch_size_from=self.batch_size_from,
+                                           factory=self.options.get("dataset_factory"))}
 
     @property
     def cold(self) -> bool:

@@ -260,7 +260,7 @@ def test_non_rgb_images_give_3x224x224_on_both_paths(tmp_path: Path, mode: str, 
 
 def test_simplejpeg_missing_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "simplejpeg", None)  # import simplejpeg -> ImportError
-    with pytest.raises(UsageError, match=r"needs the simplejpeg package.*pip install 'autotune\[fast\]'"):
+    with pytest.raises(UsageError, match=r"needs the simplejpeg package.*pip install 'autotune-loader\[fast\]'"):
         build_transform(load_preset("resnet50-fast").transform)
     with pytest.raises(UsageError, match="simplejpeg"):
         ImagenetTrainTransform(fast=True)

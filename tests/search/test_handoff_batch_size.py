@@ -118,3 +118,23 @@ def _to_tensor(im):
     import torch
 
     return torch.tensor(im.size)
+
+
+def test_the_train_lines_of_a_search_of_the_users_own_dataset_build_it(small_dataset):
+    """A search with --dataset-factory measured the user's Dataset, not open_dataset's: the
+    lines call their factory, and they run with it."""
+    import torch
+
+    from autotune.search.recommend import train_code
+
+    code = train_code(str(small_dataset), {**CONFIG, "num_workers": 0}, 8, iterable=False,
+                      batch_size_from="option", factory="/home/me/my_data.py:make")
+    assert "open_dataset" not in code and f"dataset = make({str(small_dataset)!r})" in code
+
+    def make(root):
+        return torch.utils.data.TensorDataset(torch.arange(20), torch.arange(20) % 2)
+
+    seen = []
+    code = code.replace("...  # your step", "seen.append(len(labels))")
+    exec(compile(code, "<train>", "exec"), {"make": make, "epochs": 1, "seen": seen})
+    assert sum(seen) == 20
