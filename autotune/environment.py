@@ -7,8 +7,13 @@ A job in a container or a Slurm allocation sees the host's figures in `/proc/mem
   (v1 `memory.limit_in_bytes`; v2 `memory.max`, and `memory.high`, where the kernel starts
   reclaiming and throttling). v1's "unlimited" (a page counter's maximum, about 2**63) and
   v2's `max` are no limit. The **working set** is usage less inactive file pages (what
-  cAdvisor and the kubelet evict on): the page cache a job has read counts in `usage`, and
-  without that subtraction a job that read its dataset once looks out of memory;
+  cAdvisor and the kubelet evict on; v1's `total_inactive_file`, the whole subtree's, as
+  its usage is): the page cache a job has read counts in `usage`, and without that
+  subtraction a job that read its dataset once looks out of memory. What is **left** is
+  the least of (limit less working set) over every limited cgroup on the way up: a looser
+  ancestor its other children fill binds before the tightest limit does. A v2 hierarchy
+  whose `cgroup.controllers` lacks `memory` (a systemd-hybrid host's `unified` mount) has
+  no memory limits and is not read;
 * **/dev/shm**: Docker's default is a 64 MiB tmpfs, a Kubernetes pod's the same unless it
   mounts an `emptyDir` of medium Memory; DataLoader workers hand every batch to the main
   process through it, and its pages are charged to the cgroup too;
@@ -26,7 +31,9 @@ that is missing or unreadable is one note naming it, and the figure falls back t
 source (the cgroup to the host, `/dev/shm` to "unknown").
 
 cgroup v2 is read from the same code as v1; this project's machine mounts v1 only, so the
-v2 readers are tested on recorded v2 files (tests/test_environment.py).
+v2 readers are tested on synthetic files written in the kernel's format (a Docker
+container's layout, a Kubernetes pod's), not recordings from a v2 host
+(tests/test_environment.py).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from autotune.cgroups import CGROUP_FILE, MOUNTINFO_FILE, cgroup_dirs
+from autotune.cgroups import CGROUP_FILE, MOUNTINFO_FILE, cgroup_dirs, own_paths
 from autotune.cpus import CpuLimit, cpu_limit
 
 __all__ = ["DEV_SHM", "Environment", "MemoryLimit", "ShmSpace", "read_environment",
@@ -65,7 +72,10 @@ class MemoryLimit:
     `limit_bytes` is the tightest of every `memory.max` / `memory.limit_in_bytes` /
     `memory.high` on the way up (None: no cgroup limit), `source` the file it came from.
     `usage_bytes`, `inactive_file_bytes` and `working_set_bytes` are those of the cgroup
-    whose limit binds (it holds every process below it)."""
+    whose limit binds (it holds every process below it). `remaining_bytes` is the least
+    any limited cgroup on the way up has left: a looser ancestor whose other children
+    fill it leaves less than the tightest limit does (`least_remaining_source` names its
+    limit file)."""
 
     limit_bytes: int | None
     source: str
@@ -74,6 +84,9 @@ class MemoryLimit:
     inactive_file_bytes: int | None = None
     oom_group: bool = False                # v2 memory.oom.group on the binding cgroup
     notes: tuple[str, ...] = ()
+    # min over limited cgroups of (limit - working set); None: the binding cgroup's alone
+    least_remaining_bytes: int | None = None
+    least_remaining_source: str | None = None
 
     @property
     def working_set_bytes(self) -> int | None:
@@ -84,10 +97,12 @@ class MemoryLimit:
 
     @property
     def remaining_bytes(self) -> int | None:
-        """The limit less the working set; None without a limit."""
+        """The least any limited cgroup on the way up has left (its limit less its working
+        set); None without a limit."""
         if self.limit_bytes is None:
             return None
-        return max(0, self.limit_bytes - (self.working_set_bytes or 0))
+        own = max(0, self.limit_bytes - (self.working_set_bytes or 0))
+        return own if self.least_remaining_bytes is None else min(own, self.least_remaining_bytes)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -175,6 +190,8 @@ class Environment:
         else:
             m = (f"memory: cgroup limit {_mib(mem.limit_bytes)} ({mem.source}), working set "
                  f"{_mib(mem.working_set_bytes)}, {_mib(mem.remaining_bytes)} left")
+            if mem.least_remaining_source and mem.least_remaining_source != mem.source:
+                m += f" (the least of any limit on the way up: {mem.least_remaining_source})"
         if self.shm.total_bytes is None:
             s = f"/dev/shm: {self.shm.note or 'unknown'}"
         else:
@@ -237,60 +254,127 @@ def _read_int(f: Path) -> int | None:
     return None if v >= _UNLIMITED else v
 
 
-def _stat_value(f: Path, keys: tuple[str, ...]) -> int | None:
+def _stat(f: Path) -> dict[str, int]:
+    """memory.stat as a dict (v1 lists `inactive_file`, the cgroup's own pages, before
+    `total_inactive_file`, its whole subtree's: pick by name, not by order)."""
+    out: dict[str, int] = {}
     for line in f.read_text().splitlines():
         k, _, v = line.partition(" ")
-        if k in keys:
-            return int(v)
-    return None
+        try:
+            out[k] = int(v)
+        except ValueError:
+            continue
+    return out
+
+
+def _inactive_file(stat: dict[str, int], kind: str) -> int | None:
+    # v1's usage_in_bytes is hierarchical, so its inactive pages must be too: the
+    # `total_` figure (the cgroup's own `inactive_file` leaves out its children's). v2's
+    # memory.stat is hierarchical already.
+    if kind == "v1" and "total_inactive_file" in stat:
+        return stat["total_inactive_file"]
+    return stat.get("inactive_file")
+
+
+def _err(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or str(e)
+
+
+def _working_set(d: Path, kind: str, notes: list[str]) -> tuple[int | None, int | None]:
+    """(usage, inactive file bytes) of one cgroup; a file that cannot be read is a note
+    naming it and what the figure becomes."""
+    usage = inactive = None
+    uf = d / ("memory.current" if kind == "v2" else "memory.usage_in_bytes")
+    try:
+        usage = _read_int(uf)
+    except (OSError, ValueError) as e:
+        notes.append(f"{uf}: unreadable ({_err(e)}); the working set there is unknown and "
+                     "its whole limit is counted as free")
+        return None, None
+    sf = d / "memory.stat"
+    try:
+        inactive = _inactive_file(_stat(sf), kind)
+    except (OSError, ValueError) as e:
+        notes.append(f"{sf}: unreadable ({_err(e)}); page cache counted as used: the "
+                     f"working set is the whole usage ({_mib(usage)})")
+    return usage, inactive
+
+
+def _memory_controller_in(top: Path) -> bool:
+    """Whether a v2 hierarchy carries the memory controller (a systemd-hybrid host mounts
+    a unified hierarchy without it, the memory controller on v1)."""
+    try:
+        return "memory" in (top / "cgroup.controllers").read_text().split()
+    except OSError:
+        return False
 
 
 def read_memory_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
                       mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE
                       ) -> MemoryLimit:
     """The tightest memory limit on the way up from this process's cgroup (v1 and v2),
-    with the binding cgroup's usage and inactive file pages."""
+    with the binding cgroup's usage and inactive file pages, and the least any limited
+    cgroup on the way up has left."""
     try:
         dirs = cgroup_dirs("memory", cgroup_file=cgroup_file, mountinfo_file=mountinfo_file)
+        own = own_paths(Path(cgroup_file).read_text(), "memory")
     except OSError as e:
         return MemoryLimit(None, "no cgroup limit",
                            notes=(f"{e.filename or cgroup_file}: {e.strerror}; memory "
                                   "budgets use the host's figures",))
     notes: list[str] = []
-    best: tuple[int, str, str, Path] | None = None  # limit, file, kind, dir
+    tops = {kind: d for kind, d in dirs}   # each hierarchy's last (top) directory
+    firsts: set[str] = set()
+    # (limit, file, kind, dir) of each cgroup with a limit: its tightest file
+    limited: list[tuple[int, str, str, Path]] = []
     for kind, d in dirs:
+        is_own = kind not in firsts
+        firsts.add(kind)
+        if kind == "v2" and not _memory_controller_in(tops[kind]):
+            continue  # a unified hierarchy without the memory controller has no limits
         names = ("memory.max", "memory.high") if kind == "v2" else ("memory.limit_in_bytes",)
+        here: tuple[int, str] | None = None
         for name in names:
             f = d / name
             try:
                 v = _read_int(f)
             except FileNotFoundError:
-                continue  # the root cgroup has no limit files: not worth a note
-            except (OSError, ValueError) as e:
-                notes.append(f"{f}: unreadable ({getattr(e, 'strerror', None) or e}); "
-                             "the limits above it are used")
+                # The root cgroup has no limit files: not worth a note. The process's own
+                # (non-root) cgroup without one is: a limit could be missed.
+                if is_own and own.get(kind, "/") != "/" and name == names[0]:
+                    notes.append(f"{f}: missing; the limits of the cgroups above it are "
+                                 "used, else the host's memory")
                 continue
-            if v is not None and (best is None or v < best[0]):
-                best = (v, str(f), kind, d)
-    if best is None:
+            except (OSError, ValueError) as e:
+                notes.append(f"{f}: unreadable ({_err(e)}); the limits above it are used")
+                continue
+            if v is not None and (here is None or v < here[0]):
+                here = (v, str(f))
+        if here is not None:
+            limited.append((here[0], here[1], kind, d))
+    if not limited:
         return MemoryLimit(None, "no cgroup limit", notes=tuple(notes))
-    limit, src, kind, d = best
+    limit, src, kind, d = min(limited, key=lambda x: x[0])
     usage = inactive = None
+    least: tuple[int, str] | None = None
+    for lim_i, src_i, kind_i, d_i in limited:
+        # Every limit on the way up is enforced: a looser ancestor nearly full (its other
+        # children's memory) leaves less than the tightest limit does.
+        u, ina = _working_set(d_i, kind_i, notes)
+        if d_i == d:
+            usage, inactive = u, ina
+        rem = max(0, lim_i - max(0, (u or 0) - (ina or 0)))
+        if least is None or rem < least[0]:
+            least = (rem, src_i)
     oom_group = False
-    try:
-        usage = _read_int(d / ("memory.current" if kind == "v2" else "memory.usage_in_bytes"))
-        inactive = _stat_value(d / "memory.stat",
-                               ("inactive_file",) if kind == "v2"
-                               else ("total_inactive_file", "inactive_file"))
-    except (OSError, ValueError) as e:
-        notes.append(f"{d}: usage unreadable ({getattr(e, 'strerror', None) or e}); the "
-                     "working set is taken as 0")
     if kind == "v2":
         try:
             oom_group = (d / "memory.oom.group").read_text().strip() == "1"
         except OSError:
             pass
-    return MemoryLimit(limit, src, kind, usage, inactive, oom_group, tuple(notes))
+    assert least is not None
+    return MemoryLimit(limit, src, kind, usage, inactive, oom_group, tuple(notes),
+                       least_remaining_bytes=least[0], least_remaining_source=least[1])
 
 
 def read_shm(path: str = DEV_SHM) -> ShmSpace:

@@ -1,9 +1,11 @@
 """autotune.environment: the job's own limits, read once.
 
 cgroup v2 is what most container hosts run, but this machine mounts v1 only: the v2 readers
-are tested on recorded v2 files (the layout a Kubernetes pod on a v2 node shows), v1 both
-on recorded files and on a real memory cgroup. /dev/shm and a read-only /proc/sys are real:
-a mount namespace of the test's own."""
+are tested on synthetic files written in the kernel's format (the layouts a Docker container
+with its own cgroup namespace and a Kubernetes pod on a v2 node show), not recordings from a
+v2 host; v1 both on such files (memory.stat as this machine's kernel writes it) and on a real
+memory cgroup. /dev/shm and a read-only /proc/sys are real: a mount namespace of the test's
+own."""
 
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ def _tree(tmp: Path, kind: str, own: str, files: dict[str, dict[str, str]]):
         for name, text in content.items():
             (d / name).write_text(text)
     if kind == "v2":
+        # A v2 hierarchy's top always has cgroup.controllers; "memory" where it is bound.
+        top = mnt / "cgroup.controllers"
+        if not top.exists():
+            top.write_text("cpuset cpu io memory pids\n")
         cg = f"0::{own}\n"
         mi = f"30 23 0:26 / {mnt} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
     else:
@@ -87,6 +93,166 @@ def test_v1_unlimited_value_and_ancestor_limit(tmp_path):
     assert m.kind == "v1"
     assert m.limit_bytes == 8 * GiB
     assert "uid_0/memory.limit_in_bytes" in m.source
+
+
+def _v1_stat(own_inactive: int, total_inactive: int) -> str:
+    """A v1 memory.stat in the kernel's order: the cgroup's own counters first, then the
+    hierarchical `total_` ones (the shape this machine's kernel writes)."""
+    return (f"cache 106496\nrss 1830912\nrss_huge 0\nshmem 0\nmapped_file 0\n"
+            f"inactive_anon 1716224\nactive_anon 12288\ninactive_file {own_inactive}\n"
+            f"active_file 40960\nunevictable 0\n"
+            f"hierarchical_memory_limit 9223372036854771712\ntotal_cache 321957888\n"
+            f"total_rss 1830912\ntotal_inactive_anon 1716224\ntotal_active_anon 12288\n"
+            f"total_inactive_file {total_inactive}\ntotal_active_file 40960\n"
+            f"total_unevictable 0\n")
+
+
+def test_v1_working_set_subtracts_the_whole_subtrees_inactive_file(tmp_path):
+    # usage_in_bytes is hierarchical: its page cache is total_inactive_file (the children's
+    # too), not the cgroup's own inactive_file, which the kernel lists first.
+    cg, mi = _tree(tmp_path, "v1", "/job", {
+        "/job": {"memory.limit_in_bytes": f"{2 * GiB}\n",
+                 "memory.usage_in_bytes": f"{400 * 2**20}\n",
+                 "memory.stat": _v1_stat(135168, 321851392)}})
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.inactive_file_bytes == 321851392
+    assert m.working_set_bytes == 400 * 2**20 - 321851392
+    # a v1 memory.stat without the total_ lines (use_hierarchy off on old kernels)
+    (tmp_path / "cg/job/memory.stat").write_text("cache 5\ninactive_file 7\n")
+    assert read_memory_limit(cgroup_file=cg, mountinfo_file=mi).inactive_file_bytes == 7
+
+
+def test_an_unreadable_memory_stat_counts_the_page_cache_as_used(tmp_path):
+    cg, mi = _tree(tmp_path, "v1", "/job", {
+        "/job": {"memory.limit_in_bytes": f"{2 * GiB}\n",
+                 "memory.usage_in_bytes": f"{GiB}\n"}})
+    (tmp_path / "cg/job/memory.stat").mkdir()   # read_text: IsADirectoryError
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.usage_bytes == GiB and m.working_set_bytes == GiB and m.remaining_bytes == GiB
+    assert len(m.notes) == 1, m.notes
+    assert "job/memory.stat: unreadable" in m.notes[0]
+    assert "page cache counted as used" in m.notes[0]
+
+
+def test_a_missing_limit_file_on_the_own_cgroup_is_one_line_naming_it(tmp_path):
+    cg, mi = _tree(tmp_path, "v1", "/slurm/job_9", {
+        "/slurm": {"memory.limit_in_bytes": f"{4 * GiB}\n", "memory.usage_in_bytes": "0\n",
+                   "memory.stat": _v1_stat(0, 0)},
+        "/slurm/job_9": {"memory.usage_in_bytes": "0\n"}})
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.limit_bytes == 4 * GiB
+    assert len(m.notes) == 1, m.notes
+    assert "slurm/job_9/memory.limit_in_bytes: missing" in m.notes[0]
+    assert "the limits of the cgroups above it are used" in m.notes[0]
+
+
+def test_a_looser_ancestor_nearly_full_leaves_less_than_the_tightest_limit(tmp_path):
+    # The job's own cgroup: 8 GiB, 1 GiB used. Its parent: 10 GiB, 9.5 GiB used by the
+    # job and its siblings. Both limits are enforced: 0.5 GiB is what is left.
+    cg, mi = _tree(tmp_path, "v1", "/team/job", {
+        "/team": {"memory.limit_in_bytes": f"{10 * GiB}\n",
+                  "memory.usage_in_bytes": f"{19 * GiB // 2}\n", "memory.stat": _v1_stat(0, 0)},
+        "/team/job": {"memory.limit_in_bytes": f"{8 * GiB}\n",
+                      "memory.usage_in_bytes": f"{GiB}\n", "memory.stat": _v1_stat(0, 0)}})
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.limit_bytes == 8 * GiB and m.source.endswith("team/job/memory.limit_in_bytes")
+    assert m.working_set_bytes == GiB
+    assert m.remaining_bytes == GiB // 2
+    assert m.least_remaining_source.endswith("team/memory.limit_in_bytes")
+
+
+# -- synthetic files in the kernel's v2 format (not recordings: this machine mounts v1) ----
+
+DOCKER_V2_STAT = (
+    "anon 52428800\nfile 209715200\nkernel 4194304\nkernel_stack 131072\n"
+    "pagetables 520192\nsec_pagetables 0\npercpu 0\nsock 0\nvmalloc 0\nshmem 0\n"
+    "zswap 0\nzswapped 0\nfile_mapped 8388608\nfile_dirty 0\nfile_writeback 0\n"
+    "swapcached 0\nanon_thp 0\nfile_thp 0\nshmem_thp 0\ninactive_anon 52428800\n"
+    "active_anon 0\ninactive_file 167772160\nactive_file 41943040\nunevictable 0\n"
+    "slab_reclaimable 2097152\nslab_unreclaimable 1048576\nslab 3145728\n"
+    "workingset_refault_anon 0\nworkingset_refault_file 0\npgfault 12345\n"
+    "pgmajfault 12\n")
+
+
+def _docker_v2(tmp: Path, stat: bool = True) -> tuple[Path, Path]:
+    """`docker run --memory 1g` on a v2 host with its own cgroup namespace (the default):
+    /proc/self/cgroup is `0::/`, cgroup2 is mounted at /sys/fs/cgroup from root `/`, and the
+    container's cgroup is that mount's top."""
+    mnt = tmp / "sys/fs/cgroup"
+    mnt.mkdir(parents=True)
+    files = {"cgroup.controllers": "cpuset cpu io memory hugetlb pids rdma misc\n",
+             "memory.max": f"{GiB}\n", "memory.high": "max\n",
+             "memory.current": f"{262144000}\n", "memory.oom.group": "0\n"}
+    if stat:
+        files["memory.stat"] = DOCKER_V2_STAT
+    for name, text in files.items():
+        (mnt / name).write_text(text)
+    (tmp / "cgroup").write_text("0::/\n")
+    (tmp / "mountinfo").write_text(
+        "1184 1175 0:389 / / rw,relatime master:563 - overlay overlay rw,lowerdir=/l,upperdir=/u\n"
+        "1185 1184 0:392 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n"
+        f"1190 1189 0:27 / {mnt} ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup "
+        "rw,nsdelegate,memory_recursiveprot\n"
+        "1191 1186 0:394 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k\n")
+    return tmp / "cgroup", tmp / "mountinfo"
+
+
+def test_a_docker_v2_container_with_its_own_cgroup_namespace(tmp_path):
+    cg, mi = _docker_v2(tmp_path)
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.kind == "v2" and m.limit_bytes == GiB
+    assert m.source == str(tmp_path / "sys/fs/cgroup/memory.max")
+    assert m.usage_bytes == 262144000 and m.inactive_file_bytes == 167772160
+    assert m.working_set_bytes == 262144000 - 167772160
+    assert m.remaining_bytes == GiB - (262144000 - 167772160)
+    assert m.oom_group is False and not m.notes
+
+
+def test_a_docker_v2_container_without_memory_stat(tmp_path):
+    cg, mi = _docker_v2(tmp_path, stat=False)
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.limit_bytes == GiB and m.working_set_bytes == 262144000
+    assert len(m.notes) == 1
+    assert m.notes[0].startswith(f"{tmp_path / 'sys/fs/cgroup/memory.stat'}: unreadable")
+    assert "page cache counted as used" in m.notes[0]
+
+
+def hybrid(tmp: Path, limit: int | None = 3 * GiB) -> tuple[Path, Path]:
+    """A systemd-hybrid host: the unified (v2) hierarchy mounted first at
+    /sys/fs/cgroup/unified without the memory controller, memory on v1."""
+    base = tmp / "sys/fs/cgroup"
+    uni = base / "unified/user.slice/session-3.scope"
+    uni.mkdir(parents=True)
+    (base / "unified/cgroup.controllers").write_text("\n")
+    mem = base / "memory/user.slice/session-3.scope"
+    mem.mkdir(parents=True)
+    (base / "memory/memory.usage_in_bytes").write_text(f"{5 * GiB}\n")
+    if limit is not None:
+        (mem / "memory.limit_in_bytes").write_text(f"{limit}\n")
+    (mem / "memory.usage_in_bytes").write_text(f"{GiB}\n")
+    (mem / "memory.stat").write_text(_v1_stat(0, GiB // 4))
+    (base / "memory/user.slice/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (tmp / "cgroup").write_text("12:pids:/user.slice/session-3.scope\n"
+                                "4:memory:/user.slice/session-3.scope\n"
+                                "1:name=systemd:/user.slice/session-3.scope\n"
+                                "0::/user.slice/session-3.scope\n")
+    (tmp / "mountinfo").write_text(
+        f"25 24 0:22 / {base} ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755\n"
+        f"26 25 0:23 / {base}/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 "
+        "cgroup2 rw,nsdelegate\n"
+        f"27 25 0:24 / {base}/systemd rw,nosuid,nodev,noexec,relatime shared:11 - cgroup "
+        "cgroup rw,xattr,name=systemd\n"
+        f"31 25 0:28 / {base}/memory rw,nosuid,nodev,noexec,relatime shared:15 - cgroup "
+        "cgroup rw,memory\n")
+    return tmp / "cgroup", tmp / "mountinfo"
+
+
+def test_a_hybrid_host_reads_v1_memory_and_no_spurious_line_for_unified(tmp_path):
+    cg, mi = hybrid(tmp_path)
+    m = read_memory_limit(cgroup_file=cg, mountinfo_file=mi)
+    assert m.kind == "v1" and m.limit_bytes == 3 * GiB
+    assert m.working_set_bytes == GiB - GiB // 4
+    assert not m.notes, m.notes
 
 
 def test_unreadable_limit_file_is_a_note_naming_it_and_the_others_still_count(tmp_path):
