@@ -76,12 +76,23 @@ def dataset_bytes(root: Any, fmt: str) -> tuple[int, list[tuple[str, int]]]:
 
 def cache_room(env: Any, job_bytes: int) -> tuple[int, str]:
     """(bytes of page cache the job may use, where that figure comes from): the cgroup's
-    limit less the job's own memory, else the host's available memory less it."""
-    lim = env.memory.limit_bytes
+    limit less the job's own memory, else the host's available memory less it. A cgroup
+    limit above the host's RAM (`Environment.memory_total()`: the smaller of both) binds
+    nothing: the host's available memory does."""
+    lim = _binding_limit(env)
     if lim is not None:
         return max(0, lim - job_bytes), f"this job's cgroup ({size_text(lim)} limit, {env.memory.source})"
+    why = ("no cgroup limit" if env.memory.limit_bytes is None else
+           f"the cgroup limit {size_text(env.memory.limit_bytes)} is above the host's "
+           f"{size_text(env.memory_total())}")
     return (max(0, env.host_available_bytes - job_bytes),
-            f"this machine's available memory ({size_text(env.host_available_bytes)}, no cgroup limit)")
+            f"this machine's available memory ({size_text(env.host_available_bytes)}, {why})")
+
+
+def _binding_limit(env: Any) -> int | None:
+    """The cgroup's limit where it is at most the host's memory, else None."""
+    lim = env.memory.limit_bytes
+    return lim if lim is not None and lim <= env.memory_total() else None
 
 
 def regime(run: dict[str, Any]) -> str:
@@ -153,7 +164,7 @@ def whole_run(s: Any, res: Any, say: Progress | None = None) -> dict[str, Any] |
         total, files = dataset_bytes(s.root, s.fmt)
         room, source = cache_room(env, job)
         run.update(dataset_bytes=total, cache_bytes=room, cache_source=source,
-                   cgroup_limit=env.memory.limit_bytes, job_bytes=job, fits=total <= room)
+                   cgroup_limit=_binding_limit(env), job_bytes=job, fits=total <= room)
         run["notes"].append(
             f"the job's own memory is the recommended configuration's peak ({size_text(job)}: "
             "loader tree RSS + /dev/shm with the emulated step; a real model adds its own)")

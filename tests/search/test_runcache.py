@@ -240,3 +240,22 @@ def test_the_warm_trials_pages_are_held_without_a_descriptor_each(work_dir):
         assert len(os.listdir("/proc/self/fd")) <= fds + 2
         drop_caches(1)
         assert resident_fraction(paths) == 1.0
+
+
+def test_a_cgroup_limit_above_the_hosts_memory_is_no_cache_room():
+    # A limit of 1 TiB on this 24 GiB machine binds nothing: the page cache the job may use
+    # is the host's available memory, never more than the machine has.
+    import autotune.environment as environment
+    from autotune.search.runcache import cache_room
+
+    env = environment.read_environment()
+    mem = environment.MemoryLimit(2**40, "memory.limit_in_bytes (synthetic)", "v1", 0, 0)
+    env = environment.Environment(**{**env.__dict__, "memory": mem})
+    room, source = cache_room(env, 100 * MiB)
+    assert room == max(0, env.host_available_bytes - 100 * MiB) < env.host_total_bytes
+    assert "available memory" in source and "above the host's" in source
+    # a limit below the host's memory still binds
+    mem = environment.MemoryLimit(GiB, "memory.limit_in_bytes (synthetic)", "v1", 0, 0)
+    env = environment.Environment(**{**env.__dict__, "memory": mem})
+    assert cache_room(env, 100 * MiB) == (GiB - 100 * MiB, "this job's cgroup (1.0 GiB limit, "
+                                          "memory.limit_in_bytes (synthetic))")
