@@ -18,7 +18,9 @@ figure.
 1. the files' pages are evicted first (cgroup v1 charges a page to whoever read it first:
    a page another cgroup holds would be a hit that costs this limit nothing);
 2. a memory cgroup is made for the measurement (v1 under this process's own memory
-   cgroup; v2 where the memory controller is delegated), and a reader process started
+   cgroup, first; v2 only where its `cgroup.controllers` lists memory and it is
+   delegated: a systemd-hybrid host's `unified` mount has no memory controller), and a
+   reader process started
    inside it (it joins before it execs, so everything it touches is charged there);
 3. once the reader has its memory (its interpreter and one read buffer), the cgroup's
    limit is set to what it uses plus the cache room: the reader stands in for the job,
@@ -127,6 +129,30 @@ def _write(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def _candidates(dirs: list[tuple[str, Path]]) -> list[tuple[str, Path, Path]]:
+    """(kind, parent, home) where a measurement's cgroup may be made, best first: under
+    this process's own v1 memory cgroup; else in the v2 hierarchy (its top, which may
+    delegate memory to its children) only where its `cgroup.controllers` lists memory. A
+    systemd-hybrid host mounts `unified` (v2, no memory controller) before the v1
+    hierarchies: taking the first directory found would try that one and give up.
+    `home` is the process's own cgroup of that kind, where processes go back to."""
+    v1 = [d for k, d in dirs if k == "v1"]
+    v2 = [d for k, d in dirs if k == "v2"]
+    out = []
+    if v1 and (v1[0] / "memory.limit_in_bytes").exists():
+        out.append(("v1", v1[0], v1[0]))
+    if v2:
+        try:
+            memory = "memory" in (v2[-1] / "cgroup.controllers").read_text().split()
+        except OSError:
+            memory = False
+        if memory:
+            out.append(("v2", v2[0], v2[0]))
+            if v2[-1] != v2[0]:
+                out.append(("v2", v2[-1], v2[0]))
+    return out
+
+
 class MemoryCgroup:
     """A memory cgroup made for one measurement; a context manager that removes it (its
     processes moved back to this process's own cgroup first)."""
@@ -147,7 +173,7 @@ class MemoryCgroup:
                                "made") from e
         name = f"{CGROUP_PREFIX}{self.tag}-{os.getpid()}-{secrets.token_hex(3)}"
         errors: list[str] = []
-        for kind, d in dirs[:1] + [x for x in dirs if x[0] == "v2"][-1:]:
+        for kind, d, home in _candidates(dirs):
             if kind == "v1" and (d / "memory.limit_in_bytes").exists():
                 parent = d
             elif kind == "v2":
@@ -168,7 +194,7 @@ class MemoryCgroup:
             except OSError as e:
                 errors.append(f"{parent / name}: {e.strerror}")
                 continue
-            self.path, self.kind, self.home = parent / name, kind, dirs[0][1]
+            self.path, self.kind, self.home = parent / name, kind, home
             return self
         raise NotPermitted("no memory cgroup can be made for the hit-rate measurement"
                            + (": " + "; ".join(errors) if errors else

@@ -87,3 +87,34 @@ def test_the_cgroup_is_removed_when_the_body_raises():
             assert path is not None and path.is_dir()
             raise RuntimeError("boom")
     assert not path.exists()
+
+
+def test_a_hybrid_host_makes_its_cgroup_in_the_v1_memory_hierarchy(tmp_path, monkeypatch):
+    # A systemd-hybrid host (synthetic files in the kernel's format): the unified hierarchy,
+    # without the memory controller, is mounted before the v1 memory one. The measurement's
+    # cgroup goes under the v1 memory cgroup, not to "in place".
+    import functools
+
+    import autotune.cgroups as cgroups
+
+    base = tmp_path / "sys/fs/cgroup"
+    (base / "unified/user.slice/session-3.scope").mkdir(parents=True)
+    (base / "unified/cgroup.controllers").write_text("\n")
+    own = base / "memory/user.slice/session-3.scope"
+    own.mkdir(parents=True)
+    (own / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    (tmp_path / "cgroup").write_text("4:memory:/user.slice/session-3.scope\n"
+                                     "1:name=systemd:/user.slice/session-3.scope\n"
+                                     "0::/user.slice/session-3.scope\n")
+    (tmp_path / "mountinfo").write_text(
+        f"26 25 0:23 / {base}/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 "
+        "cgroup2 rw,nsdelegate\n"
+        f"31 25 0:28 / {base}/memory rw,nosuid,nodev,noexec,relatime shared:15 - cgroup "
+        "cgroup rw,memory\n")
+    monkeypatch.setattr(cgroups, "cgroup_dirs", functools.partial(
+        cgroups.cgroup_dirs, cgroup_file=tmp_path / "cgroup",
+        mountinfo_file=tmp_path / "mountinfo"))
+    with MemoryCgroup("test") as cg:
+        assert cg.kind == "v1" and cg.path is not None and cg.path.parent == own
+        assert cg.home == own
+    assert [p.name for p in own.iterdir()] == ["memory.limit_in_bytes"]  # removed after
