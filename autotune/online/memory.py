@@ -1,4 +1,5 @@
-"""Memory figures for the budget: worker PSS, batch bytes, the machine's available memory."""
+"""Memory figures for the budget: worker PSS, batch bytes, the job's memory budget
+(autotune.environment)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,6 @@ def pss_bytes(pid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
-
-
-def mem_available() -> int:
-    """MemAvailable from /proc/meminfo in bytes (0 when unreadable)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def default_budget() -> int:
