@@ -173,6 +173,17 @@ class Environment:
                     f"{_mib(lim)}, {self.memory.source})")
         return f"the cgroup limit {_mib(lim)} ({self.memory.source})"
 
+    def over_limit(self, budget_bytes: int, what: str) -> str | None:
+        """The warning for a user's memory figure (`what`: "--max-memory 30,000 MiB") above
+        the cgroup's memory limit, naming both; None when it is within the limit or no
+        limit is set. The OOM killer acts at the limit, whatever the budget says."""
+        lim = self.memory.limit_bytes
+        if lim is None or budget_bytes <= lim:
+            return None
+        return (f"{what} is over this job's cgroup memory limit of {lim / 2**20:,.0f} MiB "
+                f"({self.memory.source}): the OOM killer acts at the limit; give at most "
+                "half of it, or leave it unset (half of the limit)")
+
     def shm_budget(self) -> int | None:
         """Bytes batches may take in /dev/shm: its free space, and no more than the cgroup
         has left (tmpfs pages are charged to it). None when /dev/shm is unknown."""

@@ -370,3 +370,45 @@ def test_a_missing_cgroup_file_and_a_missing_shm_are_printed_by_the_commands(tmp
     assert any(line.strip().startswith(f"/dev/shm: {tmp_path / 'no-shm'} does not exist")
                for line in lines)
     assert any("limitation:" in line and "no-cgroup" in line for line in lines)
+
+
+def test_search_max_memory_over_the_cgroup_limit_is_a_warning_naming_both(tmp_path):
+    """search --max-memory above the job's cgroup limit warns, as autotune.DataLoader's
+    memory_budget= does: the environment is read from a real memory cgroup of 512 MiB."""
+    _need_root()
+    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory hierarchy on this machine")
+    d = V1_MEMORY / f"autotune-envfix-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    code = (f"import os, json, types; open('{d}/cgroup.procs','w').write(str(os.getpid()))\n"
+            "from autotune.search.session import Session\n"
+            "from autotune.environment import read_environment\n"
+            "said = []\n"
+            "for mib in (4096, 200, None):\n"
+            "    s = Session.__new__(Session)\n"
+            "    s.env, s.say = read_environment(), said.append\n"
+            "    s.opts = types.SimpleNamespace(max_memory_mib=mib)\n"
+            "    s.space = types.SimpleNamespace(notes=[])\n"
+            "    s.max_mem_source = '--max-memory'\n"
+            "    s._decide_max_memory()\n"
+            "    print(json.dumps([mib, s.max_mem, s.space.notes, said]))\n"
+            "    said.clear()\n")
+    try:
+        (d / "memory.limit_in_bytes").write_text(str(512 * 2**20))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, cwd=ROOT).stdout.splitlines()
+    finally:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                import time
+                time.sleep(0.1)
+    over, under, unset = (json.loads(x) for x in out)
+    assert over[1] == 4096 and len(over[2]) == 1 and over[3] == ["warning: " + over[2][0]]
+    assert over[2][0].startswith("--max-memory 4,096 MiB is over this job's cgroup memory "
+                                 "limit of 512 MiB")
+    assert str(d / "memory.limit_in_bytes") in over[2][0]
+    assert under[2] == [] and under[3] == []
+    assert unset[1] == 256 and unset[2] == []     # half the limit, no warning

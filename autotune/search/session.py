@@ -138,12 +138,20 @@ class Session:
         self._check_window()
         self._check_seconds()
         self._batch_note()
+        self._decide_max_memory()
+
+    def _decide_max_memory(self) -> None:
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
             # Half the job's memory: its cgroup's limit where one is set (a pod's 16 GiB,
             # not the node's 1 TiB), else the host's.
             self.max_mem = self.env.memory_total() / 2**20 / 2
             self.max_mem_source = f"half of {self.env.memory_total_source()}"
+        elif over := self.env.over_limit(int(self.max_mem * 2**20),
+                                         f"--max-memory {self.max_mem:,.0f} MiB"):
+            # As autotune.DataLoader's memory_budget=: a bound the container cannot give.
+            self.say(f"warning: {over}")
+            self.space.notes.append(over)  # type: ignore[union-attr]
 
     @property
     def cores_per_rank(self) -> int:
