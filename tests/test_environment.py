@@ -159,6 +159,10 @@ def test_a_looser_ancestor_nearly_full_leaves_less_than_the_tightest_limit(tmp_p
     assert m.working_set_bytes == GiB
     assert m.remaining_bytes == GiB // 2
     assert m.least_remaining_source.endswith("team/memory.limit_in_bytes")
+    env = read_environment(cgroup_file=cg, mountinfo_file=mi)
+    line = next(x for x in env.lines() if x.startswith("memory:"))
+    assert "512 MiB left (the least of any limit on the way up: " in line, line
+    assert line.endswith("team/memory.limit_in_bytes)"), line
 
 
 # -- synthetic files in the kernel's v2 format (not recordings: this machine mounts v1) ----
