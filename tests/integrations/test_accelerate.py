@@ -1,6 +1,7 @@
 """HuggingFace Accelerate as users run it (issue 29), with the release pip installs: a
-training script started with `python`, `Accelerator().prepare(model, optimizer, loader)`
-and a few steps on the CPU.
+training script started with `accelerate launch` (the launcher users run it with, given
+its options on the command line instead of a saved `accelerate config`),
+`Accelerator().prepare(model, optimizer, loader)` and a few steps on the CPU.
 
 - a torch DataLoader: `prepare` gives a `DataLoaderShard`; `autotune.instrument` wraps it
   after `prepare` and the step log's header has its settings, batch size included (Accelerate
@@ -26,7 +27,7 @@ pytest.importorskip("accelerate", reason="Accelerate is not installed (the test 
 REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent('''
-    import json, sys
+    import json, os, sys
     import torch
     from torch.utils.data import DataLoader, TensorDataset
     from accelerate import Accelerator
@@ -35,7 +36,7 @@ SCRIPT = textwrap.dedent('''
     out = sys.argv[1]
     accelerator = Accelerator(cpu=True)
     ds = TensorDataset(torch.arange(48, dtype=torch.float32)[:, None], torch.arange(48) % 2)
-    results = {}
+    results = {"launcher": {k: v for k, v in os.environ.items() if k.startswith("ACCELERATE_")}}
     for which in ("torch", "autotune"):
         model = torch.nn.Linear(1, 2)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -69,14 +70,18 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, dict]:
-    """One script, started as a user starts it (`python train.py`), runs both loaders."""
+    """One script, started as a user starts it (`accelerate launch train.py`), runs both
+    loaders."""
     d = tmp_path_factory.mktemp("accelerate")
     script = d / "train.py"
     script.write_text(SCRIPT)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
     env["AUTOTUNE_CACHE_DIR"] = str(d / "cache")   # autotune.DataLoader's settings cache
-    r = subprocess.run([sys.executable, str(script), str(d)], cwd=d, env=env,
+    env["HF_HOME"] = str(d / "hf")                 # no saved `accelerate config` is read
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes",
+              "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    r = subprocess.run([*launch, str(script), str(d)], cwd=d, env=env,
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     return d, json.loads((d / "result.json").read_text())
@@ -84,6 +89,7 @@ def run(tmp_path_factory) -> tuple[Path, dict]:
 
 def test_instrument_after_prepare_logs_the_prepared_loader(run):
     d, results = run
+    assert results["launcher"].get("ACCELERATE_USE_CPU"), results["launcher"]  # launched
     res = results["torch"]
     assert res["prepared"] == "DataLoaderShard"
     assert [sorted(s) for s in res["seen"]] == [list(range(48))] * 2
