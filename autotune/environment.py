@@ -186,8 +186,12 @@ class Environment:
 
     def shm_budget(self) -> int | None:
         """Bytes batches may take in /dev/shm: its free space, and no more than the cgroup
-        has left (tmpfs pages are charged to it). None when /dev/shm is unknown."""
+        has left (tmpfs pages are charged to it). 0 when there is no /dev/shm at all (no
+        such directory, no mount: workers cannot hand batches over, only `num_workers=0`
+        fits); None when it exists but its size is unknown (statvfs refused)."""
         if self.shm.free_bytes is None:
+            if self.shm.total_bytes is None and self.shm.fstype is None:
+                return 0
             return None
         return min(self.shm.free_bytes, self.memory_budget())
 

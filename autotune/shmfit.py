@@ -13,8 +13,10 @@ or a Bus error) or hangs. `search`, `bench` and `autotune.DataLoader` all check 
 first and never start one that does not fit.
 
 The budget (`shm_budget`) is `Environment.shm_budget()` (free /dev/shm, no more than the
-cgroup's remaining memory: tmpfs pages are charged to it) split across the node's ranks,
-after NCCL's own segments when there is more than one rank (`NCCL_SHM_PER_RANK`).
+cgroup's remaining memory: tmpfs pages are charged to it; 0 without a /dev/shm) split
+across the node's ranks, after NCCL's own segments when there is more than one rank
+(`NCCL_SHM_PER_RANK`), and halved under cgroup v2 `memory.oom.group=1`
+(`oom_group_divisor`, the one place search and `autotune.DataLoader` take it from).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["BatchBytes", "MARGIN", "NCCL_SHM_PER_RANK", "ShmAdvice", "ShmBudget", "SLACK_BYTES",
-           "fits", "live_batches", "max_live_batches", "measure_batch", "needed_bytes",
-           "shm_advice", "shm_budget", "size_flag"]
+__all__ = ["BatchBytes", "MARGIN", "NCCL_SHM_PER_RANK", "OOM_GROUP_DIVISOR", "ShmAdvice",
+           "ShmBudget", "SLACK_BYTES", "fits", "live_batches", "max_live_batches",
+           "measure_batch", "needed_bytes", "oom_group_divisor", "shm_advice", "shm_budget",
+           "size_flag"]
 
 MiB = 2**20
 # A batch's file is its tensors' storage rounded up to pages, plus torch's own small files
@@ -41,6 +44,17 @@ SLACK_BYTES = 4 * MiB
 # more than one rank shares the node.
 NCCL_SHM_PER_RANK = 20 * MiB
 DEFAULT_PREFETCH = 2  # torch's prefetch_factor when workers > 0 and none is given
+# Under cgroup v2 memory.oom.group=1 (the Kubernetes default on v2) the OOM killer ends
+# the whole job, not the one worker autotune could recover from: budgets are divided by
+# this there, in search and bench (shm_budget) as in autotune.DataLoader (its shm and its
+# default memory budget).
+OOM_GROUP_DIVISOR = 2
+
+
+def oom_group_divisor(env: Any) -> int:
+    """What budgets are divided by in `env` (an `autotune.environment.Environment`):
+    `OOM_GROUP_DIVISOR` under memory.oom.group=1, else 1."""
+    return OOM_GROUP_DIVISOR if getattr(getattr(env, "memory", None), "oom_group", False) else 1
 
 
 def live_batches(workers: int, prefetch: int | None) -> int:
@@ -62,8 +76,13 @@ def needed_bytes(workers: int, prefetch: int | None, batch_bytes: int) -> int:
 def fits(workers: int, prefetch: int | None, batch_bytes: int | None,
          budget_bytes: int | None) -> bool:
     """Whether the configuration's batches fit in the budget; True when either figure is
-    unknown (nothing to decide on) and always for `workers=0`."""
-    if not workers or batch_bytes is None or budget_bytes is None:
+    unknown (nothing to decide on) and always for `workers=0`; never with workers in a
+    budget of 0 (no /dev/shm)."""
+    if not workers or budget_bytes is None:
+        return True
+    if budget_bytes <= 0:
+        return False  # no /dev/shm at all: whatever the batch, workers cannot hand it over
+    if batch_bytes is None:
         return True
     return needed_bytes(workers, prefetch, batch_bytes) <= budget_bytes
 
@@ -123,6 +142,7 @@ class ShmBudget:
     ranks: int = 1
     reserved_bytes: int = 0
     source: str = ""
+    oom_group: bool = False      # halved: memory.oom.group=1 ends the whole job
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +156,8 @@ def shm_budget(env: Any, ranks: int = 1) -> ShmBudget:
     total, free = env.shm.total_bytes, env.shm.free_bytes
     if whole is None:
         return ShmBudget(None, total, free, ranks, 0, env.shm.note or "/dev/shm unknown")
+    if whole <= 0 and total is None:
+        return ShmBudget(0, total, free, ranks, 0, env.shm.note or "no /dev/shm")
     src = "free /dev/shm"
     if free is not None and whole < free:
         src = ("the cgroup's remaining memory (tmpfs pages are charged to it)"
@@ -146,7 +168,12 @@ def shm_budget(env: Any, ranks: int = 1) -> ShmBudget:
     if ranks > 1:
         src += (f", less {reserved / MiB:.0f} MiB for NCCL's segments, split across "
                 f"{ranks} ranks")
-    return ShmBudget(per, total, free, ranks, reserved, src)
+    div = oom_group_divisor(env)
+    if div > 1:
+        per //= div
+        src += (f", divided by {div}: memory.oom.group is 1, so a worker the OOM killer "
+                "ends takes the whole job with it")
+    return ShmBudget(per, total, free, ranks, reserved, src, div > 1)
 
 
 def size_flag(nbytes: int) -> tuple[str, str]:

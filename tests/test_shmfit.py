@@ -83,3 +83,32 @@ def test_measure_batch_counts_float32_apart():
     b = measure_batch({"x": torch.zeros(2, 3, dtype=torch.float32),
                        "y": [torch.zeros(4, dtype=torch.uint8)]})
     assert b == BatchBytes(2 * 3 * 4 + 4, 24)
+
+
+def test_a_missing_dev_shm_is_a_budget_of_zero_not_unknown():
+    """No /dev/shm at all (read for real from a path that does not exist): the note, the
+    environment's budget and shmfit's agree that no worker batch fits."""
+    import dataclasses
+
+    from autotune.environment import read_environment, read_shm
+
+    shm = read_shm("/nonexistent-shmfix-dev-shm")
+    assert "budgets allow no worker batches" in (shm.note or "")
+    env = dataclasses.replace(read_environment(), shm=shm)
+    assert env.shm_budget() == 0
+    bud = shm_budget(env, ranks=2)
+    assert bud.budget_bytes == 0 and "does not exist" in bud.source
+    assert not fits(1, 1, F32_BATCH.as_uint8, bud.budget_bytes)
+    assert not fits(1, 1, None, bud.budget_bytes)   # not even an unmeasured batch
+    assert fits(0, None, F32_BATCH.total, bud.budget_bytes)
+
+
+def test_oom_group_halves_the_shm_budget_here_for_search_and_loader():
+    from autotune.shmfit import OOM_GROUP_DIVISOR, oom_group_divisor
+
+    env = _env()
+    env.memory.oom_group = True
+    bud = shm_budget(env)
+    assert oom_group_divisor(env) == OOM_GROUP_DIVISOR == 2
+    assert bud.budget_bytes == 32 * MiB and bud.oom_group and "oom.group" in bud.source
+    assert shm_budget(_env()).budget_bytes == 64 * MiB and oom_group_divisor(_env()) == 1

@@ -36,6 +36,11 @@ def shm_refusal(dataset: str | os.PathLike[str], cfg: Any, env: Any = None) -> B
     budget = shm_budget(env, cfg.procs_per_node)
     if budget.budget_bytes is None:
         return None
+    if budget.budget_bytes <= 0:  # no /dev/shm: whatever the batch, workers cannot hand it over
+        return _refused(dataset, cfg, f"not run: {cfg.num_workers} worker(s) hand batches "
+                        f"over through /dev/shm, and this rank may use none of it "
+                        f"({budget.source})", "--workers 0 (no shared memory), or mount a "
+                        "tmpfs at /dev/shm", {"budget": budget.to_dict()})
     from autotune.bench.firstbatch import first_batch_bytes
 
     try:
@@ -57,12 +62,16 @@ def shm_refusal(dataset: str | os.PathLike[str], cfg: Any, env: Any = None) -> B
                      + ("this configuration fits" if adv.uint8_fits else
                         f"{adv.uint8_live_batches} live batches fit" if adv.uint8_live_batches
                         else "still too large for workers") + ")")
+    return _refused(dataset, cfg, reason, "; or ".join(fixes),
+                    {"batch_bytes": batch.total, "float32_bytes": batch.float32,
+                     "budget": budget.to_dict(), "advice": adv.to_dict()})
+
+
+def _refused(dataset: Any, cfg: Any, reason: str, hint: str, fit: dict) -> BenchResult:
     res = BenchResult(dataset={"path": str(dataset), "format": cfg.format},
                       config={**cfg.to_dict(), "label": cfg.describe()}, failed=True,
-                      reason=reason, hint="; or ".join(fixes), failure_kind="shm",
-                      cold=cfg.cold)
-    res.system = {"shm_fit": {"batch_bytes": batch.total, "float32_bytes": batch.float32,
-                              "budget": budget.to_dict(), "advice": adv.to_dict()}}
+                      reason=reason, hint=hint, failure_kind="shm", cold=cfg.cold)
+    res.system = {"shm_fit": fit}
     return res
 
 

@@ -143,7 +143,7 @@ options override them."""
         with hold_if(args.delayacct), spinner(not args.quiet) as prog:
             # A configuration whose batches cannot fit in /dev/shm is refused before any
             # process starts (exit 1, the figures and the fix), not left to die or hang.
-            res = shm_refusal(args.dataset, cfg)
+            res = shm_refusal(args.dataset, cfg, env=env)
             if res is None:
                 res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
         res.environment = {**res.environment, **env.to_dict()}

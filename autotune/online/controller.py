@@ -157,10 +157,15 @@ class Controller:
 
     def shm_fits(self, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
         """Whether `cfg`'s live batches (and `also`'s, alive beside it during a switch) fit
-        in the /dev/shm budget; True while the batch or the budget is unknown."""
+        in the /dev/shm budget; True while the batch or the budget is unknown; never with
+        workers in a budget of 0 (no /dev/shm: workers cannot hand a batch over)."""
         from autotune.shmfit import needed_bytes
 
-        if self.shm is None or not per_batch or not cfg.num_workers:
+        if self.shm is None or not cfg.num_workers:
+            return True
+        if self.shm <= 0:
+            return False
+        if not per_batch:
             return True
         need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, per_batch)
         if also is not None and also.num_workers:

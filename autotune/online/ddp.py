@@ -81,6 +81,17 @@ class RankSync:
         return Shared(slowest, per_worker_all, per_batch_all, failed_any)
 
 
+def local_world_size() -> int:
+    """The ranks on this node when there is no RankSync (an IterableDataset under DDP has
+    none): LOCAL_WORLD_SIZE as torchrun sets it, as autotune.search.study.procs_per_node
+    reads it, else 1. Without it every rank would budget the whole node's /dev/shm and
+    memory."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def _guess_local(dist: Any, group: Any) -> int:
     # Without LOCAL_WORLD_SIZE (torchrun sets it): the ranks on this host, by hostname.
     import socket

@@ -35,9 +35,10 @@ from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import Meter, WindowStats, window_batches
-from autotune.online.memory import batch_bytes, default_budget, over_limit, own_pss, pss_bytes
+from autotune.online.memory import default_budget, over_limit, own_pss, pss_bytes
 from autotune.online.pool import Pool
 from autotune.online.stream import IndexStream
+from autotune.shmfit import measure_batch
 
 log = logging.getLogger("autotune.online")
 
@@ -61,6 +62,17 @@ class _Switch:
 class _Seen:
     config: Config
     stats: WindowStats
+
+
+def _read_environment() -> tuple[Any, str | None]:
+    """autotune.environment's reading, or None and why it failed (a budget unknown is not
+    checked, and the loader says so: it must not end the user's run)."""
+    from autotune.environment import read_environment
+
+    try:
+        return read_environment(), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
 
 
 class DataLoader:
@@ -116,7 +128,9 @@ class DataLoader:
         if memory_budget is not None and memory_budget <= 0:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
-        if memory_budget is not None and (over := over_limit(memory_budget)):
+        # What the job's container allows, read once for this loader: every budget below.
+        self._env, self._env_error = _read_environment()
+        if memory_budget is not None and (over := over_limit(memory_budget, self._env)):
             warnings.warn(over, stacklevel=2)
         self.dataset = dataset
         self._stage_clock = why.attach_stage_clock(dataset) if _controller is not False else None
@@ -139,14 +153,19 @@ class DataLoader:
         self._cuda = torch.cuda.is_available()
         self._tuning = _controller is not False
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
+        # Under torch.distributed (map-style): the gloo group and this rank's share of the
+        # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.
+        sync = ddp.RankSync.create() if self._tuning and not self._iterable else None
+        self._local = sync.local if sync is not None else ddp.local_world_size()
         self._ctl = _controller if _controller not in (None, False) else Controller(
-            fixed=self._fixed, cuda=self._cuda, budget=memory_budget or default_budget(),
+            fixed=self._fixed, cuda=self._cuda,
+            budget=memory_budget or default_budget(self._env, self._local),
             memory=lambda: me()._memory(), cache_key=cache.dataset_key(
                 dataset, key, self.batch_size, usable_cores()))
         self._init_state()
-        self._sync = self._join_ranks(memory_budget is None)
+        self._sync = self._join_ranks(sync)
         if self._tuning and isinstance(self._ctl, Controller):
-            self._fit_environment(memory_budget is None)
+            self._fit_environment()
         if self._sync is None and isinstance(self._ctl, Controller):
             self._ctl.sample_bound = True  # ranks would have to agree on a raised bound
         self._target: Config = self._ctl.start()
@@ -159,40 +178,33 @@ class DataLoader:
         self._meter = Meter(self._window(self._target), early=self._sync is None,
                             group=self._target.num_workers)
 
-    def _join_ranks(self, default_budget_: bool) -> ddp.RankSync | None:
-        """Under torch.distributed: the gloo group, and this rank's share of the node."""
-        sync = ddp.RankSync.create() if self._tuning and not self._iterable else None
+    def _join_ranks(self, sync: ddp.RankSync | None) -> ddp.RankSync | None:
+        """Under torch.distributed: this rank's share of the node's workers (the memory
+        budget's share is in default_budget already)."""
         if sync is not None and isinstance(self._ctl, Controller):
             self._ctl.bound = max(1, self._ctl.bound // sync.local)
-            if default_budget_:
-                self._ctl.budget = max(1, self._ctl.budget // sync.local)
             if sync.rank != 0:
                 self._ctl.cache_key_store = False
         return sync
 
-    def _fit_environment(self, default_budget_: bool) -> None:
+    def _fit_environment(self) -> None:
         """The /dev/shm budget (autotune.shmfit: free /dev/shm and the cgroup's remaining
-        memory, this rank's share of the node); under cgroup v2 memory.oom.group=1 both
-        budgets are halved, for there a worker killed takes the whole job with it."""
-        from autotune.environment import read_environment
+        memory, this rank's share of the node); under cgroup v2 memory.oom.group=1 it and
+        the default memory budget are halved (shmfit.oom_group_divisor, as search does),
+        for there a worker killed takes the whole job with it."""
         from autotune.shmfit import shm_budget
 
-        ctl = self._ctl
-        try:
-            env = read_environment()
-        except Exception as e:  # noqa: BLE001 (a budget unknown is not checked; say so)
+        ctl, env = self._ctl, self._env
+        if env is None:
+            e = self._env_error
             log.warning("the environment could not be read (%s): /dev/shm is not budgeted", e,
                         extra={"autotune_event": "environment", "autotune": {"why": str(e)}})
             return
-        sb = shm_budget(env, self._sync.local if self._sync is not None else 1)
+        sb = shm_budget(env, self._local)
         ctl.shm = sb.budget_bytes
         self._shm_source = sb.source
-        if env.memory.oom_group:
+        if sb.oom_group:
             self._oom_group = True
-            if ctl.shm is not None:
-                ctl.shm //= 2
-            if default_budget_:
-                ctl.budget = max(1, ctl.budget // 2)
             emit("oom-group", f"{env.memory.source}: memory.oom.group is 1, so a worker the "
                  "OOM killer ends takes the whole job with it and no fallback is possible: "
                  f"budgets halved (/dev/shm {(ctl.shm or 0) / 2**20:,.0f} MiB, memory "
@@ -404,7 +416,7 @@ class DataLoader:
         batch = next(iter(probe), None)
         if batch is None:
             return cfg
-        self._batch_bytes = batch_bytes(batch)
+        self._batch_bytes = measure_batch(batch).total
         return self._ctl.refit(cfg)
 
     def _end_epoch(self, completed: bool) -> None:
@@ -575,7 +587,7 @@ class DataLoader:
 
     def _after_batch(self, batch: Any, step: float | None, wait: float) -> None:
         if self._batch_bytes is None:
-            self._batch_bytes = batch_bytes(batch)
+            self._batch_bytes = measure_batch(batch).total
         if self._probing is not None:
             cfg, self._probing = self._ctl.refit(self._probing), None
             self._target = self._agreed = cfg

@@ -1,5 +1,5 @@
-"""Memory figures for the budget: worker PSS, batch bytes, the job's memory budget
-(autotune.environment)."""
+"""Memory figures for the budget: worker PSS, the default budget, a configuration's
+footprint (a batch's bytes are autotune.shmfit.measure_batch's)."""
 
 from __future__ import annotations
 
@@ -22,21 +22,33 @@ def pss_bytes(pid: int) -> int | None:
     return None
 
 
-def default_budget() -> int:
+def default_budget(env: Any = None, ranks: int = 1) -> int:
     """Half the memory this job may still take, as tf.data's autotune budgets its buffers:
     its cgroup's limit less its working set where a limit is set (a container's, a Slurm
-    job's), else the host's available memory (autotune.environment)."""
-    from autotune.environment import read_environment
+    job's), else the host's available memory, from `env` (the loader's one reading of
+    autotune.environment; None: read here); this rank's share
+    of the node's `ranks`, and divided again under memory.oom.group=1
+    (autotune.shmfit.oom_group_divisor, as the /dev/shm budget is)."""
+    from autotune.shmfit import oom_group_divisor
 
-    return read_environment().memory_budget() // 2
+    if env is None:
+        from autotune.environment import read_environment
+
+        env = read_environment()
+    whole = env.memory_budget()
+    return max(1, whole // 2 // max(1, ranks) // oom_group_divisor(env))
 
 
-def over_limit(budget: int) -> str | None:
+def over_limit(budget: int, env: Any = None) -> str | None:
     """The warning for a user's `memory_budget` above the cgroup's memory limit (the OOM
-    killer acts at the limit, whatever the budget says), or None."""
-    from autotune.environment import read_memory_limit
+    killer acts at the limit, whatever the budget says), or None. `env`: the loader's
+    reading of autotune.environment (None: the cgroup is read here)."""
+    if env is not None:
+        lim = env.memory
+    else:
+        from autotune.environment import read_memory_limit
 
-    lim = read_memory_limit()
+        lim = read_memory_limit()
     if lim.limit_bytes is None or budget <= lim.limit_bytes:
         return None
     return (f"memory_budget={budget:,} bytes ({budget / 2**20:,.0f} MiB) is over this job's "
@@ -45,27 +57,16 @@ def over_limit(budget: int) -> str | None:
             "or leave memory_budget unset (half of what the cgroup has left)")
 
 
-def batch_bytes(batch: Any, _depth: int = 0) -> int:
-    """Bytes of the tensors and arrays in a (nested) batch; what a batch in flight holds in
-    shared memory."""
-    if _depth > 8:
-        return 0
-    nbytes = getattr(batch, "nbytes", None)
-    if isinstance(nbytes, int):
-        return nbytes
-    if hasattr(batch, "element_size") and hasattr(batch, "numel"):
-        return int(batch.element_size() * batch.numel())
-    if isinstance(batch, dict):
-        return sum(batch_bytes(v, _depth + 1) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(batch_bytes(v, _depth + 1) for v in batch)
-    return 0
-
-
 def footprint(num_workers: int, prefetch_factor: int | None, per_worker: int,
               per_batch: int) -> int:
-    """Workers' PSS plus the batches in flight: workers x prefetch x batch bytes."""
-    return num_workers * per_worker + num_workers * (prefetch_factor or 0) * per_batch
+    """Workers' PSS plus their live batches as autotune.shmfit counts them for /dev/shm:
+    (workers x prefetch + 1) x batch bytes, with its margin (`shmfit.needed_bytes`)."""
+    from autotune.shmfit import needed_bytes
+
+    if not num_workers:
+        return 0
+    return num_workers * per_worker + (needed_bytes(num_workers, prefetch_factor, per_batch)
+                                       if per_batch else 0)
 
 
 def own_pss() -> int:

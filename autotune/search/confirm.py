@@ -37,6 +37,17 @@ def window(s: Session, params: dict[str, Any]) -> float:
 def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -> bool:
     """Measure the candidates again, each in a longer window. False when the deadline
     came first."""
+    # A resumed study, or one shared with hosts of a larger /dev/shm, holds figures for
+    # configurations whose batches do not fit here: never run them again, not even to confirm.
+    gate = getattr(s, "shm_gate", None)
+    if gate is not None:
+        unfit = {id(t) for t in pool if gate.why(t.params)}
+        if unfit:
+            s.say(f"not confirmed: {len(unfit)} measured configuration(s) whose batches do not "
+                  "fit in this host's /dev/shm")
+            pool = [t for t in pool if id(t) not in unfit]
+            if baseline is not None and id(baseline) in unfit:
+                baseline = None
     cands = rec_mod.confirm_candidates(pool, s.opts.confirm, baseline)
     if len(cands) < 2:
         return True  # nothing to choose between

@@ -141,7 +141,6 @@ def whole_run(s: Any, res: Any, say: Progress | None = None) -> dict[str, Any] |
     """The `run` key: dataset bytes against the cache room, the first and later epochs'
     images/s and verdicts, and how the later figure was had. None when no configuration
     completed (nothing to say about any epoch)."""
-    from autotune.environment import read_environment
     from converters.objstore.url import is_s3
 
     say = say or (lambda _m: None)
@@ -159,7 +158,7 @@ def whole_run(s: Any, res: Any, say: Progress | None = None) -> dict[str, Any] |
         run.update(object_storage=True, fits=False, method="not cached",
                    notes=["object storage: each epoch GETs the objects again"])
     else:
-        env = read_environment(s.root)
+        env = s.env  # the search's one reading (autotune.search.session)
         job = int(res.recommended.memory_mib * 2**20)
         total, files = dataset_bytes(s.root, s.fmt)
         room, source = cache_room(env, job)

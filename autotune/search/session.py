@@ -171,7 +171,8 @@ class Session:
         does not fit is never run, num_workers=0 joins when nothing else fits."""
         from autotune.search.shmgate import measure_gate
 
-        self.shm_gate = measure_gate(self.root, self.base, self.base.procs_per_node, self.say)
+        self.shm_gate = measure_gate(self.root, self.base, self.base.procs_per_node, self.say,
+                                     self.env)
         self.shm_gate.apply(self.space)
 
     def unfit_hint(self, params: dict[str, Any]) -> str:

@@ -2,7 +2,10 @@
 
 The first batch is measured in the search process before any trial (autotune.bench.
 firstbatch); with the per-rank budget (autotune.shmfit.shm_budget) that decides, for each
-configuration, whether its live batches fit. One that does not is skipped with that
+configuration, whether its live batches fit. A configuration whose batch_size differs from
+the measured batch's scales its bytes per sample (a space searching batch_size [128, 256,
+512] has batches 2-4 times the base one's). Without a /dev/shm (budget 0) nothing with
+workers fits, measured or not. One that does not is skipped with that
 reason (never started: in a 64 MiB /dev/shm it would die with "unable to allocate shared
 memory" or hang until the DataLoader timeout), counted, and the recommendation comes from
 those that fit; `num_workers=0` joins the space when nothing else fits. When configurations
@@ -11,6 +14,7 @@ were cut, the result names the /dev/shm size that runs them and what uint8 batch
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,22 +44,41 @@ class ShmGate:
     workers_fit: bool = True          # some configuration with workers fits
     largest_skipped: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    base_batch_size: int | None = None   # the measured batch's size (None: never scaled)
 
     @property
     def active(self) -> bool:
-        return self.batch is not None and self.budget.budget_bytes is not None
+        if self.budget.budget_bytes is None:
+            return False
+        return self.batch is not None or self.budget.budget_bytes <= 0
+
+    def batch_for(self, params: dict[str, Any]) -> BatchBytes | None:
+        """The batch `params` makes: the measured one, its bytes per sample scaled to
+        `params["batch_size"]` when that differs from the measured batch's size."""
+        b, base = self.batch, self.base_batch_size
+        bs = params.get("batch_size")
+        if b is None or not base or not bs or bs == base:
+            return b
+        return BatchBytes(int(math.ceil(b.total * bs / base)),
+                          int(math.ceil(b.float32 * bs / base)))
 
     def why(self, params: dict[str, Any]) -> str | None:
         """The one-line reason `params` is not run, or None when it fits."""
         if not self.active:
             return None
         w, pf = params.get("num_workers") or 0, params.get("prefetch_factor")
-        assert self.batch is not None
-        if fits(w, pf, self.batch.total, self.budget.budget_bytes):
+        b = self.batch_for(params)
+        total = b.total if b is not None else None
+        if fits(w, pf, total, self.budget.budget_bytes):
             return None
+        if total is None:
+            return (f"{REASON_PREFIX}: not run: {w} worker(s) hand batches over through "
+                    f"/dev/shm, and this rank may use none of it ({self.budget.source})")
+        bs = params.get("batch_size")
+        of = f" (batch_size {bs})" if bs and bs != self.base_batch_size else ""
         return (f"{REASON_PREFIX}: not run: {w} worker(s) x prefetch {pf or 2} keep "
-                f"{live_batches(w, pf)} batches of {_mib(self.batch.total)} in /dev/shm, "
-                f"{_mib(needed_bytes(w, pf, self.batch.total))} with margin, over the "
+                f"{live_batches(w, pf)} batches of {_mib(total)}{of} in /dev/shm, "
+                f"{_mib(needed_bytes(w, pf, total))} with margin, over the "
                 f"{_mib(self.budget.budget_bytes)} this rank may use ({self.budget.source})")
 
     @property
@@ -71,8 +94,9 @@ class ShmGate:
         self.space_size, self.space_skipped = len(grid), len(out)
         self.workers_fit = any(p.get("num_workers") and not self.why(p) for p in grid)
         if out:
-            self.largest_skipped = max(out, key=lambda p: live_batches(
-                p.get("num_workers") or 0, p.get("prefetch_factor")))
+            self.largest_skipped = max(out, key=lambda p: needed_bytes(
+                p.get("num_workers") or 0, p.get("prefetch_factor"),
+                (self.batch_for(p) or BatchBytes(0)).total))
         if out and len(out) == len(grid) and 0 not in (space.choices.get("num_workers") or []):
             space.choices["num_workers"] = sorted({0, *(space.choices.get("num_workers") or [])})
             self.added_zero = True
@@ -83,10 +107,12 @@ class ShmGate:
             space.notes.append(self.notes[-1])
 
     def summary_line(self) -> str:
-        assert self.batch is not None
+        per = (f"{_mib(self.batch.total)}" if self.batch is not None else "any batch")
+        if self.batch is not None and self.base_batch_size:
+            per += f" per {self.base_batch_size} samples"
         return (f"/dev/shm: {self.space_skipped} of the space's {self.space_size} "
                 f"configurations not run: their live batches ((workers x prefetch + 1) x "
-                f"{_mib(self.batch.total)}, x{MARGIN:g} + {SLACK_BYTES // 2**20} MiB) exceed "
+                f"{per}, x{MARGIN:g} + {SLACK_BYTES // 2**20} MiB) exceed "
                 f"the {_mib(self.budget.budget_bytes)} this rank may use ({self.budget.source})")
 
     @property
@@ -95,11 +121,11 @@ class ShmGate:
         return bool(self.space_skipped or self.baseline_skipped)
 
     def advice(self, target: dict[str, Any] | None) -> ShmAdvice | None:
-        if not self.active or target is None:
+        b = self.batch_for(target) if target is not None else None
+        if not self.active or target is None or b is None:
             return None
-        assert self.batch is not None
         return shm_advice(target.get("num_workers") or 0, target.get("prefetch_factor"),
-                          self.batch, self.budget)
+                          b, self.budget)
 
     def lines(self, skipped_trials: int = 0) -> list[str]:
         """What the search prints about /dev/shm (nothing when it cut nothing)."""
@@ -148,12 +174,11 @@ def skipped_for_shm(trials: list[Any]) -> int:
                 if t.state == "skipped" and (t.reason or "").startswith(REASON_PREFIX)})
 
 
-def measure_gate(root: Any, base: Any, ranks: int, say: Any) -> ShmGate:
-    """The gate of a search: the environment's budget and the first batch's bytes."""
-    from autotune.environment import read_environment
+def measure_gate(root: Any, base: Any, ranks: int, say: Any, env: Any) -> ShmGate:
+    """The gate of a search: the budget of `env` (the search's one Environment) and the
+    first batch's bytes."""
     from autotune.shmfit import shm_budget
 
-    env = read_environment(None if "://" in str(root) else root)
     budget = shm_budget(env, ranks)
     if budget.budget_bytes is None:
         return ShmGate(budget, None, note=f"/dev/shm budget unknown ({budget.source}): "
@@ -167,8 +192,8 @@ def measure_gate(root: Any, base: Any, ranks: int, say: Any) -> ShmGate:
     except Exception as e:  # noqa: BLE001 - the trials will say what is wrong with the data
         return ShmGate(budget, None, note=f"first batch not measured ({type(e).__name__}: "
                                           f"{str(e)[:200]}): no configuration refused for "
-                                          "/dev/shm")
-    return ShmGate(budget, batch)
+                                          "/dev/shm", base_batch_size=base.batch_size)
+    return ShmGate(budget, batch, base_batch_size=base.batch_size)
 
 
 __all__ = ["REASON_PREFIX", "ShmGate", "measure_gate", "skipped_for_shm"]

@@ -95,7 +95,11 @@ def _session_and_result(root: Path, first_ips: float, job_mib: float):
     ceil = Ceilings(storage=first_ips, decode=10_000, demand=20_000, cores=2, samples=160)
     rec = TrialRecord(0, {"num_workers": 1}, "complete", images_per_s=first_ips,
                       peak_rss_mib=job_mib)
+    import autotune.environment as environment
+
+    # The search's one reading of the environment (Session.env), as a patched reader gives it.
     s = SimpleNamespace(root=root, fmt="folder", ceilings=ceil,
+                        env=environment.read_environment(root),
                         opts=SimpleNamespace(throttle=None, seed=0, epochs=None))
     res = SimpleNamespace(recommended=rec, verdict=Verdict("storage", "blocked on storage"),
                           cold=True, ceilings=ceil)

@@ -151,3 +151,104 @@ def test_a_resumed_studys_figures_that_no_longer_fit_are_not_candidates():
     measured, pool_base, conf = _fit_now(s, [w0, w4], base, {"w4": w4, "w0": w0}, warnings)
     assert measured == [w0] and pool_base is None and list(conf) == ["w0"]
     assert "2 configuration(s)" in warnings[0]
+
+
+def test_gate_scales_the_measured_batch_to_a_searched_batch_size(tmp_path):
+    # Measured at batch_size 128 (uint8 3x224x224: 18.4 MiB): one worker with prefetch 1
+    # fits 64 MiB there (50 MiB with margin), but not at 256 or 512.
+    from autotune.search.shmgate import ShmGate
+    from autotune.search.space import load_space
+    from autotune.shmfit import BatchBytes, shm_budget
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("num_workers: {choices: [1]}\nprefetch_factor: {choices: [1]}\n"
+                          "batch_size: {choices: [128, 256, 512]}\n"
+                          "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
+    space = load_space(space_file, cores=2, cuda=False)
+    u8 = 128 * 3 * 224 * 224
+    gate = ShmGate(shm_budget(_env_64mib()), BatchBytes(u8), base_batch_size=128)
+    p = {"num_workers": 1, "prefetch_factor": 1}
+    assert gate.why({**p, "batch_size": 128}) is None
+    why = gate.why({**p, "batch_size": 256})
+    assert why is not None and "36.8 MiB (batch_size 256)" in why
+    gate.apply(space)
+    assert (gate.space_size, gate.space_skipped) == (3, 2) and gate.workers_fit
+    assert gate.largest_skipped["batch_size"] == 512
+    adv = gate.advice(gate.largest_skipped)
+    assert adv is not None and adv.batch_bytes == 4 * u8
+
+
+def test_gate_uses_the_searchs_environment_and_no_dev_shm_refuses_workers(monkeypatch, tmp_path):
+    # The search passes its one Environment (Session.env); a missing /dev/shm is a budget of
+    # 0: workers are refused even when the batch could not be measured.
+    import dataclasses
+
+    import autotune.environment as environment
+    from autotune.bench import BenchConfig
+    from autotune.search.shmgate import REASON_PREFIX, measure_gate
+
+    env = dataclasses.replace(environment.read_environment(),
+                              shm=environment.read_shm("/nonexistent-shmfix-dev-shm"))
+
+    def no_second_read(*a, **k):
+        raise AssertionError("the environment read again: the search's reading has it")
+
+    monkeypatch.setattr(environment, "read_environment", no_second_read)
+    base = BenchConfig.from_preset("resnet50", batch_size=64, num_workers=2)
+    gate = measure_gate(tmp_path / "no-such-dataset", base, 1, lambda m: None, env)
+    assert gate.batch is None and gate.budget.budget_bytes == 0
+    assert gate.why({"num_workers": 1, "prefetch_factor": 1}).startswith(REASON_PREFIX)
+    assert gate.why({"num_workers": 0}) is None
+
+
+def test_confirmation_never_reruns_what_does_not_fit_here():
+    # A resumed or shared study measured w4 where /dev/shm was larger: it is the fastest,
+    # but confirmation here measures only what fits.
+    from autotune.search.confirm import confirm
+    from autotune.search.records import TrialRecord
+    from autotune.search.shmgate import ShmGate
+    from autotune.shmfit import BatchBytes, shm_budget
+
+    u8 = 64 * 3 * 224 * 224
+    w0 = TrialRecord(1, {"num_workers": 0}, "complete", images_per_s=50.0)
+    w1 = TrialRecord(2, {"num_workers": 1, "prefetch_factor": 2}, "complete", images_per_s=90.0)
+    w4 = TrialRecord(3, {"num_workers": 4, "prefetch_factor": 2}, "complete", images_per_s=200.0)
+    benched: list[dict] = []
+
+    def bench(params, label, seconds=None):
+        benched.append(params)
+        return TrialRecord(-1, params, "complete", images_per_s=1.0)
+
+    study = SimpleNamespace(user_attrs={}, set_user_attr=lambda k, v: None)
+    s = SimpleNamespace(shm_gate=ShmGate(shm_budget(_env_64mib()), BatchBytes(u8)),
+                        opts=SimpleNamespace(confirm=3, confirm_seconds=1.0),
+                        study=study, shared=SimpleNamespace(host_key="h"),
+                        base=SimpleNamespace(compute_ms=None), deadline=None,
+                        config=lambda p, seconds=None: SimpleNamespace(seconds=1.0),
+                        say=lambda m: None, bench=bench)
+    assert confirm(s, [w0, w1, w4], None)
+    assert {p["num_workers"] for p in benched} == {0, 1}
+
+
+def test_bench_reads_the_environment_once_and_refuses_with_it(tiny_jpegs, monkeypatch, capsys):
+    # `autotune bench` reads the environment for its header and JSON; the /dev/shm check
+    # uses that reading, not a second one.
+    import dataclasses
+
+    import autotune.environment as environment
+    from autotune.cli import main
+
+    env = dataclasses.replace(environment.read_environment(tiny_jpegs),
+                              shm=environment.ShmSpace("/dev/shm", "tmpfs", 64 * MiB, 64 * MiB))
+    calls: list[tuple] = []
+
+    def counted(*a, **k):
+        calls.append(a)
+        return env
+
+    monkeypatch.setattr(environment, "read_environment", counted)
+    rc = main(["-q", "bench", str(tiny_jpegs), "--preset", "resnet50", "--batch-size", "64",
+               "--workers", "2", "--prefetch-factor", "2"])
+    assert rc == 1 and len(calls) == 1
+    cap = capsys.readouterr()
+    assert "5 batches of 36.8 MiB" in cap.out + cap.err

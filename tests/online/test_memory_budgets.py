@@ -1,0 +1,120 @@
+"""autotune.DataLoader's budgets (issue 30 review): the environment read once per loader, a
+missing /dev/shm refusing every worker, an IterableDataset's share of the node under DDP,
+and the same live-batch arithmetic and memory.oom.group divisor as search's gate.
+
+Real loaders and workers; the environment is the real reading with one figure replaced
+(a missing /dev/shm read for real from a path that does not exist, fixed sizes where the
+shared machine's free memory would move between two loaders)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import autotune
+import autotune.environment as environment
+from autotune import shmfit
+from autotune.online import memory
+from online_datasets import Slow, Stream
+
+MiB, GiB = 2**20, 2**30
+
+
+def _recorded(**shm):
+    """The real environment, with a fixed host memory and no cgroup limit (so two loaders
+    see the same figures on a busy machine) and, if given, a replaced /dev/shm."""
+    real = environment.read_environment()
+    env = dataclasses.replace(real, host_available_bytes=8 * GiB,
+                              memory=dataclasses.replace(real.memory, limit_bytes=None,
+                                                         oom_group=False))
+    if shm:
+        env = dataclasses.replace(env, shm=environment.ShmSpace(**shm))
+    return env
+
+
+def test_the_environment_is_read_once_per_loader(monkeypatch):
+    env = _recorded()
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(a)
+        return env
+
+    def no_second_read(*a, **k):
+        raise AssertionError("the cgroup read again: the loader's reading has it")
+
+    monkeypatch.setattr(environment, "read_environment", counted)
+    monkeypatch.setattr(environment, "read_memory_limit", no_second_read)
+    default = autotune.DataLoader(Slow(40, 0), batch_size=4)
+    assert len(calls) == 1
+    given = autotune.DataLoader(Slow(40, 0), batch_size=4, memory_budget=2**30)
+    assert len(calls) == 2
+    assert default._env is env and default._ctl.budget == 8 * GiB // 2
+    for ld in (default, given):
+        ld.close()
+
+
+def test_a_missing_dev_shm_keeps_every_batch_in_the_process(monkeypatch):
+    """No /dev/shm at all: the budget is 0, not unknown, and the loader never starts a
+    worker (a worker could not hand a batch over); every sample still comes once."""
+    env = _recorded()
+    missing = dataclasses.replace(env, shm=environment.read_shm("/nonexistent-shmfix-dev-shm"))
+    assert missing.shm_budget() == 0
+    monkeypatch.setattr(environment, "read_environment", lambda *a, **k: missing)
+    loader = autotune.DataLoader(Slow(400, 0.001), batch_size=4)
+    assert loader._ctl.shm == 0
+    seen, workers = [], set()
+    for _ in range(2):
+        for b in loader:
+            seen.extend(b.flatten().tolist())
+            workers.add(loader.num_workers)
+    loader.close()
+    assert sorted(seen) == sorted(list(range(400)) * 2)
+    assert workers == {0}
+
+
+def test_an_iterable_dataset_under_ddp_takes_its_ranks_share(monkeypatch):
+    """No rank sync for an IterableDataset: the share of the node comes from
+    LOCAL_WORLD_SIZE, for /dev/shm (after NCCL's segments) and the default memory budget."""
+    env = _recorded(path="/dev/shm", fstype="tmpfs", total_bytes=GiB, free_bytes=GiB)
+    monkeypatch.setattr(environment, "read_environment", lambda *a, **k: env)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    alone = autotune.DataLoader(Stream(20, 0), batch_size=4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    rank = autotune.DataLoader(Stream(20, 0), batch_size=4)
+    assert alone._ctl.shm == GiB
+    assert rank._ctl.shm == (GiB - 4 * shmfit.NCCL_SHM_PER_RANK) // 4
+    assert rank._ctl.budget == alone._ctl.budget // 4 == 8 * GiB // 2 // 4
+    for ld in (alone, rank):
+        ld.close()
+
+
+def test_oom_group_divides_in_one_place(monkeypatch, decisions):
+    """memory.oom.group=1: shmfit's budget (what search's gate uses too) is halved, and the
+    loader takes it from there, not halving it a second time."""
+    env = _recorded(path="/dev/shm", fstype="tmpfs", total_bytes=GiB, free_bytes=GiB)
+    grouped = dataclasses.replace(env, memory=dataclasses.replace(env.memory, oom_group=True))
+    assert shmfit.shm_budget(grouped).budget_bytes == GiB // 2
+    assert shmfit.shm_budget(grouped).oom_group
+    monkeypatch.setattr(environment, "read_environment", lambda *a, **k: grouped)
+    loader = autotune.DataLoader(Slow(40, 0), batch_size=4)
+    assert loader._ctl.shm == shmfit.shm_budget(grouped).budget_bytes == GiB // 2
+    assert loader._ctl.budget == 8 * GiB // 2 // 2
+    assert [e for e, _ in decisions()].count("oom-group") == 1
+    loader.close()
+
+
+def test_footprint_counts_live_batches_as_shmfit_does():
+    b = 10 * MiB
+    assert memory.footprint(2, 2, 100, b) == 200 + shmfit.needed_bytes(2, 2, b)
+    assert memory.footprint(2, 2, 100, b) > 200 + 2 * 2 * b   # the +1 batch and the margin
+    assert memory.footprint(0, None, 100, b) == 0
+    # One way to measure a batch: shmfit's, the one search and bench use.
+    assert not hasattr(memory, "batch_bytes")
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_default_budget_is_this_ranks_share(ranks):
+    env = _recorded()
+    assert memory.default_budget(env, ranks) == 8 * GiB // 2 // ranks
