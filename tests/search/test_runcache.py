@@ -191,7 +191,7 @@ def loop_disk_dataset(work_dir: Path):
 @pytest.mark.root
 def test_throttled_small_dataset_is_storage_bound_for_the_first_epoch_only(loop_disk_dataset,
                                                                            work_dir, tmp_path):
-    # A small dataset behind a 20-IOPS cap (the demo's set-up in miniature, from the CLI):
+    # A small dataset behind a 60-IOPS cap (the demo's set-up in miniature, from the CLI):
     # the first epoch is storage-bound, the dataset fits in the page cache, the later
     # epochs are measured warm, and with --epochs 90 --convert auto the projection
     # decides: a conversion that reads every file once cannot shorten a run whose later
@@ -201,7 +201,7 @@ def test_throttled_small_dataset_is_storage_bound_for_the_first_epoch_only(loop_
     env = {**os.environ, "PYTHONPATH": str(TESTS.parents[1])}
     r = subprocess.run(
         [sys.executable, "-m", "autotune.emulate", "throttle", "--path", str(ds),
-         "--read-iops", "20", "--name", "runcache-test", "--drop-caches", "--",
+         "--read-iops", "60", "--name", "runcache-test", "--drop-caches", "--",
          sys.executable, "-m", "autotune", "-q", "search", str(ds), "--preset", "decode-only",
          "--batch-size", "4", "--compute-ms", "5", "--seconds", "2", "--trials", "1",
          "--confirm", "0", "--no-fio", "--no-probe", "--space", str(TESTS / "space-tiny.yaml"),
