@@ -82,7 +82,7 @@ want = collections.Counter((hashlib.sha1(open(p, "rb").read()).hexdigest(), l) f
 
 def to_tensor(im):
     im = im.resize((16, 16))
-    return torch.from_numpy(np.asarray(im)).permute(2, 0, 1).float() / 255
+    return torch.from_numpy(np.array(im)).permute(2, 0, 1).float() / 255
 
 
 for path in ("ds/train", "out/staged-wds", "out/lmdb"):
