@@ -416,3 +416,22 @@ def test_search_max_memory_over_the_cgroup_limit_is_a_warning_naming_both(tmp_pa
     assert str(d / "memory.limit_in_bytes") in over[2][0]
     assert under[2] == [] and under[3] == []
     assert unset[1] == 256 and unset[2] == []     # half the limit, no warning
+
+
+def test_search_max_memory_default_is_halved_again_under_oom_group():
+    """Under memory.oom.group=1 the whole job dies at the limit (no recovery): the search's
+    default bound per configuration is divided as autotune.DataLoader's budgets are."""
+    import types
+
+    from autotune.search.session import Session
+
+    for group, want in ((False, 256.0), (True, 128.0)):
+        env = types.SimpleNamespace(memory=types.SimpleNamespace(oom_group=group),
+                                    memory_total=lambda: 512 * 2**20,
+                                    memory_total_source=lambda: "the cgroup's 512 MiB limit")
+        s = Session.__new__(Session)
+        s.env, s.say = env, print
+        s.opts = types.SimpleNamespace(max_memory_mib=None)
+        s._decide_max_memory()
+        assert s.max_mem == want, (group, s.max_mem)
+        assert ("memory.oom.group=1" in s.max_mem_source) is group, s.max_mem_source

@@ -144,9 +144,15 @@ class Session:
         self.max_mem = self.opts.max_memory_mib
         if self.max_mem is None:
             # Half the job's memory: its cgroup's limit where one is set (a pod's 16 GiB,
-            # not the node's 1 TiB), else the host's.
-            self.max_mem = self.env.memory_total() / 2**20 / 2
-            self.max_mem_source = f"half of {self.env.memory_total_source()}"
+            # not the node's 1 TiB), else the host's; under memory.oom.group=1 (the whole
+            # job killed at the limit, nothing to recover) half again, as the loader's.
+            from autotune.shmfit import oom_group_divisor
+
+            div = oom_group_divisor(self.env)
+            self.max_mem = self.env.memory_total() / 2**20 / 2 / div
+            self.max_mem_source = (f"half of {self.env.memory_total_source()}"
+                                   + (f", divided by {div}: memory.oom.group=1 kills the "
+                                      "whole job at the limit" if div > 1 else ""))
         elif over := self.env.over_limit(int(self.max_mem * 2**20),
                                          f"--max-memory {self.max_mem:,.0f} MiB"):
             # As autotune.DataLoader's memory_budget=: a bound the container cannot give.
