@@ -260,13 +260,14 @@ def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path,
     from autotune.emulate import IoThrottle
 
     # The same demand (80 images/s: batches of 4 every 50 ms), cold, on a disk capped at
-    # 25 IOPS: at least one read per file cannot feed 80 images/s. A window of 8 s holds
-    # the 10 batches a measurement needs; the figure is the whole window's, so the cap's
-    # burst at the start of a cgroup slice (which once filled the prefetch queue and
-    # flattered short sub-windows) cannot carry it.
+    # 25 IOPS: at least one read per file cannot feed 80 images/s. A window of 4 s holds
+    # about 20 batches at the cap, twice the 10 a measurement needs; the figure is the
+    # whole window's, so the cap's burst at the start of a cgroup slice (which once filled
+    # the prefetch queue and flattered short sub-windows) cannot carry it: even 40 reads
+    # over the cap would make (100 + 40) / 4 = 35 images/s, under the 40 asserted.
     with IoThrottle(small_images_ds, read_iops=25, name="bench-test") as cap:
         r = run_bench(small_images_ds, _step_cfg(pin_memory=True, batch_size=4, compute_ms=50,
-                                                 seconds=8), throttle=cap)
+                                                 seconds=4), throttle=cap)
     assert not r.failed, r.reason
     assert r.cold and r.window["storage_read_fraction"] > 0.9
     # Bounds from the cap, not from a second run: at least one read per file at 25 IOPS
@@ -285,8 +286,9 @@ def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftover
 
     # Small images: decoding costs so little that even a busy CPU leaves the disk as the
     # only limit when cold.
-    cfg = _loader_cfg(num_workers=2, seconds=8)   # 10 batches at the cap need a few seconds
-    warm_cfg = BenchConfig.from_dict({**cfg.to_dict(), "cold": False})
+    cfg = _loader_cfg(num_workers=2, seconds=4)   # 10 batches at the cap need a few seconds
+    # Warm, 10 batches take a fraction of a second: 2 s hold hundreds.
+    warm_cfg = BenchConfig.from_dict({**cfg.to_dict(), "cold": False, "seconds": 2})
     with IoThrottle(small_images_ds, read_iops=100, name="bench-test") as cap:
         cold = run_bench(small_images_ds, cfg, throttle=cap)
         for _ in range(2):

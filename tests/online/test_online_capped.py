@@ -1,6 +1,6 @@
 """autotune.DataLoader behind a read-IOPS cap (a loop disk of its own, cgroup blkio; root):
-a batch takes most of a second, yet it decides within seconds, says `storage` once and
-switches at most three times (counts, never speeds)."""
+a cold batch takes three steps' time or more, yet it decides within seconds, says `storage`
+once and switches at most three times (counts, never speeds)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ import autotune
 from online_datasets import Files
 
 FILES = 400
-IOPS = 20
+# A cold batch of 16 one-read files takes at least 16/IOPS = 0.16 s, over three times the
+# 0.05 s step: the loader waits on storage most of each step, and more workers cannot read
+# more than IOPS files a second. (20 IOPS, 0.8 s a batch, decided the same in three times
+# the time.)
+IOPS = 100
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_ceiling_behind_a_real_cap_is_most_of_what_the_cap_allows(capped_loop_di
 
     with IoThrottle(capped_loop_disk, read_iops=IOPS, name="probe-cap-test") as cap:
         r = cap.run([sys.executable, "-m", "autotune", "-q", "probe", str(capped_loop_disk),
-                     "--no-fio", "--concurrency", "16", "--replay-seconds", "5",
+                     "--no-fio", "--concurrency", "16", "--replay-seconds", "3",
                      "--replay-files", "1000", "--json", "-"],
                     capture_output=True, text=True, timeout=300)
     assert r.returncode in (0, 3), r.stderr
