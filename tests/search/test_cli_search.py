@@ -96,7 +96,7 @@ def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path):
     out = tmp_path / "out"
     common = ["search", str(small_dataset), "--preset", "decode-only", "--batch-size", "4",
               "--compute-ms", "5", "--seconds", "1.5", "--space", str(TESTS / "space-tiny.yaml"),
-              "--no-fio", "--confirm-seconds", "2", "--out", str(out), "--study", "cli"]
+              "--no-probe", "--confirm", "0", "--out", str(out), "--study", "cli"]
     r = run(*common, "--trials", "1", "--json", "-")
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
