@@ -151,11 +151,13 @@ def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
 
 
 def test_grid_measures_every_configuration_once(small_dataset, tmp_path):
+    sp = tmp_path / "space.yaml"
+    sp.write_text((TESTS / "space-tiny.yaml").read_text().replace("[0, 1, 2]", "[0, 1]"))
     r = run_search(small_dataset, opts(tmp_path, grid=True, compute_ms=5, baseline=False,
-                                       probe=False))
+                                       probe=False, space=str(sp)))
     measured = [t for t in r.trials if t.state != "duplicate"]
     keys = {tuple(sorted(t.params.items())) for t in measured}
-    assert len(measured) == len(keys) == 5  # workers 0 (no prefetch) + 2 workers x 2 prefetch
+    assert len(measured) == len(keys) == 3  # workers 0 (no prefetch) + 1 worker x 2 prefetch
     assert r.stop_reason == "grid complete"
 
 
