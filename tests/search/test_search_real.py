@@ -201,7 +201,7 @@ def test_two_batch_sizes_the_larger_is_not_free(small_dataset, tmp_path):
                   "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n"
                   "batch_size: {choices: [4, 8]}\n")
     r = run_search(small_dataset, opts(tmp_path, space=str(sp), grid=True, compute_ms=20,
-                                       cold=False, seconds=2.0))
+                                       cold=False, seconds=2.0, baseline=False, probe=False))
     done = {t.params["batch_size"]: t for t in r.trials if t.state == "complete"}
     assert set(done) == {4, 8}, [(t.params, t.state, t.reason) for t in r.trials]
     assert done[8].step_ms == pytest.approx(2 * done[4].step_ms, rel=0.25)
@@ -220,7 +220,8 @@ def test_a_configuration_one_cold_pass_cannot_hold_is_not_measured(small_dataset
     sp = tmp_path / "space.yaml"
     sp.write_text("num_workers: {choices: [1]}\nprefetch_factor: {choices: [1, 2, 8]}\n"
                   "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
-    r = run_search(small_dataset, opts(tmp_path, space=str(sp), trials=2, compute_ms=5))
+    r = run_search(small_dataset, opts(tmp_path, space=str(sp), trials=2, compute_ms=5,
+                                       baseline=False))
     by_pf = {t.params["prefetch_factor"]: t for t in r.trials if t.state != "duplicate"}
     assert len([t for t in r.trials if t.state not in ("duplicate", "skipped")]) == 2
     assert by_pf[8].state == "skipped" and "not measured" in by_pf[8].reason
