@@ -109,10 +109,12 @@ def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path
     # 1.2 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
     # batches, fewer than the 10 a figure needs, so every measurement failed. Without
     # --seconds each window now holds the warm-up and 10 batches at the demand rate:
-    # (1 + 10) x 1.2 s, 14 s in whole seconds.
+    # (1 + 10) x 1.2 s, 14 s in whole seconds. One trial, no baseline: the baseline's
+    # window is set by the same Session.config as a trial's, and each costs 14 s.
     r = run_search(small_dataset, opts(tmp_path, trials=1, compute_ms=1200, seconds=None,
-                                       cold=False, probe=False))
-    measured = [t for t in r.trials if t.state != "duplicate"] + [r.baseline]
+                                       cold=False, probe=False, baseline=False))
+    measured = [t for t in r.trials if t.state != "duplicate"]
+    assert len(measured) == 1, [t.to_dict() for t in r.trials]
     assert all(t.ok for t in measured), [(t.params, t.reason) for t in measured]
     for t in measured:
         assert t.batches >= 10 and t.measured_s >= 14, t.to_dict()
@@ -125,7 +127,10 @@ def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
     from autotune.synth import make_image_folder
 
     ds = work_dir / "train"
-    make_image_folder(ds, 160, 4, seed=3, workers=1)
+    # 64 files: the probe replays the dataset six times under the cap (about 1 s each at
+    # 60 IOPS, not 2.7 s for 160), and one cold pass still holds a measurement: 16 batches
+    # of 4 against 1 warm-up + 10 measured (the baseline's queue of 2 x 2 asks for 8).
+    make_image_folder(ds, 64, 4, seed=3, workers=1)
     # The storage probe and every trial (from just after torch is imported, with its
     # workers) read under a 60-IOPS cap on the disk, cold: a few dozen small files per
     # second at most.
@@ -146,11 +151,13 @@ def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
 
 
 def test_grid_measures_every_configuration_once(small_dataset, tmp_path):
+    sp = tmp_path / "space.yaml"
+    sp.write_text((TESTS / "space-tiny.yaml").read_text().replace("[0, 1, 2]", "[0, 1]"))
     r = run_search(small_dataset, opts(tmp_path, grid=True, compute_ms=5, baseline=False,
-                                       probe=False))
+                                       probe=False, space=str(sp)))
     measured = [t for t in r.trials if t.state != "duplicate"]
     keys = {tuple(sorted(t.params.items())) for t in measured}
-    assert len(measured) == len(keys) == 5  # workers 0 (no prefetch) + 2 workers x 2 prefetch
+    assert len(measured) == len(keys) == 3  # workers 0 (no prefetch) + 1 worker x 2 prefetch
     assert r.stop_reason == "grid complete"
 
 
@@ -194,7 +201,7 @@ def test_two_batch_sizes_the_larger_is_not_free(small_dataset, tmp_path):
                   "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n"
                   "batch_size: {choices: [4, 8]}\n")
     r = run_search(small_dataset, opts(tmp_path, space=str(sp), grid=True, compute_ms=20,
-                                       cold=False, seconds=2.0))
+                                       cold=False, seconds=2.0, baseline=False, probe=False))
     done = {t.params["batch_size"]: t for t in r.trials if t.state == "complete"}
     assert set(done) == {4, 8}, [(t.params, t.state, t.reason) for t in r.trials]
     assert done[8].step_ms == pytest.approx(2 * done[4].step_ms, rel=0.25)
@@ -213,7 +220,8 @@ def test_a_configuration_one_cold_pass_cannot_hold_is_not_measured(small_dataset
     sp = tmp_path / "space.yaml"
     sp.write_text("num_workers: {choices: [1]}\nprefetch_factor: {choices: [1, 2, 8]}\n"
                   "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
-    r = run_search(small_dataset, opts(tmp_path, space=str(sp), trials=2, compute_ms=5))
+    r = run_search(small_dataset, opts(tmp_path, space=str(sp), trials=2, compute_ms=5,
+                                       baseline=False))
     by_pf = {t.params["prefetch_factor"]: t for t in r.trials if t.state != "duplicate"}
     assert len([t for t in r.trials if t.state not in ("duplicate", "skipped")]) == 2
     assert by_pf[8].state == "skipped" and "not measured" in by_pf[8].reason

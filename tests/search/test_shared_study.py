@@ -27,7 +27,7 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 USER, PASSWORD, DB = "tuner", "s3cr3t-pw-42", "optuna"
 # Hosts that run together judge each other with a roomy grace (a beat delayed on 2 busy
 # cores must not look like a dead host); the resuming host with a short one.
-GRACE, SHORT_GRACE = "20", "5"
+GRACE, SHORT_GRACE = "20", "3"
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
