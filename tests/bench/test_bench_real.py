@@ -260,14 +260,14 @@ def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path,
     from autotune.emulate import IoThrottle
 
     # The same demand (80 images/s: batches of 4 every 50 ms), cold, on a disk capped at
-    # 25 IOPS: at least one read per file cannot feed 80 images/s. A window of 4 s holds
-    # about 20 batches at the cap, twice the 10 a measurement needs; the figure is the
-    # whole window's, so the cap's burst at the start of a cgroup slice (which once filled
-    # the prefetch queue and flattered short sub-windows) cannot carry it: even 40 reads
-    # over the cap would make (100 + 40) / 4 = 35 images/s, under the 40 asserted.
+    # 25 IOPS: at least one read per file cannot feed 80 images/s. A window of 8 s holds
+    # the 10 batches a measurement needs and reads enough bytes (over 256 KiB) for the
+    # storage-read fraction to be judged (a 4 s window did not); the figure is the whole
+    # window's, so the cap's burst at the start of a cgroup slice (which once filled the
+    # prefetch queue and flattered short sub-windows) cannot carry it.
     with IoThrottle(small_images_ds, read_iops=25, name="bench-test") as cap:
         r = run_bench(small_images_ds, _step_cfg(pin_memory=True, batch_size=4, compute_ms=50,
-                                                 seconds=4), throttle=cap)
+                                                 seconds=8), throttle=cap)
     assert not r.failed, r.reason
     assert r.cold and r.window["storage_read_fraction"] > 0.9
     # Bounds from the cap, not from a second run: at least one read per file at 25 IOPS
