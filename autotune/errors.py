@@ -1,7 +1,7 @@
 """Exceptions raised by the library: the one tree the CLI maps to exit codes.
 
-The base and the format errors live in `converters.errors` (the lower package: the
-formats wing imports nothing from autotune); they are re-exported here, with the errors
+The base and the format errors live in `autotune_base.errors` (the base layer, which
+both autotune and autotune_converters import); they are re-exported here, with the errors
 of measurement added:
 
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1
@@ -26,7 +26,7 @@ not measured, 130 interrupted, 143 terminated.
 
 from __future__ import annotations
 
-from converters.errors import (AutotuneError, ConvertError, DatasetError, SampleError, StageError,
+from autotune_base.errors import (AutotuneError, ConvertError, DatasetError, SampleError, StageError,
                                StoreDenied, StoreUnreachable, UnsafeName, UsageError)
 
 

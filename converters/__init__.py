@@ -1,6 +1,7 @@
-"""The formats wing: dataset formats (read and write), conversion, staging.
+"""Storage, formats and conversion (installed as `autotune_converters`): dataset formats
+(read and write), conversion, staging.
 
-    from converters import ConvertOptions, convert, open_source
+    from autotune_converters import ConvertOptions, convert, open_source
     res = convert("/data/train", "/fast/train-wds", ConvertOptions(format="wds", workers=4))
     src = open_source("/fast/train-wds")          # a WdsSource, by its manifest
 
@@ -14,9 +15,9 @@ Guarantees of `convert` (tested in tests/converters):
 - Bad input is skipped and listed (or, with on_error="fail", stops the run naming the
   file); Pillow's global LOAD_TRUNCATED_IMAGES is never set.
 
-The house (this package imports nothing from `autotune`; autotune imports it):
-    errors.py      the exception tree's base and the format errors
-    fsutil.py      atomic writes, fsync_dir, the pid lock; units.py: sizes and rates
+The house (this package imports nothing from `autotune`; autotune imports it; both stand
+on `autotune_base`: errors.py, the exception tree; fsutil.py, atomic writes, fsync_dir, the
+pid lock; units.py, sizes and rates):
     source.py      the reader contract (SampleSource); writer.py the writer contract
                    (FormatWriter, which owns the lifecycle of an output)
     registry.py    name -> reader, writer, sniff: every format choice reads it
@@ -32,15 +33,15 @@ Readers yield the encoded bytes the folder reader yields, so the same decode pip
 applies; errors are SampleError naming the file, shard or key. A streamed reader
 (`iterable = True`, WdsSource) is read through `source.dataset(transform, seed=...)`.
 
-Names are imported lazily: `import converters` does not import torch or lmdb.
+Names are imported lazily: `import autotune_converters` does not import torch or lmdb.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from converters import registry
-from converters.registry import Format, open_source, register
+from autotune_converters import registry
+from autotune_converters.registry import Format, open_source, register
 
 __all__ = ["convert", "finalize", "ConvertOptions", "ConvertResult", "ConvertProgress", "ConvertError",
            "Format", "FolderSource", "LmdbSource", "Manifest", "SampleError", "SampleSource",
@@ -48,8 +49,8 @@ __all__ = ["convert", "finalize", "ConvertOptions", "ConvertResult", "ConvertPro
            "read_manifest", "register", "registry"]
 
 _WHERE = {"convert": "ranks", "finalize": "ranks", "ConvertOptions": "conversion", "ConvertResult": "conversion",
-          "ConvertProgress": "conversion", "ConvertError": "errors", "SampleError": "errors",
-          "UsageError": "errors", "LmdbSource": "lmdb.reader", "WdsSource": "wds.reader",
+          "ConvertProgress": "conversion", "ConvertError": "autotune_base.errors", "SampleError": "autotune_base.errors",
+          "UsageError": "autotune_base.errors", "LmdbSource": "lmdb.reader", "WdsSource": "wds.reader",
           "WdsDataset": "wds.reader", "FolderSource": "folder", "SampleSource": "source",
           "Manifest": "manifest", "read_manifest": "manifest"}
 
@@ -57,7 +58,7 @@ _WHERE = {"convert": "ranks", "finalize": "ranks", "ConvertOptions": "conversion
 def open_converted(path: Any, **kw: Any) -> Any:
     """The reader of a conversion directory, by its manifest's format; `kw` go to the
     reader (e.g. LmdbSource's io=)."""
-    from converters.manifest import read_manifest
+    from autotune_converters.manifest import read_manifest
 
     m = read_manifest(path)
     return registry.get(m.format).reader_class()(path, manifest=m, **kw)
@@ -67,5 +68,6 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _WHERE:
-        return getattr(importlib.import_module(f"converters.{_WHERE[name]}"), name)
+        return getattr(importlib.import_module(_WHERE[name] if "." in _WHERE[name] and _WHERE[name].startswith("autotune_")
+                                           else f"autotune_converters.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'converters' has no attribute {name!r}")

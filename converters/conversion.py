@@ -20,17 +20,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters import registry
-from converters.errors import ConvertError, UsageError
-from converters.images import VERIFY_LEVELS, SampleOptions
-from converters.manifest import NAME as MANIFEST_NAME
-from converters.manifest import Manifest, read_manifest, write_manifest
-from converters.plan import Plan, make_plan
-from converters.records import UnitResult, set_progress_counter
-from converters.scan import ScanSink, check_file_list, scan_file_list, scan_folder
-from converters.workdir import NAME as WORKDIR_NAME
-from converters.workdir import WorkDir
-from converters.writer import FormatWriter
+from autotune_converters import registry
+from autotune_base.errors import ConvertError, UsageError
+from autotune_converters.images import VERIFY_LEVELS, SampleOptions
+from autotune_converters.manifest import NAME as MANIFEST_NAME
+from autotune_converters.manifest import Manifest, read_manifest, write_manifest
+from autotune_converters.plan import Plan, make_plan
+from autotune_converters.records import UnitResult, set_progress_counter
+from autotune_converters.scan import ScanSink, check_file_list, scan_file_list, scan_folder
+from autotune_converters.workdir import NAME as WORKDIR_NAME
+from autotune_converters.workdir import WorkDir
+from autotune_converters.writer import FormatWriter
 
 ON_ERROR = ("skip", "fail")
 ENGINES = ("local", "ray")
@@ -54,7 +54,7 @@ class ConvertOptions:
     readers: int = DEFAULT_READERS
     file_list: str | None = None
     map_size: int | None = None  # LMDB: initial map size (default from the source size)
-    # Beyond one machine (converters.ranks, converters.ray_engine); none of these changes
+    # Beyond one machine (autotune_converters.ranks, autotune_converters.ray_engine); none of these changes
     # the output's bytes. world_size > 1: this process is rank `rank` of `world_size`.
     rank: int | None = None
     world_size: int | None = None
@@ -188,7 +188,7 @@ class ConvertResult:
     finalized: bool = True
     waiting_for: list[int] = field(default_factory=list)
     units_written: int = 0  # units this run wrote
-    # DST s3://: what the upload did (converters.objstore.upload.UploadResult as a dict)
+    # DST s3://: what the upload did (autotune_converters.objstore.upload.UploadResult as a dict)
     upload: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -233,7 +233,7 @@ def _is_s3(path: Any) -> bool:
 
 def _check_bucket_src(src: str, file_list: str | None) -> str:
     """The source root of an s3:// SRC as the plan records it (s3://BUCKET/PREFIX)."""
-    from converters.objstore.url import parse
+    from autotune_converters.objstore.url import parse
 
     if file_list:
         raise UsageError(f"{src}: --file-list is for a local SRC; a bucket is converted from "
@@ -260,9 +260,9 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     list, fingerprint, source root, the result when DST is already complete)."""
     opts.validate()
     if _is_s3(dst):
-        raise UsageError(f"{dst}: a bucket DST is converted by converters.convert in one "
+        raise UsageError(f"{dst}: a bucket DST is converted by autotune_converters.convert in one "
                          "process (a local work folder, then uploaded: "
-                         "converters.objstore.upload); ranks write a local or shared DST.",
+                         "autotune_converters.objstore.upload); ranks write a local or shared DST.",
                          setting="world_size")
     dstp = Path(dst)
     if _is_s3(src):
@@ -275,7 +275,7 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     fl = os.path.abspath(opts.file_list) if opts.file_list else None
     ep = opts.endpoint_url
     if _is_s3(src) and ep is None:
-        from converters.objstore.client import S3Config
+        from autotune_converters.objstore.client import S3Config
 
         ep = S3Config.from_env().endpoint_url
     opts = ConvertOptions(**{**asdict(opts), "file_list": fl, "endpoint_url": ep})
@@ -306,8 +306,8 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
             progress: Progress | None = None) -> ConvertResult:
     """Convert SRC into DST (created if needed) as `opts.format` in this process (and its
-    workers, or Ray tasks); resumes a killed run. Ranks: `converters.convert`
-    (converters.ranks.convert), which calls this for world size 1.
+    workers, or Ray tasks); resumes a killed run. Ranks: `autotune_converters.convert`
+    (autotune_converters.ranks.convert), which calls this for world size 1.
 
     Raises UsageError for bad arguments or a DST that holds something else, and
     ConvertError for failures (the message names the file and the fix).
@@ -318,7 +318,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         return complete
     if (opts.world_size or 1) > 1:
         raise UsageError(f"world_size {opts.world_size}: a rank converts through "
-                         "converters.convert (converters.ranks), not conversion.convert.",
+                         "autotune_converters.convert (autotune_converters.ranks), not conversion.convert.",
                          setting="world_size")
     wd = WorkDir(dstp)
     if wd.dist.exists():
@@ -380,7 +380,7 @@ def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> 
 
 def _os_error(e: OSError, dst: Path, run: RunState) -> Exception:
     if e.errno == errno.ENOSPC:
-        from converters.units import fmt_bytes
+        from autotune_base.units import fmt_bytes
 
         try:
             st = os.statvfs(dst)
@@ -420,8 +420,8 @@ def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any
             progress(ConvertProgress("scan", files, 0, nbytes, 0, time.monotonic() - t0))
 
     if _is_s3(src):
-        from converters.objstore.convsource import scan_bucket
-        from converters.objstore.url import parse
+        from autotune_converters.objstore.convsource import scan_bucket
+        from autotune_converters.objstore.url import parse
 
         scan = scan_bucket(parse(str(src)), sink, progress=scan_progress,
                            endpoint_url=opts.endpoint_url)
@@ -495,7 +495,7 @@ def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
 
     def execute(units: list[int], work: Callable[[int], Any]) -> Iterator[tuple[int, Any]]:
         if opts.engine == "ray":
-            from converters.ray_engine import run_on_ray
+            from autotune_converters.ray_engine import run_on_ray
 
             return run_on_ray(units, work, address=opts.ray_address,
                               window=writer.results_in_flight)
@@ -529,7 +529,7 @@ def _in_pool(units: list[int], work: Callable[[int], Any], workers: int, window:
              live: dict[str, Any], tick: Callable[[], None]) -> Iterator[tuple[int, Any]]:
     import multiprocessing as mp
 
-    from converters.pool import WorkerPool
+    from autotune_converters.pool import WorkerPool
 
     ctx = mp.get_context("forkserver")
     try:

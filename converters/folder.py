@@ -10,8 +10,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from converters.errors import SampleError, UsageError
-from converters.source import IMG_EXTENSIONS, SampleSource
+from autotune_base.errors import SampleError, UsageError
+from autotune_converters.source import IMG_EXTENSIONS, SampleSource
 
 
 def sniff(path: Path) -> bool:

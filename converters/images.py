@@ -26,7 +26,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
-from converters.records import Entry, Sample, SkippedFile
+from autotune_converters.records import Entry, Sample, SkippedFile
 
 # Pillow format name -> member suffix. MPO is a camera JPEG with extra frames.
 FORMAT_EXT = {"JPEG": "jpg", "MPO": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp",

@@ -15,7 +15,7 @@
     }
 
 Every shard's "file" is a plain relative path inside the dataset's folder (checked here,
-once, for every reader and for `stage`: see converters.beneath.plain_name); a WebDataset
+once, for every reader and for `stage`: see autotune_base.beneath.plain_name); a WebDataset
 shard also says how many "samples" it holds. `stage` writes a "folder" manifest for a
 plain folder: only "format" and "shards" (file, bytes, sha256).
 
@@ -32,9 +32,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters.beneath import plain_name
-from converters.errors import DatasetError, UnsafeName, UsageError
-from converters.fsutil import fsync_dir, write_json_atomic
+from autotune_base.beneath import plain_name
+from autotune_base.errors import DatasetError, UnsafeName, UsageError
+from autotune_base.fsutil import fsync_dir, write_json_atomic
 
 VERSION = 1
 NAME = "manifest.json"

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from converters.records import Entry
-from converters.scan import RECORD, ScanResult, read_record
+from autotune_converters.records import Entry
+from autotune_converters.scan import RECORD, ScanResult, read_record
 
 PLAN_VERSION = 1
 LMDB_BATCH_SAMPLES = 4096
@@ -136,7 +136,7 @@ class Plan:
         return d
 
     def save(self) -> None:
-        from converters.fsutil import write_json_atomic
+        from autotune_base.fsutil import write_json_atomic
 
         write_json_atomic(Path(self.dir) / "plan.json", self.to_json())
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from converters.errors import ConvertError
-from converters.records import set_progress_counter
+from autotune_base.errors import ConvertError
+from autotune_converters.records import set_progress_counter
 
 
 def _watch_parent(pid: int) -> None:

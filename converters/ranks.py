@@ -29,13 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from converters import conversion, registry
-from converters.errors import ConvertError, UsageError
-from converters.fsutil import PidLock, fsync_dir, write_json_atomic
-from converters.manifest import NAME as MANIFEST_NAME
-from converters.manifest import write_manifest
-from converters.plan import Plan
-from converters.workdir import DIST_VERSION, WorkDir
+from autotune_converters import conversion, registry
+from autotune_base.errors import ConvertError, UsageError
+from autotune_base.fsutil import PidLock, fsync_dir, write_json_atomic
+from autotune_converters.manifest import NAME as MANIFEST_NAME
+from autotune_converters.manifest import write_manifest
+from autotune_converters.plan import Plan
+from autotune_converters.workdir import DIST_VERSION, WorkDir
 
 POLL_S = 0.25
 FINALIZE_WAIT_S = 600.0  # a rank waits this long for another finalizer to let go
@@ -88,11 +88,11 @@ def _rank_lock(wd: WorkDir, rank: int) -> PidLock:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Any,
             progress: Any = None) -> Any:
-    """`converters.convert`: one process (conversion.convert), or rank `opts.rank` of
+    """`autotune_converters.convert`: one process (conversion.convert), or rank `opts.rank` of
     `opts.world_size` > 1 (convert_rank). See ConvertOptions and the module doc."""
     if (opts.world_size or 1) <= 1:
         if isinstance(dst, str) and dst.startswith("s3://"):
-            from converters.objstore.upload import convert_to_bucket
+            from autotune_converters.objstore.upload import convert_to_bucket
 
             opts.validate()
             return convert_to_bucket(src, dst, opts, progress=progress)
@@ -120,8 +120,8 @@ def convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root
 
 def _convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_root: str,
                   progress: Any, t0: float) -> Any:
-    from converters.conversion import RunState, _os_error, _write_units
-    from converters.images import SampleOptions
+    from autotune_converters.conversion import RunState, _os_error, _write_units
+    from autotune_converters.images import SampleOptions
 
     world, rank = int(opts.world_size), int(opts.rank)
     wd = WorkDir(dstp, rank=rank)
@@ -170,7 +170,7 @@ def _convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_roo
 def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root: str,
                    progress: Any, t0: float, world: int) -> Plan:
     """Reuse or make the plan under the DST lock and publish dist.json."""
-    from converters.conversion import _differs, _scan_and_plan
+    from autotune_converters.conversion import _differs, _scan_and_plan
 
     wd.lock()  # refuses a single-process conversion or a finalizer that holds DST
     try:
@@ -217,7 +217,7 @@ def _rescan_keeping(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_
                     progress: Any, t0: float) -> Plan:
     """A lost plan rebuilt without discarding the units the ranks wrote (they are checked
     against the new plan's hash)."""
-    from converters.conversion import scan_into
+    from autotune_converters.conversion import scan_into
 
     return scan_into(srcp, wd.plan, opts, fp, src_root, progress, t0)
 
@@ -226,7 +226,7 @@ def _await_plan(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root
                 progress: Any, t0: float, world: int, rank: int) -> Plan | None:
     """Scan SRC into this rank's own directory (rank 0 is scanning the same files), then
     wait for rank 0's plan and compare. None when the manifest appears meanwhile."""
-    from converters.conversion import _differs, scan_into
+    from autotune_converters.conversion import _differs, scan_into
 
     dstp = wd.dst
     own_dir = wd.rank_dir(rank) / "scan"
@@ -306,7 +306,7 @@ def _rank_result(dstp: Path, plan: Plan, opts: Any, mine: list[Any], run: Any, t
                  rank: int, world: int) -> Any:
     import collections
 
-    from converters.conversion import ConvertResult
+    from autotune_converters.conversion import ConvertResult
 
     skipped = sorted((s for r in mine for s in r.skipped), key=lambda s: (s["path"], s["reason"]))
     kinds = collections.Counter(s["reason"].split(" (", 1)[0] for s in skipped)
@@ -323,8 +323,8 @@ def _rank_result(dstp: Path, plan: Plan, opts: Any, mine: list[Any], run: Any, t
 
 
 def _already(dstp: Path, fp: dict[str, Any], opts: Any, rank: int, world: int) -> Any:
-    from converters.conversion import _complete_result, _differs
-    from converters.manifest import read_manifest
+    from autotune_converters.conversion import _complete_result, _differs
+    from autotune_converters.manifest import read_manifest
 
     m = read_manifest(dstp)
     if m.options != fp:
@@ -353,7 +353,7 @@ def _ranks_missing(wd: WorkDir, plan: Plan, world: int) -> list[int]:
 
 def _options_of(plan: Plan) -> Any:
     """The ConvertOptions a plan was made with (from its fingerprint)."""
-    from converters.conversion import ConvertOptions
+    from autotune_converters.conversion import ConvertOptions
 
     fp = plan.fingerprint
     keys = ("format", "seed", "verify", "max_side", "quality", "shard_size", "readers",
@@ -384,8 +384,8 @@ def _publish(dstp: Path, wd: WorkDir, plan: Plan, opts: Any, missing: list[int] 
     let it publish, then write the manifest (last) and remove the work directory, unless
     a rank other than `me` still holds its lock: its last unit is recorded, but it may
     still be syncing its records and state in there (it removes the folder as it leaves)."""
-    from converters.conversion import _manifest
-    from converters.images import SampleOptions
+    from autotune_converters.conversion import _manifest
+    from autotune_converters.images import SampleOptions
 
     sample_opts = SampleOptions(root=plan.source["root"], verify=opts.verify,
                                 max_side=opts.max_side, quality=opts.quality)
@@ -431,8 +431,8 @@ def finalize(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | None 
     """Check every unit's record and publish DST/manifest.json; the world size comes from
     the plan. Already published: nothing to do (already_complete). Units missing: a
     ConvertError naming them and their ranks."""
-    from converters.conversion import ConvertResult, _complete_result
-    from converters.manifest import read_manifest
+    from autotune_converters.conversion import ConvertResult, _complete_result
+    from autotune_converters.manifest import read_manifest
 
     t0 = time.monotonic()
     dstp = Path(dst)

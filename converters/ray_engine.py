@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from converters.errors import ConvertError
+from autotune_base.errors import ConvertError
 
 MAX_RETRIES = 3
 INSTALL = "pip install 'autotune-loader[ray]'"

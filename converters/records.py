@@ -79,7 +79,7 @@ class UnitResult:
     def from_dict(cls, d: dict[str, Any], where: str = "a unit record") -> UnitResult:
         """The record as written; a shard it names must be a plain relative path (the
         name goes into the manifest): UnsafeName naming `where` otherwise."""
-        from converters.beneath import plain_name
+        from autotune_base.beneath import plain_name
 
         shard = d.get("shard")
         if shard is not None:

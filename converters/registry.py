@@ -7,19 +7,19 @@ converts to. Adding a format is one module (or folder) plus one `register(...)` 
     register(Format("toy", reader="mypkg.toy:ToySource", sniff="mypkg.toy:sniff"))
 
 Readers, writers and sniffs are named by import string ("module:attribute", or
-"path/to/file.py:attribute"), so that `import converters` stays light (no torch, no
+"path/to/file.py:attribute"), so that `import autotune_converters` stays light (no torch, no
 lmdb) and so that a measurement process can re-create a format registered at run time
 (`exported()` -> `register_all(...)` in the child).
 
-    reader   a converters.source.SampleSource subclass, built as Reader(root)
-    writer   a converters.writer.FormatWriter subclass, or None for a read-only format
+    reader   a autotune_converters.source.SampleSource subclass, built as Reader(root)
+    writer   a autotune_converters.writer.FormatWriter subclass, or None for a read-only format
     sniff    f(path: Path) -> bool: whether `path` holds this format (cheap: no scan)
     access   how its reader reads storage: "sequential" (large reads of shards: what slow,
              network or throttled storage serves well) or "random" (a read per sample)
     s3_reader  the reader of the same format in a bucket (s3://BUCKET/PREFIX), built as
              Reader(url), or None where the format is read from local paths only
 
-An s3:// dataset is resolved by its listing (converters.objstore: one LIST, cached): the
+An s3:// dataset is resolved by its listing (autotune_converters.objstore: one LIST, cached): the
 format a PREFIX/manifest.json names, else folder.
 """
 
@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from converters.errors import UsageError
+from autotune_base.errors import UsageError
 
 MANIFEST = "manifest.json"
 ACCESS = ("sequential", "random")
@@ -155,7 +155,7 @@ def _is_s3(path: str | os.PathLike[str]) -> bool:
 
 def _resolve_s3(url: str, format: str) -> str:
     """The format of an s3:// dataset, from its (cached) listing."""
-    from converters.objstore import S3Config, Store, parse
+    from autotune_converters.objstore import S3Config, Store, parse
 
     u = parse(url)
     store = Store(S3Config.from_env())
@@ -260,16 +260,16 @@ def _builtin(fmt: Format) -> None:
 
 
 # -- the built-in formats: one line each ------------------------------------------------
-_builtin(Format("folder", reader="converters.folder:FolderSource", sniff="converters.folder:sniff",
+_builtin(Format("folder", reader="autotune_converters.folder:FolderSource", sniff="autotune_converters.folder:sniff",
                 description="an image folder DATASET/CLASS/IMAGE.jpg",
-                s3_reader="converters.objstore.folder:S3FolderSource"))
-_builtin(Format("lmdb", reader="converters.lmdb.reader:LmdbSource", sniff="converters.lmdb:sniff",
-                writer="converters.lmdb.writer:LmdbWriter", access="random",
+                s3_reader="autotune_converters.objstore.folder:S3FolderSource"))
+_builtin(Format("lmdb", reader="autotune_converters.lmdb.reader:LmdbSource", sniff="autotune_converters.lmdb:sniff",
+                writer="autotune_converters.lmdb.writer:LmdbWriter", access="random",
                 description="one LMDB environment with manifest.json (autotune convert)"))
-_builtin(Format("wds", reader="converters.wds.reader:WdsSource", sniff="converters.wds:sniff",
-                writer="converters.wds.writer:WdsWriter", access="sequential",
+_builtin(Format("wds", reader="autotune_converters.wds.reader:WdsSource", sniff="autotune_converters.wds:sniff",
+                writer="autotune_converters.wds.writer:WdsWriter", access="sequential",
                 description="WebDataset tar shards with manifest.json (autotune convert)",
-                s3_reader="converters.objstore.wds:S3WdsSource"))
+                s3_reader="autotune_converters.objstore.wds:S3WdsSource"))
 
 __all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "load",
            "manifest_format", "names", "open_source", "register", "register_all", "resolve",

@@ -4,7 +4,7 @@ Memory stays bounded at millions of files: each file found is appended to a reco
 on disk (label, size, relative path) and only three 8-byte numbers per file stay in
 memory (its shuffle key, its record offset, its size), in compact arrays. Directory
 listings are streamed, never sorted: the order of the converted dataset comes from the
-seeded hash of each relative path (see `converters.plan`), so it does not depend on the
+seeded hash of each relative path (see `autotune_converters.plan`), so it does not depend on the
 order a filesystem lists entries in.
 
 Image folder rules (torchvision's ImageFolder): classes are the sorted names of the
@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from converters.errors import ConvertError, UsageError
-from converters.records import SkippedFile
-from converters.source import IMG_EXTENSIONS
+from autotune_base.errors import ConvertError, UsageError
+from autotune_converters.records import SkippedFile
+from autotune_converters.source import IMG_EXTENSIONS
 
 RECORD = struct.Struct("<IIQ")  # raw label, path length, size; then the path (fs bytes)
 _PROGRESS_EVERY = 4096

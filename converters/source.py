@@ -15,7 +15,7 @@ Two kinds of reader:
 A reader opens its files lazily in the process that reads (DataLoader workers fork after
 the dataset is built: an LMDB environment must never cross a fork), is picklable, and
 raises `SampleError` naming the file, shard or key. Readers are found by format name in
-`converters.registry`.
+`autotune_converters.registry`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from converters.errors import SampleError
+from autotune_base.errors import SampleError
 
 # torchvision.datasets.folder.IMG_EXTENSIONS: the files ImageFolder would pick up.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 
-from converters.records import Entry
+from autotune_converters.records import Entry
 
 WINDOW_FILES = 64
 WINDOW_BYTES = 32 << 20

@@ -9,7 +9,7 @@ A lock stops two stagers writing one DST. A source file that changes or vanishes
 is copied is reported by name; the others finish and the result says partial.
 
 Per node (`node_rank`, `nnodes`): only the WebDataset shards the ranks of that node read
-(converters.wds.split: by node first, then local rank, the same every epoch), plus the
+(autotune_converters.wds.split: by node first, then local rank, the same every epoch), plus the
 whole manifest; DST/node.json (written before the manifest) says which node the copy is
 for, and the reader refuses a rank of another node with the command that fixes it.
 """
@@ -31,11 +31,11 @@ from pathlib import Path
 from stat import S_ISDIR, S_ISREG
 from typing import Any
 
-from converters.beneath import (lstat, open_dir, open_regular, parent_of, plain_name, read_bytes,
+from autotune_base.beneath import (lstat, open_dir, open_regular, parent_of, plain_name, read_bytes,
                                 subdir, unlink_file)
-from converters.errors import StageError, UsageError
-from converters.fsutil import PidLock, sha256_fd, write_text_atomic
-from converters.manifest import Manifest, parse_manifest
+from autotune_base.errors import StageError, UsageError
+from autotune_base.fsutil import PidLock, sha256_fd, write_text_atomic
+from autotune_converters.manifest import Manifest, parse_manifest
 
 WORK = ".autotune-stage"
 MANIFEST = "manifest.json"
@@ -158,7 +158,7 @@ def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path
         raise UsageError(f"{src}: {what}; a copy per node splits WebDataset shards (every node "
                          "reads all of anything else): stage it whole.",
                          setting=("node_rank", "nnodes"))
-    from converters.wds.split import node_shards
+    from autotune_converters.wds.split import node_shards
 
     mine = node_shards(entries, node_rank, nnodes)
     if not mine:
@@ -169,7 +169,7 @@ def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path
 
 
 def _staged_node(dst_fd: int) -> tuple[int, int] | None:
-    from converters.wds.split import NODE_FILE
+    from autotune_converters.wds.split import NODE_FILE
 
     try:
         d = json.loads(read_bytes(dst_fd, NODE_FILE))
@@ -422,7 +422,7 @@ def _publish(s: Path, dst_fd: int, tmp_fd: int, raw: bytes | None, state: _State
     """Which copy this is (node.json), then the manifest, last: it means complete. Their
     temporary files go in the work folder's tmp, which a rerun empties: a stage killed
     before the rename leaves nothing half-written in DST."""
-    from converters.wds.split import NODE_FILE
+    from autotune_converters.wds.split import NODE_FILE
 
     if want_node is not None:
         write_text_atomic(NODE_FILE, json.dumps(

@@ -6,7 +6,7 @@
     lmdb/      the LMDB environment while it is being written
     lock       flock'ed by the running conversion (one writer per DST)
 
-A conversion by ranks (see converters.ranks) adds:
+A conversion by ranks (see autotune_converters.ranks) adds:
 
     dist.json      published by rank 0 after the plan: world size, plan hash
     ranks/R/       rank R's lock, tmp/ (its shards being written), state.json, and
@@ -28,10 +28,10 @@ from pathlib import Path
 from stat import S_ISDIR
 from typing import Any
 
-from converters.beneath import open_dir, subdir
-from converters.errors import ConvertError, UsageError
-from converters.fsutil import PidLock, write_json_atomic
-from converters.records import UnitResult
+from autotune_base.beneath import open_dir, subdir
+from autotune_base.errors import ConvertError, UsageError
+from autotune_base.fsutil import PidLock, write_json_atomic
+from autotune_converters.records import UnitResult
 
 NAME = ".autotune-convert"
 DIST_VERSION = 1
@@ -159,7 +159,7 @@ class WorkDir:
         except (OSError, ValueError, KeyError, TypeError):
             return None  # unreadable record: the unit is redone
 
-    # -- a conversion by ranks (converters.ranks) -----------------------------------------
+    # -- a conversion by ranks (autotune_converters.ranks) -----------------------------------------
 
     def read_dist(self) -> dict[str, Any] | None:
         """dist.json as rank 0 published it (None: none, or not readable yet)."""

@@ -1,7 +1,7 @@
 """The writer contract: the base class of every output format, which owns the lifecycle of
 a conversion's output.
 
-A conversion is cut into *units* (see converters.records) fixed by the plan. A writer
+A conversion is cut into *units* (see autotune_converters.records) fixed by the plan. A writer
 (`FormatWriter`) says which units are still to do, does the part of a unit that can run in
 a worker process (`work`), takes the results in unit order in the parent (`accept`) and
 publishes the finished output (`publish`).
@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from converters.errors import ConvertError
-from converters.fsutil import fsync_dir
-from converters.records import Sample, SkippedFile, UnitResult, report_progress
+from autotune_base.errors import ConvertError
+from autotune_base.fsutil import fsync_dir
+from autotune_converters.records import Sample, SkippedFile, UnitResult, report_progress
 
 
 class FormatWriter(ABC):
@@ -50,10 +50,10 @@ class FormatWriter(ABC):
 
     def __init__(self, dst: Path, workdir: Any, plan: Any, opts: Any, sample_opts: Any) -> None:
         self.dst = dst
-        self.workdir = workdir  # converters.workdir.WorkDir
-        self.plan = plan  # converters.plan.Plan
-        self.opts = opts  # converters.conversion.ConvertOptions
-        self.sample_opts = sample_opts  # converters.images.SampleOptions
+        self.workdir = workdir  # autotune_converters.workdir.WorkDir
+        self.plan = plan  # autotune_converters.plan.Plan
+        self.opts = opts  # autotune_converters.conversion.ConvertOptions
+        self.sample_opts = sample_opts  # autotune_converters.images.SampleOptions
         self._state = "new"
         self._todo: list[int] = []
 
@@ -190,11 +190,11 @@ class FormatWriter(ABC):
     def samples_into(self, unit: int, dest: Callable[[Any], memoryview | None]
                      ) -> Iterator[Sample | SkippedFile]:
         """The unit's samples read and checked, the next files' reads already started
-        (converters.sourceread). `dest(entry)` gives the buffer to read the file into
+        (autotune_converters.sourceread). `dest(entry)` gives the buffer to read the file into
         (the Sample's data is then a view of it, valid until the next sample), or None
         for a `bytes` of its own."""
-        from converters.images import check_sample, unreadable
-        from converters.sourceread import prefetch, read_into, read_whole
+        from autotune_converters.images import check_sample, unreadable
+        from autotune_converters.sourceread import prefetch, read_into, read_whole
 
         opts = self.sample_opts
         fail = self.opts.on_error == "fail"
@@ -219,11 +219,11 @@ class FormatWriter(ABC):
 
     def _object_samples(self, unit: int, dest: Callable[[Any], memoryview | None], fail: bool
                         ) -> Iterator[Sample | SkippedFile]:
-        """samples_into for a bucket (converters.objstore.convsource): each object's bytes
+        """samples_into for a bucket (autotune_converters.objstore.convsource): each object's bytes
         copied into `dest` as a file's would be read into it (or kept when they do not fit,
         as a file that grew since the scan)."""
-        from converters.images import check_sample
-        from converters.objstore.convsource import fetch_ahead
+        from autotune_converters.images import check_sample
+        from autotune_converters.objstore.convsource import fetch_ahead
 
         opts = self.sample_opts
         for entry, got in fetch_ahead(opts.root, self.plan.dir, self.plan.entries(unit),

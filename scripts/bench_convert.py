@@ -90,16 +90,16 @@ def _child_read(kind: str, path: str, seconds: float) -> None:
     import torch.utils.data
 
     if kind == "wds":
-        from converters import WdsSource
+        from autotune_converters import WdsSource
 
         ds = WdsSource(path).dataset(None, seed=0, shuffle_buffer=1000)
         loader = torch.utils.data.DataLoader(ds, batch_size=16, num_workers=2, collate_fn=_lens)
     else:
         if kind == "folder":
-            from converters.folder import FolderSource
+            from autotune_converters.folder import FolderSource
             src = FolderSource(path)
         else:
-            from converters import LmdbSource
+            from autotune_converters import LmdbSource
             src = LmdbSource(path, io={"lmdb-pread": "pread", "lmdb-mmap": "mmap",
                                        "lmdb-noreadahead": "mmap-noreadahead"}[kind])
         loader = torch.utils.data.DataLoader(
@@ -179,7 +179,7 @@ def _read(kind: str, path: Path, iops: int | None, seconds: float,
         _cold()
     else:  # "data": file data evicted, directory and inode caches kept warm
         from autotune.cache import evict_files
-        from converters.folder import FolderSource
+        from autotune_converters.folder import FolderSource
 
         files = list(FolderSource(path).files())
         for f in files:

@@ -168,7 +168,7 @@ def kill_a_rank(src: Path, dst: Path) -> dict:
 
 
 def scan_plan(src: Path, work: Path) -> dict:
-    from converters.conversion import ConvertOptions, scan_into
+    from autotune_converters.conversion import ConvertOptions, scan_into
 
     opts = ConvertOptions(format="wds", shard_size=4 << 20, readers=8)
     root = os.path.abspath(src)

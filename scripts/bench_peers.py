@@ -202,7 +202,7 @@ def _loader(kind: str, path: str, preset: str, batch: int, workers: int):
     kw: dict[str, Any] = dict(batch_size=batch, num_workers=workers, collate_fn=collate)
     g = torch.Generator().manual_seed(0)
     if kind == "autotune-wds":
-        from converters import WdsSource
+        from autotune_converters import WdsSource
 
         src = WdsSource(path)
         ds = src.dataset(transform, seed=0, shuffle_buffer=1000)
@@ -223,8 +223,8 @@ def _loader(kind: str, path: str, preset: str, batch: int, workers: int):
                               transform=_LitTransform(transform))
         return StreamingDataLoader(ds, **kw), len(ds)
     if kind == "memory":  # the decode ceiling: the same pipeline from encoded bytes in RAM
-        from converters.folder import FolderSource
-        from converters.source import MemorySource
+        from autotune_converters.folder import FolderSource
+        from autotune_converters.source import MemorySource
 
         src = MemorySource(FolderSource(path), 2000, seed=0)
         ds = _MapBytes(src.read, len(src), transform)
@@ -237,7 +237,7 @@ def _loader(kind: str, path: str, preset: str, batch: int, workers: int):
 
         return torch.utils.data.DataLoader(ds, sampler=_Forever(), **kw), 10**9
     if kind == "autotune-lmdb":
-        from converters import LmdbSource
+        from autotune_converters import LmdbSource
 
         src = LmdbSource(path)
         ds = _MapBytes(src.read, len(src), transform)
@@ -245,7 +245,7 @@ def _loader(kind: str, path: str, preset: str, batch: int, workers: int):
         idiom = _LmdbIdiom(path)
         ds = _MapBytes(idiom.read, idiom.n, transform)
     elif kind == "folder":
-        from converters.folder import FolderSource
+        from autotune_converters.folder import FolderSource
 
         src = FolderSource(path)
         ds = _MapBytes(src.read, len(src), transform)

@@ -82,7 +82,7 @@ def child_plain(endpoint: str, keys_file: str, c: int) -> dict[str, Any]:
 def child_probe(endpoint: str, url: str, c: int, k: int) -> dict[str, Any]:
     """The probe's GET loop at one concurrency over its seeded pick of k objects."""
     from autotune.probe.objstore import measure_objects
-    from converters.objstore import S3Config, Store
+    from autotune_converters.objstore import S3Config, Store
 
     obj = measure_objects(url, store=Store(S3Config(endpoint)), concurrency=[c], seconds=3600,
                           max_objects=k, cold=False, ranges=False)
@@ -143,7 +143,7 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
 
     transform = _pipeline(pipeline)
     if kind == "ours":
-        from converters.objstore.wds import S3WdsSource
+        from autotune_converters.objstore.wds import S3WdsSource
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(transform, shuffle=False)

@@ -80,7 +80,7 @@ def whole_vs_median(ds: Path, out: Path, iops: int) -> dict:
 def conversion_ceiling(ds: Path, out: Path) -> dict:
     from autotune.bench import BenchConfig, run_bench
     from autotune.probe import probe
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     work = Path(tempfile.mkdtemp(prefix="autotune-truth-", dir="/var/tmp"))
     try:

@@ -49,7 +49,7 @@ def main() -> int:
 
     from autotune.emulate.netcap import CappedSeaweed
     from autotune.probe.objstore import measure_objects
-    from converters.objstore import S3Config, Store
+    from autotune_converters.objstore import S3Config, Store
 
     cap_mb = _rate_mb_s(a.rate)
     res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rate": a.rate,

@@ -85,7 +85,7 @@ def main() -> int:
     from autotune.emulate.seaweed import SeaweedServer
     from autotune.probe.objstore import measure_objects
     from autotune.synth import make_image_folder
-    from converters.objstore import S3Config, Store
+    from autotune_converters.objstore import S3Config, Store
 
     with tempfile.TemporaryDirectory(prefix="s3-probe-check-") as tmp:
         root = Path(tmp) / "ds"

@@ -54,11 +54,12 @@ def _clean_copy(dst: Path) -> Path:
 
 
 def source_packages(tree: Path) -> set[str]:
-    """Every package (a folder with __init__.py) of autotune*, converters* and configs/
-    (installed as autotune_configs) in a source tree."""
+    """Every package (a folder with __init__.py) of autotune*, converters* and base*
+    (installed as autotune_converters and autotune_base) and configs/ (installed as
+    autotune_configs) in a source tree."""
     found = set()
-    for top, name in (("autotune", "autotune"), ("converters", "converters"),
-                      ("configs", "autotune_configs")):
+    for top, name in (("autotune", "autotune"), ("converters", "autotune_converters"),
+                      ("base", "autotune_base"), ("configs", "autotune_configs")):
         for init in (tree / top).rglob("__init__.py"):
             rel = init.parent.relative_to(tree / top).parts
             found.add(".".join((name, *rel)))
@@ -98,9 +99,13 @@ def test_the_wheel_holds_every_package_of_the_source_tree(built):
     missing = sorted(want - have)
     assert not missing, (f"the wheel {wheel.name} lacks the packages {', '.join(missing)} "
                          "of the source tree; setup.py finds packages under autotune/ and "
-                         "converters/ (each needs an __init__.py)")
+                         "converters/ and base/ (each needs an __init__.py)")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
+    # Every top-level name the wheel installs is the project's own: the package index has
+    # other projects called `converters` (and `autotune`'s namesake is the import name only).
+    tops = {n.split("/")[0] for n in names if ".dist-info/" not in n}
+    assert tops == {"autotune", "autotune_converters", "autotune_base", "autotune_configs"}, tops
     assert {"autotune_configs/presets/resnet50.yaml",
             "autotune_configs/search/small.yaml"} <= names
 
@@ -236,8 +241,8 @@ def test_every_module_and_the_package_data_come_from_the_wheel(venv, tmp_path):
     # The venv has no extra installed: a module of an optional extra imports (its
     # framework imported lazily) or raises the one line naming the extra. _fusefs is the
     # FUSE server's module, imported only by slowfs after its own check.
-    code = ("import importlib, pkgutil, autotune, converters\n"
-            "mods = [m.name for p in (autotune, converters) for m in\n"
+    code = ("import importlib, pkgutil, autotune, autotune_converters, autotune_base\n"
+            "mods = [m.name for p in (autotune, autotune_converters, autotune_base) for m in\n"
             "        pkgutil.walk_packages(p.__path__, p.__name__ + '.')]\n"
             "for m in mods:\n"
             "    if m == 'autotune.emulate._fusefs' or m.endswith('__main__'):\n"
@@ -278,7 +283,7 @@ def test_bench_and_a_one_trial_search_run_from_the_wheel(venv, small_dataset, tm
 # record's attribute) is not an install line. Built from parts so this file does not match.
 _OLD_NAME = re.compile(r"(?<![\w.\-/])" + "autotune" + r"\\?\[[a-z]|pip install " + "autotune"
                        + r"(?![\w\-])")
-_SCANNED = ("autotune", "converters", "configs", "docs", "scripts", "examples", "tests",
+_SCANNED = ("autotune", "converters", "base", "configs", "docs", "scripts", "examples", "tests",
             "README.md", "mkdocs.yml", "pyproject.toml", "setup.py")
 
 

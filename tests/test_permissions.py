@@ -144,8 +144,8 @@ def _hold_flock(path: Path) -> subprocess.Popen:
 
 
 def test_a_lock_file_of_another_user_is_not_truncated(work_dir):
-    from converters.errors import StageError, UsageError
-    from converters.fsutil import PidLock
+    from autotune_base.errors import StageError, UsageError
+    from autotune_base.fsutil import PidLock
 
     lock = work_dir / "lock"
     lock.write_text("theirs\n")
@@ -156,7 +156,7 @@ def test_a_lock_file_of_another_user_is_not_truncated(work_dir):
 
 
 def test_a_leftover_conversion_folder_of_another_user_is_left_alone(work_dir):
-    from converters.workdir import WorkDir
+    from autotune_converters.workdir import WorkDir
 
     wd = WorkDir(work_dir / "dst")
     wd.create()

@@ -213,7 +213,7 @@ def _prepare(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> tuple[Any, 
 
     from autotune.data.torchds import ImageDataset  # noqa: F401
     from autotune.data.transforms import build_transform
-    from converters.registry import register_all
+    from autotune_converters.registry import register_all
 
     register_all(spec.get("formats", []))  # formats the caller registered at run time
     Image.preinit()
@@ -233,8 +233,8 @@ def _build_loader(spec: dict[str, Any], cfg: Any, out: dict[str, Any]) -> Any:
 
     from autotune.data.torchds import ImageDataset
     from autotune.data.transforms import build_transform
-    from converters.registry import open_source
-    from converters.source import MemorySource
+    from autotune_converters.registry import open_source
+    from autotune_converters.source import MemorySource
 
     out["phase"] = "scan"
     if cfg.dataset_factory:

@@ -10,7 +10,7 @@ from autotune.data.presets import load_preset
 from autotune.data.transforms import TransformSpec
 from autotune.errors import UsageError
 from autotune.params import PARAMS
-from converters import registry
+from autotune_converters import registry
 
 DEFAULT_PRESET = "resnet50"
 # Startup (torch import, a cold directory scan, worker start) and shutdown are not in the

@@ -57,7 +57,7 @@ def load_user_code(spec: str) -> Any:
     a module beside the user's command found too; the loader's exceptions pass through, but
     a sys.exit() at import is raised as UserCodeExit (it would end autotune silently with
     the user's code)."""
-    from converters.registry import load as load_attr
+    from autotune_converters.registry import load as load_attr
 
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

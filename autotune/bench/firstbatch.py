@@ -32,7 +32,7 @@ def first_batch_bytes(dataset: str | os.PathLike[str], cfg: Any) -> BatchBytes:
     else:
         from autotune.data.torchds import ImageDataset
         from autotune.data.transforms import build_transform
-        from converters.registry import open_source
+        from autotune_converters.registry import open_source
 
         source = open_source(dataset, cfg.format)
         transform = build_transform(cfg.transform)

@@ -40,11 +40,11 @@ from autotune.monitor import SystemMonitor
 from autotune.monitor.run import budget_section
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
-from converters import registry
-from converters.objstore.url import is_s3
-from converters.registry import open_source
-from converters.fsutil import PidLock
-from converters.registry import resolve as resolve_format
+from autotune_converters import registry
+from autotune_converters.objstore.url import is_s3
+from autotune_converters.registry import open_source
+from autotune_base.fsutil import PidLock
+from autotune_converters.registry import resolve as resolve_format
 
 Progress = Callable[[str], None]
 Popen = Callable[..., subprocess.Popen]
@@ -266,7 +266,7 @@ class _Measurement:
         (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
         if is_s3(self.root):  # the child reads the parent's LIST: one per dataset
-            from converters.objstore.client import LISTINGS_ENV, S3Config, hand_down
+            from autotune_converters.objstore.client import LISTINGS_ENV, S3Config, hand_down
 
             hand_down(str(tmp), S3Config.from_env().endpoint_url)
             env[LISTINGS_ENV] = str(tmp)

@@ -68,8 +68,8 @@ def fraction(name: str) -> Callable[[str], float]:
 def size(name: str) -> Callable[[str], int]:
     """A size such as 64MiB or 1G, in bytes."""
     def conv(s: str) -> int:
-        from converters.errors import UsageError
-        from converters.units import parse_size
+        from autotune_base.errors import UsageError
+        from autotune_base.units import parse_size
 
         try:
             return parse_size(s, name=name)

@@ -60,7 +60,7 @@ options override them."""
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from autotune.data.presets import list_presets
-        from converters import registry
+        from autotune_converters import registry
 
         presets = ", ".join(list_presets()) or "none found"
         p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg), a conversion, or s3://BUCKET/PREFIX")

@@ -51,7 +51,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
     after_stop = "finished shards are kept; rerun the same command to resume"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from converters import registry
+        from autotune_converters import registry
 
         p.add_argument("src", metavar="SRC", help="image folder (class subfolders), the root "
                                                   "of the --file-list paths, or a bucket's "
@@ -121,9 +121,9 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.convert import convert_summary
-        from converters import ConvertOptions, convert
-        from converters.errors import UsageError
-        from converters.ranks import finalize, ranks_from_env
+        from autotune_converters import ConvertOptions, convert
+        from autotune_base.errors import UsageError
+        from autotune_converters.ranks import finalize, ranks_from_env
 
         apply_endpoint(args)
         if args.finalize:
@@ -151,7 +151,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                               engine=args.engine, ray_address=args.ray_address)
         with _progress_display(not args.quiet) as prog:
             if args.dst.startswith("s3://") and (world or 1) <= 1:
-                from converters.objstore.upload import convert_to_bucket
+                from autotune_converters.objstore.upload import convert_to_bucket
 
                 opts.validate()
                 res = convert_to_bucket(args.src, args.dst, opts, work_dir=args.work_dir,
@@ -171,7 +171,7 @@ def _progress_display(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
 
-    from converters.units import fmt_bytes
+    from autotune_base.units import fmt_bytes
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(),
                     TextColumn("{task.fields[count]}"), TextColumn("{task.fields[rates]}"),

@@ -75,7 +75,7 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
         from autotune.cli.tables.probe import probe_renderable
         from autotune.probe import probe
         from autotune.probe.gate import judge
-        from converters.units import parse_size
+        from autotune_base.units import parse_size
 
         from autotune.environment import read_environment
 

@@ -58,7 +58,7 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from autotune.search.loop import CONVERT_MODES
-        from converters import registry
+        from autotune_converters import registry
 
         p.add_argument("dataset", metavar="DATASET")
         add_endpoint(p)
@@ -154,7 +154,7 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
     def _run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.search import loop_renderable, search_renderable
         from autotune.search import SearchOptions, run_search
-        from converters.units import parse_size
+        from autotune_base.units import parse_size
 
         max_mem = parse_size(args.max_memory, name="--max-memory") / 2**20 if args.max_memory else None
         opts = SearchOptions(preset=args.preset, space=args.space, trials=args.trials,

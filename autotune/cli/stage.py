@@ -56,7 +56,7 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.stage import stage_renderable
-        from converters.stage import stage, verify_staged
+        from autotune_converters.stage import stage, verify_staged
 
         apply_endpoint(args)
         remote = args.src.startswith("s3://")
@@ -69,7 +69,7 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
                     f"staging {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"))
                     if prog else None)
                 if remote:
-                    from converters.objstore.stage import stage_s3
+                    from autotune_converters.objstore.stage import stage_s3
 
                     res = stage_s3(args.src, args.dst, workers=args.workers,
                                    verify=args.verify, progress=shown,

@@ -1,7 +1,7 @@
 """Datasets, sample transforms and workload presets for `autotune bench` (and search).
 
 - `open_source(path, format)`: a `SampleSource` (encoded bytes + label per index) for an
-  image folder or a conversion; the readers live in the formats wing (`converters`:
+  image folder or a conversion; the readers live in the formats layer (`autotune_converters`:
   its registry knows every format), re-exported here for convenience.
 - `TransformSpec` / `build_transform`: the sample pipeline (decode, crop, resize, flip,
   jitter, float32 normalised CHW tensor), torchvision's own step for step unless a faster,
@@ -20,9 +20,9 @@ Importing this package does not import torch; `autotune.data.torchds.ImageDatase
 
 from autotune.data.presets import LoaderDefaults, Preset, list_presets, load_preset, presets_dir
 from autotune.data.transforms import ImagenetTrainTransform, TransformSpec, build_transform
-from converters.folder import FolderSource
-from converters.registry import open_source
-from converters.source import MemorySource, SampleError, SampleSource
+from autotune_converters.folder import FolderSource
+from autotune_converters.registry import open_source
+from autotune_converters.source import MemorySource, SampleError, SampleSource
 
 __all__ = [
     "FolderSource", "MemorySource", "SampleError", "SampleSource", "open_source",

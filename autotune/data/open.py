@@ -9,7 +9,7 @@
 One call for every dataset autotune reads: an image folder (PATH/CLASS/IMAGE.jpg), a
 conversion (`autotune convert`: LMDB or WebDataset shards), a staged copy (`autotune
 stage`), local or `s3://BUCKET/PREFIX`. The formats' own readers do the reading
-(converters.registry: FolderSource, LmdbSource, WdsSource and their s3 twins); this module
+(autotune_converters.registry: FolderSource, LmdbSource, WdsSource and their s3 twins); this module
 decodes, applies the user's transform and names the sample when the transform raises.
 
 Labels are the source folder's classes in every format: the index of a class is its
@@ -28,9 +28,9 @@ from typing import Any
 
 import torch.utils.data
 
-from converters.errors import DatasetError, SampleError, StoreDenied, UsageError
-from converters.source import SampleSource
-from converters.wds.reader import WdsDataset
+from autotune_base.errors import DatasetError, SampleError, StoreDenied, UsageError
+from autotune_converters.source import SampleSource
+from autotune_converters.wds.reader import WdsDataset
 
 MANIFEST = "manifest.json"
 LOOKED_FOR = ("looked for an LMDB or WebDataset conversion or a staged copy (PATH/manifest.json, "
@@ -120,7 +120,7 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
 
 def _source(path: str | os.PathLike[str], format: str) -> SampleSource:
     """The format's reader, or DatasetError naming the path and what was looked for."""
-    from converters.registry import open_source
+    from autotune_converters.registry import open_source
 
     s3 = isinstance(path, str) and path.startswith("s3://")
     if not s3:
@@ -130,7 +130,7 @@ def _source(path: str | os.PathLike[str], format: str) -> SampleSource:
         if not p.is_dir():
             raise DatasetError(f"{p}: a file, not a dataset directory; {LOOKED_FOR}.")
         if (p / MANIFEST).is_file():
-            from converters.manifest import read_manifest
+            from autotune_converters.manifest import read_manifest
 
             read_manifest(p)  # its version first (a staged folder's too)
         elif format in ("auto", "folder") and not _has_class_folder(p):
@@ -177,7 +177,7 @@ class _LmdbBlocks:
     def __call__(self, url: str, max_member_bytes: int = 0) -> Any:
         import json
 
-        from converters.lmdb.layout import key
+        from autotune_converters.lmdb.layout import key
 
         start, stop = (int(x) for x in url.rpartition("#")[2].split("-"))
         for i, (img, label, path) in enumerate(self.source.records(start, stop), start):

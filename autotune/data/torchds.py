@@ -9,7 +9,7 @@ import torch.utils.data
 
 from autotune.data.stages import StageClock
 from autotune.data.transforms import SampleTransform
-from converters.source import SampleError, SampleSource
+from autotune_converters.source import SampleError, SampleSource
 
 
 class ImageDataset(torch.utils.data.Dataset):

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from autotune.blockdev import BlockDevice, block_device_for, mount_for, mountinfo
 from autotune.errors import AutotuneError, NotPermitted, UsageError
-from converters.fsutil import rmdir_quietly
+from autotune_base.fsutil import rmdir_quietly
 
 CGROUP_PREFIX = "autotune-"
 

@@ -236,7 +236,7 @@ def _sample_replay(p: Path, seconds: float, cold: bool, seed: int,
                    progress: Callable[[str], None] | None,
                    warnings: list[str]) -> SampleReplay | None:
     """For a conversion (a format other than an image folder): samples/s through its reader."""
-    from converters import registry
+    from autotune_converters import registry
 
     try:
         if not p.is_dir() or registry.detect(p) == "folder":

@@ -36,7 +36,7 @@ from pathlib import Path
 from autotune.blockdev import MEMORY_FS, mount_for
 from autotune.errors import FioError, ToolMissing
 from autotune.monitor.proctree import pid_alive
-from converters.fsutil import rmdir_quietly
+from autotune_base.fsutil import rmdir_quietly
 
 SCRATCH_PREFIX = ".autotune-probe-"
 OWNER_FILE = "owner.pid"

@@ -1,7 +1,7 @@
 """`autotune probe s3://BUCKET/PREFIX`: object storage's counterpart of fio and the replay.
 
 Measured with the dataset's own objects, through the same client layer the readers use
-(converters.objstore: one boto3 client per process, GETs pinned to ETags):
+(autotune_converters.objstore: one boto3 client per process, GETs pinned to ETags):
 
 - LIST: one fresh paginated LIST of the prefix: keys/s, pages, seconds per page;
 - GETs of whole objects at 1, 4, 16, 64 in flight (threads sharing one client, as
@@ -37,8 +37,8 @@ from typing import Any
 from autotune.probe import ProbeResult
 from autotune.probe.classify import FilesystemInfo
 from autotune.probe.samples import SampleLevel, SampleReplay
-from converters import registry
-from converters.objstore import ObjectInfo, S3Config, Store, parse
+from autotune_converters import registry
+from autotune_converters.objstore import ObjectInfo, S3Config, Store, parse
 
 DEFAULT_CONCURRENCY = (1, 4, 16, 64)
 RANGE_SIZES = (1 << 20, 8 << 20)

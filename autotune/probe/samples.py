@@ -3,7 +3,7 @@
 A conversion's storage ceiling is samples/s, not files/s: a WebDataset shard holds
 hundreds of samples, an LMDB environment all of them. So for a converted dataset the
 storage probe reads samples the way a DataLoader's workers would, through the format's
-reader (converters.registry), without decoding, at several concurrencies, cold before each:
+reader (autotune_converters.registry), without decoding, at several concurrencies, cold before each:
 
 - a streamed format (shards): each reader thread streams its share of the shards in
   order (`source.dataset(None, shuffle=False, rank=k, world_size=c)`), as c workers do;

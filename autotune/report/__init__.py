@@ -11,7 +11,7 @@ import math
 import os
 from typing import Any
 
-from converters.fsutil import write_text_atomic
+from autotune_base.fsutil import write_text_atomic
 
 
 def _clean(o: Any) -> Any:

@@ -171,7 +171,7 @@ def write_outputs(res: Any) -> None:
     """out/search.json and out/report.html, each written whole or not at all."""
     from autotune.report import html as report_html
     from autotune.report import write_json
-    from converters.fsutil import write_text_atomic
+    from autotune_base.fsutil import write_text_atomic
 
     out = Path(res.out_dir)
     res.json_file = str(out / "search.json")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError
-from converters.fsutil import PidLock
+from autotune_base.fsutil import PidLock
 
 SERVER_HINT = ("several machines (or several searches) share one study through a server "
                "database: --storage postgresql://USER@HOST/DB or mysql://...")

@@ -6,7 +6,7 @@ search, and reports before and after side by side with the commands that reprodu
 each step.
 
 Format rule for `--convert auto` (documented in the README), by the registry's `access`
-of each writable format (converters.registry):
+of each writable format (autotune_converters.registry):
 * a random-access format (LMDB) only when the source is local flash measured fast at
   random reads (class nvme, ssd or memory, fio >= 50,000 random 4 KiB IOPS, and no more
   than 2x gain from concurrency in the replay): random access keeps exact per-sample
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import UsageError
-from converters import registry
+from autotune_converters import registry
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult, like_for_like_baseline
 from autotune.search.study import Progress, SearchOptions, run_search
@@ -191,8 +191,8 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
         return LoopResult(before, None, f"storage-bound ({before.run['regime']}); "
                           f"{projection['text']}", commands=cmds, projection=projection)
 
-    from converters import ConvertOptions, convert as do_convert
-    from converters.stage import stage
+    from autotune_converters import ConvertOptions, convert as do_convert
+    from autotune_converters.stage import stage
 
     fmt, why = choose_format(convert, before)
     if bucket:
@@ -252,7 +252,7 @@ def write_loop_outputs(res: LoopResult, out: Path) -> None:
     """out/search.json (both searches) and out/report.html (both side by side)."""
     from autotune.report import html as report_html
     from autotune.report import write_json
-    from converters.fsutil import write_text_atomic
+    from autotune_base.fsutil import write_text_atomic
 
     d = res.to_dict()
     write_json(out / "search.json", d)
@@ -280,7 +280,7 @@ def _from_bucket(url: str, opts: SearchOptions, out: Path, before: Any, fmt: str
     """A storage-bound bucket: converted from the bucket straight into the stage
     directory (one pass over the objects, GETs pinned to the listing's ETags), then the
     staged shards searched again."""
-    from converters import ConvertOptions, convert as do_convert
+    from autotune_converters import ConvertOptions, convert as do_convert
 
     q = shlex.quote
     sdir = stage_dir / f"converted-{fmt}"

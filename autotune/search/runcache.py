@@ -62,7 +62,7 @@ def dataset_bytes(root: Any, fmt: str) -> tuple[int, list[tuple[str, int]]]:
         p = Path(root)
         paths = [p] if p.is_file() else [Path(d) / f for d, _ds, fs in os.walk(p) for f in fs]
     else:
-        from converters.registry import open_source
+        from autotune_converters.registry import open_source
 
         paths = list(open_source(root, fmt).files())
     out = []
@@ -141,7 +141,7 @@ def whole_run(s: Any, res: Any, say: Progress | None = None) -> dict[str, Any] |
     """The `run` key: dataset bytes against the cache room, the first and later epochs'
     images/s and verdicts, and how the later figure was had. None when no configuration
     completed (nothing to say about any epoch)."""
-    from converters.objstore.url import is_s3
+    from autotune_converters.objstore.url import is_s3
 
     say = say or (lambda _m: None)
     if res.recommended is None or res.verdict is None:

@@ -106,7 +106,7 @@ class Session:
         """Ceilings (from the study when resuming), the space, the memory bound."""
         from autotune.search.space import load_space
 
-        from converters import registry
+        from autotune_converters import registry
 
         self.fmt = ("factory" if self.base.dataset_factory
                     else registry.resolve(self.root, self.opts.format))

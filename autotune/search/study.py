@@ -28,7 +28,7 @@ from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
 from autotune.search.result import SearchResult
 from autotune.search.session import SEARCH_SECONDS
-from converters.objstore.url import is_s3
+from autotune_converters.objstore.url import is_s3
 
 Progress = Callable[[str], None]
 
@@ -150,7 +150,7 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
     from autotune.cache import ram_backed
     from autotune.data.transforms import build_transform
     from autotune.search import ceilings as ceil_mod
-    from converters.registry import open_source
+    from autotune_converters.registry import open_source
 
     probe_res = None
     if opts.probe:

@@ -37,15 +37,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from converters.lmdb.layout import (
+from autotune_converters.lmdb.layout import (
     INDEX_FILE,
     INDEX_RECORD,
     decode_value,
     index_dtype,
     key,
 )
-from converters.manifest import Manifest, read_manifest
-from converters.source import SampleError, SampleSource
+from autotune_converters.manifest import Manifest, read_manifest
+from autotune_converters.source import SampleError, SampleSource
 
 IO_MODES = ("pread", "mmap", "mmap-noreadahead")
 _RUN = 4 << 20

@@ -38,10 +38,10 @@ import json
 import os
 from typing import Any
 
-from converters.beneath import plain_name
-from converters.errors import ConvertError
-from converters.fsutil import fsync_dir, sha256_file, write_json_atomic
-from converters.lmdb.layout import (
+from autotune_base.beneath import plain_name
+from autotune_base.errors import ConvertError
+from autotune_base.fsutil import fsync_dir, sha256_file, write_json_atomic
+from autotune_converters.lmdb.layout import (
     DESCRIPTION,
     HEADER,
     INDEX_FILE,
@@ -54,8 +54,8 @@ from converters.lmdb.layout import (
     map_base,
     value_head,
 )
-from converters.records import Sample, SkippedFile, UnitResult
-from converters.writer import FormatWriter
+from autotune_converters.records import Sample, SkippedFile, UnitResult
+from autotune_converters.writer import FormatWriter
 
 DATA_FILE = "data.mdb"
 LAYOUT = DESCRIPTION + f"; {INDEX_FILE}: u64 offset, u32 length, u32 label per sample"
@@ -190,7 +190,7 @@ class LmdbWriter(FormatWriter):
         """Worker processes only when a sample costs a decode (verify=decode, or a
         re-encode): for the header checks, handing a batch's bytes to this process
         (pickle, pipe, unpickle: three copies) costs more than reading it here, with
-        the next files' reads started ahead (converters.sourceread)."""
+        the next files' reads started ahead (autotune_converters.sourceread)."""
         if self.opts.verify == "decode" or self.opts.max_side:
             return requested
         return 1
@@ -286,7 +286,7 @@ class LmdbWriter(FormatWriter):
         import lmdb
         import numpy as np
 
-        from converters.lmdb.layout import index_dtype
+        from autotune_converters.lmdb.layout import index_dtype
 
         path = self.workdir.lmdb / DATA_FILE
         size = path.stat().st_size

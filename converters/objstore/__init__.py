@@ -11,8 +11,8 @@ boto3 is imported only when a client is made (the s3 extra).
 
 from __future__ import annotations
 
-from converters.objstore.client import Listing, ObjectInfo, S3Config, Store, forget_listings
-from converters.objstore.url import S3Url, is_s3, parse, shown_endpoint
+from autotune_converters.objstore.client import Listing, ObjectInfo, S3Config, Store, forget_listings
+from autotune_converters.objstore.url import S3Url, is_s3, parse, shown_endpoint
 
 __all__ = ["Listing", "ObjectInfo", "S3Config", "S3Url", "Store", "forget_listings", "is_s3",
            "parse", "shown_endpoint"]

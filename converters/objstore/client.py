@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from converters.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
-from converters.objstore.url import S3Url, shown_endpoint
+from autotune_base.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
+from autotune_converters.objstore.url import S3Url, shown_endpoint
 
 T = TypeVar("T")
 

@@ -4,11 +4,11 @@ The plan depends on the relative names (the key below the prefix) and the sizes 
 a local folder's does on its relative paths and sizes, so a bucket converts to the same
 shards, byte for byte, as the same files in a local folder:
 
-- `scan_bucket`: one fresh paginated LIST, classified by converters.scan's folder rules
+- `scan_bucket`: one fresh paginated LIST, classified by autotune_converters.scan's folder rules
   (classes: the sorted first parts below the prefix that are not hidden; images: keys
   with an image extension below a class, hidden parts skipped; other keys ignored and
   counted; a 0-byte image skipped as "empty file"). Every relative key passes
-  converters.beneath.plain_name: a key with an empty, '.' or '..' part is skipped with
+  autotune_base.beneath.plain_name: a key with an empty, '.' or '..' part is skipped with
   the reason (never turned into a path). Each object's ETag goes to the plan directory
   (etags.json), so a resumed run reads the objects the plan was made from.
 - `fetch_ahead`: the unit's objects, in plan order, with up to `inflight` GETs ahead
@@ -28,12 +28,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from converters.beneath import plain_name
-from converters.errors import SampleError, UnsafeName
-from converters.objstore.client import Listing, ObjectInfo, S3Config, Store
-from converters.objstore.url import S3Url, parse
-from converters.records import Entry, SkippedFile
-from converters.source import IMG_EXTENSIONS
+from autotune_base.beneath import plain_name
+from autotune_base.errors import SampleError, UnsafeName
+from autotune_converters.objstore.client import Listing, ObjectInfo, S3Config, Store
+from autotune_converters.objstore.url import S3Url, parse
+from autotune_converters.records import Entry, SkippedFile
+from autotune_converters.source import IMG_EXTENSIONS
 
 ETAGS = "etags.json"
 INFLIGHT = 16
@@ -56,11 +56,11 @@ def process_store(endpoint_url: str | None = None) -> Store:
 def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
                 progress: Callable[[int, int], None] | None = None,
                 endpoint_url: str | None = None) -> Any:
-    """LIST `url` and add its images to `sink` (a converters.scan.ScanSink); returns the
-    ScanResult (sink closed), as converters.scan.scan_folder does for a folder."""
+    """LIST `url` and add its images to `sink` (a autotune_converters.scan.ScanSink); returns the
+    ScanResult (sink closed), as autotune_converters.scan.scan_folder does for a folder."""
     import time
 
-    from converters.scan import folder_result
+    from autotune_converters.scan import folder_result
 
     t0 = time.monotonic()
     listing = (store or process_store(endpoint_url)).list(url)
@@ -83,7 +83,7 @@ def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
 
 def classify(listing: Listing) -> tuple[list[str], dict[str, list[tuple[str, ObjectInfo]]], int]:
     """(sorted classes, {class: [(relative key, object)]} of image keys, keys ignored)."""
-    from converters.errors import UsageError
+    from autotune_base.errors import UsageError
 
     cut = len(listing.url.list_prefix)
     found: dict[str, list[tuple[str, ObjectInfo]]] = {}
@@ -124,7 +124,7 @@ def _add(sink: Any, rel: str, obj: ObjectInfo, label: int) -> bool:
 
 
 def _write_etags(path: Path, etags: dict[str, str]) -> None:
-    from converters.fsutil import write_json_atomic
+    from autotune_base.fsutil import write_json_atomic
 
     write_json_atomic(path, etags)
 

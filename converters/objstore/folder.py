@@ -1,6 +1,6 @@
 """The image-folder format on object storage: s3://BUCKET/PREFIX/CLASS/.../NAME.jpg.
 
-The same rules as the local folder reader (converters.folder, torchvision's ImageFolder):
+The same rules as the local folder reader (autotune_converters.folder, torchvision's ImageFolder):
 classes are the sorted first path parts below the prefix, images the keys with an image
 extension (case-insensitive) anywhere below a class, sorted; hidden parts ('.x') are
 skipped. One paginated LIST when the source is built (cached per process), then
@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from converters.errors import UsageError
-from converters.objstore.client import Listing, ObjectInfo, S3Config, Store
-from converters.objstore.url import parse
-from converters.source import IMG_EXTENSIONS, SampleSource
+from autotune_base.errors import UsageError
+from autotune_converters.objstore.client import Listing, ObjectInfo, S3Config, Store
+from autotune_converters.objstore.url import parse
+from autotune_converters.source import IMG_EXTENSIONS, SampleSource
 
 
 class S3FolderSource(SampleSource):

@@ -1,6 +1,6 @@
 """`stage s3://BUCKET/PREFIX DST`: a converted dataset in a bucket copied to local disk.
 
-converters.stage's rules, with objects for files: the bucket's manifest.json is read
+autotune_converters.stage's rules, with objects for files: the bucket's manifest.json is read
 first (its names checked once by the manifest loader: plain relative paths), then one
 LIST gives each shard's size and ETag. Each shard is fetched by parallel ranged GETs,
 all pinned to that ETag (an object replaced mid-copy is an error, never a mix), written
@@ -27,13 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
-from converters.beneath import open_regular, parent_of
-from converters.errors import SampleError, StageError, UsageError
-from converters.fsutil import sha256_fd
-from converters.manifest import Manifest, parse_manifest
-from converters.objstore.client import ObjectInfo, S3Config, Store
-from converters.objstore.url import S3Url, parse
-from converters.stage import (MANIFEST, FileEntry, Progress, StageResult, _copy_all,
+from autotune_base.beneath import open_regular, parent_of
+from autotune_base.errors import SampleError, StageError, UsageError
+from autotune_base.fsutil import sha256_fd
+from autotune_converters.manifest import Manifest, parse_manifest
+from autotune_converters.objstore.client import ObjectInfo, S3Config, Store
+from autotune_converters.objstore.url import S3Url, parse
+from autotune_converters.stage import (MANIFEST, FileEntry, Progress, StageResult, _copy_all,
                               _fresh_tmp, _lock, _node_entries, _publish, _publish_one,
                               _State, _withdraw, _work)
 
@@ -155,7 +155,7 @@ def stage_s3(src: str, dst: str | os.PathLike[str], *, workers: int = 4,
              on_file: Callable[[str], None] | None = None, node_rank: int | None = None,
              nnodes: int | None = None, store: Store | None = None) -> StageResult:
     """Stage the converted dataset at s3://BUCKET/PREFIX into the local DST (see the
-    module doc); the same result as converters.stage.stage, per-shard failures in it."""
+    module doc); the same result as autotune_converters.stage.stage, per-shard failures in it."""
     if verify not in ("sha256", "size"):
         raise UsageError(f"verify must be sha256 or size, but got {verify!r}.")
     if workers < 1:

@@ -1,6 +1,6 @@
 """`convert SRC s3://BUCKET/PREFIX`: a conversion published into a bucket as files are by rename.
 
-The conversion is made in a local work folder by converters.conversion (resumable per
+The conversion is made in a local work folder by autotune_converters.conversion (resumable per
 unit as always), then each output file is uploaded -- multipart when it is large, its
 parts read from the file -- with its sha256 in the object's metadata, and manifest.json
 is PUT last: a PUT makes an object visible whole or not at all, so a reader that finds
@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from converters.errors import SampleError, UsageError
-from converters.manifest import NAME as MANIFEST
-from converters.manifest import Manifest, parse_manifest
-from converters.objstore.client import S3Config, Store
-from converters.objstore.url import S3Url, parse
+from autotune_base.errors import SampleError, UsageError
+from autotune_converters.manifest import NAME as MANIFEST
+from autotune_converters.manifest import Manifest, parse_manifest
+from autotune_converters.objstore.client import S3Config, Store
+from autotune_converters.objstore.url import S3Url, parse
 
 MULTIPART_AT = 64 << 20   # files this large go up in parts
 PART = 16 << 20           # bytes per part (S3: at least 5 MiB but the last)
@@ -69,7 +69,7 @@ def _files(local: Path, m: Manifest) -> list[tuple[str, int, str | None]]:
 
 
 def _sha256(path: Path) -> str:
-    from converters.fsutil import sha256_file
+    from autotune_base.fsutil import sha256_file
 
     return sha256_file(path)[1]
 
@@ -173,7 +173,7 @@ def convert_to_bucket(src: str | os.PathLike[str], dst: str, opts: Any, *,
     """Convert SRC into s3://BUCKET/PREFIX (see the module doc); a ConvertResult whose
     dst is the bucket's address. The local work folder is removed once the manifest is
     PUT (kept with keep_local)."""
-    from converters import conversion
+    from autotune_converters import conversion
 
     url = parse(dst)
     st = store or Store(S3Config.from_env())

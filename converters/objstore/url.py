@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
-from converters.errors import UsageError
+from autotune_base.errors import UsageError
 
 SCHEME = "s3://"
 # AWS's rule (3-63 of lowercase letters, digits, '.', '-'; starts and ends alphanumeric).

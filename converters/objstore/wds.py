@@ -1,13 +1,13 @@
 """WebDataset shards in a bucket: s3://BUCKET/PREFIX/{manifest.json, shard-*.tar}.
 
-The same reader as local shards (converters.wds.reader: splits by rank and worker,
+The same reader as local shards (autotune_converters.wds.reader: splits by rank and worker,
 shuffles, equalizes, checks every member); only where the bytes come from differs. Each
 shard is streamed by one GET, pinned to the ETag of the dataset's LIST, through the same
-checked tar parser (converters.wds.tarfmt.iter_stream: memory stays within about one
+checked tar parser (autotune_converters.wds.tarfmt.iter_stream: memory stays within about one
 member plus a 1 MiB buffer per open stream), and the next shard's GET is started while
 this one is read (S3Shards: one shard ahead per reading process). manifest.json is read
 once, when the source is built (which also parses the client's models once, for the
-DataLoader workers forked after it: converters.objstore.client).
+DataLoader workers forked after it: autotune_converters.objstore.client).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from converters.errors import AutotuneError, SampleError, UsageError
-from converters.manifest import NAME as MANIFEST, parse_manifest
-from converters.objstore.client import ObjectInfo, S3Config, Store
-from converters.objstore.url import parse
-from converters.wds.reader import WdsSource
-from converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_stream
+from autotune_base.errors import AutotuneError, SampleError, UsageError
+from autotune_converters.manifest import NAME as MANIFEST, parse_manifest
+from autotune_converters.objstore.client import ObjectInfo, S3Config, Store
+from autotune_converters.objstore.url import parse
+from autotune_converters.wds.reader import WdsSource
+from autotune_converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_stream
 
 
 class S3Shards:

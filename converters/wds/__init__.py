@@ -7,6 +7,6 @@ from pathlib import Path
 
 def sniff(path: Path) -> bool:
     """A conversion whose manifest.json says wds."""
-    from converters.registry import manifest_format
+    from autotune_converters.registry import manifest_format
 
     return manifest_format(path) == "wds"

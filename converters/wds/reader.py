@@ -7,7 +7,7 @@
         ds.set_epoch(epoch)                 # as DistributedSampler.set_epoch
         for images, labels in loader: ...
 
-Pipeline (webdataset stages): this rank's shards (converters.wds.split: by node first,
+Pipeline (webdataset stages): this rank's shards (autotune_converters.wds.split: by node first,
 then by local rank, the same every epoch, so that `autotune stage --node-rank R --nnodes
 N` can copy to each node just what its ranks read) -> SimpleShardList shuffled with a seed
 shared by the rank's workers (seed, epoch, rank) -> split_by_worker (DataLoader worker) ->
@@ -63,11 +63,11 @@ from typing import Any
 
 import torch.utils.data
 
-from converters.errors import UsageError
-from converters.manifest import Manifest, read_manifest
-from converters.source import SampleError, SampleSource
-from converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
-from converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_members
+from autotune_base.errors import UsageError
+from autotune_converters.manifest import Manifest, read_manifest
+from autotune_converters.source import SampleError, SampleSource
+from autotune_converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
+from autotune_converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_members
 
 _SAID: set[Any] = set()  # equalizations already warned about in this process
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "pgm", "gif")

@@ -3,7 +3,7 @@
     node n of N reads       shards[n::N]                  (stored order)
     local rank l of L reads node_shards[l::L]             (global rank = n * L + l)
 
-The reader (converters.wds.reader) and `autotune stage --node-rank R --nnodes N` both use
+The reader (autotune_converters.wds.reader) and `autotune stage --node-rank R --nnodes N` both use
 these functions, so a node's staged copy holds exactly the shards its ranks read, every
 epoch: only the order inside a rank's set (and the samples, through the shuffle buffer)
 changes from epoch to epoch. Each split is a partition, so every sample is read exactly

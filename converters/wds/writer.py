@@ -21,9 +21,9 @@ import json
 import os
 from typing import Any
 
-from converters.records import Entry, Sample, SkippedFile, UnitResult
-from converters.wds.tarfmt import BLOCK, TarShardWriter
-from converters.writer import FormatWriter
+from autotune_converters.records import Entry, Sample, SkippedFile, UnitResult
+from autotune_converters.wds.tarfmt import BLOCK, TarShardWriter
+from autotune_converters.writer import FormatWriter
 
 LAYOUT = ("tar shards shard-NNNNNN.tar; per sample KEY.cls (label), KEY.EXT (image bytes), "
           "KEY.json (path, size); KEY = 10-digit plan position")

@@ -11,14 +11,21 @@ Markers in the pages (HTML comments, so a page reads the same on GitHub):
 - `<!-- not-run: REASON -->` before one: shown as "Not run by the tests here: REASON".
 
 `examples(text)` is the one reader of those markers: this hook and the test share it.
+
+It also lets the API reference find the packages that install under other names than
+their folders (converters/ as autotune_converters, base/ as autotune_base): mkdocstrings
+looks a package up by folder name, and an editable install's mapping is not a folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +35,7 @@ MARK = re.compile(r"<!-- (run(?:: *file +([\w./-]+))?|not-run: *(.*?)) *-->\n+``
                   re.DOTALL)
 FENCE = re.compile(r"^```(bash|python|sh|console)\s*$", re.MULTILINE)
 HELP_COLUMNS = "92"
+RENAMED = {"converters": "autotune_converters", "base": "autotune_base"}   # as setup.py
 
 
 @dataclass(frozen=True)
@@ -89,3 +97,17 @@ def _marker(m: re.Match) -> str:
 def on_page_markdown(markdown: str, **kwargs) -> str:
     markdown = HELP.sub(_help_block, markdown)
     return MARK.sub(_marker, markdown)
+
+
+def on_config(config, **kwargs):
+    """Point mkdocstrings at links named as the packages install (a temporary folder)."""
+    names = Path(tempfile.mkdtemp(prefix="autotune-docs-names-"))
+    atexit.register(shutil.rmtree, names, ignore_errors=True)
+    for folder, name in RENAMED.items():
+        (names / name).symlink_to(ROOT / folder, target_is_directory=True)
+    python = config["plugins"]["mkdocstrings"].config["handlers"].setdefault("python", {})
+    python["paths"] = [*python.get("paths", ["."]), str(names)]
+    return config
+
+
+on_config.mkdocs_priority = 100   # before mkdocstrings reads its handlers' paths

@@ -19,7 +19,7 @@ from autotune.data import (
 from autotune.data.torchds import ImageDataset
 from autotune.data.geometry import rrc_params
 from autotune.errors import UsageError
-from converters.registry import detect as detect_format
+from autotune_converters.registry import detect as detect_format
 
 
 def test_folder_labels_are_sorted_class_names(small_dataset: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from autotune.bench.failures import classify_error, classify_exit
 
 WORKER_TB = ("Caught SampleError in DataLoader worker process 1.\nOriginal Traceback (most "
-             "recent call last):\n  File \"x.py\", line 1, in f\nconverters.errors.SampleError: "
+             "recent call last):\n  File \"x.py\", line 1, in f\nautotune_base.errors.SampleError: "
              "/d/c/bad.jpg: cannot decode (UnidentifiedImageError: nope); fix or remove the file")
 
 

@@ -6,12 +6,12 @@ import pytest
 
 from autotune.bench.config import BenchConfig
 from autotune.bench.runner import run_bench
-from converters.registry import open_source
+from autotune_converters.registry import open_source
 
 
 @pytest.fixture(params=["lmdb", "wds"])
 def converted(request, small_dataset, tmp_path_factory):
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     dst = tmp_path_factory.mktemp("conv") / request.param
     convert(small_dataset, dst, ConvertOptions(format=request.param, workers=1, readers=2))

@@ -17,7 +17,7 @@ from autotune.bench.runner import run_bench
 from autotune.data.stages import STAGES, StageClock, stage_budget, stage_line
 from autotune.data.torchds import ImageDataset
 from autotune.data.transforms import TransformSpec, build_transform
-from converters.folder import FolderSource
+from autotune_converters.folder import FolderSource
 
 READ_SLEEP_S = 0.02
 

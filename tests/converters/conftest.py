@@ -179,7 +179,7 @@ def tree_digest() -> Callable[[Path], dict[str, str]]:
 
 def _read_all(dst: Path) -> dict[str, tuple[bytes, int]]:
     """{original relative path: (stored bytes, label)} through autotune's own reader."""
-    from converters import open_converted
+    from autotune_converters import open_converted
 
     src = open_converted(dst)
     out: dict[str, tuple[bytes, int]] = {}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertError, ConvertOptions, convert, read_manifest
-from converters.images import BadImage, check_image
+from autotune_converters import ConvertError, ConvertOptions, convert, read_manifest
+from autotune_converters.images import BadImage, check_image
 
 
 def _opts(fmt: str, **kw) -> ConvertOptions:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import UsageError
-from converters import ConvertOptions, convert, open_converted, read_manifest
+from autotune_converters import ConvertOptions, convert, open_converted, read_manifest
 
 
 def _source_map(src: Path) -> dict[str, tuple[bytes, int]]:
@@ -68,7 +68,7 @@ def test_output_is_the_same_read_in_the_writer_or_by_workers(img_src, fmt, work_
     """LMDB reads in the writing process for the header checks and hands batches over
     from workers for full decodes; WebDataset stages shards in an 8 MiB buffer or, for
     a smaller one, writes members straight through: the bytes are the same."""
-    import converters.wds.tarfmt as tarfmt
+    import autotune_converters.wds.tarfmt as tarfmt
 
     convert(img_src, work_dir / "w1", _opts(fmt, workers=1, verify="decode"))
     convert(img_src, work_dir / "w2", _opts(fmt, workers=2, verify="decode"))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from converters.errors import ConvertError, UnsafeName, UsageError
-from converters.records import UnitResult
-from converters.workdir import WorkDir
+from autotune_base.errors import ConvertError, UnsafeName, UsageError
+from autotune_converters.records import UnitResult
+from autotune_converters.workdir import WorkDir
 
 
 def _hold_flock(path: Path) -> subprocess.Popen:
@@ -40,7 +40,7 @@ def test_the_conversions_lock_that_is_a_symlink_is_not_truncated(tmp_path):
 
 
 def test_a_conversion_into_a_dst_with_a_lock_symlink_is_refused(small_dataset, tmp_path):
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     victim = tmp_path / "victim"
     victim.write_text("precious")
@@ -77,7 +77,7 @@ def test_a_unit_record_naming_a_shard_outside_dst_is_refused(tmp_path):
 
 
 def test_a_wds_manifest_without_samples_is_a_clear_error_not_keyerror(tmp_path):
-    from converters import WdsSource
+    from autotune_converters import WdsSource
 
     (tmp_path / "s.tar").write_bytes(b"\0" * 1024)
     (tmp_path / "manifest.json").write_text(json.dumps({
@@ -89,7 +89,7 @@ def test_a_wds_manifest_without_samples_is_a_clear_error_not_keyerror(tmp_path):
 
 
 def test_a_manifest_naming_a_file_outside_its_folder_is_refused_by_the_readers(tmp_path):
-    from converters import WdsSource
+    from autotune_converters import WdsSource
 
     (tmp_path / "manifest.json").write_text(json.dumps({
         "version": 1, "format": "wds", "num_samples": 1, "num_classes": 1, "classes": ["a"],
@@ -99,7 +99,7 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused_by_the_readers(t
 
 
 def test_the_manifest_gets_the_umask_not_0600(small_dataset, tmp_path):
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     old = os.umask(0o022)
     try:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch.utils.data
 
-from converters import ConvertOptions, LmdbSource, convert
-from converters.errors import SampleError
+from autotune_converters import ConvertOptions, LmdbSource, convert
+from autotune_base.errors import SampleError
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_index_says_where_each_value_lies(lmdb_dst):
     import lmdb
     import numpy as np
 
-    from converters.lmdb.layout import index_dtype, key
+    from autotune_converters.lmdb.layout import index_dtype, key
 
     idx = np.fromfile(lmdb_dst / "data.idx", dtype=index_dtype())
     data = (lmdb_dst / "data.mdb").read_bytes()
@@ -63,7 +63,7 @@ def test_index_says_where_each_value_lies(lmdb_dst):
 def test_values_follow_the_documented_layout(lmdb_dst, img_src):
     import lmdb
 
-    from converters.lmdb.layout import HEADER, decode_value, key
+    from autotune_converters.lmdb.layout import HEADER, decode_value, key
 
     env = lmdb.open(str(lmdb_dst), readonly=True, lock=False)
     with env.begin() as txn:
@@ -236,7 +236,7 @@ def test_a_label_outside_the_classes_is_refused_as_wds_does(lmdb_dst, tmp_path, 
 
     import numpy as np
 
-    from converters.lmdb.layout import index_dtype
+    from autotune_converters.lmdb.layout import index_dtype
 
     bad = tmp_path / "bad"
     shutil.copytree(lmdb_dst, bad)

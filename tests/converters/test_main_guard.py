@@ -22,7 +22,7 @@ def _run(script: str, tmp: Path) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-SCRIPT = """from converters import convert, ConvertOptions
+SCRIPT = """from autotune_converters import convert, ConvertOptions
 convert("src", "dst", ConvertOptions(format="wds", workers=2))
 print("converted")
 """
@@ -33,7 +33,7 @@ def test_no_main_guard_is_named(tmp_path: Path) -> None:
     r = _run(SCRIPT, tmp_path)
     assert r.returncode == 1
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("converters.errors.ConvertError: a worker process died"), last
+    assert last.startswith("autotune_base.errors.ConvertError: a worker process died"), last
     assert 'if __name__ == "__main__":' in last
     assert "convert() was called again by a child of the conversion" in r.stderr
     assert "Connection reset" not in r.stderr

@@ -10,7 +10,7 @@ import multiprocessing as mp
 import os
 from functools import partial
 
-from converters.pool import WorkerPool
+from autotune_converters.pool import WorkerPool
 
 
 def _run(ctx, name: str) -> str | int:

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from converters.pool import WorkerPool
-from converters.records import report_progress
+from autotune_converters.pool import WorkerPool
+from autotune_converters.records import report_progress
 
 
 def _work(unit: int) -> None:

@@ -80,7 +80,7 @@ def test_slurm_variables_inside_an_srun_step_make_ranks(img_src, reference, work
 
 
 def test_ranks_from_env_rules():
-    from converters.ranks import ranks_from_env
+    from autotune_converters.ranks import ranks_from_env
 
     assert ranks_from_env({}) is None
     assert ranks_from_env({"RANK": "3", "WORLD_SIZE": "4"}) == (3, 4, "RANK/WORLD_SIZE")
@@ -171,10 +171,10 @@ def test_the_finalizer_leaves_the_work_folder_to_a_rank_still_inside(img_src, re
     state when another publishes found `.autotune-convert/done` gone (seen in CI: "done: No
     such file or directory"). The finalizer leaves the folder while another rank holds its
     lock; the last rank out removes it."""
-    from converters import ConvertOptions, convert
-    from converters.errors import ConvertError
-    from converters.fsutil import PidLock
-    from converters.workdir import WorkDir
+    from autotune_converters import ConvertOptions, convert
+    from autotune_base.errors import ConvertError
+    from autotune_base.fsutil import PidLock
+    from autotune_converters.workdir import WorkDir
 
     opts = dict(format="wds", shard_size=256 << 10, readers=2, workers=1, verify="decode")
     dst = work_dir / "inside"
@@ -196,9 +196,9 @@ def test_a_killed_finalizer_is_resumed_by_finalize(img_src, reference, work_dir,
     """Death inside the finalizer, before and after manifest.json: `--finalize` (a real
     process) completes it. The deaths are simulated in-process (on top of the kill -9
     test above, which cannot time a kill inside a few milliseconds of finalizing)."""
-    from converters import ConvertOptions, convert
-    from converters import ranks as ranks_mod
-    from converters.workdir import WorkDir
+    from autotune_converters import ConvertOptions, convert
+    from autotune_converters import ranks as ranks_mod
+    from autotune_converters.workdir import WorkDir
 
     opts = dict(format="wds", shard_size=256 << 10, readers=2, workers=1, verify="decode")
     dst = work_dir / "fin"
@@ -248,8 +248,8 @@ def test_a_rank_creating_the_work_directory_does_not_make_dst_foreign(img_src, w
                                                                       monkeypatch):
     """Rank 0's checks ran while rank 1 created DST/.autotune-convert (a race seen in
     scripts/bench_distributed.py): a DST holding only the work directory is ours."""
-    from converters import conversion
-    from converters.workdir import WorkDir
+    from autotune_converters import conversion
+    from autotune_converters.workdir import WorkDir
 
     dst = work_dir / "race"
     (dst / ".autotune-convert" / "ranks" / "1").mkdir(parents=True)

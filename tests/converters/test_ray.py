@@ -36,7 +36,8 @@ def ray_cluster(tmp_path_factory):
     (home / ".ray" / "auth_token").write_text("a" * 64)
     old_home = os.environ["HOME"]
     os.environ["HOME"] = str(home)
-    # Workers must import this checkout's `converters`, whatever is installed.
+    # Workers must import this checkout's code, whatever is installed (autotune_converters
+    # through the editable install's mapping, or the links a second worktree has).
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = f"{ROOT}:{old}" if old else str(ROOT)
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1,

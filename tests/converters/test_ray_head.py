@@ -36,7 +36,7 @@ def _free_port() -> int:
 def _env(home: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("RAY_") and k not in ("RANK", "WORLD_SIZE")}
-    # Ray workers import this checkout's `converters`, whatever is installed.
+    # Ray workers import this checkout's code, whatever is installed.
     env.update(HOME=str(home), PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}",
                **extra)
     return env

@@ -11,15 +11,15 @@ import pytest
 
 from autotune.bench import BenchConfig, run_bench
 from autotune.errors import UsageError
-from converters import registry
-from converters.registry import Format
+from autotune_converters import registry
+from autotune_converters.registry import Format
 
 # A whole format, as a newcomer would write it: a reader over one file of concatenated
 # JPEGs with a JSON index, and a sniff that recognises its index file.
 TOY_MODULE = textwrap.dedent('''
     import json, os
     from pathlib import Path
-    from converters.source import SampleSource
+    from autotune_converters.source import SampleSource
 
     def sniff(path):
         return (Path(path) / "toy.json").is_file()

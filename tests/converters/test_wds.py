@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch.utils.data
 
-from converters import ConvertOptions, WdsSource, convert, read_manifest
-from converters.errors import SampleError
+from autotune_converters import ConvertOptions, WdsSource, convert, read_manifest
+from autotune_base.errors import SampleError
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_gnu_tar_lists_every_shard(wds_dst):
 @pytest.mark.parametrize("name, size", [("0000000001.jpg", 91449), ("0000000001.cls", 1),
                                         ("0000000000.json", 0), ("x" * 100, 8 ** 11 - 1)])
 def test_member_headers_are_what_tarfile_writes(name, size):
-    from converters.wds.tarfmt import member_header
+    from autotune_converters.wds.tarfmt import member_header
 
     ti = tarfile.TarInfo(name)
     ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o444, 0, 0, "", ""
@@ -208,7 +208,7 @@ def test_the_training_transform_runs_in_dataloader_workers(wds_dst):
 
 
 def test_the_fast_header_parser_reads_what_tarfile_reads(wds_dst):
-    from converters.wds.tarfmt import _iter_tarfile, iter_members
+    from autotune_converters.wds.tarfmt import _iter_tarfile, iter_members
 
     for s in read_manifest(wds_dst).shards:
         path = wds_dst / s["file"]
@@ -223,7 +223,7 @@ def test_the_fast_header_parser_reads_what_tarfile_reads(wds_dst):
 def test_a_hostile_ustar_member_after_good_ones_is_refused(tmp_path, member, says):
     """Our own writer's members first (the fast parser), then a USTAR member of another
     kind: it is refused with tarfile's reading of it, nothing extracted."""
-    from converters.wds.tarfmt import TarShardWriter, iter_members
+    from autotune_converters.wds.tarfmt import TarShardWriter, iter_members
 
     p = tmp_path / "shard-000000.tar"
     tw = TarShardWriter(p)
@@ -238,14 +238,14 @@ def test_a_hostile_ustar_member_after_good_ones_is_refused(tmp_path, member, say
     p.write_bytes(good + buf.getvalue())
     it = iter_members(p)
     assert next(it)[:2] == ("0000000000", "cls") and next(it)[:2] == ("0000000000", "jpg")
-    from converters.wds.tarfmt import ShardFormatError
+    from autotune_converters.wds.tarfmt import ShardFormatError
 
     with pytest.raises(ShardFormatError, match=r"shard-000000\.tar: .*" + says):
         next(it)
 
 
 def test_a_damaged_header_is_named(tmp_path):
-    from converters.wds.tarfmt import ShardFormatError, TarShardWriter, iter_members
+    from autotune_converters.wds.tarfmt import ShardFormatError, TarShardWriter, iter_members
 
     p = tmp_path / "shard-000000.tar"
     tw = TarShardWriter(p)
@@ -314,7 +314,7 @@ _CLAIMS = [(200 << 20, r"claims 209,715,200 bytes, but the shard holds [\d,]+ mo
 # it over exec from the forked copy of this pytest process, already larger than 200 MiB.)
 _PEAK = r"""
 import json, sys
-from converters.wds.tarfmt import iter_members
+from autotune_converters.wds.tarfmt import iter_members
 def hwm():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
@@ -361,7 +361,7 @@ def test_a_huge_claim_after_a_pax_header_is_refused_the_same(tmp_path, size, say
     with pytest.raises(SampleError, match=r"member '0000000000\.jpg' is 5,000 bytes, over the "
                                           r"per-member limit of 4,096 \(max_member_bytes\)"):
         list(WdsSource(small, max_member_bytes=4096).dataset(None))
-    from converters.errors import UsageError
+    from autotune_base.errors import UsageError
 
     with pytest.raises(UsageError, match=r"max_member_bytes must be a positive number"):
         WdsSource(small, max_member_bytes=0)
@@ -420,7 +420,7 @@ def test_a_member_over_the_read_buffer_with_padding_is_read(tmp_path: Path) -> N
     import os
     import tarfile
 
-    from converters.wds.tarfmt import iter_members
+    from autotune_converters.wds.tarfmt import iter_members
 
     p = tmp_path / "big.tar"
     sizes = (("a.jpg", 1_500_001), ("a.cls", 1), ("b.jpg", 10), ("b.cls", 1))

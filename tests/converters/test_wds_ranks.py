@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertOptions, WdsSource, convert
+from autotune_converters import ConvertOptions, WdsSource, convert
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH, WORKERS = 3, 2
@@ -23,7 +23,7 @@ BATCH, WORKERS = 3, 2
 RANK_SCRIPT = r"""
 import datetime, json, os, sys
 import torch, torch.distributed as dist
-from converters import WdsSource
+from autotune_converters import WdsSource
 
 dst, equalize, timeout = sys.argv[1], sys.argv[2] == "1", float(sys.argv[3])
 dist.init_process_group("gloo", init_method=os.environ["INIT"], rank=int(os.environ["RANK"]),

@@ -30,8 +30,8 @@ def hash_bytes(b: bytes) -> str:   # module level: picklable for the workers
 def made(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The folder, its WebDataset (about a dozen shards) and LMDB conversions, and staged
     copies of the WebDataset conversion and of the folder."""
-    from converters import ConvertOptions, convert
-    from converters.stage import stage
+    from autotune_converters import ConvertOptions, convert
+    from autotune_converters.stage import stage
 
     base = tmp_path_factory.mktemp("opends")
     out = {"folder": small_dataset}
@@ -126,7 +126,7 @@ def test_ranks_read_equal_counts_the_remainder_dropped_or_padded(made, truth, dr
 
 def test_no_shuffle_reads_the_stored_order(made):
     ds = autotune.open_dataset(made["wds"], transform=hash_bytes, decode=False, shuffle=False)
-    from converters.wds.reader import WdsSource
+    from autotune_converters.wds.reader import WdsSource
 
     stored = [_h(b) for b, _, _ in WdsSource(made["wds"]).records()]
     assert [h for h, _ in ds] == stored
@@ -173,7 +173,7 @@ def test_more_readers_than_shards_names_both_numbers(made, small_dataset, tmp_pa
     assert f"{shards + 1} readers" in msg and f"{shards} shards" in msg, msg
     assert f"num_workers={shards} or fewer" in msg and "--readers" in msg, msg
     # Found in the workers too when open_dataset was not told: 2 workers, one shard.
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     convert(small_dataset, tmp_path / "one", ConvertOptions(format="wds", workers=1, readers=1,
                                                            shard_size=1 << 30))

@@ -39,7 +39,7 @@ def small_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def conversions(tmp_path_factory: pytest.TempPathFactory, small_images: Path) -> dict[str, Path]:
     """A real WebDataset and a real LMDB conversion of `small_images`."""
-    from converters.conversion import ConvertOptions, convert
+    from autotune_converters.conversion import ConvertOptions, convert
 
     base = tmp_path_factory.mktemp("hostile-conv")
     out = {}

@@ -24,8 +24,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from converters.errors import AutotuneError
-from converters.wds.tarfmt import ShardFormatError, iter_members
+from autotune_base.errors import AutotuneError
+from autotune_converters.wds.tarfmt import ShardFormatError, iter_members
 
 ALLOWED = (AutotuneError, ShardFormatError)
 
@@ -136,7 +136,7 @@ def _stage_case(base: Path, conv: Path, entries: list, plants: set[str]) -> tupl
 @example(entries=[("REAL", None)], plants={"lockdir"})
 @example(entries=[("sub/x.tar", None)], plants={"sub"})
 def test_stage_never_writes_outside_dst(tmp_path_factory, conversions, entries, plants):
-    from converters.stage import stage
+    from autotune_converters.stage import stage
 
     answers = []
     for attempt in range(2):
@@ -240,8 +240,8 @@ def test_sparse_member_is_refused(tmp_path):
 # -- LMDB: values and pages damaged ---------------------------------------------------------
 _LMDB_READ = r"""
 import json, sys
-from converters.lmdb.reader import LmdbSource
-from converters.errors import AutotuneError
+from autotune_converters.lmdb.reader import LmdbSource
+from autotune_base.errors import AutotuneError
 out = []
 try:
     s = LmdbSource(sys.argv[1], io=sys.argv[2])
@@ -280,7 +280,7 @@ def test_lmdb_values_checked(tmp_path_factory, conversions, which, how, blob, io
     but our errors, the same answer twice."""
     import numpy as np
 
-    from converters.lmdb.layout import index_dtype
+    from autotune_converters.lmdb.layout import index_dtype
 
     d = tmp_path_factory.mktemp("lmdb") / "conv"
     shutil.copytree(conversions["lmdb"], d)

@@ -76,7 +76,7 @@ def test_gets_from_a_capped_server_pass_through_the_tbf(tmp_path: Path, s3_creds
     from botocore.config import Config
 
     from autotune.probe.objstore import measure_objects
-    from converters.objstore import S3Config, Store
+    from autotune_converters.objstore import S3Config, Store
 
     blob = os.urandom(3 << 20)
     served = CappedSeaweed(tmp_path / "weed", rate="100mbit")

@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from converters.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
-from converters.objstore import S3Config, S3Url, Store, forget_listings, parse, shown_endpoint
-from converters.objstore.client import ObjectInfo
+from autotune_base.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
+from autotune_converters.objstore import S3Config, S3Url, Store, forget_listings, parse, shown_endpoint
+from autotune_converters.objstore.client import ObjectInfo
 
 
 def test_parse_urls() -> None:

@@ -1,4 +1,4 @@
-"""The obstore GET path of converters.objstore (client="obstore") against the real server:
+"""The obstore GET path of autotune_converters.objstore (client="obstore") against the real server:
 the same bytes, ranges and ETag pinning as boto3's, and a one-line error, not a hang,
 in a process forked after obstore was used."""
 
@@ -9,8 +9,8 @@ import signal
 
 import pytest
 
-from converters.errors import SampleError, UsageError
-from converters.objstore import ObjectInfo, S3Config, Store
+from autotune_base.errors import SampleError, UsageError
+from autotune_converters.objstore import ObjectInfo, S3Config, Store
 
 pytest.importorskip("obstore", reason="obstore is not installed (the s3-clients extra)")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch.utils.data
 
 import autotune
-from converters.objstore import forget_listings
+from autotune_converters.objstore import forget_listings
 
 
 def hash_bytes(b: bytes) -> str:
@@ -20,7 +20,7 @@ def hash_bytes(b: bytes) -> str:
 def test_open_dataset_reads_shards_in_a_bucket(small_dataset: Path, tmp_path: Path,
                                                s3_endpoint: str, s3_client, bucket: str,  # noqa: ANN001
                                                upload, monkeypatch) -> None:  # noqa: ANN001
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     convert(small_dataset, tmp_path / "wds", ConvertOptions(format="wds", workers=1, readers=4))
     upload(s3_client, bucket, tmp_path / "wds", "wds")

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.emulate.delayproxy import DelayProxy
 from autotune.probe.objstore import measure_objects, probe_result
-from converters.objstore import S3Config, Store
+from autotune_converters.objstore import S3Config, Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def test_ranged_reads_refuse_a_changed_object(s3_endpoint: str, s3_client,  # no
                                               bucket: str) -> None:
     """Pinned to the listing's ETag: an object rewritten after the LIST reads as errors."""
     from autotune.probe.objstore import measure_ranges
-    from converters.objstore import ObjectInfo
+    from autotune_converters.objstore import ObjectInfo
 
     s3_client.put_object(Bucket=bucket, Key="x/big.bin", Body=os.urandom(2 << 20))
     stale = ObjectInfo("x/big.bin", 2 << 20, '"0123456789abcdef0123456789abcdef"')
@@ -167,7 +167,7 @@ class _SlowToMake(Store):
 def test_a_level_starts_its_clock_after_the_client_is_made(s3_endpoint: str, s3_client,  # noqa: ANN001
                                                           bucket: str) -> None:
     from autotune.probe.objstore import measure_ranges
-    from converters.objstore import ObjectInfo
+    from autotune_converters.objstore import ObjectInfo
 
     s3_client.put_object(Bucket=bucket, Key="x/big.bin", Body=os.urandom(1 << 20))
     etag = s3_client.head_object(Bucket=bucket, Key="x/big.bin")["ETag"]
@@ -192,7 +192,7 @@ def test_no_large_object_is_said_not_zeroed(s3_endpoint: str, objects: str) -> N
 
 def test_pick_large_prefers_a_shard_and_says_why() -> None:
     from autotune.probe.objstore import RANGE_MIN_BYTES, pick_large
-    from converters.objstore import ObjectInfo
+    from autotune_converters.objstore import ObjectInfo
 
     shards = [ObjectInfo(f"s/shard-{i:06d}.tar", (2 + i) << 20, "e") for i in range(3)]
     big, why = pick_large(shards, "wds")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from converters import registry
-from converters.errors import UsageError
-from converters.folder import FolderSource
-from converters.objstore import forget_listings
-from converters.objstore.folder import S3FolderSource
+from autotune_converters import registry
+from autotune_base.errors import UsageError
+from autotune_converters.folder import FolderSource
+from autotune_converters.objstore import forget_listings
+from autotune_converters.objstore.folder import S3FolderSource
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,7 +123,7 @@ def test_bench_of_a_missing_bucket_or_a_silent_endpoint(s3_endpoint: str, s3_cre
 def test_bench_child_reads_the_parents_listing(s3_dataset: str, tmp_path: Path) -> None:
     """One LIST per dataset: the measurement process gets the parent's, not its own."""
     from autotune.bench import BenchConfig, run_bench
-    from converters.objstore import S3Config, Store, parse
+    from autotune_converters.objstore import S3Config, Store, parse
 
     cfg = BenchConfig.from_preset("decode-only", num_workers=1, batch_size=4, seconds=1,
                                   warmup_batches=1, compute_ms=0, cold=False)

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from converters import registry
-from converters.errors import SampleError
-from converters.objstore import forget_listings
-from converters.objstore.wds import S3WdsSource
-from converters.wds.reader import WdsSource
+from autotune_converters import registry
+from autotune_base.errors import SampleError
+from autotune_converters.objstore import forget_listings
+from autotune_converters.objstore.wds import S3WdsSource
+from autotune_converters.wds.reader import WdsSource
 
 
 @pytest.fixture(scope="session")
 def wds_dir(small_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     dst = tmp_path_factory.mktemp("wds") / "train-wds"
     convert(small_dataset, dst, ConvertOptions(format="wds", workers=1, readers=4))
@@ -97,7 +97,7 @@ def test_bench_streams_shards_from_a_bucket(s3_wds: str, s3_endpoint: str, tmp_p
 
 def test_probe_of_shards_claims_no_samples_ceiling(s3_wds: str, s3_endpoint: str) -> None:
     from autotune.probe.objstore import measure_objects, probe_result
-    from converters.objstore import S3Config, Store
+    from autotune_converters.objstore import S3Config, Store
 
     obj = measure_objects(s3_wds, store=Store(S3Config(s3_endpoint)), concurrency=(1,),
                           seconds=1, cold=False)
@@ -140,7 +140,7 @@ def test_a_forked_worker_makes_its_client_from_the_parents_parsed_models(s3_wds:
     p.join(60)
     assert got == 0  # no JSON model parsed again; a cold process parses several
     cold = ctx.Process(target=_forked_client_parses, args=(src, there))
-    import converters.objstore.client as client
+    import autotune_converters.objstore.client as client
 
     saved, client._LOADER = client._LOADER, None  # as a spawned worker starts
     try:
@@ -193,7 +193,7 @@ def test_a_shard_changed_while_an_earlier_one_is_read_is_an_error(  # noqa: ANN0
 
 
 def test_a_read_ahead_body_that_fails_first_is_asked_for_again(s3_wds: str) -> None:
-    from converters.objstore.wds import _FirstReadAgain
+    from autotune_converters.objstore.wds import _FirstReadAgain
 
     src = registry.open_source(s3_wds)
     url = src.shards[0][0]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertOptions, convert
-from converters.errors import UsageError
-from converters.objstore import forget_listings
+from autotune_converters import ConvertOptions, convert
+from autotune_base.errors import UsageError
+from autotune_converters.objstore import forget_listings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,10 +95,10 @@ def test_unsafe_keys_are_skipped_by_the_name_check(s3_src: str, s3_client, bucke
     holding such keys as AWS would list them."""
     from botocore.exceptions import ClientError
 
-    from converters.objstore.client import Listing, ObjectInfo
-    from converters.objstore.convsource import scan_bucket
-    from converters.objstore.url import parse
-    from converters.scan import ScanSink
+    from autotune_converters.objstore.client import Listing, ObjectInfo
+    from autotune_converters.objstore.convsource import scan_bucket
+    from autotune_converters.objstore.url import parse
+    from autotune_converters.scan import ScanSink
 
     key0 = s3_client.list_objects_v2(Bucket=bucket, Prefix="data/images/class_0000/"
                                      )["Contents"][0]["Key"]
@@ -207,8 +207,8 @@ def test_an_object_deleted_or_changed_since_the_listing_is_a_named_skip(
         s3_src: str, s3_client, bucket: str, tmp_path: Path) -> None:  # noqa: ANN001
     """fetch_ahead: GETs pinned to the plan's ETags; a deleted object and one rewritten
     since the LIST are this sample's skip (named), the others are read."""
-    from converters.objstore.convsource import ETAGS, fetch_ahead
-    from converters.records import Entry, SkippedFile
+    from autotune_converters.objstore.convsource import ETAGS, fetch_ahead
+    from autotune_converters.records import Entry, SkippedFile
 
     objs = s3_client.list_objects_v2(Bucket=bucket, Prefix="data/images/class_0000/")["Contents"]
     rel = [o["Key"][len("data/images/"):] for o in objs[:3]]
@@ -232,7 +232,7 @@ def test_an_endpoint_lost_mid_way_stops_with_store_unreachable_and_resumes(
     from urllib.parse import urlsplit
 
     from autotune.emulate.delayproxy import DelayProxy
-    from converters.errors import StoreUnreachable
+    from autotune_base.errors import StoreUnreachable
 
     ep = urlsplit(s3_endpoint)
     opts = ConvertOptions(format="wds", shard_size=1 << 16, readers=1, workers=2)

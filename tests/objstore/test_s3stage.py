@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertOptions, convert
-from converters.errors import UnsafeName
-from converters.objstore import forget_listings
-from converters.objstore import stage as s3stage
+from autotune_converters import ConvertOptions, convert
+from autotune_base.errors import UnsafeName
+from autotune_converters.objstore import forget_listings
+from autotune_converters.objstore import stage as s3stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_staged_from_a_bucket_by_ranged_gets_is_the_conversion(
     assert files_of(tmp_path / "dst") == files_of(converted)
     again = s3stage.stage_s3(remote, tmp_path / "dst")  # a rerun: verified already
     assert again.copied == 0 and again.skipped == res.files
-    from converters import open_converted
+    from autotune_converters import open_converted
 
     assert len(open_converted(tmp_path / "dst")) == 96
 
@@ -122,7 +122,7 @@ def test_killed_mid_way_and_rerun_gives_the_same_bytes(remote: str, converted: P
 
 
 def test_per_node_copy(remote: str, converted: Path, tmp_path: Path) -> None:
-    from converters.wds.split import NODE_FILE
+    from autotune_converters.wds.split import NODE_FILE
 
     res = s3stage.stage_s3(remote, tmp_path / "n0", node_rank=0, nnodes=2)
     got = files_of(tmp_path / "n0")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from converters import ConvertOptions, convert
-from converters.objstore import forget_listings
-from converters.objstore import upload as s3up
-from converters.objstore.upload import convert_to_bucket
+from autotune_converters import ConvertOptions, convert
+from autotune_converters.objstore import forget_listings
+from autotune_converters.objstore import upload as s3up
+from autotune_converters.objstore.upload import convert_to_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ def test_a_stale_multipart_upload_is_aborted(images: Path, tmp_path: Path, bucke
     opts = ConvertOptions(format="wds", readers=1, workers=1)
     os.environ["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the default work folder
     try:
-        res = convert(images, f"s3://{bucket}/out", opts)  # converters.convert takes a bucket
+        res = convert(images, f"s3://{bucket}/out", opts)  # autotune_converters.convert takes a bucket
     finally:
         del os.environ["XDG_CACHE_HOME"]
     assert not list((tmp_path / "cache" / "autotune").iterdir())
@@ -196,7 +196,7 @@ def test_denied_access_is_one_line_exit_2_for_convert_and_stage(images: Path, tm
 def test_a_missing_bucket_is_refused_before_anything_is_converted(images: Path, tmp_path: Path,
                                                                   s3_creds: None,
                                                                   env_endpoint: str) -> None:
-    from converters.errors import StoreDenied
+    from autotune_base.errors import StoreDenied
 
     with pytest.raises(StoreDenied, match=r"bucket no-such-bkt-\d+: NoSuchBucket") as e:
         convert_to_bucket(images, f"s3://no-such-bkt-{os.getpid()}/out",

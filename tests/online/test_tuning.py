@@ -154,7 +154,7 @@ def test_image_dataset_gets_a_stage_clock_and_the_verdict_its_stages(tmp_path, d
     from autotune.data.torchds import ImageDataset
     from autotune.data.transforms import build_transform
     from autotune.synth import make_image_folder
-    from converters.registry import open_source
+    from autotune_converters.registry import open_source
 
     make_image_folder(tmp_path / "train", 120, 4, seed=1, workers=1)
     ds = ImageDataset(open_source(str(tmp_path / "train"), "auto"),

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.probe import probe
 from autotune.probe.samples import sample_replay
-from converters import ConvertOptions, convert, open_source
+from autotune_converters import ConvertOptions, convert, open_source
 
 
 @pytest.fixture(scope="module", params=["wds", "lmdb"])

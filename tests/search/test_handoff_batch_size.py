@@ -99,7 +99,7 @@ def test_the_train_lines_of_search_json_run(small_dataset, tmp_path, kind):
 
     data = small_dataset
     if kind == "wds":
-        from converters import ConvertOptions, convert
+        from autotune_converters import ConvertOptions, convert
 
         data = tmp_path / "wds"
         convert(small_dataset, data, ConvertOptions(format="wds", workers=1, readers=2))

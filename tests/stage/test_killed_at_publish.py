@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from converters.stage import stage
+from autotune_converters.stage import stage
 
 # Runs `call` with os.replace patched: the rename onto manifest.json SIGKILLs the process
 # first, so the temporary file is written and fsynced but never renamed.
@@ -44,7 +44,7 @@ def _junk(dst: Path) -> list[str]:
 
 def test_a_stage_killed_at_its_manifest_leaves_no_temporary_file_in_dst(small_dataset, tmp_path):
     dst = tmp_path / "dst"
-    _killed(f"from converters.stage import stage; stage({str(small_dataset)!r}, {str(dst)!r})",
+    _killed(f"from autotune_converters.stage import stage; stage({str(small_dataset)!r}, {str(dst)!r})",
             Path.cwd())
     assert not (dst / "manifest.json").exists()   # killed before the rename, as meant
     assert _junk(dst) == []
@@ -56,10 +56,10 @@ def test_a_stage_killed_at_its_manifest_leaves_no_temporary_file_in_dst(small_da
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
 def test_a_conversion_killed_at_its_manifest_leaves_no_temporary_file_in_dst(
         small_dataset, tmp_path, fmt):
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     dst = tmp_path / fmt
-    _killed("from converters import ConvertOptions, convert\n"
+    _killed("from autotune_converters import ConvertOptions, convert\n"
             f"if __name__ == '__main__':\n"
             f"    convert({str(small_dataset)!r}, {str(dst)!r}, "
             f"ConvertOptions(format={fmt!r}, workers=1))", Path.cwd())

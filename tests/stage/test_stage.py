@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from converters.stage import StageError, stage, verify_staged
+from autotune_converters.stage import StageError, stage, verify_staged
 
 
 def _sha(p: Path) -> str:
@@ -85,7 +85,7 @@ def test_lock_refuses_a_second_stager(converted, tmp_path):
         if not started:
             started.append(name)
             code = ("import sys; sys.path.insert(0, %r)\n"
-                    "from converters.stage import stage\n"
+                    "from autotune_converters.stage import stage\n"
                     "try:\n stage(%r, %r)\nexcept Exception as e:\n print(e); sys.exit(7)\n"
                     % (str(Path(__file__).parents[2]), str(converted), str(dst)))
             p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -165,7 +165,7 @@ def test_killed_stage_resumes_to_an_identical_copy(converted, tmp_path):
         m["shards"].append({"file": f.name, "samples": 1, "bytes": f.stat().st_size, "sha256": _sha(f)})
     (converted / "manifest.json").write_text(json.dumps(m))
     dst = tmp_path / "dst"
-    code = ("import sys; sys.path.insert(0, %r)\nfrom converters.stage import stage\n"
+    code = ("import sys; sys.path.insert(0, %r)\nfrom autotune_converters.stage import stage\n"
             "stage(%r, %r, workers=1)\n" % (str(Path(__file__).parents[2]), str(converted), str(dst)))
     for delay in (0.05, 0.2, 0.4):
         p = subprocess.Popen([sys.executable, "-c", code])

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from converters.errors import StageError, UnsafeName, UsageError
-from converters.stage import stage
+from autotune_base.errors import StageError, UnsafeName, UsageError
+from autotune_converters.stage import stage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -114,7 +114,7 @@ def test_a_symlink_in_src_named_by_the_manifest_is_not_followed(tmp_path):
 def test_a_fifo_named_by_the_manifest_is_refused_not_waited_on(tmp_path):
     src = _src(tmp_path / "src", [_entry("pipe.tar", b"")])
     os.mkfifo(src / "pipe.tar")
-    code = ("import json, sys\nfrom converters.stage import stage\n"
+    code = ("import json, sys\nfrom autotune_converters.stage import stage\n"
             "r = stage(sys.argv[1], sys.argv[2])\n"
             "print(json.dumps([f.to_dict() for f in r.failures]))")
     try:  # a hang is a failure here, not a stuck test run

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wds_src(small_dataset, tmp_path_factory) -> Path:
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     dst = tmp_path_factory.mktemp("nodes") / "wds"
     convert(small_dataset, dst, ConvertOptions(format="wds", shard_size=256 << 10, readers=4,
@@ -31,8 +31,8 @@ def _stage(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_each_node_gets_the_shards_its_ranks_read_and_nothing_else(wds_src, tmp_path):
-    from converters import WdsSource
-    from converters.wds.split import rank_shards
+    from autotune_converters import WdsSource
+    from autotune_converters.wds.split import rank_shards
 
     manifest = json.loads((wds_src / "manifest.json").read_text())
     names = [s["file"] for s in manifest["shards"]]
@@ -81,7 +81,7 @@ def test_each_node_gets_the_shards_its_ranks_read_and_nothing_else(wds_src, tmp_
 
 
 def test_a_rank_of_another_node_is_told_which_node_to_stage(wds_src, tmp_path):
-    from converters import SampleError, WdsSource
+    from autotune_converters import SampleError, WdsSource
 
     dst = tmp_path / "n0"
     assert _stage(wds_src, dst, "--node-rank", 0, "--nnodes", 2).returncode == 0
@@ -91,7 +91,7 @@ def test_a_rank_of_another_node_is_told_which_node_to_stage(wds_src, tmp_path):
 
 
 def test_staging_whole_after_a_node_copy_makes_it_whole(wds_src, tmp_path):
-    from converters import WdsSource
+    from autotune_converters import WdsSource
 
     dst = tmp_path / "grow"
     assert _stage(wds_src, dst, "--node-rank", 1, "--nnodes", 2).returncode == 0
@@ -112,7 +112,7 @@ def test_bad_node_options_exit_2(wds_src, tmp_path, args, says):
 
 
 def test_an_lmdb_is_staged_whole(small_dataset, tmp_path):
-    from converters import ConvertOptions, convert
+    from autotune_converters import ConvertOptions, convert
 
     src = tmp_path / "lmdb"
     convert(small_dataset, src, ConvertOptions(format="lmdb", workers=1))

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.tables import _ms, _pct, _stat, budget_texts, environment_texts, printable
-from converters.units import fmt_rate
+from autotune_base.units import fmt_rate
 
 
 def bench_renderable(r: Any) -> Group:

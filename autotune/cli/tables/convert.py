@@ -9,8 +9,8 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.tables import printable
-from converters import registry
-from converters.units import fmt_bytes
+from autotune_converters import registry
+from autotune_base.units import fmt_bytes
 
 
 def convert_summary(res: Any) -> Group:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.tables import _ms, environment_texts, printable
-from converters.units import fmt_bytes, fmt_rate
+from autotune_base.units import fmt_bytes, fmt_rate
 
 
 def probe_renderable(r: Any, gate: Any = None) -> Group:

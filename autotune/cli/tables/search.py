@@ -12,7 +12,7 @@ from rich.text import Text
 
 from autotune.cli.tables import budget_texts, environment_texts, printable
 from autotune.params import cells, shown
-from converters.units import fmt_rate
+from autotune_base.units import fmt_rate
 
 
 def _f(x: float | None, spec: str = ".2f") -> str:

@@ -1,7 +1,7 @@
-"""The exception tree of autotune and its formats wing, drawn once.
+"""The exception tree of autotune and its formats, drawn once.
 
-The base and the format errors live here, in the lower package, so that `converters`
-depends on nothing in `autotune`; `autotune.errors` re-exports them and adds the errors
+The base and the format errors live here, in the base layer, so that
+`autotune_converters` depends on nothing in `autotune`; `autotune.errors` re-exports them and adds the errors
 of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.main`).
 
     AutotuneError            a failure a user can act on; str(err) is the one-line message  exit 1

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from converters.beneath import open_dir
-from converters.errors import AutotuneError, UsageError
+from autotune_base.beneath import open_dir
+from autotune_base.errors import AutotuneError, UsageError
 
 
 def fsync_dir(path: str | os.PathLike[str] | int) -> None:

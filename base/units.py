@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from converters.errors import UsageError
+from autotune_base.errors import UsageError
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": 1024**2, "mb": 1000**2,
           "mib": 1024**2, "g": 1024**3, "gb": 1000**3, "gib": 1024**3, "t": 1024**4,
