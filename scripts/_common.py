@@ -85,6 +85,24 @@ def busy_pct(seconds: float = 2.0) -> float:
     return cpu_usage(a, read_cpu_times()).total_pct
 
 
+def work_dir(name: str, a: Any) -> Path | None:
+    """The outputs folder of a benchmark with --work, --tmp-dir and --skip-convert: the
+    one given, else a new one of its own under --tmp-dir (said on stderr); None, said why,
+    when --skip-convert has no earlier run's folder to reuse."""
+    if a.skip_convert and not a.work:
+        print(f"{name}: --skip-convert reuses the outputs of an earlier run: give its "
+              "--work folder", file=sys.stderr)
+        return None
+    from autotune.emulate.setups import scratch_dir
+
+    work = Path(a.work) if a.work else scratch_dir(f"autotune-{name.replace('_', '-')}-",
+                                                   a.tmp_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"{name}: outputs in {work} (--work {work} --skip-convert reuses them)",
+          file=sys.stderr)
+    return work
+
+
 def du(path: Path) -> int:
     """Bytes of the files under `path`."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts._common import ROOT, drop_caches, du, start_reader, write_json
+from scripts._common import ROOT, drop_caches, du, start_reader, work_dir, write_json
 
 PY = sys.executable
 SELF = [PY, "-m", "scripts.bench_convert"]   # its child modes, from ROOT
@@ -276,17 +276,10 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_convert needs root (drop_caches, cgroup IOPS cap)", file=sys.stderr)
         return 2
-    if a.skip_convert and not a.work:
-        print("bench_convert: --skip-convert reuses the outputs of an earlier run: give its "
-              "--work folder", file=sys.stderr)
+    work = work_dir("bench_convert", a)
+    if work is None:
         return 2
-    from autotune.emulate.setups import scratch_dir
-
     src = Path(a.dataset)
-    work = Path(a.work) if a.work else scratch_dir("autotune-bench-convert-", a.tmp_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"bench_convert: outputs in {work} (--work {work} --skip-convert reuses them)",
-          file=sys.stderr)
     from autotune.blockdev import block_device_for
 
     out: dict = {"dataset": str(src), "cpus": os.cpu_count()}

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts._common import ROOT, drop_caches, du, start_reader, write_json
+from scripts._common import ROOT, drop_caches, du, start_reader, work_dir, write_json
 
 PY = sys.executable
 SELF = [PY, "-m", "scripts.bench_peers"]   # its child modes, from ROOT
@@ -486,17 +486,10 @@ def main() -> int:
         print("bench_peers: litdata is not installed; install it as the module doc says",
               file=sys.stderr)
         return 2
-    if a.skip_convert and not a.work:
-        print("bench_peers: --skip-convert reuses the outputs of an earlier run: give its "
-              "--work folder", file=sys.stderr)
+    work = work_dir("bench_peers", a)
+    if work is None:
         return 2
-    from autotune.emulate.setups import scratch_dir
-
     src = Path(a.dataset)
-    work = Path(a.work) if a.work else scratch_dir("autotune-bench-peers-", a.tmp_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"bench_peers: outputs in {work} (--work {work} --skip-convert reuses them)",
-          file=sys.stderr)
     src_files = [p for p in src.rglob("*") if p.is_file() and not p.name.startswith(".")]
     n_src, src_bytes = len(src_files), sum(p.stat().st_size for p in src_files)
     out: dict[str, Any] = {"dataset": str(src), "images": n_src, "source_bytes": src_bytes,
