@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Does `bench` agree with a plain loop an engineer would write? A benchmark, not a test:
 a busy machine moves both figures, so this prints them and their ratio and asserts nothing.
 
-    .venv/bin/python scripts/bench_agreement.py [--dataset DIR] [--rounds 3] [--seconds 3]
+    .venv/bin/python -m scripts.bench_agreement [--dataset DIR] [--rounds 3] [--seconds 3]
 
 Each round: a hand loop, the bench, a hand loop, over the same warm image folder with the
 same DataLoader settings (decode-only preset, 2 workers, batch 16, prefetch 2, persistent
@@ -28,8 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from scripts._common import ROOT
 
 _HAND = r"""
 import json, sys, time

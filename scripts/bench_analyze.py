@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """The four verdicts of issue 7, each from a real training loop under `autotune monitor`:
 runs tests/analyze/test_setups.py (compute, loader with 0 and 1 workers, decode, storage
 behind an IOPS cap and behind a FUSE delay) --repeat times and tabulates what each
 analysis said: verdict, AU, data-time share and the evidence lines.
 
-    .venv/bin/python scripts/bench_analyze.py [--repeat 3] [--out out/bench_analyze]
+    .venv/bin/python -m scripts.bench_analyze [--repeat 3] [--out out/bench_analyze]
 
 The set-ups are the tests' (one place defines them); root for the cap and FUSE cases.
 Prints markdown to stdout; every analysis JSON stays under --out.
@@ -21,7 +20,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts._common import ROOT
+
 TESTS = ROOT / "tests" / "analyze" / "test_setups.py"
 
 

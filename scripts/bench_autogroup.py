@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Why a plain loop and `bench` disagreed by 1.24x on a busy machine: the scheduler's
 autogroups. A benchmark, not a test: it prints figures and asserts nothing.
 
-    .venv/bin/python scripts/bench_autogroup.py [--rounds 3] [--seconds 3] [--hogs 2]
+    .venv/bin/python -m scripts.bench_autogroup [--rounds 3] [--seconds 3] [--hogs 2]
 
 With kernel.sched_autogroup_enabled=1 (Debian's default) the CFS scheduler shares the
 CPUs between sessions first, then between the tasks of a session. bench's measurement
@@ -26,11 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_agreement import _HAND  # noqa: E402  (the same loop, word for word)
+from scripts._common import ROOT
+from scripts.bench_agreement import _HAND  # the same loop, word for word
 
 
 def loop(ds: Path, cfg: dict, own_session: bool) -> float:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Figures for issue 5 (`autotune convert`), measured side by side in one run:
 
 1. conversion images/s and MB/s of a generated 20,000-image folder, cold source, for
@@ -16,7 +15,7 @@ measures storage, not the CPU); map-style sources (folder, LMDB) with shuffle=Tr
 WebDataset with its shard shuffle and a 1000-sample buffer. Steady state: the first batch
 (worker start-up) is excluded. Needs root (drop_caches, cgroup cap). Run it alone:
 
-    flock /tmp/autotune-bench.lock .venv/bin/python scripts/bench_convert.py \\
+    flock /tmp/autotune-bench.lock .venv/bin/python -m scripts.bench_convert \\
         [--dataset /work/data/ds20k] [--iops 300] [--read-seconds 20] [--rss] \\
         [--json out/bench_convert.json]
 """
@@ -33,12 +32,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from _setups import start_reader  # noqa: E402  (scripts/, beside this file)
+from scripts._common import ROOT, drop_caches, du, start_reader, work_dir, write_json
 
 PY = sys.executable
+SELF = [PY, "-m", "scripts.bench_convert"]   # its child modes, from ROOT
 
 
 # -- child modes (run in fresh processes) -------------------------------------------------
@@ -127,19 +124,10 @@ def _child_read(kind: str, path: str, seconds: float) -> None:
 
 # -- parent --------------------------------------------------------------------------------
 
-def _cold() -> None:
-    from autotune.cache import drop_caches
-    drop_caches()
-
-
-def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def _convert(src: Path, dst: Path, fmt: str, workers: int, cold: bool = True) -> dict:
     shutil.rmtree(dst, ignore_errors=True)
     if cold:
-        _cold()
+        drop_caches()
     t0 = time.monotonic()
     r = subprocess.run([PY, "-m", "autotune", "convert", "-q", str(src), str(dst), "--format",
                         fmt, "--workers", str(workers), "--json", "-"], capture_output=True,
@@ -155,16 +143,16 @@ def _convert(src: Path, dst: Path, fmt: str, workers: int, cold: bool = True) ->
 
 def _shardwriter(src: Path, dst: Path) -> dict:
     shutil.rmtree(dst, ignore_errors=True)
-    _cold()
+    drop_caches()
     t0 = time.monotonic()
-    r = subprocess.run([PY, __file__, "_shardwriter", str(src), str(dst), str(64 << 20)],
+    r = subprocess.run([*SELF, "_shardwriter", str(src), str(dst), str(64 << 20)],
                        capture_output=True, text=True, cwd=ROOT)
     wall = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"ShardWriter failed: {r.stderr}")
     d = json.loads(r.stdout.strip().splitlines()[-1])
     base = {"wall_s": wall, "samples": d["samples"], "source_bytes": d["bytes"],
-            "output_bytes": _du(dst), "shards": len(list(dst.glob("*.tar")))}
+            "output_bytes": du(dst), "shards": len(list(dst.glob("*.tar")))}
     return [{"tool": "webdataset.ShardWriter (1 process), closed", "seconds": d["seconds"],
              **base},
             {"tool": "webdataset.ShardWriter (1 process), closed + sync",
@@ -176,7 +164,7 @@ def _read(kind: str, path: Path, iops: int | None, seconds: float,
     from autotune.emulate import IoThrottle
 
     if cold == "drop_caches":
-        _cold()
+        drop_caches()
     else:  # "data": file data evicted, directory and inode caches kept warm
         from autotune.cache import evict_files
         from autotune_converters.folder import FolderSource
@@ -188,7 +176,7 @@ def _read(kind: str, path: Path, iops: int | None, seconds: float,
     # An effectively unlimited cap for the unthrottled case: the same cgroup, so the same
     # I/O accounting.
     with IoThrottle(path, read_iops=iops or 10_000_000, name="bench-convert") as cap:
-        p = cap.popen([PY, __file__, "_read", kind, str(path), str(seconds)],
+        p = cap.popen([*SELF, "_read", kind, str(path), str(seconds)],
                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                       text=True, cwd=ROOT)
         s0, sf = start_reader(p, cap, kind)
@@ -288,17 +276,10 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_convert needs root (drop_caches, cgroup IOPS cap)", file=sys.stderr)
         return 2
-    if a.skip_convert and not a.work:
-        print("bench_convert: --skip-convert reuses the outputs of an earlier run: give its "
-              "--work folder", file=sys.stderr)
+    work = work_dir("bench_convert", a)
+    if work is None:
         return 2
-    from _setups import scratch_dir
-
     src = Path(a.dataset)
-    work = Path(a.work) if a.work else scratch_dir("autotune-bench-convert-", a.tmp_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"bench_convert: outputs in {work} (--work {work} --skip-convert reuses them)",
-          file=sys.stderr)
     from autotune.blockdev import block_device_for
 
     out: dict = {"dataset": str(src), "cpus": os.cpu_count()}
@@ -312,7 +293,7 @@ def main() -> int:
                 out[k] = int((q / k).read_text())
             except (OSError, ValueError):
                 pass
-    src_bytes = _du(src)
+    src_bytes = du(src)
     n_src = sum(1 for _ in src.rglob("*.jpg"))
     out["images"], out["source_bytes"] = n_src, src_bytes
     print(f"dataset {src}: {n_src} images, {src_bytes / 2**20:.0f} MiB, "
@@ -404,8 +385,7 @@ def main() -> int:
             print(f"| {d['files']:,} | {d['format']} | {d['main_peak_rss'] / 2**20:.0f} MiB | "
                   f"{d['worker_peak_rss'] / 2**20:.0f} MiB | {d['wall_s']:.1f} |")
 
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(out, indent=1))
+    write_json(a.json, out)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Figures for issue 15 (conversion beyond one machine), measured side by side in one run:
 
 1. `autotune convert --format wds` of one image folder, cold source (caches dropped before
@@ -22,8 +21,8 @@ for ranks the slower rank, for Ray the driver's connection included). Each varia
 
 Needs root for drop_caches (else the runs are warm, and say so). Run it alone:
 
-    .venv/bin/python scripts/make_dataset.py /var/tmp/img4k --images 4000 --classes 40
-    flock /tmp/autotune-bench.lock .venv/bin/python scripts/bench_distributed.py \\
+    .venv/bin/python -m scripts.make_dataset /var/tmp/img4k --images 4000 --classes 40
+    flock /tmp/autotune-bench.lock .venv/bin/python -m scripts.bench_distributed \\
         /var/tmp/img4k [--work /var/tmp/bench-dist] [--json out/bench_distributed.json]
 """
 
@@ -40,8 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from scripts._common import ROOT, drop_caches
+
 PY = sys.executable
 COMMON = ["--format", "wds", "--shard-size", "4MiB", "--readers", "8"]
 
@@ -49,8 +48,6 @@ COMMON = ["--format", "wds", "--shard-size", "4MiB", "--readers", "8"]
 def _cold() -> bool:
     if os.geteuid() != 0:
         return False
-    from autotune.cache import drop_caches
-
     drop_caches()
     return True
 
@@ -202,8 +199,7 @@ def main() -> int:
     # (or the one given, whose contents are left alone).
     own = a.work is None
     if own:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from _setups import scratch_dir
+        from autotune.emulate.setups import scratch_dir
 
         a.work = scratch_dir("autotune-bench-dist-", a.tmp_dir)
     a.work.mkdir(parents=True, exist_ok=True)

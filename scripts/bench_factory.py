@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """The user's own job (issue 14): a search over a Dataset autotune did not write, and the
 answer checked the way a user would use it.
 
-    .venv/bin/python scripts/bench_factory.py --dataset /var/tmp/ds20k [--images 4000,20000]
+    .venv/bin/python -m scripts.bench_factory --dataset /var/tmp/ds20k [--images 4000,20000]
 
 For each dataset size (the first N images of --dataset, copied to the root disk):
 1. `autotune search DIR --dataset-factory tests/search/user_dataset.py:make` (grayscale,
@@ -27,23 +26,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from scripts._common import ROOT, config_label, copy_images, drop_caches, log
+
 PY = sys.executable
 FACTORY = ROOT / "tests" / "search" / "user_dataset.py"
 
-from _setups import config_label, log  # noqa: E402
-
-from autotune.cache import drop_caches  # noqa: E402
-
-# The user's loop: their dataset, the handed-back kwargs, a step of the search's length.
+# The user's loop: their dataset (user_dataset.py's folder on its PYTHONPATH), the
+# handed-back kwargs, a step of the search's length.
 PLAIN = r"""
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
 import torch, torch.utils.data
 import autotune
 from user_dataset import make
-root, out, step_s, warmup, seconds = sys.argv[2], sys.argv[3], *map(float, sys.argv[4:7])
+root, out, step_s, warmup, seconds = sys.argv[1], sys.argv[2], *map(float, sys.argv[3:6])
 torch.set_num_threads(1)
 kw = autotune.loader_kwargs(out)
 it = iter(torch.utils.data.DataLoader(make(root), shuffle=True, **kw))   # as the search measured
@@ -68,10 +63,7 @@ def subset(ds: Path, n: int, work: Path) -> Path:
     if len(files) == n:
         return ds
     dst = work / f"ds{n}"
-    for f in files[:n]:
-        d = dst / f.parent.name
-        d.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(f, d / f.name)
+    copy_images(files[:n], dst)
     return dst
 
 
@@ -93,9 +85,11 @@ def plain_loader(ds: Path, out: Path, d: dict, a: argparse.Namespace) -> dict:
     warm = max(5, (cfg["num_workers"] or 0) * (cfg.get("prefetch_factor") or 0))
     seconds = (rec.get("window") or {}).get("seconds") or a.seconds
     drop_caches()
-    r = subprocess.run([PY, "-c", PLAIN, str(FACTORY.parent), str(ds), str(out),
+    path = os.pathsep.join(filter(None, [str(FACTORY.parent), os.environ.get("PYTHONPATH")]))
+    r = subprocess.run([PY, "-c", PLAIN, str(ds), str(out),
                         str(a.compute_ms / 1000), str(warm), str(seconds)],
-                       capture_output=True, text=True, cwd=ROOT, timeout=900)
+                       capture_output=True, text=True, cwd=ROOT, timeout=900,
+                       env={**os.environ, "PYTHONPATH": path})
     if r.returncode != 0:
         raise SystemExit(f"plain DataLoader failed: {r.stderr.strip()[-800:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

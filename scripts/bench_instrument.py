@@ -10,7 +10,7 @@ Three measurements, each the best of --repeats runs (the least disturbed by othe
      model) and 100 ms (ResNet-50 at batch 256 on an A100, the resnet50 preset).
 
 Usage:
-    .venv/bin/python scripts/bench_instrument.py [--steps N] [--repeats R] [--json FILE]
+    .venv/bin/python -m scripts.bench_instrument [--steps N] [--repeats R] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,9 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import autotune  # noqa: E402
+import autotune
 
 
 def _loop(iterable) -> float:

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """The closed loop's target (issue 6): a generated image folder on slow storage ->
 search -> convert -> stage -> search again, before and after side by side, per set-up.
 
-    .venv/bin/python scripts/bench_loop.py --dataset /work/data/bench20k
+    .venv/bin/python -m scripts.bench_loop --dataset /work/data/bench20k
         [--setups hdd,nfs] [--iops 100] [--delay-ms 5] [--trials 6] [--seconds 8]
 
 hdd: a cgroup read cap of --iops on the dataset's disk (about what a 7200 rpm disk serves
@@ -20,20 +19,15 @@ Run it on a quiet machine (another process dropping the page cache disturbs it).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autotune.search import SearchOptions  # noqa: E402
-from autotune.search.loop import run_loop  # noqa: E402
-from _setups import (config_label, enter_setup, own_disk, scratch_dir,  # noqa: E402
-                     workload_args)
+from autotune.emulate.setups import enter_setup, own_disk, scratch_dir
+from autotune.search import SearchOptions
+from autotune.search.loop import run_loop
+from scripts._common import ROOT, config_label, workload_args, write_json
 
 
 def _fig(t: dict | None, key: str, fmt: str) -> str:
@@ -99,8 +93,7 @@ def main() -> int:
         print(f"\n{r['setup']}: {r['decision']} ({r['seconds']:.0f} s)")
         for c in r["commands"]:
             print(f"  {c}")
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    (Path(a.out) / "bench_loop.json").write_text(json.dumps(rows, indent=1))
+    write_json(Path(a.out) / "bench_loop.json", rows)
     return 0
 
 

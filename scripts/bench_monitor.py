@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure the system monitor: its CPU overhead at 0.5 s and its agreement with iostat.
 
-    .venv/bin/python scripts/bench_monitor.py [--seconds 20] [--dir /tmp] [--json out.json]
+    .venv/bin/python -m scripts.bench_monitor [--seconds 20] [--dir /tmp] [--json out.json]
 
 1. Overhead: the monitor watches a disk, a process tree (a parent with 8 idle children,
    like DataLoader workers) and NVML for --seconds while this process sleeps. Reported two
@@ -24,11 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import psutil
 
-import psutil  # noqa: E402
-
-from autotune.monitor import SystemMonitor, iostat_crosscheck, resolve_disk  # noqa: E402
+from autotune.monitor import SystemMonitor, iostat_crosscheck, resolve_disk
 
 WORKERS = """
 import subprocess, sys, time

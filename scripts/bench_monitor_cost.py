@@ -10,7 +10,7 @@ interval). Printed: the sampler thread's CPU (time.thread_time of its own thread
 take() calls' CPU, as % of one core over the window, the achieved Hz, the threads seen.
 Target: under 1 % of a core.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_monitor_cost.py [--seconds 20] [--workers 8]
+    PYTHONPATH=. .venv/bin/python -m scripts.bench_monitor_cost [--seconds 20] [--workers 8]
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # this checkout's autotune
 
 JOB = r"""
 import sys, time

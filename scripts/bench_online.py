@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """autotune.DataLoader in a plain training loop (scripts/online_train.py), started cold,
 against torch's DataLoader with the user's settings (num_workers=0) and against the best
 fixed configuration `autotune search` finds for the same job (run here: the same dataset
 through the same factory, the same step, the same batch size).
 
-    sudo PYTHONPATH=$PWD .venv/bin/python scripts/bench_online.py [--scenarios a,b,c,d,e]
+    sudo PYTHONPATH=$PWD .venv/bin/python -m scripts.bench_online [--scenarios a,b,c,d,e]
         [--minutes 1] [--seconds 30] [--rounds 1] [--search-trials 4] [--search-seconds S]
         [--json out/bench_online.json]
 
@@ -38,13 +37,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from autotune.emulate.setups import enter_setup, own_disk
+from scripts._common import ROOT, log, write_json
 
-from _setups import enter_setup, log, own_disk  # noqa: E402
-
-TRAIN = ROOT / "scripts" / "online_train.py"
+TRAIN = ROOT / "scripts" / "online_train.py"   # run as a file: the user's own script
 FACTORY = f"{TRAIN}:files_dataset"
 STEPS = {"a": 250.0, "b": 100.0, "c": 250.0, "d": 250.0, "e": 250.0}
 SETUP = {"a": "unthrottled", "b": "unthrottled", "c": "fuse", "d": "unthrottled", "e": "cap"}
@@ -156,8 +152,7 @@ def scenario(name: str, ds: Path, a: argparse.Namespace, work: Path,
             seed = {"num_workers": w, "prefetch_factor": p}
             from autotune.cpus import usable_cores
             from autotune.online import cache
-            sys.path.insert(0, str(ROOT / "scripts"))
-            from online_train import files_dataset
+            from scripts.online_train import files_dataset
             key = cache.dataset_key(files_dataset(str(path)), None, a.batch_size,
                                     usable_cores())
             cache.store(key, seed, Path(cache_dir) / "online.json")
@@ -279,13 +274,11 @@ def main() -> int:
             cached = {"arm": a_best["best"]} if a_best else None
             results.append(scenario(name, ds, a, Path(work), cached))
             print(table(results[-1:]), flush=True)
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(results, indent=1))  # so far: a crash keeps them
+            write_json(a.json, results)  # so far: a crash keeps them
     out = table(results)
     print(out)
     print(f"\n(total {time.monotonic() - t0:.0f} s)")
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(results, indent=1))
+    write_json(a.json, results)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Benchmark: autotune.DataLoader in a small /dev/shm (Docker's 64 MiB), against the best plain
 torch DataLoader setting that fits there. A benchmark, not a test (figures vary with load).
 
-    sudo python scripts/bench_online_shm.py [--seconds 60] [--shm 64m] [--trial-s 10]
+    sudo python -m scripts.bench_online_shm [--seconds 60] [--shm 64m] [--trial-s 10]
 
 Re-runs itself in a private mount namespace whose /dev/shm is a tmpfs of --shm (root and
 `unshare` needed). Two cases, one JSON line each and a table:
@@ -27,9 +27,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tests", "online"))
+from scripts._common import ROOT
 
 
 def _args() -> argparse.Namespace:
@@ -49,11 +47,14 @@ def _reexec(a: argparse.Namespace) -> int:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         sys.exit("bench_online_shm.py: needs root and unshare for a private /dev/shm; rerun "
                  "with sudo.")
-    inner = " ".join([sys.executable, os.path.abspath(__file__), "--inner"]
+    inner = " ".join([sys.executable, "-m", "scripts.bench_online_shm", "--inner"]
                      + [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
                         if k != "inner"])
     cmd = f"mount -t tmpfs -o size={a.shm} tmpfs /dev/shm && exec {inner}"
-    return subprocess.call(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd])
+    # The inner run imports this checkout and the tests' loop (tests/online/shm_loop.py).
+    path = [str(ROOT), str(ROOT / "tests" / "online"), os.environ.get("PYTHONPATH")]
+    return subprocess.call(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, path))})
 
 
 def _busy(ms: float) -> None:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """autotune against its peers, side by side in one run (issue 16): same files, same
 machine, alternating rounds, medians.
 
@@ -30,7 +29,7 @@ torchvision, hence --no-deps; check with --dry-run first):
 
 Needs root (drop_caches, the cgroup cap). Run it alone, and say how loaded the machine was:
 
-    flock /tmp/autotune-bench.lock .venv/bin/python scripts/bench_peers.py \\
+    flock /tmp/autotune-bench.lock .venv/bin/python -m scripts.bench_peers \\
         --dataset /var/tmp/ds20k [--rounds 3] [--iops 300] [--read-seconds 12] [--rss] \\
         [--json out/bench_peers.json] [--md out/bench_peers.md]
 """
@@ -50,12 +49,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from _setups import start_reader  # noqa: E402  (scripts/, beside this file)
+from scripts._common import ROOT, drop_caches, du, start_reader, work_dir, write_json
 
 PY = sys.executable
+SELF = [PY, "-m", "scripts.bench_peers"]   # its child modes, from ROOT
 SHARD_BYTES = 64 << 20
 
 
@@ -307,12 +304,6 @@ def _child_read(kind: str, path: str, preset: str, seconds: float, batch: int,
 
 # -- parent -------------------------------------------------------------------------------
 
-def _drop() -> None:
-    from autotune.cache import drop_caches
-
-    drop_caches()
-
-
 class _Pinned:
     """The files' pages read into the page cache and locked there (mmap with MAP_POPULATE |
     MAP_LOCKED, then mlock) for a warm measurement: on a shared machine another user's
@@ -359,10 +350,6 @@ def _files(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()]
 
 
-def _du(path: Path) -> int:
-    return sum(p.stat().st_size for p in _files(path))
-
-
 def _run_timed(cmd: list[str]) -> dict[str, Any]:
     """Wall seconds, CPU seconds and peak RSS of one whole process, as the user waits.
 
@@ -390,9 +377,9 @@ CONVERTERS = {
                                                    "--format", "wds"],
     "autotune convert --format lmdb": lambda s, d: [PY, "-m", "autotune", "convert", "-q", s, d,
                                                     "--format", "lmdb"],
-    "webdataset ShardWriter (1 process)": lambda s, d: [PY, __file__, "_shardwriter", s, d],
-    "plain LMDB bulk write (txn per 1,000 puts)": lambda s, d: [PY, __file__, "_plain_lmdb", s, d],
-    "litdata.optimize (2 workers)": lambda s, d: [PY, __file__, "_litdata", s, d],
+    "webdataset ShardWriter (1 process)": lambda s, d: [*SELF, "_shardwriter", s, d],
+    "plain LMDB bulk write (txn per 1,000 puts)": lambda s, d: [*SELF, "_plain_lmdb", s, d],
+    "litdata.optimize (2 workers)": lambda s, d: [*SELF, "_litdata", s, d],
 }
 
 
@@ -402,10 +389,10 @@ def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: i
     for tool in tools:
         dst = work / ("conv-" + "".join(c if c.isalnum() else "-" for c in tool)[:40])
         shutil.rmtree(dst, ignore_errors=True)
-        _drop()
+        drop_caches()
         r = _run_timed(CONVERTERS[tool](str(src), str(dst)))
         r.update(tool=tool, images_per_s=n / r["wall_s"], mb_per_s=src_bytes / 1e6 / r["wall_s"],
-                 output_bytes=_du(dst))
+                 output_bytes=du(dst))
         rows.append(r)
         print(f"  convert {tool:45s} {r['wall_s']:6.2f} s  {r['images_per_s']:7,.0f} img/s  "
               f"CPU {r['cpu_s']:6.1f} s  peak RSS {r['peak_rss'] / 2**20:5.0f} MiB", flush=True)
@@ -426,10 +413,10 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
 
     pin = _Pinned(files) if cond == "warm" else contextlib.nullcontext()
     if cond != "warm":
-        _drop()
+        drop_caches()
     iops = a.iops if cond == "cold-capped" else 10_000_000  # same cgroup kind either way
     with pin, IoThrottle(path, read_iops=iops, name="bench-peers") as cap:
-        p = cap.popen([PY, __file__, "_read", kind, str(path), preset, str(a.read_seconds),
+        p = cap.popen([*SELF, "_read", kind, str(path), preset, str(a.read_seconds),
                        str(a.batch), str(a.workers)], stdin=subprocess.PIPE,
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                       env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -499,17 +486,10 @@ def main() -> int:
         print("bench_peers: litdata is not installed; install it as the module doc says",
               file=sys.stderr)
         return 2
-    if a.skip_convert and not a.work:
-        print("bench_peers: --skip-convert reuses the outputs of an earlier run: give its "
-              "--work folder", file=sys.stderr)
+    work = work_dir("bench_peers", a)
+    if work is None:
         return 2
-    from _setups import scratch_dir
-
     src = Path(a.dataset)
-    work = Path(a.work) if a.work else scratch_dir("autotune-bench-peers-", a.tmp_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"bench_peers: outputs in {work} (--work {work} --skip-convert reuses them)",
-          file=sys.stderr)
     src_files = [p for p in src.rglob("*") if p.is_file() and not p.name.startswith(".")]
     n_src, src_bytes = len(src_files), sum(p.stat().st_size for p in src_files)
     out: dict[str, Any] = {"dataset": str(src), "images": n_src, "source_bytes": src_bytes,
@@ -564,8 +544,7 @@ def main() -> int:
         out["read"] = reads
 
     if a.rss:
-        sys.path.insert(0, str(ROOT / "scripts"))
-        from bench_convert import _rss_main, _tiny_folder
+        from scripts.bench_convert import _rss_main, _tiny_folder
 
         tiny = _tiny_folder(work / "tiny200k", 200_000)
         rss = []
@@ -580,8 +559,7 @@ def main() -> int:
     out["load_after"] = _loadavg()
     md = _markdown(out, presets, a)
     print("\n" + md)
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(out, indent=1))
+    write_json(a.json, out)
     Path(a.md).write_text(md)
     return 0
 

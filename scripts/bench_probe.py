@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Probe figures for the README and the issue notes, side by side in one run:
 the work disk unthrottled, under a cgroup read-IOPS cap, and behind a FUSE delay.
 
-    .venv/bin/python scripts/bench_probe.py [--images 2000] [--iops 500] [--delay-ms 5]
+    .venv/bin/python -m scripts.bench_probe [--images 2000] [--iops 500] [--delay-ms 5]
         [--runtime 10] [--json out/bench_probe.json]
 
 Needs root for the cap and the FUSE mount (each case says so and is skipped otherwise).
@@ -18,10 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autotune.synth import make_image_folder  # noqa: E402
+from autotune.synth import make_image_folder
+from scripts._common import ROOT, write_json
 
 
 def probe(path: Path, extra: list[str], runner=subprocess.run) -> dict:
@@ -81,8 +78,7 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for name, d in results.items():
         print(row(name, d))
-    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.json).write_text(json.dumps(results, indent=1))
+    write_json(a.json, results)
     return 0
 
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The probe's storage ceiling behind a read-IOPS cap beside a plain reader's figure.
 
 A dataset (made, or --dataset) is copied onto an ext4 loop disk of its own (as
@@ -8,7 +7,7 @@ file) both run inside the capped cgroup, at the same concurrency, window and dro
 level (1: page cache dropped, inodes kept), over the same files, each read once before
 (uncapped) as a run's earlier epochs have read them. Root only.
 
-    .venv/bin/python scripts/bench_probe_cap.py [--images 3000] [--iops 100]
+    .venv/bin/python -m scripts.bench_probe_cap [--images 3000] [--iops 100]
         [--concurrency 16] [--seconds 20] [--dataset DIR] [--json out/bench_probe_cap.json]
 """
 
@@ -24,16 +23,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autotune.emulate import IoThrottle  # noqa: E402
-from autotune.synth import make_image_folder  # noqa: E402
+from autotune.emulate import IoThrottle
+from autotune.synth import make_image_folder
+from scripts._common import ROOT, du, write_json
 
 
 def loop_disk(src: Path, work: Path) -> Path:
     """A copy of `src` on an ext4 image of its own, mounted at work/hdd (the demo's sizing)."""
-    mib = sum(p.stat().st_size for p in src.rglob("*") if p.is_file()) * 13 // 10 // 2**20 + 64
+    mib = du(src) * 13 // 10 // 2**20 + 64
     img, mnt = work / "hdd.img", work / "hdd"
     with open(img, "wb") as f:
         f.truncate(mib * 2**20)
@@ -101,8 +98,7 @@ def main() -> int:
           f"{res['plain_files_per_s']:.1f} | {res['ratio']:.2f} |")
     print(f"probe: {res['probe_method']}\nplain: {res['plain_line']}")
     if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=2))
+        write_json(a.json, res, indent=2)
     return 0
 
 

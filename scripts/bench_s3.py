@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Issue 24's "Done when" figures for object storage, in one run (not a test: timings).
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_s3.py [--images 4000] [--delay-ms 25] \\
+    PYTHONPATH=. .venv/bin/python -m scripts.bench_s3 [--images 4000] [--delay-ms 25] \\
         [--json out/bench_s3.json] [--no-peers] [--only peers] [--pipeline resnet50|none]
 
 Starts SeaweedFS (`weed mini`, the s3 extra) in a temporary directory, uploads --images
@@ -50,8 +49,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts._common import ROOT, utc_date, write_json
 
 KEY, SECRET = "bench-s3-key", "bench-s3-secret"
 BUCKET = "bench-s3"
@@ -74,7 +72,7 @@ def child_plain(endpoint: str, keys_file: str, c: int) -> dict[str, Any]:
     keys = json.loads(Path(keys_file).read_text())
     client = _boto(endpoint)
     client.list_buckets()  # connected before the clock, as the probe's client is
-    from s3_probe_check import timed_gets  # the same plain loop (boto3 only)
+    from scripts.s3_probe_check import timed_gets  # the same plain loop (boto3 only)
 
     return timed_gets(client, BUCKET, keys, c)
 
@@ -165,7 +163,7 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
                                              collate_fn=_counted)
         return _timed(loader)
     if kind in ("litdata", "mosaic"):
-        from bench_s3_peers import dataset
+        from scripts.bench_s3_peers import dataset
 
         import shutil
 
@@ -209,8 +207,11 @@ def _s3torchconnector(endpoint: str, prefix: str, workers: int, transform: Any) 
     return _timed(loader)
 
 
-def _run_child(args: list[str], timeout: float = 900) -> dict[str, Any]:
-    p = subprocess.run([PY, __file__, "--child", *args], capture_output=True, text=True,
+def _run_child(args: list[str], timeout: float = 900,
+               module: str = "scripts.bench_s3") -> dict[str, Any]:
+    """`python -m MODULE --child ARGS...` (this script's, or bench_s3_clients'): its JSON
+    line, or {"error": the last line of its stderr}."""
+    p = subprocess.run([PY, "-m", module, "--child", *args], capture_output=True, text=True,
                        timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
@@ -243,13 +244,19 @@ def _start_proxy(endpoint: str, delay_s: float) -> tuple[subprocess.Popen, str]:
     return p, f"http://{addr}"
 
 
-def probe_vs_plain(via: str, levels: list[int], tmp: Path) -> list[dict[str, Any]]:
-    """Each level: the probe's seeded pick (its own rule: Random(0).sample of the listing
-    without the manifest), then the plain loop on the same keys."""
+def _keys(via: str) -> list[str]:
+    """Every object key under s3://BUCKET/train/."""
     client = _boto(via)
     keys: list[str] = []
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="train/"):
         keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
+    return keys
+
+
+def probe_vs_plain(via: str, levels: list[int], tmp: Path) -> list[dict[str, Any]]:
+    """Each level: the probe's seeded pick (its own rule: Random(0).sample of the listing
+    without the manifest), then the plain loop on the same keys."""
+    keys = _keys(via)
     rows = []
     for c in levels:
         k = min(len(keys), max(100, 60 * c))  # about 10 s a level at 50 ms first byte
@@ -347,7 +354,7 @@ def _readers(endpoint: str, tmp: Path) -> tuple[list[str], dict[str, str], dict[
     """The readers measured here, the prefix each reads, and how each was pointed at the
     proxy (or why it is not measured). LitData and Mosaic Streaming get the same images
     converted into their own formats (bench_s3_peers.prepare), uploaded beside ours."""
-    import bench_s3_peers
+    from scripts import bench_s3_peers
 
     kinds = ["ours", "webdataset"]
     prefix = {"ours": "train-wds", "webdataset": "train-wds", "s3torchconnector": "train-wds"}
@@ -460,7 +467,7 @@ def main() -> int:
     from autotune.emulate.seaweed import SeaweedServer
     from autotune.synth import make_image_folder
 
-    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    res: dict[str, Any] = {"date": utc_date(),
                            "images": a.images, "delay_ms": a.delay_ms,
                            "uptime_before": _uptime(), "cores": os.cpu_count()}
     print(f"load: {res['uptime_before']}", flush=True)
@@ -492,8 +499,7 @@ def main() -> int:
     res["uptime_after"] = _uptime()
     _table(res)
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        write_json(a.json, res, default=str)
     return 0
 
 

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Which S3 client should the readers use? boto3, obstore and s3fs, measured alike (not a
 test: timings).
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_s3_clients.py [--images 2600] \\
+    PYTHONPATH=. .venv/bin/python -m scripts.bench_s3_clients [--images 2600] \\
         [--delay-ms 25] [--levels 1,16,64] [--rounds 3] [--json out/bench_s3_clients.json]
 
 The set-up is scripts/bench_s3.py's, through its own helpers: SeaweedFS (`weed mini`) in a
@@ -39,7 +38,6 @@ import random
 import resource
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,11 +45,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_s3  # noqa: E402 (the set-up's helpers: server, upload, proxy, keys)
+from scripts import bench_s3  # the set-up's helpers: server, upload, proxy, keys, children
+from scripts._common import utc_date, write_json
 
-ROOT, PY, BUCKET = bench_s3.ROOT, bench_s3.PY, bench_s3.BUCKET
+BUCKET = bench_s3.BUCKET
 CLIENTS = ("boto3", "obstore", "s3fs")
 
 
@@ -152,23 +149,11 @@ def child_fork(kind: str, endpoint: str, key: str) -> dict[str, str]:
 # -- the run ------------------------------------------------------------------------------
 
 def _child(args: list[str]) -> dict[str, Any]:
-    p = subprocess.run([PY, __file__, "--child", *args], capture_output=True, text=True,
-                       timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def _keys(via: str) -> list[str]:
-    client = bench_s3._boto(via)
-    keys: list[str] = []
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="train/"):
-        keys += [o["Key"] for o in page.get("Contents", []) if not o["Key"].endswith("/")]
-    return keys
+    return bench_s3._run_child(args, module="scripts.bench_s3_clients")
 
 
 def rounds(via: str, levels: list[int], tmp: Path, a: argparse.Namespace) -> dict[str, list]:
-    keys = _keys(via)
+    keys = bench_s3._keys(via)
     runs: dict[str, list] = {k: [] for k in a.clients}
     for r in range(a.rounds):
         rng = random.Random(r)
@@ -255,7 +240,7 @@ def main() -> int:
     os.environ.update(AWS_ACCESS_KEY_ID=bench_s3.KEY, AWS_SECRET_ACCESS_KEY=bench_s3.SECRET)
     from autotune.synth import make_image_folder
 
-    res: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    res: dict[str, Any] = {"date": utc_date(),
                            "images": a.images, "delay_ms": a.delay_ms, "levels": levels,
                            "uptime_before": bench_s3._uptime(), "cores": os.cpu_count()}
     if a.netcap:
@@ -270,7 +255,7 @@ def main() -> int:
             proxy, via = bench_s3._start_proxy(endpoint, a.delay_ms / 1000)
             try:
                 res["runs"] = rounds(via, levels, tmp, a)
-                key = _keys(via)[0]
+                key = bench_s3._keys(via)[0]
                 res["fork"] = {k: _child(["fork", k, via, key]) for k in a.clients}
             finally:
                 proxy.terminate()
@@ -279,8 +264,7 @@ def main() -> int:
     res["uptime_after"] = bench_s3._uptime()
     _table(res, levels)
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
+        write_json(a.json, res, default=str)
     return 0
 
 

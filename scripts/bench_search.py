@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Search quality (issue 4): the recommended configuration against the --grid best, side
 by side in one run, per storage set-up: unthrottled, a read-IOPS cap, a FUSE delay.
 
-    .venv/bin/python scripts/bench_search.py --images 20000 [--iops 300] [--delay-ms 5]
+    .venv/bin/python -m scripts.bench_search --images 20000 [--iops 300] [--delay-ms 5]
         [--trials 8] [--seconds 8] [--space small] [--setups unthrottled,cap,fuse]
 
 For each set-up: a TPE search (--trials, then its confirmation phase) and a grid search of
@@ -22,19 +21,16 @@ import argparse
 import json
 import statistics
 import shutil
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autotune.bench import BenchConfig, run_bench  # noqa: E402
-from autotune.search import SearchOptions, run_search  # noqa: E402
-from autotune.search.recommend import confirm_window  # noqa: E402
-from autotune.synth import make_image_folder  # noqa: E402
-from _setups import config_label, enter_setup, log, workload_args  # noqa: E402
+from autotune.bench import BenchConfig, run_bench
+from autotune.emulate.setups import enter_setup
+from autotune.search import SearchOptions, run_search
+from autotune.search.recommend import confirm_window
+from autotune.synth import make_image_folder
+from scripts._common import ROOT, config_label, log, workload_args
 
 
 def _grid_seconds(mdir: Path, setup: str, old_rows: list[dict]) -> float:

@@ -13,7 +13,7 @@ tmpfs (`unshare -m`, `mount -t tmpfs -o size=64m`), as `docker run` without --sh
    each in the same window, so the recommendation is set against the best plain setting
    that fits.
 
-    python3 scripts/bench_shm.py /var/tmp/data/train --tree /var/tmp/main-copy --tree . \\
+    python3 -m scripts.bench_shm /var/tmp/data/train --tree /var/tmp/main-copy --tree . \\
         --out /var/tmp/shm-figures
 
 Prints one line per run and writes OUT/summary.json. A benchmark, not a test: timings

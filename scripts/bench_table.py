@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """images/s, data-wait fraction and AU for workers in {0,1,2,4,8}, cold, on a generated
 image folder: unthrottled, under an IOPS cap (cgroup, root) and behind a FUSE delay,
 plus the decode-only ceiling (decode + resize from memory with all cores).
 
-    .venv/bin/python scripts/bench_table.py                      # 20,000 images (~2.5 min to make)
-    .venv/bin/python scripts/bench_table.py --images 4000 --seconds 8 --json out/bench.json
+    .venv/bin/python -m scripts.bench_table                      # 20,000 images (~2.5 min to make)
+    .venv/bin/python -m scripts.bench_table --images 4000 --seconds 8 --json out/bench.json
 
 The step is ResNet-50 on one A100 (the resnet50 preset: 2470 images/s) scaled to the batch
 size used here (default 64 -> 26 ms), so AU says how well each storage would feed that
@@ -17,29 +16,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from autotune import report  # noqa: E402
-from autotune.bench import BenchConfig, BenchResult, run_bench  # noqa: E402
-from autotune.data.presets import load_preset, usable_cores  # noqa: E402
-from autotune.errors import AutotuneError  # noqa: E402
-from autotune.synth import make_image_folder  # noqa: E402
-from _setups import log  # noqa: E402  (scripts/_setups.py)
-
-
-def busy_pct(seconds: float = 2.0) -> float:
-    """CPU busy % of the whole machine over `seconds` (other people's work shows here)."""
-    from autotune.monitor import cpu_usage, read_cpu_times
-
-    a = read_cpu_times()
-    time.sleep(seconds)
-    return cpu_usage(a, read_cpu_times()).total_pct
+from autotune import report
+from autotune.bench import BenchConfig, BenchResult, run_bench
+from autotune.data.presets import load_preset, usable_cores
+from autotune.errors import AutotuneError
+from autotune.synth import make_image_folder
+from scripts._common import ROOT, busy_pct, log
 
 
 def wait_quiet(max_s: float, threshold: float = 15.0) -> float:

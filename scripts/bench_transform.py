@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Per-image cost of the sample transform (issue 13 item 6, issue 16 item 4), measured side
 by side in one run on the same images:
 
@@ -9,7 +8,7 @@ by side in one run on the same images:
   `ToDtype(float32, scale=True)` + `Normalize(ImageNet)` on `Image.open(f).convert("RGB")`
   (ImageFolder's pil_loader), run in that interpreter (a venv with torchvision).
 
-    .venv/bin/python scripts/bench_transform.py DATASET [--images 600] [--rounds 7] \\
+    .venv/bin/python -m scripts.bench_transform DATASET [--images 600] [--rounds 7] \\
         [--torchvision-python /work/tv-venv/bin/python] [--json out.json]
 
 Each pipeline runs in its own process with one torch thread (as in a DataLoader worker),
@@ -40,7 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts._common import ROOT, log
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 OURS = ("resnet50", "resnet50-fast")
 EXTS = (".jpg", ".jpeg", ".png")
@@ -68,7 +68,6 @@ def _pipeline(kind: str):
             with open(p, "rb") as f:
                 return tf(Image.open(f).convert("RGB"))
         return from_bytes, from_path
-    sys.path.insert(0, str(ROOT))
     from autotune.data import build_transform, load_preset
 
     t = build_transform(load_preset(kind).transform)
@@ -127,9 +126,13 @@ def _worker(kind: str, files_json: str, threads: int, batch: int) -> None:
 class Worker:
     def __init__(self, kind: str, python: str, files_json: str, threads: int, batch: int) -> None:
         self.kind = kind
+        # This checkout on the path: the torchvision worker runs in another interpreter.
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
         self.p = subprocess.Popen(
-            [python, __file__, "--worker", kind, "--files", files_json, "--threads", str(threads),
-             "--batch", str(batch)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [python, "-m", "scripts.bench_transform", "--worker", kind, "--files", files_json,
+             "--threads", str(threads), "--batch", str(batch)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": path})
 
     def ask(self, *cmd: object) -> dict:
         assert self.p.stdin and self.p.stdout
@@ -147,10 +150,6 @@ class Worker:
         self.p.wait(timeout=60)
 
 
-def _log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
 def _levels(a, b):
     """Mean |a - b| per value in levels of 255, for normalised tensors [N, 3, H, W]."""
     import torch
@@ -162,7 +161,6 @@ def _levels(a, b):
 def _compare(workers: dict[str, Worker], m: int, tmp: str) -> dict:
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from autotune.data import geometry, load_preset
     from autotune.data.decode import open_image
 
@@ -227,7 +225,7 @@ def main() -> int:
         workers = {k: Worker(k, a.torchvision_python if k == "torchvision" else sys.executable,
                              fj, a.threads, a.batch) for k in kinds}
         try:
-            _log(f"{len(files)} images, mean {statistics.mean(sizes) / 1e3:.1f} KB; comparing outputs")
+            log(f"{len(files)} images, mean {statistics.mean(sizes) / 1e3:.1f} KB; comparing outputs")
             check = _compare(workers, min(a.compare, len(files)), tmp)
             ms: dict[str, list[float]] = {k: [] for k in kinds}
             cpu: dict[str, list[float]] = {k: [] for k in kinds}
@@ -237,12 +235,12 @@ def main() -> int:
                     rep = workers[k].ask("ms", a.seed + r)
                     ms[k].append(rep["ms"])
                     cpu[k].append(rep["cpu_ms"])
-                _log(f"per-image round {r + 1}/{a.rounds}: "
+                log(f"per-image round {r + 1}/{a.rounds}: "
                      + ", ".join(f"{k} {ms[k][-1]:.2f} ms" for k in kinds))
             for r in range(a.loader_rounds):
                 for k in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
                     ips[k].append(workers[k].ask("loader", a.seed + r)["images_per_s"])
-                _log(f"DataLoader round {r + 1}/{a.loader_rounds}: "
+                log(f"DataLoader round {r + 1}/{a.loader_rounds}: "
                      + ", ".join(f"{k} {ips[k][-1]:.0f}/s" for k in kinds))
         finally:
             for w in workers.values():

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """The figures behind issue 13 ("measurement truth"), each measured for real, one run.
 
-    .venv/bin/python scripts/bench_truth.py --dataset /var/tmp/ds20k [--only NAME,...]
+    .venv/bin/python -m scripts.bench_truth --dataset /var/tmp/ds20k [--only NAME,...]
 
 cap-compute        a search behind a 300-IOPS cap with a 600 ms step per batch of 64
                    (demand 107 images/s): the verdict should be compute, AU >= 0.85
@@ -29,11 +28,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-PY = sys.executable
+from autotune.emulate.setups import enter_setup, own_disk
+from scripts._common import ROOT, config_label, copy_images, log
 
-from _setups import config_label, enter_setup, log, own_disk  # noqa: E402
+PY = sys.executable
 
 
 def cap_compute(ds: Path, out: Path, iops: int) -> dict:
@@ -120,10 +118,7 @@ def batch_space(ds: Path, out: Path) -> dict:
 def small_dataset(ds: Path, out: Path) -> dict:
     sub = Path(tempfile.mkdtemp(prefix="autotune-truth-4k-", dir="/var/tmp")) / "train"
     try:
-        for i, f in enumerate(sorted(ds.rglob("*.jpg"))[:4000]):
-            d = sub / f.parent.name
-            d.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, d / f.name)
+        copy_images(sorted(ds.rglob("*.jpg"))[:4000], sub)
         r = subprocess.run([PY, "-m", "autotune", "-q", "search", str(sub), "--trials", "12",
                             "--batch-size", "256", "--compute-ms", "0", "--no-fio",
                             "--out", str(out / "small")],

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The verdict matrix: a plain PyTorch training script (scripts/verdict_train.py, no
 autotune import, pytorch/examples log lines) run under `autotune monitor`, then
 `autotune analyze` on what the monitor wrote, in set-ups whose cause is known:
@@ -12,14 +11,14 @@ autotune import, pytorch/examples log lines) run under `autotune monitor`, then
     zero-workers  num_workers=0, 100 ms step                             -> loader
     long-step     2 workers, 600 ms step                                 -> compute
 
-    sudo .venv/bin/python scripts/bench_verdicts.py [--repeat 2] [--only iops-cap,...] [--json FILE]
+    sudo .venv/bin/python -m scripts.bench_verdicts [--repeat 2] [--only iops-cap,...] [--json FILE]
 
 Root for the cap and the FUSE mount (without it those set-ups are skipped, said so).
 Prints a table (set-up, verdict, expected, budget per class, AU) and, with --json, every
 run's verdict, budget and AU. The verdict is decided from the monitor's time budget: a
 monitor that does not record one yet gives `unknown` (naming the missing budget) for every
 input-bound set-up; the table says so in its budget column. Set-up code is shared with the
-other benchmarks (scripts/_setups.py).
+other benchmarks (autotune.emulate.setups).
 """
 
 from __future__ import annotations
@@ -34,13 +33,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+from autotune.emulate.setups import enter_setup, own_disk
+from scripts._common import ROOT, log
 
-from _setups import enter_setup, log, own_disk  # noqa: E402
-
-TRAIN = ROOT / "scripts" / "verdict_train.py"
+TRAIN = ROOT / "scripts" / "verdict_train.py"   # run as a file: a stranger's job
 CPUS = 2   # every set-up runs on 2 CPUs (verdict_train --cpus), whatever the machine has
 
 # name: (storage set-up, train args, expected verdict labels, needs root, probe it)

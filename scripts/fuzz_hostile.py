@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """A longer run of the hostile-input suite (tests/hostile): many more generated cases than
 CI's, with the figures a note can quote (cases tried per property, failures found).
 
-    .venv/bin/python scripts/fuzz_hostile.py                 # 2,000 cases per property
-    .venv/bin/python scripts/fuzz_hostile.py --examples 300 -k tar
+    .venv/bin/python -m scripts.fuzz_hostile                 # 2,000 cases per property
+    .venv/bin/python -m scripts.fuzz_hostile --examples 300 -k tar
 """
 
 from __future__ import annotations
@@ -14,9 +13,7 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts._common import ROOT
 
 
 def main() -> int:

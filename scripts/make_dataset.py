@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Generate an ImageNet-like image folder (deterministic by seed; resumable).
 
-    .venv/bin/python scripts/make_dataset.py DIR --images 20000 --classes 100 --seed 0
+    .venv/bin/python -m scripts.make_dataset DIR --images 20000 --classes 100 --seed 0
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from autotune.synth import make_image_folder  # noqa: E402
+from autotune.synth import make_image_folder
 
 
 def main() -> int:

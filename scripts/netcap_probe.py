@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """The s3:// probe behind a bandwidth cap: does it measure the cap? (root; not a test:
 timings).
 
-    sudo PYTHONPATH=. .venv/bin/python scripts/netcap_probe.py [--rate 100mbit] \\
+    sudo PYTHONPATH=. .venv/bin/python -m scripts.netcap_probe [--rate 100mbit] \\
         [--objects 200] [--big-mib 64] [--seconds 4] [--json out/netcap_probe.json]
 
 Starts SeaweedFS inside a network namespace behind a `tc tbf` cap of --rate on the veth
@@ -17,14 +16,12 @@ read.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from scripts._common import utc_date, write_json
 
 
 def _rate_mb_s(rate: str) -> float:
@@ -52,7 +49,7 @@ def main() -> int:
     from autotune_converters.objstore import S3Config, Store
 
     cap_mb = _rate_mb_s(a.rate)
-    res: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rate": a.rate,
+    res: dict = {"date": utc_date(), "rate": a.rate,
                  "cap_mb_per_s": cap_mb}
     with tempfile.TemporaryDirectory(prefix="netcap-probe-", dir="/var/tmp") as td:
         served = CappedSeaweed(Path(td) / "weed", rate=a.rate)
@@ -82,8 +79,7 @@ def main() -> int:
     res.update(tbf_sent_bytes=sent, probe_read_bytes=read, object=obj.to_dict(),
                rows=[{"what": w, "concurrency": c, "mb_per_s": m} for w, c, m in rows])
     if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        write_json(a.json, res)
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Files/s a plain reader gets: open + one read of each whole file, as a DataLoader worker does.
 No autotune import: the independent figure the probe's storage ceiling is checked against.
-    plain_reader.py DIR_OR_LIST --threads 16 --drop-caches 1 --seconds 20"""
+    python -m scripts.plain_reader DIR_OR_LIST --threads 16 --drop-caches 1 --seconds 20"""
 import argparse, itertools, os, random, threading, time
 
 ap = argparse.ArgumentParser()

@@ -2,7 +2,7 @@
 """The s3:// probe beside a plain threaded boto3 GET loop: same server, same objects, same
 emulated latency, same concurrency.
 
-    PYTHONPATH=. .venv/bin/python scripts/s3_probe_check.py [--objects 300] [--delay-ms 50]
+    PYTHONPATH=. .venv/bin/python -m scripts.s3_probe_check [--objects 300] [--delay-ms 50]
 
 Starts SeaweedFS (`weed mini`, the s3 extra) in a temporary directory, uploads --objects
 synthetic JPEGs as s3://probe-check/ds/CLASS/NAME.jpg, puts the delaying proxy
@@ -27,8 +27,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 KEY, SECRET = "probe-check-key", "probe-check-secret"
 

@@ -5,9 +5,9 @@ the CPU free), and pytorch/examples ImageNet progress lines. It imports nothing 
 autotune, so what `autotune monitor` and `autotune analyze` say of it is what they would
 say of a stranger's job (scripts/bench_verdicts.py runs it in set-ups of known cause).
 
-    python scripts/verdict_train.py --make 1000 --data /tmp/jpegs      # generate JPEGs
-    python scripts/verdict_train.py --data /tmp/jpegs --workers 4 --step-ms 100 --steps 60
-    python scripts/verdict_train.py --data /tmp/jpegs --workers 2 --heavy   # CPU-heavy
+    python -m scripts.verdict_train --make 1000 --data /tmp/jpegs      # generate JPEGs
+    python -m scripts.verdict_train --data /tmp/jpegs --workers 4 --step-ms 100 --steps 60
+    python -m scripts.verdict_train --data /tmp/jpegs --workers 2 --heavy   # CPU-heavy
 
 Lines: "Epoch: [0][ 10/62]\tTime  0.345 ( 0.567)\tData  0.123 ( 0.234)\tLoss ..."
 (Time: the whole iteration; Data: the wait for the batch), one per --print-freq steps.

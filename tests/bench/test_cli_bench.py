@@ -143,11 +143,8 @@ def test_the_bench_scripts_use_no_fixed_scratch_folder() -> None:
 
 def test_scratch_dir_is_new_private_and_under_tmpdir(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from _setups import scratch_dir
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    from autotune.emulate.setups import scratch_dir
+
     monkeypatch.setenv("TMPDIR", str(tmp_path / "t"))
     a, b = scratch_dir("autotune-bench-x-"), scratch_dir("autotune-bench-x-")
     assert a != b and a.parent == b.parent == tmp_path / "t"

@@ -1,12 +1,19 @@
-"""What the benchmark scripts share: one place that puts a dataset behind an emulated
-HDD (a cgroup read-IOPS cap) or an NFS-like FUSE delay; a timestamped progress line; a
-DataLoader configuration's short label."""
+"""A benchmark's storage set-up: the dataset behind an emulated HDD (a cgroup read-IOPS cap
+on a disk of its own) or an NFS-like FUSE delay, and scratch folders on disk.
+
+    with ExitStack() as stack:
+        work = scratch_dir("autotune-bench-x-")
+        src = own_disk(stack, dataset, work)
+        path, monitor_path, cap = enter_setup(stack, "cap", src, iops=100, delay_ms=5,
+                                              name="bench-x")
+
+Used by the benchmark scripts (`python -m scripts.bench_loop`, ...). Everything is undone
+when the stack closes.
+"""
 
 from __future__ import annotations
 
-import sys
 import tempfile
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -55,7 +62,10 @@ def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: 
     after torch is imported); 'fuse'/'nfs' mirrors it behind a FUSE delay; 'unthrottled'
     leaves it as it is. Everything is undone when `stack` closes. `mount`: where the FUSE
     mirror goes (default a new temporary directory); a study names the path it measured,
-    so resuming one measured behind FUSE needs the same mount point."""
+    so resuming one measured behind FUSE needs the same mount point.
+
+    An unknown `setup` ends the benchmark (SystemExit naming the three), as it always has:
+    its callers are scripts, and the name comes from their command line."""
     if setup in ("cap", "hdd"):
         from autotune.emulate import IoThrottle
 
@@ -73,54 +83,3 @@ def enter_setup(stack: ExitStack, setup: str, ds: Path, *, iops: int, delay_ms: 
     if setup == "unthrottled":
         return ds, None, None
     raise SystemExit(f"unknown set-up {setup!r}: use unthrottled, cap (hdd) or fuse (nfs)")
-
-
-def workload_args(ap: Any, *, trials: int, compute_ms: float, space: str, iops: int) -> None:
-    """The options the loop and search benchmarks share: the slow storage, the search,
-    the workload (a step per batch of 64)."""
-    ap.add_argument("--iops", type=int, default=iops)
-    ap.add_argument("--delay-ms", type=float, default=5.0)
-    ap.add_argument("--trials", type=int, default=trials)
-    ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--space", default=space)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--compute-ms", type=float, default=compute_ms)
-
-
-def log(msg: str) -> None:
-    """A progress line on stderr, with the time (stdout carries the results)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def config_label(params: dict | None) -> str:
-    """'w4 pf2 persistent' for a DataLoader configuration (autotune.params.label); '-'."""
-    from autotune.params import label
-
-    return label(params) if params else "-"
-
-
-def expect_line(p: Any, word: str, kind: str) -> None:
-    """A reading child's next line must be `word` (READY, FIRST); else it failed, and its
-    stderr says why."""
-    line = p.stdout.readline()
-    if line.strip() != word:
-        p.kill()
-        raise SystemExit(f"read {kind} failed: {line}{p.stderr.read()[-3000:]}")
-
-
-def go(p: Any) -> None:
-    """Let a reading child past its handshake."""
-    p.stdin.write("GO\n")
-    p.stdin.flush()
-
-
-def start_reader(p: Any, cap: Any, kind: str) -> tuple[Any, Any]:
-    """Through a reading child's handshake: (the cgroup's I/O counters before its first
-    batch, at its first batch); the child then reads its window."""
-    expect_line(p, "READY", kind)
-    before = cap.stats()
-    go(p)
-    expect_line(p, "FIRST", kind)
-    first = cap.stats()
-    go(p)
-    return before, first

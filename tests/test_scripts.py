@@ -1,0 +1,68 @@
+"""The Python scripts under scripts/ are one package, run from the root as
+`python -m scripts.NAME`: none puts a folder on sys.path or imports a sibling by its bare
+name, nothing says to run one as `python scripts/NAME.py`, and what they share
+(scripts/_common.py) imports neither autotune nor torch (a child that must import no
+autotune, the plain boto3 loop of scripts.s3_probe_check, imports its script and so it).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+SIBLINGS = {p.stem for p in SCRIPTS} - {"__init__"}
+
+
+def _bare_sibling_imports(path: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        out += [f"{path.name}:{node.lineno}: import {n}" for n in names
+                if n.split(".")[0] in SIBLINGS]
+    return out
+
+
+def test_the_scripts_are_a_package_that_never_touches_sys_path():
+    assert (ROOT / "scripts" / "__init__.py").is_file()
+    assert len(SCRIPTS) > 20
+    # Child programs held in strings count too: text, not the syntax tree.
+    touched = [p.name for p in SCRIPTS if "sys.path" in p.read_text()]
+    assert touched == [], f"scripts that put a folder on sys.path: {touched}"
+    bare = [hit for p in SCRIPTS for hit in _bare_sibling_imports(p)]
+    assert bare == [], "import a sibling as scripts.NAME (`python -m` from the root):\n" + \
+        "\n".join(bare)
+
+
+def test_nothing_says_to_run_a_script_as_a_file():
+    said = re.compile(r"\bpython3?\s+(?:\S*/)?scripts/(\w+)\.py\b")
+    places = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
+              *sorted(p for p in (ROOT / "scripts").iterdir() if p.is_file())]
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in places
+            for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+            if said.search(line)]
+    assert hits == [], "say `python -m scripts.NAME`:\n" + "\n".join(hits)
+
+
+def test_a_script_starts_as_a_module_and_the_shared_module_imports_no_autotune():
+    env = {**os.environ, "PYTHONPATH": ""}   # the root comes from `-m` run there
+    r = subprocess.run([sys.executable, "-m", "scripts.bench_convert", "--help"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("usage: bench_convert.py"), r.stderr
+    r = subprocess.run([sys.executable, "-c", "import json, sys, scripts._common, "
+                        "scripts.s3_probe_check; print(json.dumps(list(sys.modules)))"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    loaded = {m.split(".")[0] for m in json.loads(r.stdout)}
+    assert not loaded & {"autotune", "autotune_base", "autotune_converters", "torch"}, loaded
