@@ -237,6 +237,7 @@ def key_paths(obj: Any, prefix: str = "") -> set[str]:
 
 
 _TOP = ("┏", "┌")
+_BOX = ("│", "┃", "└", "┗")   # a line of another table (one printed right above) is no title
 _TITLE_CUT = re.compile(r"[(:]")
 
 
@@ -253,7 +254,7 @@ def tables(text: str) -> list[dict[str, Any]]:
         title_lines = []
         j = i - 1
         # rich pads a table's title (wrapped if long) to the table's width
-        while j >= 0 and len(lines[j]) == width and not lines[j].lstrip().startswith(("│", "┃", "└", "┗")):
+        while j >= 0 and len(lines[j]) == width and not lines[j].lstrip().startswith(_BOX):
             title_lines.insert(0, lines[j].strip())
             j -= 1
         title = " ".join(title_lines)
