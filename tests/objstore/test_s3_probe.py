@@ -88,7 +88,10 @@ def test_cli_probe_missing_bucket_exit_2(s3_endpoint: str, s3_creds: None) -> No
 def test_search_a_bucket(s3_endpoint: str, s3_client, bucket: str, upload,  # noqa: ANN001
                          small_dataset: Path, tmp_path: Path) -> None:
     upload(s3_client, bucket, small_dataset, "train")
+    # No confirmations (the default measures the trial and the baseline again in 2 s
+    # windows): this test asserts the storage ceiling, which the probe measures.
     r = _cli("search", f"s3://{bucket}/train", "--warm", "--trials", "1", "--seconds", "1",
+             "--confirm", "0",
              "--batch-size", "4", "--compute-ms", "0", "--out", str(tmp_path / "out"), "-q",
              "--json", str(tmp_path / "s.json"), endpoint=s3_endpoint)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -8,10 +8,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from search_waits import wait_for
 
 TESTS = Path(__file__).parent
 
@@ -93,7 +94,8 @@ def test_a_dataset_too_small_for_a_cold_window_is_refused_up_front(small_dataset
 
 
 @pytest.mark.slow
-def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path):
+def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path,
+                                                  live_measurements):
     out = tmp_path / "out"
     common = ["search", str(small_dataset), "--preset", "decode-only", "--batch-size", "4",
               "--compute-ms", "5", "--seconds", "1.5", "--space", str(TESTS / "space-tiny.yaml"),
@@ -106,7 +108,9 @@ def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path):
     # Ctrl-C in the middle of the next trials: exit 130, what was measured is kept.
     p = subprocess.Popen([sys.executable, "-m", "autotune", "-q", *common, "--trials", "5"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(8)
+    # As soon as a trial's measurement process runs (not a fixed 8 s sleep: on a quiet
+    # machine that was a trial and a half; on a busy one it could fall before any trial).
+    wait_for(lambda: bool(live_measurements(p.pid)), 120, "the next trial's measurement")
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 130, err

@@ -106,18 +106,18 @@ def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_dataset, tmp_
 
 
 def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path):
-    # 1.2 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
-    # batches, fewer than the 10 a figure needs, so every measurement failed. Without
-    # --seconds each window now holds the warm-up and 10 batches at the demand rate:
-    # (1 + 10) x 1.2 s, 14 s in whole seconds. One trial, no baseline: the baseline's
-    # window is set by the same Session.config as a trial's, and each costs 14 s.
-    r = run_search(small_dataset, opts(tmp_path, trials=1, compute_ms=1200, seconds=None,
+    # 1 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
+    # measured batches, fewer than the 10 a figure needs, so every measurement failed.
+    # Without --seconds each window now holds the warm-up and 10 batches at the demand
+    # rate: (1 + 10) x 1 s = 11 s. One trial, no baseline: the baseline's window is set by
+    # the same Session.config as a trial's, and each costs 11 s.
+    r = run_search(small_dataset, opts(tmp_path, trials=1, compute_ms=1000, seconds=None,
                                        cold=False, probe=False, baseline=False))
     measured = [t for t in r.trials if t.state != "duplicate"]
     assert len(measured) == 1, [t.to_dict() for t in r.trials]
     assert all(t.ok for t in measured), [(t.params, t.reason) for t in measured]
     for t in measured:
-        assert t.batches >= 10 and t.measured_s >= 14, t.to_dict()
+        assert t.batches >= 10 and t.measured_s >= 11, t.to_dict()
     assert r.verdict.bottleneck == "compute", r.verdict.to_dict()
 
 
