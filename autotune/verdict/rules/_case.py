@@ -58,6 +58,12 @@ class Case:
                     hidden_read_wait(self.inp, self._load, self.evidence)
         return self._load
 
+    @property
+    def loaded(self) -> Load:
+        """The loading's budget, for the rules that apply only with one."""
+        assert self.load is not None, "a rule of the time budget applied without one"
+        return self.load
+
     def state(self) -> str | None:
         """The loading's dominant state (blocked, cpu, idle); None without a budget."""
         return None if self.load is None else self.load.dominant()
@@ -73,6 +79,16 @@ class JobRule(Rule[Case, Verdict]):
     stage budget and the ceilings measured apart are then said beside it)."""
 
     from_budget: ClassVar[bool] = False
+
+
+class BudgetRule(JobRule):
+    """A rule of the time budget: it applies when the loading's dominant state is `state`."""
+
+    from_budget = True
+    state: ClassVar[str] = ""
+
+    def applies(self, case: Case) -> bool:
+        return case.state() == self.state
 
 
 def headline(inp: RuleInputs) -> list[str]:
@@ -139,4 +155,4 @@ def storage_verdict(case: Case, why: str) -> Verdict:
                     f"measure the storage's ceiling: `{cmd['probe']}`"])
 
 
-__all__ = ["DECODE_ADVICE", "Case", "JobRule", "storage_verdict", "worker_bound_of"]
+__all__ = ["DECODE_ADVICE", "BudgetRule", "Case", "JobRule", "storage_verdict", "worker_bound_of"]

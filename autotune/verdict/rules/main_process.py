@@ -5,21 +5,16 @@ last rule: what the time budget leaves."""
 from __future__ import annotations
 
 from autotune.verdict._types import Verdict
-from autotune.verdict.rules._case import Case, JobRule
+from autotune.verdict.rules._case import BudgetRule, Case
 from autotune.verdict.rules._inputs import pct
 
 
-class MainProcess(JobRule):
+class MainProcess(BudgetRule):
     name = "main process"
-    from_budget = True
-
-    def applies(self, case: Case) -> bool:
-        return case.state() == "idle"
+    state = "idle"          # after timer_waits: what the time budget leaves
 
     def conclude(self, case: Case) -> Verdict:
-        inp, load, ev, cmd = case.inp, case.load, case.evidence, case.cmd
-        assert load is not None and case.budget is not None
-        b = case.budget
+        inp, load, ev, cmd = case.inp, case.loaded, case.evidence, case.cmd
         adv = ["look at the main process between batches: collate_fn, pin_memory (its thread), "
                "the batch's IPC (large tensors through shared memory), a lock or a sleep; "
                "`py-spy dump --pid PID` shows where it waits"]
@@ -29,7 +24,7 @@ class MainProcess(JobRule):
                            f"on a CPU ({pct(load.cpu)}) nor on storage ({pct(load.blocked)}), while "
                            f"the step waits {pct(inp.data_share)}: it waits on something else "
                            "(a lock, a sleep, a queue)", ev, cmd["search"], adv)
-        mc = b.cls("main")
+        mc = case.budget.cls("main")  # type: ignore[union-attr]
         main = ("" if mc is None else
                 f"; the main process is on a CPU {pct(mc.share('on_cpu'))}, runnable "
                 f"{pct(mc.share('runnable'))}, blocked {pct(mc.blocked())} of its time"

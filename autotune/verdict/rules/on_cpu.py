@@ -10,21 +10,17 @@ from autotune.monitor.figures import SystemFigures
 from autotune.monitor.timebudget import TimeBudget
 from autotune.thresholds import CPU_SATURATED
 from autotune.verdict._types import Verdict
-from autotune.verdict.rules._case import DECODE_ADVICE, Case, JobRule, worker_bound_of
+from autotune.verdict.rules._case import DECODE_ADVICE, BudgetRule, Case, worker_bound_of
 from autotune.verdict.rules._inputs import RuleInputs, num, pct, usable_cores
 
 
-class OnCpu(JobRule):
+class OnCpu(BudgetRule):
     name = "on a CPU"
-    from_budget = True
-
-    def applies(self, case: Case) -> bool:
-        return case.state() == "cpu"
+    state = "cpu"
 
     def conclude(self, case: Case) -> Verdict:
-        inp, load, ev, cmd = case.inp, case.load, case.evidence, case.cmd
-        assert load is not None and case.budget is not None
-        cores, wanted, free = _cpu_line(inp, case.budget, ev)
+        inp, load, ev, cmd = case.inp, case.loaded, case.evidence, case.cmd
+        cores, wanted, free = _cpu_line(inp, case.budget, ev)  # type: ignore[arg-type]
         head = (f"{load.who} {load.verb} on a CPU or runnable "
                 f"{pct(load.cpu)} of {load.whose} time "
                 f"(blocked {pct(load.blocked)}, idle {pct(load.idle)})")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from autotune.verdict._types import Verdict
 from autotune.verdict.bounds import latency_verdict
-from autotune.verdict.rules._case import Case, JobRule, storage_verdict, worker_bound_of
+from autotune.verdict.rules._case import BudgetRule, Case, storage_verdict, worker_bound_of
 from autotune.verdict.rules._ceilings import levels, storage_ceiling
 from autotune.verdict.rules._inputs import RuleInputs, commands, num, pct
 from autotune.verdict.rules._load import Load
@@ -17,16 +17,12 @@ LATENCY_GAIN = 1.25       # more reads in flight "raise the rate": by at least t
 NEAR_BEST = 0.90          # the reads in flight that reach this share of the best rate
 
 
-class StorageBlocked(JobRule):
+class StorageBlocked(BudgetRule):
     name = "blocked on storage"
-    from_budget = True
-
-    def applies(self, case: Case) -> bool:
-        return case.state() == "blocked"
+    state = "blocked"
 
     def conclude(self, case: Case) -> Verdict:
-        inp, load, ev, cmd = case.inp, case.load, case.evidence, case.cmd
-        assert load is not None
+        inp, load, ev = case.inp, case.loaded, case.evidence
         kind, need, rate, unit, line = _storage_kind(inp, load)
         ev.append(line)
         head = (f"{load.who} {load.verb} blocked on storage "
@@ -44,7 +40,7 @@ class StorageBlocked(JobRule):
             if call.within_bound:
                 return Verdict("loader", f"loader-configuration-bound (latency): {head} while the "
                                f"step waits {pct(inp.data_share)} of the time; {call.reason}", ev,
-                               cmd["search"],
+                               case.cmd["search"],
                                [f"use at least {need} reads in flight (num_workers={need}), or "
                                 "convert to shards (`autotune convert`) so each read is large"])
             return storage_verdict(case, f"(latency): {head}; {call.reason}"

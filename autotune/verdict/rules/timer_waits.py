@@ -8,22 +8,20 @@ from __future__ import annotations
 
 from autotune.verdict._types import Verdict
 from autotune.verdict.bounds import worker_bound
-from autotune.verdict.rules._case import Case, JobRule
+from autotune.verdict.rules._case import BudgetRule, Case
 from autotune.verdict.rules._inputs import pct, usable_cores
 
 
-class TimerWaits(JobRule):
+class TimerWaits(BudgetRule):
     name = "timer waits"
-    from_budget = True
+    state = "idle"
 
     def applies(self, case: Case) -> bool:
-        load = case.load
-        return (case.state() == "idle" and load is not None and not load.main_only
-                and load.timer >= 0.5 * load.idle)
+        return (super().applies(case) and not case.loaded.main_only
+                and case.loaded.timer >= 0.5 * case.loaded.idle)
 
     def conclude(self, case: Case) -> Verdict:
-        inp, load, ev, cmd = case.inp, case.load, case.evidence, case.cmd
-        assert load is not None
+        inp, load, ev = case.inp, case.loaded, case.evidence
         cores = usable_cores(inp) or 1
         bound = worker_bound(cores, blocked_share=min(1.0, load.blocked + load.timer))
         ev.append(f"the workers' sleeps are timer sleeps (nanosleep) {pct(load.timer)} of their "
@@ -34,7 +32,7 @@ class TimerWaits(JobRule):
                        f"{load.whose} time (time.sleep, a client's backoff or a rate limiter in "
                        f"the Dataset; on a CPU {pct(load.cpu)}, blocked {pct(load.blocked)}) while "
                        f"the step waits {pct(inp.data_share)}: more workers overlap such waits",
-                       ev, cmd["search"],
+                       ev, case.cmd["search"],
                        [f"raise num_workers (up to about {bound}: a sleeping worker needs no core), "
                         "or remove the wait from __getitem__; a client backing off means the "
                         "service is throttling its requests"])
