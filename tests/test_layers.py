@@ -2,7 +2,8 @@
 
     cli       autotune.cli (and emulate's own command line)
     decide    verdict, search, online, analyze, report, handoff, integrations
-    measure   probe, monitor, bench, data (open_dataset), emulate, synth, instrumentation
+    measure   probe, monitor, bench, data (open_dataset), emulate, synth, instrumentation,
+              verdict._base and verdict.storage (the rule base; the probe's storage rules)
     convert   autotune_converters: scan, plan, pool, workdir, conversion, ranks, Ray, stage
     formats   autotune_converters: source/writer contracts, folder, wds, lmdb, manifest, registry
     storage   autotune_converters.objstore: the S3 client and URLs
@@ -42,9 +43,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "autotune_converters.ray_engine", "autotune_converters.stage",
                  "autotune_converters.objstore.stage", "autotune_converters.objstore.upload",
                  "autotune_converters.objstore.convsource")),
+    # The verdict's rule base and the storage's rules (the probe's verdict) sit with the
+    # probe that reads them, below the job's engine (autotune.verdict.rules).
     ("measure", ("autotune.data", "autotune.synth", "autotune.emulate", "autotune.monitor",
                  "autotune.runqueue", "autotune.probe", "autotune.bench",
-                 "autotune.instrumentation")),
+                 "autotune.instrumentation", "autotune.verdict._base",
+                 "autotune.verdict.storage")),
     ("decide", ("autotune.verdict", "autotune.analyze", "autotune.search", "autotune.online",
                 "autotune.report", "autotune.handoff", "autotune.integrations")),
     ("cli", ("autotune", "autotune.cli", "autotune.__main__", "autotune.emulate.cli",

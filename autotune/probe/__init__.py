@@ -2,14 +2,13 @@
 
 Three parts, each usable alone: fio on a scratch file (`autotune.probe.fio`), a cold
 replay of the dataset's own files (`autotune.probe.replay`) and a classification of the
-storage (`autotune.probe.classify`). `probe()` runs them and adds a verdict. A part that
-cannot run (fio missing, read-only filesystem) is reported with its reason; the others
-still run.
+storage (`autotune.probe.classify`). `probe()` runs them and adds the storage's verdict
+(the rules of autotune.verdict.storage). A part that cannot run (fio missing, read-only
+filesystem) is reported with its reason; the others still run.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -24,13 +23,9 @@ from autotune.probe.classify import FilesystemInfo, classify
 from autotune.probe.fio import FioResult
 from autotune.probe.replay import DEFAULT_CONCURRENCY, ReplayResult
 from autotune.probe.samples import SampleReplay
+from autotune.verdict.storage import SMALL_FILE_MIN_IOPS, storage_verdict
 
 __all__ = ["ProbeResult", "probe", "SMALL_FILE_MIN_IOPS"]
-
-# The seed article's rule of thumb: small-file image training wants > 50k random IOPS.
-SMALL_FILE_MIN_IOPS = 50_000
-# A file read whole is served in readahead-sized requests (128 KiB by default on Linux).
-READAHEAD_BYTES = 128 * 1024
 
 
 @dataclass
@@ -67,80 +62,6 @@ class ProbeResult:
         }
 
 
-def _verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None) -> dict:
-    """Storage ceiling and rules, each with the figures behind it."""
-    evidence: list[str] = []
-    advice: list[str] = []
-    rules = []
-    ceiling = None
-    best_c = None
-    if rp is not None:
-        best = rp.best
-        lv, which = rp.ceiling
-        ceiling, best_c = lv.files_per_s, lv.concurrency
-        one = next((lv for lv in rp.by_concurrency if lv.concurrency == 1), None)
-        evidence.append(f"replay of {rp.files_sampled} files (mean {rp.mean_file_bytes / 1e3:.0f} KB, "
-                        f"{rp.cold_method}): best {best.files_per_s:,.0f} files/s at concurrency "
-                        f"{best.concurrency}, p50 {best.lat_p50_ms:.2f} ms")
-        st = rp.best_steady
-        if st is not None:
-            evidence.append(f"steady state (page cache dropped, inodes kept): best "
-                            f"{st.files_per_s:,.0f} files/s at concurrency {st.concurrency} "
-                            f"({st.files_per_s / max(best.files_per_s, 1e-9):.1f}x the fully "
-                            "cold pass, whose metadata reads a long run pays once); the "
-                            "storage ceiling uses it")
-        if one is not None and best.concurrency > 1 and best.files_per_s > 2 * one.files_per_s:
-            evidence.append(f"latency-bound: {one.files_per_s:,.0f} files/s at concurrency 1 "
-                            f"grows to {best.files_per_s:,.0f} at {best.concurrency}")
-            advice.append(f"this storage needs about {best.concurrency} reads in flight: use at "
-                          f"least {min(best.concurrency, 16)} DataLoader workers, or convert "
-                          "to shards (`autotune convert`) so each read is large")
-    if fio is not None:
-        r, s = fio.rand_read, fio.seq_read
-        label = "" if fio.direct else (
-            f" (buffered; {fio.device} served {r.device_share:.0%} of the random job's bytes)"
-            if r.device_share is not None else " (buffered)")
-        if not fio.plausible:
-            evidence.append("fio figures failed the plausibility check and are ignored: "
-                            + "; ".join(fio.warnings))
-        else:
-            ok = r.iops > SMALL_FILE_MIN_IOPS
-            rules.append({"rule": f"random 4 KiB read IOPS > {SMALL_FILE_MIN_IOPS:,} "
-                                  "(small-file image training)",
-                          "value": round(r.iops), "pass": ok})
-            evidence.append(f"fio{label}: {r.iops:,.0f} random 4 KiB IOPS "
-                            f"(p99 {r.lat_p99_ms or 0:.2f} ms at depth 256), "
-                            f"{s.bw_mib_s:,.0f} MiB/s sequential")
-            if not ok:
-                advice.append(f"{r.iops:,.0f} random IOPS is below {SMALL_FILE_MIN_IOPS:,}: "
-                              "small random reads will starve a fast GPU; repack into shards "
-                              "(`autotune convert`) and stage them on local NVMe (`autotune stage`)")
-            if rp is not None and rp.mean_file_bytes > 0:
-                mean = rp.mean_file_bytes
-                bw_bound = s.bw_mib_s * 2**20 / mean
-                ios_per_file = 1 + math.ceil(mean / READAHEAD_BYTES)
-                iops_bound = r.iops / ios_per_file
-                evidence.append(f"cross-check: sequential bandwidth / mean file = {bw_bound:,.0f} "
-                                f"files/s; random IOPS / {ios_per_file} I/Os per file = "
-                                f"{iops_bound:,.0f} files/s")
-                if ceiling is not None and ceiling > 1.5 * bw_bound and fs.klass != "memory":
-                    advice.append(f"the replay ({ceiling:,.0f} files/s) beat the sequential "
-                                  f"bandwidth bound ({bw_bound:,.0f}): its files were probably "
-                                  "served from a cache (a host or server cache autotune cannot "
-                                  "drop); the storage ceiling may be lower when the cache is cold")
-    if ceiling is None and fio is not None and fio.plausible and rp is None:
-        evidence.append("no replay: the ceiling in files/s is unknown (only fio's figures)")
-    summary = (f"{fs.klass} storage ({fs.type or '?'}"
-               + (f" on {fs.device}" if fs.device else "") + ")")
-    if ceiling is not None:
-        summary += f": at most ~{ceiling:,.0f} files/s for this dataset's files"
-    return {"class": fs.klass, "storage_files_per_s": None if ceiling is None else round(ceiling, 1),
-            "storage_pass": rp.ceiling[1] if rp is not None else None,
-            "storage_method": rp.ceiling_method if rp is not None else None,
-            "best_concurrency": best_c, "rules": rules, "evidence": evidence,
-            "advice": advice, "summary": summary}
-
-
 def _scratch_dir(path: Path, scratch: str | os.PathLike[str] | None) -> tuple[Path, list[str]]:
     warnings: list[str] = []
     if scratch is not None:
@@ -168,37 +89,11 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
     p = Path(path)
     if not p.exists():
         raise UsageError(f"{p}: no such file or directory.")
-    fio_res: FioResult | None = None
-    fio_err: str | None = None
-    rp: ReplayResult | None = None
-    rp_err: str | None = None
     sdir, warnings = _scratch_dir(p, scratch)
-    if run_fio:
-        from autotune.probe import fio as fio_mod
-
-        if not os.access(sdir, os.W_OK):
-            fio_err = (f"{sdir} is not writable (read-only filesystem?); fio needs a scratch "
-                       "file there: pass --scratch DIR on the same storage")
-        else:
-            dev = block_device_for(sdir)
-            try:
-                fio_res = fio_mod.measure(sdir, size=size, runtime=runtime,
-                                          device=dev.name if dev else None, progress=progress)
-            except AutotuneError as e:
-                fio_err = str(e)
-    else:
-        fio_err = "skipped (--no-fio)"
-    if run_replay:
-        from autotune.probe.replay import replay
-
-        try:
-            rp = replay(p, max_files=replay_files, concurrency=concurrency,
-                        seconds_per_level=replay_seconds, seed=seed, cold=cold,
-                        progress=progress)
-        except AutotuneError as e:
-            rp_err = str(e)
-    else:
-        rp_err = "skipped (--no-replay)"
+    fio_res, fio_err = (_run_fio(sdir, size, runtime, progress) if run_fio
+                        else (None, "skipped (--no-fio)"))
+    rp, rp_err = (_run_replay(p, replay_files, concurrency, replay_seconds, seed, cold, progress)
+                  if run_replay else (None, "skipped (--no-replay)"))
     samples = _sample_replay(p, replay_seconds, cold, seed, progress, warnings) \
         if run_replay else None
     fs = classify(p, fio_res, rp)
@@ -206,21 +101,13 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
         warnings.extend(fio_res.warnings)
     if rp:
         warnings.extend(rp.warnings)
-    verdict = _verdict(fs, fio_res, rp)
     ram = ram_backed(p)
-    verdict["cold"] = bool(cold and rp is not None and ram is None)
-    verdict["cold_reason"] = ram if ram else (None if cold else "--warm: the cache was kept")
+    verdict = storage_verdict(
+        fs, fio_res, rp, samples, cold=bool(cold and rp is not None and ram is None),
+        cold_reason=ram if ram else (None if cold else "--warm: the cache was kept"))
     if ram and rp is not None:
         rp.cold_method = "RAM-backed (never cold)"
         warnings.append(f"NOT COLD: {ram}; the replay measured RAM, not storage.")
-    if samples is not None and samples.by_concurrency:
-        b = samples.best
-        verdict["storage_samples_per_s"] = round(b.samples_per_s, 1)
-        verdict["samples_best_concurrency"] = b.concurrency
-        verdict["evidence"].insert(0, f"{samples.format} conversion read through its reader "
-                                   f"(bytes only, {samples.cold_method}): best "
-                                   f"{b.samples_per_s:,.0f} samples/s with {b.concurrency} "
-                                   "reader(s): its storage ceiling in samples, not files")
     if environment is None:
         from autotune.environment import read_environment
 
@@ -230,6 +117,35 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
                        scratch_dir=str(sdir) if run_fio else None,
                        seconds=time.monotonic() - t0, warnings=warnings, samples=samples,
                        environment=environment.to_dict())
+
+
+def _run_fio(sdir: Path, size: int, runtime: float,
+             progress: Callable[[str], None] | None) -> tuple[FioResult | None, str | None]:
+    """fio on a scratch file in `sdir`, or why it could not run."""
+    from autotune.probe import fio as fio_mod
+
+    if not os.access(sdir, os.W_OK):
+        return None, (f"{sdir} is not writable (read-only filesystem?); fio needs a scratch "
+                      "file there: pass --scratch DIR on the same storage")
+    dev = block_device_for(sdir)
+    try:
+        return fio_mod.measure(sdir, size=size, runtime=runtime,
+                               device=dev.name if dev else None, progress=progress), None
+    except AutotuneError as e:
+        return None, str(e)
+
+
+def _run_replay(p: Path, max_files: int, concurrency: Sequence[int], seconds: float, seed: int,
+                cold: bool, progress: Callable[[str], None] | None,
+                ) -> tuple[ReplayResult | None, str | None]:
+    """The cold replay of the dataset's own files, or why it could not run."""
+    from autotune.probe.replay import replay
+
+    try:
+        return replay(p, max_files=max_files, concurrency=concurrency, seconds_per_level=seconds,
+                      seed=seed, cold=cold, progress=progress), None
+    except AutotuneError as e:
+        return None, str(e)
 
 
 def _sample_replay(p: Path, seconds: float, cold: bool, seed: int,

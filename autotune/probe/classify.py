@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
-from autotune.blockdev import MEMORY_FS, OVERLAY_FS, block_device_for, mount_for
+from autotune.blockdev import MEMORY_FS, OVERLAY_FS, BlockDevice, block_device_for, mount_for
 from autotune.probe.fio import FioResult
 from autotune.probe.replay import ReplayResult
 
@@ -85,23 +85,7 @@ def classify(path: str | os.PathLike[str], fio: FioResult | None = None,
         if why:
             ev.append(f"measured {why}")
     elif dev is not None:
-        name = dev.name
-        ev.append(f"block device {name} ({dev.majmin})"
-                  + (f", partition {dev.partition}" if dev.partition else "")
-                  + (f", rotational={int(dev.rotational)}" if dev.rotational is not None else ""))
-        if name.startswith("nvme"):
-            info.klass = "nvme"
-        elif dev.rotational is False:
-            info.klass = "ssd"
-        elif dev.rotational is True:
-            info.klass = "hdd"
-            if tier in ("ssd", "nvme"):
-                # Virtual disks (virtio, Xen, many cloud volumes) report rotational=1.
-                info.klass = "ssd"
-                ev.append(f"rotational flag contradicted by {why}: a virtual or "
-                          "flash-backed disk, classed ssd")
-        if name.startswith(("vd", "xvd")):
-            ev.append(f"{name} is a paravirtual disk: its speed is the host's storage")
+        _block_device(info, dev, tier, why)
     elif m.fstype in OVERLAY_FS:
         ev.append(f"{m.fstype} filesystem: the backing device is not visible from here")
         info.klass = tier or "unknown"
@@ -119,3 +103,26 @@ def classify(path: str | os.PathLike[str], fio: FioResult | None = None,
         ev.append("fio's random-read figure not used for the class: "
                   + " ".join(fio.rand_read.warnings or ["failed the plausibility check"]))
     return info
+
+
+def _block_device(info: FilesystemInfo, dev: BlockDevice, tier: str | None, why: str) -> None:
+    """The class a block device's name and rotational flag give, the flag checked against
+    the measured tier."""
+    ev = info.evidence
+    name = dev.name
+    ev.append(f"block device {name} ({dev.majmin})"
+              + (f", partition {dev.partition}" if dev.partition else "")
+              + (f", rotational={int(dev.rotational)}" if dev.rotational is not None else ""))
+    if name.startswith("nvme"):
+        info.klass = "nvme"
+    elif dev.rotational is False:
+        info.klass = "ssd"
+    elif dev.rotational is True:
+        info.klass = "hdd"
+        if tier in ("ssd", "nvme"):
+            # Virtual disks (virtio, Xen, many cloud volumes) report rotational=1.
+            info.klass = "ssd"
+            ev.append(f"rotational flag contradicted by {why}: a virtual or "
+                      "flash-backed disk, classed ssd")
+    if name.startswith(("vd", "xvd")):
+        ev.append(f"{name} is a paravirtual disk: its speed is the host's storage")

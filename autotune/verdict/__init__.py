@@ -8,7 +8,9 @@ evidence that does not come from the figures it judges.
     latency_verdict(needed_in_flight=32, bound=8)         # loader (latency) or storage (latency)
 
 The verdict is decided from the time budget (SystemFigures.budget: where each loading
-process's time went); bounds.py holds the worker bound and the latency rule for every
+process's time went) by a family of rules (rules/: one module per rule, read in the order
+of rules.RULES; _base.py: what a rule is); storage/ is the family that classes the storage
+under a dataset for `autotune probe`; bounds.py holds the worker bound and the latency rule for every
 module that needs them. `analyze` feeds it a training log's figures and the monitor's samples of that window;
 `search` feeds it the recommended configuration's figures and the monitor's samples of
 its own window, with the ceilings measured apart from the trials (a ceiling a trial
