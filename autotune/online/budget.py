@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from typing import Any
 
 from autotune.cpus import usable_cores
@@ -46,7 +47,7 @@ class Budget:
     pools and switch are read here, and a raised worker bound starts a switch there."""
 
     def __init__(self, owner: Any, stage_clock: Any) -> None:
-        self._dl = owner
+        self._dl = weakref.proxy(owner)  # no cycle: a dropped loader stops its workers
         # What the job's container allows, read once for this loader: every budget below.
         self.env, self.env_error = read_environment()
         self.stage_clock = stage_clock  # autotune's own ImageDataset's stage seconds

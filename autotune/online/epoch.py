@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -43,7 +44,7 @@ class Epoch:
     configuration, controller and meter are read and changed here."""
 
     def __init__(self, owner: Any) -> None:
-        self._dl = owner
+        self._dl = weakref.proxy(owner)  # no cycle: a dropped loader stops its workers
         self.stream: IndexStream | None = None
         self.inner_gen = torch.Generator()
         self.epochs = 0
@@ -55,8 +56,9 @@ class Epoch:
         self.carry = 0.0                     # bookkeeping seconds not yet counted as wait
         self.epoch_cfg: Config | None = None   # the configuration the last epoch began with
 
-    def start(self) -> EpochIter:
-        """A new epoch: the previous one ended, the base seed drawn, the first pool open."""
+    def start(self) -> object:
+        """A new epoch: the previous one ended, the base seed drawn, the first pool open;
+        the token of the epoch's iterator (an older iterator's next() ends)."""
         dl = self._dl
         if self.live is not None:
             self.end(completed=False)
@@ -70,7 +72,7 @@ class Epoch:
         self.stream = None if sampler_iter is None else IndexStream(sampler_iter)
         self.begin()
         token = self.live = object()
-        return EpochIter(dl, token)
+        return token
 
     def new_pool(self, cfg: Config) -> Pool:
         dl = self._dl

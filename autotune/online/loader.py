@@ -38,7 +38,7 @@ from autotune.online.budget import Budget
 from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
-from autotune.online.epoch import Epoch
+from autotune.online.epoch import Epoch, EpochIter
 from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import default_budget, over_limit
 from autotune.online.pool import Pool
@@ -248,7 +248,8 @@ class DataLoader:
         return self._sw.current
 
     def __iter__(self) -> Iterator[Any]:
-        return self._epoch.start()
+        # The iterator holds the loader (as torch's does); the loader's parts hold it weakly.
+        return EpochIter(self, self._epoch.start())
 
     def close(self) -> None:
         """Stop every worker now (they also stop when the loader is collected)."""

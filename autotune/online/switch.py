@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ class Switcher:
     meter and ranks are read and changed here."""
 
     def __init__(self, owner: Any, target: Config) -> None:
-        self._dl = owner
+        self._dl = weakref.proxy(owner)  # no cycle: a dropped loader stops its workers
         self.pending: Pool | None = None    # the new pool, its workers coming up
         self.current: Switch | None = None  # from the decision to the new pool's first batch
         self.forced: list[Config] = []      # tests: configurations to switch to, in turn
