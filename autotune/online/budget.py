@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import weakref
 from typing import Any
 
 from autotune.cpus import usable_cores
@@ -16,6 +15,7 @@ from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import WindowStats
 from autotune.online.memory import own_pss, pss_bytes
+from autotune.online.weakowner import WeakOwner
 
 log = logging.getLogger("autotune.online")
 
@@ -46,11 +46,11 @@ class Budget:
     """One loader's budgets. `owner` is the autotune.DataLoader: its controller, ranks,
     pools and switch are read here, and a raised worker bound starts a switch there."""
 
-    def __init__(self, owner: Any, stage_clock: Any) -> None:
-        self._dl = weakref.proxy(owner)  # no cycle: a dropped loader stops its workers
+    def __init__(self, owner: Any) -> None:
+        self._owner = WeakOwner(owner)
         # What the job's container allows, read once for this loader: every budget below.
         self.env, self.env_error = read_environment()
-        self.stage_clock = stage_clock  # autotune's own ImageDataset's stage seconds
+        self.stage_clock: Any = None  # autotune's own ImageDataset's stage seconds
         self.oom_group = False
         self.shm_source = ""
         self.shared_mem: MemoryFigures | None = None
@@ -64,6 +64,10 @@ class Budget:
         # The budget sampled at the worker bound: (its configuration, budget, seconds,
         # stages), the verdict's own when tuning settles there blocked on storage.
         self.bound_seen: tuple[Config, dict[str, Any], float, Any] | None = None
+
+    @property
+    def _dl(self) -> Any:
+        return self._owner()  # the loader
 
     # ---- memory and /dev/shm
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from typing import Any
 
 import torch
@@ -18,6 +17,7 @@ from autotune.online.controller import Controller, emit
 from autotune.online.fallback import recover_or_raise
 from autotune.online.pool import Pool
 from autotune.online.stream import IndexStream
+from autotune.online.weakowner import WeakOwner
 from autotune.shmfit import measure_batch
 
 log = logging.getLogger("autotune.online")
@@ -44,7 +44,7 @@ class Epoch:
     configuration, controller and meter are read and changed here."""
 
     def __init__(self, owner: Any) -> None:
-        self._dl = weakref.proxy(owner)  # no cycle: a dropped loader stops its workers
+        self._owner = WeakOwner(owner)
         self.stream: IndexStream | None = None
         self.inner_gen = torch.Generator()
         self.epochs = 0
@@ -55,6 +55,10 @@ class Epoch:
         self.last_return: float | None = None
         self.carry = 0.0                     # bookkeeping seconds not yet counted as wait
         self.epoch_cfg: Config | None = None   # the configuration the last epoch began with
+
+    @property
+    def _dl(self) -> Any:
+        return self._owner()  # the loader
 
     def start(self) -> object:
         """A new epoch: the previous one ended, the base seed drawn, the first pool open;

@@ -107,7 +107,7 @@ class DataLoader:
         if memory_budget is not None and memory_budget <= 0:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
-        self._budget = Budget(self, None)
+        self._budget = Budget(self)
         self._env = self._budget.env
         if memory_budget is not None and (over := over_limit(memory_budget, self._env)):
             warnings.warn(over, stacklevel=2)

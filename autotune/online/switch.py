@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +15,7 @@ from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import window_batches
 from autotune.online.pool import Pool
+from autotune.online.weakowner import WeakOwner
 
 log = logging.getLogger("autotune.online")
 
@@ -39,13 +39,17 @@ class Switcher:
     meter and ranks are read and changed here."""
 
     def __init__(self, owner: Any, target: Config) -> None:
-        self._dl = weakref.proxy(owner)  # no cycle: a dropped loader stops its workers
+        self._owner = WeakOwner(owner)
         self.pending: Pool | None = None    # the new pool, its workers coming up
         self.current: Switch | None = None  # from the decision to the new pool's first batch
         self.forced: list[Config] = []      # tests: configurations to switch to, in turn
         self.failed: Config | None = None   # DDP: this rank's new pool could not start
         self.agreed = target                # DDP: the configuration the ranks agreed on
         self.next_decision = window_batches(target.num_workers, target.prefetch_factor)
+
+    @property
+    def _dl(self) -> Any:
+        return self._owner()  # the loader
 
     def drop(self) -> None:
         """Forget the switch under way (its pool is retired by the caller)."""
