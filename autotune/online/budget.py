@@ -1,0 +1,256 @@
+"""autotune.DataLoader's budgets: memory and /dev/shm read from the job's environment, the
+memory figures the controller sees, and the workers' time budget sampled in a burst (it
+raises the worker bound, or gives the verdict once tuning settled under AU 0.90)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from autotune.cpus import usable_cores
+from autotune.online import cache, ddp, why
+from autotune.online.config import Config
+from autotune.online.controller import Controller, MemoryFigures, emit
+from autotune.online.measure import WindowStats
+from autotune.online.memory import own_pss, pss_bytes
+from autotune.online.weakowner import WeakOwner
+
+log = logging.getLogger("autotune.online")
+
+
+def read_environment() -> tuple[Any, str | None]:
+    """autotune.environment's reading, or None and why it failed (a budget unknown is not
+    checked, and the loader says so: it must not end the user's run)."""
+    from autotune.environment import read_environment as read
+
+    try:
+        return read(), None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+def root_path(dataset: Any) -> str | None:
+    """The dataset's folder where it exposes one (for the verdict's commands)."""
+    for attr in cache._ROOT_ATTRS:
+        val = getattr(dataset, attr, None)
+        if isinstance(val, (str, os.PathLike)):
+            return os.fspath(val)
+    src = getattr(dataset, "source", None)
+    val = getattr(src, "root", None) or getattr(src, "path", None)
+    return os.fspath(val) if isinstance(val, (str, os.PathLike)) else None
+
+
+class Budget:
+    """One loader's budgets. `owner` is the autotune.DataLoader: its controller, ranks,
+    pools and switch are read here, and a raised worker bound starts a switch there."""
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = WeakOwner(owner)
+        # What the job's container allows, read once for this loader: every budget below.
+        self.env, self.env_error = read_environment()
+        self.stage_clock: Any = None  # autotune's own ImageDataset's stage seconds
+        self.oom_group = False
+        self.shm_source = ""
+        self.shared_mem: MemoryFigures | None = None
+        self.said_why = False
+        self.deferred: WindowStats | None = None  # a budget wanted during a switch
+        self.burst: why.Burst | None = None      # the time budget being sampled, apart
+        self.windows: list[WindowStats] = []
+        self.burst_cfg: Config | None = None
+        self.purpose = "verdict"                # or "bound": the workers' blocked share
+        self.stages0: dict[str, float] | None = None
+        # The budget sampled at the worker bound: (its configuration, budget, seconds,
+        # stages), the verdict's own when tuning settles there blocked on storage.
+        self.bound_seen: tuple[Config, dict[str, Any], float, Any] | None = None
+
+    @property
+    def _dl(self) -> Any:
+        return self._owner()  # the loader
+
+    # ---- memory and /dev/shm
+
+    def join_ranks(self, sync: ddp.RankSync | None) -> ddp.RankSync | None:
+        """Under torch.distributed: this rank's share of the node's workers (the memory
+        budget's share is in default_budget already)."""
+        ctl = self._dl._ctl
+        if sync is not None and isinstance(ctl, Controller):
+            ctl.bound = max(1, ctl.bound // sync.local)
+            if sync.rank != 0:
+                ctl.cache_key_store = False
+        return sync
+
+    def fit_environment(self) -> None:
+        """The /dev/shm budget (autotune.shmfit: free /dev/shm and the cgroup's remaining
+        memory, this rank's share of the node); under cgroup v2 memory.oom.group=1 it and
+        the default memory budget are halved (shmfit.oom_group_divisor, as search does),
+        for there a worker killed takes the whole job with it."""
+        from autotune.shmfit import shm_budget
+
+        ctl, env = self._dl._ctl, self.env
+        if env is None:
+            e = self.env_error
+            log.warning("the environment could not be read (%s): /dev/shm is not budgeted", e,
+                        extra={"autotune_event": "environment", "autotune": {"why": str(e)}})
+            return
+        sb = shm_budget(env, self._dl._local)
+        ctl.shm = sb.budget_bytes
+        self.shm_source = sb.source
+        if sb.oom_group:
+            self.oom_group = True
+            emit("oom-group", f"{env.memory.source}: memory.oom.group is 1, so a worker the "
+                 "OOM killer ends takes the whole job with it and no fallback is possible: "
+                 f"budgets halved (/dev/shm {(ctl.shm or 0) / 2**20:,.0f} MiB, memory "
+                 f"{ctl.budget / 2**20:,.0f} MiB)", shm_budget=ctl.shm, budget=ctl.budget)
+
+    def memory(self) -> MemoryFigures:
+        # Under DDP every rank's controller must see the same figures: the agreed ones.
+        if self.shared_mem is not None:
+            return self.shared_mem
+        return self.memory_here()
+
+    def memory_here(self) -> MemoryFigures:
+        pools, batch_bytes = self._dl._pools, self._dl._batch_bytes
+        pids = pools[-1].pids() if pools else []
+        sizes = [s for s in (pss_bytes(p) for p in pids) if s]
+        if sizes:
+            return MemoryFigures(sum(sizes) // len(sizes), batch_bytes or 0, True)
+        return MemoryFigures(own_pss(), batch_bytes or 0, False)
+
+    # ---- the workers' time budget
+
+    def cancel(self) -> None:
+        """Drop the burst under way, if any."""
+        if self.burst is not None:
+            self.burst.cancel()
+            self.burst = None
+
+    def want(self, stats: WindowStats) -> None:
+        """Start a time-budget burst (a process of its own, a few seconds) when one is
+        needed: the climb stopped at the worker bound short of AU 0.95 (are the workers
+        blocked on I/O? then the bound rises), or tuning settled under AU 0.90 (the
+        verdict, said once). Never under DDP for the bound: the ranks must agree on it."""
+        dl = self._dl
+        if self.burst is not None or (dl._sync is not None and dl._sync.rank):
+            return
+        ctl = dl._ctl
+        if getattr(ctl, "wants_budget", False) and dl._sync is None:
+            purpose = "bound"
+        elif not self.said_why and getattr(ctl, "phase", None) == "settled" \
+                and stats.au < why.INPUT_BOUND_AU:
+            purpose = "verdict"
+            seen = self.bound_seen
+            if getattr(ctl, "storage", False) and seen is not None and seen[0] == ctl.tuned:
+                # Settled where the bound's budget was sampled, blocked on storage: that
+                # budget is the verdict's; no second burst, the verdict at once.
+                best = getattr(ctl, "best", None)
+                self.verdict(seen[0], seen[1], seen[2], seen[3],
+                             best.stats if best is not None and best.stats else stats)
+                return
+        else:
+            return
+        if dl._switch is not None or dl._pending is not None:
+            # A switch under way (the controller settling back, say): the old pool's workers
+            # still serve beside the new pool's, and the budget would count both. Sample
+            # once the new pool serves alone (Switcher.finish asks again).
+            self.deferred = stats
+            return
+        self.deferred = None
+        serving = dl._pools[-1] if dl._pools else None
+        pids = serving.pids() if serving is not None else []
+        self.burst, self.burst_cfg, self.purpose = why.Burst(
+            os.getpid(), workers=pids), dl._running, purpose
+        self.windows = []
+        clock = self.stage_clock
+        self.stages0 = clock.totals() if clock is not None else None
+
+    def window(self, stats: WindowStats, cfg: Config) -> None:
+        """A window while a burst samples: its figures go with the budget; when the budget
+        is in, it raises the worker bound or gives the verdict."""
+        burst = self.burst
+        if burst is None:
+            return
+        if cfg != self.burst_cfg:  # another pool now: the budget would mix two
+            self.cancel()
+            return
+        self.windows.append(stats)
+        if self.purpose == "bound" or not burst.done():
+            return  # the bound's budget is taken per batch (bound_done)
+        self.burst = None
+        if getattr(self._dl._ctl, "phase", None) == "settled":
+            wall = time.perf_counter() - burst.started
+            latest = self._dl._latest
+            stats = why.merge(self.windows) or (latest.stats if latest else None)
+            self.verdict(cfg, burst.result(), wall, self.stages(cfg, wall), stats)
+
+    def stages(self, cfg: Config, wall: float) -> Any:
+        """The stage budget since the burst began (autotune's own ImageDataset), else None."""
+        if self.stage_clock is None or self.stages0 is None:
+            return None
+        from autotune.data.stages import stage_budget
+
+        return stage_budget(self.stages0, self.stage_clock.totals(),
+                            workers=cfg.num_workers, wall_s=wall)
+
+    def after_batch(self) -> None:
+        """The bound's budget needs no window of its own: act on it at once (behind a slow
+        disk the next window closes many seconds later)."""
+        if self.burst is not None and self.purpose == "bound" and self.burst.done():
+            self.bound_done()
+
+    def bound_done(self) -> None:
+        """The bound's budget is in: the worker bound from it, and the climb goes on."""
+        burst, cfg, dl = self.burst, self.burst_cfg, self._dl
+        assert burst is not None and cfg is not None
+        self.burst = None
+        budget = burst.result()
+        wall = time.perf_counter() - burst.started
+        self.bound_seen = (cfg, budget, wall, self.stages(cfg, wall))
+        new = self.bound_from(budget)
+        if new is not None and new != dl._running and dl._pending is None \
+                and dl._switch is None:
+            dl._sw.begin(new, "controller")
+
+    def bound_from(self, budget: dict[str, Any]) -> Config | None:
+        """The worker bound from the workers' blocked share (bounds.worker_bound)."""
+        from autotune.monitor.timebudget import TimeBudget
+        from autotune.verdict.bounds import worker_bound
+
+        ctl = self._dl._ctl
+        wc = TimeBudget.from_dict(budget).cls("workers") if budget.get("available", True) \
+            else None
+        if wc is None or not wc.process_seconds:
+            reason = budget.get("reason") or "no worker seen"
+            return ctl.workers_blocked(None, ctl.bound,
+                                       f"the workers' time budget is missing: {reason}")
+        # A worker asleep in a timer inside its work (time.sleep, a client's backoff)
+        # needs no core while it waits, as one blocked on storage does not.
+        timer = wc.timer()
+        blocked = min(1.0, wc.blocked() + timer)
+        also = f" and asleep in a timer inside their work {timer:.0%}" if timer >= 0.05 else ""
+        return ctl.workers_blocked(
+            blocked, worker_bound(usable_cores(), blocked_share=blocked),
+            f"the {wc.processes} workers were blocked on storage {wc.blocked():.0%}{also} of "
+            "their time (the bound is cores / (1 - blocked))")
+
+    def verdict(self, cfg: Config, budget: dict[str, Any], wall: float, stages: Any,
+                stats: WindowStats | None) -> None:
+        """Why AU stays under 0.90 after tuning: the verdict engine, said once. A storage
+        verdict ends the tuning: no setting can help (the verdict names convert/stage)."""
+        if stats is None or stats.au >= why.INPUT_BOUND_AU:
+            return  # it kept up over the burst: nothing to explain yet
+        self.said_why = True
+        dl = self._dl
+        bound = getattr(dl._ctl, "bound", None)
+        v = why.explain(why.Figures(
+            stats=stats, loader=cfg.kwargs(), batch_size=dl.batch_size,
+            cores=usable_cores(), budget=budget, stages=stages,
+            dataset=root_path(dl.dataset),
+            worker_bound=bound if dl._sync is not None else None))
+        dl.verdict = v
+        if v.bottleneck == "storage" and hasattr(dl._ctl, "storage_verdict"):
+            dl._ctl.storage_verdict()
+        emit("verdict", f"AU {stats.au:.2f} after tuning (under {why.INPUT_BOUND_AU:.2f}): "
+             f"{v.summary}; next: {v.next_command}", bottleneck=v.bottleneck, au=stats.au,
+             verdict=v.to_dict())

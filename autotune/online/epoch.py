@@ -1,0 +1,243 @@
+"""autotune.DataLoader's epochs: the iterator `iter(loader)` returns, the epoch's base seed
+and index stream, the pool each epoch starts with (or keeps), the batches taken from the
+serving pool, and the pools retired."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+
+from autotune.online import failure
+from autotune.online.config import Config
+from autotune.online.controller import Controller, emit
+from autotune.online.fallback import recover_or_raise
+from autotune.online.pool import Pool
+from autotune.online.stream import IndexStream
+from autotune.online.weakowner import WeakOwner
+from autotune.shmfit import measure_batch
+
+log = logging.getLogger("autotune.online")
+
+
+class EpochIter:
+    """One epoch's iterator (what `iter(loader)` returns)."""
+
+    def __init__(self, owner: Any, token: object) -> None:
+        self._owner, self._token = owner, token
+
+    def __iter__(self) -> EpochIter:
+        return self
+
+    def __next__(self) -> Any:
+        return self._owner._epoch.next(self._token)
+
+    def __len__(self) -> int:
+        return len(self._owner)
+
+
+class Epoch:
+    """One loader's epochs. `owner` is the autotune.DataLoader: its pools, target
+    configuration, controller and meter are read and changed here."""
+
+    def __init__(self, owner: Any) -> None:
+        self._owner = WeakOwner(owner)
+        self.stream: IndexStream | None = None
+        self.inner_gen = torch.Generator()
+        self.epochs = 0
+        self.live: object | None = None
+        self.probing: Config | None = None   # the start point, while the first batch is made
+        self.pos = 0                         # batches of this epoch delivered to the loop
+        self.served = 0
+        self.last_return: float | None = None
+        self.carry = 0.0                     # bookkeeping seconds not yet counted as wait
+        self.epoch_cfg: Config | None = None   # the configuration the last epoch began with
+
+    @property
+    def _dl(self) -> Any:
+        return self._owner()  # the loader
+
+    def start(self) -> object:
+        """A new epoch: the previous one ended, the base seed drawn, the first pool open;
+        the token of the epoch's iterator (an older iterator's next() ends)."""
+        dl = self._dl
+        if self.live is not None:
+            self.end(completed=False)
+        sampler_iter = None if dl._iterable else iter(dl._index_sampler)
+        # After iter(sampler), as torch's iterator does; one draw per epoch iterator.
+        if not (dl._ref_persistent and self.epochs > 0):
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=dl.generator).item())
+            self.inner_gen = torch.Generator()
+            self.inner_gen.manual_seed(seed)
+        self.epochs += 1
+        self.stream = None if sampler_iter is None else IndexStream(sampler_iter)
+        self.begin()
+        token = self.live = object()
+        return token
+
+    def new_pool(self, cfg: Config) -> Pool:
+        dl = self._dl
+        return Pool(dl.dataset, cfg, dl._common, auto_collation=dl._auto,
+                    iterable=dl._iterable, generator=self.inner_gen,
+                    mp_context=dl.multiprocessing_context, worker_init_fn=dl.worker_init_fn,
+                    recoverable=self.recoverable(cfg))
+
+    def recoverable(self, cfg: Config) -> bool:
+        """Whether a failure of this configuration's pool is autotune's to recover: it has
+        workers and autotune chose their number or their queue."""
+        fixed = self._dl._fixed
+        return bool(cfg.num_workers) and not (
+            "num_workers" in fixed and "prefetch_factor" in fixed)
+
+    def measure_first(self, cfg: Config) -> bool:
+        """Whether the epoch's first batch is made in this process, before any worker starts
+        (the batch's bytes decide what fits in /dev/shm)."""
+        dl = self._dl
+        return (dl._tuning and dl._batch_bytes is None and cfg.num_workers > 0
+                and "num_workers" not in dl._fixed and isinstance(dl._ctl, Controller))
+
+    def begin(self) -> None:
+        dl = self._dl
+        if dl._iterable and dl._sw.forced:
+            dl._target = dl._sw.forced.pop(0)
+        cfg = dl._target
+        last = self.epoch_cfg
+        self.epoch_cfg = cfg
+        if dl._iterable and last is not None and last != cfg:
+            # Decided during the last epoch ("from the next epoch on"); it takes effect now.
+            emit("switched", f"switched {last.short()} -> {cfg.short()} at the epoch boundary "
+                 "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
+                 old=last.kwargs(), reason="epoch")
+        self.pos = 0
+        if dl._iterable and self.measure_first(cfg):
+            cfg = dl._target = self.epoch_cfg = self.measure_iterable(cfg)
+        pool, reused, cfg = self.first_pool(cfg)
+        for p in dl._pools:
+            self.retire(p)
+        dl._pools = [pool]
+        self.served = 0
+        self.last_return = None
+        self.carry = 0.0
+        if not reused:
+            dl._meter.reset(dl._window(cfg), skip=cfg.queue, group=cfg.num_workers)
+        dead = failure.dead_workers(pool.procs()) if reused else []
+        try:
+            if dead:
+                raise failure.killed_error(dead)  # a worker of the kept pool ended meanwhile
+            pool.open(self.stream, 0)
+        except Exception as e:  # noqa: BLE001 (ours recovered, the user's raised)
+            recover_or_raise(dl, e)
+
+    def first_pool(self, cfg: Config) -> tuple[Pool, bool, Config]:
+        """The pool the epoch starts with, whether it is the last epoch's, kept, and the
+        configuration the epoch's meter is for."""
+        dl = self._dl
+        if dl._sw.pending is not None:
+            pool, dl._sw.pending = dl._sw.pending, None
+            return pool, False, cfg
+        if dl._pools and dl._pools[-1].config == cfg:
+            return dl._pools.pop(), True, cfg
+        if self.measure_first(cfg):
+            # The first batch is made here; the start point is fitted to it and its workers
+            # start while this process makes the next batches (a switch, see _after_batch).
+            self.probing = cfg
+            cfg = Config(0, None, False, cfg.pin_memory)
+        return self.new_pool(cfg), False, cfg
+
+    def measure_iterable(self, cfg: Config) -> Config:
+        """IterableDataset: one batch made here by an iterator of its own before the first
+        pool starts, to fit the start point; that batch is not delivered (the epoch's own
+        iterator starts the dataset again)."""
+        dl = self._dl
+        probe = TorchLoader(dl.dataset, num_workers=0, **dl._common)
+        batch = next(iter(probe), None)
+        if batch is None:
+            return cfg
+        dl._batch_bytes = measure_batch(batch).total
+        return dl._ctl.refit(cfg)
+
+    def end(self, completed: bool) -> None:
+        """Keep the pool the next epoch starts with (a persistent one, or a switch's new
+        pool still coming up); stop the others."""
+        dl, sw = self._dl, self._dl._sw
+        self.live = None
+        keep: Pool | None = None
+        if sw.pending is not None:
+            keep = sw.pending
+        elif dl._pools and dl._pools[-1].config == dl._target:
+            keep = dl._pools[-1]
+        for p in dl._pools + ([sw.pending] if sw.pending else []):
+            if p is not keep:
+                self.retire(p)
+        if keep is not None and not keep.config.persistent_workers:
+            self.retire(keep)
+            keep = None
+        if sw.current is not None and sw.current.pool is not keep:
+            sw.current = None
+        dl._pools = [keep] if keep is not None and keep is not sw.pending else []
+        if keep is None:
+            sw.pending = None
+        if completed and self.epochs == 1 and dl.summary is None:
+            dl._summarize()
+
+    def retire(self, pool: Pool) -> None:
+        t = time.perf_counter()
+        alive = pool.shutdown()
+        self._dl.retired.append(alive)
+        sw = self._dl._sw.current
+        if sw is not None:
+            sw.main_s += time.perf_counter() - t
+        if alive:
+            log.warning("workers %s of %s still running after shutdown", alive,
+                        pool.config.short(), extra={"autotune_event": "not-gone",
+                                                    "autotune": {"pids": alive}})
+
+    # ---- one batch
+
+    def next(self, token: object) -> Any:
+        dl, sw = self._dl, self._dl._sw
+        if token is not self.live:
+            raise StopIteration
+        t0 = time.perf_counter()
+        step = None if self.last_return is None else t0 - self.last_return
+        if sw.forced and not dl._iterable and sw.pending is None and sw.current is None:
+            sw.begin(sw.forced.pop(0), "forced")
+        if sw.pending is not None:
+            sw.poll()
+        try:
+            batch = self.take()
+        except StopIteration:
+            self.end(completed=True)
+            raise
+        self.served += 1
+        t1 = time.perf_counter()
+        dl._after_batch(batch, step, t1 - t0 + self.carry)
+        self.last_return = time.perf_counter()
+        # The loop waited through the bookkeeping too (a decision, a pool started): count
+        # it in the next batch's wait, not in the user's step.
+        self.carry = self.last_return - t1
+        dl.overhead_s += self.carry
+        return batch
+
+    def take(self) -> Any:
+        dl = self._dl
+        while True:
+            while len(dl._pools) > 1 and dl._pools[0].done:
+                self.retire(dl._pools.pop(0))
+            pool = dl._pools[0]
+            try:
+                dead = failure.dead_workers(pool.procs()) if pool.recoverable else []
+                if dead:
+                    raise failure.killed_error(dead)
+                with failure.watching(pool.procs() if pool.recoverable else []):
+                    batch = pool.next()
+            except StopIteration:
+                raise
+            except Exception as e:  # noqa: BLE001 (ours recovered, the user's raised)
+                recover_or_raise(dl, e)
+                continue
+            self.pos += 1
+            return batch

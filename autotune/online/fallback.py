@@ -1,0 +1,112 @@
+"""A pool that failed for a reason of autotune's (autotune.online.failure): the epoch carries
+on at once at a configuration that needs less. The index batches the failed pools had taken
+but not delivered go back to the stream, so nothing is lost or repeated (an IterableDataset
+loses the rest of that epoch instead)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autotune.online import failure
+from autotune.online.config import Config
+from autotune.online.controller import Controller, emit
+
+
+def _length(dataset: Any) -> int | None:
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def recover_or_raise(dl: Any, exc: Exception) -> None:
+    """Carry the epoch of `dl` (an autotune.DataLoader) on at a configuration that needs
+    less when `exc` is a failure of a pool autotune chose; re-raise it otherwise."""
+    serving = [p for p in dl._pools if p.recoverable]
+    why_ = failure.classify(exc, [w for p in serving for w in p.procs()]) if serving else None
+    if why_ is None:
+        raise exc
+    failed = dl._pools[0].config if dl._pools[0].recoverable else serving[0].config
+    to = fallback(dl, failed, why_)
+    if to is None:
+        raise exc
+    back = _stop_all(dl)
+    dl._target = dl._sw.agreed = to
+    if isinstance(dl._ctl, Controller):  # tuning or not: the failed one stays out
+        dl._ctl.fell_back(failed, to, why_.detail)
+    if dl._sync is not None:
+        dl._sw.failed = failed  # the other ranks' controllers hear of it at the next step
+    pos = dl._epoch.pos
+    lose = dl._iterable and pos > 0  # a new pool starts the dataset's iterator again
+    if lose:
+        lost = f"the rest of this epoch is lost ({pos} batches delivered"
+        total = _length(dl.dataset)
+        lost += f" of about {total // max(1, dl.batch_size or 1)})" if total else ")"
+        tail = f"; {lost}, the next epoch starts at {to.short()}"
+    else:
+        tail = (f"; the epoch carries on at {to.short()} from batch {pos} "
+                f"({back} batches in flight fetched again, none lost or repeated)")
+    emit("fell-back", f"{failed.short()} failed ({why_.detail}): not tried again in this "
+         f"run{tail}", config=to.kwargs(), failed=failed.kwargs(), kind=why_.kind,
+         why=why_.detail, refetched=back, delivered=pos)
+    if lose:
+        dl._epoch.epoch_cfg = to
+        raise StopIteration  # Epoch.next ends the epoch
+    pool = dl._epoch.new_pool(to)
+    dl._pools = [pool]
+    dl._meter.reset(dl._window(to), skip=to.queue, group=to.num_workers)
+    pool.open(dl._epoch.stream, pos)
+
+
+def _stop_all(dl: Any) -> int:
+    """Every pool's undelivered index batches back to the stream, the switch and the burst
+    under way dropped, the pools retired: how many batches went back."""
+    pools = dl._pools + ([dl._sw.pending] if dl._sw.pending is not None else [])
+    back = 0
+    for p in pools:
+        back += p.lease.give_back()
+    dl._sw.drop()
+    dl._budget.deferred = None
+    dl._budget.cancel()
+    for p in pools:
+        dl._epoch.retire(p)
+    dl._pools = []
+    return back
+
+
+def fallback(dl: Any, failed: Config, why_: failure.PoolFailure) -> Config | None:
+    """What the loop carries on at: the last configuration that served a full window and
+    needs less than `failed`, else fewer workers and a shorter queue, down to loading in
+    this process; None when the user's own settings leave nothing less."""
+    ctl = dl._ctl if isinstance(dl._ctl, Controller) else None
+    if why_.kind == "shm" and ctl is not None and dl._batch_bytes:
+        from autotune.shmfit import needed_bytes
+
+        # /dev/shm held less than the budget said (another process, a smaller mount):
+        # nothing needing as much is within it.
+        need = needed_bytes(failed.num_workers, failed.prefetch_factor, dl._batch_bytes)
+        ctl.shm = min(ctl.shm if ctl.shm is not None else need, need - 1)
+
+    def less(c: Config) -> bool:
+        return (c != failed and c.num_workers <= failed.num_workers
+                and c.queue <= failed.queue
+                and (ctl is None or ctl.needs_as_much(c) is None)
+                and (ctl is None or ctl.shm_fits(c, dl._batch_bytes or 0)))
+
+    for seen in (dl._latest, dl._first):
+        if seen is not None and less(seen.config):
+            return seen.config
+    w, pf = failed.num_workers, failed.prefetch_factor or 2
+    make = ctl.make if ctl is not None else (
+        lambda n, p: Config(n, p if n else None, failed.persistent_workers,
+                            failed.pin_memory))
+    while w > 0:
+        nw = w if "num_workers" in dl._fixed else w // 2
+        npf = pf if "prefetch_factor" in dl._fixed else max(1, pf // 2)
+        if (nw, npf) == (w, pf):
+            return None  # the user's own settings: nothing less to go to
+        w, pf = nw, npf
+        cand = make(w, pf)
+        if less(cand):
+            return cand
+    return None

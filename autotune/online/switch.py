@@ -1,0 +1,195 @@
+"""autotune.DataLoader's switches: a new pool started idle while the old one serves, handed
+the rest of the epoch at a batch boundary once its workers are up, measured and charged;
+under torch.distributed, the decisions the ranks take together at agreed steps. An
+IterableDataset switches at the next epoch boundary instead."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.online import failure
+from autotune.online.config import Config
+from autotune.online.controller import Controller, MemoryFigures, emit
+from autotune.online.measure import window_batches
+from autotune.online.pool import Pool
+from autotune.online.weakowner import WeakOwner
+
+log = logging.getLogger("autotune.online")
+
+READY_TIMEOUT_S = 120.0  # a pool whose workers are not up by then is given up
+
+
+@dataclass
+class Switch:
+    pool: Pool
+    old: Config
+    reason: str
+    decided_at: float
+    main_s: float = 0.0     # seconds spent in this process starting, opening, retiring
+    wait_s: float = 0.0     # wait inside next() from the decision to the new pool's first batch
+    wall_s: float = 0.0
+    batches: int = 0
+
+
+class Switcher:
+    """One loader's switches. `owner` is the autotune.DataLoader: its pools, controller,
+    meter and ranks are read and changed here."""
+
+    def __init__(self, owner: Any, target: Config) -> None:
+        self._owner = WeakOwner(owner)
+        self.pending: Pool | None = None    # the new pool, its workers coming up
+        self.current: Switch | None = None  # from the decision to the new pool's first batch
+        self.forced: list[Config] = []      # tests: configurations to switch to, in turn
+        self.failed: Config | None = None   # DDP: this rank's new pool could not start
+        self.agreed = target                # DDP: the configuration the ranks agreed on
+        self.next_decision = window_batches(target.num_workers, target.prefetch_factor)
+
+    @property
+    def _dl(self) -> Any:
+        return self._owner()  # the loader
+
+    def drop(self) -> None:
+        """Forget the switch under way (its pool is retired by the caller)."""
+        self.pending, self.current = None, None
+
+    def begin(self, cfg: Config, reason: str) -> None:
+        dl = self._dl
+        if dl._iterable:
+            dl._target = cfg
+            emit("switch", f"{cfg.short()} from the next epoch on (an IterableDataset "
+                 "switches at epoch boundaries)", config=cfg.kwargs())
+            return
+        if cfg == dl._running:
+            return
+        t = time.perf_counter()
+        pool = dl._epoch.new_pool(cfg)
+        if cfg.num_workers:
+            pool.start_idle()  # idle: its workers come up while the old pool serves
+        self.pending, dl._target = pool, cfg
+        self.current = Switch(pool, dl._running, reason, t, time.perf_counter() - t)
+
+    def poll(self) -> None:
+        """The pending pool: activated once its workers are up, given up if they fail."""
+        pool, dl = self.pending, self._dl
+        assert pool is not None
+        if pool.ready():
+            self.activate(pool)
+            return
+        reason = None
+        if pool.died():
+            reason = "a worker exited while starting"
+        elif pool.started_at is not None and \
+                time.perf_counter() - pool.started_at > READY_TIMEOUT_S:
+            reason = f"workers not up after {READY_TIMEOUT_S:.0f} s"
+        if reason is None:
+            return
+        self.drop()
+        dl._epoch.retire(pool)
+        dl._target = dl._running
+        if dl._sync is not None:
+            self.failed = pool.config  # told to every rank at the next decision step
+            return
+        new = dl._ctl.failed(pool.config, reason) if dl._tuning else None
+        if new is not None and new != dl._running:
+            self.begin(new, "controller")
+
+    def activate(self, pool: Pool) -> None:
+        """Close the last pool's lease at a batch boundary and give the new pool the rest."""
+        dl = self._dl
+        last = dl._pools[-1]
+        # A pool without workers fetches in this process: let it serve one more batch while
+        # the new workers fetch their first.
+        boundary = last.lease.next + (0 if last.config.num_workers else 1)
+        last.lease.stop = boundary
+        try:
+            main_s = pool.open(dl._epoch.stream, boundary)
+        except Exception as e:  # noqa: BLE001 (the old pool serves on)
+            last.lease.stop = None
+            pool.lease.give_back()
+            if failure.classify(e, pool.procs()) is None:
+                raise
+            self.drop()
+            dl._epoch.retire(pool)
+            dl._target = dl._running
+            if dl._tuning and isinstance(dl._ctl, Controller):
+                dl._ctl.fell_back(pool.config, dl._running, str(e))
+            return
+        dl._pools.append(pool)
+        self.pending = None
+        if self.current is not None:
+            self.current.main_s += main_s
+
+    def after_batch(self, step: float | None, wait: float) -> bool:
+        """Count a batch served during a switch; whether one is under way."""
+        sw = self.current
+        if sw is None:
+            return False
+        sw.wait_s += wait
+        sw.wall_s += wait + (step or 0.0)
+        sw.batches += 1
+        if self._dl._pools[0] is sw.pool:
+            self.finish(sw)
+        return True
+
+    def finish(self, sw: Switch) -> None:
+        """The new pool served its first batch: measure the switch and charge it."""
+        dl, budget = self._dl, self._dl._budget
+        self.current = None
+        old_share = dl._latest.stats.wait_share if dl._latest else 0.0
+        # What the switch cost the loop: the wait beyond what the old pool would have made.
+        cost = max(0.0, sw.wait_s - old_share * sw.wall_s)
+        pool = sw.pool
+        up = (pool.ready_at - pool.started_at) if pool.ready_at and pool.started_at else 0.0
+        cfg = pool.config
+        dl._meter.reset(dl._window(cfg), skip=cfg.queue, group=cfg.num_workers)
+        if dl._tuning and sw.reason == "controller":
+            dl._ctl.charge(cfg, cost)
+        wanted, budget.deferred = budget.deferred, None
+        if wanted is not None and dl._tuning:
+            # The old pool is retired: its workers are out of the budget from here on.
+            budget.want(wanted)
+        # The first pool after the batch made in this process is a start, not a decision.
+        event = "started" if sw.reason.startswith("start") else "switched"
+        emit(event, f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
+             f"up in {up:.2f} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
+             f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "
+             "here, partly while waiting anyway)",
+             config=cfg.kwargs(), old=sw.old.kwargs(), cost_s=cost, startup_s=up,
+             main_s=sw.main_s, overlap_batches=sw.batches, reason=sw.reason)
+
+    def decide_together(self) -> None:
+        """DDP: the agreed decision step (every rank is here at this same step)."""
+        dl = self._dl
+        assert dl._sync is not None
+        need = window_batches(self.agreed.num_workers, self.agreed.prefetch_factor)
+        self.next_decision = dl._steps + need
+        local = dl._meter.peek() if len(dl._meter.steps) >= need else None
+        busy = self.current is not None or self.pending is not None
+        mem = dl._budget.memory_here()
+        failed, self.failed = self.failed, None
+        try:
+            shared = dl._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
+                                       failed is not None)
+        except RuntimeError as e:  # a rank out of step (uneven epochs) or gone
+            dl._sync, dl._tuning = None, False
+            log.warning("ranks out of step at step %d (%s): tuning stopped at %s", dl._steps,
+                        e, dl._running.short(), extra={"autotune_event": "ddp-stopped",
+                                                       "autotune": {"step": dl._steps}})
+            return
+        dl._budget.shared_mem = MemoryFigures(shared.per_worker, shared.per_batch, mem.measured)
+        if shared.failed:
+            new = dl._ctl.failed(self.agreed, "a rank's new pool could not start")
+            self.agreed = new or dl._ctl.tuned
+        elif shared.slowest is not None:
+            dl._meter.reset(dl._window(dl._running), group=dl._running.num_workers)
+            dl._on_window(shared.slowest)
+            self.agreed = dl._target
+        else:
+            return
+        if self.agreed != dl._running and self.pending is None and self.current is None:
+            self.begin(self.agreed, "controller")
+        self.next_decision = dl._steps + window_batches(self.agreed.num_workers,
+                                                        self.agreed.prefetch_factor)
