@@ -6,6 +6,9 @@
     folder.py   the folder format in a bucket: PREFIX/CLASS/NAME.jpg, read(i) = one GET
     wds.py      WebDataset shards in a bucket: each shard streamed by one GET
 
+The storage interface over this client is autotune_converters.storage.s3 (S3Storage);
+`stage s3://...` copies through it (autotune_converters.stagesrc).
+
 boto3 is imported only when a client is made (the s3 extra).
 """
 
