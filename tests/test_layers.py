@@ -53,11 +53,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 
 # Arrows that climb today, each with why it is still there. An entry here is a debt: the
 # test fails when one is paid (so the list shrinks) and on any arrow not listed.
-KNOWN_CLIMBS = {
-    # The writers' base reads a bucket's objects for a conversion from s3:// (the S3 source
-    # of the conversion engine): the formats should read through a storage interface.
-    ("autotune_converters.writer", "autotune_converters.objstore.convsource"),
-}
+KNOWN_CLIMBS: set[tuple[str, str]] = set()
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
