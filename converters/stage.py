@@ -40,6 +40,7 @@ from autotune_base.beneath import (lstat, open_dir, open_regular, parent_of, pla
                                 subdir, unlink_file)
 from autotune_base.errors import StageError, UsageError
 from autotune_base.fsutil import PidLock, sha256_fd, write_text_atomic
+from autotune_converters import registry
 from autotune_converters.manifest import Manifest, parse_manifest
 from autotune_converters.stagesrc import (MANIFEST, WORK, FileEntry, LocalSource, StorageSource,
                                           adopt, list_source)
@@ -124,7 +125,7 @@ def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UsageError(f"node_rank must be between 0 and {nnodes - 1} (nnodes {nnodes}), but "
                          f"got {node_rank}.", setting=("node_rank", "nnodes"))
-    if manifest is None or manifest.format != "wds":
+    if manifest is None or not registry.has(manifest.format, "per_node"):
         what = "a plain folder" if manifest is None else f"a {manifest.format} conversion"
         raise UsageError(f"{src}: {what}; a copy per node splits WebDataset shards (every node "
                          "reads all of anything else): stage it whole.",

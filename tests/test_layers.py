@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "autotune_converters.folder", "autotune_converters.wds",
                  "autotune_converters.lmdb", "autotune_converters.manifest",
                  "autotune_converters.sourceread", "autotune_converters.registry",
-                 "autotune_converters.objstore.folder", "autotune_converters.objstore.wds")),
+                 "autotune_converters.objstore.wds")),
     ("convert", ("autotune_converters", "autotune_converters.scan", "autotune_converters.plan",
                  "autotune_converters.pool", "autotune_converters.workdir",
                  "autotune_converters.conversion", "autotune_converters.ranks",
