@@ -282,7 +282,7 @@ _builtin(Format("lmdb", reader="autotune_converters.lmdb.reader:LmdbSource", sni
 _builtin(Format("wds", reader="autotune_converters.wds.reader:WdsSource", sniff="autotune_converters.wds:sniff",
                 writer="autotune_converters.wds.writer:WdsWriter", access="sequential",
                 description="WebDataset tar shards with manifest.json (autotune convert)",
-                s3_reader="autotune_converters.objstore.wds:S3WdsSource", counted=True,
+                s3_reader="autotune_converters.wds.bucket:S3WdsSource", counted=True,
                 per_node=True))
 
 __all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "has", "load",
