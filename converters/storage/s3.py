@@ -94,10 +94,9 @@ class S3Storage(Storage):
                      **meta: str) -> None:
         """One PUT, `meta` as the object's metadata (x-amz-meta-*)."""
         key, bucket = self.url.key(name), self.url.bucket
-        kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": data}
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": key, "Body": data, "Metadata": meta}
         if content_type:
             kw["ContentType"] = content_type
-        kw["Metadata"] = meta
         self.store.call(self.url.url(key), bucket, lambda c: c.put_object(**kw))
 
 
