@@ -60,8 +60,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                                                   "or s3://BUCKET/PREFIX (uploaded, the "
                                                   "manifest last)")
         p.add_argument("--format", choices=registry.choices(writable=True),
-                       help="wds: WebDataset tar shards (sequential reading, best on slow or "
-                            "network storage); lmdb: one LMDB environment (random access)")
+                       help=registry.help_text(writable=True))
         p.add_argument("--shard-size", type=size("--shard-size"), default="64MiB", metavar="SIZE",
                        help="WebDataset: source bytes per shard; LMDB: per commit (default 64MiB)")
         p.add_argument("--readers", type=int_at_least("--readers", 1), default=32, metavar="N",
