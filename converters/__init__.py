@@ -27,7 +27,10 @@ pid lock; units.py, sizes and rates):
     scan, plan, images, pool, workdir, conversion: the conversion itself
     ranks, ray_engine: beyond one machine (ranks writing one DST; Ray tasks); `convert`
                    is ranks.convert: one process, or one rank of several
-    stage.py       verified, atomic, resumable copies to local disk
+    stage.py       verified, atomic, resumable copies to local disk, from a local folder
+                   or any storage (stagesrc.py)
+    storage/       where the bytes live: one interface (list, stat, read, open, write
+                   atomically), local and s3 (over objstore/'s client)
 
 Readers yield the encoded bytes the folder reader yields, so the same decode pipeline
 applies; errors are SampleError naming the file, shard or key. A streamed reader

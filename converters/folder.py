@@ -2,6 +2,13 @@
 
 Read-only (nothing converts into it); it is what every other format is converted from,
 and what `detect` falls back to for a directory without a manifest.
+
+The same layout in a bucket, s3://BUCKET/PREFIX/CLASS/.../NAME.jpg, is S3FolderSource:
+the same rules applied to one paginated LIST (cached per process), then `read(i)` is one
+read through the storage (autotune_converters.storage.s3), pinned to the ETag the LIST
+gave (a changed object is a SampleError, never a mix). Picklable: the listing and the
+store's settings cross to DataLoader workers, each worker makes its own client on its
+first read.
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from autotune_base.errors import SampleError, UsageError
 from autotune_converters.source import IMG_EXTENSIONS, SampleSource
@@ -86,4 +94,71 @@ def _scan_folder(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
         shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
         raise UsageError(f"{root}: {len(empty)} class folder(s) without images ({shown}); "
                          f"images need one of the extensions {', '.join(IMG_EXTENSIONS)}.")
+    return classes, samples
+
+
+class S3FolderSource(FolderSource):
+    """An image folder in a bucket: read(i) = one GET. Format name 'folder' (the layout is
+    the folder's; only the storage differs). Same rules as the local folder: classes are
+    the sorted first path parts below the prefix, images the keys with an image extension
+    (case-insensitive) anywhere below a class, sorted; hidden parts ('.x') are skipped."""
+
+    def __init__(self, root: str, *, store: Any = None) -> None:
+        from autotune_converters.storage.s3 import S3Storage
+
+        self.storage = S3Storage(root, store=store)
+        self.url, self.store = self.storage.url, self.storage.store
+        self.root = str(self.url)  # type: ignore[assignment]  (a URL, not a Path)
+        self.listing = self.storage.listing()
+        self._classes, self._samples = _scan_listing(self.listing)  # type: ignore[assignment]
+
+    def read(self, index: int) -> tuple[bytes, int]:
+        st, label = self._samples[index]
+        return self.storage.read(st), label  # type: ignore[arg-type]
+
+    def describe(self, index: int) -> str:
+        return self.storage.where(self._samples[index][0].name)  # type: ignore[union-attr]
+
+    def files(self) -> Iterator[Path]:
+        """No local file: nothing of this dataset is in this machine's page cache."""
+        return iter(())
+
+    def objects(self) -> list[Any]:
+        """The image objects (ObjectInfo), in sample order."""
+        return [self.storage.object(st) for st, _ in self._samples]  # type: ignore[arg-type]
+
+    def info(self) -> dict[str, Any]:
+        d = super().info()
+        d.update(storage="object", endpoint=self.store.config.shown,
+                 listed_at=self.listing.listed_at, list_seconds=self.listing.seconds,
+                 bytes=sum(st.size for st, _ in self._samples))  # type: ignore[union-attr]
+        return d
+
+
+def _scan_listing(listing: Any) -> tuple[list[str], list[tuple[Any, int]]]:
+    """The folder rules on a bucket's listing: (classes, [(Stat, label)] in sample order)."""
+    from autotune_converters.storage.base import Stat
+
+    url = listing.url
+    cut = len(url.list_prefix)
+    by_class: dict[str, list[Stat]] = {}
+    for obj in listing.objects:
+        parts = obj.key[cut:].split("/")
+        if len(parts) < 2 or any(p.startswith(".") or not p for p in parts):
+            continue
+        by_class.setdefault(parts[0], [])
+        if parts[-1].lower().endswith(IMG_EXTENSIONS):
+            by_class[parts[0]].append(Stat(obj.key[cut:], obj.size, obj.etag))
+    if not by_class:
+        raise UsageError(f"{url}: no objects PREFIX/CLASS/NAME.jpg below it ({len(listing.objects)} "
+                         "keys listed); an image folder in a bucket is s3://BUCKET/PREFIX/CLASS/"
+                         "IMAGE.jpg (labels are the sorted CLASS names).")
+    classes = sorted(by_class)
+    empty = [c for c in classes if not by_class[c]]
+    if empty:
+        raise UsageError(f"{url}: {len(empty)} class prefix(es) without images "
+                         f"({', '.join(empty[:5])}); images need one of the extensions "
+                         f"{', '.join(IMG_EXTENSIONS)}.")
+    samples = [(st, label) for label, c in enumerate(classes)
+               for st in sorted(by_class[c], key=lambda st: st.name)]
     return classes, samples

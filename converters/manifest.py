@@ -15,8 +15,9 @@
     }
 
 Every shard's "file" is a plain relative path inside the dataset's folder (checked here,
-once, for every reader and for `stage`: see autotune_base.beneath.plain_name); a WebDataset
-shard also says how many "samples" it holds. `stage` writes a "folder" manifest for a
+once, for every reader and for `stage`: see autotune_base.beneath.plain_name); a shard of
+a format that counts them (the registry's `counted`: WebDataset) also says how many
+"samples" it holds. `stage` writes a "folder" manifest for a
 plain folder: only "format" and "shards" (file, bytes, sha256).
 
 Everything but "created" is a function of the input and the options: two conversions of
@@ -35,6 +36,7 @@ from typing import Any
 from autotune_base.beneath import plain_name
 from autotune_base.errors import DatasetError, UnsafeName, UsageError
 from autotune_base.fsutil import fsync_dir, write_json_atomic
+from autotune_converters import registry
 
 VERSION = 1
 NAME = "manifest.json"
@@ -111,7 +113,7 @@ def check_shards(shards: Any, where: str, fmt: Any) -> None:
             raise UnsafeName(f"{where}: {entry}.file names {name!r} a second time; convert "
                              "again.")
         seen.add(name)
-        bad = [k for k in ("bytes", *(("samples",) if fmt == "wds" else ()))
+        bad = [k for k in ("bytes", *(("samples",) if registry.has(fmt, "counted") else ()))
                if not _count(sh.get(k))]
         if bad:
             raise UsageError(f"{where}: {entry} ({name}) has no whole number of "

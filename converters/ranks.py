@@ -87,15 +87,16 @@ def _rank_lock(wd: WorkDir, rank: int) -> PidLock:
 # -- one rank ------------------------------------------------------------------------------
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Any,
-            progress: Any = None) -> Any:
-    """`autotune_converters.convert`: one process (conversion.convert), or rank `opts.rank` of
+            progress: Any = None, *, work_dir: str | os.PathLike[str] | None = None) -> Any:
+    """`autotune_converters.convert`: one process (conversion.convert; into a bucket DST
+    s3://...: made in `work_dir`, then uploaded), or rank `opts.rank` of
     `opts.world_size` > 1 (convert_rank). See ConvertOptions and the module doc."""
     if (opts.world_size or 1) <= 1:
         if isinstance(dst, str) and dst.startswith("s3://"):
             from autotune_converters.objstore.upload import convert_to_bucket
 
             opts.validate()
-            return convert_to_bucket(src, dst, opts, progress=progress)
+            return convert_to_bucket(src, dst, opts, work_dir=work_dir, progress=progress)
         return conversion.convert(src, dst, opts, progress)
     t0 = time.monotonic()
     srcp, dstp, opts, fp, src_root, complete = conversion.prepare(src, dst, opts)

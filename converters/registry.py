@@ -18,6 +18,11 @@ lmdb) and so that a measurement process can re-create a format registered at run
              network or throttled storage serves well) or "random" (a read per sample)
     s3_reader  the reader of the same format in a bucket (s3://BUCKET/PREFIX), built as
              Reader(url), or None where the format is read from local paths only
+    counted  its manifest's shards each say how many "samples" they hold (checked by
+             autotune_converters.manifest)
+    summary  what `--format` help says of it (default: its description)
+    per_node   a copy per node (`stage --node-rank`) can hold only the shards that node's
+             ranks read (autotune_converters.wds.split); else every node reads it all
 
 An s3:// dataset is resolved by its listing (autotune_converters.objstore: one LIST, cached): the
 format a PREFIX/manifest.json names, else folder.
@@ -51,6 +56,9 @@ class Format:
     access: str = "random"
     description: str = ""
     s3_reader: str | None = None
+    counted: bool = False
+    per_node: bool = False
+    summary: str = ""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("-", "").replace("_", "").isalnum():
@@ -101,11 +109,24 @@ def get(name: str) -> Format:
                          setting="format") from None
 
 
+def has(name: Any, attribute: str) -> bool:
+    """Whether the registered format `name` says `attribute` (False for a name not
+    registered, or not a name: a manifest of an unknown format)."""
+    f = _FORMATS.get(name) if isinstance(name, str) else None
+    return bool(getattr(f, attribute)) if f is not None else False
+
+
 def names(*, writable: bool | None = None, access: str | None = None) -> tuple[str, ...]:
     """Registered format names (in registration order), filtered."""
     return tuple(f.name for f in _FORMATS.values()
                  if (writable is None or (f.writer is not None) == writable)
                  and (access is None or f.access == access))
+
+
+def help_text(*, writable: bool | None = None) -> str:
+    """The `--format` help: each format's name and summary, in registration order."""
+    return "; ".join(f"{f.name}: {f.summary or f.description}" for f in _FORMATS.values()
+                     if writable is None or (f.writer is not None) == writable)
 
 
 def choices(*, writable: bool | None = None) -> tuple[str, ...]:
@@ -262,15 +283,18 @@ def _builtin(fmt: Format) -> None:
 # -- the built-in formats: one line each ------------------------------------------------
 _builtin(Format("folder", reader="autotune_converters.folder:FolderSource", sniff="autotune_converters.folder:sniff",
                 description="an image folder DATASET/CLASS/IMAGE.jpg",
-                s3_reader="autotune_converters.objstore.folder:S3FolderSource"))
+                s3_reader="autotune_converters.folder:S3FolderSource"))
 _builtin(Format("lmdb", reader="autotune_converters.lmdb.reader:LmdbSource", sniff="autotune_converters.lmdb:sniff",
                 writer="autotune_converters.lmdb.writer:LmdbWriter", access="random",
-                description="one LMDB environment with manifest.json (autotune convert)"))
+                description="one LMDB environment with manifest.json (autotune convert)",
+                summary="one LMDB environment (random access)"))
 _builtin(Format("wds", reader="autotune_converters.wds.reader:WdsSource", sniff="autotune_converters.wds:sniff",
                 writer="autotune_converters.wds.writer:WdsWriter", access="sequential",
                 description="WebDataset tar shards with manifest.json (autotune convert)",
-                s3_reader="autotune_converters.objstore.wds:S3WdsSource"))
+                s3_reader="autotune_converters.wds.bucket:S3WdsSource", counted=True,
+                per_node=True, summary="WebDataset tar shards (sequential reading, best on slow "
+                                       "or network storage)"))
 
-__all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "load",
+__all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "has", "help_text", "load",
            "manifest_format", "names", "open_source", "register", "register_all", "resolve",
            "unregister"]

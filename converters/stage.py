@@ -8,6 +8,11 @@ rerun skips what a previous run verified (recorded in DST/.autotune-stage/state.
 A lock stops two stagers writing one DST. A source file that changes or vanishes while it
 is copied is reported by name; the others finish and the result says partial.
 
+SRC is a local folder or conversion, or a conversion in another storage (s3://BUCKET/
+PREFIX: its manifest read first, each shard fetched by parallel ranged GETs pinned to the
+LIST's ETag and checked against the manifest's sha256): autotune_converters.stagesrc says
+how each is read; everything on DST's side is this one engine's.
+
 Per node (`node_rank`, `nnodes`): only the WebDataset shards the ranks of that node read
 (autotune_converters.wds.split: by node first, then local rank, the same every epoch), plus the
 whole manifest; DST/node.json (written before the manifest) says which node the copy is
@@ -35,20 +40,13 @@ from autotune_base.beneath import (lstat, open_dir, open_regular, parent_of, pla
                                 subdir, unlink_file)
 from autotune_base.errors import StageError, UsageError
 from autotune_base.fsutil import PidLock, sha256_fd, write_text_atomic
+from autotune_converters import registry
 from autotune_converters.manifest import Manifest, parse_manifest
+from autotune_converters.stagesrc import (MANIFEST, WORK, FileEntry, LocalSource, StorageSource,
+                                          adopt, list_source)
 
-WORK = ".autotune-stage"
-MANIFEST = "manifest.json"
-CHUNK = 4 << 20
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
-
-
-@dataclass
-class FileEntry:
-    name: str          # path relative to SRC (and DST)
-    bytes: int
-    sha256: str | None  # from the manifest; None for a plain folder (computed on copy)
 
 
 @dataclass
@@ -116,33 +114,7 @@ def _withdraw(dst_fd: int, entries: list[FileEntry], state: _State) -> None:
     state.drop(gone)
 
 
-def list_source(src: Path, src_fd: int) -> tuple[list[FileEntry], Manifest | None, bytes | None]:
-    """The files to stage: the manifest's shards when SRC is a conversion (read once, by
-    the manifest loader, which refuses any name outside SRC), else every regular file
-    under SRC (no symlinks followed), hashes computed while copying. Also the manifest
-    and its bytes (published as read)."""
-    try:
-        raw = read_bytes(src_fd, MANIFEST)
-    except FileNotFoundError:
-        raw = None
-    except OSError as e:
-        raise StageError(f"{src / MANIFEST}: cannot be read ({e.strerror}); it must be a "
-                         "regular file: replace it, or stage the folder without it.") from None
-    if raw is not None:
-        m = parse_manifest(raw, str(src / MANIFEST))
-        return [FileEntry(sh["file"], sh["bytes"], sh.get("sha256")) for sh in m.shards], m, raw
-    entries = []
-    for dirpath, dirs, files in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d not in (WORK,))
-        for name in sorted(files):
-            p = Path(dirpath) / name
-            if p.is_symlink() or not p.is_file():
-                continue
-            entries.append(FileEntry(str(p.relative_to(src)), p.stat().st_size, None))
-    return entries, None, None
-
-
-def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path,
+def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path | str,
                   node_rank: int | None, nnodes: int | None) -> list[FileEntry]:
     """The files node `node_rank` of `nnodes` needs: its ranks' shards (all without a node)."""
     if node_rank is None and nnodes is None:
@@ -153,7 +125,7 @@ def _node_entries(entries: list[FileEntry], manifest: Manifest | None, src: Path
     if nnodes < 1 or not 0 <= node_rank < nnodes:
         raise UsageError(f"node_rank must be between 0 and {nnodes - 1} (nnodes {nnodes}), but "
                          f"got {node_rank}.", setting=("node_rank", "nnodes"))
-    if manifest is None or manifest.format != "wds":
+    if manifest is None or not registry.has(manifest.format, "per_node"):
         what = "a plain folder" if manifest is None else f"a {manifest.format} conversion"
         raise UsageError(f"{src}: {what}; a copy per node splits WebDataset shards (every node "
                          "reads all of anything else): stage it whole.",
@@ -264,91 +236,6 @@ class _State:
         self._dirty = 0
 
 
-def _open_source(src_fd: int, e: FileEntry) -> tuple[int, os.stat_result]:
-    """The source file, opened beneath SRC without following a link, and its fstat."""
-    try:
-        with parent_of(src_fd, e.name) as (sd, leaf):
-            return open_regular(sd, leaf)
-    except FileNotFoundError:
-        raise StageError(f"{e.name}: vanished from the source before it was copied") from None
-    except OSError as err:  # a link, a FIFO, permission denied: this file, not the stage
-        raise StageError(f"{e.name}: cannot read the source ({err.strerror or err}); stage "
-                         "copies only regular files, never through a link: replace it with "
-                         "the file itself or fix its permissions, then rerun") from None
-
-
-def _copy_bytes(fi: int, fo: int) -> tuple[int, str]:
-    h = hashlib.sha256()
-    n = 0
-    with os.fdopen(fi, "rb", closefd=False) as r, os.fdopen(fo, "wb", closefd=False) as w:
-        while True:
-            b = r.read(CHUNK)
-            if not b:
-                break
-            h.update(b)
-            w.write(b)
-            n += len(b)
-        w.flush()
-        os.fsync(fo)
-    return n, h.hexdigest()
-
-
-def _check_copy(src_fd: int, e: FileEntry, st0: os.stat_result, fi: int, n: int,
-                src_sha: str) -> None:
-    """The source unchanged while it was copied, and what the manifest says it is."""
-    st1, now = os.fstat(fi), lstat(src_fd, e.name)
-    if now is None:
-        raise StageError(f"{e.name}: vanished from the source while it was copied")
-    if (st1.st_size, st1.st_mtime_ns, now.st_ino) != (st0.st_size, st0.st_mtime_ns, st0.st_ino) \
-            or n != st0.st_size:
-        raise StageError(f"{e.name}: changed in the source while it was copied ({st0.st_size:,} "
-                         f"-> {st1.st_size:,} bytes); nothing was published for it")
-    if e.sha256 and src_sha != e.sha256:
-        raise StageError(f"{e.name}: source sha256 {src_sha[:12]}… does not match the "
-                         f"manifest's {e.sha256[:12]}…: the source is corrupt or changed; "
-                         "convert again")
-
-
-def _copy_one(src_fd: int, dst_fd: int, tmp_fd: int, e: FileEntry, verify: str,
-              dst: Path) -> tuple[int, str, os.stat_result]:
-    """Copy, fsync, verify, rename: every name walked beneath SRC's and DST's descriptors,
-    no link followed. Returns (bytes, sha256 of the copy, its stat). Raises StageError
-    naming the file when the source changes or vanishes, is not a regular file, DST
-    holds a link on its way, or verification fails."""
-    fi, st0 = _open_source(src_fd, e)
-    tmp = hashlib.sha256(e.name.encode()).hexdigest()[:32] + f".{os.getpid()}.partial"
-    try:
-        if st0.st_size != e.bytes:
-            raise StageError(f"{e.name}: source is {st0.st_size:,} bytes, the manifest says "
-                             f"{e.bytes:,}; the source changed after conversion: convert again")
-        fo = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o666, dir_fd=tmp_fd)
-        try:
-            n, src_sha = _copy_bytes(fi, fo)
-            _check_copy(src_fd, e, st0, fi, n, src_sha)
-            if verify == "sha256":
-                got = sha256_fd(fo, drop_cache=True)[1]  # pages dropped: the disk's bytes
-                if got != src_sha:
-                    raise StageError(f"{e.name}: the copy on {dst} reads back as sha256 "
-                                     f"{got[:12]}…, not {src_sha[:12]}…: the destination disk "
-                                     "corrupted it")
-            st = os.fstat(fo)
-        finally:
-            os.close(fo)
-        if st.st_size != e.bytes:
-            raise StageError(f"{e.name}: the copy is {st.st_size:,} bytes, not {e.bytes:,}")
-        _publish_one(dst_fd, tmp_fd, tmp, e, dst)
-        return n, src_sha, st
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=tmp_fd)
-        except OSError:
-            pass
-        raise
-    finally:
-        os.close(fi)
-
-
 def _publish_one(dst_fd: int, tmp_fd: int, tmp: str, e: FileEntry, dst: Path) -> None:
     """Rename the verified copy to its name in DST (directories made beneath DST; a link
     on the way is refused, a link at the name itself is replaced, never its target)."""
@@ -417,7 +304,7 @@ def _rehash(dst_fd: int, entries: list[FileEntry], state: _State | None
     return failures, nbytes
 
 
-def _publish(s: Path, dst_fd: int, tmp_fd: int, raw: bytes | None, state: _State,
+def _publish(s: Path | str, dst_fd: int, tmp_fd: int, raw: bytes | None, state: _State,
              want_node: tuple[int, int] | None, entries: list[FileEntry]) -> None:
     """Which copy this is (node.json), then the manifest, last: it means complete. Their
     temporary files go in the work folder's tmp, which a rerun empties: a stage killed
@@ -440,13 +327,49 @@ def _publish(s: Path, dst_fd: int, tmp_fd: int, raw: bytes | None, state: _State
     os.fsync(dst_fd)
 
 
-def _checked(src: str | os.PathLike[str], dst: str | os.PathLike[str], verify: str,
-             workers: int) -> tuple[Path, Path]:
-    """stage()'s arguments checked before anything is touched: SRC and DST as absolute paths."""
+def _copy_one(source: Any, dst_fd: int, tmp_fd: int, e: FileEntry, verify: str,
+              dst: Path) -> tuple[int, str, os.stat_result]:
+    """Copy (the source's `fill`: fsynced and checked), rename: every name in DST walked
+    beneath its descriptor, no link followed. Returns (bytes, sha256 of the copy, its
+    stat). Raises StageError naming the file when the source changes, vanishes or is not
+    what the manifest says, DST holds a link on its way, or verification fails."""
+    with source.opened(e, verify, dst) as fill:
+        tmp = hashlib.sha256(e.name.encode()).hexdigest()[:32] + f".{os.getpid()}.partial"
+        try:
+            fo = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o666, dir_fd=tmp_fd)
+            try:
+                n, sha = fill(fo)
+                st = os.fstat(fo)
+            finally:
+                os.close(fo)
+            if st.st_size != e.bytes:
+                raise StageError(f"{e.name}: the copy is {st.st_size:,} bytes, not {e.bytes:,}")
+            _publish_one(dst_fd, tmp_fd, tmp, e, dst)
+            return n, sha, st
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=tmp_fd)
+            except OSError:
+                pass
+            raise
+
+
+def _source(src: str | os.PathLike[str], dst: str | os.PathLike[str], verify: str,
+            workers: int, store: Any) -> tuple[Any, Path]:
+    """stage()'s arguments checked before anything is touched: what to copy from (a local
+    folder, or a storage's conversion for an s3:// SRC) and DST as an absolute path."""
+    from autotune_converters.storage import is_s3, open_storage
+
     if verify not in ("sha256", "size"):
         raise UsageError(f"verify must be sha256 or size, but got {verify!r}.")
     if workers < 1:
         raise UsageError(f"workers must be at least 1, but got {workers}.")
+    if is_s3(src):
+        if is_s3(dst):
+            raise UsageError(f"{dst}: stage copies to local disk; give a local DST.")
+        storage = open_storage(src, store=store)
+        return StorageSource(storage), Path(dst).absolute()
     s, d = Path(src).absolute(), Path(dst).absolute()
     if not s.is_dir():
         raise UsageError(f"{s}: not a directory.")
@@ -459,19 +382,23 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
           verify: str = "sha256", progress: Progress | None = None,
           on_file: Callable[[str], None] | None = None,
           source_seq_mib_s: float | None = None, node_rank: int | None = None,
-          nnodes: int | None = None) -> StageResult:
-    """Stage SRC into DST (see the module doc). `on_file(name)` is called as each copy
-    starts. node_rank, nnodes: only the shards that node's ranks read (and the manifest).
-    Raises StageError when staging cannot start (space, lock, link in DST's work
-    folder), UsageError (UnsafeName) for a manifest naming anything outside SRC;
+          nnodes: int | None = None, store: Any = None) -> StageResult:
+    """Stage SRC (a local folder or conversion, or s3://BUCKET/PREFIX: its shards by
+    parallel ranged GETs; `store`, its client) into the local DST (see the module doc).
+    `on_file(name)` is called as each copy starts. node_rank, nnodes: only the shards
+    that node's ranks read (and the manifest). Raises StageError when staging cannot
+    start (space, lock, link in DST's work folder), UsageError (UnsafeName) for a
+    manifest naming anything outside SRC, StoreDenied / StoreUnreachable for a bucket;
     per-file failures are in the result (partial)."""
-    s, d = _checked(src, dst, verify, workers)
+    source, d = _source(src, dst, verify, workers, store)
     t0 = time.monotonic()
     with ExitStack() as fds:
-        src_fd = open_dir(s)
-        fds.callback(os.close, src_fd)
-        entries, manifest, raw = list_source(s, src_fd)
-        entries = _node_entries(entries, manifest, s, node_rank, nnodes)
+        if isinstance(source, Path):
+            source = LocalSource(source)
+        fds.callback(source.close)
+        entries, manifest, raw = source.entries()
+        entries = _node_entries(entries, manifest, source.shown, node_rank, nnodes)
+        source.ready(entries)
         d.mkdir(parents=True, exist_ok=True)
         dst_fd = open_dir(d)
         fds.callback(os.close, dst_fd)
@@ -482,26 +409,42 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
         fds.callback(os.close, tmp_fd)
         state = _State(d, work_fd)
         _withdraw(dst_fd, entries, state)
-        todo = [e for e in entries if not state.trusted(dst_fd, e)]
-        need = sum(e.bytes for e in todo)
-        vfs = os.fstatvfs(dst_fd)
-        free = vfs.f_bavail * vfs.f_frsize
-        if need > free:
-            raise StageError(f"{d}: {need / 2**20:,.1f} MiB needed for {len(todo)} file(s), "
-                             f"{free / 2**20:,.1f} MiB free; free space or pick another DST. "
-                             "Nothing was copied.")
-        copied_bytes, failures = _copy_all(
-            todo, need, workers, lambda e: _copy_one(src_fd, dst_fd, tmp_fd, e, verify, d),
-            dst_fd, state, d, on_file, progress)
+        todo = [e for e in entries
+                if not state.trusted(dst_fd, e) and not (source.adopts and _adopt(dst_fd, e, state))]
+        copied_bytes, failures = _copy_todo(source, todo, workers, verify, d, dst_fd, tmp_fd,
+                                            state, on_file, progress)
         wrote_manifest = not failures
         if wrote_manifest:
-            _publish(s, dst_fd, tmp_fd, raw, state, (node_rank, nnodes) if node_rank is not None
-                     else None, entries)
+            _publish(source.shown, dst_fd, tmp_fd, raw, state,
+                     (node_rank, nnodes) if node_rank is not None else None, entries)
         shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)
-    return StageResult(str(s), str(d), len(entries), len(todo) - len(failures),
+    return StageResult(source.shown, str(d), len(entries), len(todo) - len(failures),
                        len(entries) - len(todo), copied_bytes, time.monotonic() - t0, verify,
                        sorted(failures, key=lambda f: f.file), wrote_manifest,
                        source_seq_mib_s=source_seq_mib_s, node_rank=node_rank, nnodes=nnodes)
+
+
+def _adopt(dst_fd: int, e: FileEntry, state: _State) -> bool:
+    st = adopt(dst_fd, e)
+    if st is not None:
+        state.add(e.name, st.st_size, st.st_mtime_ns, e.sha256)
+    return st is not None
+
+
+def _copy_todo(source: Any, todo: list[FileEntry], workers: int, verify: str, d: Path,
+               dst_fd: int, tmp_fd: int, state: _State, on_file: Callable[[str], None] | None,
+               progress: Progress | None) -> tuple[int, list[StageFailure]]:
+    """The free space checked (nothing copied without it), then `todo` copied."""
+    need = sum(e.bytes for e in todo)
+    vfs = os.fstatvfs(dst_fd)
+    free = vfs.f_bavail * vfs.f_frsize
+    if need > free:
+        raise StageError(f"{d}: {need / 2**20:,.1f} MiB needed for {len(todo)} file(s), "
+                         f"{free / 2**20:,.1f} MiB free; free space or pick another DST. "
+                         "Nothing was copied.")
+    return _copy_all(todo, need, workers,
+                     lambda e: _copy_one(source, dst_fd, tmp_fd, e, verify, d),
+                     dst_fd, state, d, on_file, progress)
 
 
 def _copy_all(todo: list[FileEntry], need: int, workers: int,

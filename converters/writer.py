@@ -219,11 +219,11 @@ class FormatWriter(ABC):
 
     def _object_samples(self, unit: int, dest: Callable[[Any], memoryview | None], fail: bool
                         ) -> Iterator[Sample | SkippedFile]:
-        """samples_into for a bucket (autotune_converters.objstore.convsource): each object's bytes
+        """samples_into for a bucket (autotune_converters.sourceread.fetch_ahead): each object's bytes
         copied into `dest` as a file's would be read into it (or kept when they do not fit,
         as a file that grew since the scan)."""
         from autotune_converters.images import check_sample
-        from autotune_converters.objstore.convsource import fetch_ahead
+        from autotune_converters.sourceread import fetch_ahead
 
         opts = self.sample_opts
         for entry, got in fetch_ahead(opts.root, self.plan.dir, self.plan.entries(unit),

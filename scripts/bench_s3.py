@@ -141,7 +141,7 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
 
     transform = _pipeline(pipeline)
     if kind == "ours":
-        from autotune_converters.objstore.wds import S3WdsSource
+        from autotune_converters.wds.bucket import S3WdsSource
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(transform, shuffle=False)

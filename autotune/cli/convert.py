@@ -60,8 +60,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                                                   "or s3://BUCKET/PREFIX (uploaded, the "
                                                   "manifest last)")
         p.add_argument("--format", choices=registry.choices(writable=True),
-                       help="wds: WebDataset tar shards (sequential reading, best on slow or "
-                            "network storage); lmdb: one LMDB environment (random access)")
+                       help=registry.help_text(writable=True))
         p.add_argument("--shard-size", type=size("--shard-size"), default="64MiB", metavar="SIZE",
                        help="WebDataset: source bytes per shard; LMDB: per commit (default 64MiB)")
         p.add_argument("--readers", type=int_at_least("--readers", 1), default=32, metavar="N",
@@ -150,14 +149,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                               world_size=world, plan_timeout=args.plan_timeout,
                               engine=args.engine, ray_address=args.ray_address)
         with _progress_display(not args.quiet) as prog:
-            if args.dst.startswith("s3://") and (world or 1) <= 1:
-                from autotune_converters.objstore.upload import convert_to_bucket
-
-                opts.validate()
-                res = convert_to_bucket(args.src, args.dst, opts, work_dir=args.work_dir,
-                                        progress=prog)
-            else:
-                res = convert(args.src, args.dst, opts, progress=prog)
+            res = convert(args.src, args.dst, opts, progress=prog, work_dir=args.work_dir)
         emit(args, res.to_dict(), convert_summary(res))
         return 0
 

@@ -68,16 +68,9 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
                 shown = ((lambda done, total: prog(
                     f"staging {done / 2**20:,.0f} of {total / 2**20:,.0f} MiB"))
                     if prog else None)
-                if remote:
-                    from autotune_converters.objstore.stage import stage_s3
-
-                    res = stage_s3(args.src, args.dst, workers=args.workers,
-                                   verify=args.verify, progress=shown,
-                                   node_rank=args.node_rank, nnodes=args.nnodes)
-                else:
-                    res = stage(args.src, args.dst, workers=args.workers, verify=args.verify,
-                                progress=shown, source_seq_mib_s=seq,
-                                node_rank=args.node_rank, nnodes=args.nnodes)
+                res = stage(args.src, args.dst, workers=args.workers, verify=args.verify,
+                            progress=shown, source_seq_mib_s=None if remote else seq,
+                            node_rank=args.node_rank, nnodes=args.nnodes)
         d = res.to_dict()
         emit(args, d, stage_renderable(d))
         return 4 if res.failures else 0

@@ -3,8 +3,11 @@
     url.py      s3://BUCKET/PREFIX addresses (parse, is_s3) and endpoints as shown
     client.py   Store: a lazily made boto3 client per process, retries with backoff,
                 one cached paginated LIST per dataset, GETs pinned to ETags, one-line errors
-    folder.py   the folder format in a bucket: PREFIX/CLASS/NAME.jpg, read(i) = one GET
-    wds.py      WebDataset shards in a bucket: each shard streamed by one GET
+
+The storage interface over this client is autotune_converters.storage.s3 (S3Storage);
+`stage s3://...` copies through it (autotune_converters.stagesrc), and the folder
+and wds formats read a bucket through it (autotune_converters.folder.S3FolderSource,
+autotune_converters.wds.bucket.S3WdsSource).
 
 boto3 is imported only when a client is made (the s3 extra).
 """

@@ -11,46 +11,23 @@ shards, byte for byte, as the same files in a local folder:
   autotune_base.beneath.plain_name: a key with an empty, '.' or '..' part is skipped with
   the reason (never turned into a path). Each object's ETag goes to the plan directory
   (etags.json), so a resumed run reads the objects the plan was made from.
-- `fetch_ahead`: the unit's objects, in plan order, with up to `inflight` GETs ahead
-  (bounded in objects and bytes), each pinned to its ETag. An object deleted or changed
-  since the LIST is a skipped sample naming it; a store that stops answering (retries
-  exhausted) or refuses stops the run (finished units are kept; rerun resumes).
+- reading the objects (the unit's, in plan order, GETs ahead, each pinned to its ETag)
+  is autotune_converters.sourceread.fetch_ahead, beside the folder's read-ahead.
 """
 
 from __future__ import annotations
 
-import collections
-import json
-import os
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import lru_cache
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from autotune_base.beneath import plain_name
-from autotune_base.errors import SampleError, UnsafeName
-from autotune_converters.objstore.client import Listing, ObjectInfo, S3Config, Store
-from autotune_converters.objstore.url import S3Url, parse
-from autotune_converters.records import Entry, SkippedFile
+from autotune_base.errors import UnsafeName
+from autotune_converters.objstore.client import Listing, ObjectInfo, Store
+from autotune_converters.objstore.url import S3Url
 from autotune_converters.source import IMG_EXTENSIONS
-
-ETAGS = "etags.json"
-INFLIGHT = 16
-WINDOW_BYTES = 32 << 20
-
-_STORES: dict[S3Config, Store] = {}
-
-
-def process_store(endpoint_url: str | None = None) -> Store:
-    """This process's Store for the endpoint (default: the environment's, as the CLI's
-    --endpoint-url leaves it; region from the environment): one per endpoint and process,
-    its client made on first use."""
-    cfg = S3Config.from_env(endpoint_url)
-    st = _STORES.get(cfg)
-    if st is None:
-        st = _STORES[cfg] = Store(cfg)
-    return st
+from autotune_converters.sourceread import ETAGS
+from autotune_converters.storage.s3 import process_store
 
 
 def scan_bucket(url: S3Url, sink: Any, store: Store | None = None,
@@ -129,53 +106,4 @@ def _write_etags(path: Path, etags: dict[str, str]) -> None:
     write_json_atomic(path, etags)
 
 
-@lru_cache(maxsize=4)
-def _etags(plan_dir: str) -> dict[str, str]:
-    try:
-        with open(os.path.join(plan_dir, ETAGS), encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
-
-
-def fetch_ahead(root: str, plan_dir: str, entries: Iterable[Entry], *,
-                inflight: int = INFLIGHT, window_bytes: int = WINDOW_BYTES,
-                store: Store | None = None, endpoint_url: str | None = None
-                ) -> Iterator[tuple[Entry, bytes | SkippedFile]]:
-    """(entry, its object's bytes or the SkippedFile saying why not), in order, with the
-    next objects' GETs already in flight. StoreUnreachable / StoreDenied propagate."""
-    url = parse(root)
-    st = store or process_store(endpoint_url)
-    etags = _etags(plan_dir)
-    it = iter(entries)
-    ahead: collections.deque[tuple[Entry, Future[bytes]]] = collections.deque()
-    ahead_bytes = 0
-    pool = ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="s3get")
-    done = False
-    try:
-        while True:
-            while not done and (not ahead or (len(ahead) < inflight
-                                              and ahead_bytes < window_bytes)):
-                e = next(it, None)
-                if e is None:
-                    done = True
-                    break
-                obj = ObjectInfo(url.key(e.relpath), e.size, etags.get(e.relpath, ""))
-                ahead.append((e, pool.submit(st.get, url.bucket, obj)))
-                ahead_bytes += e.size
-            if not ahead:
-                return
-            e, fut = ahead.popleft()
-            ahead_bytes -= e.size
-            try:
-                got: bytes | SkippedFile = fut.result()
-            except SampleError as err:  # deleted or changed since the LIST: this sample only
-                got = SkippedFile(e.relpath, f"unreadable ({err})")
-            yield e, got
-    finally:
-        for _, fut in ahead:
-            fut.cancel()
-        pool.shutdown(wait=True)
-
-
-__all__ = ["classify", "fetch_ahead", "process_store", "scan_bucket"]
+__all__ = ["classify", "scan_bucket"]

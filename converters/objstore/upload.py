@@ -1,7 +1,8 @@
 """`convert SRC s3://BUCKET/PREFIX`: a conversion published into a bucket as files are by rename.
 
 The conversion is made in a local work folder by autotune_converters.conversion (resumable per
-unit as always), then each output file is uploaded -- multipart when it is large, its
+unit as always), then each output file is uploaded -- through the storage
+(autotune_converters.storage.s3), multipart through its client when it is large, its
 parts read from the file -- with its sha256 in the object's metadata, and manifest.json
 is PUT last: a PUT makes an object visible whole or not at all, so a reader that finds
 the manifest finds every shard it names complete, as a renamed file is. The manifest's
@@ -31,6 +32,7 @@ from autotune_converters.manifest import NAME as MANIFEST
 from autotune_converters.manifest import Manifest, parse_manifest
 from autotune_converters.objstore.client import S3Config, Store
 from autotune_converters.objstore.url import S3Url, parse
+from autotune_converters.storage.s3 import S3Storage
 
 MULTIPART_AT = 64 << 20   # files this large go up in parts
 PART = 16 << 20           # bytes per part (S3: at least 5 MiB but the last)
@@ -47,13 +49,12 @@ class UploadResult:
 
 def remote_manifest(store: Store, url: S3Url) -> Manifest | None:
     """The bucket's manifest.json at the prefix, or None when there is none."""
-    key = url.key(MANIFEST)
+    storage = S3Storage(url, store=store)
     try:
-        raw = store.call(url.url(key), url.bucket,
-                         lambda c: c.get_object(Bucket=url.bucket, Key=key)["Body"].read())
+        raw = storage.read(MANIFEST)
     except SampleError:
         return None
-    return parse_manifest(raw, url.url(key))
+    return parse_manifest(raw, storage.where(MANIFEST))
 
 
 def _files(local: Path, m: Manifest) -> list[tuple[str, int, str | None]]:
@@ -90,13 +91,8 @@ def abort_stale(store: Store, url: S3Url, names: set[str]) -> list[str]:
 
 
 def _present(store: Store, url: S3Url, name: str, size: int, sha: str) -> bool:
-    key = url.key(name)
-    try:
-        head = store.call(url.url(key), url.bucket,
-                          lambda c: c.head_object(Bucket=url.bucket, Key=key))
-    except SampleError:
-        return False
-    return int(head.get("ContentLength", -1)) == size and \
+    head = S3Storage(url, store=store).head(name)
+    return head is not None and int(head.get("ContentLength", -1)) == size and \
         head.get("Metadata", {}).get(META) == sha
 
 
@@ -104,9 +100,7 @@ def upload_file(store: Store, url: S3Url, path: Path, name: str, sha: str) -> in
     """PUT (or multipart-upload) one file as PREFIX/name with its sha256 in metadata."""
     key, size = url.key(name), path.stat().st_size
     if size < MULTIPART_AT:
-        body = path.read_bytes()
-        store.call(url.url(key), url.bucket, lambda c: c.put_object(
-            Bucket=url.bucket, Key=key, Body=body, Metadata={META: sha}))
+        S3Storage(url, store=store).write_atomic(name, path.read_bytes(), **{META: sha})
         return size
     up = store.call(url.url(key), url.bucket, lambda c: c.create_multipart_upload(
         Bucket=url.bucket, Key=key, Metadata={META: sha}))["UploadId"]
@@ -154,10 +148,8 @@ def publish(store: Store, url: S3Url, local: Path, m: Manifest, *, workers: int 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="s3put") as ex:
         list(ex.map(one, files))
     raw = (local / MANIFEST).read_bytes()
-    key = url.key(MANIFEST)
-    store.call(url.url(key), url.bucket, lambda c: c.put_object(
-        Bucket=url.bucket, Key=key, Body=raw, ContentType="application/json",
-        Metadata={META: hashlib.sha256(raw).hexdigest()}))
+    S3Storage(url, store=store).write_atomic(MANIFEST, raw, content_type="application/json",
+                                             **{META: hashlib.sha256(raw).hexdigest()})
     return res
 
 

@@ -1,4 +1,5 @@
-"""The `wds` format: WebDataset tar shards (writer.py, reader.py, tarfmt.py)."""
+"""The `wds` format: WebDataset tar shards (writer.py, reader.py, tarfmt.py; bucket.py: shards
+in a bucket, read through autotune_converters.storage.s3)."""
 
 from __future__ import annotations
 

@@ -78,6 +78,14 @@ def _seed(*parts: int) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+def checked_max_member(max_member_bytes: Any) -> int:
+    """max_member_bytes as given, or UsageError when it is not a positive whole number."""
+    if not isinstance(max_member_bytes, int) or max_member_bytes < 1:
+        raise UsageError(f"max_member_bytes must be a positive number of bytes, but got "
+                         f"{max_member_bytes!r}.", setting="max_member_bytes")
+    return max_member_bytes
+
+
 class WdsSource(SampleSource):
     """The shards of a WebDataset conversion. Streamed: use `dataset()`, not `read(i)`.
 
@@ -94,10 +102,7 @@ class WdsSource(SampleSource):
     def __init__(self, root: str | os.PathLike[str], *, manifest: Manifest | None = None,
                  max_member_bytes: int = MAX_MEMBER_BYTES) -> None:
         super().__init__(root)
-        if not isinstance(max_member_bytes, int) or max_member_bytes < 1:
-            raise UsageError(f"max_member_bytes must be a positive number of bytes, but got "
-                             f"{max_member_bytes!r}.", setting="max_member_bytes")
-        self.max_member_bytes = max_member_bytes
+        self.max_member_bytes = checked_max_member(max_member_bytes)
         self.members: Any = None  # local files (see WdsDataset.members)
         self.manifest = manifest or read_manifest(self.root, expect_format="wds")
         self.shards = [(self.root / s["file"], int(s["samples"])) for s in self.manifest.shards]

@@ -13,9 +13,8 @@ import pytest
 
 from autotune_converters import registry
 from autotune_base.errors import UsageError
-from autotune_converters.folder import FolderSource
+from autotune_converters.folder import FolderSource, S3FolderSource
 from autotune_converters.objstore import forget_listings
-from autotune_converters.objstore.folder import S3FolderSource
 
 ROOT = Path(__file__).resolve().parents[2]
 

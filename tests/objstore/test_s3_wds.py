@@ -9,7 +9,7 @@ import pytest
 from autotune_converters import registry
 from autotune_base.errors import SampleError
 from autotune_converters.objstore import forget_listings
-from autotune_converters.objstore.wds import S3WdsSource
+from autotune_converters.wds.bucket import S3WdsSource
 from autotune_converters.wds.reader import WdsSource
 
 
@@ -193,7 +193,7 @@ def test_a_shard_changed_while_an_earlier_one_is_read_is_an_error(  # noqa: ANN0
 
 
 def test_a_read_ahead_body_that_fails_first_is_asked_for_again(s3_wds: str) -> None:
-    from autotune_converters.objstore.wds import _FirstReadAgain
+    from autotune_converters.wds.bucket import _FirstReadAgain
 
     src = registry.open_source(s3_wds)
     url = src.shards[0][0]

@@ -207,7 +207,7 @@ def test_an_object_deleted_or_changed_since_the_listing_is_a_named_skip(
         s3_src: str, s3_client, bucket: str, tmp_path: Path) -> None:  # noqa: ANN001
     """fetch_ahead: GETs pinned to the plan's ETags; a deleted object and one rewritten
     since the LIST are this sample's skip (named), the others are read."""
-    from autotune_converters.objstore.convsource import ETAGS, fetch_ahead
+    from autotune_converters.sourceread import ETAGS, fetch_ahead
     from autotune_converters.records import Entry, SkippedFile
 
     objs = s3_client.list_objects_v2(Bucket=bucket, Prefix="data/images/class_0000/")["Contents"]

@@ -16,7 +16,8 @@ import pytest
 from autotune_converters import ConvertOptions, convert
 from autotune_base.errors import UnsafeName
 from autotune_converters.objstore import forget_listings
-from autotune_converters.objstore import stage as s3stage
+from autotune_converters import stagesrc
+from autotune_converters.stage import stage as stage_s3
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,11 +52,11 @@ def remote(converted: Path, s3_endpoint: str, s3_client, bucket: str,  # noqa: A
 
 def test_staged_from_a_bucket_by_ranged_gets_is_the_conversion(
         remote: str, converted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(s3stage, "PART", 16 << 10)  # every shard in several ranged GETs
-    res = s3stage.stage_s3(remote, tmp_path / "dst", workers=4)
+    monkeypatch.setattr(stagesrc, "PART", 16 << 10)  # every shard in several ranged GETs
+    res = stage_s3(remote, tmp_path / "dst", workers=4)
     assert not res.failures and res.manifest_written and res.copied == res.files >= 8
     assert files_of(tmp_path / "dst") == files_of(converted)
-    again = s3stage.stage_s3(remote, tmp_path / "dst")  # a rerun: verified already
+    again = stage_s3(remote, tmp_path / "dst")  # a rerun: verified already
     assert again.copied == 0 and again.skipped == res.files
     from autotune_converters import open_converted
 
@@ -89,7 +90,7 @@ def test_a_corrupt_or_missing_shard_is_named_exit_4_and_nothing_published_for_it
         s3_client.put_object(Bucket=bucket, Key=f"sets/wds/{n}",
                              Body=(converted / n).read_bytes())
     forget_listings()
-    res = s3stage.stage_s3(remote, dst)
+    res = stage_s3(remote, dst)
     assert res.copied == 2 and not res.failures
     assert files_of(dst) == files_of(converted)
 
@@ -124,7 +125,7 @@ def test_killed_mid_way_and_rerun_gives_the_same_bytes(remote: str, converted: P
 def test_per_node_copy(remote: str, converted: Path, tmp_path: Path) -> None:
     from autotune_converters.wds.split import NODE_FILE
 
-    res = s3stage.stage_s3(remote, tmp_path / "n0", node_rank=0, nnodes=2)
+    res = stage_s3(remote, tmp_path / "n0", node_rank=0, nnodes=2)
     got = files_of(tmp_path / "n0")
     assert NODE_FILE in got and "manifest.json" in got
     shards = [n for n in got if n.startswith("shard-")]
@@ -139,7 +140,7 @@ def test_a_manifest_naming_a_path_outside_is_refused(remote: str, converted: Pat
     m["shards"][0]["file"] = "../../escape.tar"
     s3_client.put_object(Bucket=bucket, Key="sets/wds/manifest.json", Body=json.dumps(m))
     with pytest.raises(UnsafeName, match="escape.tar"):
-        s3stage.stage_s3(remote, tmp_path / "a" / "dst")
+        stage_s3(remote, tmp_path / "a" / "dst")
     assert not (tmp_path / "a").exists() and not list(tmp_path.rglob("escape.tar"))
 
 

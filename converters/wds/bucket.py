@@ -1,7 +1,8 @@
 """WebDataset shards in a bucket: s3://BUCKET/PREFIX/{manifest.json, shard-*.tar}.
 
 The same reader as local shards (autotune_converters.wds.reader: splits by rank and worker,
-shuffles, equalizes, checks every member); only where the bytes come from differs. Each
+shuffles, equalizes, checks every member); only where the bytes come from differs: they
+are read through the storage (autotune_converters.storage.s3). Each
 shard is streamed by one GET, pinned to the ETag of the dataset's LIST, through the same
 checked tar parser (autotune_converters.wds.tarfmt.iter_stream: memory stays within about one
 member plus a 1 MiB buffer per open stream), and the next shard's GET is started while
@@ -20,9 +21,9 @@ from typing import Any
 
 from autotune_base.errors import AutotuneError, SampleError, UsageError
 from autotune_converters.manifest import NAME as MANIFEST, parse_manifest
-from autotune_converters.objstore.client import ObjectInfo, S3Config, Store
-from autotune_converters.objstore.url import parse
-from autotune_converters.wds.reader import WdsSource
+from autotune_converters.storage.base import Stat
+from autotune_converters.storage.s3 import S3Storage
+from autotune_converters.wds.reader import WdsSource, checked_max_member
 from autotune_converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_stream
 
 
@@ -44,8 +45,9 @@ class S3Shards:
 
     ahead = 1
 
-    def __init__(self, store: Store, bucket: str, objects: dict[str, ObjectInfo]) -> None:
-        self.store, self.bucket, self.objects = store, bucket, objects
+    def __init__(self, storage: S3Storage, objects: dict[str, Stat]) -> None:
+        self.storage, self.objects = storage, objects
+        self.store = storage.store
         self._reset()
 
     def _reset(self) -> None:
@@ -55,7 +57,7 @@ class S3Shards:
         self._waiting: dict[str, Future[Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"store": self.store, "bucket": self.bucket, "objects": self.objects}
+        return {"storage": self.storage, "store": self.store, "objects": self.objects}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -66,7 +68,7 @@ class S3Shards:
             self._reset()
 
     def _open(self, url: str) -> Any:
-        return self.store.open(self.bucket, self.objects[url])
+        return self.storage.open(self.objects[url])
 
     def prefetch(self, url: str) -> None:
         """Start the GET of `url` (read next) in the background; a no-op when `ahead`
@@ -92,7 +94,7 @@ class S3Shards:
         fut = self._waiting.pop(url, None)
         body = (_FirstReadAgain(fut.result(), lambda: self._open(url)) if fut is not None
                 else self._open(url))
-        name = os.path.basename(obj.key)
+        name = os.path.basename(obj.name)
         try:
             yield from iter_stream(body, name, obj.size, max_member_bytes)
         except (ShardFormatError, AutotuneError):
@@ -134,37 +136,34 @@ class _FirstReadAgain:
 class S3WdsSource(WdsSource):
     """The shards of a WebDataset conversion in a bucket (format 'wds')."""
 
-    def __init__(self, root: str, *, store: Store | None = None,
+    def __init__(self, root: str, *, store: Any = None,
                  max_member_bytes: int = MAX_MEMBER_BYTES) -> None:
-        self.url = parse(root)
-        self.store = store or Store(S3Config.from_env())
-        self.listing = self.store.listing(self.url)
-        by_key = {o.key: o for o in self.listing.objects}
-        mkey = self.url.key(MANIFEST)
-        if mkey not in by_key:
-            raise UsageError(f"{self.url.url(mkey)}: missing: {self.url} is not a complete "
+        self.storage = S3Storage(root, store=store)
+        self.url, self.store = self.storage.url, self.storage.store
+        self.listing = self.storage.listing()
+        cut = len(self.url.list_prefix)
+        by_name = {o.key[cut:]: Stat(o.key[cut:], o.size, o.etag) for o in self.listing.objects
+                   if o.key.startswith(self.url.list_prefix)}
+        where = self.storage.where(MANIFEST)
+        if MANIFEST not in by_name:
+            raise UsageError(f"{where}: missing: {self.url} is not a complete "
                              "autotune conversion (the manifest is written last).")
-        manifest = parse_manifest(self.store.get(self.url.bucket, by_key[mkey]),
-                                  self.url.url(mkey))
+        manifest = parse_manifest(self.storage.read(by_name[MANIFEST]), where)
         if manifest.format != "wds":
-            raise UsageError(f"{self.url.url(mkey)}: format {manifest.format!r}, not 'wds'.")
-        shards = [(self.url.url(self.url.key(s["file"])), int(s["samples"]))
-                  for s in manifest.shards]
-        missing = [u for u, _ in shards if u[len(f"s3://{self.url.bucket}/"):] not in by_key]
+            raise UsageError(f"{where}: format {manifest.format!r}, not 'wds'.")
+        shards = [(self.storage.where(s["file"]), int(s["samples"])) for s in manifest.shards]
+        missing = [self.storage.where(s["file"]) for s in manifest.shards
+                   if s["file"] not in by_name]
         if missing:
             raise SampleError(f"{missing[0]}: missing ({len(missing)} of {len(shards)} shards "
                               "listed in manifest.json); upload or convert again.")
         self.root = str(self.url)  # type: ignore[assignment]  (a URL, not a Path)
-        if not isinstance(max_member_bytes, int) or max_member_bytes < 1:
-            raise UsageError(f"max_member_bytes must be a positive number of bytes, but got "
-                             f"{max_member_bytes!r}.", setting="max_member_bytes")
-        self.max_member_bytes = max_member_bytes
+        self.max_member_bytes = checked_max_member(max_member_bytes)
         self.manifest = manifest
         self.shards = shards  # type: ignore[assignment]  (URLs, not Paths)
         self.staged_node = None
-        cut = len(f"s3://{self.url.bucket}/")
-        self.members = S3Shards(self.store, self.url.bucket,
-                                {u: by_key[u[cut:]] for u, _ in shards})
+        self.members = S3Shards(self.storage, {self.storage.where(s["file"]): by_name[s["file"]]
+                                               for s in manifest.shards})
 
     def files(self) -> Iterator[Path]:
         """No local file: nothing of this dataset is in this machine's page cache."""
