@@ -9,15 +9,22 @@ namespace shows (a container's mount root) cannot be read and are not walked.
 
 cgroup v1 mounts one hierarchy per controller (or a few together: `cpu,cpuacct`); v2 mounts
 one unified hierarchy, entry `0::PATH` in `/proc/self/cgroup`. `autotune.cpus` reads CPU
-quotas through this module, `autotune.environment` memory limits.
+quotas through this module, `autotune.environment` memory limits; the cgroups that
+`autotune.emulate.throttle` and `autotune.probe.hitrate` make are written through
+`write_value`, joined with `join_self` and removed with `remove_cgroup`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from pathlib import Path
 
-__all__ = ["CGROUP_FILE", "MOUNTINFO_FILE", "cgroup_dirs", "cgroup_mounts", "own_paths"]
+from autotune.errors import AutotuneError
+
+__all__ = ["CGROUP_FILE", "MOUNTINFO_FILE", "cgroup_dirs", "cgroup_mounts", "join_self",
+           "own_paths", "remove_cgroup", "write_value"]
 
 CGROUP_FILE = "/proc/self/cgroup"
 MOUNTINFO_FILE = "/proc/self/mountinfo"
@@ -98,3 +105,52 @@ def cgroup_dirs(controller: str, *, cgroup_file: str | os.PathLike[str] = CGROUP
                 break
             d = d.parent
     return found
+
+
+def write_value(path: Path, text: str) -> None:
+    """Write one value to a cgroup file."""
+    # One write() per value: cgroup files parse each write separately.
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def join_self(procs: bytes) -> None:
+    """Move the calling process into the cgroup whose `cgroup.procs` file is `procs`.
+
+    Made to run in a child between fork and exec: "0" means "the writing process", so no
+    pid formatting (or allocation) is needed."""
+    fd = os.open(procs, os.O_WRONLY)
+    os.write(fd, b"0")
+    os.close(fd)
+
+
+def remove_cgroup(cg: Path, home_procs: Path | None, poll_s: float) -> None:
+    """Remove the cgroup directory `cg`, first moving its processes into the cgroup whose
+    `cgroup.procs` is `home_procs` (None: they are left to exit); AutotuneError naming the
+    `rmdir` to run when it stays busy for 5 s."""
+    deadline = time.monotonic() + 5.0
+    while True:
+        # Processes can fork while we move them: repeat until rmdir succeeds.
+        if home_procs is not None:
+            try:
+                pids = (cg / "cgroup.procs").read_text().split()
+            except OSError:
+                pids = []
+            for pid in pids:
+                try:
+                    write_value(home_procs, pid)
+                except OSError:
+                    pass  # exited meanwhile (ESRCH) or a zombie; rmdir tells if it matters
+        try:
+            cg.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise AutotuneError(f"cannot remove cgroup {cg}: {e.strerror}; remove it "
+                                    f"with `rmdir {cg}` once its processes exit") from e
+            time.sleep(poll_s)

@@ -46,7 +46,7 @@ from autotune.cgroups import CGROUP_FILE, MOUNTINFO_FILE, cgroup_dirs, own_paths
 from autotune.cpus import CpuLimit, cpu_limit
 
 __all__ = ["DEV_SHM", "Environment", "MemoryLimit", "ShmSpace", "read_environment",
-           "read_memory_limit", "read_shm"]
+           "read_memory_limit", "read_shm", "size_text"]
 
 DEV_SHM = "/dev/shm"
 PROC_SYS = "/proc/sys"
@@ -55,9 +55,10 @@ PROC_SYS = "/proc/sys"
 _UNLIMITED = 1 << 60
 
 
-def _mib(n: int | float | None) -> str:
+def size_text(n: int | float | None, unknown: str = "unknown") -> str:
+    """160 MiB, 1.7 GiB, 21 GiB; `unknown` for None."""
     if n is None:
-        return "unknown"
+        return unknown
     if n >= 10 * 2**30:
         return f"{n / 2**30:.0f} GiB"
     if n >= 2**30:
@@ -167,11 +168,11 @@ class Environment:
         """Where `memory_total()` comes from, for a header: the cgroup file, or the host."""
         lim = self.memory.limit_bytes
         if lim is None:
-            return f"the host's {_mib(self.host_total_bytes)} (no cgroup limit)"
+            return f"the host's {size_text(self.host_total_bytes)} (no cgroup limit)"
         if self.host_total_bytes and lim > self.host_total_bytes:
-            return (f"the host's {_mib(self.host_total_bytes)} (below the cgroup limit "
-                    f"{_mib(lim)}, {self.memory.source})")
-        return f"the cgroup limit {_mib(lim)} ({self.memory.source})"
+            return (f"the host's {size_text(self.host_total_bytes)} (below the cgroup limit "
+                    f"{size_text(lim)}, {self.memory.source})")
+        return f"the cgroup limit {size_text(lim)} ({self.memory.source})"
 
     def over_limit(self, budget_bytes: int, what: str) -> str | None:
         """The warning for a user's memory figure (`what`: "--max-memory 30,000 MiB") above
@@ -200,18 +201,18 @@ class Environment:
         """The header lines probe, bench and search print."""
         mem = self.memory
         if mem.limit_bytes is None:
-            m = f"memory: no cgroup limit; host {_mib(self.host_total_bytes)}, " \
-                f"{_mib(self.host_available_bytes)} available"
+            m = f"memory: no cgroup limit; host {size_text(self.host_total_bytes)}, " \
+                f"{size_text(self.host_available_bytes)} available"
         else:
-            m = (f"memory: cgroup limit {_mib(mem.limit_bytes)} ({mem.source}), working set "
-                 f"{_mib(mem.working_set_bytes)}, {_mib(mem.remaining_bytes)} left")
+            m = (f"memory: cgroup limit {size_text(mem.limit_bytes)} ({mem.source}), working set "
+                 f"{size_text(mem.working_set_bytes)}, {size_text(mem.remaining_bytes)} left")
             if mem.least_remaining_source and mem.least_remaining_source != mem.source:
                 m += f" (the least of any limit on the way up: {mem.least_remaining_source})"
         if self.shm.total_bytes is None:
             s = f"/dev/shm: {self.shm.note or 'unknown'}"
         else:
-            s = (f"/dev/shm: {self.shm.fstype} {_mib(self.shm.total_bytes)}, "
-                 f"{_mib(self.shm.free_bytes)} free")
+            s = (f"/dev/shm: {self.shm.fstype} {size_text(self.shm.total_bytes)}, "
+                 f"{size_text(self.shm.free_bytes)} free")
         c = f"cpu: {self.cpu.cores:g} usable core(s) ({self.cpu.source})"
         return [c, m, s] + self.limitations()
 
@@ -311,7 +312,7 @@ def _working_set(d: Path, kind: str, notes: list[str]) -> tuple[int | None, int 
         inactive = _inactive_file(_stat(sf), kind)
     except (OSError, ValueError) as e:
         notes.append(f"{sf}: unreadable ({_err(e)}); page cache counted as used: the "
-                     f"working set is the whole usage ({_mib(usage)})")
+                     f"working set is the whole usage ({size_text(usage)})")
     return usage, inactive
 
 
@@ -322,6 +323,31 @@ def _memory_controller_in(top: Path) -> bool:
         return "memory" in (top / "cgroup.controllers").read_text().split()
     except OSError:
         return False
+
+
+def _tightest_limit(d: Path, kind: str, own_nonroot: bool,
+                    notes: list[str]) -> tuple[int, str] | None:
+    """The tightest memory limit file of one cgroup directory: (bytes, file), or None;
+    a missing or unreadable file is noted in `notes`."""
+    names = ("memory.max", "memory.high") if kind == "v2" else ("memory.limit_in_bytes",)
+    here: tuple[int, str] | None = None
+    for name in names:
+        f = d / name
+        try:
+            v = _read_int(f)
+        except FileNotFoundError:
+            # The root cgroup has no limit files: not worth a note. The process's own
+            # (non-root) cgroup without one is: a limit could be missed.
+            if own_nonroot and name == names[0]:
+                notes.append(f"{f}: missing; the limits of the cgroups above it are "
+                             "used, else the host's memory")
+            continue
+        except (OSError, ValueError) as e:
+            notes.append(f"{f}: unreadable ({_err(e)}); the limits above it are used")
+            continue
+        if v is not None and (here is None or v < here[0]):
+            here = (v, str(f))
+    return here
 
 
 def read_memory_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
@@ -347,24 +373,7 @@ def read_memory_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
         firsts.add(kind)
         if kind == "v2" and not _memory_controller_in(tops[kind]):
             continue  # a unified hierarchy without the memory controller has no limits
-        names = ("memory.max", "memory.high") if kind == "v2" else ("memory.limit_in_bytes",)
-        here: tuple[int, str] | None = None
-        for name in names:
-            f = d / name
-            try:
-                v = _read_int(f)
-            except FileNotFoundError:
-                # The root cgroup has no limit files: not worth a note. The process's own
-                # (non-root) cgroup without one is: a limit could be missed.
-                if is_own and own.get(kind, "/") != "/" and name == names[0]:
-                    notes.append(f"{f}: missing; the limits of the cgroups above it are "
-                                 "used, else the host's memory")
-                continue
-            except (OSError, ValueError) as e:
-                notes.append(f"{f}: unreadable ({_err(e)}); the limits above it are used")
-                continue
-            if v is not None and (here is None or v < here[0]):
-                here = (v, str(f))
+        here = _tightest_limit(d, kind, is_own and own.get(kind, "/") != "/", notes)
         if here is not None:
             limited.append((here[0], here[1], kind, d))
     if not limited:

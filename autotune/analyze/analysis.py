@@ -9,12 +9,12 @@ share, AU, step-time quantiles, images/s, per-epoch and over-the-run trends. The
 counts every other step line, epoch-start stalls included; `steady_data_time_share` leaves
 out the first lines of each epoch (when the workers start), and those are reported apart
 (`epoch_starts`). A line printed twice (two log handlers) counts once. Then the metrics of
-the same time window are joined and `rules.decide` gives the verdict.
+the same time window are joined and `rules.decide` gives the verdict. The inputs (log, monitor directory, probe, format) are
+read by `inputs.py`, the pass over the records is `logpass.py`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -22,29 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from autotune.analyze import trend
+from autotune.analyze.inputs import detect_format, load_probe, make_parser, resolve_inputs
 from autotune.analyze.join import SystemFigures, join_metrics
-from autotune.analyze.parsers import BUILTIN, LogParser, ProfileSummary, Skip, StepRecord
-from autotune.analyze.parsers.regex import RegexParser
-from autotune.analyze.reader import (MAX_LINE, STDIN, LineTimes, bounded_lines, head_and_tail,
-                                     iter_lines, spooled)
+from autotune.analyze.logpass import LogPass
+from autotune.analyze.parsers import LogParser, ProfileSummary, Skip
+from autotune.analyze.reader import STDIN, LineTimes, iter_lines, spooled
 from autotune.verdict.rules import RuleInputs, decide
-from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 from autotune.errors import UsageError
 from autotune.verdict import Verdict
 
-MIN_WARMUP = 5
-MAX_EPOCHS_KEPT = 10_000
 SHORT_LOG_LINES = 20    # fewer measured step lines: the share is given with a confidence note
 OTHER_APART = 2.0       # the line's other reading disagrees this many times: say both
-MAX_STARTS_LISTED = 100
 WHY_APART_RUNNING = ("the printed lines are a sample of the batches, the running averages count "
                      "every batch: a wait between printed lines (a slow start, a stall every "
                      "N batches) shows only in the averages")
 WHY_APART_SAMPLE = ("one iteration per line is a small sample: a stall in it, or one that "
                     "missed it, moves it far from the averages")
-# Files `autotune monitor --out DIR` writes (see autotune.monitor.run).
-RUN_FILES = {"log": "train.log", "steps": "steps.jsonl", "metrics": "metrics.jsonl",
-             "run": "run.json"}
 
 
 @dataclass
@@ -114,301 +107,6 @@ def _probe_brief(probe: dict[str, Any] | None) -> dict[str, Any] | None:
             "rand_read_iops": (fio.get("rand_read") or {}).get("iops"), "class": v.get("class")}
 
 
-# -- inputs ---------------------------------------------------------------------------------
-
-@dataclass
-class _Inputs:
-    log: Path
-    metrics: Path | None
-    dataset: str | None
-    notes: list[str]
-
-
-def _has_steps(path: Path) -> bool:
-    try:
-        with path.open("rb") as f:
-            for i, raw in enumerate(bounded_lines(f)):
-                if raw is not None and b'"wait_s"' in raw:
-                    return True
-                if i > 50:
-                    break
-    except OSError:
-        return False
-    return False
-
-
-def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] | None,
-                   dataset: str | None) -> _Inputs:
-    """A log file, or an `autotune monitor` output directory (its step log when the job
-    was instrumented, else its train.log; its metrics.jsonl; the dataset from run.json)."""
-    p = Path(log)
-    notes: list[str] = []
-    if not p.exists():
-        raise UsageError(f"{p}: no such file or directory; give a training log or the "
-                         "directory `autotune monitor --out` wrote")
-    if p.is_dir():
-        steps, train = p / RUN_FILES["steps"], p / RUN_FILES["log"]
-        if _has_steps(steps):
-            chosen = steps
-        elif train.is_file():
-            chosen = train
-            if steps.exists():
-                notes.append(f"{steps} has no step, using {train}")
-        else:
-            raise UsageError(f"{p}: holds neither {RUN_FILES['steps']} nor {RUN_FILES['log']}; "
-                             "give the log file itself")
-        if metrics is None and (p / RUN_FILES["metrics"]).is_file():
-            metrics = p / RUN_FILES["metrics"]
-        if dataset is None and (p / RUN_FILES["run"]).is_file():
-            try:   # a side file: read up to MAX_LINE, never whole
-                with (p / RUN_FILES["run"]).open("rb") as f:
-                    run = json.loads(f.read(MAX_LINE))
-                dataset = run.get("data") if isinstance(run, dict) else None
-            except (OSError, ValueError, RecursionError):
-                pass
-        p = chosen
-    return _Inputs(p, Path(metrics) if metrics is not None else None, dataset, notes)
-
-
-def load_probe(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON of `autotune probe --json FILE`."""
-    p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except OSError as e:
-        raise UsageError(f"probe file {p}: {e.strerror}", setting="probe") from e
-    except ValueError as e:
-        raise UsageError(f"probe file {p}: not JSON ({e}); give the file `autotune probe "
-                         "--json FILE` wrote", setting="probe") from e
-    if not isinstance(d, dict) or "verdict" not in d:
-        raise UsageError(f"probe file {p}: no 'verdict' in it; give the file `autotune probe "
-                         "--json FILE` wrote", setting="probe")
-    return d
-
-
-def detect_format(log: str | os.PathLike[str]) -> str:
-    """The built-in format most lines of the log's head (and tail) match."""
-    parsers = {name: cls() for name, cls in BUILTIN.items()}
-    hits = dict.fromkeys(parsers, 0)
-    seen = 0
-    for ln in head_and_tail(log):
-        seen += 1
-        for name, parser in parsers.items():
-            if parser.sniff(ln):
-                hits[name] += 1
-    best = max(hits, key=lambda k: hits[k])   # ties: the first, most specific format
-    if hits[best] == 0:
-        raise UsageError(f"{log}: no known step-timing format in its first {min(seen, 5000)} "
-                         f"lines and last MiB (known: {', '.join(BUILTIN)}); pass --format, or "
-                         "--regex FILE with a pattern for your lines, or wrap the loader with "
-                         "autotune.instrument(loader)")
-    return best
-
-
-def make_parser(fmt: str, regex: str | os.PathLike[str] | None) -> LogParser:
-    if regex is not None:
-        return RegexParser.from_yaml(regex)
-    if fmt == "regex":
-        raise UsageError("format regex needs a regex file (a YAML file with a 'pattern')",
-                         setting=("format", "regex"))
-    try:
-        return BUILTIN[fmt]()
-    except KeyError:
-        raise UsageError(f"format {fmt}: unknown; known: auto, {', '.join(BUILTIN)}, regex",
-                         setting="format") from None
-
-
-# -- the pass over the log ----------------------------------------------------------------
-
-class _Pass:
-    """Streams records into the accumulators; holds only bounded state."""
-
-    def __init__(self, warmup: int | None, times: LineTimes | None,
-                 other_kind: str | None = None) -> None:
-        self.warmup_fixed = warmup
-        self.times = times
-        self.other_kind = other_kind
-        self.measured = Totals()
-        self.warm = Totals()
-        self.warm_records: list[StepRecord] = []
-        self.hist_step, self.hist_iter, self.hist_data = LogHistogram(), LogHistogram(), LogHistogram()
-        self.timeline = Timeline()
-        self.epochs: dict[int, EpochStats] = {}
-        self.first_epoch: int | None = None
-        self.seen = 0
-        self.last_index: dict[tuple[int | None, int | None], tuple[int, int]] = {}
-        # The last 64 (rank, epoch, index) seen with their figures, as an ordered set: a
-        # repeat with other figures is another rank printing the same step; with the same
-        # figures, the same line printed twice.
-        self.recent: dict[tuple[int | None, int | None, int | None],
-                          tuple[float | None, float | None]] = {}
-        self._warmup_for: tuple[int, int] | None = None   # (id(meta), steps)
-        self.repeats = 0
-        self.duplicates = 0
-        self.ranks: set[int] = set()
-        self.batches: dict[int, int] = {}   # batch size -> records (bounded)
-        self.times_used = False
-        # Batches between two logged lines, per rank; a rank's first line waits for it.
-        self.interval: dict[int | None, int] = {}
-        self.pending: dict[int | None, list[tuple[StepRecord, dict[str, Any]]]] = {}
-        # Epoch starts: the first line of each (rank, epoch) and the batches before the
-        # warm-up count; `steady` is the measured steps without them.
-        self.started: set[tuple[int | None, int | None]] = set()
-        self.starts = Totals()
-        self.starts_listed: list[dict[str, Any]] = []
-        self.steady = Totals()
-        # The lines' other reading (StepRecord.alt_*): summed like the main figures
-        # ("sample"), or the last running average of each (rank, epoch) ("running").
-        self.other = Totals()
-        self.other_last: dict[tuple[int | None, int | None], tuple[float, float, int]] = {}
-
-    def warmup_steps(self, meta: dict[str, Any]) -> int:
-        if self.warmup_fixed is not None:
-            return self.warmup_fixed
-        cached = self._warmup_for
-        if cached is not None and cached[0] == id(meta):
-            return cached[1]
-        w = self._warmup_of(meta)
-        self._warmup_for = (id(meta), w)
-        return w
-
-    @staticmethod
-    def _warmup_of(meta: dict[str, Any]) -> int:
-        loader = meta.get("loader") or {}
-        w, pf = loader.get("num_workers"), loader.get("prefetch_factor")
-        if isinstance(w, int) and w > 0:
-            return max(MIN_WARMUP, w * (pf if isinstance(pf, int) else 2))
-        return MIN_WARMUP
-
-    def add(self, r: StepRecord, line_end: int, meta: dict[str, Any]) -> bool:
-        """Take one record; False when it is a line already counted (printed twice)."""
-        if r.end_time is None and self.times is not None:
-            r.end_time = self.times.time_of(line_end)
-            self.times_used = self.times_used or r.end_time is not None
-        if r.index is None:
-            self._accept(r, meta)
-            return True
-        k = (r.rank, r.epoch)
-        key3 = (r.rank, r.epoch, r.index)
-        figures = (r.data_s, r.iter_s)
-        prev = self.last_index.get(k)
-        wait = False
-        if key3 in self.recent:
-            if self.recent[key3] == figures:
-                self.duplicates += 1
-                return False
-            self.repeats += 1     # the same step again: another rank printing it
-            if r.rank in self.pending:
-                wait = True       # ... the log's first line: it waits with it
-            else:
-                r.weight = prev[1] if prev else 1
-        else:
-            if prev is not None:
-                gap = r.index - prev[0]
-                r.weight = gap if gap > 0 else 1
-                if gap > 0 and (r.rank in self.interval or len(self.interval) < 4096):
-                    self.interval[r.rank] = gap
-            elif r.rank in self.interval:
-                # An epoch's first line stands for the batches since the epoch began, but
-                # for no more than one logging interval: an excerpt can begin mid-epoch.
-                r.weight = max(1, min(r.index, self.interval[r.rank]))
-            else:
-                wait = True       # the log's first line: its weight needs the interval
-            self.last_index[k] = (r.index, r.weight)
-            self.recent[key3] = figures
-            if len(self.recent) > 64:
-                del self.recent[next(iter(self.recent))]
-            if len(self.last_index) > 4096:
-                self.last_index.clear()
-        if wait:
-            self.pending.setdefault(r.rank, []).append((r, meta))
-            return True
-        for held in self.pending.pop(r.rank, []):
-            self._release(*held)
-        self._accept(r, meta)
-        return True
-
-    def _release(self, r: StepRecord, meta: dict[str, Any]) -> None:
-        iv = self.interval.get(r.rank)
-        r.weight = max(1, min(r.index or 0, iv)) if iv else 1
-        self._accept(r, meta)
-
-    def _accept(self, r: StepRecord, meta: dict[str, Any]) -> None:
-        if r.rank is not None:
-            self.ranks.add(r.rank)
-        if r.batch is not None and (r.batch in self.batches or len(self.batches) < 256):
-            self.batches[r.batch] = self.batches.get(r.batch, 0) + 1
-        if r.epoch is not None:
-            if self.first_epoch is None:
-                self.first_epoch = r.epoch
-            ep = self.epochs.get(r.epoch)
-            if ep is None and len(self.epochs) < MAX_EPOCHS_KEPT:
-                ep = self.epochs[r.epoch] = EpochStats(r.epoch)
-            if ep is not None:
-                ep.add(r)
-        self.seen += 1
-        w = self.warmup_steps(meta)
-        in_first = r.epoch is None or r.epoch == self.first_epoch
-        is_warm = in_first and ((r.index is not None and r.index < w)
-                                or (r.index is None and self.seen <= w))
-        k = (r.rank, r.epoch)
-        is_start = k not in self.started or (r.index is not None and r.index < w)
-        if k not in self.started and len(self.started) < MAX_EPOCHS_KEPT:
-            self.started.add(k)
-        if is_start:
-            self.starts.add(r)
-            if len(self.starts_listed) < MAX_STARTS_LISTED:
-                self.starts_listed.append({"epoch": r.epoch, "rank": r.rank, "line": r.lineno,
-                                           "data_wait_s": r.data_s, "batches": r.weight,
-                                           "warmup": is_warm})
-        if r.alt_data_s is not None and r.alt_iter_s is not None:
-            if self.other_kind == "running" and (k in self.other_last
-                                                 or len(self.other_last) < MAX_EPOCHS_KEPT):
-                self.other_last[k] = (r.alt_data_s, r.alt_iter_s, max(1, r.index or 0))
-            elif self.other_kind == "sample" and not is_warm:
-                self.other.add(StepRecord(data_s=r.alt_data_s, iter_s=r.alt_iter_s,
-                                          weight=r.weight))
-        if is_warm:
-            self.warm.add(r)
-            if len(self.warm_records) < 4096:
-                self.warm_records.append(r)
-            return
-        self._measure(r)
-        if not is_start:
-            self.steady.add(r)
-
-    def _measure(self, r: StepRecord) -> None:
-        self.measured.add(r)
-        self.timeline.add(r)
-        if r.step_s is not None:
-            self.hist_step.add(r.step_s)
-        if r.iter_s is not None:
-            self.hist_iter.add(r.iter_s)
-        if r.data_s is not None:
-            self.hist_data.add(r.data_s)
-
-    def finish(self) -> bool:
-        """Take the lines still waiting for their weight, then use the warm-up steps when
-        nothing else was measured; True when that happened."""
-        for held in self.pending.values():
-            for r, meta in held:
-                self._release(r, meta)
-        self.pending.clear()
-        if self.measured.n == 0 and self.warm_records:
-            for r in self.warm_records:
-                self._measure(r)
-            return True
-        return False
-
-    def other_share(self) -> float | None:
-        """The data share from the lines' other reading."""
-        if self.other_kind == "running":
-            data = sum(d * n for d, _, n in self.other_last.values())
-            it = sum(i * n for _, i, n in self.other_last.values())
-            return data / it if it > 0 else None
-        return self.other.data_share
-
-
 def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | None = None,
             probe: str | os.PathLike[str] | dict[str, Any] | None = None,
             batch_size: int | None = None, format: str = "auto",
@@ -439,44 +137,29 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     fmt = "regex" if regex is not None else (detect_format(inp.log) if format == "auto" else format)
     parser = make_parser(fmt, regex)
     times = LineTimes.for_log(inp.log)
-    acc = _Pass(warmup, times, parser.other_kind)
+    acc = LogPass(warmup, times, parser.other_kind)
     lines, profiles = _stream(parser, inp.log, acc, warnings)
     used_warm = acc.finish()
     if used_warm:
         warnings.append(f"only {acc.warm.n} step(s), all within the warm-up: the figures include "
                         "start-up")
-    meta = getattr(parser, "meta", {}) or {}
-    loader = meta.get("loader") if isinstance(meta.get("loader"), dict) else None
-    if dataset is None:
-        dataset = inp.dataset or ((loader or {}).get("dataset") or {}).get("root")
+    meta, loader, dataset = _job(parser, dataset, inp.dataset)
     profile = profiles[-1] if profiles else None
     if acc.measured.n == 0 and profile is None:
-        top = ", ".join(f"{k}: {v}" for k, v in list(lines["skipped_by_reason"].items())[:3])
-        hint = f"{parser.no_timing_hint}; or" if parser.no_timing_hint else "; check the format, or"
-        raise UsageError(f"{inp.log}: no step timing found as format '{fmt}' in "
-                         f"{lines['total']:,} lines ({top or 'empty file'}){hint} wrap the loader "
-                         "with autotune.instrument(loader)", setting="format")
+        raise _no_timing(inp.log, fmt, lines, parser)
     f = _figures(acc, parser, fmt, batch_size, meta, profile, times, warnings)
-    system = None
-    if inp.metrics is not None:
-        system = join_metrics(inp.metrics, f["window"])
-        if system.joined_by != "time":
-            warnings.append(f"metrics joined by {system.joined_by}")
+    system = _system(inp.metrics, f["window"], warnings)
     steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
-    m = acc.measured
-    unique = max(1, m.n + acc.warm.n - acc.repeats)
-    ranks = len(acc.ranks) or 1 + round(acc.repeats / unique)
     verdict = decide(RuleInputs(au=f["au"], data_share=f["data_share"],
                                 step_time_s=f["step_q"].get("p50"), images_per_s=f["ips"],
                                 batch_size=f["bs"], steps=f["steps"], loader=loader,
                                 system=system, probe=probe_d, dataset=dataset,
-                                job_cores=meta.get("cores") if isinstance(meta.get("cores"), int)
-                                else None))
+                                job_cores=_cores(meta)))
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"]) if e)
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
-        warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=ranks,
+        warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=_ranks(acc),
         batch_size=f["bs"], batch_size_source=f["bs_src"], data_time_share=f["data_share"],
         au=f["au"], step_time_s=f["step_q"], iteration_time_s=f["iter_q"],
         data_wait_s=f["data_q"], images_per_s=f["ips"], window=f["window"],
@@ -484,6 +167,45 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         loader=loader, dataset=dataset, verdict=verdict, profile=profile,
         warnings=warnings + parser.notes, steady_data_time_share=steady,
         epoch_starts=starts, share_from=share_from, confidence=conf)
+
+
+def _job(parser: LogParser, dataset: str | None, run_dataset: str | None
+         ) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+    """The step log's header: its metadata, the loader it describes, the dataset (given,
+    else the monitor's run.json, else the loader's)."""
+    meta = getattr(parser, "meta", {}) or {}
+    loader = meta.get("loader") if isinstance(meta.get("loader"), dict) else None
+    if dataset is None:
+        dataset = run_dataset or ((loader or {}).get("dataset") or {}).get("root")
+    return meta, loader, dataset
+
+
+def _system(metrics: Path | None, window: Any, warnings: list[str]) -> SystemFigures | None:
+    """The monitor's figures over the log's window (a warning when not joined by time)."""
+    if metrics is None:
+        return None
+    system = join_metrics(metrics, window)
+    if system.joined_by != "time":
+        warnings.append(f"metrics joined by {system.joined_by}")
+    return system
+
+
+def _cores(meta: dict[str, Any]) -> int | None:
+    return meta.get("cores") if isinstance(meta.get("cores"), int) else None
+
+
+def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:
+    top = ", ".join(f"{k}: {v}" for k, v in list(lines["skipped_by_reason"].items())[:3])
+    hint = f"{parser.no_timing_hint}; or" if parser.no_timing_hint else "; check the format, or"
+    return UsageError(f"{log}: no step timing found as format '{fmt}' in "
+                      f"{lines['total']:,} lines ({top or 'empty file'}){hint} wrap the loader "
+                      "with autotune.instrument(loader)", setting="format")
+
+
+def _ranks(acc: LogPass) -> int:
+    """The ranks the log holds: those it names, else as many as its steps repeat."""
+    unique = max(1, acc.measured.n + acc.warm.n - acc.repeats)
+    return len(acc.ranks) or 1 + round(acc.repeats / unique)
 
 
 def _from_stdin(kw: dict[str, Any]) -> Analysis:
@@ -497,7 +219,7 @@ def _from_stdin(kw: dict[str, Any]) -> Analysis:
     return a
 
 
-def _figures(acc: _Pass, parser: LogParser, fmt: str, batch_size: int | None,
+def _figures(acc: LogPass, parser: LogParser, fmt: str, batch_size: int | None,
              meta: dict[str, Any], profile: ProfileSummary | None, times: LineTimes | None,
              warnings: list[str]) -> dict[str, Any]:
     """The log's own figures: share, AU, quantiles, images/s, window, trend."""
@@ -531,7 +253,7 @@ def _figures(acc: _Pass, parser: LogParser, fmt: str, batch_size: int | None,
             "trend": trend_d}
 
 
-def _shares(acc: _Pass, parser: LogParser, share: float | None, profile: ProfileSummary | None,
+def _shares(acc: LogPass, parser: LogParser, share: float | None, profile: ProfileSummary | None,
             warnings: list[str]) -> tuple[float | None, dict[str, Any] | None, dict[str, Any],
                                           dict[str, Any]]:
     """Steady share, epoch starts, what the share is computed from (and the lines' other
@@ -573,7 +295,7 @@ DUPLICATE_LINE = "line printed twice (the same as the one before)"
 DUPLICATE_STEP = "step printed twice (same epoch, index and figures)"
 
 
-def _stream(parser: LogParser, path: Path, acc: _Pass, warnings: list[str]
+def _stream(parser: LogParser, path: Path, acc: LogPass, warnings: list[str]
             ) -> tuple[dict[str, Any], list[ProfileSummary]]:
     """One pass over the log: records into `acc`; returns the line counts and any
     aggregate tables. A gzip log cut short is analyzed up to its cut (said in `warnings`)."""
@@ -631,7 +353,7 @@ def _profile_figures(p: ProfileSummary, bs: int | None) -> tuple[
             {**none, "p50": mean_iter}, bs * p.data_calls / wall if bs is not None else None)
 
 
-def _batch_size(acc: _Pass, given: int | None, fmt: str, warnings: list[str],
+def _batch_size(acc: LogPass, given: int | None, fmt: str, warnings: list[str],
                 meta: dict[str, Any]) -> tuple[int | None, str]:
     if acc.batches:
         # The most frequent size: an epoch's last batch is smaller, and timm's rate x time

@@ -35,9 +35,21 @@ def _moved(a: float | None, b: float | None) -> str | None:
 
 def findings(epochs: dict[int, EpochStats], timeline: Timeline, data: LogHistogram,
              first_epoch: int | None) -> dict[str, Any]:
-    out: list[str] = []
     eps = [epochs[k] for k in sorted(epochs)]
-    # Epoch starts: the first batch of each epoch against the rest of that epoch.
+    segs = timeline.segments(SEGMENTS)
+    out = (_epoch_starts(eps, first_epoch) + _first_epoch_apart(eps) + _over_the_run(segs)
+           + _stalls(data))
+    if not out:
+        out.append("steady: no growth after the first epoch, no spike at epoch starts, no "
+                   "drift over the run")
+    seg_d = [{"steps": s.n, "data_time_share": s.data_share, "t_start": s.t_first,
+              "t_end": s.t_last} for s in segs]
+    return {"findings": out, "by_epoch": [e.to_dict() for e in eps[:1000]],
+            "epochs_listed": min(len(eps), 1000), "by_segment": seg_d}
+
+
+def _epoch_starts(eps: list[EpochStats], first_epoch: int | None) -> list[str]:
+    """The first batch of each epoch against the rest of that epoch."""
     spikes = []
     for e in eps:
         rest_w = e.rest.timed_w
@@ -51,47 +63,52 @@ def findings(epochs: dict[int, EpochStats], timeline: Timeline, data: LogHistogr
     if later and len(later) >= max(1, (len(spikes) - 1) // 2):
         firsts = sorted(s[1] for s in later)
         usual = sorted(s[2] for s in later)
-        out.append(f"data wait spikes at epoch starts: in {len(later)} of {len(spikes) - 1} "
-                   f"later epoch(s) the first batch waits {firsts[len(firsts) // 2]:.2f} s "
-                   f"(median) against {usual[len(usual) // 2]:.3f} s per batch otherwise: the "
-                   "DataLoader starts its workers anew each epoch (persistent_workers=True "
-                   "keeps them)")
-    elif spiky and spiky[0][0] == first_epoch:
-        out.append(f"the first batch of the run waits {spiky[0][1]:.2f} s (worker start-up, "
-                   "left out as warm-up)")
-    # First epoch against the later ones (page cache, growing dataset, leaks).
-    # Without each epoch's first batch: its spike is the finding above, not a trend.
+        return [f"data wait spikes at epoch starts: in {len(later)} of {len(spikes) - 1} "
+                f"later epoch(s) the first batch waits {firsts[len(firsts) // 2]:.2f} s "
+                f"(median) against {usual[len(usual) // 2]:.3f} s per batch otherwise: the "
+                "DataLoader starts its workers anew each epoch (persistent_workers=True "
+                "keeps them)"]
+    if spiky and spiky[0][0] == first_epoch:
+        return [f"the first batch of the run waits {spiky[0][1]:.2f} s (worker start-up, "
+                "left out as warm-up)"]
+    return []
+
+
+def _first_epoch_apart(eps: list[EpochStats]) -> list[str]:
+    """First epoch against the later ones (page cache, growing dataset, leaks); without
+    each epoch's first batch: its spike is the epoch-start finding, not a trend."""
     full = [e for e in eps if e.rest.n >= MIN_EPOCH_RECORDS]
-    if len(full) >= 2:
-        first = full[0].rest.data_share
-        rest_shares = sorted(e.rest.data_share for e in full[1:] if e.rest.data_share is not None)
-        rest = rest_shares[len(rest_shares) // 2] if rest_shares else None
-        move = _moved(first, rest)
-        if move == "grows":
-            out.append(f"data time grows after the first epoch: {_share(first)} of the time in "
-                       f"epoch {full[0].epoch}, {_share(rest)} (median) later")
-        elif move == "falls":
-            out.append(f"data time falls after the first epoch: {_share(first)} in epoch "
-                       f"{full[0].epoch}, {_share(rest)} (median) later: the first pass read "
-                       "from storage, later ones mostly from the page cache (the data fits in "
-                       "RAM; a larger dataset would stay at the first epoch's figure)")
-    # Over the run.
-    segs = timeline.segments(SEGMENTS)
-    seg_d = [{"steps": s.n, "data_time_share": s.data_share, "t_start": s.t_first,
-              "t_end": s.t_last} for s in segs]
-    if len(segs) >= 3:
-        a, b = segs[0].data_share, segs[-1].data_share
-        move = _moved(a, b)
-        if move is not None:
-            out.append(f"over the run the data-time share {move}: {_share(a)} in the first "
-                       f"fifth, {_share(b)} in the last")
-    # Stalls.
+    if len(full) < 2:
+        return []
+    first = full[0].rest.data_share
+    rest_shares = sorted(e.rest.data_share for e in full[1:] if e.rest.data_share is not None)
+    rest = rest_shares[len(rest_shares) // 2] if rest_shares else None
+    move = _moved(first, rest)
+    if move == "grows":
+        return [f"data time grows after the first epoch: {_share(first)} of the time in "
+                f"epoch {full[0].epoch}, {_share(rest)} (median) later"]
+    if move == "falls":
+        return [f"data time falls after the first epoch: {_share(first)} in epoch "
+                f"{full[0].epoch}, {_share(rest)} (median) later: the first pass read "
+                "from storage, later ones mostly from the page cache (the data fits in "
+                "RAM; a larger dataset would stay at the first epoch's figure)"]
+    return []
+
+
+def _over_the_run(segs: list[Any]) -> list[str]:
+    if len(segs) < 3:
+        return []
+    a, b = segs[0].data_share, segs[-1].data_share
+    move = _moved(a, b)
+    if move is None:
+        return []
+    return [f"over the run the data-time share {move}: {_share(a)} in the first "
+            f"fifth, {_share(b)} in the last"]
+
+
+def _stalls(data: LogHistogram) -> list[str]:
     p50, p99 = data.quantile(0.5), data.quantile(0.99)
     if p50 is not None and p99 is not None and p99 >= STALL_MIN_S and p99 >= STALL_FACTOR * max(p50, 1e-3):
-        out.append(f"data wait stalls now and then: p50 {p50 * 1000:.1f} ms, p99 "
-                   f"{p99 * 1000:.0f} ms (slow files, cache misses, a worker falling behind)")
-    if not out:
-        out.append("steady: no growth after the first epoch, no spike at epoch starts, no "
-                   "drift over the run")
-    return {"findings": out, "by_epoch": [e.to_dict() for e in eps[:1000]],
-            "epochs_listed": min(len(eps), 1000), "by_segment": seg_d}
+        return [f"data wait stalls now and then: p50 {p50 * 1000:.1f} ms, p99 "
+                f"{p99 * 1000:.0f} ms (slow files, cache misses, a worker falling behind)"]
+    return []

@@ -393,6 +393,37 @@ class _Batches:
             return next(self.it)
 
 
+def _open_window(out: dict[str, Any], cfg: Any, status_fd: int,
+                 clock: Any) -> tuple[dict[int, Any], dict[str, Any]]:
+    """The window opens: the tree's read counters and the stage clock at its start."""
+    # Storage reads of the window, from the kernel's per-process counters:
+    # proof of where the bytes came from (page cache or disk).
+    io0 = _tree_io()
+    st0 = clock.totals() if clock is not None else {}
+    out["phase"] = "measure"
+    _status(status_fd, f"measure {cfg.seconds:g}")
+    return io0, st0
+
+
+def _close_window(out: dict[str, Any], cfg: Any, clock: Any, batches: list[list[float]],
+                  opened: tuple[dict[int, Any], dict[str, Any]], start: float,
+                  deadline: float | None) -> None:
+    """The window's reads, stage budget, bounds and extension into `out`."""
+    marks = out["marks"]
+    io0, st0 = opened
+    if batches:
+        out["window_io"] = _io_delta(io0, _tree_io())
+        if clock is not None:
+            from autotune.data.stages import stage_budget
+
+            out["stages"] = stage_budget(st0, clock.totals(), workers=cfg.num_workers,
+                                         wall_s=batches[-1][3] - start)
+    marks["window_start"] = start
+    if deadline is not None and batches and batches[-1][3] > deadline:
+        out["extended_s"] = batches[-1][3] - deadline
+    marks["window_end"] = batches[-1][3] if batches else time.monotonic()
+
+
 def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
              out: dict[str, Any], clock: Any = None) -> Any:
     """Warm-up (excluded), then the window: each batch's wait and step, timed; with a
@@ -408,12 +439,8 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
     batches: list[list[float]] = []
     out["batches"] = batches
     warm_wait, done_warm = 0.0, 0
-    io0 = _tree_io() if warmup == 0 else {}
-    st0 = clock.totals() if clock is not None and warmup == 0 else {}
     deadline = start + cfg.seconds if warmup == 0 else None
-    if warmup == 0:
-        out["phase"] = "measure"
-        _status(status_fd, f"measure {cfg.seconds:g}")
+    opened = _open_window(out, cfg, status_fd, clock) if warmup == 0 else ({}, {})
     stop_reason, window_images, last_tick = "time", 0, start
     try:
         while True:
@@ -433,13 +460,7 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                     # that time. (Opened after the read, it counted them for free.)
                     start = last_tick = t2
                     deadline = t2 + cfg.seconds
-                    # Storage reads of the window, from the kernel's per-process counters:
-                    # proof of where the bytes came from (page cache or disk).
-                    io0 = _tree_io()
-                    if clock is not None:
-                        st0 = clock.totals()
-                    out["phase"] = "measure"
-                    _status(status_fd, f"measure {cfg.seconds:g}")
+                    opened = _open_window(out, cfg, status_fd, clock)
                 continue
             # drop_last: a batch whose size cannot be read holds batch_size samples.
             n = batch_len(batch) or cfg.batch_size
@@ -457,20 +478,9 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
                 break
     except EpochEnd:
         stop_reason = "epoch_end"
-    if batches:
-        out["window_io"] = _io_delta(io0, _tree_io())
-        if clock is not None:
-            from autotune.data.stages import stage_budget
-
-            out["stages"] = stage_budget(st0, clock.totals(), workers=cfg.num_workers,
-                                         wall_s=batches[-1][3] - start)
-    marks["window_start"] = start
-    if deadline is not None and batches and batches[-1][3] > deadline:
-        out["extended_s"] = batches[-1][3] - deadline
-    marks["window_end"] = batches[-1][3] if batches else time.monotonic()
+    _close_window(out, cfg, clock, batches, opened, start, deadline)
     out.update(stop_reason=stop_reason, epochs=src.epochs, warmup_done=done_warm,
-               warmup_wait_s=warm_wait)
-    out["phase"] = "done"
+               warmup_wait_s=warm_wait, phase="done")
     return src.it
 
 

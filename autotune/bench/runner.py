@@ -144,6 +144,27 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     cfg = (config or BenchConfig.from_preset()).validate()
     say = progress or (lambda _msg: None)
     t_begin = time.monotonic()
+    root, fmt = _resolve_dataset(dataset, cfg)
+    m = _Measurement(root, fmt, cfg, throttle, say, on_tick)
+    m.prepare_cache()
+    _remove_stale_tmp()
+    tmp, lock = _scratch()
+    try:
+        # An s3:// dataset has no local disk to watch (the monitor records why).
+        m.run(tmp, popen or subprocess.Popen, monitor_path or root)
+        res = m.result(tmp)
+        if timeline is not None:
+            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget)
+            res.timeline_file = str(timeline)
+        res.seconds_total = time.monotonic() - t_begin
+        return res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        lock.release()
+
+
+def _resolve_dataset(dataset: str | os.PathLike[str], cfg: BenchConfig) -> tuple[Any, str]:
+    """The dataset's root (an s3:// URL or an absolute path) and its format, checked."""
     s3 = is_s3(dataset)
     root: Any = str(dataset) if s3 else Path(dataset).absolute()
     if s3 and cfg.dataset_factory:
@@ -161,22 +182,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     else:
         fmt = resolve_format(root, cfg.format)
         _check_folder(root, fmt)
-    m = _Measurement(root, fmt, cfg, throttle, say, on_tick)
-    m.prepare_cache()
-    _remove_stale_tmp()
-    tmp, lock = _scratch()
-    try:
-        # An s3:// dataset has no local disk to watch (the monitor records why).
-        m.run(tmp, popen or subprocess.Popen, monitor_path or root)
-        res = m.result(tmp)
-        if timeline is not None:
-            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget)
-            res.timeline_file = str(timeline)
-        res.seconds_total = time.monotonic() - t_begin
-        return res
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        lock.release()
+    return root, fmt
 
 
 def _check_folder(root: Path, fmt: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import io
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from autotune.errors import SampleError, UsageError
@@ -139,17 +140,16 @@ class Opened:
 
     def pil(self, k: int = 1) -> tuple[Any, int]:
         """(PIL image as decoded, in the file's own mode; the factor it was shrunk by)."""
-        t0 = time.perf_counter()
-        try:
-            return self._pil(k)
-        finally:
-            self.decode_s += time.perf_counter() - t0
+        return self._timed(self._pil, k)
 
     def array(self, k: int = 1) -> tuple[Any, int]:
         """(HxWx3 uint8 RGB array; the factor the image was shrunk by)."""
+        return self._timed(self._array, k)
+
+    def _timed(self, decode: Callable[[int], tuple[Any, int]], k: int) -> tuple[Any, int]:
         t0 = time.perf_counter()
         try:
-            return self._array(k)
+            return decode(k)
         finally:
             self.decode_s += time.perf_counter() - t0
 

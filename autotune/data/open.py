@@ -57,15 +57,13 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
             `SampleError` naming the sample's key and its file or shard (the original
             chained as its cause).
         decode: False: the sample is the image file's bytes as stored, undecoded.
-        format: "auto" (the manifest's format, else an image folder), "folder", "lmdb",
-            "wds".
-        iterable: None (default): map-style for a folder and LMDB, iterable for
-            WebDataset. True for LMDB: read it in its stored order (shuffled once, with the
-            conversion's seed, when it was written) in blocks of consecutive samples, each
-            block one sequential pass of large reads, the blocks shuffled per epoch and
-            split across ranks and workers as shards are: on storage slower than the
-            dataset is large (cold, throttled, network), one I/O per image is what random
-            access costs, and this avoids it.
+        format: "auto" (the manifest's format, else an image folder), "folder", "lmdb", "wds".
+        iterable: None (default): map-style for a folder and LMDB, iterable for WebDataset. True
+            for LMDB: read it in its stored order (shuffled once, with the conversion's seed,
+            when it was written) in blocks of consecutive samples, each block one sequential
+            pass of large reads, the blocks shuffled per epoch and split across ranks and
+            workers as shards are: on storage slower than the dataset is large (cold, throttled,
+            network), one I/O per image is what random access costs, and this avoids it.
 
     Map-style (folder, LMDB): `len()` and `dataset[i]`; the DataLoader's sampler orders
     and splits it: `shuffle=True` on the DataLoader, or `DistributedSampler(dataset,
@@ -81,8 +79,7 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
         rank, world_size: this process's rank; default torch.distributed when it is
             initialized, else the RANK and WORLD_SIZE environment variables, else one rank.
             Shards are split across ranks and then across DataLoader workers; each reader
-            (workers x ranks) needs a shard of its own (DatasetError otherwise, naming both
-            numbers).
+            (workers x ranks) needs a shard of its own (DatasetError otherwise, naming both numbers).
         drop_last: with several ranks every rank reads the same number of samples per
             epoch (DDP's collectives would otherwise wait for a rank that has run out):
             True drops the remainder (a different one each epoch), False pads, reading the
@@ -96,6 +93,17 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
     `.path`. Raises DatasetError (a ValueError, exit status 2 in the CLI) for a path that
     holds nothing readable or a manifest written by a newer autotune.
     """
+    src = _checked_source(path, format, iterable)
+    if not src.iterable and not (src.format == "lmdb" and iterable):
+        return MapDataset(src, transform, decode=decode)
+    return _shard_dataset(src, path, transform, decode, iterable, dict(
+        shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed, rank=rank,
+        world_size=world_size, num_workers=num_workers, pad=not drop_last))
+
+
+def _checked_source(path: str | os.PathLike[str], format: str,
+                    iterable: bool | None) -> SampleSource:
+    """The format's reader, or UsageError when `iterable` asks what the format cannot do."""
     src = _source(path, format)
     if iterable is not None and iterable != src.iterable and src.format != "lmdb":
         raise UsageError(f"{path}: format {src.format} is read "
@@ -103,18 +111,21 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
                             "unset" if src.iterable else "by index: it has no stored order "
                             "to stream (convert it: `autotune convert`); leave iterable unset")
                          + ".", setting="iterable")
-    stream = dict(shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed, rank=rank,
-                  world_size=world_size, num_workers=num_workers, pad=not drop_last)
+    return src
+
+
+def _shard_dataset(src: SampleSource, path: str | os.PathLike[str],
+                   transform: Transform | None, decode: bool, iterable: bool | None,
+                   stream: dict[str, Any]) -> ShardDataset:
+    """The iterable dataset: WebDataset shards, or LMDB read in blocks of stored order."""
     if src.format == "lmdb" and iterable:
         ds: ShardDataset = _lmdb_blocks(src, transform, stream)
-    elif not src.iterable:
-        return MapDataset(src, transform, decode=decode)
     else:
         ds = src.dataset(transform, cls=ShardDataset, **stream)  # type: ignore[assignment]
     assert isinstance(ds, ShardDataset)
     ds.decode, ds.classes, ds.path = decode, list(src.classes), str(path)
-    if num_workers is not None:
-        ds.check_readers(max(1, num_workers))
+    if stream["num_workers"] is not None:
+        ds.check_readers(max(1, stream["num_workers"]))
     return ds
 
 

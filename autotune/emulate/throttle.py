@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from autotune.blockdev import BlockDevice, block_device_for, mount_for, mountinfo
+from autotune.cgroups import join_self, remove_cgroup, write_value
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune_base.fsutil import rmdir_quietly
 
@@ -97,15 +98,6 @@ def detect_backend() -> CgroupBackend:
             return CgroupBackend(2, Path(mnt))
     raise NotPermitted("I/O throttling needs the cgroup v1 blkio controller or the cgroup v2 "
                        "io controller, and neither is mounted/enabled here")
-
-
-def _write(path: Path, text: str) -> None:
-    # One write() per value: cgroup files parse each write separately.
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
 
 
 def _permission_error(what: str, path: Path, e: OSError) -> AutotuneError:
@@ -195,7 +187,7 @@ class IoThrottle:
         cg = self.backend.parent / f"{CGROUP_PREFIX}{self.name}-{os.getpid()}-{secrets.token_hex(3)}"
         if self.backend.version == 2:
             try:
-                _write(self.backend.parent / "cgroup.subtree_control", "+io")
+                write_value(self.backend.parent / "cgroup.subtree_control", "+io")
             except OSError as e:
                 raise _permission_error("cannot enable the io controller in",
                                         self.backend.parent, e) from e
@@ -237,7 +229,7 @@ class IoThrottle:
             writes = [("io.max", f"{mm} {spec}")]
         for fname, text in writes:
             try:
-                _write(self.cgroup / fname, text)
+                write_value(self.cgroup / fname, text)
             except OSError as e:
                 raise AutotuneError(f"cannot set '{text}' in {self.cgroup / fname}: "
                                     f"{e.strerror} (device {self.device.name} {mm} behind "
@@ -247,26 +239,7 @@ class IoThrottle:
         cg, self.cgroup = self.cgroup, None
         if cg is None or self.backend is None:
             return
-        parent_procs = self.backend.parent / "cgroup.procs"
-        deadline = time.monotonic() + 5.0
-        while True:
-            # Processes can fork while we move them: repeat until rmdir succeeds.
-            for pid in self._read_pids(cg):
-                try:
-                    _write(parent_procs, str(pid))
-                except OSError:
-                    pass  # exited meanwhile (ESRCH) or a zombie; rmdir tells if it matters
-            try:
-                cg.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise AutotuneError(f"cannot remove cgroup {cg}: {e.strerror}; "
-                                        f"remove it with `rmdir {cg}` once its processes "
-                                        "exit") from e
-                time.sleep(0.02)
+        remove_cgroup(cg, self.backend.parent / "cgroup.procs", poll_s=0.02)
 
     @staticmethod
     def _read_pids(cg: Path) -> list[int]:
@@ -286,11 +259,7 @@ class IoThrottle:
         procs = os.fsencode(self._live() / "cgroup.procs")
 
         def join() -> None:
-            # Runs in the child between fork and exec; "0" means "the writing process",
-            # so no pid formatting (or allocation) is needed here.
-            fd = os.open(procs, os.O_WRONLY)
-            os.write(fd, b"0")
-            os.close(fd)
+            join_self(procs)  # in the child between fork and exec
             if user_fn is not None:
                 user_fn()
         return join
@@ -317,7 +286,7 @@ class IoThrottle:
         """Move a running process (all its threads) into the cgroup."""
         procs = self._live() / "cgroup.procs"
         try:
-            _write(procs, str(pid))
+            write_value(procs, str(pid))
         except OSError as e:
             raise AutotuneError(f"cannot move pid {pid} into {procs}: {e.strerror}") from e
 
@@ -331,7 +300,7 @@ class IoThrottle:
             yield
         finally:
             assert self.backend is not None
-            _write(self.backend.parent / "cgroup.procs", str(os.getpid()))
+            write_value(self.backend.parent / "cgroup.procs", str(os.getpid()))
 
     def pids(self) -> list[int]:
         """Processes currently inside the cgroup."""

@@ -167,45 +167,8 @@ class ProcessTree:
         listing = _list_proc()
         # Outsiders that exited, or whose pid now belongs to another process, are forgotten.
         self._others = {p: i for p, i in self._others.items() if listing.get(p) == i}
-        ticks = 0
-        rss = 0
-        exited = 0
-        for pid, m in list(self._members.items()):
-            st = read_proc_stat(pid) if pid in listing else None
-            if st is None or st.zombie or st.starttime != m.starttime:
-                del self._members[pid]
-                exited += 1
-                if st is not None and st.starttime == m.starttime:
-                    self._others[pid] = listing[pid]   # a zombie: do not rediscover it
-                continue
-            ticks += max(0, st.cpu_ticks - m.cpu_ticks)
-            m.cpu_ticks = st.cpu_ticks
-            rss += read_rss_bytes(pid)
-
-        # New processes: join the tree if their parent is in it (fixpoint, since a child
-        # and its grandchild can both be new in the same sample).
-        new = {p: read_proc_stat(p) for p in listing
-               if p not in self._members and p not in self._others}
-        tree = set(self._members)
-        if first:
-            st = new.get(self.root_pid)
-            if st is not None and st.starttime == self._root_start and not st.zombie:
-                tree.add(self.root_pid)
-        joined: list[int] = [self.root_pid] if self.root_pid in tree and first else []
-        pending = {p: st for p, st in new.items()
-                   if st is not None and not st.zombie and p not in tree}
-        changed = True
-        while changed:
-            changed = False
-            for p, st in list(pending.items()):
-                if st.ppid in tree:
-                    tree.add(p)
-                    joined.append(p)
-                    del pending[p]
-                    changed = True
-        for p in new:
-            if p not in tree:
-                self._others[p] = listing[p]
+        ticks, rss, exited = self._update_members(listing)
+        joined, new = self._join_new(listing, first)
         for p in joined:
             st = new[p]
             assert st is not None
@@ -229,3 +192,50 @@ class ProcessTree:
             cpu_pct=ticks / _CLK_TCK / dt * 100.0 if dt > 0 else 0.0,
             rss_bytes=rss,
         )
+
+    def _update_members(self, listing: dict[int, int]) -> tuple[int, int, int]:
+        """The members' CPU ticks since the last sample, their RSS and how many exited."""
+        ticks = 0
+        rss = 0
+        exited = 0
+        for pid, m in list(self._members.items()):
+            st = read_proc_stat(pid) if pid in listing else None
+            if st is None or st.zombie or st.starttime != m.starttime:
+                del self._members[pid]
+                exited += 1
+                if st is not None and st.starttime == m.starttime:
+                    self._others[pid] = listing[pid]   # a zombie: do not rediscover it
+                continue
+            ticks += max(0, st.cpu_ticks - m.cpu_ticks)
+            m.cpu_ticks = st.cpu_ticks
+            rss += read_rss_bytes(pid)
+        return ticks, rss, exited
+
+    def _join_new(self, listing: dict[int, int], first: bool
+                  ) -> tuple[list[int], dict[int, ProcStat | None]]:
+        """New processes whose parent is in the tree (joined, in order), and every new one."""
+        # Join the tree if their parent is in it (fixpoint, since a child and its
+        # grandchild can both be new in the same sample).
+        new = {p: read_proc_stat(p) for p in listing
+               if p not in self._members and p not in self._others}
+        tree = set(self._members)
+        if first:
+            st = new.get(self.root_pid)
+            if st is not None and st.starttime == self._root_start and not st.zombie:
+                tree.add(self.root_pid)
+        joined: list[int] = [self.root_pid] if self.root_pid in tree and first else []
+        pending = {p: st for p, st in new.items()
+                   if st is not None and not st.zombie and p not in tree}
+        changed = True
+        while changed:
+            changed = False
+            for p, st in list(pending.items()):
+                if st.ppid in tree:
+                    tree.add(p)
+                    joined.append(p)
+                    del pending[p]
+                    changed = True
+        for p in new:
+            if p not in tree:
+                self._others[p] = listing[p]
+        return joined, new

@@ -148,6 +148,16 @@ class _Thread:
     pre_switch: bool = False                    # born before delay accounting was switched on
     gone: bool = False
 
+    def charge(self, dt: float) -> None:
+        """Count `dt` seconds of wall time to the state seen at the last read."""
+        self.alive_s += dt
+        if self.storage:
+            self.s_storage_s += dt
+        elif self.state == b"D":
+            self.d_s += dt
+        elif self.timer:
+            self.s_timer_s += dt
+
     def close(self) -> None:
         # Without schedstat, fd_sched is the stat file's fd: close it once.
         for fd in {self.fd_sched, self.fd_stat, self.fd_wchan}:
@@ -298,13 +308,7 @@ class TaskSampler:
                     except OSError:
                         data = b""
                 if data and data == t.raw:
-                    t.alive_s += dt
-                    if t.storage:
-                        t.s_storage_s += dt
-                    elif t.state == b"D":
-                        t.d_s += dt
-                    elif t.timer:
-                        t.s_timer_s += dt
+                    t.charge(dt)
                     t.quiet += 1
                     # Only a read that found it unchanged starts a new run of skips: set
                     # on a skipped sweep too, the thread would never be read again.
@@ -423,13 +427,7 @@ class TaskSampler:
             t.storage = self._storage(t) if t.state in (b"S", b"D") else None
         t.last = (run, wait, blkio)
         if not fresh:
-            t.alive_s += dt
-            if t.storage:
-                t.s_storage_s += dt
-            elif t.state == b"D":
-                t.d_s += dt
-            elif t.timer:
-                t.s_timer_s += dt
+            t.charge(dt)
 
     def _storage(self, t: _Thread) -> str | None:
         if t.fd_wchan < 0:

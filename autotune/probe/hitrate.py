@@ -38,7 +38,6 @@ or the caller labels the figure modelled with `lru_bound`.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -52,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.cgroups import join_self, remove_cgroup, write_value
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 
 __all__ = ["HitRate", "MemoryCgroup", "lru_bound", "measure_hit_rate", "simulate_lru"]
@@ -121,14 +121,6 @@ class HitRate:
 
 # -- the memory cgroup -----------------------------------------------------------------------
 
-def _write(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def _candidates(dirs: list[tuple[str, Path]]) -> list[tuple[str, Path, Path]]:
     """(kind, parent, home) where a measurement's cgroup may be made, best first: under
     this process's own v1 memory cgroup; else in the v2 hierarchy (its top, which may
@@ -182,7 +174,7 @@ class MemoryCgroup:
                 parent = d
                 try:
                     if "memory" not in (d / "cgroup.subtree_control").read_text().split():
-                        _write(d / "cgroup.subtree_control", "+memory")
+                        write_value(d / "cgroup.subtree_control", "+memory")
                 except OSError as e:
                     errors.append(f"{d / 'cgroup.subtree_control'}: {e.strerror} (the memory "
                                   "controller is not delegated here)")
@@ -232,7 +224,7 @@ class MemoryCgroup:
         assert self.path is not None
         f = self.path / ("memory.max" if self.kind == "v2" else "memory.limit_in_bytes")
         try:
-            _write(f, str(int(n)))
+            write_value(f, str(int(n)))
         except OSError as e:
             raise AutotuneError(f"cannot set {f} to {n:,} bytes: {e.strerror}") from e
 
@@ -240,39 +232,14 @@ class MemoryCgroup:
         procs = os.fsencode(self.procs)
 
         def join() -> None:
-            # In the child between fork and exec: "0" is the writing process itself.
-            fd = os.open(procs, os.O_WRONLY)
-            os.write(fd, b"0")
-            os.close(fd)
+            join_self(procs)  # in the child between fork and exec
         return join
 
     def remove(self) -> None:
         p, self.path = self.path, None
         if p is None:
             return
-        home = (self.home / "cgroup.procs") if self.home else None
-        deadline = time.monotonic() + 5.0
-        while True:
-            try:
-                pids = (p / "cgroup.procs").read_text().split()
-            except OSError:
-                pids = []
-            for pid in pids:
-                if home is not None:
-                    try:
-                        _write(home, pid)
-                    except OSError:
-                        pass
-            try:
-                p.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError as e:
-                if e.errno != errno.EBUSY or time.monotonic() > deadline:
-                    raise AutotuneError(f"cannot remove cgroup {p}: {e.strerror}; remove it "
-                                        f"with `rmdir {p}` once its processes exit") from e
-                time.sleep(0.05)
+        remove_cgroup(p, (self.home / "cgroup.procs") if self.home else None, poll_s=0.05)
 
 
 # -- the reader --------------------------------------------------------------------------------
@@ -358,6 +325,29 @@ def _evict(paths: list[str]) -> float | None:
     return left
 
 
+def _sized(files: Sequence[tuple[str, int]] | Sequence[str]) -> tuple[list[tuple[str, int]], int]:
+    """Each file with its size (given, or stat'ed), and their total; UsageError when empty."""
+    sized = [(str(f), os.path.getsize(f)) if not isinstance(f, tuple) else (str(f[0]), int(f[1]))
+             for f in files]
+    total = sum(n for _, n in sized)
+    if not sized or total == 0:
+        raise UsageError("no bytes to read: the hit rate needs a non-empty dataset.")
+    return sized, total
+
+
+def _cgroup(in_place: bool | None, notes: list[str]) -> MemoryCgroup | None:
+    """A new memory cgroup to read in, or None to read in place (see measure_hit_rate)."""
+    if in_place is True:
+        return None
+    try:
+        return MemoryCgroup().__enter__()
+    except NotPermitted as e:
+        if in_place is False:
+            raise
+        notes.append(f"{e}: measured in place (this process's own cgroup and its limit)")
+        return None
+
+
 def measure_hit_rate(files: Sequence[tuple[str, int]] | Sequence[str], room_bytes: int, *,
                      epochs: int = 3, threads: int = 4, seed: int = 0,
                      max_bytes: int = 2 * 2**30, in_place: bool | None = None,
@@ -378,11 +368,7 @@ def measure_hit_rate(files: Sequence[tuple[str, int]] | Sequence[str], room_byte
     if room_bytes < 0:
         raise UsageError(f"room_bytes must not be negative, but got {room_bytes:,}.")
     say = progress or (lambda _m: None)
-    sized = [(str(f), os.path.getsize(f)) if not isinstance(f, tuple) else (str(f[0]), int(f[1]))
-             for f in files]
-    total = sum(n for _, n in sized)
-    if not sized or total == 0:
-        raise UsageError("no bytes to read: the hit rate needs a non-empty dataset.")
+    sized, total = _sized(files)
     chosen, sampled = _sample(sized, max_bytes, seed)
     epoch_bytes = sum(n for _, n in chosen)
     room = int(room_bytes * epoch_bytes / total) if sampled else int(room_bytes)
@@ -391,14 +377,7 @@ def measure_hit_rate(files: Sequence[tuple[str, int]] | Sequence[str], room_byte
         notes.append(f"measured on a seeded sample of {len(chosen):,} of {len(sized):,} files "
                      f"({epoch_bytes / 2**20:,.0f} MiB), the cache room scaled alike to "
                      f"{room / 2**20:,.0f} MiB")
-    cg: MemoryCgroup | None = None
-    if in_place is not True:
-        try:
-            cg = MemoryCgroup().__enter__()
-        except NotPermitted as e:
-            if in_place is False:
-                raise
-            notes.append(f"{e}: measured in place (this process's own cgroup and its limit)")
+    cg = _cgroup(in_place, notes)
     try:
         left = _evict([f for f, _ in chosen])
         if left:

@@ -31,6 +31,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune import environment
+
 __all__ = ["apply_run", "cache_room", "dataset_bytes", "regime", "size_text", "whole_run"]
 
 Progress = Callable[[str], None]
@@ -43,13 +45,7 @@ WARM_FILL_BUDGET_S = 300.0     # reading a dataset that fits into the cache, at 
 
 def size_text(n: float | None) -> str:
     """160 MiB, 1.7 GiB, 21 GiB."""
-    if n is None:
-        return "?"
-    if n >= 10 * 2**30:
-        return f"{n / 2**30:.0f} GiB"
-    if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.0f} MiB"
+    return environment.size_text(n, unknown="?")
 
 
 def _pct(x: float) -> str:
