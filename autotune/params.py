@@ -9,13 +9,21 @@ terminal table and the HTML report all iterate `PARAMS`.
 
 Adding a setting is one `register(Param(...))` plus its test; a setting that is not a
 BenchConfig field travels in BenchConfig.loader_extra and reaches DataLoader as is.
+
+`LoaderSettings` is one configuration of the built-in settings as a value: the loader part
+of a BenchConfig (bench), the configurations autotune.DataLoader switches between (online),
+the search's baseline; its validation holds the workers-only rule, written once. A search
+configuration stays a dict (a setting its space does not search is absent from it); the
+functions below take either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from autotune.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,8 @@ class Param:
     column: table header; cost: its place in the knee's "cheaper" order (lower first);
     ordered: TPE models int choices as numbers (a good 6 makes 8 likely next).
     resolve: f(ctx) -> (choices, note) for "auto" (ctx: cores, cuda, worker_bound, ...).
+    needs_workers: the error when a workers_only setting is given (not `off`) with
+        num_workers 0; "{value}" is its value.
     """
 
     name: str
@@ -47,6 +57,7 @@ class Param:
     ordered: bool = False
     resolve: Callable[[dict[str, Any]], tuple[list[Any], str | None]] | None = None
     searched_by_default: bool = True
+    needs_workers: str = ""
 
     @property
     def flag(self) -> str:
@@ -63,6 +74,10 @@ class Param:
     def value(self, params: dict[str, Any]) -> Any:
         """Its value in a configuration (`off` where it does not apply)."""
         return params.get(self.name) if self.applies(params) else self.off
+
+    def is_off(self, v: Any) -> bool:
+        """`v` says the same as `off` (a flag by its truth: persistent_workers=0 is off)."""
+        return bool(v) == bool(self.off) if self.kind is bool else v == self.off
 
     def python(self, v: Any) -> str:
         return repr(v)
@@ -142,6 +157,82 @@ def loader_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     return {k: params[k] for k, p in PARAMS.items() if k in params and p.applies(params)}
 
 
+def need_int(name: str, v: Any, lo: int) -> None:
+    """Raise UsageError unless `v` is an integer of at least `lo` (a bool is not one)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise UsageError(f"{name} must be an integer, but got {v!r}.", setting=name)
+    if v < lo:
+        raise UsageError(f"{name} must be at least {lo}, but got {v}.", setting=name)
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The built-in DataLoader settings of one configuration (each a registered `Param`
+    of the same name; batch_size is the model's and stays apart).
+
+    prefetch_factor is None, and persistent_workers False, where they do not apply (no
+    workers): `applied()` makes them so, `validate()` refuses them given otherwise.
+    """
+
+    num_workers: int = 0
+    prefetch_factor: int | None = None
+    persistent_workers: bool = False
+    pin_memory: bool = False
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> LoaderSettings:
+        """Its settings in a configuration dict (absent ones: the defaults above)."""
+        return cls(**{k: params[k] for k in cls.names() if k in params})
+
+    def params(self) -> dict[str, Any]:
+        """As a configuration dict (its fields are in the registry's order)."""
+        return {k: getattr(self, k) for k in self.names()}
+
+    def not_applied(self) -> dict[str, Any]:
+        """The settings that do not apply here (workers-only ones without workers), each
+        with its `off` value."""
+        p = self.params()
+        return {k: PARAMS[k].off for k in p if not PARAMS[k].applies(p)}
+
+    def applied(self) -> LoaderSettings:
+        """The same with the settings that do not apply set to `off`."""
+        return replace(self, **self.not_applied())
+
+    def validate(self) -> LoaderSettings:
+        """Raise UsageError, in the words of the setting, for what DataLoader would refuse:
+        an integer below its minimum, a workers-only setting given without workers, no
+        prefetch_factor with them. Returns self."""
+        p = self.params()
+        for k, v in p.items():
+            prm = PARAMS[k]
+            if prm.kind is int and prm.workers_only and v is None:
+                if prm.applies(p):
+                    raise UsageError(f"{k} must be at least {prm.minimum} when num_workers > 0, "
+                                     "but got None.", setting=k)
+            elif prm.kind is int:
+                need_int(k, v, prm.minimum)
+            if not prm.applies(p) and not prm.is_off(v):
+                raise UsageError(prm.needs_workers.format(value=v), setting=(k, "num_workers"))
+        return self
+
+    @property
+    def queue(self) -> int:
+        """Batches the workers hold in flight: num_workers x prefetch_factor."""
+        return self.num_workers * (self.prefetch_factor or 0)
+
+    def label(self) -> str:
+        """'w4 pf2 persistent pin' (see `label`)."""
+        return label(self.params())
+
+    def dataloader_kwargs(self) -> dict[str, Any]:
+        """The DataLoader keywords (see `loader_kwargs`: no worker-only ones without workers)."""
+        return loader_kwargs(self.params())
+
+
 # -- resolvers of "auto" ---------------------------------------------------------------
 
 def _auto_workers(ctx: dict[str, Any]) -> tuple[list[Any], str | None]:
@@ -163,14 +254,19 @@ register(Param("num_workers", int, "auto", minimum=0, option="--workers", column
                help="DataLoader num_workers (0 = load in the main process)"))
 register(Param("prefetch_factor", int, [1, 2, 4, 8], minimum=1, workers_only=True,
                column="prefetch", cost=1, ordered=True,
-               help="batches each worker loads ahead (only with --workers > 0)"))
+               help="batches each worker loads ahead (only with --workers > 0)",
+               needs_workers="prefetch_factor={value} needs num_workers > 0: with 0 workers the "
+                             "main process loads each batch when it is asked for and nothing "
+                             "is prefetched. Drop prefetch_factor or set num_workers."))
 register(Param("persistent_workers", bool, [False, True], workers_only=True, off=False,
                column="persist", cost=2,
-               help="keep workers between epochs (only with --workers > 0)"))
+               help="keep workers between epochs (only with --workers > 0)",
+               needs_workers="persistent_workers needs num_workers > 0 (with 0 workers there "
+                             "is no worker process to keep between epochs)."))
 register(Param("pin_memory", bool, "auto", column="pin", cost=3, resolve=_auto_pin,
                help="DataLoader pin_memory (no effect without CUDA: the result says so)"))
 register(Param("batch_size", int, None, minimum=1, column="batch", searched_by_default=False,
                help="samples per batch"))
 
-__all__ = ["PARAMS", "Param", "cells", "config_key", "cost_key", "label", "loader_kwargs",
-           "register", "shown", "unregister"]
+__all__ = ["PARAMS", "LoaderSettings", "Param", "cells", "config_key", "cost_key", "label",
+           "loader_kwargs", "need_int", "register", "shown", "unregister"]

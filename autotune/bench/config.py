@@ -9,7 +9,7 @@ from typing import Any
 from autotune.data.presets import load_preset
 from autotune.data.transforms import TransformSpec
 from autotune.errors import UsageError
-from autotune.params import PARAMS
+from autotune.params import PARAMS, LoaderSettings, need_int
 from autotune_converters import registry
 
 DEFAULT_PRESET = "resnet50"
@@ -103,15 +103,14 @@ class BenchConfig:
                    pin_memory=p.loader.pin_memory, persistent_workers=p.loader.persistent_workers,
                    preset=p.name)
         cfg = replace(base, **given, loader_extra={**base.loader_extra, **extra})
-        if cfg.num_workers == 0:
-            # A preset's worker-only settings do not apply without workers; given ones
-            # are refused by validate() in their own words. Extra settings that do not
-            # apply are dropped: loader_extra reaches DataLoader as it is.
-            for prm in PARAMS.values():
-                if prm.workers_only and prm.name not in given and prm.name in names:
-                    setattr(cfg, prm.name, prm.off)
-                if prm.workers_only and prm.name in cfg.loader_extra:
-                    del cfg.loader_extra[prm.name]
+        # A preset's worker-only settings do not apply without workers; given ones are
+        # refused by validate() in their own words. Extra settings that do not apply are
+        # dropped: loader_extra reaches DataLoader as it is.
+        for name, off in cfg.loader.not_applied().items():
+            if name not in given:
+                setattr(cfg, name, off)
+        cfg.loader_extra = {k: v for k, v in cfg.loader_extra.items()
+                            if PARAMS[k].applies({"num_workers": cfg.num_workers})}
         if "step" in given:
             cfg.compute_ms = 0.0 if "compute_ms" not in given else cfg.compute_ms
         if "seconds" not in given:
@@ -124,27 +123,15 @@ class BenchConfig:
     def validate(self) -> BenchConfig:
         """Raise UsageError, in the words of the setting, for anything DataLoader would
         refuse or that cannot give an honest figure. Returns self."""
-        def need_int(name: str, v: Any, lo: int) -> None:
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise UsageError(f"{name} must be an integer, but got {v!r}.", setting=name)
-            if v < lo:
-                raise UsageError(f"{name} must be at least {lo}, but got {v}.", setting=name)
-
-        def need_pos(name: str, v: Any, allow_zero: bool = False) -> None:
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            if not ok or v < 0 or (v == 0 and not allow_zero):
-                word = "a number >= 0" if allow_zero else "positive"
-                raise UsageError(f"{name} must be {word}, but got {v!r}.", setting=name)
-
         need_int("batch_size", self.batch_size, 1)
         need_int("num_workers", self.num_workers, 0)
         need_int("windows", self.windows, 1)
-        need_pos("compute_ms", self.compute_ms, allow_zero=True)
-        need_pos("seconds", self.seconds)
-        need_pos("batch_timeout_s", self.batch_timeout_s)
-        need_pos("monitor_interval_s", self.monitor_interval_s)
+        _need_number("compute_ms", self.compute_ms, allow_zero=True)
+        _need_number("seconds", self.seconds)
+        _need_number("batch_timeout_s", self.batch_timeout_s)
+        _need_number("monitor_interval_s", self.monitor_interval_s)
         if self.timeout_s is not None:
-            need_pos("timeout_s", self.timeout_s)
+            _need_number("timeout_s", self.timeout_s)
         if self.warmup_batches is not None:
             need_int("warmup_batches", self.warmup_batches, 0)
         if self.max_open_files is not None:
@@ -155,32 +142,16 @@ class BenchConfig:
                 raise UsageError("in_memory reads no storage, so it cannot be cold: set "
                                  "cold=False; it is labelled FROM MEMORY.",
                                  setting=("in_memory", "cold"))
-        if self.prefetch_factor is not None:
-            need_int("prefetch_factor", self.prefetch_factor, 1)
-            if self.num_workers == 0:
-                raise UsageError(
-                    f"prefetch_factor={self.prefetch_factor} needs num_workers > 0: with 0 "
-                    "workers the main process loads each batch when it is asked for and "
-                    "nothing is prefetched. Drop prefetch_factor or set num_workers.",
-                    setting=("prefetch_factor", "num_workers"))
-        elif self.num_workers > 0:
-            raise UsageError("prefetch_factor must be at least 1 when num_workers > 0, but got "
-                             "None.", setting="prefetch_factor")
-        if self.persistent_workers and self.num_workers == 0:
-            raise UsageError("persistent_workers needs num_workers > 0 (with 0 workers there is "
-                             "no worker process to keep between epochs).",
-                             setting=("persistent_workers", "num_workers"))
+        self.loader.validate()
         need_int("procs_per_node", self.procs_per_node, 1)
-        if self.dataset_factory is not None and (not isinstance(self.dataset_factory, str)
-                                                 or ":" not in self.dataset_factory
-                                                 or self.dataset_factory.endswith(":")):
+        if self.dataset_factory is not None and not _is_callable_ref(self.dataset_factory):
             raise UsageError(f"dataset_factory must be 'file.py:function' or 'module:function', "
                              f"but got {self.dataset_factory!r}.", setting="dataset_factory")
         if self.dataset_factory and self.in_memory:
             raise UsageError("in_memory holds images of autotune's own pipeline; it does not "
                              "apply to a dataset_factory.", setting=("in_memory", "dataset_factory"))
         if self.step is not None:
-            if not isinstance(self.step, str) or ":" not in self.step or self.step.endswith(":"):
+            if not _is_callable_ref(self.step):
                 raise UsageError(f"step must be 'module:function' or 'file.py:function', "
                                  f"but got {self.step!r}.", setting="step")
             if self.compute_ms:
@@ -201,6 +172,11 @@ class BenchConfig:
                              setting=("timeout_s", "seconds"))
         return self
 
+    @property
+    def loader(self) -> LoaderSettings:
+        """Its built-in DataLoader settings (num_workers, prefetch_factor, ...) as one value."""
+        return LoaderSettings(**{k: getattr(self, k) for k in LoaderSettings.names()})
+
     def loader_settings(self) -> dict[str, Any]:
         """The DataLoader settings of the parameter registry as this configuration sets
         them: its fields, then loader_extra (registered by the caller; already applicable)."""
@@ -210,7 +186,7 @@ class BenchConfig:
     @property
     def prefetch_queue(self) -> int:
         """Batches the loader requests at start: num_workers x prefetch_factor."""
-        return self.num_workers * (self.prefetch_factor or 0)
+        return self.loader.queue
 
     @property
     def effective_warmup(self) -> int:
@@ -291,3 +267,15 @@ class BenchConfig:
         d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
         d["transform"] = TransformSpec.from_dict(d.get("transform"))
         return cls(**d)
+
+
+def _need_number(name: str, v: Any, allow_zero: bool = False) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if not ok or v < 0 or (v == 0 and not allow_zero):
+        word = "a number >= 0" if allow_zero else "positive"
+        raise UsageError(f"{name} must be {word}, but got {v!r}.", setting=name)
+
+
+def _is_callable_ref(ref: Any) -> bool:
+    """'module:function' or 'file.py:function' in form (it is imported in the run)."""
+    return isinstance(ref, str) and ":" in ref and not ref.endswith(":")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.search.records import TrialRecord
-from autotune.params import PARAMS, config_key, cost_key, loader_kwargs
+from autotune.params import PARAMS, LoaderSettings, config_key, cost_key, loader_kwargs
 
 KNEE_TOLERANCE = 0.03
 
@@ -66,7 +66,7 @@ def confirm_window(params: dict[str, Any], seconds: float, step_s: float | None)
     four times the search's window."""
     queue_s = 0.0
     if step_s:
-        queue_s = params.get("num_workers", 0) * (params.get("prefetch_factor") or 0) * step_s
+        queue_s = LoaderSettings.from_params(params).queue * step_s
     return round(min(4 * seconds, max(2 * seconds, 2 * queue_s)), 1)
 
 
@@ -75,8 +75,8 @@ def baseline_params(cores: int, cuda: bool = True) -> dict[str, Any]:
     persistent_workers, and pin_memory where there is a GPU to copy to (without one the
     DataLoader ignores it with a warning, and a winning baseline would recommend it)."""
     w = min(8, max(1, cores))
-    return {"num_workers": w, "prefetch_factor": 2, "persistent_workers": True,
-            "pin_memory": cuda}
+    return LoaderSettings(num_workers=w, prefetch_factor=2, persistent_workers=True,
+                          pin_memory=cuda).params()
 
 
 # DataLoader keywords that change what the model sees (which samples, in which order, in
@@ -91,7 +91,10 @@ def kwargs_of(params: dict[str, Any], batch_size: int, *, iterable: bool = False
     workers). Never `shuffle` or anything else that changes what the model sees
     (NOT_LOADER_SETTINGS): the order is the user's. The YAML block and
     autotune.loader_kwargs() are this dict; the snippet adds the user's `shuffle=True`
-    where the dataset is map-style (`iterable` False), in plain sight."""
+    where the dataset is map-style (`iterable` False), in plain sight.
+
+    `params` may leave settings out (those the space does not search): the dict form of
+    LoaderSettings.dataloader_kwargs (autotune.params.loader_kwargs) keeps them out."""
     full = {"batch_size": batch_size, **params}
     kw: dict[str, Any] = {"batch_size": full["batch_size"]}
     kw.update((k, v) for k, v in loader_kwargs(full).items()

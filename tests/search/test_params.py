@@ -82,3 +82,45 @@ def test_a_new_setting_is_applied_to_the_measured_dataloader(small_dataset: Path
     finally:
         params.unregister("in_ordr")
     assert res.failed and "in_ordr" in (res.reason or "")
+
+
+def test_one_loader_settings_for_bench_search_and_the_online_loader() -> None:
+    from dataclasses import fields
+
+    from autotune.errors import UsageError
+    from autotune.online.config import TUNED, Config
+    from autotune.params import LoaderSettings
+    from autotune.search.recommend import baseline_params, kwargs_of
+
+    # Its fields are the registered built-in settings the search tunes, in their order, and
+    # a workers-only one defaults to its `off`.
+    names = LoaderSettings.names()
+    assert list(names) == [n for n, p in PARAMS.items() if p.searched_by_default]
+    for f in fields(LoaderSettings):
+        assert not PARAMS[f.name].workers_only or f.default == PARAMS[f.name].off
+    assert TUNED == names and issubclass(Config, LoaderSettings)
+    # The workers-only rule, once: refused when given, dropped when applied.
+    for kw, msg in [({"prefetch_factor": 2}, "prefetch_factor=2 needs num_workers > 0: "),
+                    ({"persistent_workers": True}, "persistent_workers needs num_workers > 0 "),
+                    ({"num_workers": 2}, "prefetch_factor must be at least 1 when num_workers "
+                                         "> 0, but got None."),
+                    ({"num_workers": -1}, "num_workers must be at least 0, but got -1.")]:
+        with pytest.raises(UsageError) as e:
+            LoaderSettings(**kw).validate()
+        assert str(e.value).startswith(msg)
+        with pytest.raises(UsageError) as b:
+            BenchConfig(**{**LoaderSettings().params(), **kw}).validate()
+        assert str(b.value) == str(e.value) and b.value.settings == e.value.settings
+    zero = LoaderSettings(0, 4, True, True)
+    assert zero.applied() == LoaderSettings(0, None, False, True)
+    assert Config(0, 4, True, True).kwargs() == zero.dataloader_kwargs() == \
+        {"num_workers": 0, "pin_memory": True}
+    # The same keywords and label wherever the settings come from.
+    four = LoaderSettings(4, 2, True, False).validate()
+    assert four.dataloader_kwargs() == Config(4, 2, True, False).kwargs() == \
+        BenchConfig(num_workers=4, prefetch_factor=2, persistent_workers=True).loader \
+        .dataloader_kwargs()
+    assert four.label() == params.label(four.params()) == "w4 pf2 persistent"
+    assert four.queue == 8 == BenchConfig.from_preset("resnet50", num_workers=4).prefetch_queue
+    assert baseline_params(4, cuda=False) == four.params()
+    assert kwargs_of(four.params(), 64) == {"batch_size": 64, **four.dataloader_kwargs()}
