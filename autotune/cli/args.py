@@ -93,3 +93,21 @@ def apply_endpoint(args: argparse.Namespace) -> None:
 
     if getattr(args, "endpoint_url", None):
         os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
+
+
+def add_delayacct(p: argparse.ArgumentParser) -> None:
+    """--delayacct: the same switch, in the same words, for every command that samples a run."""
+    p.add_argument("--delayacct", action="store_true",
+                   help="switch kernel.task_delayacct on for the run (root): the time "
+                        "budget's I/O is then counted exactly, not sampled; restored after, "
+                        "never switched off while another autotune run holds it")
+
+
+def add_window(p: argparse.ArgumentParser, default_s: int, *, what: str) -> None:
+    """--seconds: the measured window (bench's and each search trial's), lengthened by the
+    same rule for a long emulated step."""
+    p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
+                   help=f"{what} (default {default_s}, longer for a long "
+                        "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
+                        "kept open longer, up to as long again, until it holds 10 "
+                        "batches)")
