@@ -111,3 +111,12 @@ def add_window(p: argparse.ArgumentParser, default_s: int, *, what: str) -> None
                         "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
                         "kept open longer, up to as long again, until it holds 10 "
                         "batches)")
+
+
+def add_step(p: argparse.ArgumentParser, *, compute_help: str, step_help: str) -> None:
+    """--compute-ms or --step, not both: the training step, emulated (a hold per batch) or
+    the user's own function."""
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
+                      help=compute_help)
+    step.add_argument("--step", metavar="FILE.py:FUNCTION", help=step_help)

@@ -6,8 +6,8 @@ import argparse
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import (add_delayacct, add_endpoint, add_window, apply_endpoint,
-                               int_at_least, nonneg_float, nonneg_int, positive_float,
+from autotune.cli.args import (add_delayacct, add_endpoint, add_step, add_window,
+                               apply_endpoint, int_at_least, nonneg_int, positive_float,
                                positive_int)
 
 EXIT = exits.help_block("bench")
@@ -73,12 +73,9 @@ options override them."""
                             "and wds read a conversion written by `autotune convert`)")
         add_loader_options(p)
         add_job_options(p)
-        step = p.add_mutually_exclusive_group()
-        step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
-                          help="emulated step: hold each batch MS milliseconds (0 = no step)")
-        step.add_argument("--step", metavar="FILE.py:FUNCTION",
-                          help="call FUNCTION(batch) as the step; batch = (images float32 "
-                               "[B,3,H,W], labels [B]); also MODULE:FUNCTION")
+        add_step(p, compute_help="emulated step: hold each batch MS milliseconds (0 = no step)",
+                 step_help="call FUNCTION(batch) as the step; batch = (images float32 "
+                           "[B,3,H,W], labels [B]); also MODULE:FUNCTION")
         add_window(p, 20, what="measured window after warm-up")
         p.add_argument("--warmup-batches", type=nonneg_int("--warmup-batches"), metavar="N",
                        help="batches excluded at start (default max(5, workers x prefetch))")

@@ -10,11 +10,11 @@ from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (
     add_delayacct,
     add_endpoint,
+    add_step,
     add_window,
     apply_endpoint,
     fraction,
     int_at_least,
-    nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
@@ -125,12 +125,8 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trials", type=positive_int("--trials"), default=20, metavar="N",
                    help="configurations to measure (default 20; duplicates are free)")
     p.add_argument("--timeout", type=positive_float("--timeout"), metavar="S", help="stop after S seconds")
-    step = p.add_mutually_exclusive_group()
-    step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
-                      help="emulated step time per batch (default: the preset's)")
-    step.add_argument("--step", metavar="FILE.py:FUNCTION",
-                      help="a real step: FUNCTION(batch), as bench --step; also "
-                           "MODULE:FUNCTION")
+    add_step(p, compute_help="emulated step time per batch (default: the preset's)",
+             step_help="a real step: FUNCTION(batch), as bench --step; also MODULE:FUNCTION")
     add_job_options(p)
     p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
     add_window(p, 10, what="measured window per trial")
