@@ -9,7 +9,7 @@ import time
 
 from autotune.cli import exits
 from autotune.cli._base import Command, console
-from autotune.cli.args import nonneg_int, positive_float, positive_int
+from autotune.cli.args import add_delayacct, nonneg_int, positive_float, positive_int
 
 MONITOR_EXIT = exits.help_block("monitor")
 
@@ -47,10 +47,7 @@ Run a training command and watch what the machine does meanwhile:
                        help="the dataset directory: its disk is watched (default: the current "
                             "directory's disk)")
         p.add_argument("--no-gpu", action="store_true", help="do not sample NVML")
-        p.add_argument("--delayacct", action="store_true",
-                       help="switch kernel.task_delayacct on for the run (root): the time "
-                            "budget's I/O is then counted exactly, not sampled; restored after, "
-                            "never switched off while another autotune run holds it")
+        add_delayacct(p)
         p.add_argument("--no-analysis", action="store_true",
                        help="do not print the analysis at the end")
         p.add_argument("--json", metavar="FILE",

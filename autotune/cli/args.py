@@ -93,3 +93,30 @@ def apply_endpoint(args: argparse.Namespace) -> None:
 
     if getattr(args, "endpoint_url", None):
         os.environ["AWS_ENDPOINT_URL"] = args.endpoint_url
+
+
+def add_delayacct(p: argparse.ArgumentParser) -> None:
+    """--delayacct: the same switch, in the same words, for every command that samples a run."""
+    p.add_argument("--delayacct", action="store_true",
+                   help="switch kernel.task_delayacct on for the run (root): the time "
+                        "budget's I/O is then counted exactly, not sampled; restored after, "
+                        "never switched off while another autotune run holds it")
+
+
+def add_window(p: argparse.ArgumentParser, default_s: int, *, what: str) -> None:
+    """--seconds: the measured window (bench's and each search trial's), lengthened by the
+    same rule for a long emulated step."""
+    p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
+                   help=f"{what} (default {default_s}, longer for a long "
+                        "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
+                        "kept open longer, up to as long again, until it holds 10 "
+                        "batches)")
+
+
+def add_step(p: argparse.ArgumentParser, *, compute_help: str, step_help: str) -> None:
+    """--compute-ms or --step, not both: the training step, emulated (a hold per batch) or
+    the user's own function."""
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
+                      help=compute_help)
+    step.add_argument("--step", metavar="FILE.py:FUNCTION", help=step_help)

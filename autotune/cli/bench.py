@@ -6,8 +6,9 @@ import argparse
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import (add_endpoint, apply_endpoint, int_at_least, nonneg_float,
-                               nonneg_int, positive_float, positive_int)
+from autotune.cli.args import (add_delayacct, add_endpoint, add_step, add_window,
+                               apply_endpoint, int_at_least, nonneg_int, positive_float,
+                               positive_int)
 
 EXIT = exits.help_block("bench")
 
@@ -72,17 +73,10 @@ options override them."""
                             "and wds read a conversion written by `autotune convert`)")
         add_loader_options(p)
         add_job_options(p)
-        step = p.add_mutually_exclusive_group()
-        step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
-                          help="emulated step: hold each batch MS milliseconds (0 = no step)")
-        step.add_argument("--step", metavar="FILE.py:FUNCTION",
-                          help="call FUNCTION(batch) as the step; batch = (images float32 "
-                               "[B,3,H,W], labels [B]); also MODULE:FUNCTION")
-        p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
-                       help="measured window after warm-up (default 20, longer for a long "
-                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
-                            "kept open longer, up to as long again, until it holds 10 "
-                            "batches)")
+        add_step(p, compute_help="emulated step: hold each batch MS milliseconds (0 = no step)",
+                 step_help="call FUNCTION(batch) as the step; batch = (images float32 "
+                           "[B,3,H,W], labels [B]); also MODULE:FUNCTION")
+        add_window(p, 20, what="measured window after warm-up")
         p.add_argument("--warmup-batches", type=nonneg_int("--warmup-batches"), metavar="N",
                        help="batches excluded at start (default max(5, workers x prefetch))")
         cache = p.add_mutually_exclusive_group()
@@ -109,10 +103,7 @@ options override them."""
                        help="also write the result as JSON to FILE ('-' for stdout)")
         p.add_argument("--timeline", metavar="FILE",
                        help="write every monitor sample (JSONL, with its phase) to FILE")
-        p.add_argument("--delayacct", action="store_true",
-                       help="switch kernel.task_delayacct on for the run (root): the time "
-                            "budget's I/O is then counted exactly, not sampled; restored after, "
-                            "never switched off while another autotune run holds it")
+        add_delayacct(p)
 
     def run(self, args: argparse.Namespace) -> int:
         apply_endpoint(args)

@@ -8,11 +8,13 @@ import argparse
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (
+    add_delayacct,
     add_endpoint,
+    add_step,
+    add_window,
     apply_endpoint,
     fraction,
     int_at_least,
-    nonneg_float,
     nonneg_int,
     positive_float,
     positive_int,
@@ -57,92 +59,13 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                 "prune_below": "--prune-below", "confirm_seconds": "--confirm-seconds"}
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from autotune.search.loop import CONVERT_MODES
-        from autotune_converters import registry
-
-        p.add_argument("dataset", metavar="DATASET")
-        add_endpoint(p)
-        p.add_argument("--preset", default="resnet50", help="workload preset (default resnet50)")
-        p.add_argument("--space", metavar="FILE.yaml",
-                       help="search space YAML (default configs/search/default.yaml; 'small' names "
-                            "configs/search/small.yaml)")
-        p.add_argument("--trials", type=positive_int("--trials"), default=20, metavar="N",
-                       help="configurations to measure (default 20; duplicates are free)")
-        p.add_argument("--timeout", type=positive_float("--timeout"), metavar="S", help="stop after S seconds")
-        step = p.add_mutually_exclusive_group()
-        step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
-                          help="emulated step time per batch (default: the preset's)")
-        step.add_argument("--step", metavar="FILE.py:FUNCTION",
-                          help="a real step: FUNCTION(batch), as bench --step; also "
-                               "MODULE:FUNCTION")
-        from autotune.cli.bench import add_job_options
-
-        add_job_options(p)
-        p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
-        p.add_argument("--seconds", type=positive_float("--seconds"), metavar="S",
-                       help="measured window per trial (default 10, longer for a long "
-                            "--compute-ms: warm-up + max(10, twice workers x prefetch) steps; "
-                            "kept open longer, up to as long again, until it holds 10 "
-                            "batches)")
-        p.add_argument("--study", metavar="NAME", help="study name (default: from dataset and preset)")
-        p.add_argument("--storage", metavar="URL",
-                       help="Optuna storage (default sqlite:///OUT/study.db); hosts share one "
-                            "study with postgresql://USER@HOST[:PORT]/DB (password from "
-                            "PGPASSWORD or ~/.pgpass; ?sslmode=... as in libpq) or "
-                            "journal:PATH on a shared filesystem")
-        p.add_argument("--heartbeat-grace", type=int_at_least("--heartbeat-grace", 2),
-                       default=60, metavar="S",
-                       help="shared study: a host silent for S seconds has its running trial "
-                            "marked interrupted and measured again by the next host (default 60)")
-        p.add_argument("--grid", action="store_true", help="measure every configuration of the space "
-                       "(whole windows: no pruning, no early stop)")
-        prune = p.add_mutually_exclusive_group()
-        prune.add_argument("--prune-below", type=fraction("--prune-below"), default=0.7, metavar="FRACTION",
-                           help="stop a trial whose running images/s is under FRACTION of the best "
-                                "trial's, after 40%% of its window (default 0.7)")
-        prune.add_argument("--no-prune", action="store_true", help="measure every trial's whole window")
-        p.add_argument("--confirm", type=nonneg_int("--confirm"), default=2, metavar="N",
-                       help="measure the N fastest configurations again before naming one "
-                            "(and the cheapest near them, and the baseline; default 2; 0: name it "
-                            "from the trials)")
-        p.add_argument("--confirm-seconds", type=positive_float("--confirm-seconds"), metavar="S",
-                       help="confirmation window (default: twice --seconds; with an emulated "
-                            "step longer for a deep prefetch queue, at most four times)")
-        p.add_argument("--out", default="autotune-out", metavar="DIR",
-                       help="directory for study.db, search.json, report.html (default autotune-out)")
-        p.add_argument("--max-memory", metavar="SIZE",
-                       help="reject configurations whose loader tree RSS + /dev/shm peak exceeds "
-                            "SIZE (default half the job's memory: its cgroup's limit where one "
-                            "is set, else the machine's RAM; the header names the source)")
-        p.add_argument("--scratch", metavar="DIR",
-                       help="directory for the storage probe's fio scratch file when the "
-                            "dataset's filesystem is read-only (pick one on the same storage)")
-        p.add_argument("--warm", action="store_true", help="do not drop caches (labelled WARM)")
-        p.add_argument("--no-probe", action="store_true", help="skip the storage probe (no storage ceiling)")
-        p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
-        p.add_argument("--format", choices=registry.choices(), default="auto")
-        p.add_argument("--seed", type=int, default=0)
-        p.add_argument("--convert", choices=CONVERT_MODES, default="off",
-                       help="when the verdict is storage: convert (auto: WebDataset for slow, "
-                            "network or throttled storage, LMDB for local flash), stage to "
-                            "--stage-dir, search again and report before/after (default off)")
-        p.add_argument("--epochs", type=positive_int("--epochs"), metavar="N",
-                       help="the run's epochs: with --convert, convert only where the run's "
-                            "projected time (first epoch cold, later epochs from the page cache "
-                            "or at the measured hit rate, against the conversion's cost) is "
-                            "shorter, and say why either way (default: convert whenever storage "
-                            "limits the first epoch)")
-        p.add_argument("--first-epoch-only", action="store_true",
-                       help="measure the first (cold) epoch only: no warm trial, no page-cache "
-                            "hit rate; the verdict then says nothing about later epochs")
-        p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to")
-        p.add_argument("--convert-dir", metavar="DIR",
-                       help="where to write the conversion (default OUT/converted-FORMAT)")
+        # One helper per part of the help, in the order the help lists them.
+        _add_workload(p)
+        _add_study_options(p)
+        _add_measurement_options(p)
+        _add_loop_options(p)
         p.add_argument("--json", metavar="FILE", help="also write the result JSON to FILE ('-' for stdout)")
-        p.add_argument("--delayacct", action="store_true",
-                       help="switch kernel.task_delayacct on for the run (root): the time "
-                            "budget's I/O is then counted exactly, not sampled; restored after, "
-                            "never switched off while another autotune run holds it")
+        add_delayacct(p)
 
     def run(self, args: argparse.Namespace) -> int:
         apply_endpoint(args)
@@ -187,3 +110,93 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         if res.stop_reason.startswith("interrupted"):
             return 130
         return 0 if res.recommended else 1
+
+
+def _add_workload(p: argparse.ArgumentParser) -> None:
+    """The dataset, the workload and the search's size: what each trial measures."""
+    from autotune.cli.bench import add_job_options
+
+    p.add_argument("dataset", metavar="DATASET")
+    add_endpoint(p)
+    p.add_argument("--preset", default="resnet50", help="workload preset (default resnet50)")
+    p.add_argument("--space", metavar="FILE.yaml",
+                   help="search space YAML (default configs/search/default.yaml; 'small' names "
+                        "configs/search/small.yaml)")
+    p.add_argument("--trials", type=positive_int("--trials"), default=20, metavar="N",
+                   help="configurations to measure (default 20; duplicates are free)")
+    p.add_argument("--timeout", type=positive_float("--timeout"), metavar="S", help="stop after S seconds")
+    add_step(p, compute_help="emulated step time per batch (default: the preset's)",
+             step_help="a real step: FUNCTION(batch), as bench --step; also MODULE:FUNCTION")
+    add_job_options(p)
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
+    add_window(p, 10, what="measured window per trial")
+
+
+def _add_study_options(p: argparse.ArgumentParser) -> None:
+    """The Optuna study: its name and storage (shared by hosts), pruning, confirmation."""
+    p.add_argument("--study", metavar="NAME", help="study name (default: from dataset and preset)")
+    p.add_argument("--storage", metavar="URL",
+                   help="Optuna storage (default sqlite:///OUT/study.db); hosts share one "
+                        "study with postgresql://USER@HOST[:PORT]/DB (password from "
+                        "PGPASSWORD or ~/.pgpass; ?sslmode=... as in libpq) or "
+                        "journal:PATH on a shared filesystem")
+    p.add_argument("--heartbeat-grace", type=int_at_least("--heartbeat-grace", 2),
+                   default=60, metavar="S",
+                   help="shared study: a host silent for S seconds has its running trial "
+                        "marked interrupted and measured again by the next host (default 60)")
+    p.add_argument("--grid", action="store_true", help="measure every configuration of the space "
+                   "(whole windows: no pruning, no early stop)")
+    prune = p.add_mutually_exclusive_group()
+    prune.add_argument("--prune-below", type=fraction("--prune-below"), default=0.7, metavar="FRACTION",
+                       help="stop a trial whose running images/s is under FRACTION of the best "
+                            "trial's, after 40%% of its window (default 0.7)")
+    prune.add_argument("--no-prune", action="store_true", help="measure every trial's whole window")
+    p.add_argument("--confirm", type=nonneg_int("--confirm"), default=2, metavar="N",
+                   help="measure the N fastest configurations again before naming one "
+                        "(and the cheapest near them, and the baseline; default 2; 0: name it "
+                        "from the trials)")
+    p.add_argument("--confirm-seconds", type=positive_float("--confirm-seconds"), metavar="S",
+                   help="confirmation window (default: twice --seconds; with an emulated "
+                        "step longer for a deep prefetch queue, at most four times)")
+
+
+def _add_measurement_options(p: argparse.ArgumentParser) -> None:
+    """Where the outputs go and how each trial is measured (memory bound, cache, probe)."""
+    from autotune_converters import registry
+
+    p.add_argument("--out", default="autotune-out", metavar="DIR",
+                   help="directory for study.db, search.json, report.html (default autotune-out)")
+    p.add_argument("--max-memory", metavar="SIZE",
+                   help="reject configurations whose loader tree RSS + /dev/shm peak exceeds "
+                        "SIZE (default half the job's memory: its cgroup's limit where one "
+                        "is set, else the machine's RAM; the header names the source)")
+    p.add_argument("--scratch", metavar="DIR",
+                   help="directory for the storage probe's fio scratch file when the "
+                        "dataset's filesystem is read-only (pick one on the same storage)")
+    p.add_argument("--warm", action="store_true", help="do not drop caches (labelled WARM)")
+    p.add_argument("--no-probe", action="store_true", help="skip the storage probe (no storage ceiling)")
+    p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
+    p.add_argument("--format", choices=registry.choices(), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_loop_options(p: argparse.ArgumentParser) -> None:
+    """The closed loop (--convert) and the whole run it is judged on (--epochs)."""
+    from autotune.search.loop import CONVERT_MODES
+
+    p.add_argument("--convert", choices=CONVERT_MODES, default="off",
+                   help="when the verdict is storage: convert (auto: WebDataset for slow, "
+                        "network or throttled storage, LMDB for local flash), stage to "
+                        "--stage-dir, search again and report before/after (default off)")
+    p.add_argument("--epochs", type=positive_int("--epochs"), metavar="N",
+                   help="the run's epochs: with --convert, convert only where the run's "
+                        "projected time (first epoch cold, later epochs from the page cache "
+                        "or at the measured hit rate, against the conversion's cost) is "
+                        "shorter, and say why either way (default: convert whenever storage "
+                        "limits the first epoch)")
+    p.add_argument("--first-epoch-only", action="store_true",
+                   help="measure the first (cold) epoch only: no warm trial, no page-cache "
+                        "hit rate; the verdict then says nothing about later epochs")
+    p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to")
+    p.add_argument("--convert-dir", metavar="DIR",
+                   help="where to write the conversion (default OUT/converted-FORMAT)")

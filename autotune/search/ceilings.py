@@ -244,40 +244,8 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
     a conversion's storage ceiling is its samples/s through the format's reader."""
     limit = cpu_limit()
     cores = limit.whole
-    ev: list[str] = []
-    storage = best_c = None
-    unit = "files/s"
-    probe_d = None
-    if probe is not None:
-        probe_d = probe.to_dict()
-        obj = getattr(probe, "object", None)
-        if obj is not None and probe.samples is not None and probe.samples.by_concurrency:
-            b = obj.best  # an s3:// folder: one GET per sample
-            storage, best_c, unit = b.gets_per_s, b.concurrency, "samples/s"
-            ev.append(f"storage: GETs of the dataset's objects ({obj.endpoint}): {storage:,.0f} "
-                      f"samples/s with {best_c} in flight, {b.mib_per_s:,.0f} MiB/s, first "
-                      f"byte p50 {b.first_byte_p50_ms:.1f} ms (one object per sample)")
-        elif probe.samples is not None and probe.samples.by_concurrency:
-            b = probe.samples.best
-            storage, best_c, unit = b.samples_per_s, b.concurrency, "samples/s"
-            ev.append(f"storage: {probe.samples.format} read cold through its reader (bytes "
-                      f"only): {storage:,.0f} samples/s with {best_c} reader(s), "
-                      f"{b.mib_per_s:,.0f} MiB/s; a conversion's ceiling is in samples, not "
-                      "its shard files")
-        elif probe.replay is not None:
-            best, which = probe.replay.ceiling
-            storage, best_c = best.files_per_s, best.concurrency
-            cold = probe.replay.best
-            ios = ("" if best.ios_per_file is None else
-                   f", {best.ios_per_file:.2f} reads per file ({probe.replay.io_source})")
-            ev.append(f"storage: {which} replay of {probe.replay.files_sampled} files peaks at "
-                      f"{storage:,.0f} files/s with {best_c} reads in flight "
-                      f"(p50 {best.lat_p50_ms:.2f} ms per file{ios}); fully cold "
-                      f"{cold.files_per_s:,.0f} files/s at {cold.concurrency}")
-            ev.extend(f"storage: {e}" for e in probe.verdict.get("evidence", [])
-                      if e.startswith("cross-check"))
-        else:
-            ev.append(f"storage: not measured ({probe.replay_error})")
+    storage, best_c, unit, ev = _storage_ceiling(probe)
+    probe_d = probe.to_dict() if probe is not None else None
     if user_dataset is not None:
         per_core, n = factory_rate_per_core(user_dataset, seconds=decode_seconds)
         how = f"the dataset factory's own samples, files warm ({n} samples)"
@@ -297,3 +265,42 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
     return Ceilings(storage=storage, decode=decode, demand=demand, cores=cores,
                     decode_per_core=per_core or None, storage_best_concurrency=best_c,
                     evidence=ev, probe=probe_d, storage_unit=unit, samples=samples)
+
+
+def _storage_ceiling(probe: Any | None) -> tuple[float | None, int | None, str, list[str]]:
+    """(the storage ceiling, its best concurrency, its unit, the evidence) from a probe: an
+    s3:// folder's GETs, a conversion's samples through its reader, or the files' replay."""
+    ev: list[str] = []
+    storage = best_c = None
+    unit = "files/s"
+    if probe is None:
+        return storage, best_c, unit, ev
+    obj = getattr(probe, "object", None)
+    if obj is not None and probe.samples is not None and probe.samples.by_concurrency:
+        b = obj.best  # an s3:// folder: one GET per sample
+        storage, best_c, unit = b.gets_per_s, b.concurrency, "samples/s"
+        ev.append(f"storage: GETs of the dataset's objects ({obj.endpoint}): {storage:,.0f} "
+                  f"samples/s with {best_c} in flight, {b.mib_per_s:,.0f} MiB/s, first "
+                  f"byte p50 {b.first_byte_p50_ms:.1f} ms (one object per sample)")
+    elif probe.samples is not None and probe.samples.by_concurrency:
+        b = probe.samples.best
+        storage, best_c, unit = b.samples_per_s, b.concurrency, "samples/s"
+        ev.append(f"storage: {probe.samples.format} read cold through its reader (bytes "
+                  f"only): {storage:,.0f} samples/s with {best_c} reader(s), "
+                  f"{b.mib_per_s:,.0f} MiB/s; a conversion's ceiling is in samples, not "
+                  "its shard files")
+    elif probe.replay is not None:
+        best, which = probe.replay.ceiling
+        storage, best_c = best.files_per_s, best.concurrency
+        cold = probe.replay.best
+        ios = ("" if best.ios_per_file is None else
+               f", {best.ios_per_file:.2f} reads per file ({probe.replay.io_source})")
+        ev.append(f"storage: {which} replay of {probe.replay.files_sampled} files peaks at "
+                  f"{storage:,.0f} files/s with {best_c} reads in flight "
+                  f"(p50 {best.lat_p50_ms:.2f} ms per file{ios}); fully cold "
+                  f"{cold.files_per_s:,.0f} files/s at {cold.concurrency}")
+        ev.extend(f"storage: {e}" for e in probe.verdict.get("evidence", [])
+                  if e.startswith("cross-check"))
+    else:
+        ev.append(f"storage: not measured ({probe.replay_error})")
+    return storage, best_c, unit, ev

@@ -158,11 +158,7 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
 
     always: convert, stage and search again whatever the verdict (to measure whether it
     pays where more workers may already hide the latency); the decision says so."""
-    if convert not in CONVERT_MODES:
-        raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, but got {convert!r}.")
-    if convert != "off" and stage_dir is None:
-        raise UsageError("convert needs stage_dir: the local disk the converted "
-                         "dataset is staged to and measured on.", setting=("convert", "stage_dir"))
+    _check_modes(convert, stage_dir)
     say = progress or (lambda _m: None)
     out = Path(opts.out)
     epochs = epochs if epochs is not None else opts.epochs
@@ -173,16 +169,10 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     q = shlex.quote
     before = run_search(root, replace(opts, out=str(out / "before") if convert != "off" else opts.out),
                         progress=lambda m: say(f"before: {m}"))
-    flags = search_flags(opts)
-    cmds = [f"autotune search {q(str(root))}{flags} --out {q(str(out / 'before'))}"]
-    v = before.verdict
-    if convert == "off":
-        return LoopResult(before, None, "conversion off (--convert off)", commands=cmds)
-    if v is None or (v.bottleneck != "storage" and not always):
-        why = ("no configuration completed" if v is None else
-               f"the verdict is {v.bottleneck}, not storage: converting and staging would not "
-               "help. " + " ".join(v.advice))
-        return LoopResult(before, None, why, commands=cmds)
+    cmds = [f"autotune search {q(str(root))}{search_flags(opts)} --out {q(str(out / 'before'))}"]
+    why_not = _why_not_convert(before, convert, always)
+    if why_not is not None:
+        return LoopResult(before, None, why_not, commands=cmds)
     if not bucket and stage_dir and Path(stage_dir).absolute() in (root, *root.parents):
         raise UsageError(f"stage directory {stage_dir} contains the dataset; pick a directory on "
                          "another (local) disk.", setting="stage_dir")
@@ -190,43 +180,38 @@ def run_loop(dataset: str | os.PathLike[str], opts: SearchOptions, *, convert: s
     if projection is not None and not projection["convert"]:
         return LoopResult(before, None, f"storage-bound ({before.run['regime']}); "
                           f"{projection['text']}", commands=cmds, projection=projection)
-
-    from autotune_converters import ConvertOptions, convert as do_convert
-    from autotune_converters.stage import stage
-
     fmt, why = choose_format(convert, before)
     if bucket:
         res = _from_bucket(root, opts, out, before, fmt, why, Path(stage_dir),  # type: ignore[arg-type]
                            convert_workers, cmds, say)
-        res.decision += why_run
-        res.projection = projection
-        write_loop_outputs(res, out)
-        return res
-    cdir = Path(convert_dir) if convert_dir else out / f"converted-{fmt}"
-    say(f"converting to {fmt} in {cdir} ({why})")
-    copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
-    # The conversion reads the slow source: under the emulated cap when there is one.
-    with opts.throttle.joined() if opts.throttle is not None else contextlib.nullcontext():
-        cres = do_convert(root, cdir, copts)
-    cmds.append(f"autotune convert {q(str(root))} {q(str(cdir))} --format {fmt}")
-    sdir = Path(stage_dir) / cdir.name  # type: ignore[arg-type]
-    say(f"staging {cdir} to {sdir}")
-    seq = ((before.ceilings.probe or {}).get("fio") or {}).get("seq_read", {}).get("bw_mib_s")
-    sres = stage(cdir, sdir, source_seq_mib_s=seq)
-    if sres.partial:
-        raise UsageError(f"staging {cdir} to {sdir} was partial: "
-                         + "; ".join(f"{f.file}: {f.reason}" for f in sres.failures))
-    cmds.append(f"autotune stage {q(str(cdir))} {q(str(sdir))}")
-    after = _search_after(sdir, opts, out, flags, cmds, say)
-    conv = {"format": fmt, "why": why, "dir": str(cdir), "manifest": str(cdir / "manifest.json"),
-            "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None)}
-    staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,
-              "vs_source_seq": (sres.mib_per_s / seq) if seq else None}
-    head = "storage-bound" if v.bottleneck == "storage" else f"{v.bottleneck}-bound (converted anyway: always)"
-    decision = f"{head}: converted to {fmt} ({why}), staged to {sdir}, searched again{why_run}"
-    res = LoopResult(before, after, decision, conv, staged, cmds, projection)
+    else:
+        res = _from_local(root, opts, out, before, fmt, why, Path(stage_dir),  # type: ignore[arg-type]
+                          convert_dir, convert_workers, cmds, say)
+    res.decision += why_run
+    res.projection = projection
     write_loop_outputs(res, out)
     return res
+
+
+def _check_modes(convert: str, stage_dir: Any) -> None:
+    """A known --convert mode, and somewhere to stage the conversion when there is one."""
+    if convert not in CONVERT_MODES:
+        raise UsageError(f"convert must be one of {', '.join(CONVERT_MODES)}, but got {convert!r}.")
+    if convert != "off" and stage_dir is None:
+        raise UsageError("convert needs stage_dir: the local disk the converted "
+                         "dataset is staged to and measured on.", setting=("convert", "stage_dir"))
+
+
+def _why_not_convert(before: SearchResult, convert: str, always: bool) -> str | None:
+    """Why the loop ends after the first search (the decision), or None to go on."""
+    v = before.verdict
+    if convert == "off":
+        return "conversion off (--convert off)"
+    if v is None or (v.bottleneck != "storage" and not always):
+        return ("no configuration completed" if v is None else
+                f"the verdict is {v.bottleneck}, not storage: converting and staging would not "
+                "help. " + " ".join(v.advice))
+    return None
 
 
 def _projection(before: SearchResult, epochs: int | None, stage_dir: Any,
@@ -274,12 +259,47 @@ def _search_after(sdir: Path, opts: SearchOptions, out: Path, flags: str, cmds: 
     return after
 
 
+def _from_local(root: Path, opts: SearchOptions, out: Path, before: SearchResult, fmt: str,
+                why: str, stage_dir: Path, convert_dir: Any, convert_workers: int | None,
+                cmds: list[str], say: Callable[[str], None]) -> LoopResult:
+    """A storage-bound local dataset: converted (under the emulated cap when there is one),
+    the conversion staged to `stage_dir` (verified), the staged copy searched again."""
+    from autotune_converters import ConvertOptions, convert as do_convert
+    from autotune_converters.stage import stage
+
+    q = shlex.quote
+    cdir = Path(convert_dir) if convert_dir else out / f"converted-{fmt}"
+    say(f"converting to {fmt} in {cdir} ({why})")
+    copts = ConvertOptions(format=fmt, **({"workers": convert_workers} if convert_workers else {}))
+    # The conversion reads the slow source: under the emulated cap when there is one.
+    with opts.throttle.joined() if opts.throttle is not None else contextlib.nullcontext():
+        cres = do_convert(root, cdir, copts)
+    cmds.append(f"autotune convert {q(str(root))} {q(str(cdir))} --format {fmt}")
+    sdir = stage_dir / cdir.name
+    say(f"staging {cdir} to {sdir}")
+    seq = ((before.ceilings.probe or {}).get("fio") or {}).get("seq_read", {}).get("bw_mib_s")
+    sres = stage(cdir, sdir, source_seq_mib_s=seq)
+    if sres.partial:
+        raise UsageError(f"staging {cdir} to {sdir} was partial: "
+                         + "; ".join(f"{f.file}: {f.reason}" for f in sres.failures))
+    cmds.append(f"autotune stage {q(str(cdir))} {q(str(sdir))}")
+    after = _search_after(sdir, opts, out, search_flags(opts), cmds, say)
+    conv = {"format": fmt, "why": why, "dir": str(cdir), "manifest": str(cdir / "manifest.json"),
+            "samples": getattr(cres, "samples", None), "seconds": getattr(cres, "seconds", None)}
+    staged = {"dir": str(sdir), "mib_per_s": sres.mib_per_s, "files": sres.files,
+              "vs_source_seq": (sres.mib_per_s / seq) if seq else None}
+    bottleneck = before.verdict.bottleneck  # type: ignore[union-attr]  # _why_not_convert: one
+    head = "storage-bound" if bottleneck == "storage" else f"{bottleneck}-bound (converted anyway: always)"
+    decision = f"{head}: converted to {fmt} ({why}), staged to {sdir}, searched again"
+    return LoopResult(before, after, decision, conv, staged, cmds)
+
+
 def _from_bucket(url: str, opts: SearchOptions, out: Path, before: Any, fmt: str, why: str,
                  stage_dir: Path, convert_workers: int | None, cmds: list[str],
                  say: Callable[[str], None]) -> LoopResult:
     """A storage-bound bucket: converted from the bucket straight into the stage
     directory (one pass over the objects, GETs pinned to the listing's ETags), then the
-    staged shards searched again."""
+    staged shards searched again. The caller writes the outputs."""
     from autotune_converters import ConvertOptions, convert as do_convert
 
     q = shlex.quote
@@ -300,6 +320,4 @@ def _from_bucket(url: str, opts: SearchOptions, out: Path, before: Any, fmt: str
               "how": "converted from the bucket straight into the stage directory"}
     decision = (f"storage-bound: converted {url} to {fmt} ({why}) straight into {sdir} (the "
                 "conversion is the staging for object storage), searched again")
-    res = LoopResult(before, after, decision, conv, staged, cmds)
-    write_loop_outputs(res, out)
-    return res
+    return LoopResult(before, after, decision, conv, staged, cmds)

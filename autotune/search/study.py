@@ -213,39 +213,14 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     opts = (opts or SearchOptions()).validate()
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
-    root: Any = str(dataset) if is_s3(dataset) else Path(dataset).absolute()
-    if is_s3(root) and opts.dataset_factory:
-        raise UsageError(f"{root}: --dataset-factory takes a local path; an s3:// dataset is "
-                         "read by autotune's own reader.", setting="dataset_factory")
-    if not is_s3(root) and not root.exists():
-        raise UsageError(f"{root}: no such file or directory.")
+    root = _dataset_root(dataset, opts)
     out = Path(opts.out)
-    overrides = {"compute_ms": opts.compute_ms, "step": opts.step, "batch_size": opts.batch_size,
-                 "seconds": opts.seconds, "warmup_batches": opts.warmup_batches,
-                 "cold": opts.cold, "format": opts.format, "seed": opts.seed,
-                 "dataset_factory": opts.dataset_factory,
-                 "procs_per_node": procs_per_node(opts.procs_per_node)}
-    base = BenchConfig.from_preset(opts.preset, default_seconds=SEARCH_SECONDS,
-                                   **overrides).validate()
-    if base.dataset_factory:
-        from autotune.bench import factory
-
-        factory.check(base.dataset_factory)  # a missing file or function: exit 2, now
+    overrides, base = _base_config(opts)
     name = opts.study or default_study_name(root, opts.preset)
     url = opts.storage or f"sqlite:///{(out / 'study.db').absolute()}"
     shared_url = shared.is_shared(url)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # constant_liar: TPE treats configurations running on other hosts as measured (badly),
-    # so hosts sharing a study are not all sent to the same promising point.
-    sampler = (optuna.samplers.RandomSampler(seed=opts.seed) if opts.grid else
-               optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=4,
-                                          constant_liar=shared_url))
-    pruner: Any = optuna.pruners.NopPruner()
-    if opts.prune_below is not None and not opts.grid:
-        from autotune.search.pruning import BestFractionPruner
-
-        # Judge after 40 % of the window: the first seconds carry the queue filled at warm-up.
-        pruner = BestFractionPruner(opts.prune_below, min_steps=max(2, math.ceil(0.4 * base.seconds)))
+    sampler, pruner = _sampler_and_pruner(opts, base, shared_url)
     db = guard.sqlite_path(url)
     with contextlib.ExitStack() as held:
         if db is not None:
@@ -273,6 +248,54 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
                           exclusive=db is not None,
                           shared_study=shared.SharedStudy(storage, url, claims, root,
                                                           int(opts.heartbeat_grace)))
+
+
+def _dataset_root(dataset: str | os.PathLike[str], opts: SearchOptions) -> Any:
+    """The dataset as the search names it: an s3:// URL as given, a local path absolute
+    (and there)."""
+    root: Any = str(dataset) if is_s3(dataset) else Path(dataset).absolute()
+    if is_s3(root) and opts.dataset_factory:
+        raise UsageError(f"{root}: --dataset-factory takes a local path; an s3:// dataset is "
+                         "read by autotune's own reader.", setting="dataset_factory")
+    if not is_s3(root) and not root.exists():
+        raise UsageError(f"{root}: no such file or directory.")
+    return root
+
+
+def _base_config(opts: SearchOptions) -> tuple[dict[str, Any], BenchConfig]:
+    """What every trial shares (the options that override the preset) and the preset's
+    configuration with them; a missing --dataset-factory is refused here, before a trial."""
+    overrides = {"compute_ms": opts.compute_ms, "step": opts.step, "batch_size": opts.batch_size,
+                 "seconds": opts.seconds, "warmup_batches": opts.warmup_batches,
+                 "cold": opts.cold, "format": opts.format, "seed": opts.seed,
+                 "dataset_factory": opts.dataset_factory,
+                 "procs_per_node": procs_per_node(opts.procs_per_node)}
+    base = BenchConfig.from_preset(opts.preset, default_seconds=SEARCH_SECONDS,
+                                   **overrides).validate()
+    if base.dataset_factory:
+        from autotune.bench import factory
+
+        factory.check(base.dataset_factory)  # a missing file or function: exit 2, now
+    return overrides, base
+
+
+def _sampler_and_pruner(opts: SearchOptions, base: BenchConfig, shared_url: bool) -> tuple[Any, Any]:
+    """Optuna's sampler (random for the grid, else seeded TPE) and pruner (none for the
+    grid or without --prune-below)."""
+    import optuna
+
+    # constant_liar: TPE treats configurations running on other hosts as measured (badly),
+    # so hosts sharing a study are not all sent to the same promising point.
+    sampler = (optuna.samplers.RandomSampler(seed=opts.seed) if opts.grid else
+               optuna.samplers.TPESampler(seed=opts.seed, n_startup_trials=4,
+                                          constant_liar=shared_url))
+    pruner: Any = optuna.pruners.NopPruner()
+    if opts.prune_below is not None and not opts.grid:
+        from autotune.search.pruning import BestFractionPruner
+
+        # Judge after 40 % of the window: the first seconds carry the queue filled at warm-up.
+        pruner = BestFractionPruner(opts.prune_below, min_steps=max(2, math.ceil(0.4 * base.seconds)))
+    return sampler, pruner
 
 
 def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,

@@ -33,40 +33,16 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
             s.reclaim_orphans(exclusive=False)
             measured.clear()
             measured.update(s.measured())
-        if opts.grid:
-            if runs >= budget:
-                return "grid complete"
-        elif opts.trials - len(measured) - (s.running_elsewhere() if shared else 0) <= 0:
-            return "trials" if runs else "trials (already measured)"
-        if s.timed_out():
-            return "timeout"
-        trial = s.study.ask()
-        trial.set_user_attr("owner", guard.owner_tag())
-        trial.set_user_attr("host", s.shared.host)
-        s.shared.heartbeats.beat(trial)  # from the start: a silent trial can be reclaimed
-        params = s.space.suggest(trial)  # type: ignore[union-attr]
-        trial.set_user_attr("params", params)  # whole, for its record if it is reclaimed
+        stop = _out_of_budget(s, measured, runs, budget)
+        if stop:
+            return stop
+        trial, params = _ask(s)
         key = config_key(params)
-        prev = measured.get(key)
-        if prev is None and (why := s.unfit(params)):
-            # One cold pass cannot hold its measurement: skipped without measuring, not a
-            # trial of the budget; the next one an unmeasured point that fits.
-            dupes += 1
-            _answer_unfit(s, trial, params, why)
-            if not _enqueue_unmeasured(s, measured, rng) or dupes > MAX_DUPLICATES:
-                return "space exhausted"
-            continue
         claim = shared_mod.config_claim(s.shared.host_key, key)
-        held = None if prev is not None else s.shared.claims.claim(claim, s.shared.holder(trial))
-        if prev is not None or held is not None:
-            # Answered from the study (or measured elsewhere now); not a trial of the
-            # budget. Ask again, and make the next one an unmeasured point of the space
-            # (TPE would keep proposing this).
+        if _answered(s, trial, params, measured.get(key), claim):
+            # Not a trial of the budget. Ask again, and make the next one an unmeasured
+            # point of the space (TPE would keep proposing this).
             dupes += 1
-            if prev is not None:
-                _answer_duplicate(s, trial, prev)
-            else:
-                _answer_taken(s, trial, params, held)  # type: ignore[arg-type]
             if not _enqueue_unmeasured(s, measured, rng) or dupes > MAX_DUPLICATES:
                 return "space exhausted"
             continue
@@ -79,6 +55,51 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
         stop = _at_ceiling(s, rec)
         if stop:
             return stop
+
+
+def _out_of_budget(s: Session, measured: dict[tuple, TrialRecord], runs: int,
+                   budget: int) -> str | None:
+    """Why to stop before the next trial (the grid done, --trials measured, the deadline),
+    or None."""
+    if s.opts.grid:
+        if runs >= budget:
+            return "grid complete"
+    elif s.opts.trials - len(measured) - (s.running_elsewhere() if s.shared.enabled else 0) <= 0:
+        return "trials" if runs else "trials (already measured)"
+    if s.timed_out():
+        return "timeout"
+    return None
+
+
+def _ask(s: Session) -> tuple[Any, dict[str, Any]]:
+    """The next trial from Optuna, marked as this host's and beating from the start (a
+    silent trial can be reclaimed), and its configuration."""
+    trial = s.study.ask()
+    trial.set_user_attr("owner", guard.owner_tag())
+    trial.set_user_attr("host", s.shared.host)
+    s.shared.heartbeats.beat(trial)
+    params = s.space.suggest(trial)  # type: ignore[union-attr]
+    trial.set_user_attr("params", params)  # whole, for its record if it is reclaimed
+    return trial, params
+
+
+def _answered(s: Session, trial: Any, params: dict[str, Any], prev: TrialRecord | None,
+              claim: str) -> bool:
+    """Answer the trial without measuring it where that is the answer, and say so: a
+    configuration one cold pass cannot hold (skipped), one already measured (a duplicate
+    of it), one another host measures now (skipped). False: it is to be measured, and
+    this process holds its claim."""
+    if prev is None and (why := s.unfit(params)):
+        _answer_unfit(s, trial, params, why)
+        return True
+    if prev is not None:
+        _answer_duplicate(s, trial, prev)
+        return True
+    held = s.shared.claims.claim(claim, s.shared.holder(trial))
+    if held is not None:
+        _answer_taken(s, trial, params, held)
+        return True
+    return False
 
 
 def _answer_taken(s: Session, trial: Any, params: dict[str, Any], held: dict[str, Any]) -> None:
@@ -94,11 +115,16 @@ def _answer_taken(s: Session, trial: Any, params: dict[str, Any], held: dict[str
     s.say(f"trial {trial.number}: {rec.reason}")
 
 
+def _unmeasured(s: Session, measured: dict[tuple, TrialRecord]) -> list[dict[str, Any]]:
+    """The space's configurations not measured yet that one cold pass can hold."""
+    return [p for p in s.space.grid()  # type: ignore[union-attr]
+            if config_key(p) not in measured and not s.unfit(p)]
+
+
 def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
                         rng: random.Random) -> bool:
     """Queue a random configuration not measured yet; False when none is left."""
-    left = [p for p in s.space.grid()  # type: ignore[union-attr]
-            if config_key(p) not in measured and not s.unfit(p)]
+    left = _unmeasured(s, measured)
     if not left:
         return False
     s.study.enqueue_trial(s.space.optuna_params(rng.choice(left)))  # type: ignore[union-attr]
@@ -106,8 +132,7 @@ def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
 
 
 def _enqueue_grid(s: Session, measured: dict[tuple, TrialRecord]) -> int:
-    todo = [p for p in s.space.grid()  # type: ignore[union-attr]
-            if config_key(p) not in measured and not s.unfit(p)]
+    todo = _unmeasured(s, measured)
     for p in todo:
         s.study.enqueue_trial(s.space.optuna_params(p))  # type: ignore[union-attr]
     return len(todo)

@@ -15,76 +15,95 @@ from autotune_base.units import fmt_bytes, fmt_rate
 def probe_renderable(r: Any, gate: Any = None) -> Group:
     """Tables for a ProbeResult: filesystem, fio, replay, verdict; and the gate's outcome
     (an autotune.probe.gate.GateResult) when one was asked for."""
-    parts: list[Any] = []
+    parts: list[Any] = _filesystem_texts(r)
+    parts += environment_texts(getattr(r, "environment", None))
+    obj = getattr(r, "object", None)
+    if obj is not None:
+        # Object storage: its GETs and ranged reads stand for fio and the replay.
+        parts.append(_object_table(obj))
+        parts.append(_range_part(obj))
+    else:
+        parts.append(_fio_part(r))
+        parts += _replay_parts(r)
+    parts += _verdict_texts(r.verdict)
+    for w in r.warnings:
+        parts.append(Text(f"warning: {w}", style="yellow"))
+    if gate is not None:
+        parts += _gate_texts(gate)
+    return Group(*parts)
+
+
+def _filesystem_texts(r: Any) -> list[Any]:
+    """The storage class of the filesystem under the path, and its evidence."""
     fs = r.filesystem
     head = Text.assemble(("Storage ", "bold"), f"{printable(r.path)}: ", (fs.klass, "bold cyan"),
                          f"  ({fs.type or '?'} on {fs.device or fs.source or '?'}"
                          + (f", behaves like {fs.behaves_like}" if fs.behaves_like else "") + ")")
-    parts.append(head)
-    for e in fs.evidence:
-        parts.append(Text(f"  · {printable(e)}", style="dim"))
-    parts += environment_texts(getattr(r, "environment", None))
-    obj = getattr(r, "object", None)
-    if obj is not None:
-        parts.append(_object_table(obj))
-        parts.append(_range_part(obj))
-    elif r.fio is not None:
-        t = Table(title=f"fio ({'direct' if r.fio.direct else 'BUFFERED'}, {r.fio.ioengine}, "
-                        f"{fmt_bytes(r.fio.file_bytes)} scratch file, {r.fio.runtime_s:g} s/job)",
-                  title_justify="left")
-        for c in ("job", "IOPS", "MiB/s", "lat mean ms", "p50 ms", "p99 ms", "device saw"):
-            t.add_column(c, justify="right" if c != "job" else "left")
-        for j, label in ((r.fio.seq_read, "seq read 1 MiB x4"),
-                         (r.fio.rand_read, "rand read 4 KiB qd64 x4")):
-            saw = ("-" if j.device_bytes is None
-                   else f"{j.device_bytes / j.io_bytes:.0%}" if j.io_bytes else "-")
-            t.add_row(label + ("" if j.plausible else " [red](implausible)[/]"), fmt_rate(j.iops),
-                      fmt_rate(j.bw_mib_s), _ms(j.lat_mean_ms), _ms(j.lat_p50_ms),
-                      _ms(j.lat_p99_ms), saw)
-        parts.append(t)
-    else:
-        parts.append(Text(f"fio: not run: {r.fio_error}", style="yellow"))
-    if obj is not None:
-        pass
-    elif r.replay is not None:
-        rp = r.replay
-        t = Table(title=f"dataset replay ({rp.files_sampled} files, mean "
-                        f"{fmt_bytes(rp.mean_file_bytes)}, cold: {rp.cold_method})",
-                  title_justify="left")
-        for c in ("pass", "concurrency", "files/s", "MiB/s", "p50 ms", "p99 ms", "files",
-                  "errors"):
-            t.add_column(c, justify="right")
-        ceil = rp.ceiling[0]
-        for which, levels in (("cold", rp.by_concurrency), ("steady", rp.steady)):
-            for lv in levels:
-                mark = " *" if lv is ceil else ""
-                t.add_row(which, f"{lv.concurrency}{mark}", fmt_rate(lv.files_per_s),
-                          fmt_rate(lv.mib_per_s), _ms(lv.lat_p50_ms), _ms(lv.lat_p99_ms),
-                          f"{lv.files}{' (time)' if lv.cut_short else ''}", str(lv.errors))
-        parts.append(t)
-        parts.append(Text(f"  * the storage ceiling: the {rp.ceiling[1]} pass (steady: page cache "
-                          "dropped, inodes kept, as in a long run)", style="dim"))
-    else:
-        parts.append(Text(f"replay: not run: {r.replay_error}", style="yellow"))
-    v = r.verdict
-    parts.append(Text.assemble(("Verdict: ", "bold"), v["summary"]))
+    return [head] + [Text(f"  · {printable(e)}", style="dim") for e in fs.evidence]
+
+
+def _fio_part(r: Any) -> Any:
+    """fio's sequential and random jobs, or why fio did not run."""
+    if r.fio is None:
+        return Text(f"fio: not run: {r.fio_error}", style="yellow")
+    t = Table(title=f"fio ({'direct' if r.fio.direct else 'BUFFERED'}, {r.fio.ioengine}, "
+                    f"{fmt_bytes(r.fio.file_bytes)} scratch file, {r.fio.runtime_s:g} s/job)",
+              title_justify="left")
+    for c in ("job", "IOPS", "MiB/s", "lat mean ms", "p50 ms", "p99 ms", "device saw"):
+        t.add_column(c, justify="right" if c != "job" else "left")
+    for j, label in ((r.fio.seq_read, "seq read 1 MiB x4"),
+                     (r.fio.rand_read, "rand read 4 KiB qd64 x4")):
+        saw = ("-" if j.device_bytes is None
+               else f"{j.device_bytes / j.io_bytes:.0%}" if j.io_bytes else "-")
+        t.add_row(label + ("" if j.plausible else " [red](implausible)[/]"), fmt_rate(j.iops),
+                  fmt_rate(j.bw_mib_s), _ms(j.lat_mean_ms), _ms(j.lat_p50_ms),
+                  _ms(j.lat_p99_ms), saw)
+    return t
+
+
+def _replay_parts(r: Any) -> list[Any]:
+    """The dataset replay's cold and steady passes (the ceiling starred), or why it did not
+    run."""
+    rp = r.replay
+    if rp is None:
+        return [Text(f"replay: not run: {r.replay_error}", style="yellow")]
+    t = Table(title=f"dataset replay ({rp.files_sampled} files, mean "
+                    f"{fmt_bytes(rp.mean_file_bytes)}, cold: {rp.cold_method})",
+              title_justify="left")
+    for c in ("pass", "concurrency", "files/s", "MiB/s", "p50 ms", "p99 ms", "files",
+              "errors"):
+        t.add_column(c, justify="right")
+    ceil = rp.ceiling[0]
+    for which, levels in (("cold", rp.by_concurrency), ("steady", rp.steady)):
+        for lv in levels:
+            mark = " *" if lv is ceil else ""
+            t.add_row(which, f"{lv.concurrency}{mark}", fmt_rate(lv.files_per_s),
+                      fmt_rate(lv.mib_per_s), _ms(lv.lat_p50_ms), _ms(lv.lat_p99_ms),
+                      f"{lv.files}{' (time)' if lv.cut_short else ''}", str(lv.errors))
+    return [t, Text(f"  * the storage ceiling: the {rp.ceiling[1]} pass (steady: page cache "
+                    "dropped, inodes kept, as in a long run)", style="dim")]
+
+
+def _verdict_texts(v: dict[str, Any]) -> list[Text]:
+    """The verdict's summary, each rule passed or failed, the evidence, the advice."""
+    parts = [Text.assemble(("Verdict: ", "bold"), v["summary"])]
     for rule in v["rules"]:
         ok = "[PASS]" if rule["pass"] else "[FAIL]"
         parts.append(Text(f"  {ok} {rule['rule']}: {rule['value']:,}",
                           style="green" if rule["pass"] else "red"))
-    for e in v["evidence"]:
-        parts.append(Text(f"  · {e}"))
-    for a in v["advice"]:
-        parts.append(Text(f"  → {a}", style="bold"))
-    for w in r.warnings:
-        parts.append(Text(f"warning: {w}", style="yellow"))
-    if gate is not None:
-        style = {"passed": "bold green", "failed": "bold red"}.get(gate.outcome, "bold yellow")
-        parts.append(Text.assemble(("Gate: ", "bold"), (gate.outcome.upper(), style)))
-        for c in gate.checks:
-            seen = "not measured" if c.measured is None else f"measured {c.measured:,.0f}"
-            parts.append(Text(f"  [{c.outcome}] {c.flag} {c.threshold:g} {c.unit}: {seen}"))
-    return Group(*parts)
+    parts += [Text(f"  · {e}") for e in v["evidence"]]
+    parts += [Text(f"  → {a}", style="bold") for a in v["advice"]]
+    return parts
+
+
+def _gate_texts(gate: Any) -> list[Text]:
+    """The gate's outcome and each of its checks."""
+    style = {"passed": "bold green", "failed": "bold red"}.get(gate.outcome, "bold yellow")
+    parts = [Text.assemble(("Gate: ", "bold"), (gate.outcome.upper(), style))]
+    for c in gate.checks:
+        seen = "not measured" if c.measured is None else f"measured {c.measured:,.0f}"
+        parts.append(Text(f"  [{c.outcome}] {c.flag} {c.threshold:g} {c.unit}: {seen}"))
+    return parts
 
 
 def _range_part(o: Any) -> Any:

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.cli.tables import budget_texts, environment_texts, printable
-from autotune.params import cells, shown
+from autotune.params import Param, cells, shown
 from autotune_base.units import fmt_rate
 
 
@@ -22,22 +22,46 @@ def _f(x: float | None, spec: str = ".2f") -> str:
 def search_renderable(d: dict[str, Any]) -> Group:
     """From SearchResult.to_dict()."""
     parts: list[Any] = _header(d)
-    c = d["ceilings"]
+    parts += _ceilings_parts(d["ceilings"])
+    cols = shown([t["params"] for t in d["trials"]])
+    rec_n = (d.get("recommended") or {}).get("trial")
+    parts.append(_trials_table(d, cols, rec_n))
+    conf = d.get("confirmed") or []
+    if conf:
+        parts.append(_confirmed_table(conf, cols, rec_n))
+    v = d.get("verdict")
+    parts += _verdict_texts(v) if v else _shm_texts(d)
+    parts += run_texts(d.get("run"))
+    rec = d.get("recommended")
+    parts += budget_texts(_recommended_budget(d), "time budget of the recommended trial")
+    if rec:
+        parts += _recommended_parts(d, rec)
+    if d.get("cold") is False and d.get("cold_reason"):
+        parts.append(Text(f"NOT COLD: {printable(d['cold_reason'])}", style="bold yellow"))
+    parts.append(Text(f"stopped: {printable(d['stop_reason'])}; {d['seconds']:.0f} s; report: "
+                      f"{printable(d.get('report_html'))}"))
+    for w in d.get("warnings", []):
+        parts.append(Text(f"note: {printable(w)}", style="yellow"))
+    return Group(*parts)
+
+
+def _ceilings_parts(c: dict[str, Any]) -> list[Any]:
+    """The ceilings' table (the smallest marked) and their evidence."""
     t = Table(title="Ceilings (images/s)", title_justify="left")
     t.add_column("ceiling")
     t.add_column("images/s", justify="right")
     for k in ("storage", "decode", "demand"):
         mark = " (smallest)" if c.get("smallest") == k else ""
         t.add_row(k + mark, fmt_rate(c.get(k)) if c.get(k) else "unbounded" if k == "demand" else "-")
-    parts.append(t)
-    for e in c.get("evidence", []):
-        parts.append(Text(f"  · {printable(e)}", style="dim"))
-    cols = shown([t["params"] for t in d["trials"]])
+    return [t] + [Text(f"  · {printable(e)}", style="dim") for e in c.get("evidence", [])]
+
+
+def _trials_table(d: dict[str, Any], cols: list[Param], rec_n: int | None) -> Table:
+    """Every trial, then the rule-of-thumb baseline; the recommended one starred."""
     tt = Table(title=f"Trials ({printable(d['study'], markup=True)})", title_justify="left")
     for col in ("#", *(c.column for c in cols), "state", "images/s", "AU", "wait", "RSS MiB",
                 "reason"):
         tt.add_column(col, justify="left" if col in ("state", "reason") else "right")
-    rec_n = (d.get("recommended") or {}).get("trial")
     for tr in d["trials"]:
         mark = " *" if tr["number"] == rec_n and tr["state"] == "complete" else ""
         tt.add_row(f"{tr['number']}{mark}", *cells(tr["params"], cols),
@@ -51,59 +75,53 @@ def search_renderable(d: dict[str, Any]) -> Group:
                    b.get("state") or "", fmt_rate(b.get("images_per_s")), _f(b.get("au")),
                    _f(b.get("data_wait_fraction")), _f(b.get("peak_rss_mib"), ",.0f"),
                    "baseline: rule of thumb")
-    parts.append(tt)
-    conf = d.get("confirmed") or []
-    if conf:
-        ct = Table(title="Confirmed: the fastest measured again in a longer window",
-                   title_justify="left")
-        for col in ("#", *(c.column for c in cols), "first images/s", "window s", "images/s", "AU"):
-            ct.add_column(col, justify="right")
-        for c in conf:
-            mark = " *" if c["number"] == rec_n else ""
-            ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
-                       *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), ".1f"),
-                       fmt_rate(c["images_per_s"]) if c["state"] == "complete"
-                       else f"{c['state']}: "
-                            f"{printable((c.get('reason') or '')[:40], markup=True)}",
-                       _f(c.get("au")))
-        parts.append(ct)
-    v = d.get("verdict")
-    if v:
-        parts.append(Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"),
-                                   f" — {printable(v['summary'])}"))
-        for e in v["evidence"]:
-            parts.append(Text(f"  · {printable(e)}"))
-        for a in v["advice"]:
-            parts.append(Text(f"  → {printable(a)}", style="bold"))
-    if not v:
-        parts += _shm_texts(d)
-    parts += run_texts(d.get("run"))
-    rec = d.get("recommended")
-    parts += budget_texts(_recommended_budget(d), "time budget of the recommended trial")
-    if rec:
-        gain = d.get("gain_vs_baseline")
-        parts.append(Text.assemble(
-            ("Recommended ", "bold"),
-            ("(the rule-of-thumb baseline: no trial beat it by more than 3 %): " if rec["trial"] == -1
-             else f"(trial {rec['trial']}, the cheapest within 3 % of the best): "),
-            f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
-            f" (confirmed in a {rec['window_s']:.1f} s window)" if rec.get("window_s") else "",
-            f"; {gain:.2f}x the rule-of-thumb baseline" if gain else ""))
-        # The lines that train on the recommended data hold the DataLoader call; an older
-        # search.json without them shows the call alone.
-        train = d.get("train") or {}
-        if train.get("code"):
-            parts.append(Text(f"Train on {printable(str(train.get('dataset')))}:", style="bold"))
-        parts.append(Syntax(train.get("code") or d["snippet"], "python", theme="ansi_dark",
-                            background_color="default"))
-        parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
-    if d.get("cold") is False and d.get("cold_reason"):
-        parts.append(Text(f"NOT COLD: {printable(d['cold_reason'])}", style="bold yellow"))
-    parts.append(Text(f"stopped: {printable(d['stop_reason'])}; {d['seconds']:.0f} s; report: "
-                      f"{printable(d.get('report_html'))}"))
-    for w in d.get("warnings", []):
-        parts.append(Text(f"note: {printable(w)}", style="yellow"))
-    return Group(*parts)
+    return tt
+
+
+def _confirmed_table(conf: list[dict[str, Any]], cols: list[Param], rec_n: int | None) -> Table:
+    """The fastest configurations measured again in the longer window."""
+    ct = Table(title="Confirmed: the fastest measured again in a longer window",
+               title_justify="left")
+    for col in ("#", *(c.column for c in cols), "first images/s", "window s", "images/s", "AU"):
+        ct.add_column(col, justify="right")
+    for c in conf:
+        mark = " *" if c["number"] == rec_n else ""
+        ct.add_row(("base" if c["number"] == -1 else str(c["number"])) + mark,
+                   *cells(c["params"], cols), fmt_rate(c.get("first_images_per_s")), _f(c.get("window_s"), ".1f"),
+                   fmt_rate(c["images_per_s"]) if c["state"] == "complete"
+                   else f"{c['state']}: "
+                        f"{printable((c.get('reason') or '')[:40], markup=True)}",
+                   _f(c.get("au")))
+    return ct
+
+
+def _verdict_texts(v: dict[str, Any]) -> list[Text]:
+    """The bottleneck and its summary, the evidence, the advice."""
+    return ([Text.assemble(("Verdict: ", "bold"), (v["bottleneck"], "bold cyan"),
+                           f" — {printable(v['summary'])}")]
+            + [Text(f"  · {printable(e)}") for e in v["evidence"]]
+            + [Text(f"  → {printable(a)}", style="bold") for a in v["advice"]])
+
+
+def _recommended_parts(d: dict[str, Any], rec: dict[str, Any]) -> list[Any]:
+    """The recommendation's line, the code that trains on it and its YAML."""
+    gain = d.get("gain_vs_baseline")
+    parts: list[Any] = [Text.assemble(
+        ("Recommended ", "bold"),
+        ("(the rule-of-thumb baseline: no trial beat it by more than 3 %): " if rec["trial"] == -1
+         else f"(trial {rec['trial']}, the cheapest within 3 % of the best): "),
+        f"{fmt_rate(rec['images_per_s'])} images/s, AU {_f(rec['au'])}",
+        f" (confirmed in a {rec['window_s']:.1f} s window)" if rec.get("window_s") else "",
+        f"; {gain:.2f}x the rule-of-thumb baseline" if gain else "")]
+    # The lines that train on the recommended data hold the DataLoader call; an older
+    # search.json without them shows the call alone.
+    train = d.get("train") or {}
+    if train.get("code"):
+        parts.append(Text(f"Train on {printable(str(train.get('dataset')))}:", style="bold"))
+    parts.append(Syntax(train.get("code") or d["snippet"], "python", theme="ansi_dark",
+                        background_color="default"))
+    parts.append(Syntax(d["yaml"], "yaml", theme="ansi_dark", background_color="default"))
+    return parts
 
 
 def _header(d: dict[str, Any]) -> list[Any]:
