@@ -30,7 +30,7 @@ def _space(tmp_path: Path, workers: str) -> str:
 
 def _cmd(ds: Path, out: Path, space: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "autotune", "-q", "search", str(ds), "--preset", "decode-only",
-            "--batch-size", "4", "--compute-ms", "5", "--seconds", "3", "--space", space,
+            "--batch-size", "4", "--compute-ms", "5", "--seconds", "2", "--space", space,
             "--no-probe", "--warm", "--confirm", "0", "--out", str(out), "--study", "faults",
             *extra]
 

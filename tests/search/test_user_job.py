@@ -102,7 +102,7 @@ def test_search_with_a_factory_and_ranks_hands_back_kwargs_that_work(small_datas
     out = tmp_path / "out"
     r = cli("search", str(small_dataset), "--dataset-factory", f"{USER}:make",
             "--procs-per-node", "2", "--batch-size", "4", "--compute-ms", "5", "--seconds", "2",
-            "--warm", "--no-probe", "--confirm", "0", "--trials", "2", "--space", str(space),
+            "--warm", "--no-probe", "--confirm", "0", "--trials", "1", "--space", str(space),
             "--preset", "decode-only", "--out", str(out), "--json", "-", timeout=600)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
