@@ -87,29 +87,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
         p.add_argument("--file-list", metavar="CSV",
                        help="convert the files a CSV of path,label rows names (paths relative "
                             "to SRC) instead of scanning SRC")
-        dist = p.add_argument_group(
-            "beyond one machine", "ranks (torchrun, srun, or one process per host sharing DST) "
-            "or a Ray cluster; the output is byte-identical to one process's")
-        dist.add_argument("--rank", type=int_at_least("--rank", 0), metavar="R",
-                          help="this process's rank (default $RANK, else $SLURM_PROCID in an "
-                               "srun step); rank 0 scans and plans, rank R writes units "
-                               "u %% W == R")
-        dist.add_argument("--world-size", type=int_at_least("--world-size", 1), metavar="W",
-                          help="number of ranks (default $WORLD_SIZE, else $SLURM_NTASKS in an "
-                               "srun step); the last rank to finish publishes manifest.json")
-        dist.add_argument("--finalize", action="store_true",
-                          help="check every unit's record and publish manifest.json (the "
-                               "world size comes from the plan); nothing to do when published")
-        dist.add_argument("--plan-timeout", type=positive_float("--plan-timeout"),
-                          default=1800.0, metavar="S",
-                          help="how long ranks > 0 wait for rank 0's plan (default 1800)")
-        dist.add_argument("--engine", choices=("local", "ray"), default="local",
-                          help="local (default): this process and --workers processes; ray: "
-                               "each unit a Ray task with one CPU (pip install "
-                               "'autotune-loader[ray]'); DST must be shared by the nodes")
-        dist.add_argument("--ray-address", metavar="HOST:PORT",
-                          help="the Ray head's GCS address, as `ray start --head --port` "
-                               "prints it (default $RAY_ADDRESS, else a local Ray)")
+        _add_distributed(p)
         add_endpoint(p)
         p.add_argument("--work-dir", metavar="DIR",
                        help="DST s3://...: the local folder the conversion is made in before "
@@ -190,3 +168,30 @@ def _progress_display(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
 
     with prog:
         yield update
+
+
+def _add_distributed(p: argparse.ArgumentParser) -> None:
+    """Ranks and Ray: the options of a conversion beyond one machine."""
+    dist = p.add_argument_group(
+        "beyond one machine", "ranks (torchrun, srun, or one process per host sharing DST) "
+        "or a Ray cluster; the output is byte-identical to one process's")
+    dist.add_argument("--rank", type=int_at_least("--rank", 0), metavar="R",
+                      help="this process's rank (default $RANK, else $SLURM_PROCID in an "
+                           "srun step); rank 0 scans and plans, rank R writes units "
+                           "u %% W == R")
+    dist.add_argument("--world-size", type=int_at_least("--world-size", 1), metavar="W",
+                      help="number of ranks (default $WORLD_SIZE, else $SLURM_NTASKS in an "
+                           "srun step); the last rank to finish publishes manifest.json")
+    dist.add_argument("--finalize", action="store_true",
+                      help="check every unit's record and publish manifest.json (the "
+                           "world size comes from the plan); nothing to do when published")
+    dist.add_argument("--plan-timeout", type=positive_float("--plan-timeout"),
+                      default=1800.0, metavar="S",
+                      help="how long ranks > 0 wait for rank 0's plan (default 1800)")
+    dist.add_argument("--engine", choices=("local", "ray"), default="local",
+                      help="local (default): this process and --workers processes; ray: "
+                           "each unit a Ray task with one CPU (pip install "
+                           "'autotune-loader[ray]'); DST must be shared by the nodes")
+    dist.add_argument("--ray-address", metavar="HOST:PORT",
+                      help="the Ray head's GCS address, as `ray start --head --port` "
+                           "prints it (default $RAY_ADDRESS, else a local Ray)")
