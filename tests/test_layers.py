@@ -6,7 +6,7 @@
               verdict._base and verdict.storage (the rule base; the probe's storage rules)
     convert   autotune_converters: scan, plan, pool, workdir, conversion, ranks, Ray, stage
     formats   autotune_converters: source/writer contracts, folder, wds, lmdb, manifest, registry
-    storage   autotune_converters.objstore: the S3 client and URLs
+    storage   autotune_converters.storage (one interface: local, s3) and objstore (client, URLs)
     system    autotune: cgroups, cpus, environment, block devices, caches, shm fit
     base      autotune_base (errors, units, filesystem-safe I/O), autotune.errors, params
 
