@@ -41,15 +41,23 @@ def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir
     # the search after it runs outside the cap's cgroup, so it reads the disk unthrottled.
     stage_dir = work_dir / "stage"
     with IoThrottle(ds, read_iops=60, name="loop-test") as cap:
-        # The conversion's reads of the source and the first search's trials run under
-        # the cap. No storage probe: its replays of the dataset under the cap took half
-        # of this test, and neither side's verdict nor the loop's decision reads it (the
-        # probe under a cap: test_search_real; the format from a probe: test_recommend).
-        r = run_loop(ds, opts(tmp_path, compute_ms=5, cold=True, trials=1, throttle=cap,
-                              probe=False),
+        # The storage probe, the conversion's reads of the source and the first search's
+        # trials run under the cap.
+        r = run_loop(ds, opts(tmp_path, compute_ms=5, cold=True, trials=1, throttle=cap),
                      convert="auto", stage_dir=stage_dir)
     assert r.before.verdict is not None, [(t.params, t.reason) for t in r.before.trials]
-    assert r.before.verdict.bottleneck == "storage"
+    assert r.before.verdict.bottleneck == "storage", r.before.verdict.to_dict()
+    # The probe's replay ran under the cap, and its ceiling is below the decode ceiling.
+    assert r.before.ceilings.storage < 100
+    assert r.before.ceilings.storage < r.before.ceilings.decode
+    # Decided from the budget (the workers blocked on the capped reads), with the ceiling
+    # measured apart beside it in the evidence.
+    assert "blocked on storage" in r.before.verdict.summary, r.before.verdict.to_dict()
+    assert any("of the storage ceiling" in e for e in r.before.verdict.evidence), \
+        r.before.verdict.to_dict()
+    # autotune's pipeline says the same from inside its workers: the capped reads take
+    # most of its time (each at least a 60-IOPS slot; the decode of a small JPEG, a few ms).
+    assert r.before.recommended.stages["share"]["read"] > 0.5, r.before.recommended.stages
     # No --epochs: converted as before, and the decision names the regime (160 small
     # images fit in the page cache: the cap limits the first epoch only).
     assert r.before.run["fits"] is True and r.before.run["method"] == "warm", r.before.run

@@ -121,35 +121,6 @@ def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path
     assert r.verdict.bottleneck == "compute", r.verdict.to_dict()
 
 
-@pytest.mark.root
-def test_throttled_storage_is_storage_bound(tmp_path, work_dir):
-    from autotune.emulate import IoThrottle
-    from autotune.synth import make_image_folder
-
-    ds = work_dir / "train"
-    # 64 files: the probe replays the dataset six times under the cap (about 1 s each at
-    # 60 IOPS, not 2.7 s for 160), and one cold pass still holds a measurement: 16 batches
-    # of 4 against 1 warm-up + 10 measured (the baseline's queue of 2 x 2 asks for 8).
-    make_image_folder(ds, 64, 4, seed=3, workers=1)
-    # The storage probe and every trial (from just after torch is imported, with its
-    # workers) read under a 60-IOPS cap on the disk, cold: a few dozen small files per
-    # second at most.
-    with IoThrottle(ds, read_iops=60, name="search-test") as cap:
-        r = run_search(ds, opts(tmp_path, trials=2, compute_ms=5, cold=True, seconds=2,
-                                throttle=cap, whole_run=False))
-    assert r.ceilings.storage < 100  # the probe's replay ran under the cap
-    assert r.ceilings.storage < r.ceilings.decode
-    assert r.verdict is not None, [(t.params, t.reason) for t in r.trials]
-    assert r.verdict.bottleneck == "storage", r.verdict.to_dict()
-    # Decided from the budget (the workers blocked on the capped reads), with the ceiling
-    # measured apart beside it in the evidence.
-    assert "blocked on storage" in r.verdict.summary, r.verdict.to_dict()
-    # autotune's pipeline says the same from inside its workers: the capped reads take
-    # most of its time (each at least a 60-IOPS slot; the decode of a small JPEG, a few ms).
-    assert r.recommended.stages["share"]["read"] > 0.5, r.recommended.stages
-    assert any("of the storage ceiling" in e for e in r.verdict.evidence), r.verdict.to_dict()
-
-
 def test_grid_measures_every_configuration_once(small_dataset, tmp_path):
     sp = tmp_path / "space.yaml"
     sp.write_text((TESTS / "space-tiny.yaml").read_text().replace("[0, 1, 2]", "[0, 1]"))
