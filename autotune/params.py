@@ -24,6 +24,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from autotune.errors import UsageError
+from autotune_base.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -91,20 +92,15 @@ class Param:
         return ("y" if v else "n") if isinstance(v, bool) else str(v)
 
 
-PARAMS: dict[str, Param] = {}
+PARAMS: Registry[Param] = Registry("parameter")
 
 
 def register(p: Param) -> Param:
-    if p.name in PARAMS:
-        raise ValueError(f"parameter {p.name!r} is already registered.")
-    PARAMS[p.name] = p
-    return p
+    return PARAMS.add(p.name, p)
 
 
 def unregister(name: str) -> None:
-    if name in _BUILTIN:
-        raise ValueError(f"parameter {name!r} is built in and cannot be removed.")
-    PARAMS.pop(name, None)
+    PARAMS.remove(name)
 
 
 def searched() -> list[Param]:
@@ -247,8 +243,6 @@ def _auto_pin(ctx: dict[str, Any]) -> tuple[list[Any], str | None]:
     return [False], "pin_memory fixed to false: no CUDA here, so pinning has no effect"
 
 
-_BUILTIN = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory", "batch_size")
-
 register(Param("num_workers", int, "auto", minimum=0, option="--workers", column="workers",
                cost=0, ordered=True, resolve=_auto_workers,
                help="DataLoader num_workers (0 = load in the main process)"))
@@ -267,6 +261,7 @@ register(Param("pin_memory", bool, "auto", column="pin", cost=3, resolve=_auto_p
                help="DataLoader pin_memory (no effect without CUDA: the result says so)"))
 register(Param("batch_size", int, None, minimum=1, column="batch", searched_by_default=False,
                help="samples per batch"))
+PARAMS.builtin.update(PARAMS)  # the settings above; register() adds more at run time
 
 __all__ = ["PARAMS", "LoaderSettings", "Param", "cells", "config_key", "cost_key", "label",
            "loader_kwargs", "need_int", "register", "shown", "unregister"]

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune_base.errors import UsageError
+from autotune_base.registry import Registry
 
 MANIFEST = "manifest.json"
 ACCESS = ("sequential", "random")
@@ -81,24 +82,18 @@ class Format:
         return bool(load(self.sniff)(path))
 
 
-_FORMATS: dict[str, Format] = {}
-_BUILTIN: set[str] = set()
+_FORMATS: Registry[Format] = Registry("format")
 
 
 def register(fmt: Format, *, replace: bool = False) -> Format:
     """Add a format. A name already registered is refused unless `replace`."""
-    if fmt.name in _FORMATS and not replace:
-        raise ValueError(f"format {fmt.name!r} is already registered; pass replace=True to "
-                         "override it.")
-    _FORMATS[fmt.name] = fmt
-    return fmt
+    return _FORMATS.add(fmt.name, fmt, replace=replace,
+                        hint="; pass replace=True to override it")
 
 
 def unregister(name: str) -> None:
     """Remove a format registered at run time (the built-in ones stay)."""
-    if name in _BUILTIN:
-        raise ValueError(f"format {name!r} is built in and cannot be removed.")
-    _FORMATS.pop(name, None)
+    _FORMATS.remove(name)
 
 
 def get(name: str) -> Format:
@@ -266,7 +261,7 @@ def load(spec: str) -> Any:
 
 def exported() -> list[dict[str, Any]]:
     """Formats registered at run time, as dicts another process can `register_all`."""
-    return [asdict(f) for n, f in _FORMATS.items() if n not in _BUILTIN]
+    return [asdict(f) for n, f in _FORMATS.items() if n not in _FORMATS.builtin]
 
 
 def register_all(specs: list[dict[str, Any]]) -> None:
@@ -277,7 +272,7 @@ def register_all(specs: list[dict[str, Any]]) -> None:
 
 def _builtin(fmt: Format) -> None:
     register(fmt)
-    _BUILTIN.add(fmt.name)
+    _FORMATS.builtin.add(fmt.name)
 
 
 # -- the built-in formats: one line each ------------------------------------------------

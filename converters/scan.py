@@ -94,6 +94,15 @@ class ScanSink:
         self.offset += len(rec)
         self.bytes += size
 
+    def add_nonempty(self, raw_label: int, relpath: str, size: int) -> bool:
+        """Add a file, or skip it as empty when it has 0 bytes (a folder's file or a
+        bucket's object alike); True when added."""
+        if size == 0:
+            self.skip(relpath, "empty file (0 bytes)")
+            return False
+        self.add(raw_label, relpath, size)
+        return True
+
     def skip(self, relpath: str, reason: str, *, error: bool = True) -> None:
         """Record a skipped path; with --on-error fail an `error` stops the scan here."""
         if error and self.on_error == "fail":
@@ -130,11 +139,7 @@ def _stat_file(sink: ScanSink, relpath: str, full: str, raw_label: int) -> bool:
         sink.skip(relpath, "not a regular file (a FIFO, device or directory with an image "
                            "extension)")
         return False
-    if st.st_size == 0:
-        sink.skip(relpath, "empty file (0 bytes)")
-        return False
-    sink.add(raw_label, relpath, st.st_size)
-    return True
+    return sink.add_nonempty(raw_label, relpath, st.st_size)
 
 
 def list_classes(root: Path) -> list[str]:

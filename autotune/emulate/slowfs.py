@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from autotune.blockdev import mountinfo
+from autotune.emulate._cleanup import undo_on_exit
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 
 
@@ -121,13 +122,7 @@ class SlowMount:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        try:
-            self._stop()
-        except AutotuneError as cleanup_err:
-            if exc is None:
-                raise
-            if hasattr(exc, "add_note"):
-                exc.add_note(str(cleanup_err))
+        undo_on_exit(self._stop, exc)
 
     def _start(self) -> None:
         cmd = [sys.executable, "-m", "autotune.emulate", "slowfs", self.src, self.mnt,

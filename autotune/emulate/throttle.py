@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from autotune.blockdev import BlockDevice, block_device_for, mount_for, mountinfo
 from autotune.cgroups import join_self, remove_cgroup, write_value
+from autotune.emulate._cleanup import undo_on_exit
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune_base.fsutil import rmdir_quietly
 
@@ -205,13 +206,7 @@ class IoThrottle:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        try:
-            self._remove()
-        except AutotuneError as cleanup_err:
-            if exc is None:
-                raise
-            if hasattr(exc, "add_note"):  # 3.11+; the body's error stays the one raised
-                exc.add_note(str(cleanup_err))
+        undo_on_exit(self._remove, exc)
 
     def _set_limits(self) -> None:
         assert self.cgroup is not None and self.backend is not None

@@ -50,7 +50,9 @@ _ALIGN = 4096
 
 
 @dataclass
-class GetLevel:
+class _Rates:
+    """GETs with `concurrency` in flight: how many, how fast, and the first byte's wait."""
+
     concurrency: int
     gets: int
     bytes: int
@@ -59,24 +61,28 @@ class GetLevel:
     mib_per_s: float
     first_byte_p50_ms: float
     first_byte_p99_ms: float
+
+
+@dataclass
+class GetLevel(_Rates):
+    """Whole-object GETs at one concurrency, with the whole object's time."""
+
     object_p50_ms: float
     object_p99_ms: float
     errors: int = 0
 
 
 @dataclass
-class RangeLevel:
+class _RangeSize:
+    range_bytes: int
+
+
+# _RangeSize is the last base because a dataclass takes its bases' fields in reverse MRO
+# order: range_bytes stays the first field, as RangeLevel(size, c, ...) and its JSON have it.
+@dataclass
+class RangeLevel(_Rates, _RangeSize):
     """Ranged GETs of `range_bytes` each with `concurrency` in flight."""
 
-    range_bytes: int
-    concurrency: int
-    gets: int
-    bytes: int
-    seconds: float
-    gets_per_s: float
-    mib_per_s: float
-    first_byte_p50_ms: float
-    first_byte_p99_ms: float
     errors: int = 0
 
 
@@ -169,6 +175,14 @@ def _run_for(store: Store, c: int, seconds: float, step: Callable[[], bool]) -> 
     return max(time.perf_counter() - start[0], 1e-9)
 
 
+def _rates(c: int, got: list[int], el: float, first: list[float]) -> tuple[Any, ...]:
+    """_Rates' figures, in its field order, from the [gets, bytes, ...] counts, the seconds
+    taken and the first-byte times."""
+    return (c, got[0], got[1], round(el, 3), round(got[0] / el, 1),
+            round(got[1] / el / 2**20, 2), round(_pct(first, 0.5), 2),
+            round(_pct(first, 0.99), 2))
+
+
 def _level(store: Store, bucket: str, objs: list[ObjectInfo], c: int, seconds: float) -> GetLevel:
     """GET `objs` (each once at most) with `c` threads until `seconds` have passed."""
     it = iter(objs)
@@ -201,9 +215,7 @@ def _level(store: Store, bucket: str, objs: list[ObjectInfo], c: int, seconds: f
         return True
 
     el = _run_for(store, c, seconds, step)
-    return GetLevel(c, got[0], got[1], round(el, 3), round(got[0] / el, 1),
-                    round(got[1] / el / 2**20, 2), round(_pct(first, 0.5), 2),
-                    round(_pct(first, 0.99), 2), round(_pct(whole, 0.5), 2),
+    return GetLevel(*_rates(c, got, el, first), round(_pct(whole, 0.5), 2),
                     round(_pct(whole, 0.99), 2), got[2])
 
 
@@ -264,9 +276,7 @@ def _range_level(store: Store, bucket: str, obj: ObjectInfo, size: int, c: int,
         return True
 
     el = _run_for(store, c, seconds, step)
-    return RangeLevel(size, c, got[0], got[1], round(el, 3), round(got[0] / el, 1),
-                      round(got[1] / el / 2**20, 2), round(_pct(first, 0.5), 2),
-                      round(_pct(first, 0.99), 2), got[2])
+    return RangeLevel(size, *_rates(c, got, el, first), got[2])
 
 
 def measure_ranges(store: Store, bucket: str, obj: ObjectInfo, why: str, *,

@@ -93,11 +93,7 @@ def _add(sink: Any, rel: str, obj: ObjectInfo, label: int) -> bool:
         sink.skip(rel, "unsafe object key (an empty, '.' or '..' part, or a NUL: it cannot "
                        "be a file name inside the dataset)")
         return False
-    if obj.size == 0:
-        sink.skip(rel, "empty file (0 bytes)")
-        return False
-    sink.add(label, rel, obj.size)
-    return True
+    return sink.add_nonempty(label, rel, obj.size)
 
 
 def _write_etags(path: Path, etags: dict[str, str]) -> None:

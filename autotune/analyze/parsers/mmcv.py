@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from typing import ClassVar
 
-from autotune.analyze.parsers._base import NUM, TRUNCATED, LogParser, Skip, StepRecord
-from autotune.analyze.parsers._fields import fields, timed
+from autotune.analyze.parsers._base import NUM, Skip, StepRecord
+from autotune.analyze.parsers._fields import KeyValueParser
 
 # Epoch [E][i/N], Epoch(train) [E][ i/N], Iter [i/N], Iter(train) [ i/N]; mmengine pads
 # and right-aligns the numbers, and leaves more spaces after "(train)".
@@ -26,26 +26,20 @@ _HEAD = re.compile(r"(?:Epoch|Iter)(?:\((?P<mode>\w+)\))?\s*(?:\[\s*(?P<epoch>\d
 _COMMA_AFTER_DATA = re.compile(rf"data_time:\s*(?:{NUM})\w*,")
 
 
-class MMCVParser(LogParser):
+class MMCVParser(KeyValueParser):
     name = "mmcv"
     description = "OpenMMLab mmcv TextLoggerHook (Epoch [E][i/N]\\tlr: .., time: T, data_time: D, ..)"
     anchor = re.compile(r"(?:Epoch|Iter)(?:\(\w+\))?\s*\[\s*\d+\]?")
     figures = "time and data_time: the mean over each logging interval"
     # mmcv joins its items with ", ", mmengine with two spaces: only the sniff tells.
     comma_separated: ClassVar[bool] = True
+    head = _HEAD
 
     def parse_piece(self, piece: str, lineno: int) -> StepRecord | None:
-        h = _HEAD.match(piece)
-        if h is None:
-            raise Skip(TRUNCATED)
-        if (h["mode"] or "train") != "train":
+        h = self.head.match(piece)
+        if h is not None and (h["mode"] or "train") != "train":
             raise Skip("evaluation line")
-        f = fields(piece[h.end():])
-        if "time" not in f or "data_time" not in f:
-            raise Skip(TRUNCATED)
-        return timed(data=f["data_time"], iter_s=f["time"],
-                     epoch=int(h["epoch"]) if h["epoch"] else None, index=int(h["index"]),
-                     total=int(h["total"]) if h["total"] else None, lineno=lineno)
+        return super().parse_piece(piece, lineno)
 
     def sniff(self, line: str) -> bool:
         return (super().sniff(line)
