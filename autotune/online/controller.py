@@ -9,26 +9,25 @@ settled one for several windows. At the worker bound with the workers blocked on
 the bound rises (more reads in flight hide a latency); when one worker past the cores then
 does not help, the storage's own rate is the limit: it settles there at once (a deeper
 prefetch adds no reads in flight) and, as after any storage verdict, switches no more.
-Every decision is one logging record on "autotune.online".
+Every decision is one logging record on "autotune.online" (autotune.online.decisions). The
+next step and the bound it meets are autotune.online.steps'; what a configuration may hold
+(memory, /dev/shm) is autotune.online.limits'.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autotune.online import cache
+from autotune.online import cache, limits, steps
 from autotune.online.config import Config
+from autotune.online.decisions import emit
+from autotune.online.limits import MemoryFigures, mib
 from autotune.online.measure import WindowStats, beyond_noise
-from autotune.online.memory import footprint
-
-log = logging.getLogger("autotune.online")
 
 SETTLE_AU = 0.95
 RETUNE_WINDOWS = 3      # windows in a row above the settled wait share before tuning again
 RETUNE_MARGIN = 0.05    # ... by at least this much (and beyond the window's noise)
-MAX_PREFETCH = 8
 RULE_MAX_WORKERS = 8    # the rule of thumb: min(8, cores)
 
 
@@ -39,20 +38,6 @@ def _worker_bound() -> int:
     from autotune.verdict.bounds import worker_bound
 
     return worker_bound(usable_cores())
-
-
-@dataclass(frozen=True)
-class MemoryFigures:
-    """What the budget check needs, measured by the loader when asked."""
-
-    per_worker: int   # bytes of PSS per worker (measured, or the estimate before any)
-    per_batch: int    # bytes of one batch
-    measured: bool    # per_worker was read from the pool's workers
-
-
-def emit(event: str, msg: str, **fields: Any) -> None:
-    """One decision, one record; the fields ride along for handlers and tests."""
-    log.info(msg, extra={"autotune_event": event, "autotune": fields})
 
 
 @dataclass
@@ -135,53 +120,27 @@ class Controller:
             source = "the rule of thumb min(8, usable cores)"
         if not self.knobs:
             source = "the settings given: nothing to tune"
-        cfg = self._fit_start(cfg)
+        cfg = limits.fit(self, cfg)
         self._current = cfg
         emit("start", f"start at {cfg.short()} ({source}; worker bound {self.bound})",
              config=cfg.kwargs(), source=source, bound=self.bound)
         return cfg
 
-    def _fit_start(self, cfg: Config) -> Config:
-        if "num_workers" in self.fixed:
-            return cfg
-        mem = self.memory()
-        while cfg.num_workers > self.min_workers() and (footprint(
-                cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > self.budget
-                or not self.shm_fits(cfg, mem.per_batch)):
-            if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
-                    "prefetch_factor" not in self.fixed:
-                cfg = self.make(1, 1)  # one worker, one batch ahead: the last step before none
-                continue
-            cfg = self.make(cfg.num_workers - 1, cfg.prefetch_factor)
-        return cfg
-
     def shm_fits(self, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
-        """Whether `cfg`'s live batches (and `also`'s, alive beside it during a switch) fit
-        in the /dev/shm budget; True while the batch or the budget is unknown; never with
-        workers in a budget of 0 (no /dev/shm: workers cannot hand a batch over)."""
-        from autotune.shmfit import needed_bytes
-
-        if self.shm is None or not cfg.num_workers:
-            return True
-        if self.shm <= 0:
-            return False
-        if not per_batch:
-            return True
-        need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, per_batch)
-        if also is not None and also.num_workers:
-            need += needed_bytes(also.num_workers, also.prefetch_factor, per_batch)
-        return need <= self.shm
+        """Whether `cfg`'s live batches (and `also`'s) fit in the /dev/shm budget
+        (autotune.online.limits.shm_fits)."""
+        return limits.shm_fits(self.shm, cfg, per_batch, also)
 
     def refit(self, cfg: Config) -> Config:
         """The start point again, once the first batch is measured: within the /dev/shm and
         memory budgets."""
-        fitted = self._fit_start(cfg)
+        fitted = limits.fit(self, cfg)
         if fitted != cfg:
             mem = self.memory()
             emit("fit", f"start at {fitted.short()} instead of {cfg.short()}: the first batch "
-                 f"is {_mib(mem.per_batch)}, and {cfg.short()} would hold more in /dev/shm or "
-                 f"memory than the budget ({_mib(self.shm or 0)} of /dev/shm, "
-                 f"{_mib(self.budget)} of memory)", config=fitted.kwargs(), old=cfg.kwargs(),
+                 f"is {mib(mem.per_batch)}, and {cfg.short()} would hold more in /dev/shm or "
+                 f"memory than the budget ({mib(self.shm or 0)} of /dev/shm, "
+                 f"{mib(self.budget)} of memory)", config=fitted.kwargs(), old=cfg.kwargs(),
                  batch_bytes=mem.per_batch, shm_budget=self.shm, budget=self.budget)
         self._current = fitted
         return fitted
@@ -280,7 +239,7 @@ class Controller:
              **fields)
         self._knob += 1
         self._rejected.add(trial.config)
-        if self._past_cores(trial.config, best.config):
+        if steps.past_cores(self.cores_bound, trial.config, best.config):
             # Blocked on storage, and one more read in flight did not help: the storage's
             # rate is the limit; a deeper prefetch adds no reads in flight either.
             self.storage = True
@@ -294,12 +253,6 @@ class Controller:
             self._cause = trial  # the way back is this trial's cost
             return best.config
         return nxt
-
-    def _past_cores(self, trial: Config, best: Config) -> bool:
-        """A num_workers trial past the cores, allowed by a bound raised for blocked
-        workers."""
-        return (self.cores_bound is not None and trial.num_workers > best.num_workers
-                and trial.num_workers > self.cores_bound)
 
     def storage_verdict(self) -> None:
         """The verdict said storage: more workers or a deeper queue cannot help; no more
@@ -316,8 +269,8 @@ class Controller:
                 self.phase = "confirm"
                 return None
             return self._settle(f"AU {best.stats.au:.2f} >= {SETTLE_AU} in two windows in a row")
-        cand = self._propose()
-        if cand is _PAUSE:
+        cand = steps.propose(self)
+        if cand is steps.PAUSE:
             return None
         if cand is None:
             return self._settle("no knob helps further")
@@ -326,69 +279,6 @@ class Controller:
         emit("try", f"try {cand.short()} (from {self._best_cfg().short()})",
              config=cand.kwargs())
         return cand
-
-    def _propose(self) -> Any:
-        base = self._best_cfg()
-        knobs = self.knobs
-        if self._reopen:
-            self._reopen, self._knob = False, 0
-        while self._knob < len(knobs):
-            knob = knobs[self._knob]
-            cand, why = self._step(base, knob)
-            if cand is not None and why is None and cand not in self._rejected:
-                return cand
-            if cand is None and knob == "num_workers" and self.bound_hit \
-                    and self.sample_bound and not self.bound_checked and self._current == base:
-                # Before the next knob: are the workers blocked on I/O (then more of them
-                # than cores help)? Stay here while the loader samples their time budget.
-                self.phase = "budget"
-                emit("bound", f"{knob}: {why}; first, whether the workers are blocked on "
-                     "I/O (a time-budget sample of a few seconds)", knob=knob, why=why)
-                return _PAUSE
-            if why:
-                emit("bound", f"{knob}: {why}", knob=knob, why=why)
-            self._knob += 1
-        return None
-
-    def _step(self, base: Config, knob: str) -> tuple[Config | None, str | None]:
-        if knob == "num_workers":
-            w = base.num_workers + 1
-            if w > self.bound:
-                self.bound_hit = True
-                return None, f"{w} workers would exceed the worker bound ({self.bound})"
-            cand = self.make(w, base.prefetch_factor or 2)
-        else:
-            if not base.num_workers:
-                return None, None
-            pf = (base.prefetch_factor or 2) * 2
-            if pf > MAX_PREFETCH:
-                return None, f"prefetch_factor {pf} is over {MAX_PREFETCH}"
-            cand = self.make(base.num_workers, pf)
-        dead = self.needs_as_much(cand)
-        if dead is not None:
-            return None, (f"{cand.short()} needs as much as {dead.short()}, whose pool failed "
-                          "in this run")
-        return cand, self._over_budget(cand)
-
-    def _over_budget(self, cand: Config) -> str | None:
-        mem = self.memory()
-        cur = self._current or self._best_cfg()
-        # Both pools are alive during a switch's overlap.
-        need = (footprint(cur.num_workers, cur.prefetch_factor, mem.per_worker, mem.per_batch)
-                + footprint(cand.num_workers, cand.prefetch_factor, mem.per_worker,
-                            mem.per_batch))
-        if not self.shm_fits(cand, mem.per_batch, also=cur):
-            from autotune.shmfit import needed_bytes
-
-            shm = needed_bytes(cand.num_workers, cand.prefetch_factor, mem.per_batch)
-            return (f"{cand.short()} would hold {_mib(shm)} of batches in /dev/shm "
-                    f"({_mib(mem.per_batch)} each, beside the current pool's during the "
-                    f"switch), over its budget of {_mib(self.shm or 0)}")
-        if need <= self.budget:
-            return None
-        return (f"{cand.short()} needs {_mib(need)} during the switch (workers' PSS "
-                f"{_mib(mem.per_worker)} each{'' if mem.measured else ', estimated'}, batch "
-                f"{_mib(mem.per_batch)}), over the memory budget of {_mib(self.budget)}")
 
     def _settle(self, why: str) -> Config | None:
         best = self._best_cfg()
@@ -443,18 +333,7 @@ class Controller:
         waiting = self.phase == "budget"
         if waiting:
             self.phase = "measure"
-        if bound <= self.bound:
-            emit("bound", f"num_workers: worker bound stays {self.bound} ({why})",
-                 knob="num_workers", why=why, blocked=blocked)
-        else:
-            emit("bound-raised", f"worker bound {self.bound} -> {bound}: {why}",
-                 old=self.bound, bound=bound, blocked=blocked)
-            if self.cores_bound is None:
-                self.cores_bound = self.bound
-            self.bound, self.bound_hit, self.bound_checked = bound, False, False
-            self._reopen = True      # taken by the next proposal (after a trial in flight)
-            if self.phase == "settled":
-                self.phase = "measure"  # from the settled (best) configuration's next window
+        steps.raise_bound(self, blocked, bound, why)
         return self._next_step() if waiting else None
 
     @property
@@ -463,12 +342,5 @@ class Controller:
         return self._best_cfg()
 
 
-_PAUSE = object()   # _propose: wait for the workers' time budget before the next knob
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:.0f} %"
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.0f} MiB"

@@ -4,7 +4,9 @@ The study runs through Optuna's ask-and-tell interface so that the search, not O
 decides what a trial costs: a configuration already measured is answered from the study
 without measuring it again, a failed or over-memory configuration is recorded with its
 reason, and a trial left running by a search that died is marked interrupted (and its
-configuration measured again).
+configuration measured again). The settings' checks before any trial are
+autotune.search.precheck's; the study's trials as other searches left them,
+autotune.search.sharedtrials'.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autotune.bench.config import MIN_WINDOW_BATCHES, BenchConfig
+from autotune.bench.config import BenchConfig
 from autotune.bench.runner import run_bench
 from autotune.errors import UsageError
-from autotune.params import config_key
-from autotune.search import guard
 from autotune.search import recommend as rec_mod
+from autotune.search import sharedtrials
 from autotune.search.ceilings import Ceilings
+from autotune.search.precheck import batch_note, check_seconds, check_window
 from autotune.search.records import TrialRecord
 from autotune.search.space import SearchSpace
 
@@ -31,8 +33,6 @@ CONFIRMED = "confirmed:"   # study user attribute per confirmed configuration
 CEILING_TOLERANCE = 0.03
 SEARCH_SECONDS = 10.0  # a trial's window by default (longer where the step needs it)
 Progress = Callable[[str], None]
-# A trial's record is measured (not a duplicate or an interruption) in these states.
-MEASURED_STATES = ("complete", "failed", "rejected", "pruned")
 
 
 class _NoTrial:
@@ -135,9 +135,9 @@ class Session:
                 f"{self.base.procs_per_node} ranks on {self.ceilings.cores} usable cores: "
                 f"num_workers is per rank (bound from {self.cores_per_rank} core(s) each); "
                 "images/s is the node's (ranks x the slowest rank), memory is summed")
-        self._check_window()
-        self._check_seconds()
-        self._batch_note()
+        check_window(self)
+        check_seconds(self)
+        batch_note(self)
         self._decide_max_memory()
 
     def _decide_max_memory(self) -> None:
@@ -200,41 +200,6 @@ class Session:
                 f"than the {have} batches of "
                 f"{params.get('batch_size', self.base.batch_size)} in one cold pass")
 
-    def _check_window(self) -> None:
-        """A cold pass too short to measure most of the space is said up front (exit 2),
-        not decided from noise: a configuration needs its warm-up (at least 5 batches, its
-        whole prefetch queue) and 10 measured batches, at least twice the queue, before the
-        pass ends. When most fit, the others are skipped (not measured), with a note."""
-        n, bs = self.ceilings.samples, self.base.batch_size  # type: ignore[union-attr]
-        if not self.opts.cold or n is None:
-            return
-        grid = self.space.grid()  # type: ignore[union-attr]
-        out = [p for p in grid if self.unfit(p)]
-        if not out:
-            return
-        ranks = self.base.procs_per_node
-        needs = sorted(self.needs(p)[0] for p in grid)
-        need, cheapest, half = needs[-1], needs[0], needs[(len(needs) + 1) // 2 - 1]
-        have = n // ranks // bs
-        if len(out) * 2 <= len(grid):
-            self.space.notes.append(  # type: ignore[union-attr]
-                f"{len(out)} of the space's {len(grid)} configurations need more than the "
-                f"{have} batches of {bs} in one cold pass over {n:,} images (deep prefetch "
-                "queues: warm-up + twice the queue): skipped, not measured")
-            return
-        share = f" (each of {ranks} ranks reads {n // ranks:,})" if ranks > 1 else ""
-        fit = (f"a measurement needs at least {cheapest} ({cheapest - MIN_WINDOW_BATCHES} "
-               f"warm-up + {MIN_WINDOW_BATCHES} measured) before the pass ends"
-               if len(out) == len(grid) else
-               f"only {len(grid) - len(out)} of the space's {len(grid)} configurations can "
-               f"be measured in one (their warm-up and at least twice their prefetch queue: "
-               f"up to {need} batches)")
-        raise UsageError(
-            f"{self.root}: {n:,} images{share} make {have} batches of {bs} per cold pass; "
-            f"{fit}. Use a smaller batch size (at most {max(1, n // ranks // half)} to "
-            "measure half of the space), "
-            "--warm (later passes labelled warm), or a larger dataset.", setting="batch_size")
-
     def config(self, params: dict[str, Any], seconds: float | None = None) -> BenchConfig:
         """The measurement of `params` (not validated): the search's settings, the emulated
         step scaled to the batch, and the window: `seconds`, --seconds, or the longer of
@@ -249,37 +214,6 @@ class Session:
             settings["compute_ms"] = self.base.compute_ms * bs / self.base.batch_size
         return BenchConfig.from_preset(self.opts.preset, default_seconds=SEARCH_SECONDS,
                                        **settings)
-
-    def _check_seconds(self) -> None:
-        """A --seconds or --confirm-seconds too short for the step is refused up front
-        (exit 2) in one line naming the seconds it needs, not found out trial by trial:
-        the configuration of the space (or the baseline) that needs the longest window."""
-        given = [(f, v) for f, v in (("--seconds", self.opts.seconds),
-                                     ("--confirm-seconds", self.opts.confirm_seconds))
-                 if v is not None]
-        if not given:
-            return
-        grid = self.space.grid()  # type: ignore[union-attr]
-        if self.opts.baseline:
-            grid = [*grid, rec_mod.baseline_params(self.cores_per_rank, self.cuda)]
-        cfgs = [self.config(p, seconds=float("inf")) for p in grid]
-        worst = max(cfgs, key=lambda c: c.window_needed_s or 0.0)
-        for flag, v in given:
-            short = worst.short_window(v, flag)
-            if short:
-                raise UsageError(short, setting="seconds")
-
-    def _batch_note(self) -> None:
-        bss = self.space.choices.get("batch_size")  # type: ignore[union-attr]
-        if not bss or self.base.step is not None or not self.base.compute_ms:
-            return
-        per = self.base.compute_ms / self.base.batch_size
-        self.space.notes.append(  # type: ignore[union-attr]
-            f"the emulated step scales with the batch: {self.base.compute_ms:g} ms per batch "
-            f"of {self.base.batch_size} is {per:.3g} ms per image, so "
-            + ", ".join(f"{b}: {per * b:,.0f} ms" for b in bss)
-            + f"; the demand ceiling is {1000 / per:,.0f} images/s at every size (a larger "
-            "batch is not free)")
 
     # -- measuring -----------------------------------------------------------------------
 
@@ -376,56 +310,18 @@ class Session:
         return TrialRecord.from_dict(d) if d else None
 
     def reclaim_orphans(self, exclusive: bool) -> None:
-        """Trials a search that died left RUNNING (its process is gone from this host, or
-        its host has sent no heartbeat for the grace period): marked interrupted, their
-        configuration released to be measured again."""
-        import optuna
-        from optuna.exceptions import UpdateFinishedTrialError
-        from optuna.trial import TrialState
-
-        stale = {t.number: t for t in self.shared.heartbeats.stale(self.study)}
-        dead = {t.number: t for t in guard.orphaned_trials(self.study, exclusive=exclusive)}
-        for number, t in sorted({**dead, **stale}.items()):
-            owner = t.user_attrs.get("owner")
-            reason = guard.interrupted_reason(owner)
-            if number in stale and number not in dead:
-                reason = guard.silent_reason(owner, self.shared.grace)
-            rec = TrialRecord(t.number, dict(t.user_attrs.get("params") or t.params),
-                              "interrupted", reason=reason, host=t.user_attrs.get("host"))
-            try:
-                optuna.trial.Trial(self.study, t._trial_id).set_user_attr("record", rec.to_dict())
-                self.study.tell(t.number, state=TrialState.FAIL)
-            except (UpdateFinishedTrialError, RuntimeError, ValueError):
-                continue  # another host reclaimed it first, or it finished meanwhile
-            claim = t.user_attrs.get("claim")
-            if claim:
-                self.shared.claims.release(claim, t.number)
-            self.say(f"trial {t.number}: {rec.reason}")
+        """Trials a search that died left running: marked interrupted, their configuration
+        released (autotune.search.sharedtrials.reclaim_orphans)."""
+        sharedtrials.reclaim_orphans(self, exclusive)
 
     def measured(self) -> dict[tuple, TrialRecord]:
         """Configuration -> its record, for every configuration the study measured on a
-        host of this class (this host, or one with the same CPU model, cores and storage
-        class)."""
-        out: dict[tuple, TrialRecord] = {}
-        for t in self.study.get_trials(deepcopy=False):
-            d = t.user_attrs.get("record")
-            if d and d.get("state") in MEASURED_STATES and self.shared.same_class(d.get("host")):
-                out.setdefault(config_key(d["params"]), TrialRecord.from_dict(d))
-        return out
+        host of this class."""
+        return sharedtrials.measured(self)
 
     def running_elsewhere(self) -> int:
         """Trials other search processes are measuring now (they count in the budget)."""
-        import os
-
-        from optuna.trial import TrialState
-
-        n = 0
-        for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            owner = t.user_attrs.get("owner") or {}
-            if t.user_attrs.get("claim") and owner.get("pid") != os.getpid() \
-                    and self.shared.same_class(t.user_attrs.get("host")):
-                n += 1
-        return n
+        return sharedtrials.running_elsewhere(self)
 
     def timed_out(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline

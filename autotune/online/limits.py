@@ -1,0 +1,81 @@
+"""What a configuration may hold, for the controller (autotune.online.controller): the
+memory budget (workers' PSS plus the batches in flight, both pools counted during a switch's
+overlap), the /dev/shm budget its batches fill, and the start point shrunk until it fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from autotune.online.config import Config
+from autotune.online.memory import footprint
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """What the budget check needs, measured by the loader when asked."""
+
+    per_worker: int   # bytes of PSS per worker (measured, or the estimate before any)
+    per_batch: int    # bytes of one batch
+    measured: bool    # per_worker was read from the pool's workers
+
+
+def shm_fits(shm: int | None, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
+    """Whether `cfg`'s live batches (and `also`'s, alive beside it during a switch) fit
+    in the /dev/shm budget `shm`; True while the batch or the budget is unknown; never with
+    workers in a budget of 0 (no /dev/shm: workers cannot hand a batch over)."""
+    from autotune.shmfit import needed_bytes
+
+    if shm is None or not cfg.num_workers:
+        return True
+    if shm <= 0:
+        return False
+    if not per_batch:
+        return True
+    need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, per_batch)
+    if also is not None and also.num_workers:
+        need += needed_bytes(also.num_workers, also.prefetch_factor, per_batch)
+    return need <= shm
+
+
+def fit(ctl: Any, cfg: Config) -> Config:
+    """`cfg`, or fewer workers (the last step before none: one worker, one batch ahead)
+    until it fits the controller `ctl`'s memory and /dev/shm budgets; the settings given
+    stay."""
+    if "num_workers" in ctl.fixed:
+        return cfg
+    mem = ctl.memory()
+    while cfg.num_workers > ctl.min_workers() and (footprint(
+            cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > ctl.budget
+            or not ctl.shm_fits(cfg, mem.per_batch)):
+        if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
+                "prefetch_factor" not in ctl.fixed:
+            cfg = ctl.make(1, 1)  # one worker, one batch ahead: the last step before none
+            continue
+        cfg = ctl.make(cfg.num_workers - 1, cfg.prefetch_factor)
+    return cfg
+
+
+def over_budget(cand: Config, cur: Config, mem: MemoryFigures, budget: int,
+                shm: int | None) -> str | None:
+    """Why a switch from `cur` to `cand` is refused (None: it fits): both pools are alive
+    during its overlap, in memory and in /dev/shm."""
+    need = (footprint(cur.num_workers, cur.prefetch_factor, mem.per_worker, mem.per_batch)
+            + footprint(cand.num_workers, cand.prefetch_factor, mem.per_worker,
+                        mem.per_batch))
+    if not shm_fits(shm, cand, mem.per_batch, also=cur):
+        from autotune.shmfit import needed_bytes
+
+        need_shm = needed_bytes(cand.num_workers, cand.prefetch_factor, mem.per_batch)
+        return (f"{cand.short()} would hold {mib(need_shm)} of batches in /dev/shm "
+                f"({mib(mem.per_batch)} each, beside the current pool's during the "
+                f"switch), over its budget of {mib(shm or 0)}")
+    if need <= budget:
+        return None
+    return (f"{cand.short()} needs {mib(need)} during the switch (workers' PSS "
+            f"{mib(mem.per_worker)} each{'' if mem.measured else ', estimated'}, batch "
+            f"{mib(mem.per_batch)}), over the memory budget of {mib(budget)}")
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
