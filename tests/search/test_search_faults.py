@@ -83,8 +83,7 @@ def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_pat
 
 
 def test_search_killed_mid_trial_resumes_and_a_second_search_meanwhile_is_refused(
-        small_dataset, tmp_path,
-                                                                        live_measurements):
+        small_dataset, tmp_path, live_measurements):
     out = tmp_path / "out"
     space = str(TESTS / "space-tiny.yaml")
     a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2"),
