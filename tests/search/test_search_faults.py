@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -81,8 +82,8 @@ def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_pat
     assert not live_measurements(os.getpid())
 
 
-def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dataset, tmp_path,
-                                                                        live_measurements):
+def test_search_killed_mid_trial_resumes_and_a_second_search_meanwhile_is_refused(
+        small_dataset, tmp_path, live_measurements):
     out = tmp_path / "out"
     space = str(TESTS / "space-tiny.yaml")
     a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2"),
@@ -106,6 +107,18 @@ def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dat
 
     wait_for(in_trial, 300, "the first trial's measurement")
     kids = live_measurements(a.pid)
+    # Frozen mid-trial (its lock held, its trial RUNNING), a second search on the same
+    # SQLite file is refused: the same --out, and another --out naming the file with --storage.
+    os.kill(a.pid, signal.SIGSTOP)
+    for extra in ([], ["--storage", f"sqlite:///{out / 'study.db'}"]):
+        other = tmp_path / "other" if extra else out
+        b = subprocess.run(_cmd(small_dataset, other, space, "--trials", "2", *extra),
+                           capture_output=True, text=True, timeout=120)
+        assert b.returncode == 1, b.stderr
+        err = b.stderr.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert f"in use by autotune search pid {a.pid}" in err and "postgresql://" in err, err
+    assert not (tmp_path / "other" / "search.json").exists()
     a.kill()  # SIGKILL: no finally, no atexit
     a.wait()
     wait_for(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids),
@@ -123,30 +136,11 @@ def test_search_killed_mid_trial_resumes_and_measures_that_trial_again(small_dat
     key = (lost[0]["params"]["num_workers"], lost[0]["params"].get("prefetch_factor"))
     assert key in {(t["params"]["num_workers"], t["params"].get("prefetch_factor"))
                    for t in d["trials"] if t["state"] in ("complete", "duplicate")}
-
-
-def test_second_search_on_one_sqlite_file_is_refused_and_the_study_stays_whole(
-        small_dataset, tmp_path, live_measurements):
-    out = tmp_path / "out"
-    space = str(TESTS / "space-tiny.yaml")
-    a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wait_for(lambda: (out / "study.db.lock").exists() and bool(live_measurements(a.pid)), 120,
-          "the first search to start measuring")
-    # Same --out, and another --out naming the same file with --storage.
-    for extra in ([], ["--storage", f"sqlite:///{out / 'study.db'}"]):
-        other = tmp_path / "other" if extra else out
-        b = subprocess.run(_cmd(small_dataset, other, space, "--trials", "2", *extra),
-                           capture_output=True, text=True, timeout=120)
-        assert b.returncode == 1, b.stderr
-        err = b.stderr.strip()
-        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-        assert f"in use by autotune search pid {a.pid}" in err and "postgresql://" in err, err
-    _, err = a.communicate(timeout=300)
-    assert a.returncode == 0, err
+    # The refused searches added nothing: every other trial is whole, with its record.
     trials = _study(out).trials
-    assert trials and all(t.state.name == "COMPLETE" and t.user_attrs.get("record")
-                          for t in trials), [(t.number, t.state.name) for t in trials]
+    assert all(t.state.name == "COMPLETE" and t.user_attrs.get("record")
+               for t in trials if t.number != lost[0]["number"]), [
+        (t.number, t.state.name) for t in trials]
 
 
 def test_sqlite_on_a_network_filesystem_is_refused(small_dataset, tmp_path, monkeypatch):
