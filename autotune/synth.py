@@ -129,7 +129,7 @@ def _scale_pool(seed: int, size: int) -> list[bytes]:
 def _write_scale_classes(root: str, seed: int, images: int, classes: int, pool_size: int,
                          class_ids: list[int]) -> tuple[int, int, int]:
     """Write whole classes; (classes written, files written, bytes written)."""
-    pool = _scale_pool(seed, pool_size)
+    pool: list[bytes] = []   # rendered only when a class is missing
     done = files = nbytes = 0
     for c in class_ids:
         final = os.path.join(root, f"class_{c:04d}")
@@ -143,6 +143,7 @@ def _write_scale_classes(root: str, seed: int, images: int, classes: int, pool_s
 
             shutil.rmtree(part)
         os.mkdir(part)
+        pool = pool or _scale_pool(seed, pool_size)
         for i in range(c, images, classes):
             data = _with_comment(pool[i % pool_size], b"autotune-scale %d" % i)
             with open(os.path.join(part, f"img_{i:07d}.jpg"), "wb") as f:
