@@ -15,9 +15,10 @@ with 2 workers: decoded up to --decode-max files, bytes only above (a decoded ep
 
 Per step: wall seconds, files/s, the process tree's peak memory (the command's RSS plus
 its descendants' PSS: shared pages counted once across workers, sampled every 0.1 s),
-the tree's peak open file descriptors, the bytes the tree wrote (the larger of wait4's
-block-output count, which holds the children it reaped, and the sum of each process's
-/proc/PID/io write_bytes when last sampled) and the load average (1 min) before and after. Medians over
+the tree's peak open file descriptors, the bytes written to the disk holding --work during
+the step (the disk's own sector count, synced before and after: the whole machine's writes
+to that disk, so run it on a quiet machine; /proc/PID/io cannot say it, since a parent's
+figures include the children it reaped) and the load average (1 min) before and after. Medians over
 rounds. Per-file cost and memory per file are then compared across sizes.
 """
 
@@ -82,14 +83,12 @@ def _tree(root: int) -> list[int]:
 
 
 def _kib(path: str, field: bytes) -> int:
-    """The figure after `field` in a /proc file of `FIELD: N kB` lines (write_bytes is in
-    bytes: divided by 1024 here so that one reader serves both)."""
+    """The figure after `field` in a /proc file of `FIELD: N kB` lines."""
     try:
         with open(path, "rb") as f:
             for line in f:
                 if line.startswith(field):
-                    n = int(line.split()[1])
-                    return n if line.endswith(b"kB\n") else n // 1024
+                    return int(line.split()[1])
     except OSError:
         pass
     return 0
@@ -101,7 +100,6 @@ class Watch:
     def __init__(self, pid: int, period: float = 0.1):
         self.pid, self.period = pid, period
         self.peak_kib = self.peak_fds = 0
-        self.written: dict[int, int] = {}   # pid -> its write_bytes when last seen
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
         self._t.start()
@@ -113,8 +111,6 @@ class Watch:
             mem += sum(_kib(f"/proc/{p}/smaps_rollup", b"Pss:") for p in pids[1:])
             fds = 0
             for p in pids:
-                self.written[p] = max(self.written.get(p, 0), _kib(f"/proc/{p}/io",
-                                                                   b"write_bytes:") * 1024)
                 try:
                     fds += len(os.listdir(f"/proc/{p}/fd"))
                 except OSError:
@@ -127,13 +123,21 @@ class Watch:
         self._t.join()
 
 
+def _sectors_written(path: Path) -> int:
+    """The disk holding `path`: sectors written since boot (/sys/dev/block/M:m/stat)."""
+    st = os.stat(path)
+    f = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat")
+    return int(f.read_text().split()[6])
+
+
 def _load() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def run_step(name: str, cmd: list[str], files: int) -> dict:
+def run_step(name: str, cmd: list[str], files: int, disk: Path) -> dict:
     """Run one step as its own process tree; its figures, or SystemExit naming the failure."""
-    load0, t0 = _load(), time.monotonic()
+    os.sync()
+    sect0, load0, t0 = _sectors_written(disk), _load(), time.monotonic()
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     w = Watch(p.pid)
@@ -143,8 +147,10 @@ def run_step(name: str, cmd: list[str], files: int) -> dict:
                for f, b in ((out_f, out), (err_f, err))]
     for r in readers:
         r.start()
-    _, status, ru = os.wait4(p.pid, 0)
+    _, status, _ = os.wait4(p.pid, 0)
     wall = time.monotonic() - t0
+    os.sync()   # the step's dirty pages, written out before the disk's counter is read
+    written = (_sectors_written(disk) - sect0) * 512
     w.stop()
     for r in readers:
         r.join()
@@ -153,7 +159,7 @@ def run_step(name: str, cmd: list[str], files: int) -> dict:
         raise SystemExit(f"{name} exited {p.returncode}: {' '.join(cmd)}\n{''.join(err)[-3000:]}")
     return {"step": name, "files": files, "wall_s": round(wall, 2),
             "files_per_s": round(files / wall, 1), "peak_mib": round(w.peak_kib / 1024, 1),
-            "peak_fds": w.peak_fds, "written_mib": round(max(ru.ru_oublock * 512, sum(w.written.values())) / 2**20, 1),
+            "peak_fds": w.peak_fds, "written_mib": round(written / 2**20, 1),
             "load_before": load0, "load_after": _load(), "stdout": "".join(out)[-200:]}
 
 
@@ -207,7 +213,7 @@ def main() -> int:
             for name, cmd, gone in steps(size, data, work, size <= a.decode_max, a.trials):
                 if only and not any(name.startswith(o) for o in only):
                     continue
-                r = run_step(name, cmd, size)
+                r = run_step(name, cmd, size, a.work)
                 r.update(size=size, round=rnd)
                 results.append(r)
                 log(f"{size} r{rnd} {name}: {r['wall_s']} s, {r['files_per_s']:.0f} files/s, "
