@@ -5,6 +5,7 @@
     fsutil.py   atomic writes, fsync_dir, the pid lock, hashing
     beneath.py  opening names beneath a directory without following symlinks out
     registry.py a name -> entry table extended at run time (formats, DataLoader settings)
+    pathtable.py many paths with one integer each (labels, sizes), no object per path
 
 It imports nothing from the layers above it (`autotune_converters`: storage, formats,
 convert and stage; `autotune`: measure, decide, cli); tests/test_layers.py holds that.

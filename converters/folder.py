@@ -14,12 +14,12 @@ first read.
 from __future__ import annotations
 
 import os
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from autotune_base.errors import SampleError, UsageError
+from autotune_base.pathtable import PathTable
 from autotune_converters.source import IMG_EXTENSIONS, SampleSource
 
 
@@ -66,47 +66,6 @@ class FolderSource(SampleSource):
         return (Path(p) for p, _ in self._samples)
 
 
-class PathTable:
-    """The folder's (path, label) pairs in three flat buffers: the paths below the root as
-    one UTF-8 blob, their end offsets, their labels.
-
-    A list of tuples costs about 190 bytes a file, and DataLoader workers forked from
-    the process holding it copy its pages as they read it (every read touches a
-    reference count): 1.28 million files then cost about 240 MB in each worker. Here a
-    file costs its relative path's length plus 12 bytes, and reads never write to the
-    buffers, so forked workers keep sharing them.
-    """
-
-    __slots__ = ("root", "_blob", "_ends", "_labels")
-
-    def __init__(self, root: str) -> None:
-        self.root = root
-        self._blob = bytearray()
-        self._ends = array("q")
-        self._labels = array("i")
-
-    def append(self, relpath: str, label: int) -> None:
-        self._blob += relpath.encode("utf-8", "surrogateescape")
-        self._ends.append(len(self._blob))
-        self._labels.append(label)
-
-    def __len__(self) -> int:
-        return len(self._ends)
-
-    def __getitem__(self, index: int) -> tuple[str, int]:
-        if index < 0:
-            index += len(self._ends)
-            if index < 0:
-                raise IndexError("PathTable index out of range")
-        end = self._ends[index]   # IndexError past the end, as a list's
-        start = self._ends[index - 1] if index > 0 else 0
-        rel = self._blob[start:end].decode("utf-8", "surrogateescape")
-        return os.path.join(self.root, rel), self._labels[index]
-
-    def __iter__(self) -> Iterator[tuple[str, int]]:
-        return (self[i] for i in range(len(self)))
-
-
 def _scan_folder(root: Path) -> tuple[list[str], PathTable]:
     if not root.is_dir():
         raise UsageError(f"{root}: not a directory (an image folder is DATASET/CLASS/IMAGE.jpg).")
@@ -120,7 +79,8 @@ def _scan_folder(root: Path) -> tuple[list[str], PathTable]:
         raise UsageError(f"{root}: no class subfolders; an image folder is "
                          "DATASET/CLASS/IMAGE.jpg (labels are the sorted CLASS names).")
     top = str(root)
-    samples = PathTable(top)
+    # (path, label) pairs without an object per file: see autotune_base.pathtable.
+    samples = PathTable(top, "i")
     empty: list[str] = []
     for label, cls in enumerate(classes):
         n0 = len(samples)

@@ -46,6 +46,7 @@ import secrets
 import subprocess
 import sys
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ from typing import Any
 
 from autotune.cgroups import join_self, remove_cgroup, write_value
 from autotune.errors import AutotuneError, NotPermitted, UsageError
+from autotune_base.pathtable import PathTable
 
 __all__ = ["HitRate", "MemoryCgroup", "lru_bound", "measure_hit_rate", "simulate_lru"]
 
@@ -295,12 +297,15 @@ def _sample(files: Sequence[tuple[str, int]], max_bytes: int, seed: int
     total = sum(n for _, n in files)
     if total <= max_bytes:
         return list(files), False
-    picked = list(files)
-    random.Random(seed).shuffle(picked)
+    # The positions are shuffled, not the files: an array of them is 8 bytes a file, and
+    # random.shuffle swaps alike whatever it holds, so the sample is the same.
+    order = array("q", range(len(files)))
+    random.Random(seed).shuffle(order)
     out, acc = [], 0
-    for f, n in picked:
+    for i in order:
         if acc >= max_bytes:
             break
+        f, n = files[i]
         out.append((f, n))
         acc += n
     return out, True
@@ -325,11 +330,17 @@ def _evict(paths: list[str]) -> float | None:
     return left
 
 
-def _sized(files: Sequence[tuple[str, int]] | Sequence[str]) -> tuple[list[tuple[str, int]], int]:
-    """Each file with its size (given, or stat'ed), and their total; UsageError when empty."""
-    sized = [(str(f), os.path.getsize(f)) if not isinstance(f, tuple) else (str(f[0]), int(f[1]))
-             for f in files]
-    total = sum(n for _, n in sized)
+def _sized(files: Sequence[tuple[str, int]] | Sequence[str]
+           ) -> tuple[Sequence[tuple[str, int]], int]:
+    """Each file with its size (given, or stat'ed), and their total; UsageError when empty.
+    A PathTable of (path, bytes) is used as it is (no tuple per file)."""
+    if isinstance(files, PathTable):
+        sized: Sequence[tuple[str, int]] = files
+        total = sum(files.values())
+    else:
+        sized = [(str(f), os.path.getsize(f)) if not isinstance(f, tuple)
+                 else (str(f[0]), int(f[1])) for f in files]
+        total = sum(n for _, n in sized)
     if not sized or total == 0:
         raise UsageError("no bytes to read: the hit rate needs a non-empty dataset.")
     return sized, total

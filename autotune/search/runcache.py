@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune import environment
+from autotune_base.pathtable import PathTable
 
 __all__ = ["apply_run", "cache_room", "dataset_bytes", "regime", "size_text", "whole_run"]
 
@@ -52,22 +53,25 @@ def _pct(x: float) -> str:
     return f"{x * 100:.0f} %"
 
 
-def dataset_bytes(root: Any, fmt: str) -> tuple[int, list[tuple[str, int]]]:
-    """The dataset's bytes and (file, bytes) of each file a run reads."""
+def dataset_bytes(root: Any, fmt: str) -> tuple[int, PathTable]:
+    """The dataset's bytes and (file, bytes) of each file a run reads: one pass over the
+    source's files, kept as one table (no object per file: 1.28 million files held as
+    Path objects and tuples cost the search about 600 MB)."""
     if fmt == "factory":
         p = Path(root)
-        paths = [p] if p.is_file() else [Path(d) / f for d, _ds, fs in os.walk(p) for f in fs]
+        paths: Any = [p] if p.is_file() else (os.path.join(d, f) for d, _ds, fs in os.walk(p)
+                                              for f in fs)
     else:
         from autotune_converters.registry import open_source
 
-        paths = list(open_source(root, fmt).files())
-    out = []
+        paths = open_source(root, fmt).files()
+    out = PathTable()
     for f in paths:
         try:
-            out.append((str(f), os.stat(f).st_size))
+            out.append(os.fspath(f), os.stat(f).st_size)
         except OSError:
             continue
-    return sum(n for _, n in out), out
+    return sum(out.values()), out
 
 
 def cache_room(env: Any, job_bytes: int) -> tuple[int, str]:
@@ -209,7 +213,7 @@ def _later_ceilings(s: Any) -> Any:
         k: v for k, v in s.ceilings.lower_bounds.items() if k != "storage"}, evidence=[])
 
 
-def _warm_later(s: Any, res: Any, run: dict[str, Any], files: list[tuple[str, int]],
+def _warm_later(s: Any, res: Any, run: dict[str, Any], files: PathTable,
                 say: Progress) -> None:
     """One warm trial of the recommended configuration: the dataset read into the page
     cache once (under the emulated cap where there is one: it is the first epoch's read),
@@ -221,7 +225,7 @@ def _warm_later(s: Any, res: Any, run: dict[str, Any], files: list[tuple[str, in
     say(f"later epochs: reading the dataset ({size_text(run['dataset_bytes'])}) into the page "
         "cache, then one warm trial of the recommended configuration")
     throttle = s.opts.throttle
-    paths = [Path(f) for f, _ in files]
+    paths = [f for f, _ in files]   # str: a Path each would cost ~400 bytes a file more
     t0 = time.monotonic()
     with contextlib.ExitStack() as held:
         with throttle.joined() if throttle is not None else contextlib.nullcontext():
@@ -266,7 +270,7 @@ class _Pinned:
 
     PIN_MAX_FILES = 30_000
 
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[str]) -> None:
         self.paths = paths
         self.maps: list[Any] = []
         self.pinned, self.why = False, ""
@@ -332,7 +336,7 @@ def _next_ceiling_later(res: Any, run: dict[str, Any], why: str) -> None:
     run["notes"].append(f"later epochs modelled from the {k} ceiling, not measured: {why}")
 
 
-def _preload_parallel(paths: list[Path], preload: Callable[[Any], int], threads: int = 8) -> None:
+def _preload_parallel(paths: list[str], preload: Callable[[Any], int], threads: int = 8) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(threads) as ex:
@@ -373,7 +377,7 @@ def _modelled_later(res: Any, run: dict[str, Any], total: int, room: int) -> Non
     _later_from_hits(res, run, h)
 
 
-def _hit_rate_later(s: Any, res: Any, run: dict[str, Any], files: list[tuple[str, int]],
+def _hit_rate_later(s: Any, res: Any, run: dict[str, Any], files: PathTable,
                     room: int, say: Progress) -> None:
     from autotune.errors import AutotuneError
     from autotune.probe.hitrate import measure_hit_rate

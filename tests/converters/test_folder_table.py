@@ -9,7 +9,8 @@ import tracemalloc
 import pytest
 
 from autotune.synth import make_scale_folder
-from autotune_converters.folder import FolderSource, PathTable
+from autotune_base.pathtable import PathTable
+from autotune_converters.folder import FolderSource
 
 
 def test_a_file_costs_its_name_not_a_python_object_per_file(tmp_path):
@@ -48,7 +49,7 @@ def test_names_that_are_not_utf8_and_nested_folders_read_back(tmp_path):
 
 
 def test_the_table_indexes_as_a_list_does():
-    t = PathTable("/r")
+    t = PathTable("/r", "i")
     for i in range(3):
         t.append(f"c/{i}.jpg", i)
     assert t[0] == ("/r/c/0.jpg", 0) and t[-1] == ("/r/c/2.jpg", 2) and t[-3] == t[0]

@@ -118,3 +118,17 @@ def test_a_hybrid_host_makes_its_cgroup_in_the_v1_memory_hierarchy(tmp_path, mon
         assert cg.kind == "v1" and cg.path is not None and cg.path.parent == own
         assert cg.home == own
     assert [p.name for p in own.iterdir()] == ["memory.limit_in_bytes"]  # removed after
+
+
+def test_a_sample_of_a_table_is_the_sample_of_the_same_list():
+    from autotune.probe.hitrate import _sample
+    from autotune_base.pathtable import PathTable
+
+    t = PathTable("/d")
+    for i in range(1000):
+        t.append(f"f{i}", 1000 + i)
+    as_list = list(t)
+    assert _sample(t, 100_000, seed=3) == _sample(as_list, 100_000, seed=3)
+    picked, sampled = _sample(t, 100_000, seed=3)
+    assert sampled and 100_000 <= sum(n for _, n in picked) < 100_000 + 2000
+    assert _sample(t, 10**9, seed=3) == (as_list, False)

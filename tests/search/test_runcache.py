@@ -263,3 +263,24 @@ def test_a_cgroup_limit_above_the_hosts_memory_is_no_cache_room():
     env = environment.Environment(**{**env.__dict__, "memory": mem})
     assert cache_room(env, 100 * MiB) == (GiB - 100 * MiB, "this job's cgroup (1.0 GiB limit, "
                                           "memory.limit_in_bytes (synthetic))")
+
+
+def test_the_datasets_files_cost_a_table_not_an_object_each(tmp_path):
+    import tracemalloc
+
+    from autotune.search.runcache import dataset_bytes
+    from autotune.synth import make_scale_folder
+
+    r = make_scale_folder(tmp_path / "t", 5000, 50, pool=4, workers=1)
+    tracemalloc.start()
+    try:
+        total, files = dataset_bytes(tmp_path / "t", "folder")
+        # At its peak: the source's table and this one (a path of ~90 bytes here, and 16
+        # of offset and size). A Path object and a (str, int) tuple a file peaked at
+        # ~510 bytes a file and kept ~230.
+        peak = tracemalloc.get_traced_memory()[1] / len(files)
+    finally:
+        tracemalloc.stop()
+    assert total == r.bytes and len(files) == 5000 and peak < 300, peak
+    f, n = files[4999]
+    assert f == str(tmp_path / "t" / "class_0049" / "img_0004999.jpg") and n == os.path.getsize(f)
