@@ -203,8 +203,10 @@ def main() -> int:
         data = a.work / f"tree-{size}"
         t0 = time.monotonic()
         gen = subprocess.run([sys.executable, "-m", "scripts.make_dataset", str(data),
-                              "--images", str(size), "--classes", "1000", "--small"],
-                             cwd=ROOT, capture_output=True, text=True, check=True)
+                              "--images", str(size), "--classes", str(min(1000, size)),
+                              "--small"], cwd=ROOT, capture_output=True, text=True)
+        if gen.returncode != 0:
+            raise SystemExit(f"make_dataset exited {gen.returncode}: {gen.stderr[-2000:]}")
         log(f"{size}: {gen.stdout.strip()} ({time.monotonic() - t0:.0f} s)")
         for rnd in range(a.rounds):
             work = a.work / f"out-{size}"

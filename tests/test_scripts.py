@@ -66,3 +66,21 @@ def test_a_script_starts_as_a_module_and_the_shared_module_imports_no_autotune()
     assert r.returncode == 0, r.stderr
     loaded = {m.split(".")[0] for m in json.loads(r.stdout)}
     assert not loaded & {"autotune", "autotune_base", "autotune_converters", "torch"}, loaded
+
+
+def test_bench_scale_measures_each_step_as_a_process_tree(tmp_path):
+    # The scale benchmark at a toy size: the tree made, two steps run, their figures and
+    # the table out; each output deleted once measured, the tree kept on request.
+    out = tmp_path / "scale.json"
+    r = subprocess.run([sys.executable, "-m", "scripts.bench_scale", "--sizes", "300",
+                        "--rounds", "1", "--only", "convert wds,stage", "--keep-data",
+                        "--work", str(tmp_path / "w"), "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert [x["step"] for x in d["rounds"]] == ["convert wds", "stage wds"]
+    for x in d["rounds"]:
+        assert x["files"] == 300 and x["wall_s"] > 0 and x["peak_mib"] > 10, x
+    assert "| convert wds | 300 |" in r.stdout and "| stage wds | 300 |" in r.stdout
+    assert sorted(os.listdir(tmp_path / "w")) == ["tree-300"]
+    assert len([f for _, _, fs in os.walk(tmp_path / "w" / "tree-300") for f in fs]) == 300
