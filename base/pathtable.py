@@ -54,3 +54,21 @@ class PathTable:
 
     def __iter__(self) -> Iterator[tuple[str, int]]:
         return (self[i] for i in range(len(self)))
+
+
+class PathsView:
+    """The paths of a PathTable as a sequence of str (for code that wants paths only)."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: PathTable) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> str:
+        return self.table[index][0]
+
+    def __iter__(self) -> Iterator[str]:
+        return (p for p, _ in self.table)

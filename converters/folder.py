@@ -14,12 +14,12 @@ first read.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from autotune_base.errors import SampleError, UsageError
-from autotune_base.pathtable import PathTable
+from autotune_base.pathtable import PathsView, PathTable
 from autotune_converters.source import IMG_EXTENSIONS, SampleSource
 
 
@@ -42,7 +42,8 @@ class FolderSource(SampleSource):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         super().__init__(root)
-        self._classes, self._samples = _scan_folder(self.root)
+        classes, self._samples = _scan_folder(self.root)
+        self._classes = list(classes)   # the table is shared, read-only; the list is the caller's
 
     def __len__(self) -> int:
         return len(self._samples)
@@ -65,8 +66,52 @@ class FolderSource(SampleSource):
     def files(self) -> Iterator[Path]:
         return (Path(p) for p, _ in self._samples)
 
+    def file_paths(self) -> Sequence[str]:
+        return PathsView(self._samples)
+
+
+# The last folders listed in this process, by root: a search lists its dataset for the
+# decode ceiling, the first batch, the whole run's bytes and every trial's cache
+# eviction; at 1.28 million files each listing took seconds and a table of its own.
+_LISTED: dict[str, tuple[tuple[Any, ...], tuple[list[str], PathTable]]] = {}
+_LISTED_MAX = 2
+
+
+def _folder_state(root: Path) -> tuple[Any, ...] | None:
+    """What changes when a class or an image is added or removed one level down (the
+    root's and each class folder's inode and mtime); None when it cannot be read."""
+    try:
+        st = os.stat(root)
+        state: list[Any] = [st.st_ino, st.st_mtime_ns]
+        with os.scandir(root) as it:
+            for e in it:
+                if not e.name.startswith(".") and e.is_dir(follow_symlinks=True):
+                    cs = e.stat(follow_symlinks=True)
+                    state.append((e.name, cs.st_ino, cs.st_mtime_ns))
+    except OSError:
+        return None
+    return tuple(sorted(state[2:])) + tuple(state[:2])
+
 
 def _scan_folder(root: Path) -> tuple[list[str], PathTable]:
+    """The folder's classes and (path, label) table, listed once per process while no
+    class folder changes (images in sub-folders of a class: listed again only when a
+    class folder's own entries change)."""
+    state = _folder_state(root)
+    key = str(root)
+    hit = _LISTED.get(key)
+    if state is not None and hit is not None and hit[0] == state:
+        return hit[1]
+    listed = _list_folder(root)
+    if state is not None:
+        _LISTED.pop(key, None)
+        while len(_LISTED) >= _LISTED_MAX:
+            _LISTED.pop(next(iter(_LISTED)))
+        _LISTED[key] = (state, listed)
+    return listed
+
+
+def _list_folder(root: Path) -> tuple[list[str], PathTable]:
     if not root.is_dir():
         raise UsageError(f"{root}: not a directory (an image folder is DATASET/CLASS/IMAGE.jpg).")
     try:

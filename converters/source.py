@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,11 @@ class SampleSource(ABC):
     @abstractmethod
     def files(self) -> Iterator[Path]:
         """Every file a full pass reads: what a cold measurement evicts from the cache."""
+
+    def file_paths(self) -> Sequence[str]:
+        """`files()` as a sequence of str (a format with many files serves it from its own
+        table, without an object per file)."""
+        return [os.fspath(p) for p in self.files()]
 
     def info(self) -> dict[str, Any]:
         return {"path": str(self.root), "format": self.format, "images": len(self),

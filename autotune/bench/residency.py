@@ -55,11 +55,14 @@ def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
         os.close(fd)
 
 
-def resident_fraction(paths: Sequence[Path], sample: int = 256, seed: int = 0) -> float | None:
+def resident_fraction(paths: Sequence[str | os.PathLike[str]], sample: int = 256, seed: int = 0
+                      ) -> float | None:
     """Fraction of the pages of up to `sample` files (drawn at random) in the page cache."""
     if not paths:
         return None
-    picked = paths if len(paths) <= sample else random.Random(seed).sample(list(paths), sample)
+    # Positions drawn, not a copy of the list: it may hold a million paths.
+    picked = paths if len(paths) <= sample else [
+        paths[i] for i in random.Random(seed).sample(range(len(paths)), sample)]
     res = tot = 0
     for p in picked:
         r, t = file_residency(p)

@@ -64,7 +64,7 @@ def dataset_bytes(root: Any, fmt: str) -> tuple[int, PathTable]:
     else:
         from autotune_converters.registry import open_source
 
-        paths = open_source(root, fmt).files()
+        paths = open_source(root, fmt).file_paths()   # the process's one listing of it
     out = PathTable()
     for f in paths:
         try:

@@ -58,3 +58,23 @@ def test_the_table_indexes_as_a_list_does():
         t[3]
     with pytest.raises(IndexError):
         t[-4]
+
+
+def test_a_folder_is_listed_once_per_process_until_a_class_folder_changes(tmp_path):
+    root = tmp_path / "t"
+    make_scale_folder(root, 40, 4, pool=2, workers=1)
+    a, b = FolderSource(root), FolderSource(root)
+    assert a._samples is b._samples and len(b) == 40   # one listing, shared
+    b.classes.append("mine")                           # the caller's list, not the cache's
+    assert FolderSource(root).classes == [f"class_{i:04d}" for i in range(4)]
+    (root / "class_0001" / "img_9999999.jpg").write_bytes(
+        (root / "class_0001" / "img_0000001.jpg").read_bytes())
+    c = FolderSource(root)
+    assert len(c) == 41 and c._samples is not a._samples
+    assert c.describe(20) == str(root / "class_0001" / "img_9999999.jpg")
+    os.remove(root / "class_0002" / "img_0000002.jpg")
+    os.makedirs(root / "class_0004")
+    (root / "class_0004" / "x.jpg").write_bytes(b"x")
+    d = FolderSource(root)
+    assert len(d) == 41 and d.classes[-1] == "class_0004" and d.read(40) == (b"x", 4)
+    assert [x.name for x in d.files()] == [os.path.basename(p) for p in d.file_paths()]
