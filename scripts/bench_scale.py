@@ -13,7 +13,8 @@ staged WebDataset) and through `autotune.DataLoader` (the image folder, map-styl
 with 2 workers: decoded up to --decode-max files, bytes only above (a decoded epoch of
 1.28 M files takes about an hour on 2 cores). Each output is deleted once measured.
 
-Per step: wall seconds, files/s, the process tree's peak memory (the command's RSS plus
+Before each step the page cache is dropped (root; --warm leaves it), so that every size
+starts cold: its data read from the disk once, as a job's first epoch. Per step: wall seconds, files/s, the process tree's peak memory (the command's RSS plus
 its descendants' PSS: shared pages counted once across workers, sampled every 0.1 s),
 the tree's peak open file descriptors, the bytes written to the disk holding --work during
 the step (the disk's own sector count, synced before and after: the whole machine's writes
@@ -134,9 +135,15 @@ def _load() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def run_step(name: str, cmd: list[str], files: int, disk: Path) -> dict:
-    """Run one step as its own process tree; its figures, or SystemExit naming the failure."""
+def run_step(name: str, cmd: list[str], files: int, disk: Path, cold: bool = True) -> dict:
+    """Run one step as its own process tree; its figures, or SystemExit naming the failure.
+    cold: the page cache dropped first (root), so that every size starts alike: a tree
+    just generated is in the cache, one a probe or another job dropped is not."""
     os.sync()
+    if cold:
+        from autotune.cache import drop_caches
+
+        drop_caches(3)
     sect0, load0, t0 = _sectors_written(disk), _load(), time.monotonic()
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -195,6 +202,9 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated step names to run (prefixes)")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/autotune-scale"))
     ap.add_argument("--keep-data", action="store_true", help="keep each size's tree")
+    ap.add_argument("--warm", action="store_true",
+                    help="leave the page cache as it is (default: dropped before each step, "
+                         "as root)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     only = [s for s in a.only.split(",") if s]
@@ -215,7 +225,8 @@ def main() -> int:
             for name, cmd, gone in steps(size, data, work, size <= a.decode_max, a.trials):
                 if only and not any(name.startswith(o) for o in only):
                     continue
-                r = run_step(name, cmd, size, a.work)
+                r = run_step(name, cmd, size, a.work, cold=not a.warm)
+                r["cache"] = "warm" if a.warm else "cold"
                 r.update(size=size, round=rnd)
                 results.append(r)
                 log(f"{size} r{rnd} {name}: {r['wall_s']} s, {r['files_per_s']:.0f} files/s, "

@@ -73,7 +73,7 @@ def test_bench_scale_measures_each_step_as_a_process_tree(tmp_path):
     # the table out; each output deleted once measured, the tree kept on request.
     out = tmp_path / "scale.json"
     r = subprocess.run([sys.executable, "-m", "scripts.bench_scale", "--sizes", "300",
-                        "--rounds", "1", "--only", "convert wds,stage", "--keep-data",
+                        "--rounds", "1", "--only", "convert wds,stage", "--keep-data", "--warm",
                         "--work", str(tmp_path / "w"), "--json", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
