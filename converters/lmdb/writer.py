@@ -41,6 +41,7 @@ from typing import Any
 from autotune_base.beneath import plain_name
 from autotune_base.errors import ConvertError
 from autotune_base.fsutil import fsync_dir, sha256_file, write_json_atomic
+from autotune_converters.lmdb.heap import KeptHeap
 from autotune_converters.lmdb.layout import (
     DESCRIPTION,
     HEADER,
@@ -81,6 +82,7 @@ class LmdbWriter(FormatWriter):
         d = self.__dict__.copy()
         d["_env"] = None  # an environment never crosses into a worker
         d["_ahead"] = None
+        d["_heap"] = None
         return d
 
     # -- resume ------------------------------------------------------------------------
@@ -90,6 +92,9 @@ class LmdbWriter(FormatWriter):
 
         self._writer_pid = os.getpid()
         self._ahead: _ReadAhead | None = None
+        # Each commit frees its batch's pages: keep them for the next batch (heap.py).
+        self._heap = KeptHeap(2 * max(self.plan.unit_sizes, default=0) + 64 * _MiB)
+        self._heap.hold()
         self._published = self._read_published()
         self._complete = False
         if self._published is not None:  # killed after publishing, before the manifest
@@ -264,8 +269,11 @@ class LmdbWriter(FormatWriter):
             samples = sum(r.samples for r in results)
             self._finish_env(samples)
             env_dir = self.workdir.lmdb
-            idx = self._write_index(samples)
-            size, sha = sha256_file(env_dir / DATA_FILE)
+            # data.mdb is final now: hash it (hashlib and the reads release the GIL) while
+            # this thread builds the index from it; both read the same cached pages.
+            size, sha = _in_thread(sha256_file, env_dir / DATA_FILE,
+                                   lambda: self._write_index(samples))
+            idx = env_dir / INDEX_FILE
             isize, isha = sha256_file(idx)
             # The index lists no samples of its own: the manifest's sample counts add up.
             pub = [{"file": DATA_FILE, "samples": samples, "bytes": size, "sha256": sha},
@@ -340,6 +348,32 @@ class LmdbWriter(FormatWriter):
         if self._env is not None:
             self._env.close()
             self._env = None
+        if getattr(self, "_heap", None) is not None:
+            self._heap.release()
+            self._heap = None
+
+
+def _in_thread(fn: Any, arg: Any, meanwhile: Any) -> Any:
+    """fn(arg) in a thread while meanwhile() runs here; fn's result (or its error)."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["r"] = fn(arg)
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            out["e"] = e
+
+    t = threading.Thread(target=run, name="autotune-lmdb-hash", daemon=True)
+    t.start()
+    try:
+        meanwhile()
+    finally:
+        t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
 
 
 class _Stopped(Exception):
@@ -351,37 +385,55 @@ class _ReadAhead:
     writing thread puts and commits the ones before: py-lmdb releases the GIL in put and
     commit, so reading, checking and LMDB's copying and syncing overlap on two cores.
 
-    Each sample is read into a value buffer from a small pool (its header and path
-    first, so the buffer is the LMDB value), handed over, and the buffer comes back
-    after its put: memory stays at the pool's size, whatever the batch size.
+    Each sample is read into a value slot (its header and path first, so the slot is the
+    LMDB value), handed over, and the slot comes back after its put. Up to `BUDGET` bytes
+    of values (and `SLOTS` samples) wait read ahead: enough to keep reading through a
+    commit (64 MiB written and synced: 64 slots, as before, stopped the reads a quarter
+    of the way into it). The slots are one anonymous mapping, resident only where used,
+    so small files cost only what they fill; a value larger than a slot gets a buffer of
+    its own for its time in flight, within the same budget.
     """
 
-    BUFFERS = 64
+    SLOT = 256 << 10
+    SLOTS = 512
+    BUDGET = 32 << 20
 
     def __init__(self, writer: LmdbWriter, units: list[int]) -> None:
+        import mmap
         import queue
         import threading
 
         self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue()
         self._free: queue.Queue[memoryview] = queue.Queue()
-        for _ in range(self.BUFFERS):
-            self._free.put(memoryview(bytearray(256 << 10)))
+        arena = memoryview(mmap.mmap(-1, self.SLOT * self.SLOTS))
+        for i in range(self.SLOTS):
+            self._free.put(arena[i * self.SLOT:(i + 1) * self.SLOT])
+        self._room = threading.Condition()
+        self._inflight = 0  # bytes of values handed out and not given back
         self._stopping = threading.Event()
         self._t = threading.Thread(target=self._run, args=(writer, units), daemon=True,
                                    name="autotune-lmdb-read-ahead")
         self._t.start()
 
-    def _buffer(self, need: int) -> memoryview:
+    def _buffer(self, need: int) -> tuple[memoryview, tuple[memoryview, int]]:
+        """A buffer of at least `need` bytes and the token that gives it back."""
         import queue
 
+        with self._room:
+            while self._inflight and self._inflight + need > self.BUDGET:
+                if self._stopping.is_set():
+                    raise _Stopped
+                self._room.wait(0.1)
+            self._inflight += need
         while True:
             if self._stopping.is_set():
                 raise _Stopped
             try:
-                buf = self._free.get(timeout=0.1)
+                slot = self._free.get(timeout=0.1)
             except queue.Empty:
                 continue
-            return buf if need <= len(buf) else memoryview(bytearray(need))
+            buf = slot if need <= len(slot) else memoryview(bytearray(need))
+            return buf, (slot, need)
 
     def _run(self, writer: LmdbWriter, units: list[int]) -> None:
         try:
@@ -392,17 +444,17 @@ class _ReadAhead:
                     head = value_head(entry.label, entry.relpath)
                     start = len(head)
                     need = start + entry.size + 1
-                    buf = self._buffer(need)
+                    buf, token = self._buffer(need)
                     buf[:start] = head
-                    cur["buf"], cur["start"] = buf, start
+                    cur["buf"], cur["token"], cur["start"] = buf, token, start
                     return buf[start:need]
 
                 for s in writer.samples_into(u, dest):
-                    buf = cur.pop("buf", None)
+                    buf, token = cur.pop("buf", None), cur.pop("token", None)
                     if isinstance(s, Sample) and isinstance(s.data, memoryview):
-                        self._q.put(("s", s, buf[:cur["start"] + len(s.data)], buf))
+                        self._q.put(("s", s, buf[:cur["start"] + len(s.data)], token))
                     else:
-                        self._q.put(("s", s, None, buf))
+                        self._q.put(("s", s, None, token))
                 self._q.put(("end", u, None, None))
         except _Stopped:
             return
@@ -410,7 +462,7 @@ class _ReadAhead:
             self._q.put(("err", e, None, None))
 
     def unit(self, unit: int) -> Any:
-        """(sample, value or None, buffer to give back or None) for each sample of `unit`."""
+        """(sample, value or None, token to give back or None) for each sample of `unit`."""
         while True:
             kind, a, v, buf = self._q.get()
             if kind == "err":
@@ -426,17 +478,21 @@ class _ReadAhead:
             if buf is not None:
                 self.give_back(buf)
 
-    def give_back(self, buf: memoryview) -> None:
-        self._free.put(buf)
+    def give_back(self, token: tuple[memoryview, int]) -> None:
+        slot, need = token
+        self._free.put(slot)
+        with self._room:
+            self._inflight -= need
+            self._room.notify()
 
     def stop(self) -> None:
         self._stopping.set()
         while self._t.is_alive():
             try:  # unblock a reader waiting for a buffer
                 while True:
-                    _, _, _, buf = self._q.get_nowait()
-                    if buf is not None:
-                        self._free.put(buf)
+                    _, _, _, token = self._q.get_nowait()
+                    if token is not None:
+                        self.give_back(token)
             except Exception:  # noqa: BLE001 (queue.Empty)
                 pass
             self._t.join(0.2)
