@@ -269,10 +269,7 @@ class LmdbWriter(FormatWriter):
             samples = sum(r.samples for r in results)
             self._finish_env(samples)
             env_dir = self.workdir.lmdb
-            # data.mdb is final now: hash it (hashlib and the reads release the GIL) while
-            # this thread builds the index from it; both read the same cached pages.
-            size, sha = _in_thread(sha256_file, env_dir / DATA_FILE,
-                                   lambda: self._write_index(samples))
+            size, sha = self._hash_and_index(samples)
             idx = env_dir / INDEX_FILE
             isize, isha = sha256_file(idx)
             # The index lists no samples of its own: the manifest's sample counts add up.
@@ -285,12 +282,33 @@ class LmdbWriter(FormatWriter):
             self._published = pub
         return [dict(f) for f in self._published]
 
-    def _write_index(self, samples: int) -> Any:
-        """data.idx from the finished environment: where each value lies in data.mdb.
+    def _hash_and_index(self, samples: int) -> tuple[int, str]:
+        """(bytes, sha256) of the finished data.mdb, and its index written to data.idx.
 
-        Values are located through the memory map, so the environment is reopened every
-        64 MiB of values: unmapping drops those pages from this process's RSS, which
-        would otherwise grow to the size of data.mdb."""
+        One sequential read that walks LMDB's pages (autotune_converters.lmdb.pages) and
+        is checked against LMDB's own answer for a spread of keys; where that reader
+        does not know the file, LMDB locates every value, while a thread hashes."""
+        from autotune_converters.lmdb.pages import PageFormatError, hash_and_index
+
+        path = self.workdir.lmdb / DATA_FILE
+        try:
+            size, sha, idx = hash_and_index(str(path), samples)
+            picks = sorted({0, samples - 1, *range(0, samples, max(1, samples // 16))})
+            if samples and (self._lmdb_index(picks) != idx[picks]).any():
+                raise PageFormatError("the pages' index differs from LMDB's own")
+        except PageFormatError:
+            # hashlib and the reads release the GIL: both passes run at once
+            return _in_thread(sha256_file, path,
+                              lambda: self._save_index(self._lmdb_index(range(samples))))
+        self._save_index(idx)
+        return size, sha
+
+    def _lmdb_index(self, keys: Any) -> Any:
+        """Index records of sample `keys` (ascending), located through LMDB's memory map.
+
+        py-lmdb's get() touches every page of a value, so the environment is reopened
+        every 64 MiB of values: unmapping drops those pages from this process's RSS,
+        which would otherwise grow to the size of data.mdb."""
         import lmdb
         import numpy as np
 
@@ -298,9 +316,10 @@ class LmdbWriter(FormatWriter):
 
         path = self.workdir.lmdb / DATA_FILE
         size = path.stat().st_size
-        idx = np.zeros(samples, dtype=index_dtype())
+        keys = list(keys)
+        idx = np.zeros(len(keys), dtype=index_dtype())
         i = 0
-        while i < samples:
+        while i < len(keys):
             env = lmdb.open(str(self.workdir.lmdb), readonly=True, lock=False, readahead=True,
                             subdir=True, map_size=max(size, 1 << 20))
             try:
@@ -310,22 +329,24 @@ class LmdbWriter(FormatWriter):
                                        "/proc/self/maps; the LMDB index needs Linux /proc.")
                 seen = 0
                 with env.begin(buffers=True) as txn:
-                    while i < samples and seen < 64 * _MiB:
-                        v = txn.get(key(i))
+                    while i < len(keys) and seen < 64 * _MiB:
+                        v = txn.get(key(keys[i]))
                         if v is None:
-                            raise ConvertError(f"{path}: key {key(i).decode()} missing after the "
-                                               "last commit; delete DST and convert again.")
+                            raise ConvertError(f"{path}: key {key(keys[i]).decode()} missing "
+                                               "after the last commit; delete DST and convert "
+                                               "again.")
                         idx[i] = (buffer_address(v) - base, len(v), HEADER.unpack_from(v, 0)[1])
                         seen += len(v) + 4096
                         i += 1
             finally:
                 env.close()
-        out = self.workdir.lmdb / INDEX_FILE
-        with open(out, "wb") as f:
+        return idx
+
+    def _save_index(self, idx: Any) -> None:
+        with open(self.workdir.lmdb / INDEX_FILE, "wb") as f:
             f.write(idx.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        return out
 
     def _finish_env(self, num_samples: int) -> None:
         if not self._complete:
