@@ -15,7 +15,12 @@ it stopped, nothing twice, nothing missing.
 Environment options: writemap=False (a crash cannot scribble over the map through stray
 pointers, and the file only grows by what is written); lock=False (this conversion holds
 its own lock on DST, and readers open read-only with lock=False too, so no lock.mdb is
-needed); sync=True and metasync=True (each commit is durable before it counts).
+needed); sync=True (each commit's pages are on the disk before its meta page is
+written). metasync=False for the batches: a batch's meta page reaches the disk with the
+next commit's sync, one flush per commit instead of two; a power loss can then undo the
+last committed batch, which the rerun writes again from the record before it (the same
+as being killed before that commit). The last commit, which makes the environment
+complete, has metasync=True, so what is hashed and published is all durable.
 The map starts at 1.25 x the source bytes + 64 MiB (or `map_size`) and doubles on
 MapFullError: the batch is aborted, the map grown, the batch retried.
 
@@ -120,7 +125,7 @@ class LmdbWriter(FormatWriter):
         self._map_size = int(progress["map_size"])
         return self._load_results(self._next)
 
-    def _commit(self, write: Any, batch_bytes: int) -> None:
+    def _commit(self, write: Any, batch_bytes: int, *, last: bool = False) -> None:
         """Run `write(txn)` in one transaction of a fresh environment; grow and retry
         on MapFullError."""
         import lmdb
@@ -128,7 +133,7 @@ class LmdbWriter(FormatWriter):
         while True:
             env = lmdb.open(str(self.workdir.lmdb), map_size=self._map_size, subdir=True,
                             lock=False, writemap=False, readahead=False, meminit=True,
-                            sync=True, metasync=True, max_dbs=0)
+                            sync=True, metasync=last, max_dbs=0)
             self._env = env
             try:
                 txn = env.begin(write=True)
@@ -210,7 +215,8 @@ class LmdbWriter(FormatWriter):
         count = self._count
         state: dict[str, Any] = {"attempt": 0}
         if out is None and self._ahead is None:
-            self._ahead = _ReadAhead(self, list(range(unit, self.plan.units)))
+            self._ahead = _ReadAhead(self, list(range(unit, self.plan.units)),
+                                     budget=_ReadAhead.budget_for(max(self.plan.unit_sizes)))
 
         def put_all(txn: Any, items: Any) -> UnitResult:
             res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
@@ -359,7 +365,7 @@ class LmdbWriter(FormatWriter):
                 txn.delete(PROGRESS_KEY)
                 txn.put(META_KEY, meta)
 
-            self._commit(write, len(meta))
+            self._commit(write, len(meta), last=True)
             self._complete = True
 
     def _close(self) -> None:
@@ -407,19 +413,25 @@ class _ReadAhead:
     commit, so reading, checking and LMDB's copying and syncing overlap on two cores.
 
     Each sample is read into a value slot (its header and path first, so the slot is the
-    LMDB value), handed over, and the slot comes back after its put. Up to `BUDGET` bytes
-    of values (and `SLOTS` samples) wait read ahead: enough to keep reading through a
-    commit (64 MiB written and synced: 64 slots, as before, stopped the reads a quarter
-    of the way into it). The slots are one anonymous mapping, resident only where used,
-    so small files cost only what they fill; a value larger than a slot gets a buffer of
-    its own for its time in flight, within the same budget.
+    LMDB value), handed over, and the slot comes back after its put. Up to a batch of
+    values (`budget` bytes, at most `SLOTS` samples) wait read ahead, so the next batch
+    is read and checked while this one is written and synced, and its puts then only
+    copy (64 buffers, as before, stopped the reads early in each commit and left the
+    disk idle while the batch was read after it). The slots are one anonymous mapping,
+    resident only where used, so small files cost only what they fill; a value larger
+    than a slot gets a buffer of its own for its time in flight, within the same budget.
     """
 
     SLOT = 256 << 10
-    SLOTS = 512
-    BUDGET = 32 << 20
+    SLOTS = 1024
+    BUDGET = 32 << 20  # the least; a batch's bytes when larger (budget_for)
+    BUDGET_MAX = 256 << 20
 
-    def __init__(self, writer: LmdbWriter, units: list[int]) -> None:
+    @classmethod
+    def budget_for(cls, batch_bytes: int) -> int:
+        return max(cls.BUDGET, min(int(batch_bytes), cls.BUDGET_MAX))
+
+    def __init__(self, writer: LmdbWriter, units: list[int], budget: int = BUDGET) -> None:
         import mmap
         import queue
         import threading
@@ -429,6 +441,7 @@ class _ReadAhead:
         arena = memoryview(mmap.mmap(-1, self.SLOT * self.SLOTS))
         for i in range(self.SLOTS):
             self._free.put(arena[i * self.SLOT:(i + 1) * self.SLOT])
+        self.budget = budget
         self._room = threading.Condition()
         self._inflight = 0  # bytes of values handed out and not given back
         self._stopping = threading.Event()
@@ -441,7 +454,7 @@ class _ReadAhead:
         import queue
 
         with self._room:
-            while self._inflight and self._inflight + need > self.BUDGET:
+            while self._inflight and self._inflight + need > self.budget:
                 if self._stopping.is_set():
                     raise _Stopped
                 self._room.wait(0.1)

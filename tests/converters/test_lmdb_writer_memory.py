@@ -61,9 +61,9 @@ def test_the_writer_keeps_freed_pages_while_it_runs_and_not_after(img_src, tmp_p
     seen = []
     commit = lmdb_writer.LmdbWriter._commit
 
-    def spy(self, write, batch_bytes):
+    def spy(self, write, batch_bytes, **kw):
         seen.append(self._heap is not None and self._heap.held)
-        return commit(self, write, batch_bytes)
+        return commit(self, write, batch_bytes, **kw)
 
     monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", spy)
     released = []
@@ -129,3 +129,24 @@ def test_values_larger_than_a_slot_are_stored_whole(tmp_path):
     convert(tmp_path / "src", dst, ConvertOptions(format="lmdb"))
     got = sorted(bytes(LmdbSource(dst).read(i)[0]) for i in range(3))
     assert got == sorted(p.read_bytes() for p in src.iterdir())
+
+
+def test_batches_flush_once_and_the_last_commit_twice(img_src, tmp_path, monkeypatch):
+    """metasync off for the batches (their meta page goes out with the next commit's
+    sync), on for the commit that completes the environment, which is then published."""
+    import lmdb
+
+    opened = []
+    real = lmdb.open
+
+    def spy(path, **kw):
+        if not kw.get("readonly"):
+            opened.append(kw.get("metasync", True))
+        return real(path, **kw)
+
+    monkeypatch.setattr(lmdb, "open", spy)
+    dst = tmp_path / "out"
+    convert(img_src, dst, ConvertOptions(format="lmdb", shard_size=1 << 20))
+    assert len(opened) > 2
+    assert opened[-1] is True and not any(opened[:-1])
+    assert len(LmdbSource(dst)) == 96
