@@ -27,6 +27,14 @@ torchvision, hence --no-deps; check with --dry-run first):
 
     .venv/bin/pip install --no-deps litdata lightning-utilities && .venv/bin/pip install boto3 requests
 
+Conversions are also tabled per round: each LMDB conversion against that round's plain
+LMDB write, with the load average as each started. `--baseline CHECKOUT` adds that
+checkout's `convert --format lmdb` to every round (before and after a change, same run).
+Only conversions, ours against the plain write, interleaved (litdata not needed then):
+
+    .venv/bin/python -m scripts.bench_peers --dataset /var/tmp/ds20k --skip-read \
+        --tools "format lmdb,plain LMDB" --rounds 5 [--baseline /path/to/old/checkout]
+
 Needs root (drop_caches, the cgroup cap). Run it alone, and say how loaded the machine was:
 
     flock /tmp/autotune-bench.lock .venv/bin/python -m scripts.bench_peers \\
@@ -350,7 +358,7 @@ def _files(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()]
 
 
-def _run_timed(cmd: list[str]) -> dict[str, Any]:
+def _run_timed(cmd: list[str], root: Path = ROOT) -> dict[str, Any]:
     """Wall seconds, CPU seconds and peak RSS of one whole process, as the user waits.
 
     Through /usr/bin/time: Linux carries a process's RSS high-water mark across exec, so
@@ -360,8 +368,8 @@ def _run_timed(cmd: list[str]) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
         full = ["/usr/bin/time", "-f", "%M %U %S", "-o", tf.name, *cmd]
         t0 = time.monotonic()
-        p = subprocess.run(full, cwd=ROOT, capture_output=True,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        p = subprocess.run(full, cwd=root, capture_output=True,
+                           env={**os.environ, "PYTHONPATH": str(root)})
         wall = time.monotonic() - t0
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}): "
@@ -383,19 +391,29 @@ CONVERTERS = {
 }
 
 
+BASELINE = "autotune convert --format lmdb, --baseline checkout"
+
+
 def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: int,
-                   keep: dict[str, Path]) -> list[dict[str, Any]]:
+                   keep: dict[str, Path], rnd: int = 0,
+                   baseline: str | None = None) -> list[dict[str, Any]]:
     rows = []
     for tool in tools:
         dst = work / ("conv-" + "".join(c if c.isalnum() else "-" for c in tool)[:40])
         shutil.rmtree(dst, ignore_errors=True)
         drop_caches()
-        r = _run_timed(CONVERTERS[tool](str(src), str(dst)))
+        load = _loadavg()
+        if tool == BASELINE:  # the same command run from another checkout (before a change)
+            r = _run_timed(CONVERTERS["autotune convert --format lmdb"](str(src), str(dst)),
+                           root=Path(baseline))
+        else:
+            r = _run_timed(CONVERTERS[tool](str(src), str(dst)))
         r.update(tool=tool, images_per_s=n / r["wall_s"], mb_per_s=src_bytes / 1e6 / r["wall_s"],
-                 output_bytes=du(dst))
+                 output_bytes=du(dst), round=rnd, load=load)
         rows.append(r)
         print(f"  convert {tool:45s} {r['wall_s']:6.2f} s  {r['images_per_s']:7,.0f} img/s  "
-              f"CPU {r['cpu_s']:6.1f} s  peak RSS {r['peak_rss'] / 2**20:5.0f} MiB", flush=True)
+              f"CPU {r['cpu_s']:6.1f} s  peak RSS {r['peak_rss'] / 2**20:5.0f} MiB  "
+              f"load {load}", flush=True)
         keep_as = keep.get(tool)
         if keep_as is not None:
             shutil.rmtree(keep_as, ignore_errors=True)
@@ -472,6 +490,9 @@ def main() -> int:
     ap.add_argument("--tools", default="", help="comma-separated substrings: convert only "
                     "the matching tools (development)")
     ap.add_argument("--rss", action="store_true", help="peak RSS at 200,000 tiny files")
+    ap.add_argument("--baseline", default=None, help="another checkout (its root, with the "
+                    "autotune_converters and autotune_base links) whose `convert --format "
+                    "lmdb` runs as one more tool in every round: before and after a change")
     ap.add_argument("--json", default=str(ROOT / "out" / "bench_peers.json"))
     ap.add_argument("--md", default=str(ROOT / "out" / "bench_peers.md"))
     a = ap.parse_args()
@@ -482,7 +503,9 @@ def main() -> int:
 
     import importlib.util
 
-    if importlib.util.find_spec("litdata") is None:  # not imported here: see _run_timed
+    wants_litdata = not a.skip_convert and (not a.tools or "litdata" in a.tools) \
+        or not a.skip_read
+    if wants_litdata and importlib.util.find_spec("litdata") is None:  # see _run_timed
         print("bench_peers: litdata is not installed; install it as the module doc says",
               file=sys.stderr)
         return 2
@@ -508,12 +531,14 @@ def main() -> int:
     if not a.skip_convert:
         tools = [t for t in CONVERTERS
                  if not a.tools or any(x and x in t for x in a.tools.split(","))]
+        if a.baseline:
+            tools.append(BASELINE)
         conv: list[dict[str, Any]] = []
         for r in range(a.rounds):
             order = tools[r % len(tools):] + tools[:r % len(tools)]  # alternate who goes first
             print(f"conversion round {r + 1}/{a.rounds} (load {_loadavg()})", flush=True)
             keep = outs if r == a.rounds - 1 else {}
-            conv += _convert_round(src, work, order, n_src, src_bytes, keep)
+            conv += _convert_round(src, work, order, n_src, src_bytes, keep, r, a.baseline)
         out["convert"] = conv
     else:
         out["convert"] = json.loads(Path(a.json).read_text()).get("convert", []) \
@@ -564,11 +589,39 @@ def main() -> int:
     return 0
 
 
+def _per_round(conv: list[dict[str, Any]]) -> list[str]:
+    """Each round's LMDB conversions against that round's plain LMDB write, with the load
+    average when each started (rounds rotate which tool goes first)."""
+    plain_t = "plain LMDB bulk write (txn per 1,000 puts)"
+    ours = [t for t in ("autotune convert --format lmdb", BASELINE, "autotune convert --format wds")
+            if any(r["tool"] == t for r in conv)]
+    rounds = sorted({r.get("round", 0) for r in conv})
+    if not ours or not any(r["tool"] == plain_t for r in conv):
+        return []
+    L = ["Per round, against that round's plain LMDB write (wall seconds; load average, "
+         "1/5/15 min, as each started):\n",
+         "| round | plain LMDB | " + " | ".join(ours) + " |",
+         "|---|---|" + "---|" * len(ours)]
+    for k in rounds:
+        row = {r["tool"]: r for r in conv if r.get("round", 0) == k}
+        p = row.get(plain_t)
+        if p is None:
+            continue
+        cells = [f"{p['wall_s']:.2f} s (load {p.get('load', '?')})"]
+        for t in ours:
+            r = row.get(t)
+            cells.append(f"{r['wall_s']:.2f} s: **{p['wall_s'] / r['wall_s']:.2f}x** "
+                         f"(load {r.get('load', '?')})" if r else "-")
+        L.append(f"| {k + 1} | " + " | ".join(cells) + " |")
+    L.append("")
+    return L
+
+
 def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) -> str:
     L: list[str] = []
     conv = out.get("convert", [])
     med_c: dict[str, float] = {}
-    for tool in CONVERTERS:
+    for tool in [*CONVERTERS, BASELINE]:
         xs = [r["images_per_s"] for r in conv if r["tool"] == tool]
         if xs:
             med_c[tool] = _med(xs)
@@ -589,6 +642,7 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
                      f"{_med([r['peak_rss'] for r in rows]) / 2**20:,.0f} MiB | "
                      f"{ips / plain:.2f}x |" if plain else "|")
         L.append("")
+        L.extend(_per_round(conv))
     reads = out.get("read", [])
     if reads:
         def m(kind: str, preset: str, cond: str) -> float:

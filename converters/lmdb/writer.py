@@ -15,7 +15,12 @@ it stopped, nothing twice, nothing missing.
 Environment options: writemap=False (a crash cannot scribble over the map through stray
 pointers, and the file only grows by what is written); lock=False (this conversion holds
 its own lock on DST, and readers open read-only with lock=False too, so no lock.mdb is
-needed); sync=True and metasync=True (each commit is durable before it counts).
+needed); sync=True (each commit's pages are on the disk before its meta page is
+written). metasync=False for the batches: a batch's meta page reaches the disk with the
+next commit's sync, one flush per commit instead of two; a power loss can then undo the
+last committed batch, which the rerun writes again from the record before it (the same
+as being killed before that commit). The last commit, which makes the environment
+complete, has metasync=True, so what is hashed and published is all durable.
 The map starts at 1.25 x the source bytes + 64 MiB (or `map_size`) and doubles on
 MapFullError: the batch is aborted, the map grown, the batch retried.
 
@@ -41,6 +46,7 @@ from typing import Any
 from autotune_base.beneath import plain_name
 from autotune_base.errors import ConvertError
 from autotune_base.fsutil import fsync_dir, sha256_file, write_json_atomic
+from autotune_converters.lmdb.heap import KeptHeap
 from autotune_converters.lmdb.layout import (
     DESCRIPTION,
     HEADER,
@@ -81,6 +87,7 @@ class LmdbWriter(FormatWriter):
         d = self.__dict__.copy()
         d["_env"] = None  # an environment never crosses into a worker
         d["_ahead"] = None
+        d["_heap"] = None
         return d
 
     # -- resume ------------------------------------------------------------------------
@@ -90,6 +97,9 @@ class LmdbWriter(FormatWriter):
 
         self._writer_pid = os.getpid()
         self._ahead: _ReadAhead | None = None
+        # Each commit frees its batch's pages: keep them for the next batch (heap.py).
+        self._heap = KeptHeap(2 * max(self.plan.unit_sizes, default=0) + 64 * _MiB)
+        self._heap.hold()
         self._published = self._read_published()
         self._complete = False
         if self._published is not None:  # killed after publishing, before the manifest
@@ -115,7 +125,7 @@ class LmdbWriter(FormatWriter):
         self._map_size = int(progress["map_size"])
         return self._load_results(self._next)
 
-    def _commit(self, write: Any, batch_bytes: int) -> None:
+    def _commit(self, write: Any, batch_bytes: int, *, last: bool = False) -> None:
         """Run `write(txn)` in one transaction of a fresh environment; grow and retry
         on MapFullError."""
         import lmdb
@@ -123,7 +133,7 @@ class LmdbWriter(FormatWriter):
         while True:
             env = lmdb.open(str(self.workdir.lmdb), map_size=self._map_size, subdir=True,
                             lock=False, writemap=False, readahead=False, meminit=True,
-                            sync=True, metasync=True, max_dbs=0)
+                            sync=True, metasync=last, max_dbs=0)
             self._env = env
             try:
                 txn = env.begin(write=True)
@@ -205,7 +215,8 @@ class LmdbWriter(FormatWriter):
         count = self._count
         state: dict[str, Any] = {"attempt": 0}
         if out is None and self._ahead is None:
-            self._ahead = _ReadAhead(self, list(range(unit, self.plan.units)))
+            self._ahead = _ReadAhead(self, list(range(unit, self.plan.units)),
+                                     budget=_ReadAhead.budget_for(max(self.plan.unit_sizes)))
 
         def put_all(txn: Any, items: Any) -> UnitResult:
             res = UnitResult(unit=unit, samples=0, source_bytes=0, stored_bytes=0)
@@ -264,8 +275,8 @@ class LmdbWriter(FormatWriter):
             samples = sum(r.samples for r in results)
             self._finish_env(samples)
             env_dir = self.workdir.lmdb
-            idx = self._write_index(samples)
-            size, sha = sha256_file(env_dir / DATA_FILE)
+            size, sha = self._hash_and_index(samples)
+            idx = env_dir / INDEX_FILE
             isize, isha = sha256_file(idx)
             # The index lists no samples of its own: the manifest's sample counts add up.
             pub = [{"file": DATA_FILE, "samples": samples, "bytes": size, "sha256": sha},
@@ -277,12 +288,33 @@ class LmdbWriter(FormatWriter):
             self._published = pub
         return [dict(f) for f in self._published]
 
-    def _write_index(self, samples: int) -> Any:
-        """data.idx from the finished environment: where each value lies in data.mdb.
+    def _hash_and_index(self, samples: int) -> tuple[int, str]:
+        """(bytes, sha256) of the finished data.mdb, and its index written to data.idx.
 
-        Values are located through the memory map, so the environment is reopened every
-        64 MiB of values: unmapping drops those pages from this process's RSS, which
-        would otherwise grow to the size of data.mdb."""
+        One sequential read that walks LMDB's pages (autotune_converters.lmdb.pages) and
+        is checked against LMDB's own answer for a spread of keys; where that reader
+        does not know the file, LMDB locates every value, while a thread hashes."""
+        from autotune_converters.lmdb.pages import PageFormatError, hash_and_index
+
+        path = self.workdir.lmdb / DATA_FILE
+        try:
+            size, sha, idx = hash_and_index(str(path), samples)
+            picks = sorted({0, samples - 1, *range(0, samples, max(1, samples // 16))})
+            if samples and (self._lmdb_index(picks) != idx[picks]).any():
+                raise PageFormatError("the pages' index differs from LMDB's own")
+        except PageFormatError:
+            # hashlib and the reads release the GIL: both passes run at once
+            return _in_thread(sha256_file, path,
+                              lambda: self._save_index(self._lmdb_index(range(samples))))
+        self._save_index(idx)
+        return size, sha
+
+    def _lmdb_index(self, keys: Any) -> Any:
+        """Index records of sample `keys` (ascending), located through LMDB's memory map.
+
+        py-lmdb's get() touches every page of a value, so the environment is reopened
+        every 64 MiB of values: unmapping drops those pages from this process's RSS,
+        which would otherwise grow to the size of data.mdb."""
         import lmdb
         import numpy as np
 
@@ -290,9 +322,10 @@ class LmdbWriter(FormatWriter):
 
         path = self.workdir.lmdb / DATA_FILE
         size = path.stat().st_size
-        idx = np.zeros(samples, dtype=index_dtype())
+        keys = list(keys)
+        idx = np.zeros(len(keys), dtype=index_dtype())
         i = 0
-        while i < samples:
+        while i < len(keys):
             env = lmdb.open(str(self.workdir.lmdb), readonly=True, lock=False, readahead=True,
                             subdir=True, map_size=max(size, 1 << 20))
             try:
@@ -302,22 +335,24 @@ class LmdbWriter(FormatWriter):
                                        "/proc/self/maps; the LMDB index needs Linux /proc.")
                 seen = 0
                 with env.begin(buffers=True) as txn:
-                    while i < samples and seen < 64 * _MiB:
-                        v = txn.get(key(i))
+                    while i < len(keys) and seen < 64 * _MiB:
+                        v = txn.get(key(keys[i]))
                         if v is None:
-                            raise ConvertError(f"{path}: key {key(i).decode()} missing after the "
-                                               "last commit; delete DST and convert again.")
+                            raise ConvertError(f"{path}: key {key(keys[i]).decode()} missing "
+                                               "after the last commit; delete DST and convert "
+                                               "again.")
                         idx[i] = (buffer_address(v) - base, len(v), HEADER.unpack_from(v, 0)[1])
                         seen += len(v) + 4096
                         i += 1
             finally:
                 env.close()
-        out = self.workdir.lmdb / INDEX_FILE
-        with open(out, "wb") as f:
+        return idx
+
+    def _save_index(self, idx: Any) -> None:
+        with open(self.workdir.lmdb / INDEX_FILE, "wb") as f:
             f.write(idx.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        return out
 
     def _finish_env(self, num_samples: int) -> None:
         if not self._complete:
@@ -330,7 +365,7 @@ class LmdbWriter(FormatWriter):
                 txn.delete(PROGRESS_KEY)
                 txn.put(META_KEY, meta)
 
-            self._commit(write, len(meta))
+            self._commit(write, len(meta), last=True)
             self._complete = True
 
     def _close(self) -> None:
@@ -340,6 +375,32 @@ class LmdbWriter(FormatWriter):
         if self._env is not None:
             self._env.close()
             self._env = None
+        if getattr(self, "_heap", None) is not None:
+            self._heap.release()
+            self._heap = None
+
+
+def _in_thread(fn: Any, arg: Any, meanwhile: Any) -> Any:
+    """fn(arg) in a thread while meanwhile() runs here; fn's result (or its error)."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["r"] = fn(arg)
+        except BaseException as e:  # noqa: BLE001 (re-raised below)
+            out["e"] = e
+
+    t = threading.Thread(target=run, name="autotune-lmdb-hash", daemon=True)
+    t.start()
+    try:
+        meanwhile()
+    finally:
+        t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
 
 
 class _Stopped(Exception):
@@ -351,37 +412,62 @@ class _ReadAhead:
     writing thread puts and commits the ones before: py-lmdb releases the GIL in put and
     commit, so reading, checking and LMDB's copying and syncing overlap on two cores.
 
-    Each sample is read into a value buffer from a small pool (its header and path
-    first, so the buffer is the LMDB value), handed over, and the buffer comes back
-    after its put: memory stays at the pool's size, whatever the batch size.
+    Each sample is read into a value slot (its header and path first, so the slot is the
+    LMDB value), handed over, and the slot comes back after its put. Up to a batch of
+    values (`budget` bytes, at most `SLOTS` samples) wait read ahead, so the next batch
+    is read and checked while this one is written and synced, and its puts then only
+    copy (64 buffers, as before, stopped the reads early in each commit and left the
+    disk idle while the batch was read after it). The slots are one anonymous mapping,
+    resident only where used, so small files cost only what they fill; a value larger
+    than a slot gets a buffer of its own for its time in flight, within the same budget.
     """
 
-    BUFFERS = 64
+    SLOT = 256 << 10
+    SLOTS = 1024
+    BUDGET = 32 << 20  # the least; a batch's bytes when larger (budget_for)
+    BUDGET_MAX = 256 << 20
 
-    def __init__(self, writer: LmdbWriter, units: list[int]) -> None:
+    @classmethod
+    def budget_for(cls, batch_bytes: int) -> int:
+        return max(cls.BUDGET, min(int(batch_bytes), cls.BUDGET_MAX))
+
+    def __init__(self, writer: LmdbWriter, units: list[int], budget: int = BUDGET) -> None:
+        import mmap
         import queue
         import threading
 
         self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue()
         self._free: queue.Queue[memoryview] = queue.Queue()
-        for _ in range(self.BUFFERS):
-            self._free.put(memoryview(bytearray(256 << 10)))
+        arena = memoryview(mmap.mmap(-1, self.SLOT * self.SLOTS))
+        for i in range(self.SLOTS):
+            self._free.put(arena[i * self.SLOT:(i + 1) * self.SLOT])
+        self.budget = budget
+        self._room = threading.Condition()
+        self._inflight = 0  # bytes of values handed out and not given back
         self._stopping = threading.Event()
         self._t = threading.Thread(target=self._run, args=(writer, units), daemon=True,
                                    name="autotune-lmdb-read-ahead")
         self._t.start()
 
-    def _buffer(self, need: int) -> memoryview:
+    def _buffer(self, need: int) -> tuple[memoryview, tuple[memoryview, int]]:
+        """A buffer of at least `need` bytes and the token that gives it back."""
         import queue
 
+        with self._room:
+            while self._inflight and self._inflight + need > self.budget:
+                if self._stopping.is_set():
+                    raise _Stopped
+                self._room.wait(0.1)
+            self._inflight += need
         while True:
             if self._stopping.is_set():
                 raise _Stopped
             try:
-                buf = self._free.get(timeout=0.1)
+                slot = self._free.get(timeout=0.1)
             except queue.Empty:
                 continue
-            return buf if need <= len(buf) else memoryview(bytearray(need))
+            buf = slot if need <= len(slot) else memoryview(bytearray(need))
+            return buf, (slot, need)
 
     def _run(self, writer: LmdbWriter, units: list[int]) -> None:
         try:
@@ -392,17 +478,17 @@ class _ReadAhead:
                     head = value_head(entry.label, entry.relpath)
                     start = len(head)
                     need = start + entry.size + 1
-                    buf = self._buffer(need)
+                    buf, token = self._buffer(need)
                     buf[:start] = head
-                    cur["buf"], cur["start"] = buf, start
+                    cur["buf"], cur["token"], cur["start"] = buf, token, start
                     return buf[start:need]
 
                 for s in writer.samples_into(u, dest):
-                    buf = cur.pop("buf", None)
+                    buf, token = cur.pop("buf", None), cur.pop("token", None)
                     if isinstance(s, Sample) and isinstance(s.data, memoryview):
-                        self._q.put(("s", s, buf[:cur["start"] + len(s.data)], buf))
+                        self._q.put(("s", s, buf[:cur["start"] + len(s.data)], token))
                     else:
-                        self._q.put(("s", s, None, buf))
+                        self._q.put(("s", s, None, token))
                 self._q.put(("end", u, None, None))
         except _Stopped:
             return
@@ -410,7 +496,7 @@ class _ReadAhead:
             self._q.put(("err", e, None, None))
 
     def unit(self, unit: int) -> Any:
-        """(sample, value or None, buffer to give back or None) for each sample of `unit`."""
+        """(sample, value or None, token to give back or None) for each sample of `unit`."""
         while True:
             kind, a, v, buf = self._q.get()
             if kind == "err":
@@ -426,17 +512,21 @@ class _ReadAhead:
             if buf is not None:
                 self.give_back(buf)
 
-    def give_back(self, buf: memoryview) -> None:
-        self._free.put(buf)
+    def give_back(self, token: tuple[memoryview, int]) -> None:
+        slot, need = token
+        self._free.put(slot)
+        with self._room:
+            self._inflight -= need
+            self._room.notify()
 
     def stop(self) -> None:
         self._stopping.set()
         while self._t.is_alive():
             try:  # unblock a reader waiting for a buffer
                 while True:
-                    _, _, _, buf = self._q.get_nowait()
-                    if buf is not None:
-                        self._free.put(buf)
+                    _, _, _, token = self._q.get_nowait()
+                    if token is not None:
+                        self.give_back(token)
             except Exception:  # noqa: BLE001 (queue.Empty)
                 pass
             self._t.join(0.2)

@@ -1,0 +1,188 @@
+"""A finished data.mdb's sha256 and its index (where each value lies) in one sequential
+read, from LMDB's on-disk page format (LMDB 0.9, the format py-lmdb bundles).
+
+The index used to come from LMDB itself: one get() per key through the memory map, and
+py-lmdb's get() touches every 4 KiB page of a value (it pre-faults the value with the GIL
+released), so the index read the whole file once and the sha256 a second time: two passes
+over 1.6 GB after the last commit, from the disk whenever the page cache was dropped
+meanwhile. Here the B-tree is walked from the newest meta page with pread (branch and
+leaf pages only: a leaf node names the overflow page a value starts on, or holds the
+value), and the file is then hashed through a sliding read-only map, gathering each
+value's header (layout version, label, path length) on the way, which checks the index
+against the layout of every value.
+
+Anything that is not the expected format (magic, version, flags, a page that does not
+say it is the page asked for, keys out of order) raises `PageFormatError`; the writer
+then builds the index through LMDB as before, so this is a shortcut, never a different
+answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+import os
+import struct
+from typing import Any
+
+from autotune_converters.lmdb.layout import HEADER, LAYOUT_VERSION, key
+
+MAGIC = 0xBEEFC0DE
+DATA_VERSION = 1
+PAGEHDRSZ = 16
+NODESIZE = 8
+P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
+F_BIGDATA = 0x01
+P_INVALID = (1 << 64) - 1
+WINDOW = 64 << 20  # bytes mapped at a time: resident pages stay bounded
+_PAGE = struct.Struct("<QHHHH")  # pgno, pad, flags, lower, upper
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, ksize
+_DB = struct.Struct("<IHHQQQQQ")  # pad, flags, depth, branch, leaf, overflow, entries, root
+
+
+class PageFormatError(Exception):
+    """data.mdb is not laid out as this reader expects."""
+
+
+def _meta(page: bytes) -> tuple[int, int, int, int]:
+    """(txnid, page size, main DB root, main DB entries) of a meta page."""
+    magic, version = struct.unpack_from("<II", page, PAGEHDRSZ)
+    if magic != MAGIC or version != DATA_VERSION:
+        raise PageFormatError(f"meta page: magic {magic:#x}, version {version}")
+    free = _DB.unpack_from(page, PAGEHDRSZ + 24)
+    main = _DB.unpack_from(page, PAGEHDRSZ + 24 + _DB.size)
+    if main[1] != 0:  # DUPSORT, INTEGERKEY, ...: not the plain main DB the writer makes
+        raise PageFormatError(f"main DB flags {main[1]:#x}")
+    txnid = struct.unpack_from("<Q", page, PAGEHDRSZ + 24 + 2 * _DB.size + 8)[0]
+    return txnid, free[0], main[7], main[6]
+
+
+def _page(fd: int, pgno: int, psize: int, want: tuple[int, ...]) -> bytes:
+    p = os.pread(fd, psize, pgno * psize)
+    if len(p) != psize:
+        raise PageFormatError(f"page {pgno} lies past the end of the file")
+    got, _, flags, _, _ = _PAGE.unpack_from(p, 0)
+    if got != pgno or flags not in want:
+        raise PageFormatError(f"page {pgno}: says page {got}, flags {flags:#x}")
+    return p
+
+
+def locate(fd: int) -> tuple[int, list[bytes], list[int], list[int], list[bool]]:
+    """(page size, keys, value offsets, value lengths, on overflow pages) of the main
+    DB, in key order."""
+    head = os.pread(fd, PAGEHDRSZ + 256, 0)
+    psize = _meta(head)[1]
+    if psize < 512 or psize & (psize - 1):
+        raise PageFormatError(f"page size {psize}")
+    metas = [_meta(head), _meta(os.pread(fd, PAGEHDRSZ + 256, psize))]
+    _, _, root, entries = max(metas)
+    keys: list[bytes] = []
+    offs: list[int] = []
+    lens: list[int] = []
+    big: list[bool] = []
+    stack = [] if root == P_INVALID else [root]
+    while stack:
+        pgno = stack.pop()
+        p = _page(fd, pgno, psize, (P_BRANCH, P_LEAF))
+        flags, lower = _PAGE.unpack_from(p, 0)[2:4]
+        ptrs = struct.unpack_from(f"<{(lower - PAGEHDRSZ) // 2}H", p, PAGEHDRSZ)
+        if flags == P_BRANCH:
+            children = []
+            for ptr in ptrs:
+                lo, hi, fl, _ = _NODE.unpack_from(p, ptr)
+                children.append(lo | hi << 16 | fl << 32)
+            stack.extend(reversed(children))  # leftmost child next: keys in order
+            continue
+        for ptr in ptrs:
+            lo, hi, fl, ksize = _NODE.unpack_from(p, ptr)
+            size = lo | hi << 16
+            at = ptr + NODESIZE + ksize
+            keys.append(p[ptr + NODESIZE:at])
+            if fl == F_BIGDATA:
+                # the overflow page's own header is checked on the hashing pass
+                offs.append(struct.unpack_from("<Q", p, at)[0] * psize + PAGEHDRSZ)
+            elif fl == 0:
+                if at + size > psize:
+                    raise PageFormatError(f"page {pgno}: a value runs past its page")
+                offs.append(pgno * psize + at)
+            else:
+                raise PageFormatError(f"page {pgno}: node flags {fl:#x}")
+            lens.append(size)
+            big.append(fl == F_BIGDATA)
+    if len(keys) != entries:
+        raise PageFormatError(f"{len(keys)} keys in the tree, the meta page says {entries}")
+    return psize, keys, offs, lens, big
+
+
+def hash_and_index(path: str, samples: int) -> tuple[int, str, Any]:
+    """(bytes, sha256 hex, index records) of a finished data.mdb holding `samples`
+    values under keys 0 .. samples-1 (and '#'-keys, skipped); records are
+    autotune_converters.lmdb.layout.index_dtype()."""
+    import numpy as np
+
+    from autotune_converters.lmdb.layout import index_dtype
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        psize, keys, offs, lens, big = locate(fd)
+        first = next((i for i, k in enumerate(keys) if not k.startswith(b"#")), len(keys))
+        if any(not k.startswith(b"#") for k in keys[:first]) or len(keys) - first != samples:
+            raise PageFormatError(f"{len(keys) - first} sample keys, expected {samples}")
+        for i, k in enumerate(keys[first:]):
+            if k != key(i):
+                raise PageFormatError(f"key {k!r} where {key(i)!r} belongs")
+        idx = np.zeros(samples, dtype=index_dtype())
+        idx["offset"] = offs[first:]
+        idx["length"] = lens[first:]
+        if samples and int(idx["length"].min()) < HEADER.size:
+            raise PageFormatError("a value shorter than the layout's header")
+        size = os.fstat(fd).st_size
+        if samples and int(idx["offset"].max()) + HEADER.size > size:
+            raise PageFormatError("a value lies past the end of the file")
+        order = np.argsort(idx["offset"], kind="stable")
+        starts = idx["offset"][order]
+        h = hashlib.sha256()
+        # each value's page header (an overflow page's own) and the value's header
+        span = PAGEHDRSZ + HEADER.size
+        head = np.zeros((samples, span), dtype=np.uint8)
+        lo = 0
+        for w0 in range(0, size, WINDOW):
+            n = min(WINDOW, size - w0)
+            mm = mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=w0)
+            try:
+                mm.madvise(mmap.MADV_SEQUENTIAL)
+                view = memoryview(mm)
+                h.update(view)  # pages fault in here, with the GIL released
+                hi = int(np.searchsorted(starts, w0 + n, side="left"))
+                sel = order[lo:hi]
+                if len(sel):
+                    a = np.frombuffer(mm, dtype=np.uint8)
+                    rel = (starts[lo:hi] - w0).astype(np.int64) - PAGEHDRSZ
+                    if int(rel.min()) < 0 or int(rel.max()) + span > n:
+                        raise PageFormatError("a value header across a window's edge")
+                    head[sel] = a[rel[:, None] + np.arange(span)]
+                    del a
+                lo = hi
+                view.release()
+            finally:
+                mm.close()
+        if samples:
+            ovf = np.asarray(big[first:], dtype=bool)
+            page = head[ovf, :PAGEHDRSZ].copy()
+            pgno = page[:, 0:8].view("<u8")[:, 0]
+            pflags = page[:, 10:12].view("<u2")[:, 0]
+            want = (idx["offset"][ovf] - PAGEHDRSZ) // psize
+            if not ((pgno == want).all() and (pflags == P_OVERFLOW).all()):
+                raise PageFormatError("a value's overflow page is not the one its node names")
+            head = head[:, PAGEHDRSZ:]
+            version = head[:, 0]
+            label = head[:, 1:5].copy().view("<u4")[:, 0]
+            plen = head[:, 5:7].copy().view("<u2")[:, 0]
+            if not (version == LAYOUT_VERSION).all():
+                raise PageFormatError("a value without the layout's version byte")
+            if not (HEADER.size + plen.astype(np.int64) <= idx["length"]).all():
+                raise PageFormatError("a value shorter than its header says")
+            idx["label"] = label
+        return size, h.hexdigest(), idx
+    finally:
+        os.close(fd)

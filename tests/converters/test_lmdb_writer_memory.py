@@ -1,0 +1,152 @@
+"""How the LMDB writer holds memory, with real glibc malloc and a real conversion: the
+pages each commit frees stay mapped for the next batch while the writer runs and go back
+to the kernel when it closes; the read-ahead keeps reading past 64 samples while the
+writing thread is busy, within its byte budget, and values larger than a slot still go
+in whole."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune_converters import ConvertOptions, LmdbSource, convert
+from autotune_converters.lmdb import heap
+from autotune_converters.lmdb import writer as lmdb_writer
+
+MiB = 1 << 20
+glibc = pytest.mark.skipif(heap._glibc() is None, reason="glibc malloc only")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def _churn(libc, chunks: int, size: int) -> None:
+    """malloc, touch and free `chunks` blocks, as a commit's dirty pages are."""
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    ptrs = [libc.malloc(size) for _ in range(chunks)]
+    for p in ptrs:
+        ctypes.memset(p, 1, size)
+    for p in reversed(ptrs):
+        libc.free(p)
+
+
+@glibc
+def test_freed_memory_stays_while_held_and_goes_back_on_release():
+    libc = heap._glibc()
+    kept = heap.KeptHeap(256 * MiB)
+    assert kept.hold()
+    try:
+        before = _rss()
+        _churn(libc, 48, MiB)  # 1 MiB blocks: above glibc's default mmap threshold
+        held = _rss() - before
+        assert held >= 40 * MiB, held  # freed, but still mapped for the next batch
+    finally:
+        kept.release()
+    assert _rss() - before < held - 32 * MiB  # released: trimmed back to the kernel
+    before = _rss()
+    _churn(libc, 48, MiB)
+    assert _rss() - before < 8 * MiB  # and freeing returns memory again afterwards
+
+
+@glibc
+def test_the_writer_keeps_freed_pages_while_it_runs_and_not_after(img_src, tmp_path,
+                                                                  monkeypatch):
+    seen = []
+    commit = lmdb_writer.LmdbWriter._commit
+
+    def spy(self, write, batch_bytes, **kw):
+        seen.append(self._heap is not None and self._heap.held)
+        return commit(self, write, batch_bytes, **kw)
+
+    monkeypatch.setattr(lmdb_writer.LmdbWriter, "_commit", spy)
+    released = []
+    monkeypatch.setattr(heap.KeptHeap, "release",
+                        lambda self, f=heap.KeptHeap.release: (released.append(1), f(self)))
+    convert(img_src, tmp_path / "out", ConvertOptions(format="lmdb", shard_size=1 << 20))
+    assert len(seen) > 2 and all(seen)
+    assert released == [1]
+
+
+class _Writer:
+    """The part of LmdbWriter the read-ahead uses: samples_into, over files of given
+    sizes (no disk), each read into the buffer dest() gives."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def samples_into(self, unit, dest):
+        from autotune_converters.records import Entry, Sample
+
+        for i, n in enumerate(self.sizes):
+            e = Entry(position=i, label=i % 3, relpath=f"c/{i}.jpg", size=n)
+            mv = dest(e)
+            mv[:n] = bytes([i % 251]) * n
+            yield Sample(i, e.label, e.relpath, "jpg", mv[:n], source_bytes=n)
+
+
+def _ahead_while_blocked(sizes: list[int], seconds: float = 1.0) -> tuple[int, int]:
+    """(samples, bytes) the read-ahead has read while nobody takes them."""
+    ra = lmdb_writer._ReadAhead(_Writer(sizes), [0])
+    try:
+        time.sleep(seconds)
+        return ra._q.qsize(), ra._inflight
+    finally:
+        ra.stop()
+
+
+def test_the_read_ahead_reads_on_past_64_samples_while_the_writer_is_busy():
+    n, inflight = _ahead_while_blocked([20_000] * 1000)
+    assert n > 64  # 64 pooled buffers stopped it here, a quarter into a 64 MiB commit
+    assert n <= lmdb_writer._ReadAhead.SLOTS
+
+
+def test_the_read_ahead_stops_at_its_byte_budget():
+    big = lmdb_writer._ReadAhead.SLOT * 3  # larger than a slot: a buffer of its own
+    n, inflight = _ahead_while_blocked([big] * 100)
+    assert 0 < inflight <= lmdb_writer._ReadAhead.BUDGET
+    assert n <= lmdb_writer._ReadAhead.BUDGET // big + 1
+
+
+def test_values_larger_than_a_slot_are_stored_whole(tmp_path):
+    from PIL import Image
+    import numpy as np
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):  # noise JPEGs of ~400 KB: above the 256 KiB slot
+        Image.fromarray(rng.integers(0, 255, (600, 600, 3), dtype=np.uint8)).save(
+            src / f"{i}.jpg", quality=95)
+    assert min(p.stat().st_size for p in src.iterdir()) > lmdb_writer._ReadAhead.SLOT
+    dst = tmp_path / "out"
+    convert(tmp_path / "src", dst, ConvertOptions(format="lmdb"))
+    got = sorted(bytes(LmdbSource(dst).read(i)[0]) for i in range(3))
+    assert got == sorted(p.read_bytes() for p in src.iterdir())
+
+
+def test_batches_flush_once_and_the_last_commit_twice(img_src, tmp_path, monkeypatch):
+    """metasync off for the batches (their meta page goes out with the next commit's
+    sync), on for the commit that completes the environment, which is then published."""
+    import lmdb
+
+    opened = []
+    real = lmdb.open
+
+    def spy(path, **kw):
+        if not kw.get("readonly"):
+            opened.append(kw.get("metasync", True))
+        return real(path, **kw)
+
+    monkeypatch.setattr(lmdb, "open", spy)
+    dst = tmp_path / "out"
+    convert(img_src, dst, ConvertOptions(format="lmdb", shard_size=1 << 20))
+    assert len(opened) > 2
+    assert opened[-1] is True and not any(opened[:-1])
+    assert len(LmdbSource(dst)) == 96
