@@ -23,7 +23,10 @@ import hashlib
 import mmap
 import os
 import struct
+from pathlib import Path
 from typing import Any
+
+from autotune_base.errors import ConvertError
 
 from autotune_converters.lmdb.layout import HEADER, LAYOUT_VERSION, key
 
@@ -139,50 +142,104 @@ def hash_and_index(path: str, samples: int) -> tuple[int, str, Any]:
         size = os.fstat(fd).st_size
         if samples and int(idx["offset"].max()) + HEADER.size > size:
             raise PageFormatError("a value lies past the end of the file")
-        order = np.argsort(idx["offset"], kind="stable")
-        starts = idx["offset"][order]
-        h = hashlib.sha256()
-        # each value's page header (an overflow page's own) and the value's header
-        span = PAGEHDRSZ + HEADER.size
-        head = np.zeros((samples, span), dtype=np.uint8)
-        lo = 0
-        for w0 in range(0, size, WINDOW):
-            n = min(WINDOW, size - w0)
-            mm = mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=w0)
-            try:
-                mm.madvise(mmap.MADV_SEQUENTIAL)
-                view = memoryview(mm)
-                h.update(view)  # pages fault in here, with the GIL released
-                hi = int(np.searchsorted(starts, w0 + n, side="left"))
-                sel = order[lo:hi]
-                if len(sel):
-                    a = np.frombuffer(mm, dtype=np.uint8)
-                    rel = (starts[lo:hi] - w0).astype(np.int64) - PAGEHDRSZ
-                    if int(rel.min()) < 0 or int(rel.max()) + span > n:
-                        raise PageFormatError("a value header across a window's edge")
-                    head[sel] = a[rel[:, None] + np.arange(span)]
-                    del a
-                lo = hi
-                view.release()
-            finally:
-                mm.close()
+        digest, head = _hash_and_gather(fd, size, idx["offset"])
         if samples:
-            ovf = np.asarray(big[first:], dtype=bool)
-            page = head[ovf, :PAGEHDRSZ].copy()
-            pgno = page[:, 0:8].view("<u8")[:, 0]
-            pflags = page[:, 10:12].view("<u2")[:, 0]
-            want = (idx["offset"][ovf] - PAGEHDRSZ) // psize
-            if not ((pgno == want).all() and (pflags == P_OVERFLOW).all()):
-                raise PageFormatError("a value's overflow page is not the one its node names")
-            head = head[:, PAGEHDRSZ:]
-            version = head[:, 0]
-            label = head[:, 1:5].copy().view("<u4")[:, 0]
-            plen = head[:, 5:7].copy().view("<u2")[:, 0]
-            if not (version == LAYOUT_VERSION).all():
-                raise PageFormatError("a value without the layout's version byte")
-            if not (HEADER.size + plen.astype(np.int64) <= idx["length"]).all():
-                raise PageFormatError("a value shorter than its header says")
-            idx["label"] = label
-        return size, h.hexdigest(), idx
+            idx["label"] = _check_heads(head, np.asarray(big[first:], dtype=bool), idx, psize)
+        return size, digest, idx
     finally:
         os.close(fd)
+
+
+def _hash_and_gather(fd: int, size: int, offsets: Any) -> tuple[str, Any]:
+    """One sequential pass over the file: its sha256, and the bytes before and at each
+    value (its page header, an overflow page's own, and the value's header)."""
+    import numpy as np
+
+    order = np.argsort(offsets, kind="stable")
+    starts = offsets[order]
+    h = hashlib.sha256()
+    span = PAGEHDRSZ + HEADER.size
+    head = np.zeros((len(offsets), span), dtype=np.uint8)
+    lo = 0
+    for w0 in range(0, size, WINDOW):
+        n = min(WINDOW, size - w0)
+        mm = mmap.mmap(fd, n, prot=mmap.PROT_READ, offset=w0)
+        try:
+            mm.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mm)
+            h.update(view)  # pages fault in here, with the GIL released
+            hi = int(np.searchsorted(starts, w0 + n, side="left"))
+            sel = order[lo:hi]
+            if len(sel):
+                a = np.frombuffer(mm, dtype=np.uint8)
+                rel = (starts[lo:hi] - w0).astype(np.int64) - PAGEHDRSZ
+                if int(rel.min()) < 0 or int(rel.max()) + span > n:
+                    raise PageFormatError("a value header across a window's edge")
+                head[sel] = a[rel[:, None] + np.arange(span)]
+                del a
+            lo = hi
+            view.release()
+        finally:
+            mm.close()
+    return h.hexdigest(), head
+
+
+def _check_heads(head: Any, ovf: Any, idx: Any, psize: int) -> Any:
+    """The gathered headers checked (overflow pages where their nodes point, the layout's
+    version, a header no longer than its value); the labels."""
+    import numpy as np
+
+    page = head[ovf, :PAGEHDRSZ].copy()
+    pgno = page[:, 0:8].view("<u8")[:, 0]
+    pflags = page[:, 10:12].view("<u2")[:, 0]
+    want = (idx["offset"][ovf] - PAGEHDRSZ) // psize
+    if not ((pgno == want).all() and (pflags == P_OVERFLOW).all()):
+        raise PageFormatError("a value's overflow page is not the one its node names")
+    head = head[:, PAGEHDRSZ:]
+    plen = head[:, 5:7].copy().view("<u2")[:, 0]
+    if not (head[:, 0] == LAYOUT_VERSION).all():
+        raise PageFormatError("a value without the layout's version byte")
+    if not (HEADER.size + plen.astype(np.int64) <= idx["length"]).all():
+        raise PageFormatError("a value shorter than its header says")
+    return head[:, 1:5].copy().view("<u4")[:, 0]
+
+
+def index_through_lmdb(path: Path, keys: Any) -> Any:
+    """Index records of sample `keys` (ascending) of the data.mdb at `path`, located
+    through LMDB's own memory map: the fallback where the page walk does not know the
+    file, and its check on a spread of keys.
+
+    py-lmdb's get() touches every page of a value, so the environment is reopened
+    every 64 MiB of values: unmapping drops those pages from this process's RSS,
+    which would otherwise grow to the size of data.mdb."""
+    import lmdb
+    import numpy as np
+
+    from autotune_converters.lmdb.layout import buffer_address, index_dtype, map_base
+
+    size = path.stat().st_size
+    keys = list(keys)
+    idx = np.zeros(len(keys), dtype=index_dtype())
+    i = 0
+    while i < len(keys):
+        env = lmdb.open(str(path.parent), readonly=True, lock=False, readahead=True,
+                        subdir=True, map_size=max(size, 1 << 20))
+        try:
+            base = map_base(str(path))
+            if base is None:
+                raise ConvertError(f"{path}: cannot find its memory map in "
+                                   "/proc/self/maps; the LMDB index needs Linux /proc.")
+            seen = 0
+            with env.begin(buffers=True) as txn:
+                while i < len(keys) and seen < 64 * 2**20:
+                    v = txn.get(key(keys[i]))
+                    if v is None:
+                        raise ConvertError(f"{path}: key {key(keys[i]).decode()} missing "
+                                           "after the last commit; delete DST and convert "
+                                           "again.")
+                    idx[i] = (buffer_address(v) - base, len(v), HEADER.unpack_from(v, 0)[1])
+                    seen += len(v) + 4096
+                    i += 1
+        finally:
+            env.close()
+    return idx

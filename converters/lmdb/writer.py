@@ -49,15 +49,12 @@ from autotune_base.fsutil import fsync_dir, sha256_file, write_json_atomic
 from autotune_converters.lmdb.heap import KeptHeap
 from autotune_converters.lmdb.layout import (
     DESCRIPTION,
-    HEADER,
     INDEX_FILE,
     LAYOUT_VERSION,
     META_KEY,
     PROGRESS_KEY,
-    buffer_address,
     encode_value,
     key,
-    map_base,
     value_head,
 )
 from autotune_converters.records import Sample, SkippedFile, UnitResult
@@ -310,43 +307,9 @@ class LmdbWriter(FormatWriter):
         return size, sha
 
     def _lmdb_index(self, keys: Any) -> Any:
-        """Index records of sample `keys` (ascending), located through LMDB's memory map.
+        from autotune_converters.lmdb.pages import index_through_lmdb
 
-        py-lmdb's get() touches every page of a value, so the environment is reopened
-        every 64 MiB of values: unmapping drops those pages from this process's RSS,
-        which would otherwise grow to the size of data.mdb."""
-        import lmdb
-        import numpy as np
-
-        from autotune_converters.lmdb.layout import index_dtype
-
-        path = self.workdir.lmdb / DATA_FILE
-        size = path.stat().st_size
-        keys = list(keys)
-        idx = np.zeros(len(keys), dtype=index_dtype())
-        i = 0
-        while i < len(keys):
-            env = lmdb.open(str(self.workdir.lmdb), readonly=True, lock=False, readahead=True,
-                            subdir=True, map_size=max(size, 1 << 20))
-            try:
-                base = map_base(str(path))
-                if base is None:
-                    raise ConvertError(f"{path}: cannot find its memory map in "
-                                       "/proc/self/maps; the LMDB index needs Linux /proc.")
-                seen = 0
-                with env.begin(buffers=True) as txn:
-                    while i < len(keys) and seen < 64 * _MiB:
-                        v = txn.get(key(keys[i]))
-                        if v is None:
-                            raise ConvertError(f"{path}: key {key(keys[i]).decode()} missing "
-                                               "after the last commit; delete DST and convert "
-                                               "again.")
-                        idx[i] = (buffer_address(v) - base, len(v), HEADER.unpack_from(v, 0)[1])
-                        seen += len(v) + 4096
-                        i += 1
-            finally:
-                env.close()
-        return idx
+        return index_through_lmdb(self.workdir.lmdb / DATA_FILE, keys)
 
     def _save_index(self, idx: Any) -> None:
         with open(self.workdir.lmdb / INDEX_FILE, "wb") as f:
