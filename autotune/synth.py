@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,8 +140,6 @@ def _write_scale_classes(root: str, seed: int, images: int, classes: int, pool_s
         # `.partial` folder, which the next run deletes and writes again.
         part = final + ".partial"
         if os.path.isdir(part):
-            import shutil
-
             shutil.rmtree(part)
         os.mkdir(part)
         pool = pool or _scale_pool(seed, pool_size)

@@ -62,27 +62,6 @@ print(n)
 """
 
 
-def _tree(root: int) -> list[int]:
-    """The live process `root` and its descendants (by scanning /proc's parent links)."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(kids.get(p, ()))
-    return out
-
-
 def _kib(path: str, field: bytes) -> int:
     """The figure after `field` in a /proc file of `FIELD: N kB` lines."""
     try:
@@ -106,9 +85,12 @@ class Watch:
         self._t.start()
 
     def _run(self) -> None:
+        from autotune.monitor.proctree import read_rss_bytes
+        from autotune.runqueue import descendants
+
         while not self._stop.is_set():
-            pids = _tree(self.pid)
-            mem = _kib(f"/proc/{self.pid}/status", b"VmRSS:")
+            pids = descendants(self.pid)
+            mem = read_rss_bytes(self.pid) // 1024
             mem += sum(_kib(f"/proc/{p}/smaps_rollup", b"Pss:") for p in pids[1:])
             fds = 0
             for p in pids:

@@ -292,9 +292,10 @@ for e in range(epochs):
 """
 
 
-def _sample(files: Sequence[tuple[str, int]], max_bytes: int, seed: int
-            ) -> tuple[list[tuple[str, int]], bool]:
-    total = sum(n for _, n in files)
+def _sample(files: Sequence[tuple[str, int]], max_bytes: int, seed: int,
+            total: int | None = None) -> tuple[list[tuple[str, int]], bool]:
+    if total is None:
+        total = sum(n for _, n in files)
     if total <= max_bytes:
         return list(files), False
     # The positions are shuffled, not the files: an array of them is 8 bytes a file, and
@@ -380,7 +381,7 @@ def measure_hit_rate(files: Sequence[tuple[str, int]] | Sequence[str], room_byte
         raise UsageError(f"room_bytes must not be negative, but got {room_bytes:,}.")
     say = progress or (lambda _m: None)
     sized, total = _sized(files)
-    chosen, sampled = _sample(sized, max_bytes, seed)
+    chosen, sampled = _sample(sized, max_bytes, seed, total)
     epoch_bytes = sum(n for _, n in chosen)
     room = int(room_bytes * epoch_bytes / total) if sampled else int(room_bytes)
     notes: list[str] = []
