@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torch.utils.data import Dataset
+
 from scripts._common import ROOT, drop_caches, log, utc_date, work_dir, write_json
 
 PY = sys.executable
@@ -64,7 +66,7 @@ SEED = 0
 
 # -- the user's Dataset -------------------------------------------------------------------
 
-class UserImageFolder:
+class UserImageFolder(Dataset):
     """What a user writes: (path, label) as torchvision's ImageFolder lists them, and a
     `__getitem__` that opens the file and runs the training transform."""
 
@@ -115,6 +117,10 @@ def _loader(row: str, root: str, batch: int, kwargs: dict[str, Any]) -> Any:
         from spdl.pipeline import PipelineBuilder
 
         n = int(row.split()[1])
+        if kwargs.get("torch_threads"):   # a variant: a DataLoader worker runs torch at 1
+            import torch
+
+            torch.set_num_threads(int(kwargs["torch_threads"]))
         return (PipelineBuilder()
                 .add_source(order)
                 .pipe(ds.__getitem__, concurrency=n)
@@ -216,7 +222,8 @@ def _search(root: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
     kw.pop("batch_size", None)
     d = json.loads((out / "search.json").read_text())
     return {"command": " ".join(cmd[2:]), "wall_s": time.monotonic() - t0, "load": load,
-            "loader_kwargs": kw, "bottleneck": (d.get("verdict") or {}).get("bottleneck")}
+            "loader_kwargs": kw, "bottleneck": (d.get("verdict") or {}).get("bottleneck"),
+            "ceilings": d.get("ceilings")}
 
 
 def _read(row: str, cond: str, root: Path, kwargs: dict[str, Any],
@@ -253,16 +260,19 @@ def markdown(out: dict[str, Any]) -> str:
     L = [f"{out['images']:,} JPEGs (mean {out['mean_kb']:.1f} KB), {out['cpus']} CPUs, batch "
          f"{out['batch']}, no step, first batch and {out['warmup']:g} s excluded, "
          f"{out['seconds']:g} s windows; "
-         f"recommendation: {out['search']['label']} "
-         f"(`autotune search`, {out['search']['wall_s']:.0f} s, load {out['search']['load']}); "
-         f"rule of thumb: {out['rule_label']}.\n"]
+         + (f"recommendation: {out['search']['label']} (`autotune search`, "
+            f"{out['search']['wall_s']:.0f} s, load {out['search']['load']}); "
+            if out.get("search") else "")
+         + f"rule of thumb: {out['rule_label']}"
+         + (f"; SPDL rows with torch.set_num_threads({out['spdl_torch_threads']})"
+            if out.get("spdl_torch_threads") else "") + ".\n"]
     for key, unit, fmt in (("images_per_s", "images/s", "{:,.0f}"),
                            ("images_per_cpu_s", "images per CPU-second", "{:,.1f}")):
         L.append(f"{unit}, median of {len(rounds)} rounds (each round: figure @ load average "
                  "1/5/15 min as the pass began):\n")
         L.append("| row | warm | cold | warm rounds | cold rounds |")
         L.append("|---|---|---|---|---|")
-        for row in ROWS:
+        for row in [r for r in ROWS if any(d["row"] == r for d in reads)]:
             cells, each = [], []
             for cond in CONDS:
                 ds = sorted((d for d in reads if (d["row"], d["cond"]) == (row, cond)),
@@ -275,6 +285,8 @@ def markdown(out: dict[str, Any]) -> str:
         med = {row: _med([d["images_per_s"] for d in reads
                           if (d["row"], d["cond"]) == (row, cond)]) for row in ROWS}
         spdl = max((r for r in ROWS if r.startswith("SPDL")), key=lambda r: med[r])
+        if any(v != v for v in (med[spdl], med["recommendation"], med["rule of thumb"])):
+            continue   # a partial run (--rows, --conds): no ratio
         L.append(f"{cond}: recommendation / SPDL's best ({spdl}) = "
                  f"{med['recommendation'] / med[spdl]:.2f}x; recommendation / rule of thumb = "
                  f"{med['recommendation'] / med['rule of thumb']:.2f}x; SPDL's best / rule of "
@@ -283,11 +295,33 @@ def markdown(out: dict[str, Any]) -> str:
     return "\n".join(L) + "\n"
 
 
-def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "_read":
-        row, root, seconds, warmup, batch, kw = sys.argv[2:8]
-        _child_read(row, root, float(seconds), float(warmup), int(batch), json.loads(kw))
-        return 0
+def _rounds(rows: list[str], conds: list[str], files: list[Path], root: Path,
+            kwargs: dict[str, dict[str, Any]], a: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every pass of every round: round k starts at row k, and alternates whether the warm
+    or the cold passes come first; warm passes with every file locked in memory."""
+    from scripts.bench_peers import _Pinned
+
+    reads: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        for cond in (conds if r % 2 == 0 else conds[::-1]):
+            pinned = _Pinned(files) if cond == "warm" else None
+            if pinned:
+                pinned.__enter__()
+            try:
+                for row in rotated(rows, r):
+                    d = _read(row, cond, root, kwargs.get(row, {}), a)
+                    d["round"] = r
+                    reads.append(d)
+                    log(f"round {r + 1} {cond:4s} {row:15s} {d['images_per_s']:6.0f} img/s "
+                        f"{d['images_per_cpu_s']:6.1f} img/CPU-s (load {d['load']})"
+                        + (" (epoch ended)" if d["epoch_ended"] else ""))
+            finally:
+                if pinned:
+                    pinned.__exit__(None, None, None)
+    return reads
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="/var/tmp/spdl-ds")
@@ -301,9 +335,23 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--search-trials", type=int, default=6)
     ap.add_argument("--search-seconds", type=float, default=6.0)
+    ap.add_argument("--rows", default="", help="comma-separated substrings: only the matching "
+                    "rows (no search unless 'recommendation' is one)")
+    ap.add_argument("--conds", default="warm,cold")
+    ap.add_argument("--spdl-torch-threads", type=int, default=None, help="a variant: "
+                    "torch.set_num_threads(N) in the SPDL rows' process (default: torch's "
+                    "own, as a user gets it; a DataLoader worker runs torch at 1)")
     ap.add_argument("--json", default=str(ROOT / "out" / "bench_spdl.json"))
     ap.add_argument("--md", default=str(ROOT / "out" / "bench_spdl.md"))
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "_read":
+        row, root, seconds, warmup, batch, kw = sys.argv[2:8]
+        _child_read(row, root, float(seconds), float(warmup), int(batch), json.loads(kw))
+        return 0
+    a = _parser().parse_args()
     a.skip_convert = False   # work_dir's option; nothing here is converted
     if os.geteuid() != 0:
         print("bench_spdl needs root (drop_caches, mlock)", file=sys.stderr)
@@ -317,45 +365,36 @@ def main() -> int:
     from importlib.metadata import version
 
     from autotune.params import label
-    from scripts.bench_peers import _Pinned
 
-    work = work_dir("bench_spdl", a)
+    rows = [r for r in ROWS if not a.rows or any(x and x in r for x in a.rows.split(","))]
+    conds = [c for c in CONDS if c in a.conds.split(",")]
     root = Path(a.dataset)
     files = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
     size = sum(p.stat().st_size for p in files)
     out: dict[str, Any] = {"date": utc_date(), "dataset": str(root), "images": len(files),
                            "mean_kb": size / len(files) / 1e3, "cpus": os.cpu_count(),
                            "spdl": version("spdl"), "batch": a.batch, "seconds": a.seconds,
-                           "warmup": a.warmup,
-                           "rounds": a.rounds, "load_before": _loadavg(),
+                           "warmup": a.warmup, "rounds": a.rounds, "load_before": _loadavg(),
+                           "spdl_torch_threads": a.spdl_torch_threads,
                            "command": " ".join(["python -m scripts.bench_spdl", *sys.argv[1:]])}
     log(f"{root}: {len(files)} images, mean {out['mean_kb']:.1f} KB; load {out['load_before']}")
-    search = _search(root, work / "search", a)
-    search["label"] = label(search["loader_kwargs"])
-    out["search"] = search
     rule = rule_of_thumb()
     out["rule_label"] = label({**rule, "prefetch_factor": 2})
-    log(f"recommended {search['loader_kwargs']} ({search['bottleneck']}) in "
-        f"{search['wall_s']:.0f} s")
-    kwargs = {"rule of thumb": rule, "recommendation": search["loader_kwargs"]}
-    reads: list[dict[str, Any]] = []
-    for r in range(a.rounds):
-        for cond in (CONDS if r % 2 == 0 else CONDS[::-1]):
-            pinned = _Pinned(files) if cond == "warm" else None
-            if pinned:
-                pinned.__enter__()
-            try:
-                for row in rotated(list(ROWS), r):
-                    d = _read(row, cond, root, kwargs.get(row, {}), a)
-                    d["round"] = r
-                    reads.append(d)
-                    log(f"round {r + 1} {cond:4s} {row:15s} {d['images_per_s']:6.0f} img/s "
-                        f"{d['images_per_cpu_s']:6.1f} img/CPU-s (load {d['load']})"
-                        + (" (epoch ended)" if d["epoch_ended"] else ""))
-            finally:
-                if pinned:
-                    pinned.__exit__(None, None, None)
-    out["reads"] = reads
+    kwargs: dict[str, dict[str, Any]] = {"rule of thumb": rule}
+    if a.spdl_torch_threads:
+        kwargs.update({r: {"torch_threads": a.spdl_torch_threads} for r in ROWS
+                       if r.startswith("SPDL")})
+    if "recommendation" in rows:
+        work = work_dir("bench_spdl", a)
+        if work is None:
+            return 2
+        search = _search(root, work / "search", a)
+        search["label"] = label(search["loader_kwargs"])
+        out["search"] = search
+        kwargs["recommendation"] = search["loader_kwargs"]
+        log(f"recommended {search['loader_kwargs']} ({search['bottleneck']}) in "
+            f"{search['wall_s']:.0f} s")
+    out["reads"] = _rounds(rows, conds, files, root, kwargs, a)
     out["load_after"] = _loadavg()
     md = markdown(out)
     print(md)
