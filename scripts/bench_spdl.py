@@ -134,28 +134,11 @@ def _loader(row: str, root: str, batch: int, kwargs: dict[str, Any]) -> Any:
     return torch.utils.data.DataLoader(ds, sampler=order, **kw)
 
 
-def _tree_cpu() -> float:
-    """CPU seconds (user + system) of this process, its live children and the ones it
-    reaped (DataLoader workers that ended with the epoch)."""
-    import resource
-
-    import psutil
-
-    me = psutil.Process()
-    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = reaped.ru_utime + reaped.ru_stime
-    for p in [me, *me.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
 def _child_read(row: str, root: str, seconds: float, warmup: float, batch: int,
                 kwargs: dict[str, Any]) -> None:
     import torch
+
+    from scripts.bench_peers import _tree_cpu   # the process, its workers, the reaped ones
 
     loader = _loader(row, root, batch, kwargs)
     t_start = time.monotonic()
