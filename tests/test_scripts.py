@@ -84,3 +84,25 @@ def test_bench_scale_measures_each_step_as_a_process_tree(tmp_path):
     assert "| convert wds | 300 |" in r.stdout and "| stage wds | 300 |" in r.stdout
     assert sorted(os.listdir(tmp_path / "w")) == ["tree-300"]
     assert len([f for _, _, fs in os.walk(tmp_path / "w" / "tree-300") for f in fs]) == 300
+
+
+def test_bench_spdl_rotates_its_rows_and_tables_every_round_with_its_load():
+    # The SPDL side-by-side's order and table on fake rounds (its passes need root, SPDL
+    # and minutes: a benchmark, not a test).
+    from scripts import bench_spdl as b
+
+    rows = list(b.ROWS)
+    assert [b.rotated(rows, k)[0] for k in range(6)] == [*rows, rows[0]]
+    assert all(sorted(b.rotated(rows, k)) == sorted(rows) for k in range(5))
+    rate = {"rule of thumb": 400, "recommendation": 600, "SPDL 2 threads": 200,
+            "SPDL 4 threads": 300, "SPDL 8 threads": 250}
+    reads = [{"row": row, "cond": cond, "round": k, "load": f"1.{k}0 1.00 1.00",
+              "images_per_s": rate[row] + k, "images_per_cpu_s": rate[row] / 2}
+             for k in range(3) for cond in b.CONDS for row in rows]
+    md = b.markdown({"images": 10_000, "mean_kb": 82.5, "cpus": 2, "batch": 64, "seconds": 10,
+                     "warmup": 1.5, "rule_label": "w2 pf2", "reads": reads,
+                     "search": {"label": "w2 pf4", "wall_s": 90, "load": "1.0 1.0 1.0"},
+                     "load_before": "1.0 1.0 1.0", "load_after": "1.1 1.0 1.0"})
+    assert "| recommendation | 601 | 601 | 600 @ 1.00 1.00 1.00 / 601 @ 1.10 1.00 1.00 / " \
+           "602 @ 1.20 1.00 1.00 |" in md
+    assert "warm: recommendation / SPDL's best (SPDL 4 threads) = 2.00x" in md
