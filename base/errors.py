@@ -9,8 +9,10 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
     │   ├── UnsafeName       a manifest, plan or state file names a path outside its tree
     │   ├── DatasetError     a path holds nothing readable, a manifest from a newer autotune,
     │   │                    more readers than shards (also a ValueError)
-    │   └── StoreDenied      an object store refused: no such bucket, access denied (names
-    │                        the endpoint, the bucket and the server's error code)
+    │   ├── StoreDenied      an object store refused: no such bucket, access denied (names
+    │   │                    the endpoint, the bucket and the server's error code)
+    │   └── FactoryError     autotune.bench.factory: a --dataset-factory raised or returned
+    │                        something else than a Dataset
     ├── StoreUnreachable     an object store did not answer, or its retries ran out
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
     ├── StageError           staging cannot start or go on (space, lock, manifest)

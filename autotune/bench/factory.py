@@ -22,8 +22,9 @@ from autotune.errors import UsageError
 KEYS = ("dataset", "collate_fn", "sampler", "worker_init_fn")
 
 
-class FactoryError(Exception):
-    """The factory raised or returned something else; the message says which and the fix."""
+class FactoryError(UsageError):
+    """The factory raised or returned something else; the message says which and the fix.
+    A usage error (exit 2, one line): the user's factory is an input, like a path."""
 
 
 @dataclass
