@@ -100,6 +100,7 @@ def _timed(loader: Any, workers: dict[int, dict] | None = None) -> dict[str, Any
     `workers` (pid -> figures) collects each worker's samples from the batches' tags."""
     n = nb = n1 = 0
     t_first = None
+    main0 = _main_sched() if workers is not None else None
     t0 = time.perf_counter()
     for k, b, *tag in loader:
         if t_first is None:
@@ -114,9 +115,26 @@ def _timed(loader: Any, workers: dict[int, dict] | None = None) -> dict[str, Any
             w["os_threads"] = max(w["os_threads"], ot)
     t1 = time.perf_counter()
     t_first = t_first or t1
+    if main0 is not None:
+        main1 = _main_sched()
+        workers[0] = {"cpu_s": round(main1[0] - main0[0], 3),  # pid 0: this process
+                      "wait_s": round(main1[1] - main0[1], 3)}
     return {"samples": n, "samples_per_s": n / (t1 - t0), "mib_per_s": nb / (t1 - t0) / 2**20,
             "seconds": round(t1 - t0, 3), "first_item_s": round(t_first - t0, 3),
             "steady_samples_per_s": (n - n1) / max(t1 - t_first, 1e-9)}
+
+
+def _main_sched() -> tuple[float, float]:
+    """This process's CPU and run-queue wait so far, all threads (s)."""
+    pid = os.getpid()
+    cpu = wait = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            r, w = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        cpu, wait = cpu + int(r) / 1e9, wait + int(w) / 1e9
+    return cpu, wait
 
 
 def _pipeline(name: str) -> Any:
@@ -165,12 +183,9 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
         sampler.stop()
         sampler.sample()  # the children that are still there
         res["cpu_busy"] = gap.busy_share(t0, gap.cpu_times(), gap.parse_cpus(cpus)[0])
+        res["main_process"] = info.pop(0, {})  # over the pass, the sampler included
         res["worker_figures"] = gap.worker_figures(sampler.threads, info, res["seconds"])
         res["sampler_reads"] = sampler.reads
-        main = [d for d in (gap._thread(os.getpid(), t) for t in os.listdir("/proc/self/task"))
-                if d]
-        res["main_process"] = {"cpu_s": round(sum(d["cpu_ns"] for d in main) / 1e9, 3),
-                               "wait_s": round(sum(d["wait_ns"] for d in main) / 1e9, 3)}
         return res
     return _read_pass(kind, endpoint, prefix, workers, batch, pipeline, None)
 

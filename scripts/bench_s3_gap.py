@@ -170,6 +170,8 @@ def worker_figures(threads: dict[tuple[int, int], dict[str, Any]], info: dict[in
             "worker": w["id"], "pid": wpid, "samples": w["samples"],
             "samples_per_s": round(w["samples"] / seconds, 1),
             "cpu_s": round(cpu, 3), "wait_s": round(wait, 3),
+            # neither on a CPU nor waiting for one: blocked (a socket, a pipe, the queue)
+            "other_s": round(seconds - cpu - wait, 3),
             "main_cpu_s": round(main.get("cpu_ns", 0) / 1e9, 3),
             "main_wait_s": round(main.get("wait_ns", 0) / 1e9, 3),
             "main_slices": main.get("slices"), "main_vol": main.get("vol"),
@@ -243,17 +245,30 @@ def gap(run_child: Any, via: str, prefix: str, a: Any, servers: list[int]) -> di
             "median": medians(passes)}
 
 
+def tree_cpu(p: dict[str, Any]) -> float:
+    """CPU seconds of the reading process's whole tree over the pass: its main process,
+    the workers (all threads) and their children."""
+    ws = p.get("worker_figures") or []
+    return (p.get("main_process", {}).get("cpu_s", 0.0) + sum(w["cpu_s"] for w in ws)
+            + sum(w["children"]["cpu_s"] for w in ws))
+
+
 def summary_line(p: dict[str, Any]) -> str:
     if "error" in p:
         return f"ERROR {p['error']}"
     ws = p.get("worker_figures") or []
+    share = tree_cpu(p) / p["seconds"] / max(1, len(p.get("cpu_busy") or [1]))
     wait = [w["wait_s"] for w in ws]
     cpu = [w["cpu_s"] for w in ws]
     kid = [w["children"]["cpu_s"] for w in ws]
     kidw = [w["children"]["wait_s"] for w in ws]
     return (f"{p['samples_per_s']:.0f} samples/s, {p['seconds']:.1f} s; per worker wait "
             f"{min(wait, default=0):.2f}-{max(wait, default=0):.2f} s, cpu "
-            f"{min(cpu, default=0):.2f}-{max(cpu, default=0):.2f} s, children cpu "
+            f"{min(cpu, default=0):.2f}-{max(cpu, default=0):.2f} s, blocked "
+            f"{min((w['other_s'] for w in ws), default=0):.2f}-"
+            f"{max((w['other_s'] for w in ws), default=0):.2f} s; tree "
+            f"{tree_cpu(p) / max(1, p['samples']) * 1e3:.2f} ms CPU/sample, {share:.0%} of the "
+            f"pinned CPUs; children cpu "
             f"{sum(kid):.2f} wait {sum(kidw):.2f} s; torch threads "
             f"{sorted({w['torch_threads'] for w in ws})}, OS threads "
             f"{sorted({w['os_threads'] for w in ws})}; main nonvol "
@@ -276,6 +291,11 @@ def medians(passes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             "median_samples_per_s": round(statistics.median(p["samples_per_s"] for p in ps)),
             "median_worker_wait_s": round(statistics.median(w["wait_s"] for w in ws), 2),
             "median_worker_cpu_s": round(statistics.median(w["cpu_s"] for w in ws), 2),
+            "median_worker_blocked_s": round(statistics.median(w["other_s"] for w in ws), 2),
+            "median_tree_ms_per_sample": round(statistics.median(
+                tree_cpu(p) / p["samples"] * 1e3 for p in ps), 2),
+            "median_tree_share": round(statistics.median(
+                tree_cpu(p) / p["seconds"] / len(p["cpu_busy"]) for p in ps), 3),
         }
     return out
 
@@ -283,7 +303,8 @@ def medians(passes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def table(g: dict[str, Any]) -> None:
     print(f"\n{g['pipeline']}, {g['workers']} workers, batch {g['batch']}; per pass:")
     print(f"{'cpus':>5} | {'rd':>2} | {'reader':>10} | {'smp/s':>5} | {'wait s/worker':>17} | "
-          f"{'cpu s/worker':>17} | {'kids cpu/wait':>13} | busy | load before -> after")
+          f"{'cpu s/worker':>17} | {'blocked s/worker':>17} | {'kids cpu/wait':>13} | "
+          "tree ms/smp | tree share | busy | load before -> after")
     for p in g["passes"]:
         if "error" in p:
             print(f"{','.join(map(str, p['cpus'])):>5} | {p['round']:>2} | {p['reader']:>10} | "
@@ -294,9 +315,12 @@ def table(g: dict[str, Any]) -> None:
         cpu = " ".join(f"{w['cpu_s']:.1f}" for w in ws)
         kc = sum(w["children"]["cpu_s"] for w in ws)
         kw = sum(w["children"]["wait_s"] for w in ws)
+        blocked = " ".join(f"{w['other_s']:.1f}" for w in ws)
         busy = "/".join(f"{v:.2f}" for v in p["cpu_busy"].values())
+        share = tree_cpu(p) / p["seconds"] / len(p["cpu_busy"])
         print(f"{','.join(map(str, p['cpus'])):>5} | {p['round']:>2} | {p['reader']:>10} | "
-              f"{p['samples_per_s']:5.0f} | {wait:>17} | {cpu:>17} | {kc:5.1f}/{kw:5.1f} | "
-              f"{busy} | {p['load_before']} -> {p['load_after']}")
+              f"{p['samples_per_s']:5.0f} | {wait:>17} | {cpu:>17} | {blocked:>17} | "
+              f"{kc:5.1f}/{kw:5.1f} | {tree_cpu(p) / p['samples'] * 1e3:11.2f} | "
+              f"{share:10.0%} | {busy} | {p['load_before']} -> {p['load_after']}")
     for k, m in g["median"].items():
         print(f"  {k}: {m}")
