@@ -186,6 +186,7 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
         res["main_process"] = info.pop(0, {})  # over the pass, the sampler included
         res["worker_figures"] = gap.worker_figures(sampler.threads, info, res["seconds"])
         res["sampler_reads"] = sampler.reads
+        res["placements"] = dict(sorted(sampler.placements.items(), key=lambda kv: -kv[1]))
         return res
     return _read_pass(kind, endpoint, prefix, workers, batch, pipeline, None)
 

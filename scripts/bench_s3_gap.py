@@ -97,6 +97,22 @@ def _thread(pid: int, tid: str) -> dict[str, Any] | None:
     return d
 
 
+def _on_cpu(pid: int) -> int | None:
+    """The CPU a runnable (R) process is on or queued on, else None (/proc/PID/stat)."""
+    st = _read(f"/proc/{pid}/stat")
+    if not st:
+        return None
+    f = st[st.rindex(")") + 2:].split()
+    return int(f[36]) if f[0] == "R" else None  # field 3 is the state, 39 the CPU
+
+
+def _migrations(pid: int) -> int | None:
+    for line in (_read(f"/proc/{pid}/sched") or "").splitlines():
+        if line.startswith("se.nr_migrations"):
+            return int(line.split(":")[1])
+    return None
+
+
 class TreeSampler:
     """A thread that keeps the last schedstat/status of every thread below this process."""
 
@@ -105,6 +121,8 @@ class TreeSampler:
         self.root = os.getpid()
         self.threads: dict[tuple[int, int], dict[str, Any]] = {}
         self.reads = 0
+        # "0,0,1": at one read, 3 workers runnable, two of them queued on CPU 0 -> reads
+        self.placements: dict[str, int] = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, name="gap-sampler", daemon=True)
 
@@ -117,6 +135,7 @@ class TreeSampler:
             self.sample()
 
     def sample(self) -> None:
+        on: list[int] = []  # the CPU of each runnable DataLoader worker's main thread
         for pid in descendants(self.root):
             if pid == self.root:
                 continue
@@ -128,6 +147,14 @@ class TreeSampler:
                 d = _thread(pid, tid)
                 if d is not None:
                     self.threads[(pid, int(tid))] = d
+                    if int(tid) == pid and d.get("ppid") == self.root:
+                        d["migrations"] = _migrations(pid)
+                        cpu = _on_cpu(pid)
+                        if cpu is not None:
+                            on.append(cpu)
+        if on:
+            key = ",".join(str(c) for c in sorted(on))
+            self.placements[key] = self.placements.get(key, 0) + 1
         self.reads += 1
 
     def stop(self) -> None:
@@ -175,6 +202,7 @@ def worker_figures(threads: dict[tuple[int, int], dict[str, Any]], info: dict[in
             "main_cpu_s": round(main.get("cpu_ns", 0) / 1e9, 3),
             "main_wait_s": round(main.get("wait_ns", 0) / 1e9, 3),
             "main_slices": main.get("slices"), "main_vol": main.get("vol"),
+            "migrations": main.get("migrations"),
             "main_nonvol": main.get("nonvol"),
             "other_threads": {k: {"n": v[0], "cpu_s": round(v[1], 3), "wait_s": round(v[2], 3)}
                               for k, v in others.items()},
@@ -253,6 +281,14 @@ def tree_cpu(p: dict[str, Any]) -> float:
             + sum(w["children"]["cpu_s"] for w in ws))
 
 
+def one_cpu_share(placements: dict[str, int]) -> float:
+    """Of the reads that found at least 2 workers runnable, the share where all of them
+    were on (or queued on) the same CPU."""
+    two = {k: n for k, n in placements.items() if "," in k}
+    same = sum(n for k, n in two.items() if len(set(k.split(","))) == 1)
+    return same / max(1, sum(two.values()))
+
+
 def summary_line(p: dict[str, Any]) -> str:
     if "error" in p:
         return f"ERROR {p['error']}"
@@ -274,6 +310,8 @@ def summary_line(p: dict[str, Any]) -> str:
             f"{sorted({w['os_threads'] for w in ws})}; main nonvol "
             f"{sum(w['main_nonvol'] or 0 for w in ws)}, vol {sum(w['main_vol'] or 0 for w in ws)}"
             f"; servers cpu {p.get('servers_cpu_s')} wait {p.get('servers_wait_s')} s"
+            f"; migrations {[w.get('migrations') for w in ws]}"
+            f"; runnable workers on one CPU {one_cpu_share(p.get('placements') or {}):.0%}"
             f"; busy {p.get('cpu_busy')}; load {p.get('load_before')} -> {p.get('load_after')}")
 
 
