@@ -124,6 +124,13 @@ def _timed(loader: Any, workers: dict[int, dict] | None = None) -> dict[str, Any
             "steady_samples_per_s": (n - n1) / max(t1 - t_first, 1e-9)}
 
 
+def _spread(worker_id: int) -> None:
+    """worker_init_fn of the ours-spread diagnostic: worker i on the i-th CPU (mod) of
+    the set its process may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, [cpus[worker_id % len(cpus)]])
+
+
 def _main_sched() -> tuple[float, float]:
     """This process's CPU and run-queue wait so far, all threads (s)."""
     pid = os.getpid()
@@ -196,14 +203,24 @@ def _read_pass(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
     import torch
 
     transform = _pipeline(pipeline)
-    if kind == "ours":
+    if kind in ("ours", "ours-spread", "ours-sleep"):
+        # ours-spread and ours-sleep are diagnostics of `--only gap` (scripts/bench_s3_gap):
+        # each worker pinned to one CPU of the set in turn; a 1 ms sleep before each sample
         from autotune_converters.wds.bucket import S3WdsSource
+
+        if kind == "ours-sleep":
+            inner = transform
+
+            def transform(data: bytes) -> Any:  # noqa: F811 (the diagnostic's wrapper)
+                time.sleep(0.001)
+                return data if inner is None else inner(data)
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(transform, shuffle=False)
         loader = torch.utils.data.DataLoader(  # (transform(bytes), label) -> the first
             ds, num_workers=workers, batch_size=batch,
-            collate_fn=lambda b: _counted([x[0] for x in b]))
+            collate_fn=lambda b: _counted([x[0] for x in b]),
+            worker_init_fn=_spread if kind == "ours-spread" else None)
         return _timed(loader, info)
     if kind == "webdataset":
         import webdataset as wds
@@ -539,7 +556,8 @@ def main() -> int:
                     help="run only this section (peers: section 3, no probe loop, no search; "
                          "gap: --readers pinned to --cpus, each worker's run-queue wait, "
                          "scripts/bench_s3_gap.py)")
-    ap.add_argument("--readers", default="ours,webdataset", help="--only gap: the readers")
+    ap.add_argument("--readers", default="ours,webdataset",
+                    help="--only gap: the readers (also the diagnostics ours-spread, ours-sleep)")
     ap.add_argument("--cpus", default="0,1;1",
                     help="--only gap: CPU sets to pin each reading process to, ';' between")
     ap.add_argument("--pipeline", default="resnet50",
