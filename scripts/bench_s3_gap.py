@@ -197,8 +197,9 @@ def worker_figures(threads: dict[tuple[int, int], dict[str, Any]], info: dict[in
             "worker": w["id"], "pid": wpid, "samples": w["samples"],
             "samples_per_s": round(w["samples"] / seconds, 1),
             "cpu_s": round(cpu, 3), "wait_s": round(wait, 3),
-            # neither on a CPU nor waiting for one: blocked (a socket, a pipe, the queue)
-            "other_s": round(seconds - cpu - wait, 3),
+            # its main thread neither on a CPU nor waiting for one: blocked (a socket, a
+            # pipe, the queue) or not yet started
+            "other_s": round(seconds - (main.get("cpu_ns", 0) + main.get("wait_ns", 0)) / 1e9, 3),
             "main_cpu_s": round(main.get("cpu_ns", 0) / 1e9, 3),
             "main_wait_s": round(main.get("wait_ns", 0) / 1e9, 3),
             "main_slices": main.get("slices"), "main_vol": main.get("vol"),
@@ -294,11 +295,11 @@ def summary_line(p: dict[str, Any]) -> str:
         return f"ERROR {p['error']}"
     ws = p.get("worker_figures") or []
     share = tree_cpu(p) / p["seconds"] / max(1, len(p.get("cpu_busy") or [1]))
-    wait = [w["wait_s"] for w in ws]
-    cpu = [w["cpu_s"] for w in ws]
+    wait = [w["main_wait_s"] for w in ws]
+    cpu = [w["main_cpu_s"] for w in ws]
     kid = [w["children"]["cpu_s"] for w in ws]
     kidw = [w["children"]["wait_s"] for w in ws]
-    return (f"{p['samples_per_s']:.0f} samples/s, {p['seconds']:.1f} s; per worker wait "
+    return (f"{p['samples_per_s']:.0f} samples/s, {p['seconds']:.1f} s; per worker (main thread) wait "
             f"{min(wait, default=0):.2f}-{max(wait, default=0):.2f} s, cpu "
             f"{min(cpu, default=0):.2f}-{max(cpu, default=0):.2f} s, blocked "
             f"{min((w['other_s'] for w in ws), default=0):.2f}-"
@@ -327,8 +328,10 @@ def medians(passes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         out[f"{reader}|{','.join(map(str, cpus))}"] = {
             "samples_per_s": [round(p["samples_per_s"]) for p in ps],
             "median_samples_per_s": round(statistics.median(p["samples_per_s"] for p in ps)),
-            "median_worker_wait_s": round(statistics.median(w["wait_s"] for w in ws), 2),
-            "median_worker_cpu_s": round(statistics.median(w["cpu_s"] for w in ws), 2),
+            "median_worker_wait_s": round(statistics.median(w["main_wait_s"] for w in ws), 2),
+            "median_worker_cpu_s": round(statistics.median(w["main_cpu_s"] for w in ws), 2),
+            "median_one_cpu_share": round(statistics.median(
+                one_cpu_share(p.get("placements") or {}) for p in ps), 2),
             "median_worker_blocked_s": round(statistics.median(w["other_s"] for w in ws), 2),
             "median_tree_ms_per_sample": round(statistics.median(
                 tree_cpu(p) / p["samples"] * 1e3 for p in ps), 2),
@@ -340,6 +343,8 @@ def medians(passes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def table(g: dict[str, Any]) -> None:
     print(f"\n{g['pipeline']}, {g['workers']} workers, batch {g['batch']}; per pass:")
+    print("per worker: its main thread's run-queue wait, CPU and blocked time (s); kids: "
+          "webdataset's sh/curl (s, all workers)")
     print(f"{'cpus':>5} | {'rd':>2} | {'reader':>10} | {'smp/s':>5} | {'wait s/worker':>17} | "
           f"{'cpu s/worker':>17} | {'blocked s/worker':>17} | {'kids cpu/wait':>13} | "
           "tree ms/smp | tree share | busy | load before -> after")
@@ -349,8 +354,8 @@ def table(g: dict[str, Any]) -> None:
                   f"ERROR {p['error']}")
             continue
         ws = p["worker_figures"]
-        wait = " ".join(f"{w['wait_s']:.1f}" for w in ws)
-        cpu = " ".join(f"{w['cpu_s']:.1f}" for w in ws)
+        wait = " ".join(f"{w['main_wait_s']:.1f}" for w in ws)
+        cpu = " ".join(f"{w['main_cpu_s']:.1f}" for w in ws)
         kc = sum(w["children"]["cpu_s"] for w in ws)
         kw = sum(w["children"]["wait_s"] for w in ws)
         blocked = " ".join(f"{w['other_s']:.1f}" for w in ws)
