@@ -1,7 +1,8 @@
 """Issue 24's "Done when" figures for object storage, in one run (not a test: timings).
 
     PYTHONPATH=. .venv/bin/python -m scripts.bench_s3 [--images 4000] [--delay-ms 25] \\
-        [--json out/bench_s3.json] [--no-peers] [--only peers] [--pipeline resnet50|none]
+        [--json out/bench_s3.json] [--no-peers] [--only peers|gap] [--pipeline resnet50|none]
+        [--readers ours,webdataset] [--cpus '0,1;1']
 
 Starts SeaweedFS (`weed mini`, the s3 extra) in a temporary directory, uploads --images
 generated JPEGs (autotune.synth.make_image_folder, about 80 KB each) to a fresh bucket as
@@ -25,6 +26,9 @@ front of it. Everything below goes through the proxy:
    process with the same DataLoader workers and batch, bytes only and with the --pipeline
    preset's transform (`resnet50`) in the workers, --rounds interleaved rounds, median.
    `--only peers` runs this section alone (no 1., no 2.: it converts from the bucket).
+4. `--only gap` (instead of 1.-3.): only --readers (ours, webdataset) with the --pipeline
+   transform, each pass's process pinned to each of the --cpus sets, with every worker's
+   run-queue wait and CPU time (schedstat) beside its samples/s (scripts/bench_s3_gap.py).
 
 The third reader is optional: `.venv/bin/python -m pip install s3torchconnector` (1.5.0
 was measured; it pulls no torch of its own where torch is installed). webdataset and curl
@@ -90,22 +94,54 @@ def child_probe(endpoint: str, url: str, c: int, k: int) -> dict[str, Any]:
             "list_keys_per_s": obj.list_keys_per_s, "mean_object_bytes": obj.mean_object_bytes}
 
 
-def _timed(loader: Any) -> dict[str, Any]:
+def _timed(loader: Any, workers: dict[int, dict] | None = None) -> dict[str, Any]:
     """One pass: samples/s and MiB/s over the whole pass (from iter(loader), worker start
-    included, as an epoch costs a user) and after the first item (steady reading)."""
+    included, as an epoch costs a user) and after the first item (steady reading).
+    `workers` (pid -> figures) collects each worker's samples from the batches' tags."""
     n = nb = n1 = 0
     t_first = None
+    main0 = _main_sched() if workers is not None else None
     t0 = time.perf_counter()
-    for k, b in loader:
+    for k, b, *tag in loader:
         if t_first is None:
             t_first, n1 = time.perf_counter(), k
         n += k
         nb += b
+        if tag and workers is not None:
+            wid, pid, tt, ot = tag
+            w = workers.setdefault(pid, {"id": wid, "samples": 0, "torch_threads": tt,
+                                         "os_threads": ot})
+            w["samples"] += k
+            w["os_threads"] = max(w["os_threads"], ot)
     t1 = time.perf_counter()
     t_first = t_first or t1
+    if main0 is not None:
+        main1 = _main_sched()
+        workers[0] = {"cpu_s": round(main1[0] - main0[0], 3),  # pid 0: this process
+                      "wait_s": round(main1[1] - main0[1], 3)}
     return {"samples": n, "samples_per_s": n / (t1 - t0), "mib_per_s": nb / (t1 - t0) / 2**20,
             "seconds": round(t1 - t0, 3), "first_item_s": round(t_first - t0, 3),
             "steady_samples_per_s": (n - n1) / max(t1 - t_first, 1e-9)}
+
+
+def _spread(worker_id: int) -> None:
+    """worker_init_fn of the ours-spread diagnostic: worker i on the i-th CPU (mod) of
+    the set its process may use."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, [cpus[worker_id % len(cpus)]])
+
+
+def _main_sched() -> tuple[float, float]:
+    """This process's CPU and run-queue wait so far, all threads (s)."""
+    pid = os.getpid()
+    cpu = wait = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            r, w = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        cpu, wait = cpu + int(r) / 1e9, wait + int(w) / 1e9
+    return cpu, wait
 
 
 def _pipeline(name: str) -> Any:
@@ -124,8 +160,12 @@ def _size(x: Any) -> int:
 
 def _counted(batch: list) -> tuple[int, int]:  # noqa: ANN001 (collate: samples, bytes)
     """In the worker: the batch's samples and bytes (image bytes, or the tensors' bytes
-    with a pipeline); only the two counts cross to the main process, for every reader."""
-    return len(batch), sum(_size(x) for x in batch)
+    with a pipeline) and the worker's tag (scripts/bench_s3_gap.worker_tag: which worker,
+    its torch and OS threads); only these counts cross to the main process, for every
+    reader."""
+    from scripts.bench_s3_gap import worker_tag
+
+    return (len(batch), sum(_size(x) for x in batch), *worker_tag())
 
 
 def _largest_bytes(s: dict) -> bytes:  # noqa: ANN001 (a webdataset sample: the image)
@@ -134,21 +174,54 @@ def _largest_bytes(s: dict) -> bytes:  # noqa: ANN001 (a webdataset sample: the 
 
 
 def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
-               pipeline: str = "bytes") -> dict:
+               pipeline: str = "bytes", cpus: str | None = None) -> dict:
     """Read every shard under s3://BUCKET/PREFIX once with `workers` workers: the images'
-    bytes only, or through `pipeline` (an autotune preset's transform) in the workers."""
+    bytes only, or through `pipeline` (an autotune preset's transform) in the workers.
+    With `cpus` ('0,1'), this process (so its workers and their children) is pinned to
+    those CPUs and each worker's run-queue wait is recorded (scripts/bench_s3_gap)."""
+    if cpus:
+        from scripts import bench_s3_gap as gap
+
+        os.sched_setaffinity(0, gap.parse_cpus(cpus)[0])
+        info: dict[int, dict] = {}
+        sampler = gap.TreeSampler().start()
+        t0 = gap.cpu_times()
+        res = _read_pass(kind, endpoint, prefix, workers, batch, pipeline, info)
+        sampler.stop()
+        sampler.sample()  # the children that are still there
+        res["cpu_busy"] = gap.busy_share(t0, gap.cpu_times(), gap.parse_cpus(cpus)[0])
+        res["main_process"] = info.pop(0, {})  # over the pass, the sampler included
+        res["worker_figures"] = gap.worker_figures(sampler.threads, info, res["seconds"])
+        res["sampler_reads"] = sampler.reads
+        res["placements"] = dict(sorted(sampler.placements.items(), key=lambda kv: -kv[1]))
+        return res
+    return _read_pass(kind, endpoint, prefix, workers, batch, pipeline, None)
+
+
+def _read_pass(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
+               pipeline: str, info: dict[int, dict] | None) -> dict:
     import torch
 
     transform = _pipeline(pipeline)
-    if kind == "ours":
+    if kind in ("ours", "ours-spread", "ours-sleep"):
+        # ours-spread and ours-sleep are diagnostics of `--only gap` (scripts/bench_s3_gap):
+        # each worker pinned to one CPU of the set in turn; a 1 ms sleep before each sample
         from autotune_converters.wds.bucket import S3WdsSource
+
+        if kind == "ours-sleep":
+            inner = transform
+
+            def transform(data: bytes) -> Any:  # noqa: F811 (the diagnostic's wrapper)
+                time.sleep(0.001)
+                return data if inner is None else inner(data)
 
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         ds = S3WdsSource(f"s3://{BUCKET}/{prefix}").dataset(transform, shuffle=False)
         loader = torch.utils.data.DataLoader(  # (transform(bytes), label) -> the first
             ds, num_workers=workers, batch_size=batch,
-            collate_fn=lambda b: _counted([x[0] for x in b]))
-        return _timed(loader)
+            collate_fn=lambda b: _counted([x[0] for x in b]),
+            worker_init_fn=_spread if kind == "ours-spread" else None)
+        return _timed(loader, info)
     if kind == "webdataset":
         import webdataset as wds
 
@@ -161,7 +234,7 @@ def child_read(kind: str, endpoint: str, prefix: str, workers: int, batch: int,
             lambda s: _largest_bytes(s) if transform is None else transform(_largest_bytes(s)))
         loader = torch.utils.data.DataLoader(ds, num_workers=workers, batch_size=batch,
                                              collate_fn=_counted)
-        return _timed(loader)
+        return _timed(loader, info)
     if kind in ("litdata", "mosaic"):
         from scripts.bench_s3_peers import dataset
 
@@ -308,7 +381,10 @@ def closed_loop(via: str, tmp: Path, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def peers(via: str, endpoint: str, tmp: Path, staged: dict | None, a: argparse.Namespace) -> dict:
+def _converted(via: str, endpoint: str, tmp: Path, staged: dict | None
+               ) -> tuple[Path, str, int] | dict:
+    """Our WebDataset shards uploaded to s3://BUCKET/train-wds: (dir, how, objects), or
+    {"skipped": why}."""
     sdir = Path(staged["dir"]) if staged and staged.get("dir") else None
     how = "the loop's staged conversion"
     if sdir is None or not (sdir / "manifest.json").is_file():
@@ -321,7 +397,14 @@ def peers(via: str, endpoint: str, tmp: Path, staged: dict | None, a: argparse.N
                                            "AWS_ENDPOINT_URL": via})
         if p.returncode != 0:
             return {"skipped": f"convert failed: {p.stderr.strip()[-300:]}"}
-    n = _upload(endpoint, sdir, "train-wds")
+    return sdir, how, _upload(endpoint, sdir, "train-wds")
+
+
+def peers(via: str, endpoint: str, tmp: Path, staged: dict | None, a: argparse.Namespace) -> dict:
+    conv = _converted(via, endpoint, tmp, staged)
+    if isinstance(conv, dict):
+        return conv
+    sdir, how, n = conv
     kinds, prefix, notes = _readers(endpoint, tmp)
     pipelines = ["bytes", *([a.pipeline] if a.pipeline != "none" else [])]
     rounds: dict[str, list[dict]] = {f"{k}|{p}": [] for p in pipelines for k in kinds}
@@ -348,6 +431,19 @@ def peers(via: str, endpoint: str, tmp: Path, staged: dict | None, a: argparse.N
     return {"shards_from": how, "objects_uploaded": n, "shards": len(shards),
             "workers": a.read_workers, "batch": 64, "pipelines": pipelines, "notes": notes,
             "rounds": rounds, "median": med}
+
+
+def _gap(via: str, endpoint: str, tmp: Path, a: argparse.Namespace, servers: list[int]
+         ) -> dict:
+    """`--only gap`: our shards converted and uploaded as for `--only peers`, then only
+    --readers, pinned to each of --cpus (scripts/bench_s3_gap); `servers`: the proxy's
+    and SeaweedFS's pids, whose CPU and wait each pass also records."""
+    from scripts.bench_s3_gap import gap
+
+    conv = _converted(via, endpoint, tmp, None)
+    if isinstance(conv, dict):
+        return conv
+    return {"objects_uploaded": conv[2], **gap(_run_child, via, "train-wds", a, servers)}
 
 
 def _readers(endpoint: str, tmp: Path) -> tuple[list[str], dict[str, str], dict[str, str]]:
@@ -435,7 +531,7 @@ def _child(kind: str, args: list[str]) -> int:
         r = child_probe(args[0], args[1], int(args[2]), int(args[3]))
     else:
         r = child_read(args[0], args[1], args[2], int(args[3]), int(args[4]),
-                       args[5] if len(args) > 5 else "bytes")
+                       args[5] if len(args) > 5 else "bytes", args[6] if len(args) > 6 else None)
     print(json.dumps(r))
     return 0
 
@@ -456,8 +552,14 @@ def main() -> int:
     ap.add_argument("--read-workers", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-peers", action="store_true")
-    ap.add_argument("--only", choices=["peers"], default=None,
-                    help="run only this section (peers: section 3, no probe loop, no search)")
+    ap.add_argument("--only", choices=["peers", "gap"], default=None,
+                    help="run only this section (peers: section 3, no probe loop, no search; "
+                         "gap: --readers pinned to --cpus, each worker's run-queue wait, "
+                         "scripts/bench_s3_gap.py)")
+    ap.add_argument("--readers", default="ours,webdataset",
+                    help="--only gap: the readers (also the diagnostics ours-spread, ours-sleep)")
+    ap.add_argument("--cpus", default="0,1;1",
+                    help="--only gap: CPU sets to pin each reading process to, ';' between")
     ap.add_argument("--pipeline", default="resnet50",
                     help="a preset whose transform every reader also runs ('none': bytes only)")
     ap.add_argument("--no-search", action="store_true")
@@ -476,7 +578,8 @@ def main() -> int:
         t0 = time.perf_counter()
         syn = make_image_folder(tmp / "train", a.images, 10, seed=1, workers=2)
         res["mean_image_bytes"] = getattr(syn, "bytes", 0) / max(1, a.images)
-        with SeaweedServer(tmp / "weed") as endpoint:
+        server = SeaweedServer(tmp / "weed")
+        with server as endpoint:
             _boto(endpoint).create_bucket(Bucket=BUCKET)
             res["uploaded"] = _upload(endpoint, tmp / "train", "train")
             print(f"made and uploaded {res['uploaded']} images in "
@@ -490,14 +593,23 @@ def main() -> int:
                     res["loop"] = closed_loop(via, tmp, a)
                     print(f"search: exit {res['loop']['exit']} in {res['loop']['seconds']} s",
                           flush=True)
-                if not a.no_peers:
+                if a.only == "gap":
+                    res["gap"] = _gap(via, endpoint, tmp, a,
+                                      [proxy.pid, *([server.proc.pid] if server.proc else [])])
+                elif not a.no_peers:
                     res["peers"] = peers(via, endpoint, tmp, (res.get("loop") or {})
                                          .get("staged"), a)
             finally:
                 proxy.terminate()
                 proxy.wait(10)
     res["uptime_after"] = _uptime()
-    _table(res)
+    if "gap" in res:
+        from scripts.bench_s3_gap import table
+
+        print(f"\nload before: {res['uptime_before']}; after: {res['uptime_after']}")
+        table(res["gap"]) if "passes" in res["gap"] else print(res["gap"])
+    else:
+        _table(res)
     if a.json:
         write_json(a.json, res, default=str)
     return 0
