@@ -823,8 +823,10 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
         c, p = m("autotune-wds", "resnet50", "cold-capped"), m("webdataset", "resnet50", "cold-capped")
         t.append(f"autotune-wds capped >= 1.0x webdataset.WebDataset capped: {c / p:.2f}x "
                  f"({'met' if c >= p else 'NOT met'})")
+        t = [x for x in t if "nan" not in x]  # a figure this run did not measure
         out["targets"] = t
-        L.append("Targets: " + "; ".join(t) + ".\n")
+        if t:
+            L.append("Targets: " + "; ".join(t) + ".\n")
     for d in out.get("rss", []):
         L.append(f"Peak RSS, `autotune convert --format {d['format']}` of {d['files']:,} tiny "
                  f"files: converter {d['main_peak_rss'] / 2**20:.0f} MiB, each worker "
