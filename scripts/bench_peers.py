@@ -54,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -432,6 +433,7 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
     pin = _Pinned(files) if cond == "warm" else contextlib.nullcontext()
     if cond != "warm":
         drop_caches()
+    load = _loadavg()
     iops = a.iops if cond == "cold-capped" else 10_000_000  # same cgroup kind either way
     with pin, IoThrottle(path, read_iops=iops, name="bench-peers") as cap:
         p = cap.popen([*SELF, "_read", kind, str(path), preset, str(a.read_seconds),
@@ -448,8 +450,83 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
     d.update(kind=kind, preset=preset, cond=cond, cap_iops=a.iops if cond == "cold-capped" else None,
              ios_per_image=(s2.read_ios - s1.read_ios) / n if n else 0.0,
              disk_kb_per_image=(s2.read_bytes - s1.read_bytes) / 1e3 / n if n else 0.0,
-             first_batch_ios=s1.read_ios - s0.read_ios)
+             first_batch_ios=s1.read_ios - s0.read_ios, load=load,
+             read_ahead_kb=int(_read_ahead_file(path).read_text()) if path.exists() else None)
     return d
+
+
+READERS = ("autotune-wds", "autotune-lmdb", "webdataset", "lmdb-idiom", "litdata", "folder")
+CONDS = ("warm", "cold", "cold-capped", "bytes")
+
+
+def _read_ahead_file(path: Path) -> Path:
+    from autotune.blockdev import block_device_for
+
+    dev = block_device_for(str(path))
+    if dev is None:
+        raise SystemExit(f"{path}: not on a block device; its read-ahead cannot be set")
+    return Path(f"/sys/block/{dev.name}/queue/read_ahead_kb")
+
+
+def _set_read_ahead(stack: ExitStack, path: Path, kb: int) -> None:
+    """The read-ahead of `path`'s disk set to `kb` until `stack` closes (then restored)."""
+    f = _read_ahead_file(path)
+    old = f.read_text().strip()
+    f.write_text(str(kb))
+    stack.callback(f.write_text, old)
+
+
+def _read_rounds(stack: ExitStack, a: argparse.Namespace, work: Path, src: Path,
+                 src_files: list[Path], presets: list[str], readers: list[str]
+                 ) -> list[dict[str, Any]]:
+    """Every (reader, preset, condition) of the plan, --rounds times, the order reversed
+    every other round; with --own-disk each reader's files are read from a loop disk of
+    their own (copied once), whose read-ahead --read-ahead-kb sets."""
+    from autotune.emulate.setups import own_disk, scratch_dir
+
+    targets = {"autotune-wds": work / "wds", "autotune-lmdb": work / "lmdb",
+               "webdataset": work / "wds", "lmdb-idiom": work / "plain-lmdb",
+               "litdata": work / "litdata", "folder": src}
+    unknown = [r for r in readers if r not in (*READERS, "memory")]
+    conds = [c for c in a.conds.split(",") if c] or list(CONDS)
+    if unknown or any(c not in CONDS for c in conds):
+        raise SystemExit(f"bench_peers: unknown reader or condition in --readers "
+                         f"{a.readers!r} --conds {a.conds!r}; readers: memory, "
+                         f"{', '.join(READERS)}; conditions: {', '.join(CONDS)}")
+    if readers:
+        targets = {k: v for k, v in targets.items() if k in readers}
+    if a.own_disk:
+        disks = scratch_dir("bench-peers-disks-", a.tmp_dir)
+        stack.callback(shutil.rmtree, disks, True)
+        copies: dict[Path, Path] = {}
+        for k, v in targets.items():
+            if v not in copies:
+                (disks / k).mkdir()
+                copies[v] = own_disk(stack, v, disks / k)
+                if a.read_ahead_kb is not None:
+                    _set_read_ahead(stack, copies[v], a.read_ahead_kb)
+            targets[k] = copies[v]
+    files = {k: _files(v) if v != src else src_files for k, v in targets.items()}
+    plan = [("memory", src, p, "warm") for p in presets if not readers or "memory" in readers]
+    for cond in ("warm", "cold", "cold-capped"):
+        if cond in conds:
+            plan += [(k, v, "resnet50", cond) for k, v in targets.items()]
+    if "bytes" in conds:
+        plan += [(k, v, "none", "cold") for k, v in targets.items()]
+    reads: list[dict[str, Any]] = []
+    for r in range(a.rounds):
+        print(f"read round {r + 1}/{a.rounds} (load {_loadavg()})", flush=True)
+        order = plan if r % 2 == 0 else plan[::-1]
+        for kind, path, preset, cond in order:
+            d = _read(kind, path, preset, cond, a, files.get(kind, []))
+            d["round"] = r
+            reads.append(d)
+            print(f"  {kind:14s} {preset:10s} {cond:12s} {d['images_per_s']:8,.0f} img/s  "
+                  f"{d['images_per_cpu_s']:6,.0f} img/CPU-s  "
+                  f"{d['ios_per_image']:6.2f} I/Os, {d['disk_kb_per_image']:6.0f} KB/img "
+                  f"from disk, read-ahead {d['read_ahead_kb']} KB, load {d['load']}"
+                  f"{' (epoch ended)' if d['epoch_ended'] else ''}", flush=True)
+    return reads
 
 
 def _med(xs: list[float]) -> float:
@@ -489,6 +566,17 @@ def main() -> int:
     ap.add_argument("--skip-read", action="store_true")
     ap.add_argument("--tools", default="", help="comma-separated substrings: convert only "
                     "the matching tools (development)")
+    ap.add_argument("--readers", default="", help="comma-separated reader kinds to read "
+                    "with (default all: memory, autotune-wds, autotune-lmdb, webdataset, "
+                    "lmdb-idiom, litdata, folder)")
+    ap.add_argument("--conds", default="", help="comma-separated read conditions (default "
+                    "all: warm, cold, cold-capped, bytes)")
+    ap.add_argument("--own-disk", action="store_true", help="read each reader's files from "
+                    "a copy on a loop disk of its own (its read-ahead can then be set "
+                    "without touching the machine's disk)")
+    ap.add_argument("--read-ahead-kb", type=int, default=None, help="the read disk's "
+                    "read_ahead_kb while reading (restored after; needs --own-disk): 128 is "
+                    "Linux's default for most disks")
     ap.add_argument("--rss", action="store_true", help="peak RSS at 200,000 tiny files")
     ap.add_argument("--baseline", default=None, help="another checkout (its root, with the "
                     "autotune_converters and autotune_base links) whose `convert --format "
@@ -499,12 +587,17 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench_peers needs root (drop_caches, the cgroup IOPS cap)", file=sys.stderr)
         return 2
+    if a.read_ahead_kb is not None and not a.own_disk:
+        print("bench_peers: --read-ahead-kb needs --own-disk (it would change the read-ahead "
+              "of the machine's own disk for every other job)", file=sys.stderr)
+        return 2
     from autotune.data.presets import list_presets
 
     import importlib.util
 
+    readers = [r for r in a.readers.split(",") if r]
     wants_litdata = not a.skip_convert and (not a.tools or "litdata" in a.tools) \
-        or not a.skip_read
+        or not a.skip_read and (not readers or "litdata" in readers)
     if wants_litdata and importlib.util.find_spec("litdata") is None:  # see _run_timed
         print("bench_peers: litdata is not installed; install it as the module doc says",
               file=sys.stderr)
@@ -547,26 +640,11 @@ def main() -> int:
     presets = ["resnet50"] + [p for p in out["presets"] if p != "resnet50" and "fast" in p]
     reads: list[dict[str, Any]] = []
     if not a.skip_read:
-        targets = {"autotune-wds": work / "wds", "autotune-lmdb": work / "lmdb",
-                   "webdataset": work / "wds", "lmdb-idiom": work / "plain-lmdb",
-                   "litdata": work / "litdata", "folder": src}
-        files = {k: _files(v) if k != "folder" else src_files for k, v in targets.items()}
-        plan = [("memory", src, p, "warm") for p in presets]
-        for cond in ("warm", "cold", "cold-capped"):
-            plan += [(k, v, "resnet50", cond) for k, v in targets.items()]
-        plan += [(k, v, "none", "cold") for k, v in targets.items()]
-        for r in range(a.rounds):
-            print(f"read round {r + 1}/{a.rounds} (load {_loadavg()})", flush=True)
-            order = plan if r % 2 == 0 else plan[::-1]
-            for kind, path, preset, cond in order:
-                d = _read(kind, path, preset, cond, a, files.get(kind, []))
-                d["round"] = r
-                reads.append(d)
-                print(f"  {kind:14s} {preset:10s} {cond:12s} {d['images_per_s']:8,.0f} img/s  "
-                      f"{d['images_per_cpu_s']:6,.0f} img/CPU-s  "
-                      f"{d['ios_per_image']:6.2f} I/Os, {d['disk_kb_per_image']:6.0f} KB/img "
-                      f"from disk{' (epoch ended)' if d['epoch_ended'] else ''}", flush=True)
+        with ExitStack() as stack:
+            reads = _read_rounds(stack, a, work, src, src_files, presets, readers)
         out["read"] = reads
+        out["read_ahead_kb"] = sorted({d["read_ahead_kb"] for d in reads
+                                       if d.get("read_ahead_kb") is not None})
 
     if a.rss:
         from scripts.bench_convert import _rss_main, _tiny_folder
@@ -617,6 +695,35 @@ def _per_round(conv: list[dict[str, Any]]) -> list[str]:
     return L
 
 
+def _capped_rounds(reads: list[dict[str, Any]], a: argparse.Namespace) -> list[str]:
+    """Each round's capped, decoded read of our shards against webdataset's over the same
+    shards: the comparison must hold in every round, not only in the median."""
+    def one(kind: str, r: int) -> dict[str, Any] | None:
+        return next((d for d in reads if (d["kind"], d["preset"], d["cond"], d["round"])
+                     == (kind, "resnet50", "cold-capped", r)), None)
+
+    rounds = sorted({d["round"] for d in reads})
+    pairs = [(r, one("autotune-wds", r), one("webdataset", r)) for r in rounds]
+    pairs = [(r, o, w) for r, o, w in pairs if o and w]
+    if not pairs:
+        return []
+    L = [f"Cold behind {a.iops} read IOPS, decode, each round (images/s; I/Os per image; "
+         "KB a disk read; load average as each started):\n",
+         "| round | autotune WdsSource | webdataset.WebDataset | ours / theirs |",
+         "|---|---|---|---|"]
+
+    def cell(d: dict[str, Any]) -> str:
+        kb = d["disk_kb_per_image"] / d["ios_per_image"] if d["ios_per_image"] else 0.0
+        return (f"{d['images_per_s']:,.0f} ({d['ios_per_image']:.3f} I/Os, {kb:,.0f} KB a "
+                f"read; load {d.get('load', '?')})")
+
+    for r, o, w in pairs:
+        L.append(f"| {r + 1} | {cell(o)} | {cell(w)} | "
+                 f"**{o['images_per_s'] / w['images_per_s']:.2f}x** |")
+    L.append("")
+    return L
+
+
 def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) -> str:
     L: list[str] = []
     conv = out.get("convert", [])
@@ -658,6 +765,7 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
                          if (d["kind"], d["preset"], d["cond"]) == (kind, preset, cond)])
 
         ceil = {p: m("memory", p, "warm") for p in presets}
+        seen = {d["kind"] for d in reads}
         L.append(f"Reading, DataLoader with {a.workers} workers, batch {a.batch}, first batch "
                  f"excluded, images/s (median of {out['rounds']}); decode = the resnet50 "
                  f"preset; cap = {a.iops} read IOPS (cgroup); I/Os per image from the "
@@ -673,6 +781,8 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
                  "litdata": "litdata StreamingDataset",
                  "folder": "loose files (map-style)"}
         for kind, label in names.items():
+            if kind not in seen:
+                continue
             w = m(kind, "resnet50", "warm")
             L.append(f"| {label} | {w:,.0f} | {m(kind, 'resnet50', 'cold'):,.0f} | "
                      f"{m(kind, 'resnet50', 'cold-capped'):,.0f} "
@@ -682,6 +792,9 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
                      f"{cpu(kind, 'resnet50', 'warm'):,.0f} / {cpu('memory', 'resnet50', 'warm'):,.0f}"
                      f" = {cpu(kind, 'resnet50', 'warm') / cpu('memory', 'resnet50', 'warm'):.2f} |")
         L.append("")
+        L.extend(_capped_rounds(reads, a))
+        if "memory" not in seen:
+            ceil = {p: float("nan") for p in presets}
         L.append("Decode ceiling (the same pipeline over 2,000 encoded images in memory): "
                  + "; ".join(f"{p} {v:,.0f} images/s" for p, v in ceil.items())
                  + (f"; {presets[1]} / resnet50 = {ceil[presets[1]] / ceil['resnet50']:.2f}x"
@@ -710,8 +823,10 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
         c, p = m("autotune-wds", "resnet50", "cold-capped"), m("webdataset", "resnet50", "cold-capped")
         t.append(f"autotune-wds capped >= 1.0x webdataset.WebDataset capped: {c / p:.2f}x "
                  f"({'met' if c >= p else 'NOT met'})")
+        t = [x for x in t if "nan" not in x]  # a figure this run did not measure
         out["targets"] = t
-        L.append("Targets: " + "; ".join(t) + ".\n")
+        if t:
+            L.append("Targets: " + "; ".join(t) + ".\n")
     for d in out.get("rss", []):
         L.append(f"Peak RSS, `autotune convert --format {d['format']}` of {d['files']:,} tiny "
                  f"files: converter {d['main_peak_rss'] / 2**20:.0f} MiB, each worker "

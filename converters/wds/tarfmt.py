@@ -317,7 +317,54 @@ def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBE
         except OSError as e:
             raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
                                    f"({type(e).__name__}: {e})") from None
-        yield from iter_stream(f, name, length, max_member_bytes, seekable=True)
+        yield from iter_stream(_ReadAhead(f, length), name, length, max_member_bytes,
+                               seekable=True)
+
+
+READ_AHEAD = 4 << 20  # the bytes a shard reader asks the kernel for ahead of its reads
+
+
+class _ReadAhead:
+    """A local file whose next READ_AHEAD bytes are asked for (posix_fadvise WILLNEED)
+    before its reads reach them. The kernel's own read-ahead follows the reads: behind a
+    capped or slow disk each 1 MiB read then waited for its own I/O after the previous
+    megabyte was decoded (measured: the cap's I/O time added to the decode time, not
+    overlapped with it); asked ahead, the I/O runs while the worker decodes. One syscall
+    per MiB read; pages already cached cost a lookup."""
+
+    def __init__(self, f: Any, length: int, ahead: int = READ_AHEAD) -> None:
+        self.f, self.length, self.ahead = f, length, ahead
+        self.pos = self.advised = 0
+
+    def readinto(self, mv: memoryview) -> int:
+        self._advise()
+        k = self.f.readinto(mv)
+        self.pos += k or 0
+        return k
+
+    def _advise(self) -> None:
+        # 1 MiB at a time: the kernel reads at most max(the disk's largest request, its
+        # read-ahead) of one WILLNEED (1.25 MiB on a loop disk at 128 KB read-ahead).
+        while self.ahead and self.advised < min(self.pos + self.ahead, self.length):
+            try:
+                os.posix_fadvise(self.f.fileno(), self.advised, _CHUNK, os.POSIX_FADV_WILLNEED)
+            except (OSError, AttributeError):  # not Linux, or a file system without it
+                self.ahead = 0
+                return
+            self.advised += _CHUNK
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = self.f.seek(offset, whence)
+        return self.pos
+
+    def read(self, n: int = -1) -> bytes:
+        self._advise()
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.pos
 
 
 def iter_stream(f: Any, name: str, length: int, max_member_bytes: int = MAX_MEMBER_BYTES, *,
