@@ -101,6 +101,27 @@ class SchedUsage:
                 "procs_running": self.procs_running, "cpus": self.cpus}
 
 
+def thread_schedstats(root_pid: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """{(pid, tid): (ns on a CPU, ns waiting on a run queue)} of every thread of `root_pid`
+    and its descendants, so far; threads that cannot be read are left out."""
+    cur: dict[tuple[int, int], tuple[int, int]] = {}
+    for pid in descendants(root_pid):
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            data = _read(f"/proc/{pid}/task/{tid}/schedstat")
+            if not data:
+                continue
+            parts = data.split()
+            try:
+                cur[(pid, int(tid))] = (int(parts[0]), int(parts[1]))
+            except (IndexError, ValueError):
+                continue
+    return cur
+
+
 class RunQueueSampler:
     """Per-interval on-CPU and run-queue time of a process tree, threads included."""
 
@@ -111,21 +132,7 @@ class RunQueueSampler:
 
     def sample(self, now_mono: float) -> SchedUsage | None:
         """None for the first call (the baseline) and when nothing can be read."""
-        cur: dict[tuple[int, int], tuple[int, int]] = {}
-        for pid in descendants(self.root_pid):
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                data = _read(f"/proc/{pid}/task/{tid}/schedstat")
-                if not data:
-                    continue
-                parts = data.split()
-                try:
-                    cur[(pid, int(tid))] = (int(parts[0]), int(parts[1]))
-                except (IndexError, ValueError):
-                    continue
+        cur = thread_schedstats(self.root_pid)
         last, last_t = self._last, self._last_t
         self._last, self._last_t = cur, now_mono
         if last_t is None or not cur or now_mono <= last_t:

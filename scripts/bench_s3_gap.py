@@ -26,10 +26,9 @@ from __future__ import annotations
 import os
 import statistics
 import threading
-import time
 from typing import Any
 
-from autotune.runqueue import descendants
+from autotune.runqueue import descendants, thread_schedstats
 
 INTERVAL = 0.02
 
@@ -235,16 +234,8 @@ def tree_usage(pids: list[int]) -> tuple[float, float]:
     """(CPU s, run-queue wait s) of every thread of `pids` and their descendants so far."""
     cpu = wait = 0
     for root in pids:
-        for pid in descendants(root):
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                ss = _read(f"/proc/{pid}/task/{tid}/schedstat")
-                if ss:
-                    r, w = ss.split()[:2]
-                    cpu, wait = cpu + int(r), wait + int(w)
+        for r, w in thread_schedstats(root).values():
+            cpu, wait = cpu + r, wait + w
     return cpu / 1e9, wait / 1e9
 
 
