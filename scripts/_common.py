@@ -103,6 +103,11 @@ def work_dir(name: str, a: Any) -> Path | None:
     return work
 
 
+def loadavg() -> str:
+    """The machine's load average, 1/5/15 min, as a benchmark writes it beside a figure."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def du(path: Path) -> int:
     """Bytes of the files under `path`."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -58,7 +58,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from scripts._common import ROOT, drop_caches, du, start_reader, work_dir, write_json
+from scripts._common import ROOT, drop_caches, du, loadavg, start_reader, work_dir, write_json
 
 PY = sys.executable
 SELF = [PY, "-m", "scripts.bench_peers"]   # its child modes, from ROOT
@@ -403,7 +403,7 @@ def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: i
         dst = work / ("conv-" + "".join(c if c.isalnum() else "-" for c in tool)[:40])
         shutil.rmtree(dst, ignore_errors=True)
         drop_caches()
-        load = _loadavg()
+        load = loadavg()
         if tool == BASELINE:  # the same command run from another checkout (before a change)
             r = _run_timed(CONVERTERS["autotune convert --format lmdb"](str(src), str(dst)),
                            root=Path(baseline))
@@ -433,7 +433,7 @@ def _read(kind: str, path: Path, preset: str, cond: str, a: argparse.Namespace,
     pin = _Pinned(files) if cond == "warm" else contextlib.nullcontext()
     if cond != "warm":
         drop_caches()
-    load = _loadavg()
+    load = loadavg()
     iops = a.iops if cond == "cold-capped" else 10_000_000  # same cgroup kind either way
     with pin, IoThrottle(path, read_iops=iops, name="bench-peers") as cap:
         p = cap.popen([*SELF, "_read", kind, str(path), preset, str(a.read_seconds),
@@ -515,7 +515,7 @@ def _read_rounds(stack: ExitStack, a: argparse.Namespace, work: Path, src: Path,
         plan += [(k, v, "none", "cold") for k, v in targets.items()]
     reads: list[dict[str, Any]] = []
     for r in range(a.rounds):
-        print(f"read round {r + 1}/{a.rounds} (load {_loadavg()})", flush=True)
+        print(f"read round {r + 1}/{a.rounds} (load {loadavg()})", flush=True)
         order = plan if r % 2 == 0 else plan[::-1]
         for kind, path, preset, cond in order:
             d = _read(kind, path, preset, cond, a, files.get(kind, []))
@@ -532,9 +532,6 @@ def _read_rounds(stack: ExitStack, a: argparse.Namespace, work: Path, src: Path,
 def _med(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
-
-def _loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def main() -> int:
@@ -612,7 +609,7 @@ def main() -> int:
                            "mean_kb": src_bytes / n_src / 1e3, "cpus": os.cpu_count(),
                            "rounds": a.rounds, "iops_cap": a.iops, "batch": a.batch,
                            "workers": a.workers, "read_seconds": a.read_seconds,
-                           "load_before": _loadavg(), "presets": list_presets()}
+                           "load_before": loadavg(), "presets": list_presets()}
     print(f"dataset {src}: {n_src} images, mean {out['mean_kb']:.1f} KB; {os.cpu_count()} CPUs; "
           f"load {out['load_before']}", flush=True)
     outs = {"autotune convert --format wds": work / "wds",
@@ -629,7 +626,7 @@ def main() -> int:
         conv: list[dict[str, Any]] = []
         for r in range(a.rounds):
             order = tools[r % len(tools):] + tools[:r % len(tools)]  # alternate who goes first
-            print(f"conversion round {r + 1}/{a.rounds} (load {_loadavg()})", flush=True)
+            print(f"conversion round {r + 1}/{a.rounds} (load {loadavg()})", flush=True)
             keep = outs if r == a.rounds - 1 else {}
             conv += _convert_round(src, work, order, n_src, src_bytes, keep, r, a.baseline)
         out["convert"] = conv
@@ -659,7 +656,7 @@ def main() -> int:
                   f"workers {d['worker_peak_rss'] / 2**20:.0f} MiB, {d['wall_s']:.1f} s",
                   flush=True)
         out["rss"] = rss
-    out["load_after"] = _loadavg()
+    out["load_after"] = loadavg()
     md = _markdown(out, presets, a)
     print("\n" + md)
     write_json(a.json, out)

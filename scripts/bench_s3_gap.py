@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from autotune.runqueue import descendants, thread_schedstats
+from scripts._common import loadavg
 
 INTERVAL = 0.02
 
@@ -225,9 +226,6 @@ def worker_tag() -> tuple[int, int, int, int]:
     return (wi.id if wi else -1, os.getpid(), torch.get_num_threads(),
             len(os.listdir("/proc/self/task")))
 
-
-def loadavg() -> str:
-    return " ".join((_read("/proc/loadavg") or "?").split()[:3])
 
 
 def tree_usage(pids: list[int]) -> tuple[float, float]:

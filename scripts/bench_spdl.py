@@ -56,7 +56,7 @@ from typing import Any
 
 from torch.utils.data import Dataset
 
-from scripts._common import ROOT, drop_caches, log, utc_date, work_dir, write_json
+from scripts._common import ROOT, drop_caches, loadavg, log, utc_date, work_dir, write_json
 
 PY = sys.executable
 SELF = [PY, "-m", "scripts.bench_spdl"]   # its child modes, from ROOT
@@ -175,9 +175,6 @@ def _child_read(row: str, root: str, seconds: float, warmup: float, batch: int,
 
 # -- parent -------------------------------------------------------------------------------
 
-def _loadavg() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-
 
 def _child_env() -> dict[str, str]:
     pp = os.environ.get("PYTHONPATH")
@@ -198,7 +195,7 @@ def _search(root: Path, out: Path, a: argparse.Namespace) -> dict[str, Any]:
            "--trials", str(a.search_trials), "--seconds", str(a.search_seconds), "--no-fio",
            "--out", str(out), "-q"]
     t0 = time.monotonic()
-    load = _loadavg()
+    load = loadavg()
     p = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"bench_spdl: {' '.join(cmd)} failed ({p.returncode}): "
@@ -215,7 +212,7 @@ def _read(row: str, cond: str, root: Path, kwargs: dict[str, Any],
           a: argparse.Namespace) -> dict[str, Any]:
     if cond == "cold":
         drop_caches()
-    load = _loadavg()
+    load = loadavg()
     cmd = [*SELF, "_read", row, str(root), str(a.seconds), str(a.warmup), str(a.batch),
            json.dumps(kwargs)]
     p = subprocess.run(cmd, cwd=ROOT, env=_child_env(), capture_output=True, text=True)
@@ -359,7 +356,7 @@ def main() -> int:
     out: dict[str, Any] = {"date": utc_date(), "dataset": str(root), "images": len(files),
                            "mean_kb": size / len(files) / 1e3, "cpus": os.cpu_count(),
                            "spdl": version("spdl"), "batch": a.batch, "seconds": a.seconds,
-                           "warmup": a.warmup, "rounds": a.rounds, "load_before": _loadavg(),
+                           "warmup": a.warmup, "rounds": a.rounds, "load_before": loadavg(),
                            "spdl_torch_threads": a.spdl_torch_threads,
                            "command": " ".join(["python -m scripts.bench_spdl", *sys.argv[1:]])}
     log(f"{root}: {len(files)} images, mean {out['mean_kb']:.1f} KB; load {out['load_before']}")
@@ -380,7 +377,7 @@ def main() -> int:
         log(f"recommended {search['loader_kwargs']} ({search['bottleneck']}) in "
             f"{search['wall_s']:.0f} s")
     out["reads"] = _rounds(rows, conds, files, root, kwargs, a)
-    out["load_after"] = _loadavg()
+    out["load_after"] = loadavg()
     md = markdown(out)
     print(md)
     write_json(a.json, out)
