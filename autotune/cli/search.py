@@ -32,8 +32,9 @@ Search DataLoader settings for DATASET and say what holds it back.
      fio), decode (the pipeline on one core from memory x usable cores), demand (batch
      size / step time);
   2. an Optuna study (TPE, seeded): each trial is one `autotune bench` measurement
-     (fresh process, cold cache) of num_workers, prefetch_factor, persistent_workers,
-     pin_memory (where CUDA exists), batch size if the space asks; a configuration
+     (fresh process, forked from one that has imported torch; cold cache) of
+     num_workers, prefetch_factor, persistent_workers, pin_memory (where CUDA
+     exists), batch size if the space asks; a configuration
      already measured is not measured again; a failed one is recorded with its reason;
      a trial whose running images/s falls under --prune-below (0.7) of the best so far
      is stopped after 40 % of its window and recorded as pruned (TPE learns from it);

@@ -76,6 +76,16 @@ class Session:
         # the baseline and what counts as measured: figures compare within one class).
         self.shared: SharedStudy = shared or SharedStudy(
             None, "sqlite://", Claims(), root, int(getattr(opts, "heartbeat_grace", 60)))
+        # Measurement processes forked from one interpreter that has torch imported
+        # (autotune.bench.warm), unless the caller starts them its own way.
+        from autotune.bench.warm import WarmStarter
+
+        self.warm = WarmStarter() if opts.popen is None else None
+
+    def close(self) -> None:
+        """End what the search started for its measurements (the warm interpreter)."""
+        if self.warm is not None:
+            self.warm.close()
 
     def _attr(self, what: str) -> str:
         """A study attribute of this class of hosts ("ceilings:1a2b3c4d")."""
@@ -223,7 +233,8 @@ class Session:
         opts = self.opts
         cfg = self.config(params, seconds).validate()
         on_tick = self._pruner(trial, cfg.seconds) if trial is not None and not opts.grid else None
-        r = run_bench(self.root, cfg, popen=opts.popen, throttle=opts.throttle,
+        popen = opts.popen or (self.warm.popen if self.warm is not None else None)
+        r = run_bench(self.root, cfg, popen=popen, throttle=opts.throttle,
                       monitor_path=opts.monitor_path,
                       timeline=self.out / "timelines" / f"{label}.jsonl",
                       progress=lambda m: self.say(f"{label}: {m}"), on_tick=on_tick)

@@ -302,12 +302,22 @@ def _run_study(study: Any, root: Path, name: str, url: str, opts: SearchOptions,
                base: BenchConfig, overrides: dict[str, Any], out: Path, say: Progress,
                t0: float, *, exclusive: bool, shared_study: Any) -> SearchResult:
     """Ceilings and space, the baseline, the trials, the confirmations, the result."""
-    from autotune.search.conclude import conclude, write_outputs
-    from autotune.search.confirm import confirm
     from autotune.search.session import Session
-    from autotune.search.trials import run_trials
 
     s = Session(study, root, opts, base, overrides, out, say, t0, shared=shared_study)
+    try:
+        return _search_session(s, root, name, url, opts, base, say, t0, exclusive)
+    finally:
+        s.close()
+
+
+def _search_session(s: Any, root: Path, name: str, url: str, opts: SearchOptions,
+                    base: BenchConfig, say: Progress, t0: float,
+                    exclusive: bool) -> SearchResult:
+    from autotune.search.conclude import conclude, write_outputs
+    from autotune.search.confirm import confirm
+    from autotune.search.trials import run_trials
+
     s.check_fingerprint(_fingerprint(root, opts, base), name, shared.redact(url))
     s.prepare(lambda: _measure_ceilings(root, opts, base, say, s.env), _cuda())
     s.fit_shm()
