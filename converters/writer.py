@@ -39,7 +39,8 @@ class FormatWriter(ABC):
     Class attributes a format sets: `format` (its registry name), `LAYOUT` (how it
     stores samples, for the manifest), `sharded` (units are shards cut for `readers`
     readers; else commit batches of `shard_size` bytes), `output_noun` (for summaries),
-    and `results_in_flight(workers)` (how many unit results may wait for `accept`);
+    `open_ahead_thread` (the source files opened ahead by a thread of their own), and
+    `results_in_flight(workers)` (how many unit results may wait for `accept`);
     `workers(requested)` may use fewer processes than --workers asks for.
     """
 
@@ -47,6 +48,7 @@ class FormatWriter(ABC):
     LAYOUT: str = ""
     sharded: bool = False
     output_noun: str = "files"
+    open_ahead_thread: bool = False
 
     def __init__(self, dst: Path, workdir: Any, plan: Any, opts: Any, sample_opts: Any) -> None:
         self.dst = dst
@@ -190,9 +192,10 @@ class FormatWriter(ABC):
     def samples_into(self, unit: int, dest: Callable[[Any], memoryview | None]
                      ) -> Iterator[Sample | SkippedFile]:
         """The unit's samples read and checked, the next files' reads already started
-        (autotune_converters.sourceread). `dest(entry)` gives the buffer to read the file into
-        (the Sample's data is then a view of it, valid until the next sample), or None
-        for a `bytes` of its own."""
+        (autotune_converters.sourceread; by a thread of their own where the format sets
+        `open_ahead_thread`). `dest(entry)` gives the buffer to read the file into (the
+        Sample's data is then a view of it, valid until the next sample), or None for a
+        `bytes` of its own."""
         from autotune_converters.images import check_sample, unreadable
         from autotune_converters.sourceread import prefetch, read_into, read_whole
 
@@ -201,7 +204,8 @@ class FormatWriter(ABC):
         if opts.root.startswith("s3://"):
             yield from self._object_samples(unit, dest, fail)
             return
-        for entry, fd in prefetch(opts.root, self.plan.entries(unit)):
+        for entry, fd in prefetch(opts.root, self.plan.entries(unit),
+                                  thread=self.open_ahead_thread):
             if isinstance(fd, OSError):
                 s: Sample | SkippedFile = unreadable(entry, fd)
             else:

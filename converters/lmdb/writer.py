@@ -1,12 +1,14 @@
 """One LMDB environment, written by one process in commit batches, values appended.
 
 LMDB has a single writer. With the default header checks the writing process reads the
-samples itself: a read-ahead thread opens the next files ahead (readahead hints), reads
-each into a pooled buffer after its value header and checks it, while the writing thread
-puts the values (`append=True`, keys in order) and commits (py-lmdb releases the GIL in
-both); handing batches over from worker processes would copy every byte three times
-(pickle, pipe, unpickle). Only when a sample costs a decode (`--verify decode`,
-`--max-side`) do `--workers` processes read, check and re-encode the samples of a batch.
+samples itself: one thread opens the next files ahead with their readahead hints (which
+submit the files' reads: a thread of its own, as that was the longest of the three), a
+read-ahead thread reads each into a pooled buffer after its value header and checks it,
+while the writing thread puts the values (`append=True`, keys in order) and commits
+(py-lmdb releases the GIL in both); handing batches over from worker processes would
+copy every byte three times (pickle, pipe, unpickle). Only when a sample costs a decode
+(`--verify decode`, `--max-side`) do `--workers` processes read, check and re-encode the
+samples of a batch.
 Either way the batches are committed in plan order, each in one transaction together
 with the progress record (`#progress`: next batch, samples so far, map size).
 A killed run's rerun reads that record and continues with the next batch: exactly where
@@ -73,6 +75,9 @@ class LmdbWriter(FormatWriter):
     format = "lmdb"
     LAYOUT = LAYOUT
     output_noun = "files (data.mdb, data.idx)"
+    # The files' opens and readahead hints in a thread beside the read-ahead's reads
+    # and checks (sourceread.prefetch): that thread was the conversion's longest.
+    open_ahead_thread = True
 
     @staticmethod
     def results_in_flight(workers: int) -> int:
