@@ -495,6 +495,11 @@ def main(argv: list[str]) -> int:
     world = int(spec["config"].get("procs_per_node") or 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        # Started by a search's warm interpreter: the libraries' import warnings were
+        # raised there; raise them here, where a plain start would have (bench.warm).
+        warm = sys.modules.get("autotune.bench.warm")
+        for category, message in getattr(warm, "import_warnings", ()):
+            warnings.warn(message, category)
         try:
             if world > 1 and "rank" not in spec:
                 from autotune.bench.ranks import launch

@@ -14,11 +14,19 @@ imports and does nothing else:
     search (a child subreaper while it measures, autotune.bench.procs): the search's own
     child, waited on by pid, killed by process group, as with subprocess.Popen.
 
-The measurement process then runs `autotune.bench.child` as `python -m` would (runpy, as
-`__main__`). What it shares with the warm interpreter is modules already imported; no
-DataLoader has run there and no file of the dataset has been read. Python's and NumPy's
-global random states are seeded again from the OS, as a fresh interpreter's are, and the
-variable AUTOTUNE_WARM_START=1 says how it started.
+The measurement process waits until the search has seen it is its child (a lease: a
+pipe the search writes one byte to, or closes, and then it exits), then runs
+`autotune.bench.child` as `python -m` would (runpy, as `__main__`). What it shares with
+the warm interpreter is modules already imported; no DataLoader has run there and no file
+of the dataset has been read. So that its memory reads as a plain start's, it maps in the
+library pages the warm interpreter had mapped (a fork copies no page-table entries of
+file mappings: without this its RSS would miss what importing torch touched). NumPy's
+global generator is seeded again from the OS, as a fresh interpreter's is; warnings
+raised while the libraries were imported are raised again in it (where the measurement
+records them); AUTOTUNE_WARM_START=1 says how it started. What it inherits besides the
+environment (limits, CPU affinity, cgroup, umask) is the warm interpreter's, taken when
+the search's first measurement started it; a search changes none of them between
+measurements.
 
 Only a search uses it (many measurements in one process; `autotune bench` measures once),
 and only where the caller gave no popen= of its own. If the warm interpreter cannot start
@@ -43,10 +51,17 @@ _ARGV_ROOM = 4096          # bytes of command line a measurement process can sho
 _READY_TIMEOUT_S = 120.0   # importing torch from a slow disk on a loaded machine
 _FORK_TIMEOUT_S = 30.0
 
-# What every measurement process imports before it says "ready" (child._prepare).
+# What every measurement process imports before it says "ready" (child._prepare);
+# not autotune.bench.child itself, which runpy runs as __main__ afresh.
 _PRELOAD = ("numpy", "torch", "torch.utils.data", "PIL.Image", "PIL.ImageEnhance", "psutil",
             "autotune.data.torchds", "autotune.data.transforms", "autotune.data.stages",
-            "autotune.params", "autotune_converters.registry", "autotune.bench.child")
+            "autotune.params", "autotune_converters.registry", "autotune.bench.procs")
+_MADV_POPULATE_READ = 22
+
+# Set in the warm interpreter once it has imported _PRELOAD (inherited by each fork).
+import_warnings: list[tuple[type[Warning], str]] = []
+_resident: list[tuple[int, int]] = []     # (address, bytes) of mapped-in file pages
+_library_fds: set[int] = set()            # descriptors the libraries opened
 
 
 class WarmError(OSError):
@@ -163,16 +178,28 @@ class WarmStarter:
         sock = self._start()
         req = {"argv": cmd[3:], "pass_fds": list(pass_fds), "new_session": start_new_session,
                "env": dict(os.environ if env is None else env)}
-        socket.send_fds(sock, [json.dumps(req).encode()], [out_fd, *pass_fds])
-        ans = self._recv(_FORK_TIMEOUT_S)
-        if "pid" not in ans:
-            raise WarmError(f"the warm interpreter could not fork: {ans.get('error', ans)}")
-        proc = ForkedProcess(int(ans["pid"]), cmd)
-        if _parent_of(proc.pid) != os.getpid():
-            # Not re-parented to us (this process was no subreaper): it could not be
-            # waited on. It stops itself on seeing a foreign parent; make sure.
-            proc.kill()
-            raise WarmError(f"measurement process {proc.pid} was not re-parented to the search")
+        lease_r, lease_w = os.pipe()
+        try:
+            try:
+                socket.send_fds(sock, [json.dumps(req).encode()], [out_fd, lease_r, *pass_fds])
+            finally:
+                os.close(lease_r)
+            ans = self._recv(_FORK_TIMEOUT_S)
+            if "pid" not in ans:
+                raise WarmError(f"the warm interpreter could not fork: {ans.get('error', ans)}")
+            proc = ForkedProcess(int(ans["pid"]), cmd)
+            if _parent_of(proc.pid) != os.getpid():
+                # Not re-parented to us (this process was no subreaper): it could not be
+                # waited on. Closing the lease unanswered makes it exit.
+                raise WarmError(f"measurement process {proc.pid} was not re-parented to the search")
+            os.write(lease_w, b"g")
+        except BaseException:
+            # A reply may still be on its way (an interrupt between send and receive):
+            # this socket's next answer would belong to this request. Start afresh.
+            self._close()
+            raise
+        finally:
+            os.close(lease_w)
         self.forked += 1
         return proc
 
@@ -225,9 +252,19 @@ def _serve(sock: socket.socket, search_pid: int) -> None:
     if os.getppid() != search_pid:
         return
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import warnings
+
     try:
-        for name in _PRELOAD:
-            importlib.import_module(name)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for name in _PRELOAD:
+                importlib.import_module(name)
+        import_warnings[:] = [(w.category, str(w.message)) for w in caught]
+        torch = sys.modules["torch"]
+        if torch.cuda.is_initialized():  # a fork after CUDA's start is unusable
+            raise WarmError("CUDA was initialised while importing")
+        _resident[:] = _resident_file_ranges()
+        _library_fds.update(set(_open_fds()) - {0, 1, 2, sock.fileno()})
     except BaseException as e:  # noqa: BLE001 - said to the search, which starts plainly
         sock.send(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         return
@@ -251,17 +288,16 @@ def _serve(sock: socket.socket, search_pid: int) -> None:
 
 
 def _fork_one(req: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
-    """Fork the measurement process through an intermediate that exits at once; its pid."""
+    """Fork the measurement process through an intermediate that exits at once; its pid,
+    written by the process itself once its session and descriptors are set (as Popen
+    returns only then)."""
     r, w = os.pipe()
     mid = os.fork()
     if mid == 0:
         try:
             os.close(r)
-            pid = os.fork()
-            if pid == 0:
-                os.close(w)
-                _become(req, fds, sock)  # never returns
-            os.write(w, str(pid).encode())
+            if os.fork() == 0:
+                _become(req, fds, sock, w)  # never returns
         finally:
             os._exit(0)
     os.close(w)
@@ -271,12 +307,13 @@ def _fork_one(req: dict[str, Any], fds: list[int], sock: socket.socket) -> int:
         os.close(r)
         os.waitpid(mid, 0)
     if not data:
-        raise WarmError("the intermediate process died before forking")
+        raise WarmError("the measurement process died before it was set up")
     return int(data)
 
 
-def _become(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
-    """In the new process: its descriptors, session and environment, then the child."""
+def _become(req: dict[str, Any], fds: list[int], sock: socket.socket, w: int) -> None:
+    """In the new process: its session, descriptors and environment; its pid to the warm
+    interpreter; the lease; then the child."""
     code = 1
     try:
         sock.close()
@@ -284,31 +321,36 @@ def _become(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
         if req.get("new_session"):
             os.setsid()
         targets = [int(t) for t in req["pass_fds"]]
-        top = max([2, *targets]) + 1
-        high = [_dup_above(fd, top) for fd in fds]   # out of the way of the target numbers
+        top = max([2, *targets, *_library_fds]) + 1
+        # Out of the way of the numbers they must end up at, first.
+        out, lease, *passed = (_dup_above(fd, top) for fd in fds)
+        w = _dup_above(w, top)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(high[0], 1)
-        os.dup2(high[0], 2)
-        for fd, target in zip(high[1:], targets):
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        for fd, target in zip(passed, targets):
             os.dup2(fd, target)
-        keep = {0, 1, 2, *targets}
+        keep = {0, 1, 2, *targets, *_library_fds, lease, w}
         for fd in _open_fds():
             if fd not in keep:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+        os.write(w, str(os.getpid()).encode())
+        os.close(w)
         os.environ.clear()
         os.environ.update(req["env"])
         os.environ[WARM_ENV] = "1"
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _reseed()
-        # The intermediate exits right after the fork: wait to be re-parented to the
-        # search, whose pid the child checks before it measures.
-        end = time.monotonic() + 10
-        while os.getppid() == intermediate and time.monotonic() < end:
+        if os.read(lease, 1) != b"g":
+            raise SystemExit(3)  # the search did not take this process as its child
+        os.close(lease)
+        while os.getppid() == intermediate:  # re-parented already (the search checked)
             time.sleep(0.0005)
+        _map_in(_resident)
         _show_cmdline([sys.executable, "-m", "autotune.bench.child", *req["argv"]])
         import runpy
 
@@ -329,11 +371,52 @@ def _become(req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
             os._exit(code)
 
 
+def _resident_file_ranges() -> list[tuple[int, int]]:
+    """(address, bytes) runs of this process's file mappings whose pages are mapped in
+    (/proc/self/pagemap's present bit; readable without privileges)."""
+    import numpy as np
+
+    page = os.sysconf("SC_PAGE_SIZE")
+    spans = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) == 6 and parts[4] != "0" and parts[5].startswith("/"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                spans.append((lo, hi))
+    out: list[tuple[int, int]] = []
+    with open("/proc/self/pagemap", "rb") as pm:
+        for lo, hi in spans:
+            pm.seek(lo // page * 8)
+            present = (np.frombuffer(pm.read((hi - lo) // page * 8), dtype=np.uint64) >> 63) & 1
+            edges = np.flatnonzero(np.diff(np.concatenate(([0], present.astype(np.int8), [0]))))
+            out += [(lo + int(a) * page, int(b - a) * page) for a, b in zip(edges[::2], edges[1::2])]
+    return out
+
+
+def _map_in(ranges: list[tuple[int, int]]) -> None:
+    """Map in the pages of `ranges` (already in the page cache: the warm interpreter
+    holds them mapped), as the plain start's imports did."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    page = os.sysconf("SC_PAGE_SIZE")
+    for addr, size in ranges:
+        if libc.madvise(addr, size, _MADV_POPULATE_READ) != 0:
+            if ctypes.get_errno() != 22:  # EINVAL: a kernel before 5.14; else unmapped
+                continue
+            for a in range(addr, addr + size, page):  # one byte a page
+                ctypes.string_at(a, 1)
+
+
 def _show_cmdline(argv: list[str]) -> bool:
     """Show `argv` as this process's command line (/proc/PID/cmdline, ps), as the plain
     start would: tools and people find a search's measurement processes by it. The
     warm interpreter's own command line ends in _ARGV_ROOM spaces; this writes over that
-    memory in place (what setproctitle does), in this process's own copy of it."""
+    memory in place, in this process's own copy of it, as setproctitle does: the words
+    joined by spaces, then a NUL, and the area's last byte not NUL, which tells the
+    kernel to show the text up to that NUL (psutil then splits it at the spaces)."""
     import ctypes
 
     try:
@@ -342,10 +425,11 @@ def _show_cmdline(argv: list[str]) -> bool:
         start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48, 49)
     except (OSError, IndexError, ValueError):
         return False
-    data = b"\0".join(os.fsencode(a) for a in argv) + b"\0"
-    if start <= 0 or len(data) > end - start:
+    text = b" ".join(os.fsencode(a) for a in argv) + b"\0"
+    room = end - start
+    if start <= 0 or len(text) >= room:
         return False
-    ctypes.memmove(start, data + b"\0" * (end - start - len(data)), end - start)
+    ctypes.memmove(start, text + b"\0" * (room - len(text) - 1) + b" ", room)
     return True
 
 
@@ -356,10 +440,19 @@ def _dup_above(fd: int, low: int) -> int:
 
 
 def _open_fds() -> list[int]:
+    """This process's open descriptors (not the one the listing itself used)."""
     try:
-        return [int(x) for x in os.listdir("/proc/self/fd")]
+        listed = [int(x) for x in os.listdir("/proc/self/fd")]
     except OSError:
-        return list(range(3, 256))
+        listed = list(range(3, 256))
+    out = []
+    for fd in listed:
+        try:
+            os.fstat(fd)
+        except OSError:
+            continue
+        out.append(fd)
+    return out
 
 
 def _reseed() -> None:
@@ -371,14 +464,16 @@ def _reseed() -> None:
         np.random.seed()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[1]))
     try:
         _serve(sock, int(argv[2]))
     finally:
         sock.close()
-    return 0
+        # No interpreter finalization: libtorch's static destructors page in code never
+        # used (seconds on a throttled disk), as the measurement process skips them too.
+        os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    main(sys.argv)

@@ -17,7 +17,7 @@ from autotune.bench.warm import WARM_ENV, WarmStarter
 
 STEP = '''
 import json, os, random
-import numpy
+import numpy, psutil
 
 _done = False
 
@@ -29,7 +29,7 @@ def step(batch):
             f.write(json.dumps({"pid": os.getpid(), "ppid": os.getppid(),
                                 "sid": os.getsid(0), "warm": os.environ.get("%s"),
                                 "random": random.random(),
-                                "cmd": open("/proc/self/cmdline", "rb").read().decode(), "np": float(numpy.random.rand()),
+                                "cmdline": psutil.Process().cmdline(), "np": float(numpy.random.rand()),
                                 "fds": sorted(int(x) for x in os.listdir("/proc/self/fd"))})
                     + "\\n")
 ''' % WARM_ENV
@@ -72,18 +72,22 @@ def test_measurements_are_forked_children_of_the_caller_each_seeded_afresh(
         assert s["warm"] == "1"
         assert s["ppid"] == os.getpid()          # re-parented to the caller: waited on by pid
         assert s["sid"] == s["pid"]              # its own session, as start_new_session gives
-        # Its command line is the plain start's (ps, and tools that look for it by name).
-        assert s["cmd"].split("\0")[1:3] == ["-m", "autotune.bench.child"], s["cmd"][:200]
-        assert "spec.json" in s["cmd"]
+        # Its command line is the plain start's, as psutil and ps read it (setproctitle's
+        # form: the words joined by spaces), with no padding left in it.
+        assert s["cmdline"][1:3] == ["-m", "autotune.bench.child"], s["cmdline"]
+        assert s["cmdline"][3].endswith("spec.json") and len(s["cmdline"]) == 7, s["cmdline"]
         assert s["pid"] == r.process["pid"] and r.process["returncode"] == 0
-    # Python's and torch's generators are seeded from the configuration's seed (the same
-    # in both); NumPy's global one is not: a fresh interpreter seeds it from the OS, and
-    # forks of one interpreter would all repeat its state.
-    assert seen[0]["random"] == seen[1]["random"]
+    # NumPy's global generator is not seeded from the configuration (Python's and torch's
+    # are): a fresh interpreter seeds it from the OS; forks of one would repeat its state.
     assert seen[0]["np"] != seen[1]["np"]
     # Only what Popen hands over (stdio, the two pipes): the same descriptors as the
     # plainly started measurement holds at the same point.
-    assert len(seen[0]["fds"]) == len(plain_seen["fds"]), (seen[0]["fds"], plain_seen["fds"])
+    assert seen[0]["fds"] == plain_seen["fds"], (seen[0]["fds"], plain_seen["fds"])
+    # Its memory reads as a plain start's: the library pages importing torch mapped in are
+    # counted (a fork alone copies no page-table entries of file mappings).
+    print("peak RSS MiB, warm / plain:", [r.peak_rss_mib for r in results], plain.peak_rss_mib)
+    for r in results:
+        assert r.peak_rss_mib > 0.95 * plain.peak_rss_mib, (r.peak_rss_mib, plain.peak_rss_mib)
 
 
 def test_a_killed_warm_interpreter_means_a_plain_start_not_a_failed_measurement(
@@ -114,3 +118,28 @@ def test_a_measurement_that_hangs_is_killed_with_its_workers(small_dataset: Path
     assert r.process["stray"] == [] and r.process["zombies"] == [], r.process
     for pid in [r.process["pid"], *r.process["killed"]]:   # none of the group is left
         assert not os.path.exists(f"/proc/{pid}"), pid
+
+
+def test_a_process_the_search_does_not_take_as_its_child_exits_unmeasured(
+        small_dataset: Path, step_file: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch):
+    # As when this process is no subreaper: the forked process is not ours to wait on.
+    # Its lease is closed unanswered; it must exit before it measures anything, and the
+    # measurement starts the plain way instead.
+    from autotune.bench import warm as warm_mod
+
+    refused = []
+
+    def not_ours(pid: int) -> int:
+        refused.append(pid)
+        return 1
+
+    monkeypatch.setattr(warm_mod, "_parent_of", not_ours)
+    step, out = step_file
+    with WarmStarter() as warm:
+        r = run_bench(small_dataset, _cfg(step), popen=warm.popen)
+        assert warm.forked == 0 and "re-parented" in (warm.fallback or "")
+    assert not r.failed, (r.reason, r.hint)
+    assert [s["warm"] for s in _seen(out)] == [None]     # only the plain start measured
+    assert len(refused) == 1
+    _pid, status = os.waitpid(refused[0], 0)           # our child; exited on its own
+    assert os.waitstatus_to_exitcode(status) == 3
