@@ -78,7 +78,15 @@ def capped_loop_disk():
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"cannot mount a loop device here: {r.stderr.strip()}")
     try:
-        make_image_folder(mnt / "train", 2000, 20, seed=5, workers=1)  # contiguous files
+        # Rendered on both cores elsewhere, then copied in in the order one process
+        # writes them (class folders first, then image by image): contiguous files.
+        staging = base / "staging"
+        make_image_folder(staging, 2000, 20, seed=5, workers=2)
+        for d in sorted(p.name for p in staging.iterdir()):
+            (mnt / "train" / d).mkdir(parents=True)
+        for f in sorted(staging.glob("*/*.jpg"), key=lambda p: p.name):
+            shutil.copyfile(f, mnt / "train" / f.parent.name / f.name)
+        shutil.rmtree(staging)
         os.sync()
         yield mnt / "train"
     finally:
