@@ -317,7 +317,6 @@ def _become(req: dict[str, Any], fds: list[int], sock: socket.socket, w: int) ->
     code = 1
     try:
         sock.close()
-        intermediate = os.getppid()
         if req.get("new_session"):
             os.setsid()
         targets = [int(t) for t in req["pass_fds"]]
@@ -345,11 +344,11 @@ def _become(req: dict[str, Any], fds: list[int], sock: socket.socket, w: int) ->
         os.environ[WARM_ENV] = "1"
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _reseed()
+        # The search answers once it has seen this process re-parented to it (so the
+        # child's check of its parent holds); it closes the lease unanswered otherwise.
         if os.read(lease, 1) != b"g":
-            raise SystemExit(3)  # the search did not take this process as its child
+            raise SystemExit(3)
         os.close(lease)
-        while os.getppid() == intermediate:  # re-parented already (the search checked)
-            time.sleep(0.0005)
         _map_in(_resident)
         _show_cmdline([sys.executable, "-m", "autotune.bench.child", *req["argv"]])
         import runpy
