@@ -64,21 +64,36 @@ class Member:
     state: str   # /proc/PID/stat state: R, S, D, T, Z, ...
 
 
+def stat_fields(pid: int | str = "self") -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command name (index 0 is field 3, the state),
+    or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2:].split()
+
+
+def child_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a measurement process: the folder holding this autotune first on
+    PYTHONPATH (the checkout or site dir), so it imports the same code as its parent."""
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[2])
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))}
+
+
 def group_members(pgid: int) -> list[Member]:
     """Processes whose process group is `pgid` (one pass over /proc)."""
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
+        rest = stat_fields(name)
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        rest = data[data.rfind(b")") + 2:].split()
-        try:
-            state, ppid, pgrp = rest[0].decode(), int(rest[1]), int(rest[2])
-        except (IndexError, ValueError):
+            state, ppid, pgrp = rest[0].decode(), int(rest[1]), int(rest[2])  # type: ignore[index]
+        except (TypeError, IndexError, ValueError):
             continue
         if pgrp == pgid:
             out.append(Member(int(name), ppid, state))

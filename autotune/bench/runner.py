@@ -277,8 +277,7 @@ class _Measurement:
 
             hand_down(str(tmp), S3Config.from_env().endpoint_url)
             env[LISTINGS_ENV] = str(tmp)
-        repo = str(Path(__file__).resolve().parents[2])  # the checkout or site dir holding autotune/
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
+        env = procs.child_env(env)
         status_r, status_w = os.pipe()
         go_r, self.go_w = os.pipe()
         cmd = [sys.executable, "-m", "autotune.bench.child", str(tmp / "spec.json"),

@@ -45,6 +45,8 @@ import threading
 import time
 from typing import Any
 
+from autotune.bench.procs import child_env, stat_fields
+
 WARM_ENV = "AUTOTUNE_WARM_START"
 _MAX_MSG = 1 << 20
 _ARGV_ROOM = 4096          # bytes of command line a measurement process can show (ps)
@@ -145,7 +147,8 @@ class WarmStarter:
                 [sys.executable, "-m", "autotune.bench.warm", str(theirs.fileno()), str(os.getpid()),
                  " " * _ARGV_ROOM],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),), start_new_session=True, env=_child_env())
+                pass_fds=(theirs.fileno(),), start_new_session=True,
+                env=child_env(dict(os.environ)))
         finally:
             theirs.close()
         self._sock = ours
@@ -220,20 +223,11 @@ class WarmStarter:
             self._proc = None
 
 
-def _child_env() -> dict[str, str]:
-    from pathlib import Path
-
-    env = dict(os.environ)
-    repo = str(Path(__file__).resolve().parents[2])  # as the runner does for its child
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
-    return env
-
-
 def _parent_of(pid: int) -> int | None:
+    fields = stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
+        return int(fields[1]) if fields else None
+    except (IndexError, ValueError):
         return None
 
 
@@ -419,10 +413,9 @@ def _show_cmdline(argv: list[str]) -> bool:
     import ctypes
 
     try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        fields = stat_fields() or []
         start, end = int(fields[45]), int(fields[46])   # arg_start, arg_end (fields 48, 49)
-    except (OSError, IndexError, ValueError):
+    except (IndexError, ValueError):
         return False
     text = b" ".join(os.fsencode(a) for a in argv) + b"\0"
     room = end - start

@@ -5,6 +5,7 @@ reader stops early, and an error of the entries' iterator raised where they are 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,11 @@ def test_stopping_early_closes_the_files_opened_ahead(tmp_path):
     it = prefetch(str(tmp_path), entries, window_files=16, window_bytes=1 << 20, thread=True)
     for _ in range(3):
         next(it)
-    assert len(_open_fds() - before) > 1  # the window is open ahead
+    # The window is opened ahead by the thread: waited for, not assumed to have run.
+    deadline = time.monotonic() + 30
+    while len(_open_fds() - before) <= 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(_open_fds() - before) > 1
     it.close()
     assert not _open_fds() - before  # nothing left open (another test's fd may close meanwhile)
 
