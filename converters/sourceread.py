@@ -83,6 +83,54 @@ def _ahead(entries: Iterable[Entry], start: Callable[[Entry], T], release: Calla
             release(h)
 
 
+class _Window:
+    """The window `_ahead_in_thread` shares between its opener thread and the consumer:
+    the started entries in order, their bytes, and the end (None) or the opener's error."""
+
+    def __init__(self, files: int, nbytes: int) -> None:
+        import threading
+
+        self.cond = threading.Condition()
+        self.items: collections.deque[tuple[Entry, Any] | None] = collections.deque()
+        self.files, self.nbytes, self.bytes = files, nbytes, 0
+        self.stopped = False
+        self.error: BaseException | None = None
+
+    def room(self) -> bool:
+        """Wait until one more may be started (at least one always may); False once the
+        consumer has stopped."""
+        with self.cond:
+            while not self.stopped and self.items and (
+                    len(self.items) >= self.files or self.bytes >= self.nbytes):
+                self.cond.wait()
+            return not self.stopped
+
+    def put(self, item: tuple[Entry, Any] | None) -> bool:
+        """Hand one started entry (or the end) over; False, and nothing taken, once the
+        consumer has stopped."""
+        with self.cond:
+            if self.stopped and item is not None:
+                return False
+            self.items.append(item)
+            self.bytes += item[0].size if item is not None else 0
+            self.cond.notify_all()
+            return True
+
+    def take(self) -> tuple[Entry, Any] | None:
+        with self.cond:
+            while not self.items:
+                self.cond.wait()
+            item = self.items.popleft()
+            self.bytes -= item[0].size if item is not None else 0
+            self.cond.notify_all()
+            return item
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()
+
+
 def _ahead_in_thread(entries: Iterable[Entry], start: Callable[[Entry], T],
                      release: Callable[[T], None], *, files: int, nbytes: int
                      ) -> Iterator[tuple[Entry, T]]:
@@ -93,55 +141,32 @@ def _ahead_in_thread(entries: Iterable[Entry], start: Callable[[Entry], T],
     The same window: at most `files` started and not taken, `nbytes` of their sizes."""
     import threading
 
-    cond = threading.Condition()
-    ahead: collections.deque[tuple[Entry, T] | None] = collections.deque()
-    state: dict[str, Any] = {"bytes": 0, "stop": False, "error": None}
+    w = _Window(files, nbytes)
 
     def run() -> None:
         try:
             for e in entries:
-                with cond:
-                    while not state["stop"] and ahead and (
-                            len(ahead) >= files or state["bytes"] >= nbytes):
-                        cond.wait()
-                    if state["stop"]:
-                        return
+                if not w.room():
+                    return
                 h = start(e)
-                with cond:
-                    if state["stop"]:
-                        release(h)
-                        return
-                    ahead.append((e, h))
-                    state["bytes"] += e.size
-                    cond.notify_all()
+                if not w.put((e, h)):
+                    release(h)
+                    return
         except BaseException as err:  # noqa: BLE001 (raised in the consumer)
-            state["error"] = err
-        with cond:
-            ahead.append(None)  # the end
-            cond.notify_all()
+            w.error = err
+        w.put(None)  # the end
 
     t = threading.Thread(target=run, name="autotune-open-ahead", daemon=True)
     t.start()
     try:
-        while True:
-            with cond:
-                while not ahead:
-                    cond.wait()
-                item = ahead.popleft()
-                if item is not None:
-                    state["bytes"] -= item[0].size
-                cond.notify_all()
-            if item is None:
-                if state["error"] is not None:
-                    raise state["error"]
-                return
+        while (item := w.take()) is not None:
             yield item
+        if w.error is not None:
+            raise w.error
     finally:
-        with cond:
-            state["stop"] = True
-            cond.notify_all()
+        w.stop()
         t.join()
-        for item in ahead:
+        for item in w.items:
             if item is not None:
                 release(item[1])
 
