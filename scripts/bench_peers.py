@@ -395,6 +395,30 @@ CONVERTERS = {
 BASELINE = "autotune convert --format lmdb, --baseline checkout"
 
 
+def _disk_seq_write(work: Path, size_mib: int = 2048) -> dict[str, Any]:
+    """The disk's own sequential write, the limit of any conversion onto it: fio writing a
+    scratch file of its own in `work` (1 MiB blocks, through the page cache as the tools
+    write, fsync at the end: the tools' whole-process figures include their final fsync
+    too), deleted after. {"mib_per_s", "size_mib", "load"}, or {"error"} without fio."""
+    scratch = work / "fio-seq-write.scratch"  # ours alone: fio overwrites what it is given
+    load = loadavg()
+    drop_caches()
+    try:
+        r = subprocess.run(["fio", "--name=seqwrite", f"--filename={scratch}", "--rw=write",
+                            "--bs=1M", f"--size={size_mib}M", "--ioengine=psync",
+                            "--end_fsync=1", "--output-format=json"],
+                           capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"fio did not run: {e}"}
+    finally:
+        scratch.unlink(missing_ok=True)
+    if r.returncode != 0:
+        return {"error": f"fio exited {r.returncode}: {r.stderr.strip()[-300:]}"}
+    job = json.loads(r.stdout)["jobs"][0]
+    # bw_bytes over the job's runtime, which includes the end fsync
+    return {"mib_per_s": job["write"]["bw_bytes"] / 2**20, "size_mib": size_mib, "load": load}
+
+
 def _convert_round(src: Path, work: Path, tools: list[str], n: int, src_bytes: int,
                    keep: dict[str, Path], rnd: int = 0,
                    baseline: str | None = None) -> list[dict[str, Any]]:
@@ -619,6 +643,9 @@ def main() -> int:
             "webdataset ShardWriter (1 process)": None}
 
     if not a.skip_convert:
+        out["disk_write"] = _disk_seq_write(work)
+        print(f"disk's sequential write (fio, 1 MiB blocks, end fsync): {out['disk_write']}",
+              flush=True)
         tools = [t for t in CONVERTERS
                  if not a.tools or any(x and x in t for x in a.tools.split(","))]
         if a.baseline:
@@ -734,17 +761,26 @@ def _markdown(out: dict[str, Any], presets: list[str], a: argparse.Namespace) ->
         L.append(f"Conversion of {out['images']:,} JPEGs (mean {out['mean_kb']:.1f} KB), cold "
                  "source, whole process (start, scan, write, final fsync), median of "
                  f"{out['rounds']} alternating rounds:\n")
-        L.append("| tool | images/s | MB/s | seconds (rounds) | CPU seconds | peak RSS (main "
-                 "process) | vs plain LMDB |")
-        L.append("|---|---|---|---|---|---|---|")
+        disk = (out.get("disk_write") or {}).get("mib_per_s")
+        if disk:
+            L.append(f"The limit: the disk's own sequential write, {disk:,.0f} MiB/s (fio, "
+                     f"{out['disk_write']['size_mib']:,} MiB in 1 MiB blocks through the page "
+                     "cache, fsync at the end, load "
+                     f"{out['disk_write']['load']}); the output column is each tool's output "
+                     "bytes over its whole-process time, as a share of it.\n")
+        L.append("| tool | images/s | MB/s (source) | output MiB/s (of the disk's write) | "
+                 "seconds (rounds) | CPU seconds | peak RSS (main process) | vs plain LMDB |")
+        L.append("|---|---|---|---|---|---|---|---|")
         for tool, ips in med_c.items():
             rows = [r for r in conv if r["tool"] == tool]
             each = " / ".join(f"{r['wall_s']:.1f}" for r in rows)
+            o = _med([r["output_bytes"] / 2**20 / r["wall_s"] for r in rows])
+            share = f" ({o / disk:.0%})" if disk else ""
             L.append(f"| {tool} | {ips:,.0f} | {_med([r['mb_per_s'] for r in rows]):,.0f} | "
-                     f"{_med([r['wall_s'] for r in rows]):.2f} ({each}) | "
+                     f"{o:,.0f}{share} | {_med([r['wall_s'] for r in rows]):.2f} ({each}) | "
                      f"{_med([r.get('cpu_s', float('nan')) for r in rows]):.1f} | "
                      f"{_med([r['peak_rss'] for r in rows]) / 2**20:,.0f} MiB | "
-                     f"{ips / plain:.2f}x |" if plain else "|")
+                     + (f"{ips / plain:.2f}x |" if plain else "|"))
         L.append("")
         L.extend(_per_round(conv))
     reads = out.get("read", [])
