@@ -149,6 +149,14 @@ def _localise(code: str, work: Path) -> str:
 
 
 RUNNABLE = [p for p in PAGES if any(e.runs and not e.file for e in _examples(p))]
+# Pages whose examples repeat, at a page's cost, what a test in CI runs apart (marked
+# extended: scripts/test runs them, CI leaves them out): the search with ranks
+# (tests/search/test_user_job.py), a journal-storage study (tests/search/test_shared_study.py),
+# train_cnn with the searched settings and bench --step (tests/examples/test_train_cnn.py),
+# the Lightning and Accelerate loops (tests/integrations/).
+EXTENDED_PAGES = {"integrations/ddp.md", "integrations/postgresql.md",
+                  "integrations/real-step.md", "integrations/lightning.md",
+                  "integrations/accelerate.md"}
 
 
 # Pages are independent (each its own directory, dataset copy and cache) and their examples
@@ -210,7 +218,8 @@ def page_runs(request, docs_dataset, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", RUNNABLE)
+@pytest.mark.parametrize("page", [pytest.param(p, marks=pytest.mark.extended)
+                                  if p in EXTENDED_PAGES else p for p in RUNNABLE])
 def test_the_examples_of_a_page_run(page, page_runs):
     failure = page_runs[page].result()
     assert failure is None, failure

@@ -281,6 +281,7 @@ def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path,
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.extended  # the cap's cold side: the test above; warm after cold: test_runcache.py
 def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftovers) -> None:
     from autotune.emulate import IoThrottle
 
@@ -314,6 +315,7 @@ def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftover
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.fuse
+@pytest.mark.extended  # latency hidden by workers: tests/emulate/test_emulate_slowfs.py in CI
 def test_more_workers_than_cores_help_behind_latency(small_images_ds: Path, tmp_path: Path,
                                                      no_leftovers) -> None:
     from autotune.emulate import SlowMount

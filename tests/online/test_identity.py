@@ -209,7 +209,10 @@ def test_old_workers_gone_after_switch(decisions):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+# forkserver passes through the same keyword as spawn; it stays in CI through
+# test_spawned_workers_start_off_the_training_thread (marked extended here: 17 s).
+@pytest.mark.parametrize("method", ["spawn", pytest.param("forkserver",
+                                                         marks=pytest.mark.extended)])
 def test_multiprocessing_context_honoured(method):
     # torch takes a multiprocessing_context only with workers: the user gives both here;
     # the forced switches change the pool all the same.

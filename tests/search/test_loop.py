@@ -31,6 +31,10 @@ def test_compute_bound_is_not_converted(small_dataset, tmp_path):
 
 
 @pytest.mark.root
+# 67 s in CI: the loop's convert, stage and search again run there through
+# tests/objstore/test_s3_loop.py, its capped storage verdict and first-epoch decision
+# through tests/search/test_runcache.py.
+@pytest.mark.extended
 def test_storage_bound_is_converted_staged_and_searched_again(tmp_path, work_dir):
     from autotune.emulate import IoThrottle
     from autotune.synth import make_image_folder
