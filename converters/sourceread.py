@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
@@ -88,8 +89,6 @@ class _Window:
     the started entries in order, their bytes, and the end (None) or the opener's error."""
 
     def __init__(self, files: int, nbytes: int) -> None:
-        import threading
-
         self.cond = threading.Condition()
         self.items: collections.deque[tuple[Entry, Any] | None] = collections.deque()
         self.files, self.nbytes, self.bytes = files, nbytes, 0
@@ -139,8 +138,6 @@ def _ahead_in_thread(entries: Iterable[Entry], start: Callable[[Entry], T],
     requests: about 60 us a file, measured), which `_ahead` adds to the consumer's own
     work; here that runs beside it, on the other core (both syscalls release the GIL).
     The same window: at most `files` started and not taken, `nbytes` of their sizes."""
-    import threading
-
     w = _Window(files, nbytes)
 
     def run() -> None:
