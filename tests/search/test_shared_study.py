@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -127,14 +128,22 @@ def test_two_hosts_a_killed_host_and_a_resuming_host_share_one_study(
     pgpass.chmod(0o600)
     # host-a: the password in the URL; host-b: PGPASSWORD; host-c: a .pgpass file;
     # host-d: .pgpass and sslmode=disable in the URL, as libpq reads them.
-    a = _search("host-a", small_dataset, tmp_path / "a", pg["url"], space, study, 2)
+    # (a grace longer than host-a is stopped for below, so host-b never reclaims its trial)
+    a = _search("host-a", small_dataset, tmp_path / "a", pg["url"], space, study, 2, grace="90")
     b = _search("host-b", small_dataset, tmp_path / "b", pg["url_nopw"], space, study, 2,
-                {"PGPASSWORD": PASSWORD})
+                {"PGPASSWORD": PASSWORD}, grace="90")
 
-    # one search per host per study: a second one named host-a is refused with a's pid
+    # one search per host per study: a second one named host-a is refused with a's pid.
+    # host-a is stopped (SIGSTOP: alive, its claim held) while the second one starts: on a
+    # busy machine host-a and host-b had measured both trials and host-a had left before the
+    # second one's interpreter was up, and it found nothing to refuse.
     wait_for(lambda: bool(live_measurements(a.pid)), 120, "host-a's first measurement")
-    a2 = _search("host-a", small_dataset, tmp_path / "a2", pg["url"], space, study, 2)
-    out2, err2 = a2.communicate(timeout=120)
+    os.kill(_search_pid(a), signal.SIGSTOP)
+    try:
+        a2 = _search("host-a", small_dataset, tmp_path / "a2", pg["url"], space, study, 2)
+        out2, err2 = a2.communicate(timeout=120)
+    finally:
+        os.kill(_search_pid(a), signal.SIGCONT)
     assert a2.returncode == 1, err2
     assert f"pid {_search_pid(a)}" in err2 and "host-a" in err2 and len(err2.strip().splitlines()) == 1
 
