@@ -269,6 +269,29 @@ def test_one_worker_on_a_cpu_with_a_free_core_is_loader():
     assert v.next_command.startswith("autotune search /data/train --compute-ms 100")
 
 
+def test_a_worker_on_a_cpu_whose_reads_reach_its_cgroups_read_cap_is_storage():
+    # The CI run that failed: one worker on a CPU 67 %, blocked 21 %, and 61 reads/s charged
+    # by its cgroup's cap of 60: the cap holds it back, not the worker count.
+    def capped(rate: float, **cap) -> SystemFigures:
+        s = system(cores=2, total=40, budget_d=budget(workers=klass(1, on_cpu=0.67, io=0.21),
+                                                      main=IDLE_MAIN))
+        s.disk_read_cap = {"iops": None, "mib_s": None, **cap}
+        s.disk_cap_reads_per_s, s.disk_cap_read_mib_s = _s(rate), _s(rate * 0.07)
+        return s
+
+    v = decide(inputs(0.08, capped(61.0, iops=60), workers=1))
+    assert v.bottleneck == "storage", v
+    assert "read cap" in v.summary and "61 reads/s of the 60 allowed" in v.summary
+    assert any("caps reads on loop0 at 60 reads/s" in e for e in v.evidence)
+    assert "--device-read-iops" in v.advice[0]
+    # Well under the cap the cap is said, and the time budget decides.
+    v = decide(inputs(0.08, capped(30.0, iops=60), workers=1))
+    assert v.bottleneck == "loader" and any("= 50% of it" in e for e in v.evidence), v
+    # A bytes cap reached: the same.
+    v = decide(inputs(0.08, capped(100.0, mib_s=7.0), workers=1))
+    assert v.bottleneck == "storage" and "7.0 MiB/s of the 7.0 allowed" in v.summary, v
+
+
 def test_as_many_busy_workers_as_cores_is_decode():
     # Another worker would only take turns with these two.
     s = system(cores=2, total=97, budget_d=budget(workers=klass(2, on_cpu=0.7, runnable=0.25),

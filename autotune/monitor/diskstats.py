@@ -11,6 +11,10 @@ sysstat's formulas (iostat.c, common.c `compute_ext_disk_stats`), with Δt in se
     %util    = Δio_ms / (Δt * 1000) * 100        (capped at 100 here)
 
 Usage: `DiskStatsReader(dev).snapshot()` twice, then `disk_rates(before, after)`.
+
+Behind a cgroup read cap on the disk (autotune.readcap; `DiskStatsReader(dev, cap=...)`)
+the rates also carry the cap's limits and the reads the cgroup charged against it
+(`cap_reads_per_s`, `cap_read_mib_s`): the job's own reads, where r/s is the whole disk's.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 from autotune.blockdev import MEMORY_FS, OVERLAY_FS, BlockDevice, block_device_for, mount_for
 from autotune.monitor.records import Unavailable, record_dict
+from autotune.readcap import ReadCap
 
 DISKSTATS = "/proc/diskstats"
 
@@ -104,6 +109,8 @@ class DiskSnapshot:
     counters: DiskCounters
     monotonic: float   # time.monotonic(): the Δt of the rates
     time: float        # time.time(): for joining with logs
+    cap: ReadCap | None = None
+    charged: tuple[int, int] | None = None   # (bios, bytes) the cap's cgroup charged so far
 
 
 class DiskStatsReader:
@@ -113,8 +120,10 @@ class DiskStatsReader:
     name such as "vda" / "nvme0n1".
     """
 
-    def __init__(self, device: BlockDevice | str, path: str = DISKSTATS) -> None:
+    def __init__(self, device: BlockDevice | str, path: str = DISKSTATS,
+                 cap: ReadCap | None = None) -> None:
         self.device = device
+        self.cap = cap
         self.name = device.name if isinstance(device, BlockDevice) else device
         self._path = path
         self._majmin = (device.major, device.minor) if isinstance(device, BlockDevice) else None
@@ -133,7 +142,8 @@ class DiskStatsReader:
             else:
                 hit = parts[2] == self.name
             if hit:
-                return DiskSnapshot(parse_diskstats_line(line), mono, wall)
+                charged = self.cap.charged() if self.cap is not None else None
+                return DiskSnapshot(parse_diskstats_line(line), mono, wall, self.cap, charged)
         raise LookupError(f"{self.name}: not in {self._path}")
 
 
@@ -154,6 +164,11 @@ class DiskRates:
     aqu_sz: float             # iostat aqu-sz
     util_pct: float           # iostat %util, capped at 100
     in_flight: int            # I/Os in flight at the end of the interval
+    # Behind a cgroup read cap: its limits and what the cgroup charged (None: no cap).
+    cap_iops: int | None = None
+    cap_mib_s: float | None = None
+    cap_reads_per_s: float | None = None
+    cap_read_mib_s: float | None = None
 
     def to_dict(self) -> dict:
         return record_dict(self)
@@ -206,7 +221,17 @@ def disk_rates(before: DiskSnapshot, after: DiskSnapshot,
         # slightly; sysstat prints it uncapped, we cap so it always reads as a percentage.
         util_pct=min(100.0, io_ms / dt_ms * 100.0),
         in_flight=b.in_flight,
+        **_cap_rates(before, after, dt),
     )
+
+
+def _cap_rates(before: DiskSnapshot, after: DiskSnapshot, dt: float) -> dict[str, float | None]:
+    cap = after.cap
+    if cap is None or before.charged is None or after.charged is None:
+        return {}
+    ios, nbytes = (max(0, b - a) for a, b in zip(before.charged, after.charged))
+    return {"cap_iops": cap.iops, "cap_mib_s": None if cap.bps is None else cap.bps / 2**20,
+            "cap_reads_per_s": ios / dt, "cap_read_mib_s": nbytes / 2**20 / dt}
 
 
 def resolve_disk(path: str | os.PathLike[str]) -> BlockDevice | Unavailable:

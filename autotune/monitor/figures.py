@@ -49,6 +49,11 @@ class SystemFigures:
     disk_r_await_ms: dict[str, float] | None = None
     disk_reads_per_s: dict[str, float] | None = None
     disk_read_mib_s: dict[str, float] | None = None
+    # Behind the job's cgroup read cap on the disk: its limits ({"iops", "mib_s"}) and the
+    # reads the cgroup charged against it (the job's own, where r/s is the whole disk's).
+    disk_read_cap: dict[str, float | None] | None = None
+    disk_cap_reads_per_s: dict[str, float] | None = None
+    disk_cap_read_mib_s: dict[str, float] | None = None
     gpu_util_pct: dict[str, float] | None = None
     gpus: int = 0
     unavailable: dict[str, str] = field(default_factory=dict)
@@ -74,7 +79,8 @@ class SystemFigures:
 FIGURES = ("cpu_total_pct", "cpu_iowait_pct", "busiest_core_pct", "other_cores_pct",
          "proc_cpu_pct", "proc_processes", "sched_wanted_pct", "sched_run_wait_pct",
          "procs_running", "job_cpus", "job_cpus_busy_pct", "disk_util_pct", "disk_r_await_ms",
-         "disk_reads_per_s", "disk_read_mib_s", "gpu_util_pct")
+         "disk_reads_per_s", "disk_read_mib_s", "disk_cap_reads_per_s", "disk_cap_read_mib_s",
+         "gpu_util_pct")
 
 
 # Per monitor section: (its key, the figure's name) copied as they are when present.
@@ -82,7 +88,9 @@ _PLAIN = {"proc": (("cpu_pct", "proc_cpu_pct"), ("processes", "proc_processes"))
           "sched": (("wanted_pct", "sched_wanted_pct"), ("run_wait_pct", "sched_run_wait_pct"),
                     ("procs_running", "procs_running")),
           "disk": (("util_pct", "disk_util_pct"), ("r_await_ms", "disk_r_await_ms"),
-                   ("reads_per_s", "disk_reads_per_s"), ("read_mib_s", "disk_read_mib_s"))}
+                   ("reads_per_s", "disk_reads_per_s"), ("read_mib_s", "disk_read_mib_s"),
+                   ("cap_reads_per_s", "disk_cap_reads_per_s"),
+                   ("cap_read_mib_s", "disk_cap_read_mib_s"))}
 
 
 def _section(rec: dict[str, Any], name: str, series: dict[str, list[float]],
@@ -124,6 +132,8 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
     disk = _section(rec, "disk", series, unavailable)
     if disk is not None:
         info["disk_device"] = disk.get("device")
+        if disk.get("cap_iops") is not None or disk.get("cap_mib_s") is not None:
+            info["read_cap"] = {"iops": disk.get("cap_iops"), "mib_s": disk.get("cap_mib_s")}
     budget = rec.get("budget")
     if budget:
         if budget.get("available"):
@@ -143,7 +153,7 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
            **kw: Any) -> SystemFigures:
     """The SystemFigures of collected series (kw: source, joined_by, samples, ...)."""
     figs = SystemFigures(cores=info.get("cores"), disk_device=info.get("disk_device"),
-                         gpus=info.get("gpus", 0), **kw)
+                         gpus=info.get("gpus", 0), disk_read_cap=info.get("read_cap"), **kw)
     for k in FIGURES:
         setattr(figs, k, _stat(series[k]))
     budget = sum_budgets(info.get("budgets") or [])

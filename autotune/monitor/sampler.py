@@ -18,6 +18,7 @@ from autotune.monitor.proctree import ProcessTree, TreeUsage
 from autotune.monitor.records import Unavailable, to_jsonable
 from autotune.monitor.shm import ShmUsage, shm_usage
 from autotune.monitor.summary import summarize
+from autotune.readcap import read_cap
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,10 @@ class SystemMonitor:
         self.callback = callback
         self.errors: list[str] = []
         self._device = resolve_disk(path) if path is not None else None
+        # The job's own cgroup's read cap on the disk, if any: where its reads are charged.
         self._disk = (None if self._device is None or isinstance(self._device, Unavailable)
-                      else DiskStatsReader(self._device))
+                      else DiskStatsReader(self._device,
+                                           cap=read_cap(self._device, pid or "self")))
         try:
             self._tree = ProcessTree(pid) if pid is not None else None
         except ProcessLookupError as e:

@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader as TorchLoader, DistributedSampler
+from torch.utils.data import DataLoader as TorchLoader, DistributedSampler
 
 import autotune
 from online_datasets import EveryThird, Forever, Pairs, Slow, Stream

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from autotune.blockdev import block_device_for
-from autotune.probe.iocount import capped, diskstats_reads, read_counter, v1_reads, v2_reads
+from autotune.probe.iocount import diskstats_reads, read_counter
+from autotune.readcap import capped, v1_reads, v2_stat
 
 V1 = "7:0 Read 1516\n7:0 Write 3\n7:0 Sync 1519\n7:0 Total 1519\n8:0 Read 9\nTotal 1528\n"
 V2 = "7:0 rbytes=249580 wbytes=0 rios=1530 wios=0 dbytes=0 dios=0\n254:0 rbytes=1 rios=2\n"
@@ -20,10 +21,10 @@ def test_v1_io_serviced_read_count_of_one_device():
 
 
 def test_v2_io_stat_rios_of_one_device():
-    assert v2_reads(V2, "7:0") == 1530
-    assert v2_reads(V2, "254:0") == 2
-    assert v2_reads(V2, "9:9") is None
-    assert v2_reads("7:0 rbytes=1\n", "7:0") is None
+    assert v2_stat(V2, "7:0") == 1530
+    assert v2_stat(V2, "254:0") == 2
+    assert v2_stat(V2, "9:9") is None
+    assert v2_stat("7:0 rbytes=1\n", "7:0") is None
 
 
 def test_a_read_cap_is_recognised_in_v1_and_v2_limit_files():

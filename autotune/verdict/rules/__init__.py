@@ -10,6 +10,7 @@ what a rule is), read in the order of RULES; the first that applies decides:
   no_data_time     no AU and no starved GPU (the GPU rule: busy under 40 % says
                    input-bound when the log gives no data time): unknown
   healthy          AU >= 0.90: compute-bound, the input keeps up
+  at_read_cap      the job's reads reach its cgroup's read cap on the disk: storage
   without_budget   input-bound without the time budget: a ceiling measured apart that is
                    reached decides (storage, decode); else unknown, naming the missing
                    figure and the command that gives it
@@ -31,6 +32,7 @@ from autotune.verdict.bounds import latency_verdict, worker_bound
 from autotune.verdict.rules._case import Case, JobRule
 from autotune.verdict.rules._inputs import RuleInputs
 from autotune.verdict.rules._load import budget_of
+from autotune.verdict.rules.at_read_cap import AtReadCap
 from autotune.verdict.rules.healthy import Healthy
 from autotune.verdict.rules.main_process import MainProcess
 from autotune.verdict.rules.no_data_time import NoDataTime
@@ -40,8 +42,8 @@ from autotune.verdict.rules.timer_waits import TimerWaits
 from autotune.verdict.rules.without_budget import WithoutBudget
 
 # The order the rules are read in: the first that applies decides.
-RULES: tuple[JobRule, ...] = (NoDataTime(), Healthy(), WithoutBudget(), StorageBlocked(),
-                              OnCpu(), TimerWaits(), MainProcess())
+RULES: tuple[JobRule, ...] = (NoDataTime(), Healthy(), AtReadCap(), WithoutBudget(),
+                              StorageBlocked(), OnCpu(), TimerWaits(), MainProcess())
 
 
 def decide(inp: RuleInputs) -> Verdict:

@@ -73,6 +73,7 @@ def ceilings(inp: RuleInputs, ev: list[str]) -> dict[str, Any]:
         ev.append(f"disk r/s {rps:,.0f} = {rps / iops:.0%} of fio's {iops:,.0f} random-read IOPS")
         if rps >= AT_CEILING * iops and not out["storage"]:
             out["storage"] = f"at fio's random-read IOPS ({iops:,.0f})"
+    out["cap"] = _read_cap(s, ev) if s is not None else ""
     dc = inp.decode_ceiling
     if dc and ips:
         ev.append(f"reads {ips:,.0f} images/s = {ips / dc:.0%} of the decode ceiling {dc:,.0f} "
@@ -81,6 +82,28 @@ def ceilings(inp: RuleInputs, ev: list[str]) -> dict[str, Any]:
     if s is not None:
         _disk_evidence(s, ev)
     return out
+
+
+def _read_cap(s: SystemFigures, ev: list[str]) -> str:
+    """Behind the job's cgroup read cap on the disk (a limit set by configuration, not a
+    figure measured from the job): what the job was charged against it, and, when it
+    reaches the cap, how the verdict says so ("" when it does not)."""
+    cap = s.disk_read_cap
+    if not cap:
+        return ""
+    med = SystemFigures.med
+    reached = []
+    for limit, rate, unit in ((cap.get("iops"), med(s.disk_cap_reads_per_s), "reads/s"),
+                              (cap.get("mib_s"), med(s.disk_cap_read_mib_s), "MiB/s")):
+        if not limit or rate is None:
+            continue
+        fmt = "{:,.0f}" if unit == "reads/s" else "{:,.1f}"
+        ev.append(f"the job's cgroup caps reads on {s.disk_device or 'its disk'} at "
+                  f"{fmt.format(limit)} {unit} (blk-throttle); it charged the job "
+                  f"{fmt.format(rate)} {unit} = {rate / limit:.0%} of it (median of the samples)")
+        if rate >= AT_CEILING * limit:
+            reached.append(f"{fmt.format(rate)} {unit} of the {fmt.format(limit)} allowed")
+    return ("at its cgroup's read cap (" + "; ".join(reached) + ")") if reached else ""
 
 
 def _disk_evidence(s: SystemFigures, ev: list[str]) -> None:
