@@ -252,3 +252,33 @@ def test_a_label_outside_the_classes_is_refused_as_wds_does(lmdb_dst, tmp_path, 
     with pytest.raises(SampleError, match=says):
         list(src.records())
     src.close()
+
+
+def test_small_files_are_checked_by_workers_and_the_files_are_the_same(tmp_path, tree_digest,
+                                                                       monkeypatch):
+    """Files of a few KB: a header check (Pillow's open) costs more than handing the bytes
+    over, so --workers 2 checks them in worker processes (at 200,000 files of 2.8 KB the
+    writing process alone did 2,982 files/s, with workers 5,741); the files written are the
+    ones one process writes. ~80 KB files stay in the writing process (test above)."""
+    import autotune_converters.conversion as conversion
+    from autotune.synth import make_scale_folder
+    from autotune_converters.lmdb.writer import SMALL_FILE
+
+    src = tmp_path / "small"
+    make_scale_folder(src, 400, 4, pool=16, workers=1)
+    files = [p for p in src.rglob("*.jpg")]
+    assert sum(p.stat().st_size for p in files) / len(files) < SMALL_FILE
+    pools: list[int] = []
+    real = conversion._in_pool
+
+    def spy(units, work, workers, *a, **kw):  # the real pool, counted
+        pools.append(workers)
+        return real(units, work, workers, *a, **kw)
+
+    monkeypatch.setattr(conversion, "_in_pool", spy)
+    for name, workers in (("one", 1), ("two", 2)):
+        convert(src, tmp_path / name, ConvertOptions(format="lmdb", shard_size=64 << 10,
+                                                     workers=workers))
+    assert pools == [2]
+    a, b = tree_digest(tmp_path / "one"), tree_digest(tmp_path / "two")
+    assert a["data.mdb"] == b["data.mdb"] and a == b
