@@ -96,10 +96,10 @@ class ReadCap:
         """(read bios, read bytes) the cgroup has charged on this disk so far; None when
         its counters cannot be read."""
         if self.v2:
-            text = _read(self.cgroup / "io.stat")
+            text = read_text(self.cgroup / "io.stat")
             ios, nbytes = v2_stat(text, self.majmin, "rios"), v2_stat(text, self.majmin, "rbytes")
         else:
-            ios, nbytes = (v1_reads(_read(self.cgroup / f), self.majmin) for f in _V1_COUNTS)
+            ios, nbytes = (v1_reads(read_text(self.cgroup / f), self.majmin) for f in _V1_COUNTS)
         if ios is None and nbytes is None:
             # Nothing charged yet: the kernel lists a device only after its first bio.
             return (0, 0) if self._counters_exist() else None
@@ -132,7 +132,8 @@ def cgroup_dir(pid: int | str = "self", *, v2: bool) -> Path | None:
     return None
 
 
-def _read(path: Path) -> str:
+def read_text(path: Path) -> str:
+    """A kernel file's text; "" when it cannot be read (gone, no permission)."""
     try:
         return path.read_text()
     except OSError:
@@ -147,16 +148,16 @@ def read_cap(dev: BlockDevice | None, pid: int | str = "self") -> ReadCap | None
     mm = dev.majmin
     v1 = cgroup_dir(pid, v2=False)
     if v1 is not None:
-        lim = {k: v1_limit(_read(v1 / f), mm) for k, f in _V1_LIMITS.items()}
+        lim = {k: v1_limit(read_text(v1 / f), mm) for k, f in _V1_LIMITS.items()}
         if any(v is not None for v in lim.values()):
             return ReadCap(mm, lim["iops"], lim["bps"], v1, v2=False)
     v2 = cgroup_dir(pid, v2=True)
     if v2 is not None:
-        lim = v2_limits(_read(v2 / "io.max"), mm)
+        lim = v2_limits(read_text(v2 / "io.max"), mm)
         if lim:
             return ReadCap(mm, lim.get("iops"), lim.get("bps"), v2, v2=True)
     return None
 
 
-__all__ = ["ReadCap", "capped", "cgroup_dir", "read_cap", "v1_limit", "v1_reads", "v2_limits",
-           "v2_stat"]
+__all__ = ["ReadCap", "capped", "cgroup_dir", "read_cap", "read_text", "v1_limit", "v1_reads",
+           "v2_limits", "v2_stat"]

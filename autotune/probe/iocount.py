@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from autotune.blockdev import BlockDevice
-from autotune.readcap import ReadCap, read_cap
+from autotune.readcap import ReadCap, read_cap, read_text
 
 
 def diskstats_reads(text: str, name: str) -> int | None:
@@ -23,13 +23,6 @@ def diskstats_reads(text: str, name: str) -> int | None:
         if len(f) > 3 and f[2] == name:
             return int(f[3])
     return None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
 
 
 def read_counter(dev: BlockDevice | None) -> tuple[Callable[[], int | None], str] | None:
@@ -46,7 +39,7 @@ def read_counter(dev: BlockDevice | None) -> tuple[Callable[[], int | None], str
             return (capped_by.charged() or (0, 0))[0]
 
         return charged, "bios charged by the cgroup's read cap"
-    if diskstats_reads(_read(Path("/proc/diskstats")), dev.name) is None:
+    if diskstats_reads(read_text(Path("/proc/diskstats")), dev.name) is None:
         return None
-    return (lambda: diskstats_reads(_read(Path("/proc/diskstats")), dev.name),
+    return (lambda: diskstats_reads(read_text(Path("/proc/diskstats")), dev.name),
             f"reads completed by {dev.name} (/proc/diskstats: the whole machine's)")
