@@ -160,7 +160,7 @@ class Budget:
         serving = dl._pools[-1] if dl._pools else None
         pids = serving.pids() if serving is not None else []
         self.burst, self.burst_cfg, self.purpose = why.Burst(
-            os.getpid(), workers=pids), dl._running, purpose
+            os.getpid(), workers=pids, path=root_path(dl.dataset)), dl._running, purpose
         self.windows = []
         clock = self.stage_clock
         self.stages0 = clock.totals() if clock is not None else None

@@ -13,7 +13,9 @@ the usable cores) and two budgets taken cheaply:
   the verdict's, said at once), so that no sampling thread ever competes with the training
   loop for the GIL;
 - for autotune's own ImageDataset, the stage budget (autotune.data.stages): a StageClock
-  attached to the dataset, read at the burst's start and end.
+  attached to the dataset, read at the burst's start and end;
+- behind a read cap of its own cgroup on the dataset's disk (autotune.readcap), the cap and
+  the reads the cgroup charged over the burst.
 """
 
 from __future__ import annotations
@@ -68,16 +70,35 @@ def detach_stage_clock(dataset: Any, clock: Any) -> None:
         pass
 
 
+def _read_cap(path: str | None) -> tuple[Any, tuple[int, int] | None, str | None]:
+    """(the ReadCap of this process's cgroup on `path`'s disk, its charged reads now, the
+    disk's name); Nones without a cap."""
+    if not path:
+        return None, None, None
+    try:
+        from autotune.monitor.diskstats import resolve_disk
+        from autotune.readcap import read_cap
+
+        dev = resolve_disk(path)
+        cap = read_cap(dev) if hasattr(dev, "majmin") else None
+        return cap, (cap.charged() if cap is not None else None), getattr(dev, "name", None)
+    except Exception:  # noqa: BLE001  (a figure, never a reason to fail the training loop)
+        return None, None, None
+
+
 class Burst:
     """A time-budget sample of process `pid`'s tree over `seconds`, by a separate process;
     `workers`: the only other processes to count (the loader's own workers, not the
     training process's other children: a FUSE server, a tool it runs)."""
 
     def __init__(self, pid: int, seconds: float = BURST_S,
-                 workers: list[int] | None = None) -> None:
+                 workers: list[int] | None = None, path: str | None = None) -> None:
         self.started = time.perf_counter()
         self.seconds = seconds
         self.error: str | None = None
+        # The read cap this process's cgroup puts on the dataset's disk (its workers share
+        # the cgroup): read here, two small kernel files a burst.
+        self._cap, self._charged0, self._device = _read_cap(path)
         self._out = tempfile.TemporaryFile(mode="w+")
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -115,7 +136,24 @@ class Burst:
             d = json.loads(text.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return {"available": False, "reason": f"the sampler failed: {text.strip()[-300:]}"}
-        return d if isinstance(d, dict) else {"available": False, "reason": "no budget"}
+        if not isinstance(d, dict):
+            return {"available": False, "reason": "no budget"}
+        cap = self.cap_figures()
+        if cap is not None:
+            d["read_cap"] = cap
+        return d
+
+    def cap_figures(self) -> dict[str, Any] | None:
+        """The cap's limits and what its cgroup charged a second since the burst began."""
+        cap, c0 = self._cap, self._charged0
+        c1 = cap.charged() if cap is not None else None
+        wall = time.perf_counter() - self.started
+        if cap is None or c0 is None or c1 is None or wall <= 0:
+            return None
+        return {"device": self._device, "iops": cap.iops,
+                "mib_s": None if cap.bps is None else cap.bps / 2**20,
+                "reads_per_s": max(0, c1[0] - c0[0]) / wall,
+                "read_mib_s": max(0, c1[1] - c0[1]) / 2**20 / wall}
 
     def cancel(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
@@ -154,8 +192,19 @@ def explain(fig: Figures) -> Any:
 
     s = fig.stats
     ips = s.batches_per_s * fig.batch_size if fig.batch_size else None
+    budget = dict(fig.budget) if fig.budget is not None else None
+    cap = budget.pop("read_cap", None) if budget is not None else None
     system = SystemFigures(source="autotune.DataLoader", joined_by="time", samples=1,
-                           samples_total=1, cores=fig.cores, budget=fig.budget)
+                           samples_total=1, cores=fig.cores, budget=budget)
+    if cap:
+        # Over the burst as a whole: one figure, said as its median.
+        def one(x: float) -> dict[str, float]:
+            return {"median": x, "p95": x, "max": x, "mean": x, "n": 1}
+
+        system.disk_device = cap.get("device")
+        system.disk_read_cap = {"iops": cap.get("iops"), "mib_s": cap.get("mib_s")}
+        system.disk_cap_reads_per_s = one(cap["reads_per_s"])
+        system.disk_cap_read_mib_s = one(cap["read_mib_s"])
     inp = RuleInputs(au=s.au, data_share=s.wait_share,
                      step_time_s=s.step_s / s.batches if s.batches else None,
                      images_per_s=ips, batch_size=fig.batch_size, steps=s.batches,

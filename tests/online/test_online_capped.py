@@ -93,6 +93,10 @@ def test_behind_an_iops_cap_storage_is_said_once_within_three_switches(capped_fi
     verdicts = [m for e, m in events if e == "verdict"]
     assert len(verdicts) == 1, events
     assert loader.verdict.bottleneck == "storage", verdicts
+    # The cap of the loader's own cgroup on the disk is read and said, with what it charged
+    # over the burst (whether that reached 85 % of it is the machine's pace: not asserted).
+    assert any(f"at {IOPS:,} reads/s (blk-throttle)" in e for e in loader.verdict.evidence), \
+        loader.verdict.evidence
     assert "autotune convert" in verdicts[0] or "autotune stage" in verdicts[0], verdicts
     switches = [m for e, m in events if e == "switched"]
     assert len(switches) <= 3, events
