@@ -260,6 +260,8 @@ def test_ram_backed_data_is_never_called_cold(small_dataset: Path, no_leftovers)
 
 @pytest.mark.slow
 @pytest.mark.root
+@pytest.mark.extended  # a capped first epoch input-bound and storage-bound: test_runcache.py
+# (search), test_setups.py::test_storage_bound_iops_cap (analyze), test_online_capped.py
 def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path,
                                                     no_leftovers) -> None:
     from autotune.emulate import IoThrottle
@@ -286,7 +288,7 @@ def test_capped_disk_lowers_au_and_raises_data_wait(small_images_ds: Path,
 
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.extended  # the cap's cold side: the test above; warm after cold: test_runcache.py
+@pytest.mark.extended  # a capped cold epoch: test_runcache.py, which also reads warm after it
 def test_capped_disk_cold_is_slower_than_warm(small_images_ds: Path, no_leftovers) -> None:
     from autotune.emulate import IoThrottle
 

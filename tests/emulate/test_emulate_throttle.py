@@ -30,6 +30,7 @@ def fio_randread_iops(scratch: Path, seconds: int, cap: IoThrottle | None = None
 @pytest.mark.root
 @pytest.mark.fio
 @pytest.mark.slow
+@pytest.mark.extended  # the same 500-IOPS cap under fio: tests/probe/test_probe_slow_storage.py
 def test_fio_iops_under_cap(disk_dir: Path, backend: CgroupBackend,
                             random_file: Callable[[Path, int], Path]) -> None:
     scratch = random_file(disk_dir / "fio-scratch.bin", 64 << 20)

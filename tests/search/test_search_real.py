@@ -112,6 +112,8 @@ def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_dataset, tmp_
     assert r.recommended.au >= 0.9
 
 
+@pytest.mark.extended  # the default window's rule: test_cli_search's refusal names it; a
+# window kept open for a real step's batches: test_bench_failures
 def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path):
     # 1 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
     # measured batches, fewer than the 10 a figure needs, so every measurement failed.
