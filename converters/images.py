@@ -26,6 +26,7 @@ import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 
+from autotune_converters.jpeghead import jpeg_header
 from autotune_converters.records import Entry, Sample, SkippedFile
 
 # Pillow format name -> member suffix. MPO is a camera JPEG with extra frames.
@@ -83,6 +84,13 @@ def _mode_converts(mode: str) -> bool:
         return True
     except (ValueError, OSError):
         return False
+
+
+def _max_pixels() -> int | None:
+    """Pillow's decompression bomb limit, as it is now (a user may change it)."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS
 
 
 def _open(data: bytes):  # -> PIL.Image.Image
@@ -145,13 +153,18 @@ def check_image(data: bytes, verify: str = "header") -> tuple[str, tuple[int, in
     """
     if not data:
         raise BadImage("empty file (0 bytes)")
-    im = _open_header(data)
-    fmt = im.format or "?"
-    size = im.size
+    # Most JPEGs: their markers read here, as Pillow would read them (jpeghead); any
+    # header it does not answer for, Pillow opens.
+    head = jpeg_header(data, _max_pixels())
+    if head is not None:
+        fmt, (size, mode) = "JPEG", head
+    else:
+        im = _open_header(data)
+        fmt, size, mode = im.format or "?", im.size, im.mode
     if size[0] < 1 or size[1] < 1:
         raise BadImage(f"corrupt header (size {size[0]}x{size[1]})")
-    if not _mode_converts(im.mode):
-        raise BadImage(f"unsupported mode ({im.mode} does not convert to RGB)")
+    if not _mode_converts(mode):
+        raise BadImage(f"unsupported mode ({mode} does not convert to RGB)")
     if verify == "decode":
         _decode(data, fmt, reduced=False)
     elif fmt in ("JPEG", "MPO"):

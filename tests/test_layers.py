@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                  "autotune_converters.objstore.client", "autotune_converters.storage")),
     ("formats", ("autotune_converters.source", "autotune_converters.writer",
                  "autotune_converters.records", "autotune_converters.images",
+                 "autotune_converters.jpeghead",
                  "autotune_converters.folder", "autotune_converters.wds",
                  "autotune_converters.lmdb", "autotune_converters.manifest",
                  "autotune_converters.sourceread", "autotune_converters.registry")),
