@@ -86,12 +86,6 @@ class ReadCap:
             _V1_LIMITS[k] for k in ("iops", "bps") if getattr(self, k) is not None)
         return f"{', '.join(files)} of cgroup {self.cgroup}"
 
-    def describe(self) -> str:
-        """"60 reads/s", "50.0 MiB/s" or both, as the evidence says it."""
-        parts = ([f"{self.iops:,} reads/s"] if self.iops is not None else []) + (
-            [f"{self.bps / 2**20:,.1f} MiB/s"] if self.bps is not None else [])
-        return " and ".join(parts)
-
     def charged(self) -> tuple[int, int] | None:
         """(read bios, read bytes) the cgroup has charged on this disk so far; None when
         its counters cannot be read."""
@@ -108,9 +102,10 @@ class ReadCap:
     def _counters_exist(self) -> bool:
         return (self.cgroup / ("io.stat" if self.v2 else _V1_COUNTS[0])).exists()
 
-    def to_dict(self) -> dict[str, object]:
-        return {"device": self.majmin, "iops": self.iops, "bps": self.bps,
-                "source": self.source, "describe": self.describe()}
+    def limits(self) -> dict[str, float | None]:
+        """{"iops": reads/s, "mib_s": MiB/s} allowed (None: no such limit), as the
+        monitor's figures carry them."""
+        return {"iops": self.iops, "mib_s": None if self.bps is None else self.bps / 2**20}
 
 
 def cgroup_dir(pid: int | str = "self", *, v2: bool) -> Path | None:

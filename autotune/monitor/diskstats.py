@@ -230,7 +230,8 @@ def _cap_rates(before: DiskSnapshot, after: DiskSnapshot, dt: float) -> dict[str
     if cap is None or before.charged is None or after.charged is None:
         return {}
     ios, nbytes = (max(0, b - a) for a, b in zip(before.charged, after.charged))
-    return {"cap_iops": cap.iops, "cap_mib_s": None if cap.bps is None else cap.bps / 2**20,
+    lim = cap.limits()
+    return {"cap_iops": lim["iops"], "cap_mib_s": lim["mib_s"],
             "cap_reads_per_s": ios / dt, "cap_read_mib_s": nbytes / 2**20 / dt}
 
 

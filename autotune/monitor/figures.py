@@ -15,7 +15,9 @@ from autotune.monitor.summary import percentile
 from autotune.monitor.timebudget import sum_budgets
 
 
-def _stat(values: list[float]) -> dict[str, float] | None:
+def stat_of(values: list[float]) -> dict[str, float] | None:
+    """median / p95 / max / mean / n of `values`, as every SystemFigures figure is held;
+    None when there are none."""
     if not values:
         return None
     return {"median": percentile(values, 50), "p95": percentile(values, 95),
@@ -155,7 +157,7 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
     figs = SystemFigures(cores=info.get("cores"), disk_device=info.get("disk_device"),
                          gpus=info.get("gpus", 0), disk_read_cap=info.get("read_cap"), **kw)
     for k in FIGURES:
-        setattr(figs, k, _stat(series[k]))
+        setattr(figs, k, stat_of(series[k]))
     budget = sum_budgets(info.get("budgets") or [])
     figs.budget = budget.to_dict() if budget is not None else None
     if budget is None and "budget" in unavailable:

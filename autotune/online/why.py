@@ -150,8 +150,7 @@ class Burst:
         wall = time.perf_counter() - self.started
         if cap is None or c0 is None or c1 is None or wall <= 0:
             return None
-        return {"device": self._device, "iops": cap.iops,
-                "mib_s": None if cap.bps is None else cap.bps / 2**20,
+        return {"device": self._device, **cap.limits(),
                 "reads_per_s": max(0, c1[0] - c0[0]) / wall,
                 "read_mib_s": max(0, c1[1] - c0[1]) / 2**20 / wall}
 
@@ -187,7 +186,7 @@ class Figures:
 
 def explain(fig: Figures) -> Any:
     """The verdict (autotune.verdict.Verdict) from the loader's figures."""
-    from autotune.monitor.figures import SystemFigures
+    from autotune.monitor.figures import SystemFigures, stat_of
     from autotune.verdict.rules import RuleInputs, decide
 
     s = fig.stats
@@ -197,14 +196,11 @@ def explain(fig: Figures) -> Any:
     system = SystemFigures(source="autotune.DataLoader", joined_by="time", samples=1,
                            samples_total=1, cores=fig.cores, budget=budget)
     if cap:
-        # Over the burst as a whole: one figure, said as its median.
-        def one(x: float) -> dict[str, float]:
-            return {"median": x, "p95": x, "max": x, "mean": x, "n": 1}
-
+        # Over the burst as a whole: one figure, the figures' one-sample statistics.
         system.disk_device = cap.get("device")
         system.disk_read_cap = {"iops": cap.get("iops"), "mib_s": cap.get("mib_s")}
-        system.disk_cap_reads_per_s = one(cap["reads_per_s"])
-        system.disk_cap_read_mib_s = one(cap["read_mib_s"])
+        system.disk_cap_reads_per_s = stat_of([cap["reads_per_s"]])
+        system.disk_cap_read_mib_s = stat_of([cap["read_mib_s"]])
     inp = RuleInputs(au=s.au, data_share=s.wait_share,
                      step_time_s=s.step_s / s.batches if s.batches else None,
                      images_per_s=ips, batch_size=fig.batch_size, steps=s.batches,
