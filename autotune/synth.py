@@ -105,7 +105,7 @@ def make_image_folder(root: str | os.PathLike[str], images: int, classes: int = 
 
 # A comment segment (APP markers are read by some decoders; COM never is): FF FE, a big-endian
 # length that counts itself, then the text.
-def _with_comment(jpeg: bytes, text: bytes) -> bytes:
+def with_comment(jpeg: bytes, text: bytes) -> bytes:
     return jpeg[:2] + b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text + jpeg[2:]
 
 
@@ -144,7 +144,7 @@ def _write_scale_classes(root: str, seed: int, images: int, classes: int, pool_s
         os.mkdir(part)
         pool = pool or _scale_pool(seed, pool_size)
         for i in range(c, images, classes):
-            data = _with_comment(pool[i % pool_size], b"autotune-scale %d" % i)
+            data = with_comment(pool[i % pool_size], b"autotune-scale %d" % i)
             with open(os.path.join(part, f"img_{i:07d}.jpg"), "wb") as f:
                 f.write(data)
             files += 1

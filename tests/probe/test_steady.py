@@ -65,7 +65,7 @@ def capped_loop_disk():
     file's first read due an atime update (relatime)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (a loop disk and a cgroup cap)")
-    from autotune.synth import make_image_folder
+    from autotune.synth import render_jpeg, with_comment
 
     base = Path(tempfile.mkdtemp(prefix="autotune-probe-cap-", dir="/var/tmp"))
     img, mnt = base / "disk.img", base / "mnt"
@@ -78,15 +78,16 @@ def capped_loop_disk():
         shutil.rmtree(base, ignore_errors=True)
         pytest.skip(f"cannot mount a loop device here: {r.stderr.strip()}")
     try:
-        # Rendered on both cores elsewhere, then copied in in the order one process
-        # writes them (class folders first, then image by image): contiguous files.
-        staging = base / "staging"
-        make_image_folder(staging, 2000, 20, seed=5, workers=2)
-        for d in sorted(p.name for p in staging.iterdir()):
-            (mnt / "train" / d).mkdir(parents=True)
-        for f in sorted(staging.glob("*/*.jpg"), key=lambda p: p.name):
-            shutil.copyfile(f, mnt / "train" / f.parent.name / f.name)
-        shutil.rmtree(staging)
+        # ImageNet-sized JPEGs (render_jpeg: 300-500 px, 40-150 KB), 100 rendered and each
+        # written 20 times with its index in a comment (distinct files, the same sizes;
+        # rendering all 2,000 took 28 s), in the order one process writes them (class
+        # folders first, then image by image): contiguous files.
+        pool = [render_jpeg(5, i)[0] for i in range(100)]
+        for c in range(20):
+            (mnt / "train" / f"class_{c:04d}").mkdir(parents=True)
+        for i in range(2000):
+            (mnt / "train" / f"class_{i % 20:04d}" / f"img_{i:07d}.jpg").write_bytes(
+                with_comment(pool[i % 100], b"%d" % i))
         os.sync()
         yield mnt / "train"
     finally:
