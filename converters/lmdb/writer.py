@@ -87,6 +87,11 @@ class LmdbWriter(FormatWriter):
         has a core of its own, and handing each file between two threads cost more than
         it saved (200,000 files of 2.8 KB, 2 workers, warm: the writing 13.9 s against
         17.1 s, cold 22-24 s against 24-26 s)."""
+        return self._in_writer()
+
+    def _in_writer(self) -> bool:
+        """True in the process that opened the environment (a worker gets this writer
+        pickled before `open()`, without `_writer_pid`)."""
         return os.getpid() == getattr(self, "_writer_pid", None)
 
     @staticmethod
@@ -213,9 +218,10 @@ class LmdbWriter(FormatWriter):
         a decode (verify=decode, or a re-encode), or the header checks of small files
         (mean under SMALL_FILE: a file's per-file work, its open, read, check and hand-
         over between this process's threads, is then most of the conversion; 200,000
-        files of 2.8 KB: 69.9 s in this process alone, 29.7 s with 2 workers). For larger files handing a batch's bytes to this process (pickle, pipe,
-        unpickle: three copies) costs more than reading it here, with the next files'
-        reads started ahead (autotune_converters.sourceread)."""
+        files of 2.8 KB: 69.9 s in this process alone, 29.7 s with 2 workers). For
+        larger files handing a batch's bytes to this process (pickle, pipe, unpickle:
+        three copies) costs more than reading it here, with the next files' reads
+        started ahead (autotune_converters.sourceread)."""
         if self.opts.verify == "decode" or self.opts.max_side:
             return requested
         src = self.plan.source
@@ -224,7 +230,7 @@ class LmdbWriter(FormatWriter):
         return 1
 
     def work(self, unit: int) -> list[Sample | SkippedFile] | None:
-        if os.getpid() == getattr(self, "_writer_pid", None):
+        if self._in_writer():
             return None  # in the writing process: _accept reads the batch into the txn
         return list(self.samples(unit))  # each Sample with bytes of its own (dest: None)
 
