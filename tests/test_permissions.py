@@ -178,6 +178,7 @@ def _bench_scratch(name: str, uid: int | None = None) -> Path:
     return d
 
 
+@pytest.mark.alone
 def test_bench_keeps_a_live_runs_scratch_whose_pid_it_cannot_see():
     from autotune.bench.runner import _remove_stale_tmp
 
@@ -196,6 +197,7 @@ def test_bench_keeps_a_live_runs_scratch_whose_pid_it_cannot_see():
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.mark.alone
 def test_bench_never_removes_another_users_scratch():
     from autotune.bench.runner import _remove_stale_tmp
 

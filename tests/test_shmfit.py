@@ -103,6 +103,7 @@ def test_a_missing_dev_shm_is_a_budget_of_zero_not_unknown():
     assert fits(0, None, F32_BATCH.total, bud.budget_bytes)
 
 
+@pytest.mark.alone
 def test_oom_group_halves_the_shm_budget_here_for_search_and_loader():
     from autotune.shmfit import OOM_GROUP_DIVISOR, oom_group_divisor
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_LOOP = Path(__file__).resolve().parent / "train_loop.py"
 LIGHT = Path(__file__).resolve().parent / "light.yaml"   # cheap decode: the wait is I/O

@@ -18,6 +18,8 @@ from autotune.cli.tables.bench import bench_renderable
 from autotune.bench.residency import preload
 from autotune.data import TransformSpec, open_source
 
+pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
+
 
 def _warm(ds: Path) -> None:
     preload(open_source(ds).files())

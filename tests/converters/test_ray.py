@@ -16,6 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
+
 ray = pytest.importorskip("ray",
                           reason="Ray is an optional extra: pip install 'autotune-loader[ray]'")
 

@@ -17,6 +17,8 @@ import pytest
 from autotune.emulate.slowfs import SlowMount, mount_type
 from autotune.errors import AutotuneError, UsageError
 
+pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
+
 REPO = Path(__file__).resolve().parents[2]
 DELAY_MS = 5.0
 N_FILES, FILE_SIZE = 50, 64 << 10

@@ -92,6 +92,7 @@ def test_the_step_runs_lazily_on_the_bench_batches():
     assert last < first   # it learns: the same batch, five SGD steps later
 
 
+@pytest.mark.alone
 def test_bench_measures_the_example_step_for_real(small_dataset, tmp_path):
     r = subprocess.run([sys.executable, "-m", "autotune", "-q", "bench", str(small_dataset),
                         "--step", "examples/train_cnn.py:step", "--seconds", "3", "--warm",

@@ -20,7 +20,7 @@ from autotune.monitor import (DiskStatsReader, SystemMonitor, Unavailable, disk_
 HAVE_FIO = shutil.which("fio") is not None
 HAVE_IOSTAT = shutil.which("iostat") is not None
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+pytestmark = [pytest.mark.alone, pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")]
 
 
 def _disk(path: Path) -> BlockDevice:

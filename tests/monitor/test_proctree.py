@@ -13,6 +13,8 @@ import pytest
 
 from autotune.monitor import ProcessTree, SystemMonitor, TreeUsage, Unavailable
 
+pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
+
 # A parent that starts N CPU-burning children (after a delay) and reaps them.
 PARENT = """
 import subprocess, sys, time

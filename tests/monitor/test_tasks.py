@@ -20,6 +20,8 @@ from autotune.monitor.psi import parse_totals
 from autotune.monitor.tasks import TaskSampler, find_main, storage_wait_kind
 from autotune.monitor.timebudget import TimeBudget, sum_budgets
 
+pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
+
 
 def _spawn(code: str, *args: str) -> subprocess.Popen[bytes]:
     """A python child running `code`, which prints "ready" once set up."""

@@ -145,6 +145,7 @@ def test_real_enospc_in_workers_falls_back(tmp_path):
     assert any(e.startswith("fell-back:") and "/dev/shm" in e for e in r["events"]), r["events"]
 
 
+@pytest.mark.alone
 def test_oom_group_halves_the_budgets(monkeypatch, decisions):
     """cgroup v2 memory.oom.group=1 (recorded: this machine mounts v1): the OOM killer would
     end the whole job, so both budgets are halved (a memory_budget given is kept) and the

@@ -15,6 +15,8 @@ import pytest
 import autotune
 from online_datasets import Files
 
+pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
+
 FILES = 400
 # A cold batch of 16 one-read files takes at least 16/IOPS = 0.16 s, over three times the
 # 0.05 s step: the loader waits on storage most of each step, and more workers cannot read

@@ -110,6 +110,7 @@ def _until_verdict(loader, seconds=90.0):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_idle_workers_after_tuning_verdict_once_from_the_engine(decisions):
     """Workers that sleep in __getitem__ and a loop with no step: no setting reaches AU
     0.90; the loader says why once, from the verdict engine and a time budget of its own
@@ -126,6 +127,7 @@ def test_idle_workers_after_tuning_verdict_once_from_the_engine(decisions):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_busy_workers_on_every_core_after_tuning_say_decode_once(decisions):
     """Workers that burn a CPU per item on as many cores as the process may use: decode."""
     import os
@@ -145,6 +147,7 @@ def test_busy_workers_on_every_core_after_tuning_say_decode_once(decisions):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_image_dataset_gets_a_stage_clock_and_the_verdict_its_stages(tmp_path, decisions):
     """autotune's own ImageDataset: the loader attaches a StageClock, the verdict's
     evidence carries the stage budget, and close() takes the clock off and removes it."""
@@ -175,6 +178,7 @@ def test_image_dataset_gets_a_stage_clock_and_the_verdict_its_stages(tmp_path, d
 
 @pytest.mark.root
 @pytest.mark.slow
+@pytest.mark.alone
 def test_workers_blocked_on_a_slow_mount_raise_the_worker_bound(tmp_path, decisions):
     """Reads behind a FUSE delay: at the worker bound the workers are seen blocked on
     storage (their time budget, sampled by a process of its own), so the bound rises

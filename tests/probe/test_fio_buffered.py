@@ -20,7 +20,7 @@ import pytest
 from autotune.blockdev import block_device_for, mount_for
 from autotune.probe import fio
 
-pytestmark = [pytest.mark.fio]
+pytestmark = [pytest.mark.alone, pytest.mark.fio]
 MiB = 2**20
 
 # The CLI as users run it, with one change: the O_DIRECT test answers "refused", as it does

@@ -17,7 +17,7 @@ from autotune.blockdev import block_device_for
 from autotune.probe import fio
 from autotune.probe.fio import FioError
 
-pytestmark = [pytest.mark.fio]
+pytestmark = [pytest.mark.alone, pytest.mark.fio]
 MiB = 2**20
 
 

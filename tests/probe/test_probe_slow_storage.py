@@ -10,7 +10,7 @@ import pytest
 
 from autotune.cache import drop_caches
 
-pytestmark = [pytest.mark.slow, pytest.mark.root]
+pytestmark = [pytest.mark.alone, pytest.mark.slow, pytest.mark.root]
 
 
 def _probe_cmd(path, *extra: str) -> list[str]:

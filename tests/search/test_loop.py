@@ -10,7 +10,7 @@ import pytest
 from autotune.search import SearchOptions
 from autotune.search.loop import run_loop
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 TESTS = Path(__file__).parent
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from autotune.search import SearchOptions, run_search
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.alone, pytest.mark.slow]
 TESTS = Path(__file__).parent
 
 
