@@ -153,10 +153,12 @@ RUNNABLE = [p for p in PAGES if any(e.runs and not e.file for e in _examples(p))
 # extended: scripts/test runs them, CI leaves them out): the search with ranks
 # (tests/search/test_user_job.py), a journal-storage study (tests/search/test_shared_study.py),
 # train_cnn with the searched settings and bench --step (tests/examples/test_train_cnn.py),
-# the Lightning and Accelerate loops (tests/integrations/).
+# the Lightning and Accelerate loops (tests/integrations/); commands/analyze.md's example is
+# commands/monitor.md's (the same monitored train_cnn run, then analyze) with `--json`, which
+# tests/analyze/test_analysis.py's CLI test checks.
 EXTENDED_PAGES = {"integrations/ddp.md", "integrations/postgresql.md",
                   "integrations/real-step.md", "integrations/lightning.md",
-                  "integrations/accelerate.md"}
+                  "integrations/accelerate.md", "commands/analyze.md"}
 
 
 # Pages are independent (each its own directory, dataset copy and cache) and their examples
