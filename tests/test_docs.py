@@ -200,9 +200,11 @@ def _run_page(page: str, dataset: Path, work: Path) -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def page_runs(request, docs_dataset, tmp_path_factory):
-    """{page: Future of _run_page} for the pages this session's tests ask for."""
+    """{page: Future of _run_page} for the pages this session's tests ask for; its lanes
+    (threads) end with this module, not with the session (a later test file in the same
+    process may count its threads)."""
     from concurrent.futures import ThreadPoolExecutor
 
     wanted = [it.callspec.params["page"] for it in request.session.items
