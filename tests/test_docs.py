@@ -155,10 +155,12 @@ RUNNABLE = [p for p in PAGES if any(e.runs and not e.file for e in _examples(p))
 # train_cnn with the searched settings and bench --step (tests/examples/test_train_cnn.py),
 # the Lightning and Accelerate loops (tests/integrations/); commands/analyze.md's example is
 # commands/monitor.md's (the same monitored train_cnn run, then analyze) with `--json`, which
-# tests/analyze/test_analysis.py's CLI test checks.
+# tests/analyze/test_analysis.py's CLI test checks; commands/search.md's search of the
+# folder is library/index.md's run_search (the same options) through the CLI, whose
+# `autotune search` with the storage replay getting-started.md runs.
 EXTENDED_PAGES = {"integrations/ddp.md", "integrations/postgresql.md",
                   "integrations/real-step.md", "integrations/lightning.md",
-                  "integrations/accelerate.md", "commands/analyze.md"}
+                  "integrations/accelerate.md", "commands/analyze.md", "commands/search.md"}
 
 
 # Pages are independent (each its own directory, dataset copy and cache) and their examples

@@ -261,14 +261,10 @@ def test_every_module_and_the_package_data_come_from_the_wheel(venv, tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_and_a_one_trial_search_run_from_the_wheel(venv, small_dataset, tmp_path):
+def test_a_one_trial_search_runs_from_the_wheel(venv, small_dataset, tmp_path):
+    # A search's trial is a bench measurement (the default preset, resnet50) from the
+    # wheel's own files; every module's import from the wheel is the test above.
     cli = venv / "bin" / "autotune"
-    r = _run([cli, "-q", "bench", str(small_dataset), "--preset", "resnet50",
-              "--workers", "1", "--batch-size", "4", "--seconds", "1", "--warmup-batches", "1",
-              "--warm", "--compute-ms", "0", "--json", "-"], tmp_path)
-    assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
-    assert d["config"]["preset"] == "resnet50" and d["images_per_s"] > 0
     r = _run([cli, "-q", "search", str(small_dataset), "--trials", "1",
               "--no-probe", "--confirm", "0", "--seconds", "1", "--warm", "--batch-size", "4",
               "--compute-ms", "0", "--space", "small", "--out", str(tmp_path / "out"),
@@ -276,6 +272,7 @@ def test_bench_and_a_one_trial_search_run_from_the_wheel(venv, small_dataset, tm
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["recommended"] and d["space"]["source"].endswith("autotune_configs/search/small.yaml")
+    assert d["recommended"]["images_per_s"] > 0
 
 
 # The old distribution name, as an install line would write it (NAME[ray], NAME the import

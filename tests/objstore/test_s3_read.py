@@ -91,9 +91,11 @@ def _bench(dataset: str, endpoint: str, *extra: str, tmp: Path) -> subprocess.Co
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cache", ["--warm", "--cold"])
-def test_bench_reads_a_bucket_and_times_the_gets(s3_dataset: str, s3_endpoint: str, cache: str,
+# Cold only: for a bucket --warm changes the note alone (its one line is the runner's
+# constant); tests/objstore/test_s3_wds.py benches a bucket --warm.
+def test_bench_reads_a_bucket_and_times_the_gets(s3_dataset: str, s3_endpoint: str,
                                                  tmp_path: Path) -> None:
+    cache = "--cold"
     r = _bench(s3_dataset, s3_endpoint, cache, tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     d = json.loads((tmp_path / "b.json").read_text())
@@ -102,7 +104,7 @@ def test_bench_reads_a_bucket_and_times_the_gets(s3_dataset: str, s3_endpoint: s
     # The GETs are the pipeline's 'read' stage (timed in each worker).
     assert d["stages"]["seconds"]["read"] > 0 and d["stages"]["samples"] > 0
     assert d["cache"]["storage"] == "object"
-    assert ("object storage" if cache == "--cold" else "warm") in d["cache"]["note"]
+    assert "object storage" in d["cache"]["note"]
 
 
 @pytest.mark.slow
