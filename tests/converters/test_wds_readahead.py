@@ -48,6 +48,10 @@ def _shard(path: Path, members: int) -> None:
             t.addfile(info, fileobj=io.BytesIO(data))
 
 
+# alone: another test's drop_caches between the reader's request and the mincore look
+# empties the window (seen in CI's parallel pass: 67 %, 33 %, 0 %; reproduced here with
+# a drop_caches loop beside it: 0 %, 0 %, 0 %).
+@pytest.mark.alone
 @pytest.mark.root
 def test_the_next_megabytes_are_asked_for_before_the_reader_reaches_them(work_dir):
     from autotune.blockdev import block_device_for

@@ -37,6 +37,8 @@ def forty_mib(work_dir: Path) -> list[str]:
     return files
 
 
+# alone, both: another test's drop_caches during a later epoch turns its hits into misses.
+@pytest.mark.alone
 @pytest.mark.root
 def test_hit_rate_in_a_memory_cgroup_smaller_than_the_files(forty_mib):
     # 20 MiB of cache room for 40 MiB read in a new order each epoch: c = 0.5, strict LRU
@@ -55,6 +57,7 @@ def test_hit_rate_in_a_memory_cgroup_smaller_than_the_files(forty_mib):
     assert r.lru_bound == pytest.approx(lru_bound(0.5))
 
 
+@pytest.mark.alone
 @pytest.mark.root
 def test_room_for_everything_hits_everything(forty_mib):
     r = measure_hit_rate(forty_mib, 80 * 2**20, epochs=2, in_place=False)
