@@ -46,7 +46,10 @@ def test_replay_behind_a_5ms_fuse_delay_sees_at_least_5ms(small_dataset, tmp_pat
     d = json.loads(r.stdout)
     one, eight = d["replay"]["by_concurrency"]
     assert one["lat_p50_ms"] >= 5.0, one
-    assert eight["files_per_s"] > 2 * one["files_per_s"]  # latency hides behind concurrency
+    # Latency hides behind concurrency, as a bound rather than a ratio of two runs' speeds:
+    # a daemon serving its delays one at a time never passes one file per two delays
+    # (100 files/s; measured with SlowMount(max_tasks=1): 70), eight readers here 275-350.
+    assert eight["files_per_s"] > 1000 / (2 * 5.0), (one, eight)
     assert d["filesystem"]["type"].startswith("fuse")
     assert d["filesystem"]["class"] == "network"
     # The mirror is read-only: fio says why it could not run, and how to fix that.
