@@ -115,3 +115,17 @@ def test_a_damaged_meta_page_or_node_is_refused_not_misread(img_src, tmp_path):
                 pages.hash_and_index(str(bad), 96)
     with pytest.raises(pages.PageFormatError):  # the keys are not the samples'
         pages.hash_and_index(str(dst / "data.mdb"), 95)
+
+
+@pytest.mark.parametrize("keys", [[b"#meta", key(0), key(1), key(3)],   # a gap
+                                  [key(0), key(1), key(2), b"zzz"]])     # a stranger's key
+def test_keys_that_are_not_the_samples_in_order_are_refused(tmp_path, keys):
+    import lmdb
+
+    env = lmdb.open(str(tmp_path), subdir=True, lock=False, map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for k in keys:
+            txn.put(k, b"x" * 16)
+    env.close()
+    with pytest.raises(pages.PageFormatError):
+        pages.hash_and_index(str(tmp_path / "data.mdb"), 3)
