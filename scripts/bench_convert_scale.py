@@ -13,9 +13,9 @@ in a child process of its own (its peak RSS from getrusage), the output on --wor
 --where ram: the tree on a tmpfs (root; no swap here, so nothing of it is reclaimed): the
 code's own cost per file, no disk, no page-cache reclaim. --where disk: the tree on
 --work's disk, the page cache dropped before each step (root), and beside each
-conversion a plain read of every file in the same kind of order (a seeded shuffle across
-the tree, as the plan's), --readers threads: the storage's own cost per file, which the
-conversion cannot go below. Each tree is deleted once measured.
+conversion `scripts.plain_reader` over the tree (every file read once in a seeded shuffle
+across it, as the plan's order is, --readers threads): the storage's own cost per file,
+which the conversion cannot go below. Each tree is deleted once measured.
 
 Results go to stdout as JSON lines, progress to stderr.
 """
@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
+import re
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from scripts._common import ROOT, drop_caches, loadavg, log
@@ -55,26 +54,17 @@ print(json.dumps({"wall_s": round(wall, 2), "phases": phases, "peak_rss_mib": rs
 
 
 def plain_read(root: Path, threads: int) -> dict:
-    """Every file read once, in a seeded shuffle across the tree, `threads` at a time."""
-    t0 = time.monotonic()
-    paths = [str(root / d / f) for d in sorted(os.listdir(root))
-             for f in sorted(os.listdir(root / d))]
-    listed = time.monotonic() - t0
-    random.Random(0).shuffle(paths)
-
-    def read(chunk: list[str]) -> int:
-        n = 0
-        for p in chunk:
-            with open(p, "rb") as f:
-                n += len(f.read())
-        return n
-
-    with ThreadPoolExecutor(threads) as ex:
-        nbytes = sum(ex.map(read, [paths[i:i + 256] for i in range(0, len(paths), 256)]))
-    wall = time.monotonic() - t0
-    return {"step": f"plain read, {threads} threads", "files": len(paths), "bytes": nbytes,
-            "wall_s": round(wall, 2), "list_s": round(listed, 2),
-            "us_per_file": round(wall / len(paths) * 1e6)}
+    """scripts.plain_reader over the tree: every file opened and read once, in a seeded
+    shuffle, `threads` at a time, the whole page cache dropped first; no autotune import."""
+    r = subprocess.run([sys.executable, "-m", "scripts.plain_reader", str(root), "--threads",
+                        str(threads), "--drop-caches", "3", "--seconds", "1e9"],
+                       capture_output=True, text=True, cwd=ROOT)
+    m = re.match(r"([\d.]+) files/s \((\d+) files in ([\d.]+) s", r.stdout)
+    if r.returncode != 0 or m is None:
+        raise SystemExit(f"plain read failed:\n{r.stdout}{r.stderr[-3000:]}")
+    rate, files, wall = float(m[1]), int(m[2]), float(m[3])
+    return {"step": f"plain read, {threads} threads", "files": files, "wall_s": wall,
+            "us_per_file": round(1e6 / rate)}
 
 
 def convert(src: Path, work: Path, fmt: str, workers: int, files: int) -> dict:
@@ -122,7 +112,6 @@ def main() -> int:
             try:
                 for fmt in a.formats.split(","):
                     if a.where == "disk":
-                        drop_caches()
                         r = plain_read(tree, a.readers)
                         r.update(size=n, where=a.where)
                         print(json.dumps(r), flush=True)
