@@ -12,6 +12,8 @@ import os
 from collections.abc import Iterable
 from typing import Literal
 
+from autotune_base.fsutil import open_noatime
+
 from autotune.errors import NotPermitted
 
 ColdMethod = Literal["drop_caches", "fadvise"]
@@ -53,12 +55,7 @@ def evict_files(paths: Iterable[str | os.PathLike[str]]) -> int:
     n = 0
     for p in paths:
         try:
-            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOATIME", 0))
-        except PermissionError:
-            try:  # O_NOATIME is refused on files we do not own
-                fd = os.open(p, os.O_RDONLY)
-            except OSError:
-                continue
+            fd = open_noatime(p)
         except OSError:
             continue
         try:

@@ -101,6 +101,23 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, indent: int | N
         os.close(t)
 
 
+_NOATIME = getattr(os, "O_NOATIME", 0)
+
+
+def open_noatime(path: str | os.PathLike[str], flags: int = os.O_RDONLY) -> int:
+    """os.open(path, flags) with O_NOATIME where the kernel allows it: to root and to the
+    file's owner, the usual case for a user's own dataset. A first read after a write
+    updates the atime (relatime): an inode write per file, and after a cache drop the
+    inode-table block read back in first. A file someone else owns refuses the flag
+    (EPERM) and is opened without it."""
+    try:
+        return os.open(path, flags | _NOATIME)
+    except PermissionError as e:
+        if not _NOATIME or e.errno != errno.EPERM:
+            raise
+        return os.open(path, flags)
+
+
 def sha256_file(path: str | os.PathLike[str], *, drop_cache: bool = False,
                 chunk: int = 4 << 20) -> tuple[int, str]:
     """(bytes, sha256 hex) of a file; `drop_cache` reads what is on the disk, not the

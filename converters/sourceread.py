@@ -28,6 +28,7 @@ from contextlib import closing
 from functools import lru_cache
 from typing import Any, TypeVar
 
+from autotune_base.fsutil import open_noatime
 from autotune_converters.records import Entry, SkippedFile
 
 T = TypeVar("T")
@@ -37,16 +38,9 @@ ETAGS = "etags.json"  # the plan directory's ETags of a bucket SRC's objects (it
 INFLIGHT = 16         # a bucket SRC's GETs in flight (bytes: WINDOW_BYTES)
 
 
-@lru_cache(maxsize=1)
-def _open_flags() -> int:
-    # O_NOATIME spares an inode write per source file read; a non-owner gets EPERM from
-    # it, so only root (who may always) uses it.
-    return os.O_RDONLY | (getattr(os, "O_NOATIME", 0) if os.geteuid() == 0 else 0)
-
-
 def _open_ahead(path: str) -> int | OSError:
     try:
-        fd = os.open(path, _open_flags())
+        fd = open_noatime(path)
     except OSError as e:
         return e
     try:

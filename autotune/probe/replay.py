@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
+from autotune_base.fsutil import open_noatime
+
 from autotune.blockdev import block_device_for
 from autotune.cache import make_cold
 from autotune.errors import AutotuneError
@@ -195,27 +197,13 @@ def sample_files(root: str | os.PathLike[str], n: int, *, seed: int = 0,
     return reservoir, stats
 
 
-_NOATIME = getattr(os, "O_NOATIME", 0)
-
-
-def _open_noatime(path: str) -> int:
-    """O_NOATIME where allowed (root, or the file's owner): a first read after a write
-    updates the atime (relatime), and dirtying the inode reads its inode-table block back
-    in after a cache drop, with ext4's inode readahead: up to 33 bios a cap charges for
-    one file. A long run updates each file's atime once a day at most; its steady state
-    pays none of it."""
-    try:
-        return os.open(path, os.O_RDONLY | _NOATIME)
-    except PermissionError:
-        if not _NOATIME:
-            raise
-        return os.open(path, os.O_RDONLY)
-
-
 def _read_whole(path: str, buf: bytearray) -> int:
     n = 0
     mv = memoryview(buf)
-    with open(_open_noatime(path), "rb", buffering=0) as f:
+    # O_NOATIME where allowed: the atime's inode write after a cache drop reads the
+    # inode-table block back in (ext4's inode readahead: up to 33 bios a cap charges for
+    # one file). A long run updates each atime once a day at most: its steady state pays none.
+    with open(open_noatime(path), "rb", buffering=0) as f:
         while True:
             k = f.readinto(mv)
             if not k:

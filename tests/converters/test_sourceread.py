@@ -5,6 +5,8 @@ reader stops early, and an error of the entries' iterator raised where they are 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -71,3 +73,53 @@ def test_an_error_listing_the_entries_is_raised_to_the_reader(tmp_path):
         for e, _ in prefetch(str(tmp_path), listing(), thread=True):
             got.append(e.relpath)
     assert got == [e.relpath for e in entries[:3]]
+
+
+NOBODY = 65534
+
+
+@pytest.mark.root
+def test_a_users_own_files_are_read_without_touching_their_atime():
+    """O_NOATIME is the owner's to use, not root's alone: a user converting a tree of
+    their own writes no inode per file read; a file someone else owns is still read."""
+    d = Path(tempfile.mkdtemp(prefix="autotune-noatime-", dir="/var/tmp"))
+    try:
+        os.chmod(d, 0o755)
+        entries = []
+        for i, owner in enumerate((NOBODY, 0)):
+            p = d / f"f{i}.bin"
+            p.write_bytes(bytes([i]) * 5000)
+            os.chown(p, owner, owner)
+            os.chmod(p, 0o644)
+            st = p.stat()
+            # relatime updates an atime older than the mtime on the next read
+            os.utime(p, ns=(st.st_mtime_ns - 3600 * 10**9, st.st_mtime_ns))
+            entries.append(Entry(position=i, label=0, relpath=p.name, size=5000))
+        before = [(d / e.relpath).stat().st_atime_ns for e in entries]
+
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the user: nobody, who owns f0 and may only read f1
+            code = 1
+            try:
+                os.close(r)
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+                got = [read_whole(fd, e.size) if isinstance(fd, int) else repr(fd)
+                       for e, fd in prefetch(str(d), entries, thread=True)]
+                os.write(w, repr([len(g) if isinstance(g, bytes) else g for g in got]).encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            out = f.read().decode()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0 and out == "[5000, 5000]", out
+        after = [(d / e.relpath).stat().st_atime_ns for e in entries]
+        if after[1] == before[1]:
+            pytest.skip("this filesystem does not update atimes (noatime): nothing to see")
+        assert after[0] == before[0], "the owner's read updated the atime (no O_NOATIME)"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
