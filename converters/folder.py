@@ -55,6 +55,9 @@ class FolderSource(SampleSource):
     def read(self, index: int) -> tuple[bytes, int]:
         path, label = self._samples[index]
         try:
+            # Not O_NOATIME (convert's read-ahead uses it): training reads the tree every
+            # epoch, and a scratch purge that goes by atime must see it read. relatime
+            # writes each file's atime once a day at most.
             with open(path, "rb") as f:
                 return f.read(), label
         except OSError as e:
