@@ -7,7 +7,7 @@ the usable cores) and two budgets taken cheaply:
 
 - the time budget of its own process tree (autotune.monitor.tasks.TaskSampler: where each
   worker's time went, on a CPU, runnable, blocked on storage, asleep), sampled for a few
-  seconds by a separate process (`python -m autotune.online._burst PID SECONDS`), started
+  seconds by a separate process (`python -m autotune.monitor.burst PID SECONDS`), started
   only once tuning has settled under AU 0.90 (or at the worker bound, to see whether the
   workers are blocked on I/O: when tuning then settles there storage-bound, that budget is
   the verdict's, said at once), so that no sampling thread ever competes with the training
@@ -86,6 +86,12 @@ def _read_cap(path: str | None) -> tuple[Any, tuple[int, int] | None, str | None
         return None, None, None
 
 
+def sampler_command(pid: int, seconds: float, workers: list[int] | None = None) -> list[str]:
+    """The sampler's command line (autotune.monitor.burst): a light process, no torch."""
+    return [sys.executable, "-m", "autotune.monitor.burst", str(pid), str(seconds),
+            *([] if workers is None else [",".join(map(str, workers)) or "none"])]
+
+
 class Burst:
     """A time-budget sample of process `pid`'s tree over `seconds`, by a separate process;
     `workers`: the only other processes to count (the loader's own workers, not the
@@ -105,8 +111,7 @@ class Burst:
             p for p in (root, os.environ.get("PYTHONPATH")) if p))
         try:
             self._proc: subprocess.Popen[Any] | None = subprocess.Popen(
-                [sys.executable, "-m", "autotune.online._burst", str(pid), str(seconds),
-                 *([] if workers is None else [",".join(map(str, workers)) or "none"])],
+                sampler_command(pid, seconds, workers),
                 stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, close_fds=True)
         except OSError as e:

@@ -260,6 +260,36 @@ def test_burst_samples_this_process_tree_from_a_process_of_its_own():
     assert w.share("on_cpu") + w.share("runnable") > 0.5
 
 
+def test_the_sampler_is_a_light_process_without_torch():
+    """The loader starts its sampler inside the user's job (a memory limit counts it): the
+    exact command the loader runs, its peak RSS from the kernel (the children's ru_maxrss
+    of a wrapper that runs only it) and what it imported. Under `autotune.online` it
+    imported the loader and torch: about 220 MiB."""
+    import json
+    import subprocess
+    import sys
+    from autotune.online.why import sampler_command
+
+    cmd = sampler_command(1, 0.2, [])   # pid 1: always there, never ours
+    cmd[1:1] = ["-X", "importtime"]
+    wrapper = ("import resource, subprocess, sys\n"
+               f"r = subprocess.run({cmd!r}, capture_output=True, text=True)\n"
+               "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, r.returncode)\n"
+               "print(r.stdout.strip())\n"
+               "sys.stderr.write(r.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", wrapper], capture_output=True, text=True,
+                       timeout=120)
+    head, out = r.stdout.splitlines()[:2]
+    kib, code = map(int, head.split())
+    assert code == 0, r.stderr[-2000:]
+    assert json.loads(out).get("wall_s") is not None, out
+    imported = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, sorted(imported)
+    assert "autotune.online.loader" not in imported
+    assert kib < 100 * 1024, f"the sampler peaked at {kib // 1024} MiB"
+
+
 def test_at_the_bound_the_climb_waits_for_the_budget_then_goes_past_it(decisions):
     c = _ctl(bound=2, sample_bound=True)
     start = c.start()                          # 2 workers: the bound

@@ -1,9 +1,12 @@
-"""`python -m autotune.online._burst PID SECONDS [WORKER,PID,...]`: the time budget of PID's
+"""`python -m autotune.monitor.burst PID SECONDS [WORKER,PID,...]`: the time budget of PID's
 process tree over SECONDS, one JSON line on stdout (the monitor's "budget" section); with
 worker pids, only those of PID's other processes are counted (the loader's own workers).
 
 A process of its own, so that the sampler's sweeps never take the training process's GIL;
 it is a child of the training process, so it leaves its own threads out of the tree.
+It lives under `autotune.monitor`, whose package imports only the monitor's readers: `-m`
+imports every package above the module, and `autotune.online`'s imports the loader and
+torch (about 210 MiB and a second or more of CPU in a process that only reads /proc).
 """
 
 from __future__ import annotations
