@@ -200,9 +200,9 @@ def sample_files(root: str | os.PathLike[str], n: int, *, seed: int = 0,
 def _read_whole(path: str, buf: bytearray) -> int:
     n = 0
     mv = memoryview(buf)
-    # O_NOATIME where allowed: the atime's inode write after a cache drop reads the
-    # inode-table block back in (ext4's inode readahead: up to 33 bios a cap charges for
-    # one file). A long run updates each atime once a day at most: its steady state pays none.
+    # No atime write: after a cache drop it reads the inode-table block back in (ext4's
+    # inode readahead: up to 33 bios a cap charges for one file), which a job's steady
+    # state (one atime update a day) never pays.
     with open(open_noatime(path), "rb", buffering=0) as f:
         while True:
             k = f.readinto(mv)
