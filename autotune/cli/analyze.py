@@ -8,8 +8,9 @@ import sys
 import time
 
 from autotune.cli import exits
-from autotune.cli._base import Command, console
-from autotune.cli.args import add_delayacct, nonneg_int, positive_float, positive_int
+from autotune.cli._base import Command, console, emit
+from autotune.cli.args import (add_delayacct, add_json, nonneg_int, positive_float,
+                               positive_int)
 
 MONITOR_EXIT = exits.help_block("monitor")
 
@@ -50,8 +51,7 @@ Run a training command and watch what the machine does meanwhile:
         add_delayacct(p)
         p.add_argument("--no-analysis", action="store_true",
                        help="do not print the analysis at the end")
-        p.add_argument("--json", metavar="FILE",
-                       help="write the analysis as JSON to FILE ('-' for stdout)")
+        add_json(p, "the analysis at the end", moved="the table and the command's own output")
         _add_analysis_options(p)
         p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...",
                        help="the training command and its arguments")
@@ -90,7 +90,7 @@ LOG may be the directory `autotune monitor --out` wrote."""
         p.add_argument("log", metavar="LOG", help="training log ('-' for standard input; gzip "
                        "allowed) or an `autotune monitor` output dir")
         p.add_argument("--metrics", metavar="FILE", help="metrics.jsonl of `autotune monitor`")
-        p.add_argument("--json", metavar="FILE", help="also write the result as JSON ('-' for stdout)")
+        add_json(p, "the analysis")
         _add_analysis_options(p)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -125,15 +125,9 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
 
 
 def _emit_analysis(args: argparse.Namespace, a: object) -> None:
-    from autotune import report
     from autotune.cli.tables.analyze import analysis_renderable
 
-    to_stdout = getattr(args, "json", None) == "-"
-    console(to_stdout).print(analysis_renderable(a))  # type: ignore[arg-type]
-    if to_stdout:
-        sys.stdout.write(report.to_json(a.to_dict()))  # type: ignore[attr-defined]
-    elif getattr(args, "json", None):
-        report.write_json(args.json, a.to_dict())  # type: ignore[attr-defined]
+    emit(args, a.to_dict(), analysis_renderable(a))  # type: ignore[attr-defined,arg-type]
 
 
 def _analyze_kwargs(args: argparse.Namespace) -> dict:
@@ -153,8 +147,10 @@ def _run_monitor(args: argparse.Namespace) -> int:
         raise UsageError("no command to run: put it after `--`, e.g. "
                          "`autotune monitor --data /data/train -- python train.py`")
     out = args.out or time.strftime("monitor-%Y%m%d-%H%M%S")
+    # `--json -` promises stdout to a script: the command's own output must not be mixed in.
+    echo_out = sys.stderr.buffer if args.json == "-" else sys.stdout.buffer
     run = run_monitored(cmd, out, interval=args.interval, data=args.data, gpu=not args.no_gpu,
-                        echo_stdout=sys.stdout.buffer, echo_stderr=sys.stderr.buffer,
+                        echo_stdout=echo_out, echo_stderr=sys.stderr.buffer,
                         delayacct=args.delayacct)
     from autotune.cli.tables import printable
 

@@ -120,3 +120,26 @@ def add_step(p: argparse.ArgumentParser, *, compute_help: str, step_help: str) -
     step.add_argument("--compute-ms", type=nonneg_float("--compute-ms"), metavar="MS",
                       help=compute_help)
     step.add_argument("--step", metavar="FILE.py:FUNCTION", help=step_help)
+
+
+def add_json(p: argparse.ArgumentParser, what: str = "the result", *,
+             moved: str = "the table") -> None:
+    """--json: one wording everywhere, which says what moves to stderr when JSON takes
+    stdout (a script reads stdout as one JSON document)."""
+    p.add_argument("--json", metavar="FILE",
+                   help=f"also write {what} as JSON to FILE ('-': the JSON on stdout, "
+                        f"{moved} on stderr)")
+
+
+def add_seed(p: argparse.ArgumentParser, what: str) -> None:
+    """--seed: every seeded command names what the seed drives (the run is then repeatable)."""
+    p.add_argument("--seed", type=int, default=0, help=f"seed of {what} (default 0)")
+
+
+def add_read_format(p: argparse.ArgumentParser) -> None:
+    """--format of a dataset that is read (bench, search): folder or a conversion."""
+    from autotune_converters import registry
+
+    p.add_argument("--format", choices=registry.choices(), default="auto",
+                   help="dataset format (default auto: manifest.json's, else folder; lmdb "
+                        "and wds read a conversion written by `autotune convert`)")

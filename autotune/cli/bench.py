@@ -6,7 +6,8 @@ import argparse
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import (add_delayacct, add_endpoint, add_step, add_window,
+from autotune.cli.args import (add_delayacct, add_endpoint, add_json, add_read_format,
+                               add_seed, add_step, add_window,
                                apply_endpoint, int_at_least, nonneg_int, positive_float,
                                positive_int)
 
@@ -61,16 +62,13 @@ options override them."""
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from autotune.data.presets import list_presets
-        from autotune_converters import registry
 
         presets = ", ".join(list_presets()) or "none found"
         p.add_argument("dataset", metavar="DATASET", help="image folder (DATASET/CLASS/IMAGE.jpg), a conversion, or s3://BUCKET/PREFIX")
         add_endpoint(p)
         p.add_argument("--preset", default="resnet50", metavar="NAME",
                        help=f"workload preset: {presets}, or a YAML file (default resnet50)")
-        p.add_argument("--format", choices=registry.choices(), default="auto",
-                       help="dataset format (default auto: manifest.json's, else folder; lmdb "
-                            "and wds read a conversion written by `autotune convert`)")
+        add_read_format(p)
         add_loader_options(p)
         add_job_options(p)
         add_step(p, compute_help="emulated step: hold each batch MS milliseconds (0 = no step)",
@@ -97,10 +95,8 @@ options override them."""
                             "decode, not what torchvision does; labelled in every output")
         p.add_argument("--max-open-files", type=positive_int("--max-open-files"), metavar="N",
                        help="RLIMIT_NOFILE for the measurement (reproduce a cluster's ulimit -n)")
-        p.add_argument("--seed", type=int, default=0,
-                       help="shuffle and augmentation seed (default 0)")
-        p.add_argument("--json", metavar="FILE",
-                       help="also write the result as JSON to FILE ('-' for stdout)")
+        add_seed(p, "the shuffle and the augmentation")
+        add_json(p)
         p.add_argument("--timeline", metavar="FILE",
                        help="write every monitor sample (JSONL, with its phase) to FILE")
         add_delayacct(p)

@@ -12,7 +12,8 @@ from typing import Any
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit
-from autotune.cli.args import add_endpoint, apply_endpoint, int_at_least, positive_float, size
+from autotune.cli.args import (add_endpoint, add_json, add_seed, apply_endpoint, int_at_least,
+                               positive_float, size)
 
 EXIT = exits.help_block("convert")
 
@@ -71,7 +72,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                                          f"{_default_workers()}, the CPU count up to 8; LMDB "
                                          "uses them only for --verify decode or --max-side); "
                                          "the output does not depend on it")
-        p.add_argument("--seed", type=int, default=0, help="shuffle seed (default 0)")
+        add_seed(p, "the shuffle of the samples across shards")
         p.add_argument("--max-side", type=int_at_least("--max-side", 16), metavar="PX",
                        help="re-encode images whose longer side exceeds PX to that size (RGB "
                             "JPEG); smaller images keep their bytes")
@@ -93,8 +94,7 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                        help="DST s3://...: the local folder the conversion is made in before "
                             "it is uploaded, manifest.json last (default ~/.cache/autotune/"
                             "convert-HASH; removed once uploaded; needs the output's size)")
-        p.add_argument("--json", metavar="FILE", help="also write the result as JSON to FILE "
-                                                      "('-' for stdout)")
+        add_json(p)
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.convert import convert_summary

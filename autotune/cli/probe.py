@@ -6,7 +6,8 @@ import argparse
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import add_endpoint, apply_endpoint, int_list, positive_float, positive_int
+from autotune.cli.args import (add_endpoint, add_json, add_seed, apply_endpoint, int_list,
+                               positive_float, positive_int)
 from autotune.errors import GateFailed, GateUnmeasured
 
 
@@ -38,8 +39,7 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
                        help="dataset directory (or a file) on the storage to measure, or "
                             "s3://BUCKET/PREFIX (GETs of its objects at each concurrency)")
         add_endpoint(p)
-        p.add_argument("--json", metavar="FILE",
-                       help="also write the result as JSON to FILE ('-' for stdout)")
+        add_json(p)
         p.add_argument("--runtime", type=positive_float("--runtime"), default=10.0,
                        metavar="SECONDS", help="seconds per fio job (default 10)")
         p.add_argument("--size", default="1G", metavar="SIZE",
@@ -60,7 +60,7 @@ at). Cold reads need root for drop_caches; otherwise pages are evicted per file.
         p.add_argument("--no-fio", action="store_true", help="skip fio (replay only)")
         p.add_argument("--no-replay", action="store_true",
                        help="skip the dataset replay (fio only)")
-        p.add_argument("--seed", type=int, default=0, help="seed of the file sample (default 0)")
+        add_seed(p, "the replay's file sample")
         p.add_argument("--min-iops", type=positive_float("--min-iops"), metavar="N",
                        help="gate: exit 3 when fio's random-read IOPS is below N, exit 5 "
                             "when it could not be measured (fio missing, or not served by "

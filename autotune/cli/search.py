@@ -10,6 +10,9 @@ from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import (
     add_delayacct,
     add_endpoint,
+    add_json,
+    add_read_format,
+    add_seed,
     add_step,
     add_window,
     apply_endpoint,
@@ -65,7 +68,7 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         _add_study_options(p)
         _add_measurement_options(p)
         _add_loop_options(p)
-        p.add_argument("--json", metavar="FILE", help="also write the result JSON to FILE ('-' for stdout)")
+        add_json(p)
         add_delayacct(p)
 
     def run(self, args: argparse.Namespace) -> int:
@@ -117,7 +120,9 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     """The dataset, the workload and the search's size: what each trial measures."""
     from autotune.cli.bench import add_job_options
 
-    p.add_argument("dataset", metavar="DATASET")
+    p.add_argument("dataset", metavar="DATASET",
+                   help="image folder (DATASET/CLASS/IMAGE.jpg), a conversion, or "
+                        "s3://BUCKET/PREFIX")
     add_endpoint(p)
     p.add_argument("--preset", default="resnet50", help="workload preset (default resnet50)")
     p.add_argument("--space", metavar="FILE.yaml",
@@ -129,7 +134,9 @@ def _add_workload(p: argparse.ArgumentParser) -> None:
     add_step(p, compute_help="emulated step time per batch (default: the preset's)",
              step_help="a real step: FUNCTION(batch), as bench --step; also MODULE:FUNCTION")
     add_job_options(p)
-    p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N")
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N",
+                   help="your training's batch size: every trial measures it (default: the "
+                        "preset's, unless the space searches it); the step time is per batch")
     add_window(p, 10, what="measured window per trial")
 
 
@@ -163,8 +170,6 @@ def _add_study_options(p: argparse.ArgumentParser) -> None:
 
 def _add_measurement_options(p: argparse.ArgumentParser) -> None:
     """Where the outputs go and how each trial is measured (memory bound, cache, probe)."""
-    from autotune_converters import registry
-
     p.add_argument("--out", default="autotune-out", metavar="DIR",
                    help="directory for study.db, search.json, report.html (default autotune-out)")
     p.add_argument("--max-memory", metavar="SIZE",
@@ -177,8 +182,8 @@ def _add_measurement_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warm", action="store_true", help="do not drop caches (labelled WARM)")
     p.add_argument("--no-probe", action="store_true", help="skip the storage probe (no storage ceiling)")
     p.add_argument("--no-fio", action="store_true", help="probe with the replay only")
-    p.add_argument("--format", choices=registry.choices(), default="auto")
-    p.add_argument("--seed", type=int, default=0)
+    add_read_format(p)
+    add_seed(p, "the search's sampler, each trial's shuffle and the ceilings' image sample")
 
 
 def _add_loop_options(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import add_endpoint, apply_endpoint, nonneg_int, positive_int
+from autotune.cli.args import add_endpoint, add_json, apply_endpoint, nonneg_int, positive_int
 from autotune.errors import AutotuneError
 
 EXIT = exits.help_block("stage")
@@ -35,10 +35,14 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
         p.add_argument("src", metavar="SRC", help="a conversion's folder, any folder, or a "
                        "conversion in a bucket: s3://BUCKET/PREFIX (its shards fetched by "
                        "parallel ranged GETs, checked against its manifest's sha256)")
-        p.add_argument("dst", metavar="DST")
+        p.add_argument("dst", metavar="DST",
+                       help="local folder to stage into (created; a rerun resumes it)")
         p.add_argument("--workers", type=positive_int("--workers"), default=4, metavar="N",
                        help="parallel copies (default 4)")
-        p.add_argument("--verify", choices=("sha256", "size"), default="sha256")
+        p.add_argument("--verify", choices=("sha256", "size"), default="sha256",
+                       help="sha256 (default): read every copy back from DST's disk and check "
+                            "its hash; size: skip that read-back (the source is still hashed "
+                            "against the manifest as it is copied)")
         p.add_argument("--verify-only", action="store_true",
                        help="only re-check DST against the manifest")
         p.add_argument("--probe", metavar="FILE",
@@ -51,8 +55,7 @@ lock stops two stagers on one DST. --verify-only re-hashes DST and names corrupt
         p.add_argument("--nnodes", type=positive_int("--nnodes"), metavar="N",
                        help="number of nodes (with --node-rank); without both: the whole dataset")
         add_endpoint(p)
-        p.add_argument("--json", metavar="FILE",
-                       help="also write the result JSON to FILE ('-' for stdout)")
+        add_json(p)
 
     def run(self, args: argparse.Namespace) -> int:
         from autotune.cli.tables.stage import stage_renderable

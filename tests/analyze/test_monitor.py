@@ -134,3 +134,17 @@ def test_run_queue_sampler_sees_cpu_demand_and_sleep():
     assert idle.wanted_pct < 5
     assert busy.cpus == sorted(os.sched_getaffinity(0)) == allowed_cpus(os.getpid())
     assert procs_running() >= 1
+
+
+def test_cli_json_to_stdout_is_only_the_json(tmp_path):
+    """`--json -` is for a script reading stdout: the command's own prints go to stderr."""
+    code = ("import autotune, time\n"
+            "print('hello from training', flush=True)\n"
+            "for _ in autotune.instrument(range(60), batch_size=4):\n    time.sleep(0.005)\n")
+    r = subprocess.run([sys.executable, "-m", "autotune", "monitor", "--out", str(tmp_path / "r"),
+                        "--no-gpu", "--json", "-", "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["steps"] > 0       # the whole of stdout is one JSON document
+    assert "hello from training\n" in r.stderr
+    assert "hello from training" in (tmp_path / "r" / "train.log").read_text()
