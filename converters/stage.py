@@ -251,13 +251,30 @@ def _publish_one(dst_fd: int, tmp_fd: int, tmp: str, e: FileEntry, dst: Path) ->
                          "it and rerun") from None
 
 
+def _make_dst(d: Path) -> int:
+    """DST, created where missing, opened; a file there or a folder that cannot be made is
+    the user's path to change (a usage error), not a failed stage."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        return open_dir(d)
+    except OSError as e:
+        what = ("a file, not a folder" if e.errno in (errno.EEXIST, errno.ENOTDIR)
+                else f"cannot create or open it ({e.strerror or e})")
+        raise UsageError(f"{d}: {what}; DST is the folder to stage into (created if "
+                         "missing): name one you can write") from None
+
+
 def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | None = None) -> StageResult:
     """Re-hash every staged file against the manifest (`--verify-only`); mismatching or
     missing files are named, and forgotten by the resume state so a rerun repairs them."""
     d = Path(dst)
     t0 = time.monotonic()
     with ExitStack() as fds:
-        dst_fd = open_dir(d)
+        try:
+            dst_fd = open_dir(d)
+        except OSError as e:
+            raise UsageError(f"{d}: cannot open it ({e.strerror or e}); --verify-only checks a "
+                             "folder `autotune stage` wrote: stage SRC there first") from None
         fds.callback(os.close, dst_fd)
         src_fd = dst_fd if src is None else open_dir(src)
         if src is not None:
@@ -399,8 +416,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
         entries, manifest, raw = source.entries()
         entries = _node_entries(entries, manifest, source.shown, node_rank, nnodes)
         source.ready(entries)
-        d.mkdir(parents=True, exist_ok=True)
-        dst_fd = open_dir(d)
+        dst_fd = _make_dst(d)
         fds.callback(os.close, dst_fd)
         work_fd = _work(d, dst_fd)
         fds.callback(os.close, work_fd)

@@ -145,7 +145,10 @@ def iter_lines(path: str | os.PathLike[str], *, start: int = 0,
         for ln in _lines(Path(path), start):
             n = ln.lineno
             yield ln
-    except _GZIP_DAMAGE:
+    except _GZIP_DAMAGE as e:
+        if n == 0:  # nothing readable: the file is the problem, not a log without timings
+            raise UsageError(f"{path}: not a readable gzip file ({e or type(e).__name__}); "
+                             "give the log itself, or a complete .gz of it") from None
         if notes is not None:
             notes.append(f"{path}: truncated gzip after {n} lines (the lines before it are "
                          "analyzed; the rest of the log is lost)")

@@ -10,6 +10,7 @@ shown only with --debug.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ from autotune import __version__
 from autotune.cli import exits
 from autotune.cli._base import EXIT_CODES, Command
 from autotune.cli.analyze import Analyze, Monitor
+from autotune.cli.args import check_output_files
 from autotune.cli.bench import Bench
 from autotune.cli.convert import Convert
 from autotune.cli.probe import Probe
@@ -100,6 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd: Command = args.command_obj
     old = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        check_output_files(args)
+        if getattr(args, "json", None) == "-":
+            # stdout is the JSON's alone: whatever else this process prints while the command
+            # runs (a user's dataset factory, a library's notice) goes to stderr; emit()
+            # writes the JSON to the stdout kept here.
+            args.json_stdout = sys.stdout
+            with contextlib.redirect_stdout(sys.stderr):
+                return int(cmd.run(args) or 0)
         return int(cmd.run(args) or 0)
     except AutotuneError as e:
         if args.debug:

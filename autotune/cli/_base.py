@@ -76,9 +76,15 @@ def emit(args: argparse.Namespace, data: dict[str, Any], renderable: Any) -> Non
     to_stdout = getattr(args, "json", None) == "-"
     console(to_stdout).print(renderable)
     if to_stdout:
-        sys.stdout.write(report.to_json(data))
+        getattr(args, "json_stdout", sys.stdout).write(report.to_json(data))
     elif getattr(args, "json", None):
-        report.write_json(args.json, data)
+        try:
+            report.write_json(args.json, data)
+        except OSError as e:  # checked before the run; a disk that filled up since
+            from autotune.errors import AutotuneError
+
+            raise AutotuneError(f"--json {args.json}: cannot write it ({e.strerror or e}); "
+                                "the table above is the whole result") from None
 
 
 @contextmanager

@@ -167,10 +167,8 @@ def _run_monitor(args: argparse.Namespace) -> int:
         from autotune.analyze import analyze
 
         try:
-            a = analyze(out, **_analyze_kwargs(args))
-        except AutotuneError as e:
+            _emit_analysis(args, analyze(out, **_analyze_kwargs(args)))
+        except AutotuneError as e:  # the command's status stays the monitor's, whatever this says
             err.print(f"autotune monitor: no analysis: {printable(e, markup=True)}",
                       style="yellow")
-        else:
-            _emit_analysis(args, a)
     return run.returncode

@@ -143,3 +143,38 @@ def add_read_format(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=registry.choices(), default="auto",
                    help="dataset format (default auto: manifest.json's, else folder; lmdb "
                         "and wds read a conversion written by `autotune convert`)")
+
+
+# Options that name a file the command writes when it ends, after minutes of work.
+_OUTPUT_FILES = (("json", "--json"), ("timeline", "--timeline"))
+
+
+def check_output_files(args: argparse.Namespace) -> None:
+    """Refuse an output file that cannot be written before the work starts, not after it
+    (a search that ran for an hour and then failed to save its result)."""
+    import os
+    from pathlib import Path
+
+    from autotune_base.errors import UsageError
+
+    for dest, flag in _OUTPUT_FILES:
+        value = getattr(args, dest, None)
+        if value is None or value == "-":
+            continue
+        if not value.strip():
+            raise UsageError(f"{flag} needs a file name ('-' for stdout), but got {value!r}.")
+        path = Path(value)
+        parent = path.parent
+        try:
+            is_dir, parent_is_dir = path.is_dir(), parent.is_dir()
+        except PermissionError:   # a folder above it this user cannot search
+            is_dir, parent_is_dir = False, True
+        if is_dir:
+            raise UsageError(f"{flag} {value}: a directory; name a file in it, e.g. "
+                             f"{path / ('result.json' if dest == 'json' else 'timeline.jsonl')}")
+        if not parent_is_dir:
+            raise UsageError(f"{flag} {value}: no directory {parent}; create it first or name "
+                             "a file in an existing one")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise UsageError(f"{flag} {value}: cannot write in {parent} (read-only or not "
+                             "this user's); name a file in a folder you can write")

@@ -99,8 +99,10 @@ BY_COMMAND: dict[str, dict[int, str]] = {
     },
     "analyze": {
         OK: "analysed (whatever the verdict)",
-        ERROR: "a file could not be read",
-        USAGE: "usage error: a bad option, an unknown format, or no step timing in the log",
+        ERROR: "the --json file could not be written (its folder is checked before the log "
+               "is read: a disk that filled up since)",
+        USAGE: "usage error: a bad option, an unknown format, a log, --metrics or --probe "
+               "file that is missing or cannot be read, or no step timing in the log",
     },
     "monitor": {
         USAGE: "usage error: no command, a command that cannot be started, or a bad option",

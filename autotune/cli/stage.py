@@ -7,7 +7,6 @@ import argparse
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
 from autotune.cli.args import add_endpoint, add_json, apply_endpoint, nonneg_int, positive_int
-from autotune.errors import AutotuneError
 
 EXIT = exits.help_block("stage")
 
@@ -83,9 +82,22 @@ def _source_seq(path: str) -> float:
     """fio's sequential MiB/s from an `autotune probe --json` file."""
     import json
 
+    from autotune.errors import UsageError
+
     try:
         with open(path) as f:
-            return float(json.load(f)["fio"]["seq_read"]["bw_mib_s"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise AutotuneError(f"{path}: not an `autotune probe --json` result with a fio "
-                         f"sequential figure ({e}).", setting="probe") from e
+            d = json.load(f)
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror or e}).", setting="probe") from None
+    except ValueError as e:
+        raise UsageError(f"{path}: not JSON ({e}); give the file `autotune probe --json` "
+                         "wrote.", setting="probe") from None
+    fio = d.get("fio") if isinstance(d, dict) else None
+    seq = (fio.get("seq_read") or {}) if isinstance(fio, dict) else {}
+    bw = seq.get("bw_mib_s") if isinstance(seq, dict) else None
+    if not isinstance(bw, (int, float)) or isinstance(bw, bool) or not bw > 0:
+        why = ("fio was not run (--no-fio) or failed" if isinstance(d, dict) and "fio" in d
+               else "not an `autotune probe --json` result")
+        raise UsageError(f"{path}: no fio sequential read figure ({why}); probe SRC again "
+                         "with fio, or leave --probe out.", setting="probe")
+    return float(bw)

@@ -234,6 +234,14 @@ def open_storage(url: str, grace: int) -> Any:
     from sqlalchemy import exc as sa_exc
 
     driver_url = with_driver(url)   # before the retries: a missing driver is no server error
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(driver_url).get_dialect()  # a scheme SQLAlchemy has no dialect for
+    except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError):
+        raise UsageError(f"{redact(url)}: not a storage URL a study can use; give "
+                         "sqlite:///FILE, postgresql://USER@HOST/DB, mysql://USER@HOST/DB "
+                         "or journal:FILE.", setting="storage") from None
     for attempt in range(4):
         try:
             with warnings.catch_warnings():

@@ -201,6 +201,20 @@ def _fingerprint(root: Path, opts: SearchOptions, base: BenchConfig) -> dict[str
             "procs_per_node": base.procs_per_node}
 
 
+def _check_out(out: Path) -> None:
+    """--out must be a folder this user can make or write: refused before the first trial,
+    without creating it (nothing is left behind by a search that stops before it starts)."""
+    p = out
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    if not p.is_dir():
+        raise UsageError(f"{out}: {p} is a file, not a folder; name a folder for the study "
+                         "and its results", setting="out")
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UsageError(f"{out}: cannot write in {p} (read-only or not this user's); name "
+                         "a folder you can write", setting="out")
+
+
 def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = None, *,
                progress: Progress | None = None) -> SearchResult:
     """Search DataLoader settings for `dataset`; see SearchOptions and the module doc.
@@ -215,6 +229,7 @@ def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = Non
     t0 = time.monotonic()
     root = _dataset_root(dataset, opts)
     out = Path(opts.out)
+    _check_out(out)
     overrides, base = _base_config(opts)
     name = opts.study or default_study_name(root, opts.preset)
     url = opts.storage or f"sqlite:///{(out / 'study.db').absolute()}"
