@@ -8,7 +8,8 @@ file only.
 
 - LocalSource: files opened beneath SRC's descriptor without following a link, hashed
   while copied, checked unchanged (size, mtime, inode) after; a plain folder (no
-  manifest) is every regular file below it.
+  manifest) is every regular file below it; a folder holding a conversion's work folder
+  and no manifest is an unfinished conversion, refused before anything is copied.
 - StorageSource: the manifest read first (one GET), then one LIST for each shard's size
   and version; each shard fetched by parallel ranged reads pinned to that version (an
   object replaced mid-copy is an error, never a mix), fsynced, read back (pages dropped
@@ -25,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_ISDIR
 
 from autotune_base.beneath import lstat, open_dir, open_regular, parent_of, read_bytes
 from autotune_base.errors import SampleError, StageError, UsageError
@@ -32,6 +34,7 @@ from autotune_base.fsutil import sha256_fd
 from autotune_converters.manifest import Manifest, parse_manifest
 from autotune_converters.storage.base import ShortRead, Stat, Storage
 from autotune_converters.storage.local import LocalStorage
+from autotune_converters.workdir import NAME as CONVERT_WORK
 
 WORK = ".autotune-stage"
 MANIFEST = "manifest.json"
@@ -53,7 +56,8 @@ def list_source(src: Path, src_fd: int) -> tuple[list[FileEntry], Manifest | Non
     """The files to stage: the manifest's shards when SRC is a conversion (read once, by
     the manifest loader, which refuses any name outside SRC), else every regular file
     under SRC (no symlinks followed), hashes computed while copying. Also the manifest
-    and its bytes (published as read)."""
+    and its bytes (published as read). UsageError for an unfinished conversion (its work
+    folder and no manifest), before anything is copied."""
     try:
         raw = read_bytes(src_fd, MANIFEST)
     except FileNotFoundError:
@@ -64,6 +68,13 @@ def list_source(src: Path, src_fd: int) -> tuple[list[FileEntry], Manifest | Non
     if raw is not None:
         m = parse_manifest(raw, str(src / MANIFEST))
         return [FileEntry(sh["file"], sh["bytes"], sh.get("sha256")) for sh in m.shards], m, raw
+    st = lstat(src_fd, CONVERT_WORK)
+    if st is not None and S_ISDIR(st.st_mode):
+        # Its shards so far, the plan and the lock are not a dataset: staged as a folder
+        # they would get a manifest that says complete.
+        raise UsageError(f"{src}: an unfinished conversion ({CONVERT_WORK}/ and no "
+                         f"{MANIFEST}); rerun the same `autotune convert` to finish it (it "
+                         "resumes), then stage it.")
     return [FileEntry(s.name, s.size, None) for s in LocalStorage(src).list(skip_dirs=(WORK,))
             ], None, None
 

@@ -91,7 +91,8 @@ BY_COMMAND: dict[str, dict[int, str]] = {
     "stage": {
         OK: "every file staged and verified; manifest.json written last",
         ERROR: "nothing could be staged (space, lock, manifest); the message says why",
-        USAGE: "usage error: a bad option, or an unsafe name in the manifest",
+        USAGE: "usage error: a bad option, an unsafe name in the manifest, or a SRC that is "
+               "an unfinished conversion",
         PARTIAL: "some files failed (named: a source file that changed or vanished); the "
                  "others are staged; rerun to resume",
         INTERRUPTED: "interrupted (Ctrl-C); 143 terminated (SIGTERM): files already "

@@ -30,6 +30,7 @@ import torch.utils.data
 
 from autotune_base.errors import DatasetError, SampleError, StoreDenied, UsageError
 from autotune_converters.source import SampleSource
+from autotune_converters.workdir import NAME as CONVERT_WORK
 from autotune_converters.wds.reader import WdsDataset
 
 MANIFEST = "manifest.json"
@@ -91,7 +92,8 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
 
     The result has `.classes` (label i is `classes[i]`), `.class_to_idx`, `.format` and
     `.path`. Raises DatasetError (a ValueError, exit status 2 in the CLI) for a path that
-    holds nothing readable or a manifest written by a newer autotune.
+    holds nothing readable, an unfinished conversion, or a manifest written by a newer
+    autotune.
     """
     src = _checked_source(path, format, iterable)
     if not src.iterable and not (src.format == "lmdb" and iterable):
@@ -144,6 +146,10 @@ def _source(path: str | os.PathLike[str], format: str) -> SampleSource:
             from autotune_converters.manifest import read_manifest
 
             read_manifest(p)  # its version first (a staged folder's too)
+        elif (p / CONVERT_WORK).is_dir():
+            raise DatasetError(f"{p}: an unfinished conversion ({CONVERT_WORK}/ and no "
+                               f"{MANIFEST}); rerun the same `autotune convert` to finish it "
+                               "(it resumes), then open it.")
         elif format in ("auto", "folder") and not _has_class_folder(p):
             files = sum(1 for e in os.scandir(p) if e.is_file())
             raise DatasetError(f"{p}: nothing autotune can read ({files} file(s), no class "
