@@ -97,6 +97,36 @@ def work_dir() -> Path:
     shutil.rmtree(d, ignore_errors=True)
 
 
+# `autotune convert` (the real CLI) with a Ctrl-C of its own as unit UNIT's record is written:
+# the units before it are done (WebDataset: their shards published), the rest are not.
+_CTRL_C_AT_UNIT = """
+import os, signal, sys
+real = os.replace
+def replace(a, b, **kw):
+    if os.path.basename(os.fsdecode(b)) == "unit-%06d.json":
+        os.kill(os.getpid(), signal.SIGINT)
+    return real(a, b, **kw)
+os.replace = replace
+from autotune.cli import main
+raise SystemExit(main())
+"""
+
+
+@pytest.fixture
+def convert_ctrl_c():
+    """convert_ctrl_c(*args, unit=3): `autotune convert -q *args` interrupted (Ctrl-C) as
+    unit `unit`'s record is written (3: the 4th), at the same point every time. Give it
+    --workers 1: the records are then written by the process the Ctrl-C reaches."""
+    import subprocess
+    import sys
+
+    def run(*args: object, unit: int = 3) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _CTRL_C_AT_UNIT % unit, "convert", "-q",
+                               *map(str, args)], capture_output=True, text=True, timeout=120,
+                              cwd=Path(__file__).resolve().parents[1])
+    return run
+
+
 @pytest.fixture
 def tiny_shm():
     """A `popen=` that starts a process in a private mount namespace whose /dev/shm holds

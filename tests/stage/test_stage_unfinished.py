@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,35 +17,20 @@ import autotune
 from autotune_base.errors import DatasetError
 from autotune_converters.workdir import NAME as CONVERT_WORK
 
-# `autotune convert` (the real CLI) with a Ctrl-C of its own as the 4th unit is recorded:
-# the units before it are done (WebDataset: their shards published), the rest are not.
-_CTRL_C_AT_UNIT_4 = textwrap.dedent("""
-    import os, signal, sys
-    real = os.replace
-    def replace(a, b, **kw):
-        if os.path.basename(os.fsdecode(b)) == "unit-000003.json":
-            os.kill(os.getpid(), signal.SIGINT)
-        return real(a, b, **kw)
-    os.replace = replace
-    from autotune.cli import main
-    raise SystemExit(main())
-""")
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _cli(*args: object, script: str | None = None) -> subprocess.CompletedProcess:
-    head = ["-c", script] if script else ["-m", "autotune"]
-    return subprocess.run([sys.executable, *head, *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT)
+def _cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *map(str, args)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
-def test_stage_refuses_an_interrupted_conversion_and_names_the_fix(small_dataset, tmp_path, fmt):
+def test_stage_refuses_an_interrupted_conversion_and_names_the_fix(small_dataset, tmp_path, fmt,
+                                                                  convert_ctrl_c):
     d, s = tmp_path / "converted", tmp_path / "staged"
-    convert = ["convert", "-q", small_dataset, d, "--format", fmt, "--shard-size", "64KiB",
-               "--workers", "1"]
-    r = _cli(*convert, script=_CTRL_C_AT_UNIT_4)
+    args = [small_dataset, d, "--format", fmt, "--shard-size", "64KiB", "--workers", "1"]
+    r = convert_ctrl_c(*args)  # Ctrl-C as the 4th unit is recorded
     assert r.returncode == 130, r.stderr
     assert not (d / "manifest.json").exists() and (d / CONVERT_WORK).is_dir()
     if fmt == "wds":
@@ -66,7 +50,7 @@ def test_stage_refuses_an_interrupted_conversion_and_names_the_fix(small_dataset
         autotune.open_dataset(d)
 
     # The fix the messages name: the same convert finishes it, then stage copies it whole.
-    r = _cli(*convert)
+    r = _cli("convert", "-q", *args)
     assert r.returncode == 0, r.stderr
     r = _cli("stage", d, s)
     assert r.returncode == 0, r.stderr
