@@ -9,7 +9,8 @@ Guarantees of `convert` (tested in tests/converters):
 - Deterministic: the same files and options give byte-identical shards / data.mdb and a
   manifest equal but for "created", whatever `workers` is.
 - Resumable: kill it at any point (kill -9 included) and rerun the same command; it keeps
-  every finished unit and ends with exactly what an uninterrupted run writes.
+  every finished unit and ends with exactly what an uninterrupted run writes; a SRC that
+  changed since it began (a rescan gives another plan) is refused, never half-mixed.
 - Nothing partial under a final name: shards and data.mdb are renamed into place after
   fsync and sha256; manifest.json is written last, so its presence means complete.
 - Bad input is skipped and listed (or, with on_error="fail", stops the run naming the

@@ -4,7 +4,8 @@ Steps: lock DST -> reuse or make the plan (streaming scan, seeded shuffle, units
 the units not yet done, with `workers` processes -> publish -> manifest.json (last) ->
 remove the work directory. Kill it at any point and run it again with the same options:
 it continues from the last durable unit and ends with output identical to an
-uninterrupted run (see converters/__init__.py for the guarantees).
+uninterrupted run (see converters/__init__.py for the guarantees); it scans SRC again
+first and refuses to go on when SRC no longer gives the same plan (SRC changed).
 """
 
 from __future__ import annotations
@@ -332,7 +333,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
             raise UsageError(_differs(dstp, "a partial conversion", plan.fingerprint, fp))
         if plan is None:
             plan = _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
-        wd.plan_id = plan.content_hash() if wd.dist.exists() else None
+            h = None
+        else:  # a resume: the rest of the plan its first run made, if SRC still gives it
+            h = _same_source(srcp, wd, plan, opts, fp, src_root, progress, t0)
+        wd.plan_id = (h or plan.content_hash()) if wd.dist.exists() else None
         wd.clear_tmp()
         sample_opts = SampleOptions(root=src_root, verify=opts.verify, max_side=opts.max_side,
                                     quality=opts.quality)
@@ -406,6 +410,43 @@ def _scan_and_plan(src: Path, wd: WorkDir, opts: ConvertOptions, fp: dict[str, A
     wd.done.mkdir(parents=True)
     shutil.rmtree(wd.lmdb, ignore_errors=True)
     return scan_into(src, wd.plan, opts, fp, src_root, progress, t0)
+
+
+def rescan_hash(src: Path, scan_dir: Path, opts: ConvertOptions, fp: dict[str, Any],
+                src_root: str, progress: Progress | None, t0: float
+                ) -> tuple[str, dict[str, Any]]:
+    """SRC scanned again into `scan_dir` (removed after): the hash of the plan it gives
+    (Plan.content_hash: every file's label, path and size, the cut, the options) and its
+    source (files, bytes). A hash other than the plan's means SRC changed since the plan
+    was made; resumed runs and ranks > 0 (autotune_converters.ranks) compare it."""
+    try:
+        plan = scan_into(src, scan_dir, opts, fp, src_root, progress, t0)
+        try:
+            return plan.content_hash(), dict(plan.source)
+        finally:
+            plan.close()
+    finally:
+        shutil.rmtree(scan_dir, ignore_errors=True)
+
+
+def _same_source(src: Path, wd: WorkDir, plan: Plan, opts: ConvertOptions, fp: dict[str, Any],
+                 src_root: str, progress: Progress | None, t0: float) -> str:
+    """The plan's hash, when SRC scanned now gives the same plan; ConvertError otherwise
+    (the units already written hold the files SRC had then). One scan, as a fresh run's."""
+    h = plan.content_hash()
+    now, source = rescan_hash(src, wd.rescan, opts, fp, src_root, progress, t0)
+    if now != h:
+        was = plan.source
+        if (was.get("files"), was.get("bytes")) == (source["files"], source["bytes"]):
+            what = (f"{source['files']:,} files, {source['bytes']:,} bytes then and now, "
+                    "not the same")
+        else:
+            what = (f"then {was.get('files', 0):,} files, {was.get('bytes', 0):,} bytes; now "
+                    f"{source['files']:,} files, {source['bytes']:,} bytes")
+        raise ConvertError(f"{wd.dst}: SRC {src_root} changed since this conversion began "
+                           f"({what}); restore SRC and rerun to resume, or empty {wd.dst} and "
+                           "rerun to convert SRC as it is now.")
+    return h
 
 
 def scan_into(src: Path, plan_dir: Path, opts: ConvertOptions, fp: dict[str, Any],

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
 from pathlib import Path
@@ -227,20 +226,14 @@ def _await_plan(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root
                 progress: Any, t0: float, world: int, rank: int) -> Plan | None:
     """Scan SRC into this rank's own directory (rank 0 is scanning the same files), then
     wait for rank 0's plan and compare. None when the manifest appears meanwhile."""
-    from autotune_converters.conversion import _differs, scan_into
+    from autotune_converters.conversion import _differs, rescan_hash
 
     dstp = wd.dst
-    own_dir = wd.rank_dir(rank) / "scan"
-    mine = scan_into(srcp, own_dir, opts, fp, src_root, progress, t0)
-    try:
-        my_hash = mine.content_hash()
-    finally:
-        mine.close()
+    my_hash = rescan_hash(srcp, wd.rank_dir(rank) / "scan", opts, fp, src_root, progress, t0)[0]
     deadline = time.monotonic() + opts.plan_timeout
     seen_world: Any = None
     while True:
         if (dstp / MANIFEST_NAME).exists():
-            shutil.rmtree(own_dir, ignore_errors=True)
             return None
         d = wd.read_dist()
         if d is not None:
@@ -258,7 +251,6 @@ def _await_plan(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root
                     "SRC the same for every rank, then rerun; the units already written for "
                     "rank 0's plan are kept.")
             if plan is not None and seen_world == world:
-                shutil.rmtree(own_dir, ignore_errors=True)
                 wd.plan_id = my_hash
                 return plan
             if plan is not None:

@@ -1,6 +1,7 @@
 """The conversion's work directory, DST/.autotune-convert/: plan, progress, temporaries.
 
     plan/      records.bin, order.npy, plan.json, scan-skipped.jsonl (the scan, reusable)
+    scan/      a resumed run's scan of SRC, compared with plan/ (SRC changed?), then removed
     done/      unit-000012.json: a finished unit's result, written before it is published
     tmp/       shards being written (name.tar.PID); emptied at every start
     lmdb/      the LMDB environment while it is being written
@@ -10,7 +11,7 @@ A conversion by ranks (see autotune_converters.ranks) adds:
 
     dist.json      published by rank 0 after the plan: world size, plan hash
     ranks/R/       rank R's lock, tmp/ (its shards being written), state.json, and
-                   scan/ (its own plan of SRC, compared with rank 0's, then removed)
+                   scan/ (its own plan of SRC, hashed to compare with rank 0's, then removed)
     finalize.lock  held by whoever checks the units and writes manifest.json
 
 It lives inside DST so that renames into DST stay on one filesystem (atomic), and it is
@@ -59,6 +60,7 @@ class WorkDir:
         self.dst = dst
         self.path = dst / NAME
         self.plan = self.path / "plan"
+        self.rescan = self.path / "scan"
         self.done = self.path / "done"
         self.lmdb = self.path / "lmdb"
         self.dist = self.path / "dist.json"
