@@ -130,3 +130,13 @@ def test_read_only_path_reports_fio_error_and_suggests_scratch(small_dataset, tm
     d = json.loads(r.stdout)
     assert d["fio"] is None and "--scratch" in d["fio_error"]
     assert d["replay"]["files_sampled"] == 64
+
+
+def test_a_probe_that_measured_nothing_says_so(tmp_path):
+    """No fio (--no-fio), no files to replay: the class is only the kernel's description of
+    the device, and the verdict must not read as a measurement."""
+    r = run("probe", str(tmp_path), "--no-fio", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    v = json.loads(r.stdout)["verdict"]
+    assert v["storage_files_per_s"] is None
+    assert "nothing measured" in v["summary"] and "nothing measured" in r.stderr

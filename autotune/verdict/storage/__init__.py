@@ -52,6 +52,11 @@ def storage_verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult 
                + (f" on {fs.device}" if fs.device else "") + ")")
     if case.ceiling is not None:
         summary += f": at most ~{case.ceiling:,.0f} files/s for this dataset's files"
+    if fio is None and rp is None and samples is None:
+        # The class alone is the kernel's word for the device (its rotational flag, its
+        # driver): a verdict on storage that nothing read from must say so.
+        summary += (": nothing measured (no fio run, no replay); the class is what the "
+                    "kernel says of the device")
     return {"class": fs.klass,
             "storage_files_per_s": None if case.ceiling is None else round(case.ceiling, 1),
             "storage_pass": rp.ceiling[1] if rp is not None else None,
