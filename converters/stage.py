@@ -482,8 +482,10 @@ def _copy_all(todo: list[FileEntry], need: int, workers: int,
             # now holds: it goes too (nothing stale under a final name).
             unlink_file(dst_fd, e.name)
             state.drop([e.name])
+            reason = str(err)   # named in its own column: not twice
+            reason = reason[len(e.name) + 2:] if reason.startswith(f"{e.name}: ") else reason
             with lock:
-                failures.append(StageFailure(e.name, str(err)))
+                failures.append(StageFailure(e.name, reason))
             return 0
         state.add(e.name, st.st_size, st.st_mtime_ns, e.sha256 or sha)
         with lock:

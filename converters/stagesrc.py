@@ -20,6 +20,7 @@ file only.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Callable, Iterator
@@ -130,9 +131,11 @@ def _open_source(src_fd: int, e: FileEntry) -> tuple[int, os.stat_result]:
     except FileNotFoundError:
         raise StageError(f"{e.name}: vanished from the source before it was copied") from None
     except OSError as err:  # a link, a FIFO, permission denied: this file, not the stage
-        raise StageError(f"{e.name}: cannot read the source ({err.strerror or err}); stage "
-                         "copies only regular files, never through a link: replace it with "
-                         "the file itself or fix its permissions, then rerun") from None
+        fix = ("fix its permissions" if err.errno in (errno.EACCES, errno.EPERM) else
+               "stage copies only regular files, never through a link: replace it with the "
+               "file itself")
+        raise StageError(f"{e.name}: cannot read the source ({err.strerror or err}); {fix}, "
+                         "then rerun") from None
 
 
 def _copy_bytes(fi: int, fo: int) -> tuple[int, str]:

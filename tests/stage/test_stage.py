@@ -112,6 +112,7 @@ def test_vanished_and_changed_sources_are_named_others_finish(converted, tmp_pat
     bad = {f.file: f.reason for f in r.failures}
     assert set(bad) == {victim, grower}
     assert "vanished" in bad[victim] and "changed" in bad[grower]
+    assert not bad[victim].startswith(victim) and not bad[grower].startswith(grower)
     assert r.copied == 10
     assert not (dst / victim).exists() and not (dst / grower).exists()
     assert not (dst / "manifest.json").exists()
