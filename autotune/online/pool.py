@@ -80,8 +80,16 @@ class Pool:
 
     def open(self, stream: IndexStream | None, start: int = 0) -> float:
         """Point the lease at `stream` from `start` (None: idle) and (re)start the inner
-        iterator; the first call starts the workers. Returns the seconds it took here."""
+        iterator; the first call starts the workers. Returns the seconds it took here.
+
+        A pool started idle on a thread of its own (start_idle) is opened only once that
+        thread is done: its inner iterator is then the one reset here. Opened while it is
+        still starting (an epoch ending before the new workers are up hands the pool to the
+        next epoch), torch would make a second inner iterator beside the first, and the
+        index batches the first took from the stream would be lost."""
         t = time.perf_counter()
+        if self._starter is not None and self._starter is not threading.current_thread():
+            self._starter.join()
         self.lease.assign(stream, start)
         self.delivered = 0
         if self.started_at is None:
