@@ -106,12 +106,15 @@ class Pool:
         forking while the training thread runs would copy whatever locks it holds). Spawn
         and forkserver workers start on a thread of their own: each `Process.start` waits
         until the new interpreter has imported the script and read the pickled dataset,
-        about a second a worker, which would stall the training loop at every switch."""
+        about a second a worker, which would stall the training loop at every switch.
+        That thread is not a daemon: the interpreter waits for it at exit (a daemon thread
+        still starting workers then aborted the process, "terminate called without an
+        active exception", and leaked the semaphores of the workers' queues)."""
         if self._forks or not self.config.num_workers:
             return self.open(None)
         self.started_at = time.perf_counter()
         self._starter = threading.Thread(target=self._start, name="autotune-pool-start",
-                                         daemon=True)
+                                         daemon=False)
         self._starter.start()
         return time.perf_counter() - self.started_at
 
