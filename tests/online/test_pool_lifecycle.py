@@ -1,9 +1,10 @@
 """A pool's start, hand-off and end with real worker processes, spawn and forkserver
 included: a pool still starting on its own thread when the epoch ends, the interpreter
-exiting while one starts."""
+exiting while one starts, a time-budget sampler whose loader is gone."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -123,3 +124,34 @@ def test_exit_while_a_spawned_pool_starts(tmp_path):
         assert not _session(proc.pid)
         sems = [line.split()[1] for line in out.splitlines() if line.startswith("SEM ")]
         assert not [s for s in sems if os.path.exists("/dev/shm/sem." + s.lstrip("/"))]
+
+
+def test_a_dropped_burst_ends_its_sampler():
+    """A time-budget burst dropped without cancel() (its loader collected without close())
+    ends its sampler process at once, not when its seconds are up."""
+    from autotune.online.why import Burst
+
+    b = Burst(os.getpid(), seconds=60.0)
+    proc = b._proc
+    assert proc is not None and proc.poll() is None
+    del b
+    gc.collect()
+    assert proc.returncode is not None  # killed and reaped
+
+
+def test_exit_mid_burst_ends_the_sampler(tmp_path):
+    script = ("import os, sys\n"
+              "from autotune.online.why import Burst\n"
+              "b = Burst(os.getpid(), seconds=60.0)\n"
+              "print(b._proc.pid, flush=True)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, "-W", "error::ResourceWarning", "-c", script],
+                       capture_output=True, text=True, env=env, timeout=60)
+    pid = int(r.stdout.split()[0])
+    alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    if alive:
+        psutil.Process(pid).kill()
+    assert r.returncode == 0, r.stderr
+    assert not alive, "the sampler outlived the interpreter"
+    assert "ResourceWarning" not in r.stderr
