@@ -60,14 +60,18 @@ def test_a_pool_handed_on_while_starting_loses_no_batch(ctx):
 _EXIT_SCRIPT = textwrap.dedent("""
     import atexit
     import multiprocessing.synchronize as ms
+    import os
     import sys
     import threading
 
     _make = ms.SemLock._make_name
 
+    def _say(*words):  # one write: the starter thread says its part too
+        os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+
     def _named():
         name = _make()
-        print("SEM", name, flush=True)
+        _say("SEM", name)
         return name
 
     ms.SemLock._make_name = staticmethod(_named)
@@ -78,7 +82,7 @@ _EXIT_SCRIPT = textwrap.dedent("""
     def _starting():
         # Exit handlers run once the interpreter has joined its non-daemon threads.
         names = [t.name for t in threading.enumerate() if t.name == "autotune-pool-start"]
-        print("STARTING", len(names), flush=True)
+        _say("STARTING", len(names))
 
     if __name__ == "__main__":
         atexit.register(_starting)
@@ -86,7 +90,7 @@ _EXIT_SCRIPT = textwrap.dedent("""
                                  multiprocessing_context=sys.argv[1])
         it = iter(dl)
         next(it)  # the first batch made here; the workers now start on a thread
-        print("PENDING", dl._sw.pending is not None, flush=True)
+        _say("PENDING", dl._sw.pending is not None)
 """)
 
 
