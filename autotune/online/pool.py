@@ -80,8 +80,16 @@ class Pool:
 
     def open(self, stream: IndexStream | None, start: int = 0) -> float:
         """Point the lease at `stream` from `start` (None: idle) and (re)start the inner
-        iterator; the first call starts the workers. Returns the seconds it took here."""
+        iterator; the first call starts the workers. Returns the seconds it took here.
+
+        A pool started idle on a thread of its own (start_idle) is opened only once that
+        thread is done: its inner iterator is then the one reset here. Opened while it is
+        still starting (an epoch ending before the new workers are up hands the pool to the
+        next epoch), torch would make a second inner iterator beside the first, and the
+        index batches the first took from the stream would be lost."""
         t = time.perf_counter()
+        if self._starter is not None and self._starter is not threading.current_thread():
+            self._starter.join()
         self.lease.assign(stream, start)
         self.delivered = 0
         if self.started_at is None:
@@ -98,12 +106,15 @@ class Pool:
         forking while the training thread runs would copy whatever locks it holds). Spawn
         and forkserver workers start on a thread of their own: each `Process.start` waits
         until the new interpreter has imported the script and read the pickled dataset,
-        about a second a worker, which would stall the training loop at every switch."""
+        about a second a worker, which would stall the training loop at every switch.
+        That thread is not a daemon: the interpreter waits for it at exit (a daemon thread
+        still starting workers then aborted the process, "terminate called without an
+        active exception", and leaked the semaphores of the workers' queues)."""
         if self._forks or not self.config.num_workers:
             return self.open(None)
         self.started_at = time.perf_counter()
         self._starter = threading.Thread(target=self._start, name="autotune-pool-start",
-                                         daemon=True)
+                                         daemon=False)
         self._starter.start()
         return time.perf_counter() - self.started_at
 

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,10 @@ class Burst:
                 env=env, close_fds=True)
         except OSError as e:
             self._proc, self.error = None, f"the sampler could not start ({e})"
+        # A burst dropped without cancel() (a loader collected without close(), the
+        # interpreter exiting mid-burst) ends its sampler too, rather than leave it running
+        # seconds past the loader (and Popen's "still running" ResourceWarning).
+        self._end = weakref.finalize(self, _end_sampler, self._proc, self._out)
 
     def done(self) -> bool:
         """Whether the result is in (or the sampler failed or was given up)."""
@@ -160,10 +165,15 @@ class Burst:
                 "read_mib_s": max(0, c1[1] - c0[1]) / 2**20 / wall}
 
     def cancel(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-        self._out.close()
+        self._end()
+
+
+def _end_sampler(proc: subprocess.Popen[Any] | None, out: Any) -> None:
+    """Kill and reap a burst's sampler if it still runs; close its output file."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    out.close()
 
 
 def merge(windows: list[WindowStats]) -> WindowStats | None:
