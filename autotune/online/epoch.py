@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.online import failure
 from autotune.online.config import Config
@@ -18,7 +17,6 @@ from autotune.online.fallback import recover_or_raise
 from autotune.online.pool import Pool
 from autotune.online.stream import IndexStream
 from autotune.online.weakowner import WeakOwner
-from autotune.shmfit import measure_batch
 
 log = logging.getLogger("autotune.online")
 
@@ -112,8 +110,6 @@ class Epoch:
                  "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
                  old=last.kwargs(), reason="epoch")
         self.pos = 0
-        if dl._iterable and self.measure_first(cfg):
-            cfg = dl._target = self.epoch_cfg = self.measure_iterable(cfg)
         pool, reused, cfg = self.first_pool(cfg)
         for p in dl._pools:
             self.retire(p)
@@ -146,18 +142,6 @@ class Epoch:
             self.probing = cfg
             cfg = Config(0, None, False, cfg.pin_memory)
         return self.new_pool(cfg), False, cfg
-
-    def measure_iterable(self, cfg: Config) -> Config:
-        """IterableDataset: one batch made here by an iterator of its own before the first
-        pool starts, to fit the start point; that batch is not delivered (the epoch's own
-        iterator starts the dataset again)."""
-        dl = self._dl
-        probe = TorchLoader(dl.dataset, num_workers=0, **dl._common)
-        batch = next(iter(probe), None)
-        if batch is None:
-            return cfg
-        dl._batch_bytes = measure_batch(batch).total
-        return dl._ctl.refit(cfg)
 
     def end(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new

@@ -68,8 +68,10 @@ class DataLoader:
     in `__getitem__` draws in the workers instead of this process once workers are used,
     as with any change of num_workers.
 
-    An IterableDataset switches only at epoch boundaries, and no identity with torch is
-    promised for it. One live iterator at a time: `iter()` ends the previous epoch.
+    An IterableDataset keeps the num_workers and persistent_workers given (torch's 0 and
+    False when not given): every worker iterates it, so the worker count decides what it
+    yields. With workers given, its prefetch_factor is tuned, between epochs only. One live
+    iterator at a time: `iter()` ends the previous epoch.
 
     Under torch.distributed (map-style datasets) the ranks decide together, from the
     slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
@@ -118,6 +120,8 @@ class DataLoader:
                             multiprocessing_context, pin_memory_device, in_order)
         self._cuda = torch.cuda.is_available()
         self._tuning = _controller is not False
+        if self._iterable:
+            self._keep_iterable_workers(multiprocessing_context)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         # Under torch.distributed (map-style): the gloo group and this rank's share of the
         # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.
@@ -152,6 +156,33 @@ class DataLoader:
                                             in_order=in_order)
         if self._iterable:
             self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
+
+    def _keep_iterable_workers(self, multiprocessing_context: Any) -> None:
+        """An IterableDataset is iterated whole in every worker: with another worker count
+        it yields other samples (each worker all of them, or another split of them, other
+        partial batches), so num_workers stays the one given (torch's 0 when none is), and
+        persistent_workers too (a worker kept between epochs does not see what the loop
+        changes in the dataset, a set_epoch). Left to tune: prefetch_factor when workers are
+        given, and pin_memory where CUDA is present."""
+        src = "as given" if "num_workers" in self._fixed else "torch's default"
+        nw = self._fixed.setdefault("num_workers", 0)
+        self._fixed.setdefault("persistent_workers", False)
+        if not nw:
+            unused = [k for k in ("prefetch_factor", "persistent_workers")
+                      if self._fixed.get(k)] + (["multiprocessing_context"]
+                                                if multiprocessing_context else [])
+            if unused:
+                warnings.warn(f"autotune.DataLoader: {', '.join(unused)} not applied: an "
+                              f"IterableDataset is loaded with num_workers={nw} ({src}); "
+                              "give num_workers to use workers", stacklevel=3)
+        tuned = "prefetch_factor" if nw and "prefetch_factor" not in self._fixed else None
+        if self._tuning:
+            emit("iterable", f"an IterableDataset: num_workers={nw} ({src}) and "
+                 f"persistent_workers="
+                 f"{self._fixed['persistent_workers']} are kept, never tuned (every worker "
+                 "iterates the dataset: the worker count decides what it yields); "
+                 + (f"{tuned} is tuned, between epochs" if tuned else "nothing else to tune"),
+                 num_workers=nw, tuned=[tuned] if tuned else [])
 
     def _start(self) -> None:
         """The budgets fitted to the environment and the start point (agreed by the ranks

@@ -142,3 +142,15 @@ class RecordingForkServer(_mpc.ForkServerContext):
 
 class RecordingFork(_mpc.ForkContext):
     Process = _RecordingForkProcess
+
+
+class Unsplit(IterableDataset):
+    """0..n-1 in every process that iterates it: it does not split itself across workers
+    (each worker yields all of it)."""
+
+    def __init__(self, n: int = 200) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+

