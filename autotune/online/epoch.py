@@ -92,9 +92,11 @@ class Epoch:
 
     def measure_first(self, cfg: Config) -> bool:
         """Whether the epoch's first batch is made in this process, before any worker starts
-        (the batch's bytes decide what fits in /dev/shm)."""
+        (the batch's bytes decide what fits in /dev/shm). Never with a worker_init_fn: a
+        dataset it sets up (a file handle opened per worker) may work only in workers."""
         dl = self._dl
         return (dl._tuning and dl._batch_bytes is None and cfg.num_workers > 0
+                and dl.worker_init_fn is None
                 and "num_workers" not in dl._fixed and isinstance(dl._ctl, Controller))
 
     def begin(self) -> None:

@@ -8,8 +8,9 @@ boundary and hands the rest of the epoch to the new pool, so no index batch is l
 repeated or reordered. Timing is two clock reads per next(); decisions are taken there,
 once per window, never in a thread.
 
-The first epoch's first batch is made in this process before any worker starts: its bytes
-fit the start point to /dev/shm (autotune.shmfit). A pool that fails for a reason of
+The first epoch's first batch is made in this process before any worker starts (never
+with a worker_init_fn: the dataset may work only in workers): its bytes fit the start point
+to /dev/shm (autotune.shmfit). A pool that fails for a reason of
 autotune's (autotune.online.failure) is replaced at once by one that needs less; the index
 batches it had taken but not delivered go back to the stream, so the epoch goes on with
 nothing lost or repeated (an IterableDataset loses the rest of that epoch instead).
@@ -131,7 +132,8 @@ class DataLoader:
             fixed=self._fixed, cuda=self._cuda,
             budget=memory_budget or default_budget(self._env, self._local),
             memory=lambda: me()._memory(), cache_key=cache.dataset_key(
-                dataset, key, self.batch_size, usable_cores()))
+                dataset, key, self.batch_size, usable_cores()),
+            needs_workers=worker_init_fn is not None)
         self._init_state()
         self._sync = self._budget.join_ranks(sync)
         self._start()

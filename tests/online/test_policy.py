@@ -8,10 +8,14 @@ processes."""
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.utils.data import DataLoader as TorchLoader
 
 import autotune
-from online_datasets import Stream, Unsplit
+from autotune.online.config import Config
+from autotune.online.failure import PoolFailure
+from autotune.online.fallback import fallback
+from online_datasets import Stream, Unsplit, WorkerOnly, open_handle
 
 
 def _batches(loader):
@@ -49,4 +53,35 @@ def test_an_iterable_dataset_warns_of_worker_settings_without_workers():
     with pytest.warns(UserWarning, match="num_workers"):
         loader = autotune.DataLoader(Unsplit(16), batch_size=8, prefetch_factor=4)
     assert _batches(loader) == [list(range(8)), list(range(8, 16))]
+    loader.close()
+
+
+# ---- 2. a dataset that works only inside workers (worker_init_fn)
+
+@pytest.mark.parametrize("kw", [{}, {"memory_budget": 1}, {"shuffle": True}])
+def test_a_dataset_set_up_by_worker_init_fn_never_runs_here(kw):
+    """The first batch is not made in this process, and no budget takes the loader down to
+    num_workers=0, where worker_init_fn never runs."""
+    def gen():
+        return torch.Generator().manual_seed(3) if kw.get("shuffle") else None
+
+    ref = _batches(TorchLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle,
+                               num_workers=2, generator=gen(), shuffle=kw.get("shuffle")))
+    loader = autotune.DataLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle,
+                                 generator=gen(), **kw)
+    got, workers = [], set()
+    for b in loader:
+        got.append(b.flatten().tolist())
+        workers.add(loader.num_workers)
+    loader.close()
+    assert got == ref
+    assert 0 not in workers
+
+
+def test_a_fallback_keeps_a_worker_when_worker_init_fn_is_given():
+    loader = autotune.DataLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle)
+    killed = PoolFailure("killed", "worker killed: pid 1 by SIGKILL")
+    to = fallback(loader, Config(2, 2, True, False), killed)
+    assert to is not None and to.num_workers >= 1
+    assert fallback(loader, Config(1, 1, True, False), killed) is None
     loader.close()
