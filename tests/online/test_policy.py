@@ -15,7 +15,7 @@ import autotune
 from autotune.online.config import Config
 from autotune.online.failure import PoolFailure
 from autotune.online.fallback import fallback
-from online_datasets import Stream, Unsplit, WorkerOnly, open_handle
+from online_datasets import Slow, Stream, Unsplit, WorkerOnly, open_handle
 
 
 def _batches(loader):
@@ -85,3 +85,13 @@ def test_a_fallback_keeps_a_worker_when_worker_init_fn_is_given():
     assert to is not None and to.num_workers >= 1
     assert fallback(loader, Config(1, 1, True, False), killed) is None
     loader.close()
+
+
+# ---- 3. timeout= applies to pools with workers only
+
+@pytest.mark.parametrize("make", [lambda: Slow(64, 0), lambda: Stream(64, 0)])
+def test_timeout_does_not_reach_a_pool_without_workers(make):
+    loader = autotune.DataLoader(make(), batch_size=8, timeout=5)
+    got = [_batches(loader) for _ in range(2)]
+    loader.close()
+    assert got == [_batches(TorchLoader(make(), batch_size=8))] * 2
