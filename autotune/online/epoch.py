@@ -20,6 +20,8 @@ from autotune.online.weakowner import WeakOwner
 
 log = logging.getLogger("autotune.online")
 
+RESUME_WAIT_S = 5.0  # a kept pool that fails to resume: how long its workers may take to end
+
 
 class EpochIter:
     """One epoch's iterator (what `iter(loader)` returns)."""
@@ -121,13 +123,39 @@ class Epoch:
         self.carry = 0.0
         if not reused:
             dl._meter.reset(dl._window(cfg), skip=cfg.queue, group=cfg.num_workers)
-        dead = failure.dead_workers(pool.procs()) if reused else []
         try:
-            if dead:
-                raise failure.killed_error(dead)  # a worker of the kept pool ended meanwhile
-            pool.open(self.stream, 0)
+            self.open_first(pool)
         except Exception as e:  # noqa: BLE001 (ours recovered, the user's raised)
             recover_or_raise(dl, e)
+
+    def open_first(self, pool: Pool) -> None:
+        """Open the epoch's first pool. A pool whose workers were started before the epoch
+        (the last epoch's, kept, or a switch's new pool) and ended before it (or end while it
+        resumes them) is renewed: a terminal's Ctrl-C signals the whole process group, and
+        its workers exit with code 0. Nothing of the epoch was fetched yet, so the samples
+        are the same. A pool of autotune's whose worker was killed by SIGKILL, SIGBUS or
+        SIGTERM (memory) raises instead, to fall back."""
+        dl = self._dl
+        started = bool(pool.procs())
+        dead = failure.dead_workers(pool.procs())
+        try:
+            if dead:
+                raise failure.killed_error(dead)  # a worker ended between the epochs
+            pool.open(self.stream, 0)
+            return
+        except Exception:
+            if not started:
+                raise
+            # Resuming reads what the last epoch's workers left in the queue: it fails
+            # while they exit, before they are seen gone.
+            dead = dead or failure.ending(pool.procs(), RESUME_WAIT_S)
+            if not dead or (pool.recoverable and failure.killed(dead)):
+                raise
+        pool = self.renew(pool, dead)
+        dl._pools = [pool]
+        dl._meter.reset(dl._window(pool.config), skip=pool.config.queue,
+                        group=pool.config.num_workers)
+        pool.open(self.stream, 0)
 
     def first_pool(self, cfg: Config) -> tuple[Pool, bool, Config]:
         """The pool the epoch starts with, whether it is the last epoch's, kept, and the
@@ -144,6 +172,20 @@ class Epoch:
             self.probing = cfg
             cfg = Config(0, None, False, cfg.pin_memory)
         return self.new_pool(cfg), False, cfg
+
+    def renew(self, pool: Pool, dead: list[tuple[int, int]]) -> Pool:
+        """A new pool of `pool`'s configuration, `pool` (its `dead` workers ended) retired."""
+        what = ", ".join(f"pid {pid} exit code {code}" for pid, code in dead)
+        emit("renewed", f"the workers of {pool.config.short()} ended between the epochs "
+             f"({what}): a new pool of the same configuration serves it",
+             config=pool.config.kwargs(), dead=dead)
+        pool.lease.give_back()
+        self.retire(pool)
+        new = self.new_pool(pool.config)
+        sw = self._dl._sw.current
+        if sw is not None and sw.pool is pool:
+            sw.pool = new  # a switch kept across the epoch's end: it ends with the new pool
+        return new
 
     def end(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new

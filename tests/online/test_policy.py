@@ -7,6 +7,12 @@ processes."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from torch.utils.data import DataLoader as TorchLoader
@@ -16,6 +22,8 @@ from autotune.online.config import Config
 from autotune.online.failure import PoolFailure
 from autotune.online.fallback import fallback
 from online_datasets import Slow, Stream, Unsplit, WorkerOnly, open_handle
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _batches(loader):
@@ -95,3 +103,42 @@ def test_timeout_does_not_reach_a_pool_without_workers(make):
     got = [_batches(loader) for _ in range(2)]
     loader.close()
     assert got == [_batches(TorchLoader(make(), batch_size=8))] * 2
+
+
+# ---- 5. a kept pool whose workers ended between epochs
+
+_CTRL_C = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import psutil
+    import autotune
+    from online_datasets import Slow
+
+    dl = autotune.DataLoader(Slow(200, 0.001), batch_size=4, _controller=False)
+    dl._force_config(2, 2)
+    try:
+        for i, b in enumerate(dl):
+            if i == 30:
+                os.killpg(os.getpgid(0), signal.SIGINT)  # a terminal's Ctrl-C
+                time.sleep(2)
+        sys.exit("not interrupted")
+    except KeyboardInterrupt:
+        pass
+    got = sorted(x for b in dl for x in b.flatten().tolist())
+    workers = dl.num_workers
+    dl.close()
+    left = [c.pid for c in psutil.Process().children(recursive=True)
+            if c.status() != psutil.STATUS_ZOMBIE]
+    print(json.dumps({"got": got, "workers": workers, "left": left}))
+""")
+
+
+def test_an_epoch_after_a_caught_ctrl_c_runs(tmp_path):
+    env = dict(os.environ, AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([os.getcwd(), HERE, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _CTRL_C], env=env, capture_output=True,
+                         text=True, timeout=120, start_new_session=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["got"] == list(range(200))
+    assert r["workers"] == 2
+    assert r["left"] == []
