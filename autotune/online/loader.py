@@ -24,6 +24,7 @@ autotune's, the fallback (autotune.online.fallback).
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from autotune.online.switch import Switch, Switcher
 from autotune.shmfit import measure_batch
 
 _UNSET: Any = object()
+log = logging.getLogger("autotune.online")
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,9 @@ class DataLoader:
     An IterableDataset keeps the num_workers and persistent_workers given (torch's 0 and
     False when not given): every worker iterates it, so the worker count decides what it
     yields. With workers given, its prefetch_factor is tuned, between epochs only. One live
-    iterator at a time: `iter()` ends the previous epoch.
+    iterator at a time: `iter()` ends the previous epoch, unless its iterator is still held
+    (`next(iter(loader))` inside the loop): that second iterator is then a plain torch
+    DataLoader's, untuned, and the live epoch goes on.
 
     Under torch.distributed (map-style datasets) the ranks decide together, from the
     slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
@@ -208,6 +212,8 @@ class DataLoader:
 
     def _init_state(self) -> None:
         self._pools: list[Pool] = []          # the serving pool, and one retiring before it
+        self._live: Callable[[], Any] = lambda: None  # the live epoch's iterator, weakly
+        self._second_said = False
         self._batch_bytes: int | None = None
         self._epoch = Epoch(self)
         self._steps = 0                       # batches served since construction
@@ -281,8 +287,37 @@ class DataLoader:
         return self._sw.current
 
     def __iter__(self) -> Iterator[Any]:
+        if self._epoch.live is not None and self._live() is not None:
+            return self._second_iter()
         # The iterator holds the loader (as torch's does); the loader's parts hold it weakly.
-        return EpochIter(self, self._epoch.start())
+        it = EpochIter(self, self._epoch.start())
+        self._live = weakref.ref(it)
+        return it
+
+    def _second_iter(self) -> Iterator[Any]:
+        """iter() while the live epoch's iterator is still held (`next(iter(loader))` inside
+        the loop): a plain torch iterator with the user's arguments, the serving pool's
+        worker count and no kept workers, drawing from the same sampler and generator as
+        torch's second iterator would; the live epoch goes on untouched. Never tuned."""
+        if not self._second_said:
+            self._second_said = True
+            log.warning("iter() inside a live epoch: that iterator is a plain torch "
+                        "DataLoader's (not tuned); the live epoch goes on",
+                        extra={"autotune_event": "second-iterator", "autotune": {}})
+        cfg = self._running
+        kw: dict[str, Any] = dict(self._common, generator=self.generator,
+                                  worker_init_fn=self.worker_init_fn,
+                                  pin_memory=cfg.pin_memory, num_workers=cfg.num_workers)
+        if cfg.num_workers:
+            kw.update(prefetch_factor=cfg.prefetch_factor,
+                      multiprocessing_context=self.multiprocessing_context)
+        else:
+            kw["timeout"] = 0
+        if self._auto:
+            kw["batch_sampler"] = self.batch_sampler
+        elif not self._iterable:
+            kw.update(batch_size=None, sampler=self.sampler)
+        return iter(TorchLoader(self.dataset, **kw))
 
     def close(self) -> None:
         """Stop every worker now (they also stop when the loader is collected)."""

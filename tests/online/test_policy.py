@@ -105,6 +105,46 @@ def test_timeout_does_not_reach_a_pool_without_workers(make):
     assert got == [_batches(TorchLoader(make(), batch_size=8))] * 2
 
 
+# ---- 4. a second iterator inside a live epoch
+
+def test_a_second_iterator_leaves_the_live_epoch_alone():
+    """`peek = next(iter(dl))` inside the loop: the live epoch goes on to its end, and the
+    peek, the epoch and the next epoch are those of torch's loader (same generator draws)."""
+    def run(cls, **kw):
+        loader = cls(Slow(200, 0), batch_size=4, shuffle=True,
+                     generator=torch.Generator().manual_seed(7), **kw)
+        if cls is autotune.DataLoader:
+            loader._force_config(2, 2)
+        epochs, peeks = [], []
+        for _ in range(2):
+            epoch = []
+            for i, b in enumerate(loader):
+                epoch.append(b.flatten().tolist())
+                if i == 10:
+                    peeks.append(next(iter(loader)).flatten().tolist())
+            epochs.append(epoch)
+        if cls is autotune.DataLoader:
+            loader.close()
+        return epochs, peeks
+
+    ref = run(TorchLoader)
+    got = run(autotune.DataLoader, _controller=False)
+    assert len(got[0][0]) == 50
+    assert got == ref
+
+
+def test_an_epoch_left_early_still_gives_way_to_the_next():
+    loader = autotune.DataLoader(Slow(80, 0), batch_size=4, _controller=False)
+    loader._force_config(2, 2)
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break
+    got = _batches(loader)
+    assert got == _batches(TorchLoader(Slow(80, 0), batch_size=4))
+    assert loader.num_workers == 2  # the tuned pool serves it, not a plain loader
+    loader.close()
+
+
 # ---- 5. a kept pool whose workers ended between epochs
 
 _CTRL_C = textwrap.dedent("""
