@@ -85,6 +85,9 @@ class Controller:
     # Configurations whose pool failed (shm refused, a worker killed): neither they nor any
     # needing as much (as many workers and as long a queue) is tried again in this run.
     failed_configs: list = field(default_factory=list)
+    # A worker_init_fn was given: the dataset may work only in workers set up by it, so no
+    # configuration loads in this process (num_workers=0) unless the user gave that.
+    needs_workers: bool = False
 
     # ---- configurations
 
@@ -103,8 +106,10 @@ class Controller:
         return [k for k in ("num_workers", "prefetch_factor") if k not in self.fixed]
 
     def min_workers(self) -> int:
-        # A prefetch_factor or persistent_workers=True the user gave needs workers in torch.
-        need = "prefetch_factor" in self.fixed or self.fixed.get("persistent_workers")
+        # A prefetch_factor or persistent_workers=True the user gave needs workers in torch;
+        # a worker_init_fn, workers to run it.
+        need = ("prefetch_factor" in self.fixed or self.fixed.get("persistent_workers")
+                or self.needs_workers)
         return 1 if need else 0
 
     def start(self) -> Config:

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.online import failure
 from autotune.online.config import Config
@@ -18,9 +17,10 @@ from autotune.online.fallback import recover_or_raise
 from autotune.online.pool import Pool
 from autotune.online.stream import IndexStream
 from autotune.online.weakowner import WeakOwner
-from autotune.shmfit import measure_batch
 
 log = logging.getLogger("autotune.online")
+
+RESUME_WAIT_S = 5.0  # a kept pool that fails to resume: how long its workers may take to end
 
 
 class EpochIter:
@@ -94,9 +94,11 @@ class Epoch:
 
     def measure_first(self, cfg: Config) -> bool:
         """Whether the epoch's first batch is made in this process, before any worker starts
-        (the batch's bytes decide what fits in /dev/shm)."""
+        (the batch's bytes decide what fits in /dev/shm). Never with a worker_init_fn: a
+        dataset it sets up (a file handle opened per worker) may work only in workers."""
         dl = self._dl
         return (dl._tuning and dl._batch_bytes is None and cfg.num_workers > 0
+                and dl.worker_init_fn is None
                 and "num_workers" not in dl._fixed and isinstance(dl._ctl, Controller))
 
     def begin(self) -> None:
@@ -112,8 +114,6 @@ class Epoch:
                  "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
                  old=last.kwargs(), reason="epoch")
         self.pos = 0
-        if dl._iterable and self.measure_first(cfg):
-            cfg = dl._target = self.epoch_cfg = self.measure_iterable(cfg)
         pool, reused, cfg = self.first_pool(cfg)
         for p in dl._pools:
             self.retire(p)
@@ -123,13 +123,39 @@ class Epoch:
         self.carry = 0.0
         if not reused:
             dl._meter.reset(dl._window(cfg), skip=cfg.queue, group=cfg.num_workers)
-        dead = failure.dead_workers(pool.procs()) if reused else []
         try:
-            if dead:
-                raise failure.killed_error(dead)  # a worker of the kept pool ended meanwhile
-            pool.open(self.stream, 0)
+            self.open_first(pool)
         except Exception as e:  # noqa: BLE001 (ours recovered, the user's raised)
             recover_or_raise(dl, e)
+
+    def open_first(self, pool: Pool) -> None:
+        """Open the epoch's first pool. A pool whose workers were started before the epoch
+        (the last epoch's, kept, or a switch's new pool) and ended before it (or end while it
+        resumes them) is renewed: a terminal's Ctrl-C signals the whole process group, and
+        its workers exit with code 0. Nothing of the epoch was fetched yet, so the samples
+        are the same. A pool of autotune's whose worker was killed by SIGKILL, SIGBUS or
+        SIGTERM (memory) raises instead, to fall back."""
+        dl = self._dl
+        started = bool(pool.procs())
+        dead = failure.dead_workers(pool.procs())
+        try:
+            if dead:
+                raise failure.killed_error(dead)  # a worker ended between the epochs
+            pool.open(self.stream, 0)
+            return
+        except Exception:
+            if not started:
+                raise
+            # Resuming reads what the last epoch's workers left in the queue: it fails
+            # while they exit, before they are seen gone.
+            dead = dead or failure.ending(pool.procs(), RESUME_WAIT_S)
+            if not dead or (pool.recoverable and failure.killed(dead)):
+                raise
+        pool = self.renew(pool, dead)
+        dl._pools = [pool]
+        dl._meter.reset(dl._window(pool.config), skip=pool.config.queue,
+                        group=pool.config.num_workers)
+        pool.open(self.stream, 0)
 
     def first_pool(self, cfg: Config) -> tuple[Pool, bool, Config]:
         """The pool the epoch starts with, whether it is the last epoch's, kept, and the
@@ -147,17 +173,19 @@ class Epoch:
             cfg = Config(0, None, False, cfg.pin_memory)
         return self.new_pool(cfg), False, cfg
 
-    def measure_iterable(self, cfg: Config) -> Config:
-        """IterableDataset: one batch made here by an iterator of its own before the first
-        pool starts, to fit the start point; that batch is not delivered (the epoch's own
-        iterator starts the dataset again)."""
-        dl = self._dl
-        probe = TorchLoader(dl.dataset, num_workers=0, **dl._common)
-        batch = next(iter(probe), None)
-        if batch is None:
-            return cfg
-        dl._batch_bytes = measure_batch(batch).total
-        return dl._ctl.refit(cfg)
+    def renew(self, pool: Pool, dead: list[tuple[int, int]]) -> Pool:
+        """A new pool of `pool`'s configuration, `pool` (its `dead` workers ended) retired."""
+        what = ", ".join(f"pid {pid} exit code {code}" for pid, code in dead)
+        emit("renewed", f"the workers of {pool.config.short()} ended between the epochs "
+             f"({what}): a new pool of the same configuration serves it",
+             config=pool.config.kwargs(), dead=dead)
+        pool.lease.give_back()
+        self.retire(pool)
+        new = self.new_pool(pool.config)
+        sw = self._dl._sw.current
+        if sw is not None and sw.pool is pool:
+            sw.pool = new  # a switch kept across the epoch's end: it ends with the new pool
+        return new
 
     def end(self, completed: bool) -> None:
         """Keep the pool the next epoch starts with (a persistent one, or a switch's new

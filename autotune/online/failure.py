@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -57,6 +58,15 @@ def dead_workers(procs: Iterable[Any]) -> list[tuple[int, int]]:
         if code is not None:
             out.append((p.pid, code))
     return out
+
+
+def ending(procs: Iterable[Any], wait_s: float) -> list[tuple[int, int]]:
+    """dead_workers(procs), after waiting up to `wait_s` in all for them to end."""
+    procs = list(procs)
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    return dead_workers(procs)
 
 
 def _signal_name(code: int) -> str:

@@ -77,7 +77,8 @@ def _stop_all(dl: Any) -> int:
 def fallback(dl: Any, failed: Config, why_: failure.PoolFailure) -> Config | None:
     """What the loop carries on at: the last configuration that served a full window and
     needs less than `failed`, else fewer workers and a shorter queue, down to loading in
-    this process; None when the user's own settings leave nothing less."""
+    this process (one worker with a worker_init_fn); None when the user's own settings
+    leave nothing less."""
     ctl = dl._ctl if isinstance(dl._ctl, Controller) else None
     if why_.kind == "shm" and ctl is not None and dl._batch_bytes:
         from autotune.shmfit import needed_bytes
@@ -100,8 +101,10 @@ def fallback(dl: Any, failed: Config, why_: failure.PoolFailure) -> Config | Non
     make = ctl.make if ctl is not None else (
         lambda n, p: Config(n, p if n else None, failed.persistent_workers,
                             failed.pin_memory))
+    # With a worker_init_fn never down to this process: the dataset may work only in workers.
+    least = int(dl.worker_init_fn is not None)
     while w > 0:
-        nw = w if "num_workers" in dl._fixed else w // 2
+        nw = w if "num_workers" in dl._fixed else max(least, w // 2)
         npf = pf if "prefetch_factor" in dl._fixed else max(1, pf // 2)
         if (nw, npf) == (w, pf):
             return None  # the user's own settings: nothing less to go to

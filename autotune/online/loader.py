@@ -8,8 +8,9 @@ boundary and hands the rest of the epoch to the new pool, so no index batch is l
 repeated or reordered. Timing is two clock reads per next(); decisions are taken there,
 once per window, never in a thread.
 
-The first epoch's first batch is made in this process before any worker starts: its bytes
-fit the start point to /dev/shm (autotune.shmfit). A pool that fails for a reason of
+The first epoch's first batch is made in this process before any worker starts (never
+with a worker_init_fn: the dataset may work only in workers): its bytes fit the start point
+to /dev/shm (autotune.shmfit). A pool that fails for a reason of
 autotune's (autotune.online.failure) is replaced at once by one that needs less; the index
 batches it had taken but not delivered go back to the stream, so the epoch goes on with
 nothing lost or repeated (an IterableDataset loses the rest of that epoch instead).
@@ -23,6 +24,7 @@ autotune's, the fallback (autotune.online.fallback).
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from autotune.online.switch import Switch, Switcher
 from autotune.shmfit import measure_batch
 
 _UNSET: Any = object()
+log = logging.getLogger("autotune.online")
 
 
 @dataclass(frozen=True)
@@ -68,8 +71,12 @@ class DataLoader:
     in `__getitem__` draws in the workers instead of this process once workers are used,
     as with any change of num_workers.
 
-    An IterableDataset switches only at epoch boundaries, and no identity with torch is
-    promised for it. One live iterator at a time: `iter()` ends the previous epoch.
+    An IterableDataset keeps the num_workers and persistent_workers given (torch's 0 and
+    False when not given): every worker iterates it, so the worker count decides what it
+    yields. With workers given, its prefetch_factor is tuned, between epochs only. One live
+    iterator at a time: `iter()` ends the previous epoch, unless its iterator is still held
+    (`next(iter(loader))` inside the loop): that second iterator is then a plain torch
+    DataLoader's, untuned, and the live epoch goes on.
 
     Under torch.distributed (map-style datasets) the ranks decide together, from the
     slowest rank's figures, at the same steps (see autotune.online.ddp): every rank must
@@ -118,6 +125,8 @@ class DataLoader:
                             multiprocessing_context, pin_memory_device, in_order)
         self._cuda = torch.cuda.is_available()
         self._tuning = _controller is not False
+        if self._iterable:
+            self._keep_iterable_workers(multiprocessing_context)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         # Under torch.distributed (map-style): the gloo group and this rank's share of the
         # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.
@@ -127,7 +136,8 @@ class DataLoader:
             fixed=self._fixed, cuda=self._cuda,
             budget=memory_budget or default_budget(self._env, self._local),
             memory=lambda: me()._memory(), cache_key=cache.dataset_key(
-                dataset, key, self.batch_size, usable_cores()))
+                dataset, key, self.batch_size, usable_cores()),
+            needs_workers=worker_init_fn is not None)
         self._init_state()
         self._sync = self._budget.join_ranks(sync)
         self._start()
@@ -153,6 +163,33 @@ class DataLoader:
         if self._iterable:
             self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
 
+    def _keep_iterable_workers(self, multiprocessing_context: Any) -> None:
+        """An IterableDataset is iterated whole in every worker: with another worker count
+        it yields other samples (each worker all of them, or another split of them, other
+        partial batches), so num_workers stays the one given (torch's 0 when none is), and
+        persistent_workers too (a worker kept between epochs does not see what the loop
+        changes in the dataset, a set_epoch). Left to tune: prefetch_factor when workers are
+        given, and pin_memory where CUDA is present."""
+        src = "as given" if "num_workers" in self._fixed else "torch's default"
+        nw = self._fixed.setdefault("num_workers", 0)
+        self._fixed.setdefault("persistent_workers", False)
+        if not nw:
+            unused = [k for k in ("prefetch_factor", "persistent_workers")
+                      if self._fixed.get(k)] + (["multiprocessing_context"]
+                                                if multiprocessing_context else [])
+            if unused:
+                warnings.warn(f"autotune.DataLoader: {', '.join(unused)} not applied: an "
+                              f"IterableDataset is loaded with num_workers={nw} ({src}); "
+                              "give num_workers to use workers", stacklevel=3)
+        tuned = "prefetch_factor" if nw and "prefetch_factor" not in self._fixed else None
+        if self._tuning:
+            emit("iterable", f"an IterableDataset: num_workers={nw} ({src}) and "
+                 f"persistent_workers="
+                 f"{self._fixed['persistent_workers']} are kept, never tuned (every worker "
+                 "iterates the dataset: the worker count decides what it yields); "
+                 + (f"{tuned} is tuned, between epochs" if tuned else "nothing else to tune"),
+                 num_workers=nw, tuned=[tuned] if tuned else [])
+
     def _start(self) -> None:
         """The budgets fitted to the environment and the start point (agreed by the ranks
         under DDP); the first window's meter."""
@@ -175,6 +212,8 @@ class DataLoader:
 
     def _init_state(self) -> None:
         self._pools: list[Pool] = []          # the serving pool, and one retiring before it
+        self._live: Callable[[], Any] = lambda: None  # the live epoch's iterator, weakly
+        self._second_said = False
         self._batch_bytes: int | None = None
         self._epoch = Epoch(self)
         self._steps = 0                       # batches served since construction
@@ -248,8 +287,37 @@ class DataLoader:
         return self._sw.current
 
     def __iter__(self) -> Iterator[Any]:
+        if self._epoch.live is not None and self._live() is not None:
+            return self._second_iter()
         # The iterator holds the loader (as torch's does); the loader's parts hold it weakly.
-        return EpochIter(self, self._epoch.start())
+        it = EpochIter(self, self._epoch.start())
+        self._live = weakref.ref(it)
+        return it
+
+    def _second_iter(self) -> Iterator[Any]:
+        """iter() while the live epoch's iterator is still held (`next(iter(loader))` inside
+        the loop): a plain torch iterator with the user's arguments, the serving pool's
+        worker count and no kept workers, drawing from the same sampler and generator as
+        torch's second iterator would; the live epoch goes on untouched. Never tuned."""
+        if not self._second_said:
+            self._second_said = True
+            log.warning("iter() inside a live epoch: that iterator is a plain torch "
+                        "DataLoader's (not tuned); the live epoch goes on",
+                        extra={"autotune_event": "second-iterator", "autotune": {}})
+        cfg = self._running
+        kw: dict[str, Any] = dict(self._common, generator=self.generator,
+                                  worker_init_fn=self.worker_init_fn,
+                                  pin_memory=cfg.pin_memory, num_workers=cfg.num_workers)
+        if cfg.num_workers:
+            kw.update(prefetch_factor=cfg.prefetch_factor,
+                      multiprocessing_context=self.multiprocessing_context)
+        else:
+            kw["timeout"] = 0
+        if self._auto:
+            kw["batch_sampler"] = self.batch_sampler
+        elif not self._iterable:
+            kw.update(batch_size=None, sampler=self.sampler)
+        return iter(TorchLoader(self.dataset, **kw))
 
     def close(self) -> None:
         """Stop every worker now (they also stop when the loader is collected)."""

@@ -73,7 +73,8 @@ class Pool:
                       persistent_workers=True, multiprocessing_context=mp_context,
                       worker_init_fn=ReadyInit(worker_init_fn, self._flags))
         else:
-            kw["worker_init_fn"] = worker_init_fn
+            # timeout= is the workers' (torch asserts it is 0 without them).
+            kw.update(worker_init_fn=worker_init_fn, timeout=0)
         with _quiet():
             self.loader = TorchLoader(dataset, pin_memory=config.pin_memory,
                                       generator=generator, **kw)

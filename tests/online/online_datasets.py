@@ -142,3 +142,35 @@ class RecordingForkServer(_mpc.ForkServerContext):
 
 class RecordingFork(_mpc.ForkContext):
     Process = _RecordingForkProcess
+
+
+class Unsplit(IterableDataset):
+    """0..n-1 in every process that iterates it: it does not split itself across workers
+    (each worker yields all of it)."""
+
+    def __init__(self, n: int = 200) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+class WorkerOnly(Dataset):
+    """Item i needs a handle that only `open_handle` (a worker_init_fn) sets, in a worker,
+    as an h5py/LMDB dataset opened per worker does; in the main process it fails."""
+
+    handle = None
+
+    def __init__(self, n: int = 64) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([self.handle[i]])
+
+
+def open_handle(worker_id: int) -> None:
+    info = get_worker_info()
+    info.dataset.handle = list(range(info.dataset.n))

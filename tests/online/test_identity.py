@@ -163,24 +163,29 @@ def test_distributed_sampler_set_epoch():
 
 
 def test_iterable_dataset_switches_at_epoch_boundaries(decisions):
-    loader = autotune.DataLoader(Stream(60, 0.001), batch_size=4, _controller=False)
+    """Its num_workers is the user's (the worker count decides what it yields); what is
+    tuned (the prefetch) changes only between epochs, and the batches stay torch's."""
+    ref = [_flat(b) for b in TorchLoader(Stream(60, 0.001), batch_size=4, num_workers=2)]
+    loader = autotune.DataLoader(Stream(60, 0.001), batch_size=4, num_workers=2,
+                                 _controller=False)
     seen = []
     for epoch in range(3):
-        workers = set()
-        items = []
+        prefetch = set()
+        batches = []
         for i, b in enumerate(loader):
             if i == 2:
-                loader._force_config(*[(0,), (1, 2), (2, 2)][epoch])
-            workers.add(loader.num_workers)
-            items += _flat(b)
-        assert len(workers) == 1, "an IterableDataset must not switch inside an epoch"
-        assert sorted(items) == list(range(60))
-        seen.append(workers.pop())
+                loader._force_config(*[(2, 4), (2, 8), (2, 2)][epoch])
+            prefetch.add(loader.prefetch_factor)
+            batches.append(_flat(b))
+        assert len(prefetch) == 1, "an IterableDataset must not switch inside an epoch"
+        assert batches == ref
+        seen.append(prefetch.pop())
     loader.close()
-    assert seen[1] == 0 and seen[2] == 1
+    assert seen == [2, 4, 8]
     # Each switch is logged when it takes effect, at the epoch boundary, not only decided.
     sw = [r for e, r in decisions() if e == "switched"]
-    assert [r.autotune["config"]["num_workers"] for r in sw] == [0, 1], [r.getMessage() for r in sw]
+    assert [r.autotune["config"]["prefetch_factor"] for r in sw] == [4, 8], \
+        [r.getMessage() for r in sw]
     assert all("at the epoch boundary" in r.getMessage() for r in sw)
 
 

@@ -1,0 +1,184 @@
+"""What autotune.DataLoader may tune without changing the user's samples: an
+IterableDataset keeps the user's worker count; a dataset set up by worker_init_fn is never
+run in this process; timeout= reaches only pools with workers; a second iter() inside an
+epoch leaves the live epoch alone; a kept pool whose workers died between epochs (a Ctrl-C)
+is replaced. A plain torch DataLoader with the same arguments is the reference. Real worker
+processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.utils.data import DataLoader as TorchLoader
+
+import autotune
+from autotune.online.config import Config
+from autotune.online.failure import PoolFailure
+from autotune.online.fallback import fallback
+from online_datasets import Slow, Stream, Unsplit, WorkerOnly, open_handle
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _batches(loader):
+    return [b.flatten().tolist() for b in loader]
+
+
+# ---- 1. an IterableDataset: the worker count is part of what the samples are
+
+@pytest.mark.parametrize("make, kw", [
+    (lambda: Unsplit(200), {}),                                   # torch: 0 workers, 200
+    (lambda: Unsplit(200), {"num_workers": 2}),                   # torch: 400, each twice
+    (lambda: Stream(90, 0), {"drop_last": True}),                 # 88, not 80
+    (lambda: Stream(90, 0), {}),                                  # one partial batch
+    (lambda: Stream(90, 0), {"drop_last": True, "num_workers": 2}),
+])
+def test_an_iterable_dataset_yields_what_torchs_loader_yields(make, kw, decisions):
+    ref = [_batches(TorchLoader(make(), batch_size=8, **kw)) for _ in range(2)]
+    loader = autotune.DataLoader(make(), batch_size=8, **kw)
+    got, workers = [], set()
+    for _ in range(2):
+        epoch = []
+        for b in loader:
+            epoch.append(b.flatten().tolist())
+            workers.add(loader.num_workers)
+        got.append(epoch)
+    loader.close()
+    assert got == ref
+    assert workers == {kw.get("num_workers", 0)}
+    assert "num_workers" not in loader.tuned_kwargs
+    said = [r.getMessage() for e, r in decisions() if e == "iterable"]
+    assert len(said) == 1 and "IterableDataset" in said[0], said
+
+
+def test_an_iterable_dataset_warns_of_worker_settings_without_workers():
+    with pytest.warns(UserWarning, match="num_workers"):
+        loader = autotune.DataLoader(Unsplit(16), batch_size=8, prefetch_factor=4)
+    assert _batches(loader) == [list(range(8)), list(range(8, 16))]
+    loader.close()
+
+
+# ---- 2. a dataset that works only inside workers (worker_init_fn)
+
+@pytest.mark.parametrize("kw", [{}, {"memory_budget": 1}, {"shuffle": True}])
+def test_a_dataset_set_up_by_worker_init_fn_never_runs_here(kw):
+    """The first batch is not made in this process, and no budget takes the loader down to
+    num_workers=0, where worker_init_fn never runs."""
+    def gen():
+        return torch.Generator().manual_seed(3) if kw.get("shuffle") else None
+
+    ref = _batches(TorchLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle,
+                               num_workers=2, generator=gen(), shuffle=kw.get("shuffle")))
+    loader = autotune.DataLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle,
+                                 generator=gen(), **kw)
+    got, workers = [], set()
+    for b in loader:
+        got.append(b.flatten().tolist())
+        workers.add(loader.num_workers)
+    loader.close()
+    assert got == ref
+    assert 0 not in workers
+
+
+def test_a_fallback_keeps_a_worker_when_worker_init_fn_is_given():
+    loader = autotune.DataLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle)
+    killed = PoolFailure("killed", "worker killed: pid 1 by SIGKILL")
+    to = fallback(loader, Config(2, 2, True, False), killed)
+    assert to is not None and to.num_workers >= 1
+    assert fallback(loader, Config(1, 1, True, False), killed) is None
+    loader.close()
+
+
+# ---- 3. timeout= applies to pools with workers only
+
+@pytest.mark.parametrize("make", [lambda: Slow(64, 0), lambda: Stream(64, 0)])
+def test_timeout_does_not_reach_a_pool_without_workers(make):
+    loader = autotune.DataLoader(make(), batch_size=8, timeout=5)
+    got = [_batches(loader) for _ in range(2)]
+    loader.close()
+    assert got == [_batches(TorchLoader(make(), batch_size=8))] * 2
+
+
+# ---- 4. a second iterator inside a live epoch
+
+def test_a_second_iterator_leaves_the_live_epoch_alone():
+    """`peek = next(iter(dl))` inside the loop: the live epoch goes on to its end, and the
+    peek, the epoch and the next epoch are those of torch's loader (same generator draws)."""
+    def run(cls, **kw):
+        loader = cls(Slow(200, 0), batch_size=4, shuffle=True,
+                     generator=torch.Generator().manual_seed(7), **kw)
+        if cls is autotune.DataLoader:
+            loader._force_config(2, 2)
+        epochs, peeks = [], []
+        for _ in range(2):
+            epoch = []
+            for i, b in enumerate(loader):
+                epoch.append(b.flatten().tolist())
+                if i == 10:
+                    peeks.append(next(iter(loader)).flatten().tolist())
+            epochs.append(epoch)
+        if cls is autotune.DataLoader:
+            loader.close()
+        return epochs, peeks
+
+    ref = run(TorchLoader)
+    got = run(autotune.DataLoader, _controller=False)
+    assert len(got[0][0]) == 50
+    assert got == ref
+
+
+def test_an_epoch_left_early_still_gives_way_to_the_next():
+    loader = autotune.DataLoader(Slow(80, 0), batch_size=4, _controller=False)
+    loader._force_config(2, 2)
+    for i, _ in enumerate(loader):
+        if i == 3:
+            break
+    got = _batches(loader)
+    assert got == _batches(TorchLoader(Slow(80, 0), batch_size=4))
+    assert loader.num_workers == 2  # the tuned pool serves it, not a plain loader
+    loader.close()
+
+
+# ---- 5. a kept pool whose workers ended between epochs
+
+_CTRL_C = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import psutil
+    import autotune
+    from online_datasets import Slow
+
+    dl = autotune.DataLoader(Slow(200, 0.001), batch_size=4, _controller=False)
+    dl._force_config(2, 2)
+    try:
+        for i, b in enumerate(dl):
+            if i == 30:
+                os.killpg(os.getpgid(0), signal.SIGINT)  # a terminal's Ctrl-C
+                time.sleep(2)
+        sys.exit("not interrupted")
+    except KeyboardInterrupt:
+        pass
+    got = sorted(x for b in dl for x in b.flatten().tolist())
+    workers = dl.num_workers
+    dl.close()
+    left = [c.pid for c in psutil.Process().children(recursive=True)
+            if c.status() != psutil.STATUS_ZOMBIE]
+    print(json.dumps({"got": got, "workers": workers, "left": left}))
+""")
+
+
+def test_an_epoch_after_a_caught_ctrl_c_runs(tmp_path):
+    env = dict(os.environ, AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([os.getcwd(), HERE, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", _CTRL_C], env=env, capture_output=True,
+                         text=True, timeout=120, start_new_session=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["got"] == list(range(200))
+    assert r["workers"] == 2
+    assert r["left"] == []
