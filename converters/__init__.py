@@ -52,8 +52,8 @@ __all__ = ["convert", "finalize", "ConvertOptions", "ConvertResult", "ConvertPro
            "UsageError", "WdsDataset", "WdsSource", "open_converted", "open_source",
            "read_manifest", "register", "registry"]
 
-_WHERE = {"convert": "ranks", "finalize": "ranks", "ConvertOptions": "conversion", "ConvertResult": "conversion",
-          "ConvertProgress": "conversion", "ConvertError": "autotune_base.errors", "SampleError": "autotune_base.errors",
+_WHERE = {"convert": "ranks", "finalize": "ranks", "ConvertOptions": "options", "ConvertResult": "conversion",
+          "ConvertProgress": "options", "ConvertError": "autotune_base.errors", "SampleError": "autotune_base.errors",
           "UsageError": "autotune_base.errors", "LmdbSource": "lmdb.reader", "WdsSource": "wds.reader",
           "WdsDataset": "wds.reader", "FolderSource": "folder", "SampleSource": "source",
           "Manifest": "manifest", "read_manifest": "manifest"}

@@ -178,3 +178,25 @@ def test_the_walk_sees_the_arrows_it_judges():
     assert len(MODULES) > 150
     assert "autotune_base.errors" in GRAPH["autotune.errors"]
     assert "autotune_converters.registry" in GRAPH["autotune.data.open"]
+
+
+# The sizes a newcomer can read in one sitting (docs/development.md): a function fits a
+# screen, a class a responsibility, a module a subject.
+MAX_FUNCTION, MAX_CLASS, MAX_MODULE = 60, 300, 600
+
+
+def test_no_function_class_or_module_past_its_size():
+    over = []
+    for folder in FOLDERS:
+        for f in sorted((ROOT / folder).rglob("*.py")):
+            text = f.read_text(encoding="utf-8")
+            rel = f.relative_to(ROOT)
+            if len(text.splitlines()) > MAX_MODULE:
+                over.append(f"{rel}: {len(text.splitlines())} lines (module, {MAX_MODULE})")
+            for node in ast.walk(ast.parse(text)):
+                limit = (MAX_CLASS if isinstance(node, ast.ClassDef) else MAX_FUNCTION
+                         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+                if limit and node.end_lineno - node.lineno + 1 > limit:
+                    over.append(f"{rel}:{node.lineno} {node.name}: "
+                                f"{node.end_lineno - node.lineno + 1} lines ({limit})")
+    assert not over, "\n".join(over)

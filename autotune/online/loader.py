@@ -24,7 +24,6 @@ autotune's, the fallback (autotune.online.fallback).
 
 from __future__ import annotations
 
-import logging
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -45,10 +44,10 @@ from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import default_budget, over_limit
 from autotune.online.pool import Pool
 from autotune.online.switch import Switch, Switcher
+from autotune.online.untuned import keep_iterable_workers, second_iterator
 from autotune.shmfit import measure_batch
 
 _UNSET: Any = object()
-log = logging.getLogger("autotune.online")
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,8 @@ class DataLoader:
         self._cuda = torch.cuda.is_available()
         self._tuning = _controller is not False
         if self._iterable:
-            self._keep_iterable_workers(multiprocessing_context)
+            keep_iterable_workers(self._fixed, multiprocessing_context,
+                                  tuning=self._tuning)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         # Under torch.distributed (map-style): the gloo group and this rank's share of the
         # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.
@@ -162,33 +162,6 @@ class DataLoader:
                                             in_order=in_order)
         if self._iterable:
             self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
-
-    def _keep_iterable_workers(self, multiprocessing_context: Any) -> None:
-        """An IterableDataset is iterated whole in every worker: with another worker count
-        it yields other samples (each worker all of them, or another split of them, other
-        partial batches), so num_workers stays the one given (torch's 0 when none is), and
-        persistent_workers too (a worker kept between epochs does not see what the loop
-        changes in the dataset, a set_epoch). Left to tune: prefetch_factor when workers are
-        given, and pin_memory where CUDA is present."""
-        src = "as given" if "num_workers" in self._fixed else "torch's default"
-        nw = self._fixed.setdefault("num_workers", 0)
-        self._fixed.setdefault("persistent_workers", False)
-        if not nw:
-            unused = [k for k in ("prefetch_factor", "persistent_workers")
-                      if self._fixed.get(k)] + (["multiprocessing_context"]
-                                                if multiprocessing_context else [])
-            if unused:
-                warnings.warn(f"autotune.DataLoader: {', '.join(unused)} not applied: an "
-                              f"IterableDataset is loaded with num_workers={nw} ({src}); "
-                              "give num_workers to use workers", stacklevel=3)
-        tuned = "prefetch_factor" if nw and "prefetch_factor" not in self._fixed else None
-        if self._tuning:
-            emit("iterable", f"an IterableDataset: num_workers={nw} ({src}) and "
-                 f"persistent_workers="
-                 f"{self._fixed['persistent_workers']} are kept, never tuned (every worker "
-                 "iterates the dataset: the worker count decides what it yields); "
-                 + (f"{tuned} is tuned, between epochs" if tuned else "nothing else to tune"),
-                 num_workers=nw, tuned=[tuned] if tuned else [])
 
     def _start(self) -> None:
         """The budgets fitted to the environment and the start point (agreed by the ranks
@@ -288,36 +261,12 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if self._epoch.live is not None and self._live() is not None:
-            return self._second_iter()
+            first, self._second_said = not self._second_said, True
+            return second_iterator(self, first=first)
         # The iterator holds the loader (as torch's does); the loader's parts hold it weakly.
         it = EpochIter(self, self._epoch.start())
         self._live = weakref.ref(it)
         return it
-
-    def _second_iter(self) -> Iterator[Any]:
-        """iter() while the live epoch's iterator is still held (`next(iter(loader))` inside
-        the loop): a plain torch iterator with the user's arguments, the serving pool's
-        worker count and no kept workers, drawing from the same sampler and generator as
-        torch's second iterator would; the live epoch goes on untouched. Never tuned."""
-        if not self._second_said:
-            self._second_said = True
-            log.warning("iter() inside a live epoch: that iterator is a plain torch "
-                        "DataLoader's (not tuned); the live epoch goes on",
-                        extra={"autotune_event": "second-iterator", "autotune": {}})
-        cfg = self._running
-        kw: dict[str, Any] = dict(self._common, generator=self.generator,
-                                  worker_init_fn=self.worker_init_fn,
-                                  pin_memory=cfg.pin_memory, num_workers=cfg.num_workers)
-        if cfg.num_workers:
-            kw.update(prefetch_factor=cfg.prefetch_factor,
-                      multiprocessing_context=self.multiprocessing_context)
-        else:
-            kw["timeout"] = 0
-        if self._auto:
-            kw["batch_sampler"] = self.batch_sampler
-        elif not self._iterable:
-            kw.update(batch_size=None, sampler=self.sampler)
-        return iter(TorchLoader(self.dataset, **kw))
 
     def close(self) -> None:
         """Stop every worker now (they also stop when the loader is collected)."""

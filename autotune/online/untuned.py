@@ -1,0 +1,76 @@
+"""What `autotune.DataLoader` leaves as torch would have it: an IterableDataset's workers,
+and a second iterator taken inside a live epoch.
+
+An IterableDataset is iterated whole in every worker: with another worker count it
+yields other samples (each worker all of them, or another split of them, other partial
+batches), so its num_workers stays the one given (torch's 0 when none is), and
+persistent_workers too (a worker kept between epochs does not see what the loop changes
+in the dataset, a set_epoch). Left to tune: prefetch_factor when workers are given, and
+pin_memory where CUDA is present.
+
+`iter(loader)` while the live epoch's iterator is still held (`next(iter(loader))` inside
+the loop) gets a plain torch iterator with the user's arguments, the serving pool's worker
+count and no kept workers, drawing from the same sampler and generator as torch's second
+iterator would; the live epoch goes on untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader as TorchLoader
+
+from autotune.online.controller import emit
+
+log = logging.getLogger("autotune.online")
+
+
+def keep_iterable_workers(fixed: dict[str, Any], multiprocessing_context: Any, *,
+                          tuning: bool) -> None:
+    """Fix num_workers and persistent_workers of an IterableDataset in `fixed` (the user's
+    settings, which tuning never changes); warn of settings torch ignores without workers."""
+    src = "as given" if "num_workers" in fixed else "torch's default"
+    nw = fixed.setdefault("num_workers", 0)
+    fixed.setdefault("persistent_workers", False)
+    if not nw:
+        unused = [k for k in ("prefetch_factor", "persistent_workers")
+                  if fixed.get(k)] + (["multiprocessing_context"]
+                                      if multiprocessing_context else [])
+        if unused:
+            warnings.warn(f"autotune.DataLoader: {', '.join(unused)} not applied: an "
+                          f"IterableDataset is loaded with num_workers={nw} ({src}); "
+                          "give num_workers to use workers", stacklevel=3)
+    tuned = "prefetch_factor" if nw and "prefetch_factor" not in fixed else None
+    if tuning:
+        emit("iterable", f"an IterableDataset: num_workers={nw} ({src}) and "
+             f"persistent_workers="
+             f"{fixed['persistent_workers']} are kept, never tuned (every worker "
+             "iterates the dataset: the worker count decides what it yields); "
+             + (f"{tuned} is tuned, between epochs" if tuned else "nothing else to tune"),
+             num_workers=nw, tuned=[tuned] if tuned else [])
+
+
+def second_iterator(dl: Any, *, first: bool) -> Iterator[Any]:
+    """The plain torch iterator of a second iter() inside a live epoch of `dl` (an
+    autotune.DataLoader; see the module doc); `first`: the first such iterator of this
+    loader (it is logged once). Never tuned."""
+    if first:
+        log.warning("iter() inside a live epoch: that iterator is a plain torch "
+                    "DataLoader's (not tuned); the live epoch goes on",
+                    extra={"autotune_event": "second-iterator", "autotune": {}})
+    cfg = dl._running
+    kw: dict[str, Any] = dict(dl._common, generator=dl.generator,
+                              worker_init_fn=dl.worker_init_fn,
+                              pin_memory=cfg.pin_memory, num_workers=cfg.num_workers)
+    if cfg.num_workers:
+        kw.update(prefetch_factor=cfg.prefetch_factor,
+                  multiprocessing_context=dl.multiprocessing_context)
+    else:
+        kw["timeout"] = 0
+    if dl._auto:
+        kw["batch_sampler"] = dl.batch_sampler
+    elif not dl._iterable:
+        kw.update(batch_size=None, sampler=dl.sampler)
+    return iter(TorchLoader(dl.dataset, **kw))
