@@ -20,12 +20,17 @@ a format that counts them (the registry's `counted`: WebDataset) also says how m
 "samples" it holds. `stage` writes a "folder" manifest for a
 plain folder: only "format" and "shards" (file, bytes, sha256).
 
+The files a manifest lists are checked against the folder when a reader opens it
+(`check_files`): present, regular files reached without following a link, of the bytes
+listed: one stat each.
+
 Everything but "created" is a function of the input and the options: two conversions of
 the same files with the same options have equal manifests apart from that field.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -33,8 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune_base.beneath import plain_name
-from autotune_base.errors import DatasetError, UnsafeName, UsageError
+from autotune_base.beneath import open_dir, plain_name, stat_regular
+from autotune_base.errors import DatasetError, SampleError, UnsafeName, UsageError
 from autotune_base.fsutil import fsync_dir, write_json_atomic
 from autotune_converters import registry
 
@@ -122,6 +127,60 @@ def check_shards(shards: Any, where: str, fmt: Any) -> None:
         if not isinstance(sh.get("sha256"), (str, type(None))):
             raise UsageError(f"{where}: {entry} ({name}) has a sha256 that is not a string; "
                              "convert again.")
+
+
+def check_files(root: str | os.PathLike[str], shards: list[dict[str, Any]], *,
+                unit: str = "files", scope: str = "") -> dict[str, os.stat_result]:
+    """Each file `shards` lists (entries of a checked manifest; "bytes" None: any size),
+    as it is beneath `root`, the dataset's folder (the user's own path: a link to it is
+    theirs): present, a regular file reached without following a link, of the bytes the
+    manifest lists. One fstatat each (a name without a directory part). {name: stat};
+    SampleError naming the first bad file, how many of the `unit` listed are so, and
+    the fix. `scope` follows "listed in manifest.json" in the message."""
+    root = Path(root)
+    stats: dict[str, os.stat_result] = {}
+    bad: dict[str, list[tuple[str, Any]]] = {"missing": [], "link": [], "other": [],
+                                             "size": []}
+    fd = open_dir(root)
+    try:
+        for sh in shards:
+            name = sh["file"]
+            try:
+                st = stats[name] = stat_regular(fd, name)
+            except FileNotFoundError:
+                bad["missing"].append((name, None))
+                continue
+            except OSError as e:
+                link = e.errno in (errno.ELOOP, errno.ENOTDIR) and "symbolic link" in str(e)
+                bad["link" if link else "other"].append((name, e))
+                continue
+            want = sh.get("bytes")
+            if want is not None and st.st_size != want:
+                bad["size"].append((name, (st.st_size, want)))
+    finally:
+        os.close(fd)
+    for kind, found in bad.items():
+        if not found:
+            continue
+        name, what = found[0]
+        p = root / name
+        of = f"{len(found):,} of {len(shards):,} {unit} listed in manifest.json{scope}"
+        more = f" ({of})" if len(found) > 1 else ""
+        if kind == "missing":
+            raise SampleError(f"{p}: missing ({of}); copy (or convert) again.")
+        if kind == "link":
+            via = "" if what.filename == name else f" on its way ({what.filename})"
+            raise SampleError(f"{p}: a symbolic link{via}, not followed{more}; a dataset is "
+                              "read only from inside its own folder: replace the link with "
+                              "the file itself.")
+        if kind == "other":
+            raise SampleError(f"{p}: {what.strerror}{more}; a dataset's files must be "
+                              "regular files in its folder: replace it with the file itself "
+                              "or fix its permissions.")
+        have, want = what
+        raise SampleError(f"{p}: {have:,} bytes but manifest.json says {want:,}{more}; the "
+                          "copy is incomplete or damaged: copy (or convert) again.")
+    return stats
 
 
 def parse_manifest(raw: bytes | str, where: str) -> Manifest:

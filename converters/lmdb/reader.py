@@ -28,6 +28,9 @@ open handles is inherited across fork: readers of one environment in one process
 handle (reference counted), and a forked child closes its inherited copy (a process-local
 munmap and close with lock=False) before opening its own. The pread mode holds only a file
 descriptor and the index, also reopened per process.
+
+Opening checks the folder against the manifest before any read: data.mdb and data.idx
+regular files, not symbolic links (the folder itself may be one), of their listed bytes.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from autotune_converters.lmdb.layout import (
     index_dtype,
     key,
 )
-from autotune_converters.manifest import Manifest, read_manifest
+from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
 
 IO_MODES = ("pread", "mmap", "mmap-noreadahead")
@@ -119,27 +122,19 @@ class LmdbSource(SampleSource):
         self.io = io
         self.manifest = manifest or read_manifest(self.root, expect_format="lmdb")
         self.path = self.root / DATA_FILE
-        if not self.path.is_file():
-            raise SampleError(f"{self.path}: missing although {self.root}/manifest.json lists "
-                              "it; the conversion was moved or damaged: convert again.")
         self.index_path = self.root / INDEX_FILE
         self._n = self.manifest.num_samples
-        # A short file (a partial copy) would be read through the map as SIGBUS, or give
-        # short preads: refuse it now, naming it.
-        for f in self.manifest.shards:
-            p = self.root / f["file"]
-            try:
-                have = p.stat().st_size
-            except OSError:
-                raise SampleError(f"{p}: missing although manifest.json lists it; copy (or "
-                                  "convert) again.") from None
-            if have != int(f["bytes"]):
-                raise SampleError(f"{p}: {have:,} bytes but manifest.json says "
-                                  f"{int(f['bytes']):,}; the copy is incomplete or damaged: "
-                                  "copy (or convert) again.")
-        if io == "pread" and not self.index_path.is_file():
-            raise SampleError(f"{self.index_path}: missing; it tells the reader where each "
-                              "image lies in data.mdb. Convert again (or pass io='mmap').")
+        # Every file listed, and data.mdb however listed: present, not a link (never read
+        # through one), of its listed bytes: a short file (a partial copy) would be read
+        # through the map as SIGBUS, or give short preads: refuse it now, naming it.
+        listed = {f["file"] for f in self.manifest.shards}
+        check_files(self.root, [*self.manifest.shards, *(
+            [{"file": DATA_FILE, "bytes": None}] if DATA_FILE not in listed else [])])
+        if INDEX_FILE not in listed and (io == "pread" or os.path.lexists(self.index_path)):
+            if not os.path.lexists(self.index_path):
+                raise SampleError(f"{self.index_path}: missing; it tells the reader where each "
+                                  "image lies in data.mdb. Convert again (or pass io='mmap').")
+            check_files(self.root, [{"file": INDEX_FILE, "bytes": None}])
         self._pid = -1
         self._env: Any = None
         self._txn: Any = None

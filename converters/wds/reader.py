@@ -41,6 +41,12 @@ Length: `len(ds)` is the exact number of samples this rank reads in the coming e
 summed from the manifest's per-shard counts (with `num_workers=` the DataLoader's, when
 ranks are equalized: quotas are per worker).
 
+Opening checks what the manifest says against the folder, once, before any epoch
+(autotune_converters.manifest: the counts when it is parsed, `check_files` here): every
+shard this copy holds present, a regular file reached without following a symbolic link
+(the dataset's folder itself is the user's path: a link to it is followed), and of its
+listed bytes; one stat a shard.
+
 Tar members are read from the stream in memory and never extracted. A member that is a
 link, a directory or a device, a sparse member, a name with a path, '..' or an absolute
 path, a member larger than `max_member_bytes` (default 256 MiB) or than the rest of its
@@ -64,7 +70,7 @@ from typing import Any
 import torch.utils.data
 
 from autotune_base.errors import UsageError
-from autotune_converters.manifest import Manifest, read_manifest
+from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
 from autotune_converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
 from autotune_converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_members
@@ -107,15 +113,13 @@ class WdsSource(SampleSource):
         self.manifest = manifest or read_manifest(self.root, expect_format="wds")
         self.shards = [(self.root / s["file"], int(s["samples"])) for s in self.manifest.shards]
         self.staged_node = read_staged_node(self.root)  # (node, nnodes) of a node's copy
-        held = self.shards if self.staged_node is None else node_shards(self.shards,
-                                                                        *self.staged_node)
-        missing = [str(p) for p, _ in held if not p.is_file()]
-        if missing:
-            raise SampleError(f"{missing[0]}: missing ({len(missing)} of {len(held)} "
-                              "shards listed in manifest.json"
-                              + (f" for node {self.staged_node[0]} of {self.staged_node[1]}"
-                                 if self.staged_node else "")
-                              + "); copy or convert again.")
+        entries = self.manifest.shards if self.staged_node is None else node_shards(
+            self.manifest.shards, *self.staged_node)
+        # Every shard this copy holds, now rather than when an epoch reaches it: present,
+        # not a link, of its listed bytes (one stat each).
+        check_files(self.root, entries, unit="shards",
+                    scope=(f" for node {self.staged_node[0]} of {self.staged_node[1]}"
+                           if self.staged_node else ""))
 
     def __len__(self) -> int:
         return self.manifest.num_samples

@@ -1,11 +1,13 @@
 """The contract every writer/reader pair passes (LMDB and WebDataset alike): every image
 stored once with its original bytes and label, a truthful manifest, byte-identical output
-for the same input and options whatever the worker count, and a seeded shuffle."""
+for the same input and options whatever the worker count, and a seeded shuffle; and, read
+back, a conversion checked against its manifest when it is opened: sizes and links."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,89 @@ def test_progress_reports_every_phase_up_to_the_total(img_src, fmt, work_dir):
     last = [p for p in seen if p.phase == "convert"][-1]
     assert last.samples == last.total == 96 and last.source_bytes == last.total_bytes
     assert last.units_done == last.units
+
+
+# -- opening a conversion from a stranger: checked when opened, not mid-epoch -----------
+# Every check below happens in open_dataset, before a DataLoader starts: a training run
+# must not fail after hours on something a stat or the manifest already said.
+
+@pytest.fixture(scope="module")
+def converted(img_src, tmp_path_factory) -> dict[str, Path]:
+    """Both formats converted once; each test copies the one it damages."""
+    root = tmp_path_factory.mktemp("opened")
+    for fmt in ("lmdb", "wds"):
+        convert(img_src, root / fmt, _opts(fmt))
+    return {fmt: root / fmt for fmt in ("lmdb", "wds")}
+
+
+def _copy(converted: dict[str, Path], fmt: str, dst: Path) -> tuple[Path, str]:
+    """A copy of the `fmt` conversion at `dst`, and the name of its first data file (a
+    shard, or data.mdb)."""
+    import shutil
+
+    shutil.copytree(converted[fmt], dst)
+    return dst, read_manifest(dst).shards[0]["file"]
+
+
+def _edit(root: Path, change) -> None:  # noqa: ANN001 (a function of the manifest's dict)
+    m = json.loads((root / "manifest.json").read_text())
+    change(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def _read_all_samples(ds) -> int:  # noqa: ANN001 (a dataset of open_dataset)
+    if hasattr(ds, "set_epoch"):
+        return sum(1 for _ in ds)
+    return sum(1 for i in range(len(ds)) if ds[i] is not None)
+
+
+def test_a_file_cut_short_is_refused_when_opened(converted, fmt, tmp_path):
+    """It was found only when an epoch reached the shard (WebDataset), after steps of
+    training; LMDB refused it at open already. A manifest's size edited far beyond any
+    file's is the same mismatch."""
+    from autotune import open_dataset
+    from autotune_base.errors import SampleError
+
+    d, name = _copy(converted, fmt, tmp_path / "d")
+    size = (d / name).stat().st_size
+    os.truncate(d / name, size // 2)
+    with pytest.raises(SampleError, match=rf"^{d / name}: {size // 2:,} bytes but manifest\.json "
+                                          rf"says {size:,}; .*: copy \(or convert\) again\.$"):
+        open_dataset(d, num_workers=2)
+    os.truncate(d / name, size)
+    _edit(d, lambda m: m["shards"][0].update(bytes=10 ** 30))
+    with pytest.raises(SampleError, match=rf"{name}: {size:,} bytes but manifest\.json says "
+                                          rf"1,000,000,000,000,000,000,000,000,000,000;"):
+        open_dataset(d, num_workers=2)
+
+
+def test_a_file_that_is_a_link_out_of_the_folder_is_refused_when_opened(converted, fmt,
+                                                                        tmp_path):
+    """A shard (or data.mdb) replaced by a link to a file elsewhere was read through the
+    link; `autotune stage` already refused it. One line naming the file and the fix."""
+    from autotune import open_dataset
+    from autotune_base.errors import SampleError
+
+    d, name = _copy(converted, fmt, tmp_path / "d")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(d / name, elsewhere / name)
+    (d / name).symlink_to(elsewhere / name)
+    with pytest.raises(SampleError) as e:
+        open_dataset(d, num_workers=2)
+    assert str(e.value) == (f"{d / name}: a symbolic link, not followed; a dataset is read only "
+                            "from inside its own folder: replace the link with the file itself.")
+
+
+def test_a_dataset_folder_reached_through_a_link_is_read(converted, fmt, tmp_path):
+    """The folder the user names is theirs: /data -> /mnt/nvme/data is read as it is."""
+    import torch.utils.data
+
+    from autotune import open_dataset
+
+    (tmp_path / "data").symlink_to(converted[fmt])
+    ds = open_dataset(tmp_path / "data", decode=False, num_workers=2)
+    assert len(ds) == 96 and _read_all_samples(ds) == 96
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         shuffle=not hasattr(ds, "set_epoch"))
+    assert sum(1 for _ in loader) == 96

@@ -148,7 +148,8 @@ def _fake_dataset(root: Path, members: list[tarfile.TarInfo | tuple[str, bytes]]
             _add(tf, m)
     (root / "manifest.json").write_text(json.dumps({
         "version": 1, "format": "wds", "num_samples": 1, "num_classes": 1, "classes": ["a"],
-        "shards": [{"file": "shard-000000.tar", "samples": 1, "bytes": 0, "sha256": ""}],
+        "shards": [{"file": "shard-000000.tar", "samples": 1, "sha256": "",
+                    "bytes": (root / "shard-000000.tar").stat().st_size}],
         "skipped": [], "source": {}, "options": {}}))
     return root
 
@@ -177,6 +178,15 @@ def test_hostile_members_are_refused_naming_the_shard(tmp_path, member, says):
     assert not Path("/tmp/abs.jpg").exists()
 
 
+def _cut(root: Path, shard: Path, data: bytes, n: int) -> None:
+    """The shard cut to `n` bytes, and its manifest entry saying so (as if it was cut
+    after the reader was opened: the open's size check does not see it)."""
+    shard.write_bytes(data[:n])
+    m = json.loads((root / "manifest.json").read_text())
+    next(s for s in m["shards"] if s["file"] == shard.name)["bytes"] = n
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
 def test_a_truncated_shard_is_named_with_how_far_it_got(wds_dst, tmp_path):
     import shutil
 
@@ -184,12 +194,12 @@ def test_a_truncated_shard_is_named_with_how_far_it_got(wds_dst, tmp_path):
     shutil.copytree(wds_dst, bad)
     shard = bad / read_manifest(bad).shards[0]["file"]
     data = shard.read_bytes()
-    shard.write_bytes(data[: len(data) // 2])  # mid-member
+    _cut(bad, shard, data, len(data) // 2)  # mid-member
     with pytest.raises(SampleError, match=rf"{shard.name}: truncated or corrupt after \d+ members"):
         list(WdsSource(bad).records())
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:  # cut after the first sample
         offs = [m.offset for m in tf.getmembers()]
-    shard.write_bytes(data[: offs[3]])
+    _cut(bad, shard, data, offs[3])
     with pytest.raises(SampleError, match=rf"{shard.name}: truncated: 1 of the \d+ samples"):
         list(WdsSource(bad).dataset(None, shuffle=False))
 
@@ -300,7 +310,8 @@ def _shard_dataset(root: Path, body: bytes, samples: int = 1) -> Path:
     (root / "manifest.json").write_text(json.dumps({
         "version": 1, "format": "wds", "num_samples": samples, "num_classes": 2,
         "classes": ["a", "b"],
-        "shards": [{"file": "shard-000000.tar", "samples": samples, "bytes": 0, "sha256": ""}],
+        "shards": [{"file": "shard-000000.tar", "samples": samples, "sha256": "",
+                    "bytes": len(body) + 1024}],
         "skipped": [], "source": {}, "options": {}}))
     return root
 
