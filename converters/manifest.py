@@ -17,8 +17,10 @@
 Every shard's "file" is a plain relative path inside the dataset's folder (checked here,
 once, for every reader and for `stage`: see autotune_base.beneath.plain_name); a shard of
 a format that counts them (the registry's `counted`: WebDataset) also says how many
-"samples" it holds. `stage` writes a "folder" manifest for a
-plain folder: only "format" and "shards" (file, bytes, sha256).
+"samples" it holds, no more than its bytes can hold (the format's `min_sample_bytes`
+each), and those counts add up to "num_samples": a manifest edited by hand is refused
+here, naming the entry, before anything is sized from it. `stage` writes a "folder"
+manifest for a plain folder: only "format" and "shards" (file, bytes, sha256).
 
 The files a manifest lists are checked against the folder when a reader opens it
 (`check_files`): present, regular files reached without following a link, of the bytes
@@ -86,6 +88,8 @@ class Manifest:
             raise UsageError(f"{where}: not a complete autotune manifest (missing "
                              f"{', '.join(missing)}); convert again.")
         check_shards(d["shards"], where, d["format"])
+        if d["format"] != "folder":
+            check_counts(d, where)
         kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         kw.setdefault("num_samples", 0)
         kw.setdefault("num_classes", 0)
@@ -127,6 +131,31 @@ def check_shards(shards: Any, where: str, fmt: Any) -> None:
         if not isinstance(sh.get("sha256"), (str, type(None))):
             raise UsageError(f"{where}: {entry} ({name}) has a sha256 that is not a string; "
                              "convert again.")
+
+
+def check_counts(d: dict[str, Any], where: str) -> None:
+    """"num_samples" a whole number and, for a counted format, each shard's "samples"
+    within what its bytes can hold and their sum equal to "num_samples" (shards already
+    checked by check_shards): UsageError naming the file and the mismatch."""
+    n = d["num_samples"]
+    if not _count(n):
+        raise UsageError(f"{where}: num_samples is {n!r}, not a whole number of samples; "
+                         "the manifest was edited or damaged: convert again.")
+    fmt = d["format"]
+    if not registry.has(fmt, "counted"):
+        return
+    least = registry.min_sample_bytes(fmt)
+    for i, sh in enumerate(d["shards"]):
+        if sh["samples"] * least > sh["bytes"]:
+            raise UsageError(f"{where}: shards[{i}] ({sh['file']}) lists {sh['samples']:,} "
+                             f"samples in {sh['bytes']:,} bytes, more than one per {least:,} "
+                             f"bytes (the least a {fmt} sample takes); the manifest was edited "
+                             "or damaged: convert again.")
+    total = sum(sh["samples"] for sh in d["shards"])
+    if total != n:
+        raise UsageError(f"{where}: num_samples is {n:,} but its {len(d['shards']):,} shards "
+                         f"list {total:,} samples in all; the manifest was edited or damaged: "
+                         "convert again.")
 
 
 def check_files(root: str | os.PathLike[str], shards: list[dict[str, Any]], *,

@@ -30,7 +30,8 @@ munmap and close with lock=False) before opening its own. The pread mode holds o
 descriptor and the index, also reopened per process.
 
 Opening checks the folder against the manifest before any read: data.mdb and data.idx
-regular files, not symbolic links (the folder itself may be one), of their listed bytes.
+regular files, not symbolic links (the folder itself may be one), of their listed bytes,
+and data.idx one record per `num_samples`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from autotune_converters.lmdb.layout import (
     index_dtype,
     key,
 )
+from autotune_base.errors import UsageError
 from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
 
@@ -128,19 +130,36 @@ class LmdbSource(SampleSource):
         # through one), of its listed bytes: a short file (a partial copy) would be read
         # through the map as SIGBUS, or give short preads: refuse it now, naming it.
         listed = {f["file"] for f in self.manifest.shards}
-        check_files(self.root, [*self.manifest.shards, *(
+        stats = check_files(self.root, [*self.manifest.shards, *(
             [{"file": DATA_FILE, "bytes": None}] if DATA_FILE not in listed else [])])
         if INDEX_FILE not in listed and (io == "pread" or os.path.lexists(self.index_path)):
             if not os.path.lexists(self.index_path):
                 raise SampleError(f"{self.index_path}: missing; it tells the reader where each "
                                   "image lies in data.mdb. Convert again (or pass io='mmap').")
-            check_files(self.root, [{"file": INDEX_FILE, "bytes": None}])
+            stats.update(check_files(self.root, [{"file": INDEX_FILE, "bytes": None}]))
+        self._check_count(stats)
         self._pid = -1
         self._env: Any = None
         self._txn: Any = None
         self._fd = -1
         self._index: Any = None
         self._size = 0
+
+    def _check_count(self, stats: dict[str, os.stat_result]) -> None:
+        """num_samples as the files bound it, before anything is sized from it: data.idx
+        holds one INDEX_RECORD per sample; without it, a sample takes a byte of data.mdb
+        at least. UsageError naming manifest.json and both figures."""
+        n, where = self._n, self.root / "manifest.json"
+        idx = stats.get(INDEX_FILE)
+        if idx is not None and idx.st_size != INDEX_RECORD * n:
+            raise UsageError(f"{where}: num_samples is {n:,} but {INDEX_FILE} holds "
+                             f"{idx.st_size:,} bytes, {idx.st_size / INDEX_RECORD:,.0f} "
+                             f"entries of {INDEX_RECORD} bytes; the manifest was edited or "
+                             "the files do not belong together: convert again.")
+        mdb = stats[DATA_FILE].st_size
+        if idx is None and n > mdb:
+            raise UsageError(f"{where}: num_samples is {n:,}, more than {DATA_FILE} has bytes "
+                             f"({mdb:,}); the manifest was edited or damaged: convert again.")
 
     # -- per-process handles -------------------------------------------------------------
 

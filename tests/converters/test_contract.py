@@ -1,7 +1,7 @@
 """The contract every writer/reader pair passes (LMDB and WebDataset alike): every image
 stored once with its original bytes and label, a truthful manifest, byte-identical output
 for the same input and options whatever the worker count, and a seeded shuffle; and, read
-back, a conversion checked against its manifest when it is opened: sizes and links."""
+back, a conversion checked against its manifest when it is opened: sizes, counts, links."""
 
 from __future__ import annotations
 
@@ -246,3 +246,28 @@ def test_a_dataset_folder_reached_through_a_link_is_read(converted, fmt, tmp_pat
     loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
                                          shuffle=not hasattr(ds, "set_epoch"))
     assert sum(1 for _ in loader) == 96
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(num_samples=m["num_samples"] + 1), r"num_samples is 97 but"),
+    (lambda m: m.update(num_samples=10 ** 12), r"num_samples is 1,000,000,000,000 but"),
+    (lambda m: m.update(num_samples=10 ** 30), r"num_samples is 1,000,000,000,000,000,000,000,"),
+    (lambda m: m.update(num_samples=-1), r"num_samples is -1, not a whole number"),
+    (lambda m: m["shards"][0].update(samples=10 ** 30),
+     r"shards\[0\] \(shard-\d+\.tar\) lists 1,000,000,000,000,000,000,000,000,000,000 samples "
+     r"in [\d,]+ bytes, more than one per 1,024 bytes"),
+], ids=["plus-one", "1e12", "1e30", "negative", "shard-1e30"])
+def test_hand_edited_counts_are_refused_when_opened(converted, fmt, tmp_path, edit, says):
+    """The counts a manifest gives are cross-checked with what the files hold (a shard's
+    bytes bound its samples, the shards' samples add up to num_samples, data.idx holds
+    one entry per sample) before len() or an index is sized from them: it was a bare
+    OverflowError in len() (WebDataset), or an error at the first read (LMDB)."""
+    from autotune import open_dataset
+
+    if fmt == "lmdb" and says.startswith("shards"):
+        pytest.skip("LMDB's shards are data.mdb and data.idx: no per-shard count is read")
+    d, _ = _copy(converted, fmt, tmp_path / "d")
+    _edit(d, edit)
+    with pytest.raises(UsageError, match=rf"^{d / 'manifest.json'}: {says}") as e:
+        open_dataset(d, num_workers=2)
+    assert "\n" not in str(e.value) and str(e.value).endswith("convert again.")
