@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune_base.beneath import open_dir, plain_name, stat_regular
+from autotune_base.beneath import open_dir, plain_name, read_bytes, stat_regular
 from autotune_base.errors import DatasetError, SampleError, UnsafeName, UsageError
 from autotune_base.fsutil import fsync_dir, write_json_atomic
 from autotune_converters import registry
@@ -212,6 +212,9 @@ def check_files(root: str | os.PathLike[str], shards: list[dict[str, Any]], *,
     return stats
 
 
+MANIFEST_LIMIT = 1 << 30  # a manifest larger than this is not one of ours (1 M shards: ~200 MB)
+
+
 def parse_manifest(raw: bytes | str, where: str) -> Manifest:
     """A manifest from its bytes (as read once: `stage` publishes those same bytes),
     every entry checked (UsageError naming the file and the entry)."""
@@ -220,6 +223,29 @@ def parse_manifest(raw: bytes | str, where: str) -> Manifest:
     except (ValueError, RecursionError) as e:
         raise UsageError(f"{where}: unreadable ({e}); convert again.") from None
     return Manifest.from_dict(d, where)
+
+
+def read_manifest_bytes(root: str | os.PathLike[str]) -> bytes | None:
+    """ROOT/manifest.json's bytes (a regular file, not a link: opened beneath ROOT; at most
+    MANIFEST_LIMIT bytes, its size checked first), None when there is none; UsageError
+    naming it otherwise."""
+    path = Path(root) / NAME
+    fd = -1
+    try:
+        fd = open_dir(root)
+        return read_bytes(fd, NAME, MANIFEST_LIMIT)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if fd < 0:
+            raise UsageError(f"{root}: cannot be opened as a directory ({e.strerror}); pass "
+                             "the dataset's folder.") from None
+        fix = ("replace the link with the file itself" if e.errno == errno.ELOOP
+               else "convert again")
+        raise UsageError(f"{path}: unreadable ({e.strerror}); {fix}.") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def write_manifest(dst: Path, m: Manifest, tmp_dir: Path | None = None) -> Path:
@@ -236,14 +262,10 @@ def write_manifest(dst: Path, m: Manifest, tmp_dir: Path | None = None) -> Path:
 def read_manifest(root: str | os.PathLike[str], *, expect_format: str | None = None) -> Manifest:
     """The manifest of a conversion; UsageError (naming the file and the fix) otherwise."""
     path = Path(root) / NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    raw = read_manifest_bytes(root)
+    if raw is None:
         raise UsageError(f"{path}: missing: {root} is not a complete autotune conversion "
-                         "(the manifest is written last); run or resume `autotune convert`."
-                         ) from None
-    except OSError as e:
-        raise UsageError(f"{path}: unreadable ({e}); convert again.") from None
+                         "(the manifest is written last); run or resume `autotune convert`.")
     m = parse_manifest(raw, str(path))
     if expect_format and m.format != expect_format:
         raise UsageError(f"{path}: format {m.format!r}, not {expect_format!r}.")

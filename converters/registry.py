@@ -146,11 +146,18 @@ def choices(*, writable: bool | None = None) -> tuple[str, ...]:
 def manifest_format(path: Path) -> str | None:
     """The format a conversion's manifest.json names, None without one; UsageError for a
     manifest that cannot be read."""
+    from autotune_base.beneath import open_dir, read_bytes
+
     m = Path(path) / MANIFEST
     if not m.is_file():
         return None
-    try:
-        fmt = json.loads(m.read_text()).get("format")
+    try:  # beneath the folder, not through a link; its size checked first
+        fd = open_dir(path)
+        try:
+            raw = read_bytes(fd, MANIFEST, 1 << 30)
+        finally:
+            os.close(fd)
+        fmt = json.loads(raw).get("format")
     except (OSError, ValueError, AttributeError) as e:
         raise UsageError(f"{m}: not a readable autotune manifest ({e}); pass --format "
                          "folder to read the directory as an image folder.",

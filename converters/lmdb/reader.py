@@ -31,12 +31,15 @@ descriptor and the index, also reopened per process.
 
 Opening checks the folder against the manifest before any read: data.mdb and data.idx
 regular files, not symbolic links (the folder itself may be one), of their listed bytes,
-and data.idx one record per `num_samples`.
+and data.idx one record per `num_samples`; data.mdb is opened O_NOFOLLOW, data.idx read
+beneath the folder with its size checked first.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,7 @@ from autotune_converters.lmdb.layout import (
     index_dtype,
     key,
 )
+from autotune_base.beneath import open_dir, read_bytes
 from autotune_base.errors import UsageError
 from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
@@ -176,21 +180,50 @@ class LmdbSource(SampleSource):
                 pass
         self._env = self._txn = None
         self._fd = -1
-        self._size = os.path.getsize(self.path)
         if self.io == "pread":
-            if self._index is None:
-                self._index = self._load_index()
-            self._fd = os.open(self.path, os.O_RDONLY)
+            try:  # never through a link (checked when opened; and if swapped since)
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                raise SampleError(self._unreadable(e)) from None
+            try:
+                self._size = os.fstat(fd).st_size
+                if self._index is None:
+                    self._index = self._load_index()
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
         else:
+            st = os.stat(self.path, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):  # LMDB opens it by name: check the name
+                raise SampleError(self._unreadable(OSError(
+                    errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.EINVAL,
+                    "not a regular file")))
+            self._size = st.st_size
             self._env = _acquire_env(str(self.root), self.io == "mmap", self._size)
             self._txn = self._env.begin(buffers=True)
         self._pid = os.getpid()
 
+    def _unreadable(self, e: OSError) -> str:
+        if e.errno == errno.ELOOP:
+            return (f"{self.path}: a symbolic link, not followed; a dataset is read only from "
+                    "inside its own folder: replace the link with the file itself.")
+        return (f"{self.path}: cannot be opened ({e.strerror}); it must be a regular file in "
+                "the dataset's folder: copy (or convert) again.")
+
     def _load_index(self) -> Any:
         import numpy as np
 
-        raw = self.index_path.read_bytes()
-        if len(raw) != INDEX_RECORD * self._n:
+        want = INDEX_RECORD * self._n
+        fd = open_dir(self.root)
+        try:  # beneath the folder, no link followed; its size checked before it is read
+            raw = read_bytes(fd, INDEX_FILE, want)
+        except OSError as e:
+            raise SampleError(f"{self.index_path}: cannot be read ({e.strerror}); convert "
+                              "again.") from None
+        finally:
+            os.close(fd)
+        if len(raw) != want:
             raise SampleError(f"{self.index_path}: {len(raw):,} bytes, expected "
                               f"{INDEX_RECORD * self._n:,} for {self._n} samples; convert again.")
         idx = np.frombuffer(raw, dtype=index_dtype())

@@ -234,6 +234,39 @@ def test_a_file_that_is_a_link_out_of_the_folder_is_refused_when_opened(converte
                             "from inside its own folder: replace the link with the file itself.")
 
 
+def test_a_manifest_that_is_a_link_out_of_the_folder_is_refused(converted, fmt, tmp_path):
+    """manifest.json is read beneath the folder like the files it lists (it was read
+    through a link, whatever its size)."""
+    from autotune import open_dataset
+
+    d, _ = _copy(converted, fmt, tmp_path / "d")
+    os.rename(d / "manifest.json", tmp_path / "manifest.json")
+    (d / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    with pytest.raises(UsageError) as e:
+        open_dataset(d)
+    assert str(e.value) == (f"{d / 'manifest.json'}: unreadable (a symbolic link, not "
+                            "followed); replace the link with the file itself.")
+
+
+def test_a_file_swapped_for_a_link_after_opening_is_not_read_through_it(converted, fmt,
+                                                                        tmp_path):
+    """The readers' own opens (a shard per epoch, data.mdb per process) follow no link
+    either: what the check at open saw cannot be replaced behind it."""
+    from autotune import open_dataset
+    from autotune_base.errors import SampleError
+
+    d, name = _copy(converted, fmt, tmp_path / "d")
+    ds = open_dataset(d, decode=False, shuffle=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(d / name, elsewhere / name)
+    (d / name).symlink_to(elsewhere / name)
+    with pytest.raises(SampleError, match=rf"^{d / name}: a symbolic link, not followed; a "
+                                          r"dataset is read only from inside its own folder: "
+                                          r"replace the link with the file itself\.$"):
+        _read_all_samples(ds)
+
+
 def test_a_dataset_folder_reached_through_a_link_is_read(converted, fmt, tmp_path):
     """The folder the user names is theirs: /data -> /mnt/nvme/data is read as it is."""
     import torch.utils.data

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -441,3 +442,90 @@ def test_a_member_over_the_read_buffer_with_padding_is_read(tmp_path: Path) -> N
             ti.size = n
             tf.addfile(ti, io.BytesIO(os.urandom(n)))
     assert [(f"{k}.{s}", len(d)) for k, s, d in iter_members(p)] == list(sizes)
+
+
+# -- shards named with a folder: walked beneath the dataset, no link followed ------------
+
+def _nested(wds_dst: Path, root: Path) -> Path:
+    """A copy of the conversion whose shards live in sub/ (a manifest may name them so:
+    plain relative paths), read through a real folder."""
+    import shutil
+
+    shutil.copytree(wds_dst, root)
+    (root / "sub").mkdir()
+    m = json.loads((root / "manifest.json").read_text())
+    for s in m["shards"]:
+        (root / s["file"]).rename(root / "sub" / s["file"])
+        s["file"] = f"sub/{s['file']}"
+    (root / "manifest.json").write_text(json.dumps(m))
+    return root
+
+
+def test_shards_in_a_subfolder_are_read(wds_dst, tmp_path):
+    root = _nested(wds_dst, tmp_path / "ds")
+    assert sorted(b for b, _, _ in WdsSource(root).records()) == sorted(
+        b for b, _, _ in WdsSource(wds_dst).records())
+    assert sum(1 for _ in WdsSource(root).dataset(None)) == 96
+
+
+def test_a_subfolder_that_is_a_link_is_refused_at_open_and_when_read(wds_dst, tmp_path):
+    """sub -> a folder outside: refused by the check at open; and a folder swapped for a
+    link after it (the shards' own opens walk beneath the dataset too)."""
+    root = _nested(wds_dst, tmp_path / "ds")
+    ds = WdsSource(root).dataset(None, shuffle=False)  # opened while sub/ is a folder
+    (root / "sub").rename(tmp_path / "outside")
+    (root / "sub").symlink_to(tmp_path / "outside")
+    first = read_manifest(root).shards[0]["file"]
+    with pytest.raises(SampleError, match=rf"^{root / first}: a symbolic link on its way "
+                                          r"\(sub\), not followed \(\d+ of \d+ shards listed "
+                                          r"in manifest\.json\); .*replace the link with the "
+                                          r"file itself\.$"):
+        WdsSource(root)
+    with pytest.raises(SampleError, match=rf"{first.split('/')[1]}: a symbolic link, not "
+                                          r"followed \(its folder 'sub'\); .*replace the link "
+                                          r"with the file itself\.$"):
+        list(ds)
+
+
+def test_a_fifo_named_as_a_shard_is_refused_not_waited_on(wds_dst, tmp_path):
+    """A FIFO in place of a shard: refused by the check at open, and by the read's open
+    (O_NONBLOCK, then fstat) if it appears after: never a read that waits forever."""
+    import shutil
+
+    root = tmp_path / "ds"
+    shutil.copytree(wds_dst, root)
+    ds = WdsSource(root).dataset(None, shuffle=False)
+    first = root / read_manifest(root).shards[0]["file"]
+    first.unlink()
+    os.mkfifo(first)
+    with pytest.raises(SampleError, match=rf"^{first}: a FIFO, not a regular file; "):
+        WdsSource(root)
+    assert re.search(rf"SampleError: .*{first.name}: not a regular file; ", _read_apart(ds))
+
+
+def _read_apart(ds) -> str:  # noqa: ANN001 (a WdsDataset)
+    """What reading `ds` to its end raises, read in a forked child: a read that blocks
+    (a FIFO opened without O_NONBLOCK) fails the test instead of hanging it."""
+    import select
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said = "no error"
+        try:
+            list(ds)
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            said = f"{type(e).__name__}: {e}"
+        finally:
+            os.write(w, said.encode())
+            os._exit(0)
+    os.close(w)
+    try:
+        if not select.select([r], [], [], 30)[0]:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("reading the dataset hung (a FIFO waited on)")
+        return os.read(r, 1 << 16).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
