@@ -170,7 +170,11 @@ def check_files(root: str | os.PathLike[str], shards: list[dict[str, Any]], *,
     stats: dict[str, os.stat_result] = {}
     bad: dict[str, list[tuple[str, Any]]] = {"missing": [], "link": [], "other": [],
                                              "size": []}
-    fd = open_dir(root)
+    try:
+        fd = open_dir(root)
+    except OSError as e:
+        raise SampleError(fd_limit(root, e) or f"{root}: cannot be opened as a directory "
+                          f"({e.strerror}); pass the dataset's folder.") from None
     try:
         for sh in shards:
             name = sh["file"]
@@ -212,6 +216,16 @@ def check_files(root: str | os.PathLike[str], shards: list[dict[str, Any]], *,
     return stats
 
 
+def fd_limit(path: str | os.PathLike[str], e: OSError) -> str | None:
+    """The message for an open of `path` that failed because this process is out of file
+    descriptors (EMFILE, ENFILE): not the file's fault, so no "convert again"; None for
+    any other error."""
+    if e.errno not in (errno.EMFILE, errno.ENFILE):
+        return None
+    return (f"{path}: cannot be opened: this process has too many files open ({e.strerror}); "
+            "raise `ulimit -n` or close the datasets it no longer uses.")
+
+
 MANIFEST_LIMIT = 1 << 30  # a manifest larger than this is not one of ours (1 M shards: ~200 MB)
 
 
@@ -237,6 +251,8 @@ def read_manifest_bytes(root: str | os.PathLike[str]) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as e:
+        if fd_limit(path, e):
+            raise UsageError(fd_limit(path, e)) from None
         if fd < 0:
             raise UsageError(f"{root}: cannot be opened as a directory ({e.strerror}); pass "
                              "the dataset's folder.") from None

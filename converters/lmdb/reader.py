@@ -27,7 +27,9 @@ reopened when the process changes (a DataLoader worker after fork); pickling dro
 open handles is inherited across fork: readers of one environment in one process share a
 handle (reference counted), and a forked child closes its inherited copy (a process-local
 munmap and close with lock=False) before opening its own. The pread mode holds only a file
-descriptor and the index, also reopened per process.
+descriptor and the index, also reopened per process. Handles are released when the source
+is freed (a finalizer per process: a forked child's copy never closes by the parent's
+numbers) or by close().
 
 Opening checks the folder against the manifest before any read: data.mdb and data.idx
 regular files, not symbolic links (the folder itself may be one), of their listed bytes,
@@ -40,6 +42,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,7 +56,7 @@ from autotune_converters.lmdb.layout import (
 )
 from autotune_base.beneath import open_dir, read_bytes
 from autotune_base.errors import UsageError
-from autotune_converters.manifest import Manifest, check_files, read_manifest
+from autotune_converters.manifest import Manifest, check_files, fd_limit, read_manifest
 from autotune_converters.source import SampleError, SampleSource
 
 IO_MODES = ("pread", "mmap", "mmap-noreadahead")
@@ -110,6 +113,25 @@ def _release_env(root: str) -> None:
             del _ENVS[real]
 
 
+def _release(pid: int, fd: int, txn: Any, root: str | None) -> None:
+    """Release the handles one LmdbSource opened in process `pid`: nothing in another
+    process (a forked child's copy of the finalizer: the numbers are not its own)."""
+    if pid != os.getpid():
+        return
+    if txn is not None:
+        try:
+            txn.abort()
+        except Exception:  # noqa: BLE001 (lmdb.Error of an environment closed already)
+            pass
+    if root is not None:
+        _release_env(root)
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 class LmdbSource(SampleSource):
     """Samples of an LMDB conversion by index: `read(i) -> (image bytes, label)`.
 
@@ -148,6 +170,7 @@ class LmdbSource(SampleSource):
         self._fd = -1
         self._index: Any = None
         self._size = 0
+        self._closer: Any = None  # weakref.finalize releasing this process's handles
 
     def _check_count(self, stats: dict[str, os.stat_result]) -> None:
         """num_samples as the files bound it, before anything is sized from it: data.idx
@@ -169,15 +192,22 @@ class LmdbSource(SampleSource):
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d.update(_pid=-1, _env=None, _txn=None, _fd=-1, _index=None)
+        d.update(_pid=-1, _env=None, _txn=None, _fd=-1, _index=None, _closer=None)
         return d
 
     def _open(self) -> None:
-        if self._fd >= 0 and self._pid != os.getpid():
-            try:  # the parent's descriptor, inherited by fork: ours to close
-                os.close(self._fd)
-            except OSError:
-                pass
+        if self._closer is not None:
+            # Another process's handles (inherited by fork: the parent's descriptor is a
+            # copy here, ours to close; its LMDB handle is dropped by _acquire_env), or
+            # ours, closed: the old finalizer never runs again (in a child it would close
+            # a descriptor number this process may have reused).
+            self._closer.detach()
+            self._closer = None
+            if self._fd >= 0 and self._pid != os.getpid():
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
         self._env = self._txn = None
         self._fd = -1
         if self.io == "pread":
@@ -203,26 +233,41 @@ class LmdbSource(SampleSource):
             self._env = _acquire_env(str(self.root), self.io == "mmap", self._size)
             self._txn = self._env.begin(buffers=True)
         self._pid = os.getpid()
+        self._arm()
 
     def _unreadable(self, e: OSError) -> str:
+        if fd_limit(self.path, e):
+            return fd_limit(self.path, e)
         if e.errno == errno.ELOOP:
             return (f"{self.path}: a symbolic link, not followed; a dataset is read only from "
                     "inside its own folder: replace the link with the file itself.")
         return (f"{self.path}: cannot be opened ({e.strerror}); it must be a regular file in "
                 "the dataset's folder: copy (or convert) again.")
 
+    def _arm(self) -> None:
+        """(Re)register the finalizer of this process's handles: released when this
+        source is freed without close() (each open_dataset of an LMDB otherwise kept a
+        descriptor until the process ended). Never `self` in its arguments, or the source
+        would never be freed."""
+        if self._closer is not None:
+            self._closer.detach()
+        self._closer = weakref.finalize(self, _release, self._pid, self._fd, self._txn,
+                                        str(self.root) if self._env is not None else None)
+
     def _load_index(self) -> Any:
         import numpy as np
 
         want = INDEX_RECORD * self._n
-        fd = open_dir(self.root)
+        fd = -1
         try:  # beneath the folder, no link followed; its size checked before it is read
+            fd = open_dir(self.root)
             raw = read_bytes(fd, INDEX_FILE, want)
         except OSError as e:
-            raise SampleError(f"{self.index_path}: cannot be read ({e.strerror}); convert "
-                              "again.") from None
+            raise SampleError(fd_limit(self.index_path, e) or f"{self.index_path}: cannot be "
+                              f"read ({e.strerror}); convert again.") from None
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         if len(raw) != want:
             raise SampleError(f"{self.index_path}: {len(raw):,} bytes, expected "
                               f"{INDEX_RECORD * self._n:,} for {self._n} samples; convert again.")
@@ -235,13 +280,8 @@ class LmdbSource(SampleSource):
 
     def close(self) -> None:
         """Release this process's handles (reopened on the next read)."""
-        if self._pid == os.getpid():
-            if self._txn is not None:
-                self._txn.abort()
-            if self._env is not None:
-                _release_env(str(self.root))
-            if self._fd >= 0:
-                os.close(self._fd)
+        if self._closer is not None and self._pid == os.getpid():
+            self._closer()  # once: a finalizer called is dead
         self._env = self._txn = None
         self._fd = -1
         self._pid = -1
@@ -304,6 +344,7 @@ class LmdbSource(SampleSource):
         try:
             self._txn.abort()
             self._txn = self._env.begin(buffers=True)
+            self._arm()  # the finalizer aborts the new transaction, not the old
         except lmdb.Error:
             self._txn = None
             self.close()  # reopened on the next read
