@@ -107,6 +107,23 @@ def open_regular(dir_fd: int, leaf: str, flags: int = os.O_RDONLY) -> tuple[int,
     return fd, st
 
 
+def stat_regular(root_fd: int, name: str) -> os.stat_result:
+    """stat of regular file `name` beneath `root_fd`, no link followed: FileNotFoundError
+    when absent; OSError(ELOOP, "a symbolic link, not followed", the link's component) when
+    it is a link or is reached through one; OSError(EINVAL, "<kind>, not a regular file")
+    for anything else. A name without a directory part costs one fstatat."""
+    if "/" in name:
+        with parent_of(root_fd, name) as (d, leaf):
+            st = os.stat(leaf, dir_fd=d, follow_symlinks=False)
+    else:
+        st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(errno.ELOOP, "a symbolic link, not followed", name)
+    if not stat.S_ISREG(st.st_mode):
+        raise OSError(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", name)
+    return st
+
+
 def _kind(mode: int) -> str:
     for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
@@ -154,4 +171,4 @@ def unlink_file(root_fd: int, name: str) -> bool:
 
 
 __all__ = ["lstat", "open_dir", "open_regular", "parent_of", "plain_name", "read_bytes",
-           "subdir", "unlink_file"]
+           "stat_regular", "subdir", "unlink_file"]

@@ -19,7 +19,11 @@ lmdb) and so that a measurement process can re-create a format registered at run
     s3_reader  the reader of the same format in a bucket (s3://BUCKET/PREFIX), built as
              Reader(url), or None where the format is read from local paths only
     counted  its manifest's shards each say how many "samples" they hold (checked by
-             autotune_converters.manifest)
+             autotune_converters.manifest: each count within its shard's bytes, and their
+             sum equal to "num_samples")
+    min_sample_bytes  a counted format's fewest bytes a sample can take in a shard: a
+             count over bytes / min_sample_bytes is refused as an edit (WebDataset: 1,024,
+             two tar headers, KEY.cls and the image)
     summary  what `--format` help says of it (default: its description)
     per_node   a copy per node (`stage --node-rank`) can hold only the shards that node's
              ranks read (autotune_converters.wds.split); else every node reads it all
@@ -58,6 +62,7 @@ class Format:
     description: str = ""
     s3_reader: str | None = None
     counted: bool = False
+    min_sample_bytes: int = 1
     per_node: bool = False
     summary: str = ""
 
@@ -68,6 +73,9 @@ class Format:
             raise ValueError("format name 'auto' is reserved: it means 'detect the format'.")
         if self.access not in ACCESS:
             raise ValueError(f"access must be one of {', '.join(ACCESS)}, but got {self.access!r}.")
+        if not isinstance(self.min_sample_bytes, int) or self.min_sample_bytes < 1:
+            raise ValueError(f"min_sample_bytes must be a positive number of bytes, but got "
+                             f"{self.min_sample_bytes!r}.")
 
     def reader_class(self) -> type:
         return load(self.reader)
@@ -111,6 +119,12 @@ def has(name: Any, attribute: str) -> bool:
     return bool(getattr(f, attribute)) if f is not None else False
 
 
+def min_sample_bytes(name: Any) -> int:
+    """The registered format's `min_sample_bytes` (1 for a name not registered)."""
+    f = _FORMATS.get(name) if isinstance(name, str) else None
+    return f.min_sample_bytes if f is not None else 1
+
+
 def names(*, writable: bool | None = None, access: str | None = None) -> tuple[str, ...]:
     """Registered format names (in registration order), filtered."""
     return tuple(f.name for f in _FORMATS.values()
@@ -132,11 +146,18 @@ def choices(*, writable: bool | None = None) -> tuple[str, ...]:
 def manifest_format(path: Path) -> str | None:
     """The format a conversion's manifest.json names, None without one; UsageError for a
     manifest that cannot be read."""
+    from autotune_base.beneath import open_dir, read_bytes
+
     m = Path(path) / MANIFEST
     if not m.is_file():
         return None
-    try:
-        fmt = json.loads(m.read_text()).get("format")
+    try:  # beneath the folder, not through a link; its size checked first
+        fd = open_dir(path)
+        try:
+            raw = read_bytes(fd, MANIFEST, 1 << 30)
+        finally:
+            os.close(fd)
+        fmt = json.loads(raw).get("format")
     except (OSError, ValueError, AttributeError) as e:
         raise UsageError(f"{m}: not a readable autotune manifest ({e}); pass --format "
                          "folder to read the directory as an image folder.",
@@ -287,9 +308,10 @@ _builtin(Format("wds", reader="autotune_converters.wds.reader:WdsSource", sniff=
                 writer="autotune_converters.wds.writer:WdsWriter", access="sequential",
                 description="WebDataset tar shards with manifest.json (autotune convert)",
                 s3_reader="autotune_converters.wds.bucket:S3WdsSource", counted=True,
-                per_node=True, summary="WebDataset tar shards (sequential reading, best on slow "
-                                       "or network storage)"))
+                min_sample_bytes=1024, per_node=True,
+                summary="WebDataset tar shards (sequential reading, best on slow or network "
+                        "storage)"))
 
 __all__ = ["ACCESS", "Format", "MANIFEST", "choices", "detect", "exported", "get", "has", "help_text", "load",
-           "manifest_format", "names", "open_source", "register", "register_all", "resolve",
-           "unregister"]
+           "manifest_format", "min_sample_bytes", "names", "open_source", "register", "register_all",
+           "resolve", "unregister"]

@@ -27,12 +27,22 @@ reopened when the process changes (a DataLoader worker after fork); pickling dro
 open handles is inherited across fork: readers of one environment in one process share a
 handle (reference counted), and a forked child closes its inherited copy (a process-local
 munmap and close with lock=False) before opening its own. The pread mode holds only a file
-descriptor and the index, also reopened per process.
+descriptor and the index, also reopened per process. Handles are released when the source
+is freed (a finalizer per process: a forked child's copy never closes by the parent's
+numbers) or by close().
+
+Opening checks the folder against the manifest before any read: data.mdb and data.idx
+regular files, not symbolic links (the folder itself may be one), of their listed bytes,
+and data.idx one record per `num_samples`; data.mdb is opened O_NOFOLLOW, data.idx read
+beneath the folder with its size checked first.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +54,9 @@ from autotune_converters.lmdb.layout import (
     index_dtype,
     key,
 )
-from autotune_converters.manifest import Manifest, read_manifest
+from autotune_base.beneath import open_dir, read_bytes
+from autotune_base.errors import UsageError
+from autotune_converters.manifest import Manifest, check_files, fd_limit, read_manifest
 from autotune_converters.source import SampleError, SampleSource
 
 IO_MODES = ("pread", "mmap", "mmap-noreadahead")
@@ -101,6 +113,25 @@ def _release_env(root: str) -> None:
             del _ENVS[real]
 
 
+def _release(pid: int, fd: int, txn: Any, root: str | None) -> None:
+    """Release the handles one LmdbSource opened in process `pid`: nothing in another
+    process (a forked child's copy of the finalizer: the numbers are not its own)."""
+    if pid != os.getpid():
+        return
+    if txn is not None:
+        try:
+            txn.abort()
+        except Exception:  # noqa: BLE001 (lmdb.Error of an environment closed already)
+            pass
+    if root is not None:
+        _release_env(root)
+    if fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 class LmdbSource(SampleSource):
     """Samples of an LMDB conversion by index: `read(i) -> (image bytes, label)`.
 
@@ -119,64 +150,125 @@ class LmdbSource(SampleSource):
         self.io = io
         self.manifest = manifest or read_manifest(self.root, expect_format="lmdb")
         self.path = self.root / DATA_FILE
-        if not self.path.is_file():
-            raise SampleError(f"{self.path}: missing although {self.root}/manifest.json lists "
-                              "it; the conversion was moved or damaged: convert again.")
         self.index_path = self.root / INDEX_FILE
         self._n = self.manifest.num_samples
-        # A short file (a partial copy) would be read through the map as SIGBUS, or give
-        # short preads: refuse it now, naming it.
-        for f in self.manifest.shards:
-            p = self.root / f["file"]
-            try:
-                have = p.stat().st_size
-            except OSError:
-                raise SampleError(f"{p}: missing although manifest.json lists it; copy (or "
-                                  "convert) again.") from None
-            if have != int(f["bytes"]):
-                raise SampleError(f"{p}: {have:,} bytes but manifest.json says "
-                                  f"{int(f['bytes']):,}; the copy is incomplete or damaged: "
-                                  "copy (or convert) again.")
-        if io == "pread" and not self.index_path.is_file():
-            raise SampleError(f"{self.index_path}: missing; it tells the reader where each "
-                              "image lies in data.mdb. Convert again (or pass io='mmap').")
+        # Every file listed, and data.mdb however listed: present, not a link (never read
+        # through one), of its listed bytes: a short file (a partial copy) would be read
+        # through the map as SIGBUS, or give short preads: refuse it now, naming it.
+        listed = {f["file"] for f in self.manifest.shards}
+        stats = check_files(self.root, [*self.manifest.shards, *(
+            [{"file": DATA_FILE, "bytes": None}] if DATA_FILE not in listed else [])])
+        if INDEX_FILE not in listed and (io == "pread" or os.path.lexists(self.index_path)):
+            if not os.path.lexists(self.index_path):
+                raise SampleError(f"{self.index_path}: missing; it tells the reader where each "
+                                  "image lies in data.mdb. Convert again (or pass io='mmap').")
+            stats.update(check_files(self.root, [{"file": INDEX_FILE, "bytes": None}]))
+        self._check_count(stats)
         self._pid = -1
         self._env: Any = None
         self._txn: Any = None
         self._fd = -1
         self._index: Any = None
         self._size = 0
+        self._closer: Any = None  # weakref.finalize releasing this process's handles
+
+    def _check_count(self, stats: dict[str, os.stat_result]) -> None:
+        """num_samples as the files bound it, before anything is sized from it: data.idx
+        holds one INDEX_RECORD per sample; without it, a sample takes a byte of data.mdb
+        at least. UsageError naming manifest.json and both figures."""
+        n, where = self._n, self.root / "manifest.json"
+        idx = stats.get(INDEX_FILE)
+        if idx is not None and idx.st_size != INDEX_RECORD * n:
+            raise UsageError(f"{where}: num_samples is {n:,} but {INDEX_FILE} holds "
+                             f"{idx.st_size:,} bytes, {idx.st_size / INDEX_RECORD:,.0f} "
+                             f"entries of {INDEX_RECORD} bytes; the manifest was edited or "
+                             "the files do not belong together: convert again.")
+        mdb = stats[DATA_FILE].st_size
+        if idx is None and n > mdb:
+            raise UsageError(f"{where}: num_samples is {n:,}, more than {DATA_FILE} has bytes "
+                             f"({mdb:,}); the manifest was edited or damaged: convert again.")
 
     # -- per-process handles -------------------------------------------------------------
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d.update(_pid=-1, _env=None, _txn=None, _fd=-1, _index=None)
+        d.update(_pid=-1, _env=None, _txn=None, _fd=-1, _index=None, _closer=None)
         return d
 
     def _open(self) -> None:
-        if self._fd >= 0 and self._pid != os.getpid():
-            try:  # the parent's descriptor, inherited by fork: ours to close
-                os.close(self._fd)
-            except OSError:
-                pass
+        if self._closer is not None:
+            # Another process's handles (inherited by fork: the parent's descriptor is a
+            # copy here, ours to close; its LMDB handle is dropped by _acquire_env), or
+            # ours, closed: the old finalizer never runs again (in a child it would close
+            # a descriptor number this process may have reused).
+            self._closer.detach()
+            self._closer = None
+            if self._fd >= 0 and self._pid != os.getpid():
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
         self._env = self._txn = None
         self._fd = -1
-        self._size = os.path.getsize(self.path)
         if self.io == "pread":
-            if self._index is None:
-                self._index = self._load_index()
-            self._fd = os.open(self.path, os.O_RDONLY)
+            try:  # never through a link (checked when opened; and if swapped since)
+                fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                raise SampleError(self._unreadable(e)) from None
+            try:
+                self._size = os.fstat(fd).st_size
+                if self._index is None:
+                    self._index = self._load_index()
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fd = fd
         else:
+            st = os.stat(self.path, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):  # LMDB opens it by name: check the name
+                raise SampleError(self._unreadable(OSError(
+                    errno.ELOOP if stat.S_ISLNK(st.st_mode) else errno.EINVAL,
+                    "not a regular file")))
+            self._size = st.st_size
             self._env = _acquire_env(str(self.root), self.io == "mmap", self._size)
             self._txn = self._env.begin(buffers=True)
         self._pid = os.getpid()
+        self._arm()
+
+    def _unreadable(self, e: OSError) -> str:
+        if fd_limit(self.path, e):
+            return fd_limit(self.path, e)
+        if e.errno == errno.ELOOP:
+            return (f"{self.path}: a symbolic link, not followed; a dataset is read only from "
+                    "inside its own folder: replace the link with the file itself.")
+        return (f"{self.path}: cannot be opened ({e.strerror}); it must be a regular file in "
+                "the dataset's folder: copy (or convert) again.")
+
+    def _arm(self) -> None:
+        """(Re)register the finalizer of this process's handles: released when this
+        source is freed without close() (each open_dataset of an LMDB otherwise kept a
+        descriptor until the process ended). Never `self` in its arguments, or the source
+        would never be freed."""
+        if self._closer is not None:
+            self._closer.detach()
+        self._closer = weakref.finalize(self, _release, self._pid, self._fd, self._txn,
+                                        str(self.root) if self._env is not None else None)
 
     def _load_index(self) -> Any:
         import numpy as np
 
-        raw = self.index_path.read_bytes()
-        if len(raw) != INDEX_RECORD * self._n:
+        want = INDEX_RECORD * self._n
+        fd = -1
+        try:  # beneath the folder, no link followed; its size checked before it is read
+            fd = open_dir(self.root)
+            raw = read_bytes(fd, INDEX_FILE, want)
+        except OSError as e:
+            raise SampleError(fd_limit(self.index_path, e) or f"{self.index_path}: cannot be "
+                              f"read ({e.strerror}); convert again.") from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if len(raw) != want:
             raise SampleError(f"{self.index_path}: {len(raw):,} bytes, expected "
                               f"{INDEX_RECORD * self._n:,} for {self._n} samples; convert again.")
         idx = np.frombuffer(raw, dtype=index_dtype())
@@ -188,13 +280,8 @@ class LmdbSource(SampleSource):
 
     def close(self) -> None:
         """Release this process's handles (reopened on the next read)."""
-        if self._pid == os.getpid():
-            if self._txn is not None:
-                self._txn.abort()
-            if self._env is not None:
-                _release_env(str(self.root))
-            if self._fd >= 0:
-                os.close(self._fd)
+        if self._closer is not None and self._pid == os.getpid():
+            self._closer()  # once: a finalizer called is dead
         self._env = self._txn = None
         self._fd = -1
         self._pid = -1
@@ -257,6 +344,7 @@ class LmdbSource(SampleSource):
         try:
             self._txn.abort()
             self._txn = self._env.begin(buffers=True)
+            self._arm()  # the finalizer aborts the new transaction, not the old
         except lmdb.Error:
             self._txn = None
             self.close()  # reopened on the next read

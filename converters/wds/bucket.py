@@ -157,6 +157,15 @@ class S3WdsSource(WdsSource):
         if missing:
             raise SampleError(f"{missing[0]}: missing ({len(missing)} of {len(shards)} shards "
                               "listed in manifest.json); upload or convert again.")
+        short = [(self.storage.where(s["file"]), by_name[s["file"]].size, s["bytes"])
+                 for s in manifest.shards if by_name[s["file"]].size != s["bytes"]]
+        if short:  # from the listing: no request more
+            where_, have, want = short[0]
+            raise SampleError(f"{where_}: {have:,} bytes but manifest.json says {want:,}"
+                              + (f" ({len(short)} of {len(shards)} shards listed in "
+                                 "manifest.json)" if len(short) > 1 else "")
+                              + "; the upload is incomplete or damaged: upload (or convert) "
+                              "again.")
         self.root = str(self.url)  # type: ignore[assignment]  (a URL, not a Path)
         self.max_member_bytes = checked_max_member(max_member_bytes)
         self.manifest = manifest

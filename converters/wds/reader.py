@@ -41,6 +41,13 @@ Length: `len(ds)` is the exact number of samples this rank reads in the coming e
 summed from the manifest's per-shard counts (with `num_workers=` the DataLoader's, when
 ranks are equalized: quotas are per worker).
 
+Opening checks what the manifest says against the folder, once, before any epoch
+(autotune_converters.manifest: the counts when it is parsed, `check_files` here): every
+shard this copy holds present, a regular file reached without following a symbolic link
+(the dataset's folder itself is the user's path: a link to it is followed), and of its
+listed bytes; one stat a shard. A shard's own open follows no link either
+(tarfmt.open_shard), so what was checked cannot be swapped for a link behind it.
+
 Tar members are read from the stream in memory and never extracted. A member that is a
 link, a directory or a device, a sparse member, a name with a path, '..' or an absolute
 path, a member larger than `max_member_bytes` (default 256 MiB) or than the rest of its
@@ -63,11 +70,17 @@ from typing import Any
 
 import torch.utils.data
 
+from autotune_base.beneath import open_dir, read_bytes
 from autotune_base.errors import UsageError
-from autotune_converters.manifest import Manifest, read_manifest
+from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
 from autotune_converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
-from autotune_converters.wds.tarfmt import MAX_MEMBER_BYTES, ShardFormatError, iter_members
+from autotune_converters.wds.tarfmt import (
+    MAX_MEMBER_BYTES,
+    ShardFormatError,
+    ShardNotRegular,
+    iter_members,
+)
 
 _SAID: set[Any] = set()  # equalizations already warned about in this process
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tiff", "tif", "ppm", "pgm", "gif")
@@ -107,15 +120,13 @@ class WdsSource(SampleSource):
         self.manifest = manifest or read_manifest(self.root, expect_format="wds")
         self.shards = [(self.root / s["file"], int(s["samples"])) for s in self.manifest.shards]
         self.staged_node = read_staged_node(self.root)  # (node, nnodes) of a node's copy
-        held = self.shards if self.staged_node is None else node_shards(self.shards,
-                                                                        *self.staged_node)
-        missing = [str(p) for p, _ in held if not p.is_file()]
-        if missing:
-            raise SampleError(f"{missing[0]}: missing ({len(missing)} of {len(held)} "
-                              "shards listed in manifest.json"
-                              + (f" for node {self.staged_node[0]} of {self.staged_node[1]}"
-                                 if self.staged_node else "")
-                              + "); copy or convert again.")
+        entries = self.manifest.shards if self.staged_node is None else node_shards(
+            self.manifest.shards, *self.staged_node)
+        # Every shard this copy holds, now rather than when an epoch reaches it: present,
+        # not a link, of its listed bytes (one stat each).
+        check_files(self.root, entries, unit="shards",
+                    scope=(f" for node {self.staged_node[0]} of {self.staged_node[1]}"
+                           if self.staged_node else ""))
 
     def __len__(self) -> int:
         return self.manifest.num_samples
@@ -142,7 +153,7 @@ class WdsSource(SampleSource):
         """Every sample in stored order, checked: (image bytes, label, original path)."""
         counts = {str(p): n for p, n in self.shards}
         for s in _expand(({"url": str(p)} for p, _ in self.shards), counts, len(self.classes),
-                         self.max_member_bytes, self.members):
+                         self.max_member_bytes, self.members, str(self.root)):
             yield s["image"], s["label"], s["path"]
 
     def readers_note(self, num_workers: int, world_size: int = 1) -> str | None:
@@ -294,7 +305,8 @@ class WdsDataset(torch.utils.data.IterableDataset):
         mine = [u for u, _ in rank_shards(self.shards, rank, world, self._local_world())]
 
         def expand(src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-            return _expand(src, counts, self.num_classes, self.max_member_bytes, self.members)
+            return _expand(src, counts, self.num_classes, self.max_member_bytes, self.members,
+                           self.root or None)
 
         def read_mine() -> Iterator[dict[str, Any]]:
             """This worker's samples of this rank, in this epoch's shard order."""
@@ -407,12 +419,18 @@ class _ShardList(torch.utils.data.IterableDataset):
 def read_staged_node(root: str | os.PathLike[str]) -> tuple[int, int] | None:
     """(node rank, nnodes) of a copy staged for one node (DST/node.json), else None."""
     p = Path(root) / NODE_FILE
-    try:
-        d = json.loads(p.read_text())
+    try:  # beneath the folder, not through a link; a few bytes at most
+        fd = open_dir(root)
+        try:
+            d = json.loads(read_bytes(fd, NODE_FILE, 1 << 20))
+        finally:
+            os.close(fd)
         return int(d["node_rank"]), int(d["nnodes"])
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except OSError as e:
+        raise SampleError(f"{p}: unreadable ({e.strerror}); stage the node again.") from None
+    except (ValueError, KeyError, TypeError) as e:
         raise SampleError(f"{p}: unreadable ({e}); stage the node again.") from None
 
 
@@ -432,8 +450,8 @@ def _timed_reads(src: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 
 def _expand(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,
-            max_member_bytes: int = MAX_MEMBER_BYTES, members: Any = None
-            ) -> Iterator[dict[str, Any]]:
+            max_member_bytes: int = MAX_MEMBER_BYTES, members: Any = None,
+            root: str | None = None) -> Iterator[dict[str, Any]]:
     """webdataset stage: shard URLs -> samples, checked (see the module doc).
 
     Where `members` can read ahead (a duck-typed `prefetch(url)` and `discard()`: shards
@@ -442,15 +460,16 @@ is read (its own request taken), so
     that its first byte's wait overlaps reading this one (one shard ahead, no more)."""
     prefetch = getattr(members, "prefetch", None)
     try:
-        yield from _expand_ahead(src, counts, num_classes, max_member_bytes, members, prefetch)
+        yield from _expand_ahead(src, counts, num_classes, max_member_bytes, members, prefetch,
+                                 root)
     finally:
         if prefetch is not None:  # an abandoned pass (quota, error, break): close the GET
             members.discard()
 
 
 def _expand_ahead(src: Iterator[dict[str, Any]], counts: dict[str, int], num_classes: int,
-                  max_member_bytes: int, members: Any, prefetch: Callable[[str], None] | None
-                  ) -> Iterator[dict[str, Any]]:
+                  max_member_bytes: int, members: Any, prefetch: Callable[[str], None] | None,
+                  root: str | None = None) -> Iterator[dict[str, Any]]:
     it = iter(src)
     nxt = next(it, None)
     while nxt is not None:
@@ -458,7 +477,7 @@ def _expand_ahead(src: Iterator[dict[str, Any]], counts: dict[str, int], num_cla
         url = item["url"]
         expected = counts.get(url, -1)
         n = 0
-        samples = _samples(url, num_classes, max_member_bytes, members)
+        samples = _samples(url, num_classes, max_member_bytes, members, root)
         for sample in samples:
             n += 1
             if n == 1 and prefetch is not None and nxt is not None:
@@ -486,11 +505,13 @@ def _too_many(url: str, expected: int, n: int, rest: Iterator[dict[str, Any]]) -
 
 
 def _samples(url: str, num_classes: int, max_member_bytes: int = MAX_MEMBER_BYTES,
-             members: Any = None) -> Iterator[dict[str, Any]]:
+             members: Any = None, root: str | None = None) -> Iterator[dict[str, Any]]:
+    """The samples of shard `url`: read by `members`, or, None, from a local file beneath
+    the dataset's folder `root` (no link followed: tarfmt.open_shard)."""
     cur: dict[str, Any] | None = None
-    read = members or iter_members
     try:
-        for key, suffix, data in read(url, max_member_bytes):
+        for key, suffix, data in (members(url, max_member_bytes) if members is not None
+                                  else iter_members(url, max_member_bytes, beneath=root)):
             if cur is not None and key != cur["__key__"]:
                 yield _finish(cur, url, num_classes)
                 cur = None
@@ -502,6 +523,8 @@ def _samples(url: str, num_classes: int, max_member_bytes: int = MAX_MEMBER_BYTE
             cur[suffix] = data
         if cur is not None:
             yield _finish(cur, url, num_classes)
+    except ShardNotRegular as e:
+        raise SampleError(f"{os.path.dirname(url)}/{e}.") from None
     except ShardFormatError as e:
         raise SampleError(f"{os.path.dirname(url)}/{e}; the shard is damaged or not written by "
                           "autotune convert: restage or convert again") from None

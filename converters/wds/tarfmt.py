@@ -17,9 +17,11 @@ holes would be read as zeros many times the shard's size, are refused.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
+import stat
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +36,11 @@ MAX_MEMBER_BYTES = 256 << 20  # the default per-member limit (see the module doc
 
 class ShardFormatError(Exception):
     """A shard is damaged or holds something autotune never writes; str() names it."""
+
+
+class ShardNotRegular(ShardFormatError):
+    """A shard's name is a symbolic link (or reached through one) or not a regular file:
+    not read; str() names it and says the fix."""
 
 
 # The fixed part of every member header, as tarfile's USTAR format writes it for
@@ -287,8 +294,38 @@ def _check_size(name: str, member: str, size: int, at: int, length: int, limit: 
             f"{size:,} bytes, but the shard holds {max(0, length - at):,} more)")
 
 
-def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBER_BYTES
-                 ) -> Iterator[tuple[str, str, bytes]]:
+def open_shard(path: str | os.PathLike[str], beneath: str | None = None) -> Any:
+    """The shard at `path` opened for reading (unbuffered), a regular file that is not a
+    symbolic link: OSError otherwise (a link: ELOOP "a symbolic link, not followed").
+
+    `beneath`: the dataset's folder, `path` being beneath/NAME with NAME from its manifest:
+    a NAME with a directory part is walked beneath that folder one component at a time,
+    no link followed (autotune_base.beneath); a plain NAME, as autotune writes them, is one
+    open with O_NOFOLLOW, whose fstat also gives the length: no syscall more than a plain
+    open. The folder itself is the user's own path: a link to it is followed."""
+    name = os.fspath(path)
+    rel = os.path.relpath(name, beneath) if beneath else os.path.basename(name)
+    if beneath and "/" in rel:
+        from autotune_base.beneath import open_dir, open_regular, parent_of
+
+        root = open_dir(beneath)
+        try:
+            with parent_of(root, rel) as (d, leaf):
+                fd, _ = open_regular(d, leaf)
+        finally:
+            os.close(root)
+    else:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise OSError(e.errno, "a symbolic link, not followed", name) from None
+            raise
+    return os.fdopen(fd, "rb", buffering=0)
+
+
+def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBER_BYTES,
+                 *, beneath: str | None = None) -> Iterator[tuple[str, str, bytes]]:
     """(key, suffix, data) of each member of a shard, in order, checked.
 
     Raises ShardFormatError naming the shard for a hostile or unexpected member, a
@@ -300,11 +337,22 @@ def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBE
     parsed here from 1 MiB reads into one reused buffer, with the checksum verified; at
     the first header of any other kind (a link, a directory, pax or GNU extensions, ...)
     the rest of the shard goes through `tarfile`, which names what it is.
+
+    The shard is opened by `open_shard` (no link followed; `beneath`: the dataset's
+    folder): a link, or anything but a regular file, is a ShardFormatError saying so.
     """
     name = os.path.basename(os.fspath(path))
     try:
-        f = open(path, "rb", buffering=0)
+        f = open_shard(path, beneath)
     except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EINVAL):
+            on = os.path.basename(os.fspath(e.filename or name))
+            link = "symbolic link" in (e.strerror or "")
+            raise ShardNotRegular(f"{name}: {e.strerror}"
+                                  + (f" (its folder {on!r})" if on != name else "")
+                                  + "; a dataset is read only from inside its own folder: "
+                                  f"replace {'the link' if link else 'it'} with the file "
+                                  "itself") from None
         raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
                                f"({type(e).__name__}: {e})") from None
     with f:
@@ -313,10 +361,14 @@ def iter_members(path: str | os.PathLike[str], max_member_bytes: int = MAX_MEMBE
         except (OSError, AttributeError):
             pass
         try:
-            length = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
         except OSError as e:
             raise ShardFormatError(f"{name}: truncated or corrupt after 0 members "
                                    f"({type(e).__name__}: {e})") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ShardNotRegular(f"{name}: not a regular file; a dataset's shards are "
+                                  "regular files: replace it with the file itself")
+        length = st.st_size
         yield from iter_stream(_ReadAhead(f, length), name, length, max_member_bytes,
                                seekable=True)
 

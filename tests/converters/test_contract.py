@@ -1,11 +1,13 @@
 """The contract every writer/reader pair passes (LMDB and WebDataset alike): every image
 stored once with its original bytes and label, a truthful manifest, byte-identical output
-for the same input and options whatever the worker count, and a seeded shuffle."""
+for the same input and options whatever the worker count, and a seeded shuffle; and, read
+back, a conversion checked against its manifest when it is opened: sizes, counts, links."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -158,3 +160,170 @@ def test_progress_reports_every_phase_up_to_the_total(img_src, fmt, work_dir):
     last = [p for p in seen if p.phase == "convert"][-1]
     assert last.samples == last.total == 96 and last.source_bytes == last.total_bytes
     assert last.units_done == last.units
+
+
+# -- opening a conversion from a stranger: checked when opened, not mid-epoch -----------
+# Every check below happens in open_dataset, before a DataLoader starts: a training run
+# must not fail after hours on something a stat or the manifest already said.
+
+@pytest.fixture(scope="module")
+def converted(img_src, tmp_path_factory) -> dict[str, Path]:
+    """Both formats converted once; each test copies the one it damages."""
+    root = tmp_path_factory.mktemp("opened")
+    for fmt in ("lmdb", "wds"):
+        convert(img_src, root / fmt, _opts(fmt))
+    return {fmt: root / fmt for fmt in ("lmdb", "wds")}
+
+
+def _copy(converted: dict[str, Path], fmt: str, dst: Path) -> tuple[Path, str]:
+    """A copy of the `fmt` conversion at `dst`, and the name of its first data file (a
+    shard, or data.mdb)."""
+    import shutil
+
+    shutil.copytree(converted[fmt], dst)
+    return dst, read_manifest(dst).shards[0]["file"]
+
+
+def _edit(root: Path, change) -> None:  # noqa: ANN001 (a function of the manifest's dict)
+    m = json.loads((root / "manifest.json").read_text())
+    change(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
+def _read_all_samples(ds) -> int:  # noqa: ANN001 (a dataset of open_dataset)
+    if hasattr(ds, "set_epoch"):
+        return sum(1 for _ in ds)
+    return sum(1 for i in range(len(ds)) if ds[i] is not None)
+
+
+def test_a_file_cut_short_is_refused_when_opened(converted, fmt, tmp_path):
+    """It was found only when an epoch reached the shard (WebDataset), after steps of
+    training; LMDB refused it at open already. A manifest's size edited far beyond any
+    file's is the same mismatch."""
+    from autotune import open_dataset
+    from autotune_base.errors import SampleError
+
+    d, name = _copy(converted, fmt, tmp_path / "d")
+    size = (d / name).stat().st_size
+    os.truncate(d / name, size // 2)
+    with pytest.raises(SampleError, match=rf"^{d / name}: {size // 2:,} bytes but manifest\.json "
+                                          rf"says {size:,}; .*: copy \(or convert\) again\.$"):
+        open_dataset(d, num_workers=2)
+    os.truncate(d / name, size)
+    _edit(d, lambda m: m["shards"][0].update(bytes=10 ** 30))
+    with pytest.raises(SampleError, match=rf"{name}: {size:,} bytes but manifest\.json says "
+                                          rf"1,000,000,000,000,000,000,000,000,000,000;"):
+        open_dataset(d, num_workers=2)
+
+
+def test_a_file_that_is_a_link_out_of_the_folder_is_refused_when_opened(converted, fmt,
+                                                                        tmp_path):
+    """A shard (or data.mdb) replaced by a link to a file elsewhere was read through the
+    link; `autotune stage` already refused it. One line naming the file and the fix."""
+    from autotune import open_dataset
+    from autotune_base.errors import SampleError
+
+    d, name = _copy(converted, fmt, tmp_path / "d")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(d / name, elsewhere / name)
+    (d / name).symlink_to(elsewhere / name)
+    with pytest.raises(SampleError) as e:
+        open_dataset(d, num_workers=2)
+    assert str(e.value) == (f"{d / name}: a symbolic link, not followed; a dataset is read only "
+                            "from inside its own folder: replace the link with the file itself.")
+
+
+def test_a_manifest_that_is_a_link_out_of_the_folder_is_refused(converted, fmt, tmp_path):
+    """manifest.json is read beneath the folder like the files it lists (it was read
+    through a link, whatever its size)."""
+    from autotune import open_dataset
+
+    d, _ = _copy(converted, fmt, tmp_path / "d")
+    os.rename(d / "manifest.json", tmp_path / "manifest.json")
+    (d / "manifest.json").symlink_to(tmp_path / "manifest.json")
+    with pytest.raises(UsageError) as e:
+        open_dataset(d)
+    assert str(e.value) == (f"{d / 'manifest.json'}: unreadable (a symbolic link, not "
+                            "followed); replace the link with the file itself.")
+
+
+def test_a_file_swapped_for_a_link_after_opening_is_not_read_through_it(converted, fmt,
+                                                                        tmp_path):
+    """The readers' own opens (a shard per epoch, data.mdb per process) follow no link
+    either: what the check at open saw cannot be replaced behind it."""
+    from autotune import open_dataset
+    from autotune_base.errors import SampleError
+
+    d, name = _copy(converted, fmt, tmp_path / "d")
+    ds = open_dataset(d, decode=False, shuffle=False)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rename(d / name, elsewhere / name)
+    (d / name).symlink_to(elsewhere / name)
+    with pytest.raises(SampleError, match=rf"^{d / name}: a symbolic link, not followed; a "
+                                          r"dataset is read only from inside its own folder: "
+                                          r"replace the link with the file itself\.$"):
+        _read_all_samples(ds)
+
+
+def test_a_dataset_folder_reached_through_a_link_is_read(converted, fmt, tmp_path):
+    """The folder the user names is theirs: /data -> /mnt/nvme/data is read as it is."""
+    import torch.utils.data
+
+    from autotune import open_dataset
+
+    (tmp_path / "data").symlink_to(converted[fmt])
+    ds = open_dataset(tmp_path / "data", decode=False, num_workers=2)
+    assert len(ds) == 96 and _read_all_samples(ds) == 96
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                         shuffle=not hasattr(ds, "set_epoch"))
+    assert sum(1 for _ in loader) == 96
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda m: m.update(num_samples=m["num_samples"] + 1), r"num_samples is 97 but"),
+    (lambda m: m.update(num_samples=10 ** 12), r"num_samples is 1,000,000,000,000 but"),
+    (lambda m: m.update(num_samples=10 ** 30), r"num_samples is 1,000,000,000,000,000,000,000,"),
+    (lambda m: m.update(num_samples=-1), r"num_samples is -1, not a whole number"),
+    (lambda m: m["shards"][0].update(samples=10 ** 30),
+     r"shards\[0\] \(shard-\d+\.tar\) lists 1,000,000,000,000,000,000,000,000,000,000 samples "
+     r"in [\d,]+ bytes, more than one per 1,024 bytes"),
+], ids=["plus-one", "1e12", "1e30", "negative", "shard-1e30"])
+def test_hand_edited_counts_are_refused_when_opened(converted, fmt, tmp_path, edit, says):
+    """The counts a manifest gives are cross-checked with what the files hold (a shard's
+    bytes bound its samples, the shards' samples add up to num_samples, data.idx holds
+    one entry per sample) before len() or an index is sized from them: it was a bare
+    OverflowError in len() (WebDataset), or an error at the first read (LMDB)."""
+    from autotune import open_dataset
+
+    if fmt == "lmdb" and says.startswith("shards"):
+        pytest.skip("LMDB's shards are data.mdb and data.idx: no per-shard count is read")
+    d, _ = _copy(converted, fmt, tmp_path / "d")
+    _edit(d, edit)
+    with pytest.raises(UsageError, match=rf"^{d / 'manifest.json'}: {says}") as e:
+        open_dataset(d, num_workers=2)
+    assert "\n" not in str(e.value) and str(e.value).endswith("convert again.")
+
+
+def test_opening_and_dropping_a_dataset_keeps_no_descriptor(converted, fmt):
+    """A hundred open_dataset calls, a sample read from each and the dataset dropped: as
+    many descriptors open after as before (LMDB kept one per call: under `ulimit -n 64`
+    the 60th open failed)."""
+    import gc
+
+    from autotune import open_dataset
+
+    def one() -> None:
+        ds = open_dataset(converted[fmt], decode=False, shuffle=False)
+        it = iter(ds) if hasattr(ds, "set_epoch") else iter([ds[0]])
+        next(it)
+        del it, ds
+
+    one()  # imports, caches: whatever a first call keeps for the process
+    gc.collect()
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(100):
+        one()
+    gc.collect()  # only for cycles not of our making: the sources themselves die at `del`
+    assert sorted(os.listdir("/proc/self/fd")) == before

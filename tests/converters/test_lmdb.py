@@ -282,3 +282,113 @@ def test_small_files_are_checked_by_workers_and_the_files_are_the_same(tmp_path,
     assert pools == [2]
     a, b = tree_digest(tmp_path / "one"), tree_digest(tmp_path / "two")
     assert a["data.mdb"] == b["data.mdb"] and a == b
+
+
+# -- descriptors: released with the source, never another process's ---------------------
+
+def test_a_dropped_source_releases_its_descriptor_and_environment(lmdb_dst):
+    """Freed without close(): its pread descriptor closed (it stayed open until the
+    process ended), and its share of an mmap environment released."""
+    import gc
+    import weakref
+
+    from autotune_converters.lmdb.reader import _ENVS
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    for io in ("pread", "mmap"):
+        src = LmdbSource(lmdb_dst, io=io)
+        src.read(0)
+        gone = weakref.ref(src)
+        del src
+        assert gone() is None  # freed at once: nothing of it in a cycle
+    gc.collect()
+    assert sorted(os.listdir("/proc/self/fd")) == before and not _ENVS
+
+
+_MANY_OPENS = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import autotune
+for i in range(200):
+    ds = autotune.open_dataset(sys.argv[1])
+    ds[i % len(ds)]
+    del ds
+print("ok")
+"""
+
+
+def test_two_hundred_opens_under_ulimit_64(lmdb_dst):
+    """The user-visible failure: the 60th open under `ulimit -n 64` said "manifest.json
+    unreadable ... convert again"."""
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _MANY_OPENS, str(lmdb_dst)], capture_output=True,
+                       text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+_NO_DESCRIPTORS = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+import autotune
+autotune.open_dataset(sys.argv[1])[0]  # every module imported now, not at the limit
+held = []
+try:
+    while True:
+        held.append(open("/dev/null"))
+except OSError:
+    pass
+try:
+    autotune.open_dataset(sys.argv[1])
+except Exception as e:
+    print(e)
+"""
+
+
+def test_out_of_descriptors_is_said_as_such_not_as_a_damaged_manifest(lmdb_dst):
+    """A process at its descriptor limit: "too many files open; raise `ulimit -n`", not
+    "manifest.json: unreadable ...; convert again" (the dataset is not at fault)."""
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _NO_DESCRIPTORS, str(lmdb_dst)],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.stdout.strip() == (f"{lmdb_dst / 'manifest.json'}: cannot be opened: this process "
+                                "has too many files open (Too many open files); raise `ulimit "
+                                "-n` or close the datasets it no longer uses."), r.stderr[-2000:]
+
+
+def test_a_forked_child_never_closes_a_descriptor_by_the_parents_number(lmdb_dst):
+    """A child inherits the source with the parent's descriptor number and its finalizer.
+    It reopens (the number is often the same again), closes, opens a file of its own (that
+    number once more), and drops the source: the inherited finalizer must not close the
+    child's file. The parent's descriptor is untouched."""
+    import gc
+
+    src = LmdbSource(lmdb_dst)
+    first = src.read(0)
+    parent_fd = src._fd
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, then leave without running the parent's cleanups
+        said = b"?"
+        try:
+            os.close(r)
+            assert src.read(0) == first and src._fd >= 0
+            src.close()
+            mine = os.open(lmdb_dst / "manifest.json", os.O_RDONLY)
+            del src  # the child's only reference: its finalizers run now
+            gc.collect()
+            said = b"ok" if os.read(mine, 1) == b"{" else b"read nothing"
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            said = repr(e).encode()
+        finally:
+            os.write(w, said)
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read()
+    os.waitpid(pid, 0)
+    assert said == b"ok"
+    assert src._fd == parent_fd and os.fstat(parent_fd) and src.read(0) == first
+    src.close()

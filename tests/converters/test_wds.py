@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import tarfile
@@ -148,7 +149,8 @@ def _fake_dataset(root: Path, members: list[tarfile.TarInfo | tuple[str, bytes]]
             _add(tf, m)
     (root / "manifest.json").write_text(json.dumps({
         "version": 1, "format": "wds", "num_samples": 1, "num_classes": 1, "classes": ["a"],
-        "shards": [{"file": "shard-000000.tar", "samples": 1, "bytes": 0, "sha256": ""}],
+        "shards": [{"file": "shard-000000.tar", "samples": 1, "sha256": "",
+                    "bytes": (root / "shard-000000.tar").stat().st_size}],
         "skipped": [], "source": {}, "options": {}}))
     return root
 
@@ -177,6 +179,15 @@ def test_hostile_members_are_refused_naming_the_shard(tmp_path, member, says):
     assert not Path("/tmp/abs.jpg").exists()
 
 
+def _cut(root: Path, shard: Path, data: bytes, n: int) -> None:
+    """The shard cut to `n` bytes, and its manifest entry saying so (as if it was cut
+    after the reader was opened: the open's size check does not see it)."""
+    shard.write_bytes(data[:n])
+    m = json.loads((root / "manifest.json").read_text())
+    next(s for s in m["shards"] if s["file"] == shard.name)["bytes"] = n
+    (root / "manifest.json").write_text(json.dumps(m))
+
+
 def test_a_truncated_shard_is_named_with_how_far_it_got(wds_dst, tmp_path):
     import shutil
 
@@ -184,12 +195,12 @@ def test_a_truncated_shard_is_named_with_how_far_it_got(wds_dst, tmp_path):
     shutil.copytree(wds_dst, bad)
     shard = bad / read_manifest(bad).shards[0]["file"]
     data = shard.read_bytes()
-    shard.write_bytes(data[: len(data) // 2])  # mid-member
+    _cut(bad, shard, data, len(data) // 2)  # mid-member
     with pytest.raises(SampleError, match=rf"{shard.name}: truncated or corrupt after \d+ members"):
         list(WdsSource(bad).records())
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:  # cut after the first sample
         offs = [m.offset for m in tf.getmembers()]
-    shard.write_bytes(data[: offs[3]])
+    _cut(bad, shard, data, offs[3])
     with pytest.raises(SampleError, match=rf"{shard.name}: truncated: 1 of the \d+ samples"):
         list(WdsSource(bad).dataset(None, shuffle=False))
 
@@ -300,7 +311,8 @@ def _shard_dataset(root: Path, body: bytes, samples: int = 1) -> Path:
     (root / "manifest.json").write_text(json.dumps({
         "version": 1, "format": "wds", "num_samples": samples, "num_classes": 2,
         "classes": ["a", "b"],
-        "shards": [{"file": "shard-000000.tar", "samples": samples, "bytes": 0, "sha256": ""}],
+        "shards": [{"file": "shard-000000.tar", "samples": samples, "sha256": "",
+                    "bytes": len(body) + 1024}],
         "skipped": [], "source": {}, "options": {}}))
     return root
 
@@ -430,3 +442,90 @@ def test_a_member_over_the_read_buffer_with_padding_is_read(tmp_path: Path) -> N
             ti.size = n
             tf.addfile(ti, io.BytesIO(os.urandom(n)))
     assert [(f"{k}.{s}", len(d)) for k, s, d in iter_members(p)] == list(sizes)
+
+
+# -- shards named with a folder: walked beneath the dataset, no link followed ------------
+
+def _nested(wds_dst: Path, root: Path) -> Path:
+    """A copy of the conversion whose shards live in sub/ (a manifest may name them so:
+    plain relative paths), read through a real folder."""
+    import shutil
+
+    shutil.copytree(wds_dst, root)
+    (root / "sub").mkdir()
+    m = json.loads((root / "manifest.json").read_text())
+    for s in m["shards"]:
+        (root / s["file"]).rename(root / "sub" / s["file"])
+        s["file"] = f"sub/{s['file']}"
+    (root / "manifest.json").write_text(json.dumps(m))
+    return root
+
+
+def test_shards_in_a_subfolder_are_read(wds_dst, tmp_path):
+    root = _nested(wds_dst, tmp_path / "ds")
+    assert sorted(b for b, _, _ in WdsSource(root).records()) == sorted(
+        b for b, _, _ in WdsSource(wds_dst).records())
+    assert sum(1 for _ in WdsSource(root).dataset(None)) == 96
+
+
+def test_a_subfolder_that_is_a_link_is_refused_at_open_and_when_read(wds_dst, tmp_path):
+    """sub -> a folder outside: refused by the check at open; and a folder swapped for a
+    link after it (the shards' own opens walk beneath the dataset too)."""
+    root = _nested(wds_dst, tmp_path / "ds")
+    ds = WdsSource(root).dataset(None, shuffle=False)  # opened while sub/ is a folder
+    (root / "sub").rename(tmp_path / "outside")
+    (root / "sub").symlink_to(tmp_path / "outside")
+    first = read_manifest(root).shards[0]["file"]
+    with pytest.raises(SampleError, match=rf"^{root / first}: a symbolic link on its way "
+                                          r"\(sub\), not followed \(\d+ of \d+ shards listed "
+                                          r"in manifest\.json\); .*replace the link with the "
+                                          r"file itself\.$"):
+        WdsSource(root)
+    with pytest.raises(SampleError, match=rf"{first.split('/')[1]}: a symbolic link, not "
+                                          r"followed \(its folder 'sub'\); .*replace the link "
+                                          r"with the file itself\.$"):
+        list(ds)
+
+
+def test_a_fifo_named_as_a_shard_is_refused_not_waited_on(wds_dst, tmp_path):
+    """A FIFO in place of a shard: refused by the check at open, and by the read's open
+    (O_NONBLOCK, then fstat) if it appears after: never a read that waits forever."""
+    import shutil
+
+    root = tmp_path / "ds"
+    shutil.copytree(wds_dst, root)
+    ds = WdsSource(root).dataset(None, shuffle=False)
+    first = root / read_manifest(root).shards[0]["file"]
+    first.unlink()
+    os.mkfifo(first)
+    with pytest.raises(SampleError, match=rf"^{first}: a FIFO, not a regular file; "):
+        WdsSource(root)
+    assert re.search(rf"SampleError: .*{first.name}: not a regular file; ", _read_apart(ds))
+
+
+def _read_apart(ds) -> str:  # noqa: ANN001 (a WdsDataset)
+    """What reading `ds` to its end raises, read in a forked child: a read that blocks
+    (a FIFO opened without O_NONBLOCK) fails the test instead of hanging it."""
+    import select
+    import signal
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said = "no error"
+        try:
+            list(ds)
+        except BaseException as e:  # noqa: BLE001 (reported to the parent)
+            said = f"{type(e).__name__}: {e}"
+        finally:
+            os.write(w, said.encode())
+            os._exit(0)
+    os.close(w)
+    try:
+        if not select.select([r], [], [], 30)[0]:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("reading the dataset hung (a FIFO waited on)")
+        return os.read(r, 1 << 16).decode()
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)

@@ -164,6 +164,7 @@ def test_killed_stage_resumes_to_an_identical_copy(converted, tmp_path):
         f = converted / f"big-{i}.tar"
         f.write_bytes(os.urandom(8 << 20))
         m["shards"].append({"file": f.name, "samples": 1, "bytes": f.stat().st_size, "sha256": _sha(f)})
+    m["num_samples"] += 6
     (converted / "manifest.json").write_text(json.dumps(m))
     dst = tmp_path / "dst"
     code = ("import sys; sys.path.insert(0, %r)\nfrom autotune_converters.stage import stage\n"

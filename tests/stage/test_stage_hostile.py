@@ -31,13 +31,17 @@ def _src(src: Path, shards: list[dict], files: dict[str, bytes] | None = None) -
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes(data)
     (src / "manifest.json").write_text(json.dumps({
-        "version": 1, "format": "wds", "num_samples": 10 * len(shards), "num_classes": 2,
+        "version": 1, "format": "wds", "num_classes": 2,
+        "num_samples": sum(s["samples"] for s in shards if isinstance(s.get("samples"), int)),
         "classes": ["a", "b"], "shards": shards}))
     return src
 
 
 def _entry(name: object, data: bytes, **kw) -> dict:
-    return {"file": name, "samples": 10, "bytes": len(data), "sha256": _sha(data), **kw}
+    """A shard entry for `data`: as many samples as its bytes can hold (a manifest whose
+    counts its bytes cannot hold is refused before anything else)."""
+    return {"file": name, "samples": len(data) // 1024, "bytes": len(data), "sha256": _sha(data),
+            **kw}
 
 
 def test_a_name_with_dotdot_writes_nothing_outside_dst(tmp_path):
