@@ -1,6 +1,7 @@
 """What a command writes goes where it says, and a place it cannot write is refused before
-the work: a `--json`/`--timeline` file in a missing or read-only folder, a DST or `--out`
-that is a file. With `--json -` stdout is the JSON alone, whatever else the run prints."""
+the work: a `--json`/`--timeline` file under a file or in a read-only folder, a DST or
+`--out` that is a file (missing folders are made). With `--json -` stdout is the JSON
+alone, whatever else the run prints."""
 
 from __future__ import annotations
 
@@ -34,13 +35,18 @@ def _one_line(r: subprocess.CompletedProcess[str], *says: str) -> None:
         assert s in lines[0], lines[0]
 
 
-def test_a_json_file_in_a_missing_folder_is_refused_before_the_command_runs(tmp_path):
-    ran = tmp_path / "ran"
+def test_a_json_file_under_a_file_is_refused_before_the_command_runs(tmp_path):
+    ran, afile = tmp_path / "ran", tmp_path / "afile"
+    afile.write_text("")
+    cmd = ["--", sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
     r = _autotune("monitor", "--out", str(tmp_path / "m"), "--no-gpu", "--json",
-                  str(tmp_path / "nodir" / "a.json"), "--", sys.executable, "-c",
-                  f"open({str(ran)!r}, 'w')")
-    _one_line(r, "--json", str(tmp_path / "nodir"), "create it first")
+                  str(afile / "a.json"), *cmd)
+    _one_line(r, "--json", f"{afile} is a file, not a folder")
     assert not ran.exists()                       # the training command never started
+    # A folder that does not exist yet is made (`--out run --json run/a.json`).
+    r = _autotune("monitor", "--out", str(tmp_path / "m"), "--no-gpu", "--json",
+                  str(tmp_path / "m" / "sub" / "a.json"), *cmd)
+    assert r.returncode == 0 and ran.exists(), r.stderr
 
 
 def test_a_json_path_that_is_a_folder_or_empty_is_refused(tmp_path, small_dataset):
@@ -50,8 +56,9 @@ def test_a_json_path_that_is_a_folder_or_empty_is_refused(tmp_path, small_datase
     _one_line(_autotune("convert", str(small_dataset), str(dst), "--format", "wds",
                         "--json", ""), "--json needs a file name")
     assert not dst.exists()                       # refused before anything was written
+    (tmp_path / "afile").write_text("")
     _one_line(_autotune("bench", str(small_dataset), "--timeline",
-                        str(tmp_path / "nodir" / "t.jsonl")), "--timeline", "no directory")
+                        str(tmp_path / "afile" / "t.jsonl")), "--timeline", "not a folder")
 
 
 @pytest.mark.root
@@ -99,8 +106,9 @@ def test_a_json_file_in_a_folder_the_user_cannot_write_is_refused(tmp_path):
     try:
         got = said.split("; --json ")
         assert len(got) == 3, said
-        assert got[1].startswith(f"{ro / 'a.json'}: cannot write in {ro}"), said
-        assert got[2].startswith(f"{hidden / 'sub' / 'a.json'}: cannot write in "), said
+        assert got[1].startswith(f"{ro / 'a.json'}: {ro} cannot be written"), said
+        assert got[2].startswith(f"{hidden / 'sub' / 'a.json'}: {hidden}"), said
+        assert "cannot be written" in got[2], said
         # root may write there: the same check passes for it
         check_output_files(argparse.Namespace(json=str(ro / "a.json"), timeline=None))
     finally:

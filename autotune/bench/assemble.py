@@ -419,6 +419,7 @@ def write_timeline(path: str | os.PathLike[str], samples: list[Sample],
                    budget: dict[float, Any] | None = None) -> None:
     marks = dict((child or {}).get("marks", {}))
     marks.setdefault("go", parent_marks.get("go", float("inf")))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
             d = _record(s, sched, budget)

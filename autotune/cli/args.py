@@ -164,17 +164,21 @@ def check_output_files(args: argparse.Namespace) -> None:
         if not value.strip():
             raise UsageError(f"{flag} needs a file name ('-' for stdout), but got {value!r}.")
         path = Path(value)
-        parent = path.parent
         try:
-            is_dir, parent_is_dir = path.is_dir(), parent.is_dir()
+            if path.is_dir():
+                raise UsageError(f"{flag} {value}: a directory; name a file in it, e.g. "
+                                 f"{path / ('result.json' if dest == 'json' else 'timeline.jsonl')}")
+            # Missing folders are made when the file is written (`--out run1 --json
+            # run1/a.json`): the nearest one that exists must be a folder this user can write.
+            top = path.parent
+            while not os.path.lexists(top) and top != top.parent:
+                top = top.parent
+            usable = top.is_dir() and os.access(top, os.W_OK | os.X_OK)
+            a_file = not usable and top.exists() and not top.is_dir()
         except PermissionError:   # a folder above it this user cannot search
-            is_dir, parent_is_dir = False, True
-        if is_dir:
-            raise UsageError(f"{flag} {value}: a directory; name a file in it, e.g. "
-                             f"{path / ('result.json' if dest == 'json' else 'timeline.jsonl')}")
-        if not parent_is_dir:
-            raise UsageError(f"{flag} {value}: no directory {parent}; create it first or name "
-                             "a file in an existing one")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise UsageError(f"{flag} {value}: cannot write in {parent} (read-only or not "
-                             "this user's); name a file in a folder you can write")
+            top, usable, a_file = path.parent, False, False
+        if not usable:
+            what = ("is a file, not a folder" if a_file
+                    else "cannot be written (read-only or not this user's)")
+            raise UsageError(f"{flag} {value}: {top} {what}; name a file in a folder you can "
+                             "write")

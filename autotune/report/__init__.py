@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 from typing import Any
 
 from autotune_base.fsutil import write_text_atomic
@@ -31,7 +32,9 @@ def to_json(d: dict[str, Any]) -> str:
 
 
 def write_json(path: str | os.PathLike[str], d: dict[str, Any]) -> None:
-    """A result as JSON to `path`, atomically (never a half-written file)."""
+    """A result as JSON to `path`, atomically (never a half-written file); missing folders
+    above it are made."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, to_json(d))
 
 
