@@ -44,7 +44,7 @@ from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import default_budget, over_limit
 from autotune.online.pool import Pool
 from autotune.online.switch import Switch, Switcher
-from autotune.online.untuned import keep_iterable_workers, second_iterator
+from autotune.online.untuned import keep_fresh_workers, keep_iterable_workers, second_iterator
 from autotune.shmfit import measure_batch
 
 _UNSET: Any = object()
@@ -127,6 +127,8 @@ class DataLoader:
         if self._iterable:
             keep_iterable_workers(self._fixed, multiprocessing_context,
                                   tuning=self._tuning)
+        else:
+            keep_fresh_workers(dataset, self._fixed, tuning=self._tuning)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         # Under torch.distributed (map-style): the gloo group and this rank's share of the
         # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.

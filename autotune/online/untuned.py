@@ -8,6 +8,10 @@ persistent_workers too (a worker kept between epochs does not see what the loop 
 in the dataset, a set_epoch). Left to tune: prefetch_factor when workers are given, and
 pin_memory where CUDA is present.
 
+A map-style dataset with a `set_epoch` changes between epochs: a worker kept from the last
+epoch (persistent_workers, which the tuner otherwise turns on) holds the dataset as it was,
+so persistent_workers stays the user's (torch's False when not given).
+
 `iter(loader)` while the live epoch's iterator is still held (`next(iter(loader))` inside
 the loop) gets a plain torch iterator with the user's arguments, the serving pool's worker
 count and no kept workers, drawing from the same sampler and generator as torch's second
@@ -50,6 +54,18 @@ def keep_iterable_workers(fixed: dict[str, Any], multiprocessing_context: Any, *
              "iterates the dataset: the worker count decides what it yields); "
              + (f"{tuned} is tuned, between epochs" if tuned else "nothing else to tune"),
              num_workers=nw, tuned=[tuned] if tuned else [])
+
+
+def keep_fresh_workers(dataset: Any, fixed: dict[str, Any], *, tuning: bool) -> None:
+    """persistent_workers of a map-style `dataset` with a set_epoch: the user's, never
+    tuned on (see the module doc)."""
+    if "persistent_workers" in fixed or not callable(getattr(dataset, "set_epoch", None)):
+        return
+    fixed["persistent_workers"] = False
+    if tuning:
+        emit("set-epoch", "the dataset has set_epoch: persistent_workers=False is kept, never "
+             "tuned (a worker kept between epochs would not see the new epoch)",
+             persistent_workers=False)
 
 
 def second_iterator(dl: Any, *, first: bool) -> Iterator[Any]:

@@ -174,3 +174,20 @@ class WorkerOnly(Dataset):
 def open_handle(worker_id: int) -> None:
     info = get_worker_info()
     info.dataset.handle = list(range(info.dataset.n))
+
+
+class Epochal(Dataset):
+    """Item i is (i, the epoch set_epoch last set): what a worker kept from an earlier
+    epoch would still return the old epoch."""
+
+    def __init__(self, n: int = 32) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, self.epoch])

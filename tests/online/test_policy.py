@@ -21,7 +21,7 @@ import autotune
 from autotune.online.config import Config
 from autotune.online.failure import PoolFailure
 from autotune.online.fallback import fallback
-from online_datasets import Slow, Stream, Unsplit, WorkerOnly, open_handle
+from online_datasets import Epochal, Slow, Stream, Unsplit, WorkerOnly, open_handle
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -182,3 +182,24 @@ def test_an_epoch_after_a_caught_ctrl_c_runs(tmp_path):
     assert r["got"] == list(range(200))
     assert r["workers"] == 2
     assert r["left"] == []
+
+
+# ---- a map-style dataset with set_epoch: no worker kept across epochs
+
+@pytest.mark.parametrize("given", [{}, {"persistent_workers": True}])
+def test_a_dataset_with_set_epoch_is_seen_at_its_epoch_by_every_worker(given):
+    """The tuner turns persistent_workers on for speed; a kept worker holds the dataset as
+    it was, and a set_epoch in the loop would not reach it. Given by the user, it is theirs."""
+    ds = Epochal(32)
+    dl = autotune.DataLoader(ds, batch_size=4, _controller=False, **given)
+    dl._force_config(2, 2)        # workers from the first batch boundary on
+    seen = []
+    for e in range(3):
+        ds.set_epoch(e)
+        seen.append(sorted({int(b[1]) for batch in dl for b in batch}))
+    persistent = dl.persistent_workers
+    dl.close()
+    if given:
+        assert persistent is True and seen[2] != [2]   # as torch does with it: kept, stale
+    else:
+        assert persistent is False and seen == [[0], [1], [2]]
