@@ -249,7 +249,10 @@ class RunState:
 
 
 def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> str:
-    diffs = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+    def shown(d: dict[str, Any], k: str) -> str:  # an option one format has, another lacks
+        return repr(d[k]) if k in d else "(none)"
+
+    diffs = [f"{k} {shown(old, k)} -> {shown(new, k)}" for k in sorted(set(old) | set(new))
              if old.get(k) != new.get(k)]
     how = ("rerun with the same options to resume" if what.startswith("a partial")
            else "it is kept as it is")

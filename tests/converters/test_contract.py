@@ -108,6 +108,11 @@ def test_a_rerun_of_a_complete_conversion_does_nothing(img_src, fmt, work_dir, t
     assert again.already_complete and again.samples == 96 and tree_digest(dst) == before
     with pytest.raises(UsageError, match="other options .*seed 0 -> 5"):
         convert(img_src, dst, _opts(fmt, seed=5))
+    other = "lmdb" if fmt == "wds" else "wds"   # an option only one of them has
+    with pytest.raises(UsageError, match=r"other options \(format '%s' -> '%s'; readers "
+                       % (fmt, other)) as e:
+        convert(img_src, dst, _opts(other))
+    assert "None" not in str(e.value), e.value
 
 
 def test_dst_must_be_ours_and_outside_src(img_src, fmt, work_dir):
