@@ -35,8 +35,11 @@ def load_yaml(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
         raw = yaml.safe_load(p.read_text())
     except OSError as e:
         raise UsageError(f"{what} {p}: cannot read it ({e.strerror}).") from e
-    except yaml.YAMLError as e:
-        raise UsageError(f"{what} {p}: not valid YAML ({e}).") from e
+    except yaml.YAMLError as e:  # PyYAML's message spans lines; an error is one line
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        why = getattr(e, "problem", None) or " ".join(str(e).split())
+        raise UsageError(f"{what} {p}: not valid YAML{at} ({why}); fix the file.") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):

@@ -161,3 +161,10 @@ def test_analyze_names_a_damaged_gzip(tmp_path):
     cut = tmp_path / "cut.log.gz"
     cut.write_bytes(gzip.compress(log.read_bytes())[:20])
     _one_line(_autotune("analyze", str(cut)), str(cut), "not a readable gzip file")
+
+
+def test_a_yaml_file_that_does_not_parse_is_named_in_one_line(tmp_path, small_dataset):
+    bad = tmp_path / "preset.yaml"
+    bad.write_text("batch_size: [1, 2\nworkers: 3\n")
+    _one_line(_autotune("bench", str(small_dataset), "--preset", str(bad)),
+              str(bad), "not valid YAML at line 2, column 8")
