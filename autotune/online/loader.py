@@ -44,7 +44,7 @@ from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import default_budget, over_limit
 from autotune.online.pool import Pool
 from autotune.online.switch import Switch, Switcher
-from autotune.online.untuned import keep_fresh_workers, keep_iterable_workers, second_iterator
+from autotune.online.untuned import DeferredIter, keep_fresh_workers, keep_iterable_workers
 from autotune.shmfit import measure_batch
 
 _UNSET: Any = object()
@@ -263,11 +263,12 @@ class DataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         if self._epoch.live is not None and self._live() is not None:
-            first, self._second_said = not self._second_said, True
-            return second_iterator(self, first=first)
+            return DeferredIter(self)  # the next epoch, or a peek: autotune.online.untuned
+        return self._tuned_epoch()
+
+    def _tuned_epoch(self) -> EpochIter:
         # The iterator holds the loader (as torch's does); the loader's parts hold it weakly.
-        it = EpochIter(self, self._epoch.start())
-        self._live = weakref.ref(it)
+        self._live = weakref.ref(it := EpochIter(self, self._epoch.start()))
         return it
 
     def close(self) -> None:

@@ -12,10 +12,13 @@ A map-style dataset with a `set_epoch` changes between epochs: a worker kept fro
 epoch (persistent_workers, which the tuner otherwise turns on) holds the dataset as it was,
 so persistent_workers stays the user's (torch's False when not given).
 
-`iter(loader)` while the live epoch's iterator is still held (`next(iter(loader))` inside
-the loop) gets a plain torch iterator with the user's arguments, the serving pool's worker
-count and no kept workers, drawing from the same sampler and generator as torch's second
-iterator would; the live epoch goes on untouched.
+`iter(loader)` while the live epoch's iterator is still held is decided at its first
+next(): if that iterator is gone by then (`it = iter(loader)` rebound the name that held
+it, a loop that took len(loader) batches with next() and never saw StopIteration), it is
+the next epoch, tuned, and the old one ends; if it is still held (`next(iter(loader))`
+inside the loop), a plain torch iterator with the user's arguments, the serving pool's
+worker count and no kept workers, drawing from the same sampler and generator as torch's
+second iterator would; the live epoch goes on untouched.
 """
 
 from __future__ import annotations
@@ -68,6 +71,30 @@ def keep_fresh_workers(dataset: Any, fixed: dict[str, Any], *, tuning: bool) -> 
              persistent_workers=False)
 
 
+class DeferredIter:
+    """What iter(loader) returns while the live epoch's iterator is still held: the next
+    epoch or a second iterator, decided at the first next() (see the module doc)."""
+
+    def __init__(self, dl: Any) -> None:
+        self._dl, self._it = dl, None
+
+    def __iter__(self) -> DeferredIter:
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            dl = self._dl
+            if dl._epoch.live is None or dl._live() is None:
+                self._it = dl._tuned_epoch()
+            else:
+                first, dl._second_said = not dl._second_said, True
+                self._it = second_iterator(dl, first=first)
+        return next(self._it)
+
+    def __len__(self) -> int:
+        return len(self._dl)
+
+
 def second_iterator(dl: Any, *, first: bool) -> Iterator[Any]:
     """The plain torch iterator of a second iter() inside a live epoch of `dl` (an
     autotune.DataLoader; see the module doc); `first`: the first such iterator of this
@@ -85,8 +112,10 @@ def second_iterator(dl: Any, *, first: bool) -> Iterator[Any]:
                   multiprocessing_context=dl.multiprocessing_context)
     else:
         kw["timeout"] = 0
-    if dl._auto:
+    if dl._iterable:
+        pass  # batch_size and drop_last are in _common; torch refuses a sampler here
+    elif dl._auto:
         kw["batch_sampler"] = dl.batch_sampler
-    elif not dl._iterable:
+    else:
         kw.update(batch_size=None, sampler=dl.sampler)
     return iter(TorchLoader(dl.dataset, **kw))

@@ -145,6 +145,39 @@ def test_an_epoch_left_early_still_gives_way_to_the_next():
     loader.close()
 
 
+def test_a_peek_inside_an_iterable_datasets_epoch_is_served():
+    """An IterableDataset's reference loader has a batch_sampler too: the second iterator
+    must not hand it to torch (which refuses one for an IterableDataset)."""
+    loader = autotune.DataLoader(Stream(40, 0), batch_size=4, _controller=False)
+    epoch, peek = [], None
+    for i, b in enumerate(loader):
+        epoch.append(b.flatten().tolist())
+        if i == 2:
+            peek = next(iter(loader)).flatten().tolist()
+    loader.close()
+    assert peek == [0, 1, 2, 3]
+    assert epoch == _batches(TorchLoader(Stream(40, 0), batch_size=4))
+
+
+def test_next_epochs_taken_with_next_and_a_rebound_iterator_are_tuned_epochs(caplog):
+    """`it = iter(loader)` then len(loader) next(it) calls, each epoch: the old iterator
+    never saw StopIteration and is still held while iter() runs, but it is gone by the
+    first next(): each epoch is a tuned one (the tuned pool serves it), never a plain
+    second iterator beside an abandoned epoch."""
+    loader = autotune.DataLoader(Slow(40, 0), batch_size=4, _controller=False)
+    loader._force_config(2, 2)
+    epochs = []
+    with caplog.at_level("WARNING", logger="autotune.online"):
+        for _ in range(3):
+            it = iter(loader)
+            epochs.append([next(it).flatten().tolist() for _ in range(len(loader))])
+    workers = loader.num_workers
+    loader.close()
+    assert epochs == [_batches(TorchLoader(Slow(40, 0), batch_size=4))] * 3
+    assert workers == 2
+    assert not [r for r in caplog.records if "inside a live epoch" in r.getMessage()]
+
+
 # ---- 5. a kept pool whose workers ended between epochs
 
 _CTRL_C = textwrap.dedent("""
