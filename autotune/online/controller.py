@@ -117,7 +117,8 @@ class Controller:
         the worker bound and the budget."""
         stored = cache.load(self.cache_key) if self.cache_key else None
         if stored and isinstance(stored.get("num_workers"), int):
-            cfg = self.make(min(stored["num_workers"], self.bound),
+            # at least the workers this loader needs (a cache written without a worker_init_fn)
+            cfg = self.make(max(self.min_workers(), min(stored["num_workers"], self.bound)),
                             stored.get("prefetch_factor") or 2)
             source = "cached for this dataset and machine"
         else:

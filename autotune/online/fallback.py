@@ -101,15 +101,18 @@ def fallback(dl: Any, failed: Config, why_: failure.PoolFailure) -> Config | Non
     make = ctl.make if ctl is not None else (
         lambda n, p: Config(n, p if n else None, failed.persistent_workers,
                             failed.pin_memory))
-    # With a worker_init_fn never down to this process: the dataset may work only in workers.
+    # With a worker_init_fn, this process only as the last resort: the dataset may work only
+    # in workers; but without num_workers given, torch's default (0) would run it here.
     least = int(dl.worker_init_fn is not None)
     while w > 0:
         nw = w if "num_workers" in dl._fixed else max(least, w // 2)
         npf = pf if "prefetch_factor" in dl._fixed else max(1, pf // 2)
         if (nw, npf) == (w, pf):
-            return None  # the user's own settings: nothing less to go to
+            break  # the user's own settings, or one worker: nothing less in workers
         w, pf = nw, npf
         cand = make(w, pf)
         if less(cand):
             return cand
+    if least and w and "num_workers" not in dl._fixed and less(last := make(0, None)):
+        return last
     return None

@@ -87,11 +87,20 @@ def test_a_dataset_set_up_by_worker_init_fn_never_runs_here(kw):
 
 
 def test_a_fallback_keeps_a_worker_when_worker_init_fn_is_given():
+    """Down to one worker first; then, with no num_workers given, this process, as torch's
+    default would run it (a 64 MiB /dev/shm that no worker's batches fit must not end the
+    run); with num_workers given, nothing less."""
     loader = autotune.DataLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle)
     killed = PoolFailure("killed", "worker killed: pid 1 by SIGKILL")
     to = fallback(loader, Config(2, 2, True, False), killed)
     assert to is not None and to.num_workers >= 1
-    assert fallback(loader, Config(1, 1, True, False), killed) is None
+    last = fallback(loader, Config(1, 1, True, False), killed)
+    assert last is not None and last.num_workers == 0
+    loader.close()
+    given = autotune.DataLoader(WorkerOnly(64), batch_size=8, worker_init_fn=open_handle,
+                                num_workers=1)
+    assert fallback(given, Config(1, 1, True, False), killed) is None
+    given.close()
     loader.close()
 
 
@@ -236,3 +245,20 @@ def test_a_dataset_with_set_epoch_is_seen_at_its_epoch_by_every_worker(given):
         assert persistent is True and seen[2] != [2]   # as torch does with it: kept, stale
     else:
         assert persistent is False and seen == [[0], [1], [2]]
+
+
+def test_a_cached_start_at_no_workers_still_gives_a_worker_init_fn_its_workers():
+    """The cache (keyed by the dataset, not by the loader's arguments) may hold a start
+    at num_workers=0 from a run without a worker_init_fn: this loader starts in workers."""
+    from autotune.cpus import usable_cores
+    from autotune.online import cache
+
+    ds = WorkerOnly(64)
+    cache.store(cache.dataset_key(ds, None, 8, usable_cores()),
+                {"num_workers": 0, "prefetch_factor": None})
+    loader = autotune.DataLoader(ds, batch_size=8, worker_init_fn=open_handle)
+    start = loader._target
+    got = sorted(x for b in loader for x in b.flatten().tolist())
+    loader.close()
+    assert start.num_workers >= 1
+    assert got == list(range(64))
