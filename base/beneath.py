@@ -104,6 +104,9 @@ def open_regular(dir_fd: int, leaf: str, flags: int = os.O_RDONLY) -> tuple[int,
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise OSError(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file", leaf)
+    # O_NONBLOCK was for the open alone: some cluster file systems (Lustre) give reads and
+    # locks of a non-blocking descriptor EAGAIN under contention.
+    os.set_blocking(fd, True)
     return fd, st
 
 

@@ -34,6 +34,7 @@ format a PREFIX/manifest.json names, else folder.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import importlib.util
 import json
@@ -158,7 +159,14 @@ def manifest_format(path: Path) -> str | None:
         finally:
             os.close(fd)
         fmt = json.loads(raw).get("format")
-    except (OSError, ValueError, AttributeError) as e:
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{m}: unreadable (a symbolic link, not followed); replace "
+                             "the link with the file itself.") from None
+        raise UsageError(f"{m}: cannot be read ({e.strerror or e}); fix its permissions, or "
+                         "pass --format folder to read the directory as an image folder.",
+                         setting="format") from None
+    except (ValueError, AttributeError) as e:
         raise UsageError(f"{m}: not a readable autotune manifest ({e}); pass --format "
                          "folder to read the directory as an image folder.",
                          setting="format") from e

@@ -168,3 +168,17 @@ def test_a_yaml_file_that_does_not_parse_is_named_in_one_line(tmp_path, small_da
     bad.write_text("batch_size: [1, 2\nworkers: 3\n")
     _one_line(_autotune("bench", str(small_dataset), "--preset", str(bad)),
               str(bad), "not valid YAML at line 2, column 8")
+
+
+def test_timeline_may_be_a_stream_and_json_never_replaces_a_link(tmp_path):
+    import argparse
+
+    from autotune.cli.args import check_output_files
+    from autotune.errors import UsageError
+
+    check_output_files(argparse.Namespace(json=None, timeline="/dev/stderr"))  # written in place
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / "elsewhere.json")
+    for v in ("/dev/stdout", str(link)):   # renamed into place, the rename would replace it
+        with pytest.raises(UsageError, match="a link or a device, not a file; '--json -'"):
+            check_output_files(argparse.Namespace(json=v, timeline=None))

@@ -149,6 +149,28 @@ def add_read_format(p: argparse.ArgumentParser) -> None:
 _OUTPUT_FILES = (("json", "--json"), ("timeline", "--timeline"))
 
 
+def _writable_file(path: Any) -> bool:
+    """An existing file (not a folder) this user may write: opened and written in place,
+    as --timeline is (--json is renamed into place: its folder must be writable)."""
+    import os
+
+    try:
+        return os.path.exists(path) and not os.path.isdir(path) and os.access(path, os.W_OK)
+    except OSError:
+        return False
+
+
+def _link_or_device(path: Any) -> bool:
+    import os
+    import stat
+
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:   # absent, or behind a folder this user cannot search: checked below
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def check_output_files(args: argparse.Namespace) -> None:
     """Refuse an output file that cannot be written before the work starts, not after it
     (a search that ran for an hour and then failed to save its result)."""
@@ -164,6 +186,12 @@ def check_output_files(args: argparse.Namespace) -> None:
         if not value.strip():
             raise UsageError(f"{flag} needs a file name ('-' for stdout), but got {value!r}.")
         path = Path(value)
+        if dest == "timeline" and _writable_file(path):
+            continue  # /dev/stderr, a pipe (>(gzip > t.gz)), a file made writable for it
+        if dest == "json" and _link_or_device(path):
+            # renamed into place, it would replace the link (/dev/stdout) or the device
+            raise UsageError(f"{flag} {value}: a link or a device, not a file; '--json -' "
+                             "writes the JSON to stdout")
         try:
             if path.is_dir():
                 raise UsageError(f"{flag} {value}: a directory; name a file in it, e.g. "

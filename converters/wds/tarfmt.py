@@ -321,6 +321,9 @@ def open_shard(path: str | os.PathLike[str], beneath: str | None = None) -> Any:
             if e.errno == errno.ELOOP:
                 raise OSError(e.errno, "a symbolic link, not followed", name) from None
             raise
+        # O_NONBLOCK was for the open alone (a FIFO is refused by iter_members' fstat before
+        # any read; some cluster file systems give a non-blocking descriptor's reads EAGAIN).
+        os.set_blocking(fd, True)
     return os.fdopen(fd, "rb", buffering=0)
 
 

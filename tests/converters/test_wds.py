@@ -487,6 +487,23 @@ def test_a_subfolder_that_is_a_link_is_refused_at_open_and_when_read(wds_dst, tm
         list(ds)
 
 
+def test_a_shard_is_read_through_a_blocking_descriptor(wds_dst, tmp_path):
+    """O_NONBLOCK keeps a FIFO's open from waiting; it is cleared once the file is seen to
+    be regular (Lustre gives a non-blocking descriptor's reads and locks EAGAIN)."""
+    import shutil
+
+    from autotune_converters.wds.tarfmt import open_shard
+
+    root = tmp_path / "ds"
+    shutil.copytree(wds_dst, root)
+    (root / "sub").mkdir()
+    name = read_manifest(root).shards[0]["file"]
+    shutil.copy(root / name, root / "sub" / name)
+    for path in (root / name, root / "sub" / name):   # one open, or a walk beneath root
+        with open_shard(path, beneath=str(root)) as f:
+            assert os.get_blocking(f.fileno()), path
+
+
 def test_a_fifo_named_as_a_shard_is_refused_not_waited_on(wds_dst, tmp_path):
     """A FIFO in place of a shard: refused by the check at open, and by the read's open
     (O_NONBLOCK, then fstat) if it appears after: never a read that waits forever."""
