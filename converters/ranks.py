@@ -170,7 +170,7 @@ def _convert_rank(srcp: Path, dstp: Path, opts: Any, fp: dict[str, Any], src_roo
 def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root: str,
                    progress: Any, t0: float, world: int) -> Plan:
     """Reuse or make the plan under the DST lock and publish dist.json."""
-    from autotune_converters.conversion import _differs, _scan_and_plan
+    from autotune_converters.conversion import _differs, _same_source, _scan_and_plan
 
     wd.lock()  # refuses a single-process conversion or a finalizer that holds DST
     try:
@@ -185,6 +185,12 @@ def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_r
                 plan = _rescan_keeping(srcp, wd, opts, fp, src_root, progress, t0)
             else:
                 plan = _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
+        else:  # a resume: SRC scanned again, as a single process's resume does
+            try:
+                _same_source(srcp, wd, plan, opts, fp, src_root, progress, t0)
+            except BaseException:
+                plan.close()
+                raise
         h = plan.content_hash()
         if old is not None and old.get("plan") != h:
             plan.close()

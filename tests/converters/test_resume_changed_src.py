@@ -55,3 +55,21 @@ def test_a_resume_after_src_changed_is_refused_and_the_fixes_it_names_work(
     paths = set(read_all(dst))
     assert "class_0003/new.jpg" in paths and gone.relative_to(src).as_posix() not in paths
     assert len(paths) == 96
+
+
+def test_rank_0_rescans_on_a_resume_too(img_src, fmt, work_dir, run_cli):
+    """Rank 0 loaded its plan and went on; only the other ranks compared SRC with it. Rank
+    0 of 2 run alone writes its units and waits for rank 1's: run again after SRC
+    changed, it is refused."""
+    if fmt != "wds":
+        return  # ranks convert WebDataset shards
+    src, dst = work_dir / "src", work_dir / "dst"
+    shutil.copytree(img_src, src)
+    args = [src, dst, "--format", fmt, "--shard-size", "64KiB", "--workers", "1",
+            "--readers", "2", "--rank", "0", "--world-size", "2"]
+    r = run_cli(*args)
+    assert r.returncode == 0 and not (dst / "manifest.json").exists(), r.stderr
+    sorted((src / "class_0001").iterdir())[0].unlink()
+    r = run_cli(*args)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert f"{dst}: SRC {src} changed since this conversion began" in r.stderr
