@@ -60,8 +60,13 @@ def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] 
         else:
             raise UsageError(f"{p}: holds neither {RUN_FILES['steps']} nor {RUN_FILES['log']}; "
                              "give the log file itself")
-        if metrics is None and (p / RUN_FILES["metrics"]).is_file():
-            metrics = p / RUN_FILES["metrics"]
+        mine = p / RUN_FILES["metrics"]
+        if metrics is None and mine.is_file():
+            if mine.stat().st_size:
+                metrics = mine
+            else:  # the command ended before the monitor's first sample: the log alone
+                notes.append(f"{mine} holds no sample (the command ended before the first "
+                             "one): analysed without the machine's figures")
         if dataset is None and (p / RUN_FILES["run"]).is_file():
             try:   # a side file: read up to MAX_LINE, never whole
                 with (p / RUN_FILES["run"]).open("rb") as f:

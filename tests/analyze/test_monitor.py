@@ -148,3 +148,20 @@ def test_cli_json_to_stdout_is_only_the_json(tmp_path):
     assert json.loads(r.stdout)["steps"] > 0       # the whole of stdout is one JSON document
     assert "hello from training\n" in r.stderr
     assert "hello from training" in (tmp_path / "r" / "train.log").read_text()
+
+
+def test_a_run_shorter_than_the_first_sample_is_analysed_from_its_log(tmp_path):
+    """The command ended before the monitor's first sample: an empty metrics.jsonl. The
+    analysis is made from the step log alone, and says so (it was refused)."""
+    from autotune.analyze import analyze
+
+    run = tmp_path / "run"
+    run.mkdir()
+    code = ("import autotune, time\n"
+            "for _ in autotune.instrument(range(60), batch_size=4, log=%r):\n"
+            "    time.sleep(0.002)\n" % str(run / "steps.jsonl"))
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+    (run / "metrics.jsonl").write_text("")
+    a = analyze(run)
+    assert a.steps > 0
+    assert any("holds no sample" in w for w in a.warnings), a.warnings
