@@ -251,4 +251,24 @@ class PidLock:
         self.release()
 
 
-__all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_fd", "sha256_file", "write_json_atomic", "write_text_atomic"]
+
+def unwritable_reason(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
+    """Whether this user can make `path` (a file or folder, its missing folders made too):
+    (the nearest existing folder at or above it, None) when it can, else (that path, why
+    not: "is a file, not a folder" or "cannot be written (read-only or not this user's)").
+    Nothing is created."""
+    top = Path(path)
+    try:
+        while not os.path.lexists(top) and top != top.parent:
+            top = top.parent
+        if top.is_dir():
+            ok = os.access(top, os.W_OK | os.X_OK)
+            return top, None if ok else "cannot be written (read-only or not this user's)"
+        if top.exists():
+            return top, "is a file, not a folder"
+    except PermissionError:   # a folder above it this user cannot search
+        pass
+    return top, "cannot be written (read-only or not this user's)"
+
+__all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_fd", "sha256_file", "unwritable_reason",
+           "write_json_atomic", "write_text_atomic"]

@@ -174,10 +174,10 @@ def _link_or_device(path: Any) -> bool:
 def check_output_files(args: argparse.Namespace) -> None:
     """Refuse an output file that cannot be written before the work starts, not after it
     (a search that ran for an hour and then failed to save its result)."""
-    import os
     from pathlib import Path
 
     from autotune_base.errors import UsageError
+    from autotune_base.fsutil import unwritable_reason
 
     for dest, flag in _OUTPUT_FILES:
         value = getattr(args, dest, None)
@@ -196,17 +196,10 @@ def check_output_files(args: argparse.Namespace) -> None:
             if path.is_dir():
                 raise UsageError(f"{flag} {value}: a directory; name a file in it, e.g. "
                                  f"{path / ('result.json' if dest == 'json' else 'timeline.jsonl')}")
-            # Missing folders are made when the file is written (`--out run1 --json
-            # run1/a.json`): the nearest one that exists must be a folder this user can write.
-            top = path.parent
-            while not os.path.lexists(top) and top != top.parent:
-                top = top.parent
-            usable = top.is_dir() and os.access(top, os.W_OK | os.X_OK)
-            a_file = not usable and top.exists() and not top.is_dir()
         except PermissionError:   # a folder above it this user cannot search
-            top, usable, a_file = path.parent, False, False
-        if not usable:
-            what = ("is a file, not a folder" if a_file
-                    else "cannot be written (read-only or not this user's)")
-            raise UsageError(f"{flag} {value}: {top} {what}; name a file in a folder you can "
+            pass
+        # Missing folders are made when the file is written (`--out run1 --json run1/a.json`).
+        top, why = unwritable_reason(path.parent)
+        if why:
+            raise UsageError(f"{flag} {value}: {top} {why}; name a file in a folder you can "
                              "write")

@@ -39,6 +39,17 @@ class ReadyInit:
         self.flags[worker_id] = 1
 
 
+def index_kwargs(source: Any, *, iterable: bool, auto_collation: bool) -> dict[str, Any]:
+    """How an inner DataLoader draws its indices from `source`: as its batch_sampler (auto
+    collation), or as a sampler of whole batches; nothing for an IterableDataset (its
+    batch_size and drop_last are in the common keywords; torch refuses a sampler there)."""
+    if iterable:
+        return {}
+    if auto_collation:
+        return {"batch_sampler": source}
+    return {"batch_size": None, "sampler": source}
+
+
 class Pool:
     """An inner DataLoader over a lease of the epoch's index batches (map-style) or over the
     dataset itself (IterableDataset)."""
@@ -61,13 +72,8 @@ class Pool:
         self._forks = w > 0 and _start_method(mp_context) == "fork"
         # A RawArray is lock-free to read: the main process polls it once per batch.
         self._flags = multiprocessing.RawArray("b", w) if w else None
-        kw = dict(common)
-        if iterable:
-            pass  # batch_size and drop_last are in `common`
-        elif auto_collation:
-            kw["batch_sampler"] = self.lease
-        else:
-            kw.update(batch_size=None, sampler=self.lease)
+        kw = dict(common, **index_kwargs(self.lease, iterable=iterable,
+                                         auto_collation=auto_collation))
         if w:
             kw.update(num_workers=w, prefetch_factor=config.prefetch_factor,
                       persistent_workers=True, multiprocessing_context=mp_context,

@@ -30,6 +30,7 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.online.controller import emit
+from autotune.online.pool import index_kwargs
 
 log = logging.getLogger("autotune.online")
 
@@ -112,10 +113,6 @@ def second_iterator(dl: Any, *, first: bool) -> Iterator[Any]:
                   multiprocessing_context=dl.multiprocessing_context)
     else:
         kw["timeout"] = 0
-    if dl._iterable:
-        pass  # batch_size and drop_last are in _common; torch refuses a sampler here
-    elif dl._auto:
-        kw["batch_sampler"] = dl.batch_sampler
-    else:
-        kw.update(batch_size=None, sampler=dl.sampler)
+    kw.update(index_kwargs(dl.batch_sampler if dl._auto else dl.sampler,
+                           iterable=dl._iterable, auto_collation=dl._auto))
     return iter(TorchLoader(dl.dataset, **kw))

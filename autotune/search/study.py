@@ -23,6 +23,7 @@ from typing import Any
 
 from autotune.bench.config import BenchConfig
 from autotune.errors import UsageError
+from autotune_base.fsutil import unwritable_reason
 from autotune.search import guard, shared
 from autotune.search.ceilings import Ceilings
 from autotune.search.records import TrialRecord
@@ -204,15 +205,10 @@ def _fingerprint(root: Path, opts: SearchOptions, base: BenchConfig) -> dict[str
 def _check_out(out: Path) -> None:
     """--out must be a folder this user can make or write: refused before the first trial,
     without creating it (nothing is left behind by a search that stops before it starts)."""
-    p = out
-    while not os.path.lexists(p) and p != p.parent:
-        p = p.parent
-    if not p.is_dir():
-        raise UsageError(f"{out}: {p} is a file, not a folder; name a folder for the study "
-                         "and its results", setting="out")
-    if not os.access(p, os.W_OK | os.X_OK):
-        raise UsageError(f"{out}: cannot write in {p} (read-only or not this user's); name "
-                         "a folder you can write", setting="out")
+    p, why = unwritable_reason(out)
+    if why:
+        raise UsageError(f"{out}: {p} {why}; name a folder you can write for the study and "
+                         "its results", setting="out")
 
 
 def run_search(dataset: str | os.PathLike[str], opts: SearchOptions | None = None, *,

@@ -236,8 +236,8 @@ class LmdbSource(SampleSource):
         self._arm()
 
     def _unreadable(self, e: OSError) -> str:
-        if fd_limit(self.path, e):
-            return fd_limit(self.path, e)
+        if limit := fd_limit(self.path, e):
+            return limit
         if e.errno == errno.ELOOP:
             return (f"{self.path}: a symbolic link, not followed; a dataset is read only from "
                     "inside its own folder: replace the link with the file itself.")

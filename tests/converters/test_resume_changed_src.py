@@ -57,13 +57,11 @@ def test_a_resume_after_src_changed_is_refused_and_the_fixes_it_names_work(
     assert len(paths) == 96
 
 
-def test_rank_0_rescans_on_a_resume_too(img_src, fmt, work_dir, run_cli):
+def test_rank_0_rescans_on_a_resume_too(img_src, work_dir, run_cli):
     """Rank 0 loaded its plan and went on; only the other ranks compared SRC with it. Rank
     0 of 2 run alone writes its units and waits for rank 1's: run again after SRC
     changed, it is refused."""
-    if fmt != "wds":
-        return  # ranks convert WebDataset shards
-    src, dst = work_dir / "src", work_dir / "dst"
+    src, dst, fmt = work_dir / "src", work_dir / "dst", "wds"  # ranks write WebDataset
     shutil.copytree(img_src, src)
     args = [src, dst, "--format", fmt, "--shard-size", "64KiB", "--workers", "1",
             "--readers", "2", "--rank", "0", "--world-size", "2"]
