@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture(scope="session")
 def bench_ds() -> Path:
     """400 ImageNet-like JPEGs in 4 classes on the root disk (throttle tests need a
@@ -22,20 +21,3 @@ def bench_ds() -> Path:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def small_images_ds() -> Path:
-    """400 small (96 px) JPEGs in 4 classes on the root disk: a loader that decodes them
-    is far faster than a 100 ms step even on a busy machine, yet each file still costs a
-    disk read when cold."""
-    import numpy as np
-    from PIL import Image
-
-    d = Path(tempfile.mkdtemp(prefix="autotune-bench-small-", dir="/var/tmp")) / "train"
-    rng = np.random.default_rng(7)
-    for i in range(400):
-        cls = d / f"c{i % 4}"
-        cls.mkdir(parents=True, exist_ok=True)
-        arr = rng.integers(0, 256, size=(96, 96, 3), dtype=np.uint8)
-        Image.fromarray(arr).save(cls / f"{i:04d}.jpg", quality=85)
-    yield d
-    shutil.rmtree(d.parent, ignore_errors=True)

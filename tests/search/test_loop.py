@@ -22,8 +22,10 @@ def opts(tmp_path: Path, **kw) -> SearchOptions:
     return SearchOptions(**base)
 
 
-def test_compute_bound_is_not_converted(small_dataset, tmp_path):
-    r = run_loop(small_dataset, opts(tmp_path, compute_ms=250, seconds=3, baseline=False),
+def test_compute_bound_is_not_converted(small_images_ds, tmp_path):
+    # A 500 ms step over small images: compute-bound needs AU 0.90, 50 ms a batch for the
+    # loop's own costs; a worker's hand-over of a batch took 14-30 ms on a slow CI host.
+    r = run_loop(small_images_ds, opts(tmp_path, compute_ms=500, seconds=6, baseline=False),
                  convert="auto", stage_dir=tmp_path / "stage")
     assert r.after is None and r.converted is None
     assert "not storage" in r.decision and "compute" in r.decision
