@@ -33,7 +33,8 @@ class FolderSource(SampleSource):
 
     Same rules as torchvision's ImageFolder: classes are the sorted subdirectory names,
     images are the files with an image extension (case-insensitive) anywhere below a
-    class directory, in sorted order; symlinked directories are followed. Hidden entries
+    class directory, in sorted order; symlinked directories are followed, except a link back
+    to a folder above it (a loop, not entered). Hidden entries
     (starting with '.') are skipped. Raises UsageError when there is no class, or a class
     has no image (ImageFolder refuses that too).
     """
@@ -133,9 +134,7 @@ def _list_folder(root: Path) -> tuple[list[str], PathTable]:
     for label, cls in enumerate(classes):
         n0 = len(samples)
         base = root / cls
-        for dirpath, _dirs, filenames in sorted(os.walk(base, followlinks=True)):
-            if any(part.startswith(".") for part in Path(dirpath).relative_to(base).parts):
-                continue
+        for dirpath, filenames in _walk(base, root):
             rel = os.path.relpath(dirpath, top)
             for name in sorted(filenames):
                 if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
@@ -147,6 +146,52 @@ def _list_folder(root: Path) -> tuple[list[str], PathTable]:
         raise UsageError(f"{root}: {len(empty)} class folder(s) without images ({shown}); "
                          f"images need one of the extensions {', '.join(IMG_EXTENSIONS)}.")
     return classes, samples
+
+
+def _walk(base: Path, root: Path) -> list[tuple[str, list[str]]]:
+    """Each folder below `base` (itself included) with its file names, sorted by path, as
+    `sorted(os.walk(base, followlinks=True))` lists them, less hidden folders and loops: a
+    linked folder that is one of its own ancestors, or the dataset's `root` or one above
+    it (`up -> ..`, `all -> /`), is not entered. os.walk enters such a link again at each
+    level until the path no longer resolves (40 links deep), and two of them in one folder
+    made the listing of a stranger's dataset never end."""
+    found: list[tuple[str, list[str]]] = []
+    seen: set[tuple[int, int]] = set()
+    for folder in (base.resolve(), *base.resolve().parents, *root.resolve().parents, root):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            return found
+        seen.add((st.st_dev, st.st_ino))
+    todo: list[tuple[str, frozenset[tuple[int, int]]]] = [(str(base), frozenset(seen))]
+    while todo:
+        path, above = todo.pop()
+        files: list[str] = []
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError:
+            continue   # as os.walk: a folder that cannot be listed is passed over
+        for e in entries:
+            try:
+                is_dir = e.is_dir(follow_symlinks=True)
+            except OSError:
+                is_dir = False
+            if not is_dir:
+                files.append(e.name)
+                continue
+            if e.name.startswith("."):
+                continue
+            try:
+                dst = e.stat(follow_symlinks=True)
+            except OSError:
+                continue
+            node = (dst.st_dev, dst.st_ino)
+            if node not in above:
+                todo.append((e.path, above | {node}))
+        found.append((path, files))
+    found.sort()
+    return found
 
 
 class S3FolderSource(FolderSource):

@@ -78,3 +78,30 @@ def test_a_folder_is_listed_once_per_process_until_a_class_folder_changes(tmp_pa
     d = FolderSource(root)
     assert len(d) == 41 and d.classes[-1] == "class_0004" and d.read(40) == (b"x", 4)
     assert [x.name for x in d.files()] == [os.path.basename(p) for p in d.file_paths()]
+
+
+def test_links_back_up_the_tree_are_not_entered_and_other_links_are(tmp_path):
+    import subprocess
+    import sys
+
+    root = tmp_path / "d"
+    for c in ("a", "b"):
+        os.makedirs(root / c)
+        (root / c / f"{c}.jpg").write_bytes(b"x")
+    os.makedirs(tmp_path / "elsewhere" / "sub")
+    (tmp_path / "elsewhere" / "sub" / "e.jpg").write_bytes(b"x")
+    os.symlink("..", root / "a" / "up")                 # the dataset's root: a loop
+    os.symlink("..", root / "a" / "up2")                # two of them: os.walk never ended
+    os.symlink(".", root / "b" / "self")                # the folder itself
+    os.symlink("/", root / "b" / "all")                 # everything above
+    os.symlink("../b", root / "a" / "bb")               # a sibling class: followed
+    os.symlink(tmp_path / "elsewhere", root / "b" / "far")   # out of the tree: followed
+    code = ("import sys; from autotune_converters.folder import FolderSource; "
+            "s = FolderSource(sys.argv[1]); print('\\n'.join(s.describe(i) for i in range(len(s))))")
+    r = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    listed = [os.path.relpath(p, root) for p in r.stdout.split()]
+    # As torchvision's ImageFolder lists them, less the loops.
+    assert listed == ["a/a.jpg", "a/bb/b.jpg", "a/bb/far/sub/e.jpg", "b/b.jpg",
+                      "b/far/sub/e.jpg"], listed
