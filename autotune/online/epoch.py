@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from autotune.online import failure
+from autotune.online import datastate, failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
 from autotune.online.fallback import recover_or_raise
@@ -163,9 +163,11 @@ class Epoch:
         dl = self._dl
         if dl._sw.pending is not None:
             pool, dl._sw.pending = dl._sw.pending, None
-            return pool, False, cfg
+            return self.unchanged(pool), False, cfg
         if dl._pools and dl._pools[-1].config == cfg:
-            return dl._pools.pop(), True, cfg
+            pool = dl._pools.pop()
+            fresh = self.unchanged(pool)
+            return fresh, fresh is pool, cfg
         if self.measure_first(cfg):
             # The first batch is made here; the start point is fitted to it and its workers
             # start while this process makes the next batches (a switch, see _after_batch).
@@ -173,12 +175,33 @@ class Epoch:
             cfg = Config(0, None, False, cfg.pin_memory)
         return self.new_pool(cfg), False, cfg
 
+    def unchanged(self, pool: Pool) -> Pool:
+        """`pool`, kept from before this epoch, or a new pool of its configuration when the
+        loop changed the dataset since its workers started and persistent_workers is the
+        tuner's (see autotune.online.datastate): torch's default starts new workers every
+        epoch, and the kept ones would go on with the dataset as it was."""
+        dl = self._dl
+        if pool.dataset_state is None or "persistent_workers" in dl._fixed:
+            return pool
+        what = datastate.changed(pool.dataset_state, datastate.state(dl.dataset))
+        if what is None:
+            return pool
+        emit("dataset-changed", f"{what} changed since the workers of {pool.config.short()} "
+             "started: new workers for this epoch, as torch's default "
+             "(persistent_workers=False) would start them; give persistent_workers to "
+             "decide it yourself", config=pool.config.kwargs(), changed=what)
+        return self._replace(pool)
+
     def renew(self, pool: Pool, dead: list[tuple[int, int]]) -> Pool:
         """A new pool of `pool`'s configuration, `pool` (its `dead` workers ended) retired."""
         what = ", ".join(f"pid {pid} exit code {code}" for pid, code in dead)
         emit("renewed", f"the workers of {pool.config.short()} ended between the epochs "
              f"({what}): a new pool of the same configuration serves it",
              config=pool.config.kwargs(), dead=dead)
+        return self._replace(pool)
+
+    def _replace(self, pool: Pool) -> Pool:
+        """A new pool of `pool`'s configuration; `pool` retired."""
         pool.lease.give_back()
         self.retire(pool)
         new = self.new_pool(pool.config)

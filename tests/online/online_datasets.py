@@ -191,3 +191,24 @@ class Epochal(Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         return torch.tensor([i, self.epoch])
+
+
+class Level:
+    """A transform's setting, changed by the loop (an augmentation schedule)."""
+
+    def __init__(self) -> None:
+        self.level = 0
+
+
+class Scheduled(Dataset):
+    """Item i is (i, size, aug.level): an image-size schedule and an augmentation schedule
+    the loop sets between epochs by plain assignment, with no set_epoch."""
+
+    def __init__(self, n: int = 32) -> None:
+        self.n, self.size, self.aug = n, 0, Level()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, self.size, self.aug.level])

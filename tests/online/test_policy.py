@@ -21,7 +21,8 @@ import autotune
 from autotune.online.config import Config
 from autotune.online.failure import PoolFailure
 from autotune.online.fallback import fallback
-from online_datasets import Epochal, Slow, Stream, Unsplit, WorkerOnly, open_handle
+from online_datasets import (Epochal, Scheduled, Slow, Stream, Unsplit, WorkerOnly,
+                             open_handle)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -245,6 +246,31 @@ def test_a_dataset_with_set_epoch_is_seen_at_its_epoch_by_every_worker(given):
         assert persistent is True and seen[2] != [2]   # as torch does with it: kept, stale
     else:
         assert persistent is False and seen == [[0], [1], [2]]
+
+
+def test_a_dataset_the_loop_changes_between_epochs_gets_new_workers_only_then(decisions):
+    """torch's default starts new workers every epoch, so `dataset.size = 160` between
+    epochs reaches them; the tuner's kept workers would go on with the old size. The
+    pool is kept while the dataset is unchanged, and replaced in the epoch it changed."""
+    ds = Scheduled(32)
+    dl = autotune.DataLoader(ds, batch_size=4, _controller=False)
+    dl._force_config(2, 2)        # workers from the first batch boundary on
+    seen, pids = [], []
+    plan = [(0, 0), (0, 0), (1, 0), (1, 0), (1, 2)]   # (size, aug.level) of each epoch
+    for size, level in plan:
+        ds.size = size
+        ds.aug.level = level
+        seen.append(sorted({(int(b[1]), int(b[2])) for batch in dl for b in batch}))
+        pids.append(tuple(sorted(dl._pools[0].pids())))
+    persistent = dl.persistent_workers
+    dl.close()
+    assert seen == [[p] for p in plan], seen
+    assert persistent is True
+    # Kept across the unchanged epochs (1 and 3), new where the dataset changed (2 and 4).
+    assert pids[1] == pids[0] and pids[3] == pids[2], pids
+    assert len({pids[0], pids[2], pids[4]}) == 3, pids
+    changed = [r.autotune["changed"] for e, r in decisions() if e == "dataset-changed"]
+    assert changed == ["dataset.size", "dataset.aug.level"], changed
 
 
 def test_a_cached_start_at_no_workers_still_gives_a_worker_init_fn_its_workers():
