@@ -230,3 +230,34 @@ def _alive(p: psutil.Process) -> bool:
         return p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_ctrl_c_leaves_no_folder_of_the_workers_in_tmp(small_dataset: Path, tmp_path: Path) -> None:
+    # Each worker that hands a batch over by file descriptor makes multiprocessing's
+    # /tmp/pymp-* folder (its socket for the descriptors); a worker killed on Ctrl-C never
+    # removed it. They now live in the run's scratch folder, which the run removes.
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        "from autotune.bench import BenchConfig, run_bench\n"
+        "cfg = BenchConfig.from_preset('decode-only', num_workers=2, batch_size=4, seconds=60,\n"
+        "                              cold=False, compute_ms=50)\n"
+        "try:\n"
+        "    run_bench(sys.argv[1], cfg, progress=lambda m: print(m, flush=True))\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    # A short TMPDIR (pytest's own folders are too deep for a socket's path below it).
+    tmp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "TMPDIR": str(tmp)}
+    parent = subprocess.Popen([sys.executable, str(script), str(small_dataset)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    for line in parent.stdout:
+        if line.startswith("measuring"):
+            break
+    time.sleep(1.0)   # batches handed over: each worker has its socket
+    parent.send_signal(signal.SIGINT)
+    assert parent.wait(timeout=60) == 130
+    left = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert left == [], left
