@@ -50,10 +50,13 @@ def main() -> None:
     mode, seconds = sys.argv[1], float(sys.argv[2])
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 640
     events: list[str] = []
+    warned: list[str] = []   # the records at WARNING or above: what a user sees unasked
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             events.append(f"{getattr(record, 'autotune_event', '')}: {record.getMessage()}")
+            if record.levelno >= logging.WARNING:
+                warned.append(events[-1])
 
     logging.getLogger("autotune.online").addHandler(Keep())
     logging.getLogger("autotune.online").setLevel(logging.INFO)
@@ -82,7 +85,7 @@ def main() -> None:
         epochs += 1
     print(json.dumps({"epochs": epochs, "every_sample_once": ok,
                       "workers_seen": sorted(workers_seen),
-                      "tuned_kwargs": loader.tuned_kwargs, "events": events,
+                      "tuned_kwargs": loader.tuned_kwargs, "events": events, "warned": warned,
                       "seconds": time.perf_counter() - t0}))
     loader.close()
 

@@ -127,6 +127,9 @@ def test_float_batches_in_64mib_shm_never_crash(tmp_path):
     assert r["every_sample_once"] and r["epochs"] >= 1
     assert r["workers_seen"] == [0]
     assert any(e.startswith("fit:") for e in r["events"]), r["events"]
+    # Said at WARNING (Python prints it with no logging set up), with what gives workers back.
+    fit = [w for w in r["warned"] if w.startswith("fit:")]
+    assert len(fit) == 1 and "--shm-size" in fit[0], r["warned"]
 
 
 def test_batches_that_fit_several_times_still_get_workers(tmp_path):
@@ -134,6 +137,7 @@ def test_batches_that_fit_several_times_still_get_workers(tmp_path):
     r = _in_small_shm("uint8", 6, 512, tmp_path)
     assert r["every_sample_once"]
     assert max(r["workers_seen"]) > 0, r["events"]
+    assert not [w for w in r["warned"] if w.startswith("fit:")], r["warned"]   # INFO only
 
 
 def test_real_enospc_in_workers_falls_back(tmp_path):
