@@ -62,9 +62,19 @@ def _pool(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
                         f"the {len(cands)} configurations to confirm "
                         + ("were not measured again in a longer window" if missing else
                            "failed their confirmation")
-                        + f" ({stop_reason}); the figures are single {s.base.seconds:g} s windows"
-                        + (" or longer" if s.opts.seconds is None else ""))
+                        + f" ({stop_reason}); the figures are single windows"
+                        + _windows(cands))
     return pool
+
+
+def _windows(trials: list[TrialRecord]) -> str:
+    """The lengths of the windows the trials were measured in (a cold window ends with the
+    dataset's first pass, and a window stays open for its batches, so not --seconds)."""
+    secs = sorted(t.measured_s for t in trials if t.measured_s)
+    if not secs:
+        return ""
+    lo, hi = secs[0], secs[-1]
+    return f" of {lo:.1f} s" if hi - lo < 0.05 else f" of {lo:.1f}-{hi:.1f} s"
 
 
 def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop_reason: str,

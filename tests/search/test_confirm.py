@@ -35,7 +35,7 @@ def _fake_bench(monkeypatch, figure) -> list[tuple[int, int, float]]:
             return _Result({"failed": True, "failure_kind": "crash", "reason": "worker crashed"})
         return _Result({"failed": False, "images_per_s": ips, "au": min(1.0, ips / 1000),
                         "data_wait_fraction": 0.1, "peak_rss_mib": 100.0 * (cfg.num_workers + 1),
-                        "seconds_total": cfg.seconds})
+                        "seconds_total": cfg.seconds, "window": {"seconds": cfg.seconds}})
 
     monkeypatch.setattr(session_mod, "run_bench", run)
     return calls
@@ -120,3 +120,5 @@ def test_interrupted_confirmation_names_the_winner_from_the_trials_and_says_so(
     assert r.stop_reason.startswith("interrupted")
     assert r.recommended.params["num_workers"] == 4 and r.recommended.window_s is None
     assert any("not confirmed" in w and "were not measured again" in w for w in r.warnings)
+    # The windows the trials were measured in (the search said 10 s whatever they were).
+    assert any("the figures are single windows of 1.0 s" in w for w in r.warnings), r.warnings
