@@ -61,14 +61,16 @@ def _trials_table(d: dict[str, Any], cols: list[Param], rec_n: int | None) -> Ta
     tt = Table(title=f"Trials ({printable(d['study'], markup=True)})", title_justify="left")
     for col in ("#", *(c.column for c in cols), "state", "images/s", "AU", "wait", "RSS MiB",
                 "reason"):
-        tt.add_column(col, justify="left" if col in ("state", "reason") else "right")
+        # The reason wraps in its column: cut at 60 characters it stopped mid-word.
+        tt.add_column(col, justify="left" if col in ("state", "reason") else "right",
+                      max_width=48 if col == "reason" else None)
     for tr in d["trials"]:
         mark = " *" if tr["number"] == rec_n and tr["state"] == "complete" else ""
         tt.add_row(f"{tr['number']}{mark}", *cells(tr["params"], cols),
                    tr["state"] + (f" of {tr['duplicate_of']}" if tr.get("duplicate_of") is not None else ""),
                    fmt_rate(tr["images_per_s"]), _f(tr["au"]), _f(tr["data_wait_fraction"]),
                    _f(tr["peak_rss_mib"], ",.0f"),
-                   printable((tr.get("reason") or "")[:60], markup=True))
+                   printable(_clip(tr.get("reason") or "", 240), markup=True))
     b = d.get("baseline")
     if b:
         tt.add_row("base" + (" *" if rec_n == -1 else ""), *cells(b["config"], cols),
@@ -76,6 +78,14 @@ def _trials_table(d: dict[str, Any], cols: list[Param], rec_n: int | None) -> Ta
                    _f(b.get("data_wait_fraction")), _f(b.get("peak_rss_mib"), ",.0f"),
                    "baseline: rule of thumb")
     return tt
+
+
+def _clip(text: str, n: int) -> str:
+    """`text`, or its first words within `n` characters and an ellipsis (the JSON and the
+    report hold it whole)."""
+    if len(text) <= n:
+        return text
+    return text[:n].rsplit(" ", 1)[0].rstrip(",;:( ") + " …"
 
 
 def _confirmed_table(conf: list[dict[str, Any]], cols: list[Param], rec_n: int | None) -> Table:
