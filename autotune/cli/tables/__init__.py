@@ -55,8 +55,10 @@ def budget_texts(budget: dict[str, Any] | None, title: str = "time budget") -> l
     if not budget or not budget.get("available"):
         return []
     b = TimeBudget.from_dict(budget)
-    out: list[Any] = [Text(f"{title} (share of each process's wall time, {b.wall_s:.1f} s)",
-                           style="bold")]
+    # Per process-second, its threads' time: a process whose threads wait for a CPU
+    # together shows over 100 % (runnable 117 % read as a wrong sum under "share").
+    out: list[Any] = [Text(f"{title} (its threads' time per second of each process, "
+                           f"{b.wall_s:.1f} s; several threads can pass 100 %)", style="bold")]
     out += [Text(f"  {line}", style="dim" if line.startswith("note:") else "")
             for line in b.lines()]
     return out
