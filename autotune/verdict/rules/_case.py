@@ -132,9 +132,13 @@ def stages(inp: RuleInputs, v: Verdict, ev: list[str]) -> None:
     v.summary += f"; of the pipeline's time, {top} takes {sh[top]:.0%}"
     v.advice = [{
         "decode": "the decode itself is the cost: decoder simplejpeg, `draft: true` for JPEGs "
-                  "larger than the crop, or smaller stored images (`autotune convert --max-side`)",
+                  "larger than the crop (the preset's transform: `--preset resnet50-fast`, or "
+                  "a YAML of your own; in your code ImagenetTrainTransform(fast=True)), or "
+                  "smaller stored images (`autotune convert --max-side`)",
         "transform": "the transform costs more than the decode: `exact: false` (the same crops, "
-                     "fewer copies), or `output: uint8` and normalise on the GPU",
+                     "fewer copies), or `output: uint8` and normalise on the GPU (the preset's "
+                     "transform: `--preset resnet50-fast`, or a YAML of your own; in your code "
+                     "ImagenetTrainTransform(fast=True))",
         "collate": "collate is the cost: a uint8 output (a quarter of float32's bytes) or "
                    "smaller batches per worker"}[top], *v.advice]
 
