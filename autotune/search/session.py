@@ -189,19 +189,29 @@ class Session:
 
         self.shm_gate = measure_gate(self.root, self.base, self.base.procs_per_node, self.say,
                                      self.env)
-        self.shm_gate.apply(self.space)
+        # What /dev/shm cuts counts only what a cold pass could measure: a larger /dev/shm
+        # would not run the rest, and the verdict must not say it would.
+        self.shm_gate.apply(self.space, runnable=lambda p: self.cold_unfit(p) is None)
 
     def unfit_hint(self, params: dict[str, Any]) -> str:
-        if self.shm_gate is not None and self.shm_gate.why(params):
+        if self.cold_unfit(params) is None and self.shm_gate is not None and \
+                self.shm_gate.why(params):
             return self.shm_gate.hint
         return "a smaller batch size, --warm, or a larger dataset"
 
     def unfit(self, params: dict[str, Any]) -> str | None:
-        """Why this configuration is not run: its batches do not fit in /dev/shm, or one
-        cold pass cannot hold its measurement; None when it can run."""
+        """Why this configuration is not run: one cold pass cannot hold its measurement (the
+        reason a larger /dev/shm would not remove), or its batches do not fit in /dev/shm;
+        None when it can run."""
+        if why := self.cold_unfit(params):
+            return why
         if self.shm_gate is not None and (why := self.shm_gate.why(params)):
             return why
-        if not self.opts.cold or self.ceilings.samples is None:  # type: ignore[union-attr]
+        return None
+
+    def cold_unfit(self, params: dict[str, Any]) -> str | None:
+        """Why one cold pass cannot hold a measurement of `params`; None when it can."""
+        if not self.opts.cold or self.ceilings is None or self.ceilings.samples is None:
             return None
         need, have = self.needs(params)
         if have >= need:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from autotune.params import config_key
 from autotune.shmfit import (MARGIN, SLACK_BYTES, BatchBytes, ShmAdvice, ShmBudget, fits,
@@ -87,17 +87,20 @@ class ShmGate:
                 "medium: Memory), fewer workers or a lower prefetch_factor, or uint8 batches "
                 "normalised on the accelerator")
 
-    def apply(self, space: Any) -> None:
-        """Count what the space loses; add num_workers=0 when nothing else fits."""
+    def apply(self, space: Any,
+              runnable: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """Count what the space loses to /dev/shm alone (of the configurations `runnable`
+        says could run otherwise); add num_workers=0 when nothing else fits."""
         grid = space.grid()
-        out = [p for p in grid if self.why(p)]
+        over = [p for p in grid if self.why(p)]
+        out = [p for p in over if runnable is None or runnable(p)]
         self.space_size, self.space_skipped = len(grid), len(out)
         self.workers_fit = any(p.get("num_workers") and not self.why(p) for p in grid)
         if out:
             self.largest_skipped = max(out, key=lambda p: needed_bytes(
                 p.get("num_workers") or 0, p.get("prefetch_factor"),
                 (self.batch_for(p) or BatchBytes(0)).total))
-        if out and len(out) == len(grid) and 0 not in (space.choices.get("num_workers") or []):
+        if over and len(over) == len(grid) and 0 not in (space.choices.get("num_workers") or []):
             space.choices["num_workers"] = sorted({0, *(space.choices.get("num_workers") or [])})
             self.added_zero = True
             self.space_size = len(space.grid())

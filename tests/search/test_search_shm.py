@@ -85,6 +85,31 @@ def test_gate_adds_num_workers_0_when_nothing_with_workers_fits(tmp_path):
     assert d["advice"]["docker"].startswith("--shm-size=")
 
 
+def test_what_a_cold_pass_cannot_hold_is_not_counted_against_dev_shm(tmp_path):
+    """A configuration a cold pass of the dataset cannot measure would not run in any
+    /dev/shm: the gate neither counts it as cut by /dev/shm nor sizes its advice by it (a
+    search said '/dev/shm limited the search (2 of 13 not run)' and advised a
+    --shm-size that would run them, while its notes said a cold pass could not hold
+    them)."""
+    from autotune.search.shmgate import ShmGate
+    from autotune.search.space import load_space
+    from autotune.shmfit import BatchBytes, shm_budget
+
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text("num_workers: {choices: [1, 2]}\nprefetch_factor: {choices: [1, 4]}\n"
+                          "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
+    space = load_space(space_file, cores=2, cuda=False)
+    mib8 = 8 * 2**20          # 1 x (1 + 1) batches fit in 64 MiB; 2 x (4 + 1) do not
+    gate = ShmGate(shm_budget(_env_64mib()), BatchBytes(mib8, mib8))
+    deep = [p for p in space.grid() if gate.why(p)]
+    assert deep and all(p["prefetch_factor"] == 4 for p in deep)
+    gate.apply(space)                                        # every one runnable
+    assert gate.space_skipped == len(deep) and gate.bound
+    gate = ShmGate(shm_budget(_env_64mib()), BatchBytes(mib8, mib8))
+    gate.apply(space, runnable=lambda p: p["prefetch_factor"] == 1)   # a cold pass holds pf 1
+    assert gate.space_skipped == 0 and not gate.bound, gate.to_dict(0)
+
+
 @pytest.mark.root
 @pytest.mark.slow
 def test_search_in_a_64_mib_dev_shm_recommends_what_fits_and_it_runs(tiny_jpegs, tmp_path):
