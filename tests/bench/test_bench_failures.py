@@ -195,23 +195,33 @@ def test_full_dev_shm(small_dataset: Path, no_leftovers, tiny_shm) -> None:
     no_leftovers(r)
 
 
-def test_killed_bench_parent_takes_its_measurement_along(small_dataset: Path, tmp_path: Path,
-                                                         live_measurements) -> None:
-    # The process calling run_bench dies outright (SIGKILL: no finally runs): the
-    # measurement process and its workers must not outlive it.
+def _measuring_parent(tmp_path: Path, dataset: Path, **env: str) -> subprocess.Popen:
+    """A process that calls run_bench (a minute's window; Ctrl-C exits 130), returned once
+    the measurement runs."""
     script = tmp_path / "parent.py"
     script.write_text(
         "import sys\n"
         "from autotune.bench import BenchConfig, run_bench\n"
         "cfg = BenchConfig.from_preset('decode-only', num_workers=2, batch_size=4, seconds=60,\n"
         "                              cold=False, compute_ms=50)\n"
-        "run_bench(sys.argv[1], cfg, progress=lambda m: print(m, flush=True))\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    parent = subprocess.Popen([sys.executable, str(script), str(small_dataset)],
+        "try:\n"
+        "    run_bench(sys.argv[1], cfg, progress=lambda m: print(m, flush=True))\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **env}
+    parent = subprocess.Popen([sys.executable, str(script), str(dataset)],
                               stdout=subprocess.PIPE, text=True, env=env)
     for line in parent.stdout:
         if line.startswith("measuring"):
             break
+    return parent
+
+
+def test_killed_bench_parent_takes_its_measurement_along(small_dataset: Path, tmp_path: Path,
+                                                         live_measurements) -> None:
+    # The process calling run_bench dies outright (SIGKILL: no finally runs): the
+    # measurement process and its workers must not outlive it.
+    parent = _measuring_parent(tmp_path, small_dataset)
     kids = [p for p in psutil.Process(parent.pid).children(recursive=True)]
     assert len(kids) >= 3  # measurement process + 2 workers
     parent.kill()
@@ -236,25 +246,9 @@ def test_ctrl_c_leaves_no_folder_of_the_workers_in_tmp(small_dataset: Path, tmp_
     # Each worker that hands a batch over by file descriptor makes multiprocessing's
     # /tmp/pymp-* folder (its socket for the descriptors); a worker killed on Ctrl-C never
     # removed it. They now live in the run's scratch folder, which the run removes.
-    script = tmp_path / "parent.py"
-    script.write_text(
-        "import sys\n"
-        "from autotune.bench import BenchConfig, run_bench\n"
-        "cfg = BenchConfig.from_preset('decode-only', num_workers=2, batch_size=4, seconds=60,\n"
-        "                              cold=False, compute_ms=50)\n"
-        "try:\n"
-        "    run_bench(sys.argv[1], cfg, progress=lambda m: print(m, flush=True))\n"
-        "except KeyboardInterrupt:\n"
-        "    sys.exit(130)\n")
     # A short TMPDIR (pytest's own folders are too deep for a socket's path below it).
     tmp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-           "TMPDIR": str(tmp)}
-    parent = subprocess.Popen([sys.executable, str(script), str(small_dataset)],
-                              stdout=subprocess.PIPE, text=True, env=env)
-    for line in parent.stdout:
-        if line.startswith("measuring"):
-            break
+    parent = _measuring_parent(tmp_path, small_dataset, TMPDIR=str(tmp))
     time.sleep(1.0)   # batches handed over: each worker has its socket
     parent.send_signal(signal.SIGINT)
     assert parent.wait(timeout=60) == 130
