@@ -143,25 +143,13 @@ class Controller:
         fitted = limits.fit(self, cfg)
         if fitted != cfg:
             mem = self.memory()
-            # No worker at all: every batch is made in the training process, the loss the
-            # user installed this for; said at WARNING, with what would give workers back.
-            none = not fitted.num_workers
-            fix = ""
-            if none and not self.shm_fits(Config(1, 1, False, cfg.pin_memory), mem.per_batch):
-                from autotune.shmfit import needed_bytes
-
-                need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, mem.per_batch)
-                fix = (f"; every batch is made in the training process: {mib(need)} of free "
-                       f"/dev/shm would hold {cfg.short()} (docker run --shm-size, or a "
-                       "smaller batch)")
-            elif none:
-                fix = "; every batch is made in the training process"
             emit("fit", f"start at {fitted.short()} instead of {cfg.short()}: the first batch "
                  f"is {mib(mem.per_batch)}, and {cfg.short()} would hold more in /dev/shm or "
                  f"memory than the budget ({mib(self.shm or 0)} of /dev/shm, "
-                 f"{mib(self.budget)} of memory){fix}", warn=none, config=fitted.kwargs(),
-                 old=cfg.kwargs(), batch_bytes=mem.per_batch, shm_budget=self.shm,
-                 budget=self.budget)
+                 f"{mib(self.budget)} of memory)"
+                 + limits.no_worker_text(self, cfg, fitted, mem.per_batch),
+                 warn=not fitted.num_workers, config=fitted.kwargs(), old=cfg.kwargs(),
+                 batch_bytes=mem.per_batch, shm_budget=self.shm, budget=self.budget)
         self._current = fitted
         return fitted
 

@@ -38,6 +38,21 @@ def shm_fits(shm: int | None, cfg: Config, per_batch: int, also: Config | None =
     return need <= shm
 
 
+def no_worker_text(ctl: Any, cfg: Config, fitted: Config, per_batch: int) -> str:
+    """What the start point's fit adds when it leaves no worker ("" while `fitted` has
+    some): every batch is then made in the training process, the loss the user installed
+    autotune.DataLoader for, so it names what would give workers back (said at WARNING)."""
+    if fitted.num_workers:
+        return ""
+    if shm_fits(ctl.shm, Config(1, 1, False, cfg.pin_memory), per_batch):
+        return "; every batch is made in the training process"
+    from autotune.shmfit import needed_bytes
+
+    need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, per_batch)
+    return (f"; every batch is made in the training process: {mib(need)} of free /dev/shm "
+            f"would hold {cfg.short()} (docker run --shm-size, or a smaller batch)")
+
+
 def fit(ctl: Any, cfg: Config) -> Config:
     """`cfg`, or fewer workers (the last step before none: one worker, one batch ahead)
     until it fits the controller `ctl`'s memory and /dev/shm budgets; the settings given

@@ -203,11 +203,8 @@ class Session:
         """Why this configuration is not run: one cold pass cannot hold its measurement (the
         reason a larger /dev/shm would not remove), or its batches do not fit in /dev/shm;
         None when it can run."""
-        if why := self.cold_unfit(params):
-            return why
-        if self.shm_gate is not None and (why := self.shm_gate.why(params)):
-            return why
-        return None
+        return self.cold_unfit(params) or (self.shm_gate.why(params)
+                                           if self.shm_gate is not None else None)
 
     def cold_unfit(self, params: dict[str, Any]) -> str | None:
         """Why one cold pass cannot hold a measurement of `params`; None when it can."""
