@@ -9,11 +9,14 @@ raises in shared memory). Whether a pool outlives an epoch is the configuration'
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import multiprocessing
+import os
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -74,6 +77,8 @@ class Pool:
         self._forks = w > 0 and _start_method(mp_context) == "fork"
         # A RawArray is lock-free to read: the main process polls it once per batch.
         self._flags = multiprocessing.RawArray("b", w) if w else None
+        if w:
+            _stopped_at_exit(self)
         kw = dict(common, **index_kwargs(self.lease, iterable=iterable,
                                          auto_collation=auto_collation))
         if w:
@@ -192,6 +197,33 @@ class Pool:
             stop()
         self.it = None
         return [p for p in pids if pid_alive(p)]
+
+
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
+_EXIT_PID: int | None = None
+
+
+def _stopped_at_exit(pool: Pool) -> None:
+    """Stop `pool` when the interpreter exits, if it is still running then."""
+    global _EXIT_PID
+    if _EXIT_PID != os.getpid():
+        _EXIT_PID = os.getpid()
+        atexit.register(_at_exit)   # after multiprocessing's own handler: runs before it
+    _LIVE.add(pool)
+
+
+def _at_exit() -> None:
+    """Stop the pools still running (the kept workers of a finished loop) in order, before
+    multiprocessing's exit handler terminates their workers: a worker that SIGTERM ends
+    never removes its /tmp/pymp-* folder, and kept workers left one each, every run, where
+    torch's default (new workers every epoch) leaves none."""
+    if _EXIT_PID != os.getpid():
+        return
+    for pool in list(_LIVE):
+        try:
+            pool.shutdown()
+        except Exception:  # noqa: BLE001 (the interpreter is exiting: nothing to tell)
+            pass
 
 
 def _start_method(ctx: Any) -> str:

@@ -159,3 +159,36 @@ def test_exit_mid_burst_ends_the_sampler(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not alive, "the sampler outlived the interpreter"
     assert "ResourceWarning" not in r.stderr
+
+
+def test_kept_workers_leave_no_folder_in_tmp_at_exit(tmp_path):
+    """A loop that ends with the tuner's kept (persistent) workers alive: they are stopped
+    before multiprocessing's exit handler terminates them, so each removes its /tmp/pymp-*
+    folder (its socket for handing batches over). Terminated, each left one, every run;
+    torch's default, new workers every epoch, leaves none."""
+    import shutil
+    import tempfile
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""\
+        import autotune
+        from online_datasets import Slow
+        loader = autotune.DataLoader(Slow(64, 0.0), batch_size=4, _controller=False)
+        loader._force_config(2, 2)
+        for epoch in range(2):
+            for batch in loader:
+                pass
+        print("KEPT", len(loader._pools[0].pids()), flush=True)
+        """))
+    tmp = tempfile.mkdtemp(prefix="at-", dir="/tmp")   # a socket's path must stay short
+    env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, HERE, os.environ.get("PYTHONPATH")) if p))
+    try:
+        r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+        left = sorted(os.listdir(tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "KEPT 2" in r.stdout   # the workers were alive when the script ended
+    assert left == [], left
