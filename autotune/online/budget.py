@@ -251,6 +251,8 @@ class Budget:
         dl.verdict = v
         if v.bottleneck == "storage" and hasattr(dl._ctl, "storage_verdict"):
             dl._ctl.storage_verdict()
+        # At WARNING: the one record that says the run is still held back and what to do,
+        # which a user without logging set up saw nothing of.
         emit("verdict", f"AU {stats.au:.2f} after tuning (under {why.INPUT_BOUND_AU:.2f}): "
-             f"{v.summary}; next: {v.next_command}", bottleneck=v.bottleneck, au=stats.au,
-             verdict=v.to_dict())
+             f"{v.summary}; next: {v.next_command}", warn=True, bottleneck=v.bottleneck,
+             au=stats.au, verdict=v.to_dict())

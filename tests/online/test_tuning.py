@@ -123,6 +123,8 @@ def test_idle_workers_after_tuning_verdict_once_from_the_engine(decisions):
     _until_verdict(loader)
     verdicts = [r for e, r in decisions() if e == "verdict"]
     assert len(verdicts) == 1
+    # At WARNING: Python prints it with no logging set up (the other decisions are INFO).
+    assert verdicts[0].levelname == "WARNING"
     v = verdicts[0].autotune["verdict"]
     assert v["bottleneck"] == "loader" and "(waits inside the dataset)" in v["summary"], v
     assert any(line.startswith("workers (") for line in v["evidence"])  # the budget's line
