@@ -339,23 +339,31 @@ class DataLoader:
             msg = (f"{self._epoch.served} batches, fewer than one window "
                    f"({self._meter.size}); nothing measured")
         else:
-            a, b = first.config, last.config
-            parts = []
-            if a.num_workers != b.num_workers:
-                parts.append(f"num_workers {a.num_workers} \u2192 {b.num_workers}")
-            if (a.num_workers or b.num_workers) and a.prefetch_factor != b.prefetch_factor:
-                parts.append(f"prefetch {a.prefetch_factor or '-'} \u2192 "
-                             f"{b.prefetch_factor or '-'}")
-            head = ", ".join(parts) or f"{b.short()} kept"
-            ratio = (last.stats.batches_per_s / first.stats.batches_per_s
-                     if first.stats.batches_per_s else 1.0)
-            msg = (f"{head}: wait {100 * first.stats.wait_share:.0f} % \u2192 "
-                   f"{100 * last.stats.wait_share:.0f} %, {ratio:.1f}x")
+            msg = _first_epoch_text(first, last, self._target)
             cost = getattr(self._ctl, "switch_cost_s", 0.0) if self._tuning else 0.0
             if cost:
                 msg += f" (switches cost {cost:.2f} s)"
         self.summary = msg
         emit("summary", f"first epoch: {msg}", summary=msg)
+
+
+def _first_epoch_text(first: Any, last: Any, now: Config) -> str:
+    """The first epoch from its first window to its last: the first configuration to the one
+    the loader runs `now` (the last window may have measured a trial it did not keep), the
+    wait share in each window and the ratio of their batches/s."""
+    a, b = first.config, now
+    parts = []
+    if a.num_workers != b.num_workers:
+        parts.append(f"num_workers {a.num_workers} \u2192 {b.num_workers}")
+    if (a.num_workers or b.num_workers) and a.prefetch_factor != b.prefetch_factor:
+        parts.append(f"prefetch {a.prefetch_factor or '-'} \u2192 {b.prefetch_factor or '-'}")
+    head = ", ".join(parts) or f"{b.short()} kept"
+    ratio = (last.stats.batches_per_s / first.stats.batches_per_s
+             if first.stats.batches_per_s else 1.0)
+    trial = "" if last.config == b else f"; the last measured a trial, {last.config.short()}"
+    return (f"{head}: wait {100 * first.stats.wait_share:.0f} % in the first window, "
+            f"{100 * last.stats.wait_share:.0f} % in the last ({ratio:.1f}x the batches/s"
+            f"{trial})")
 
 
 def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:

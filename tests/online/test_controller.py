@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from autotune.online import cache
+from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures
 from autotune.online.measure import (NOISE_TARGET, Meter, WindowStats, beyond_noise,
                                      window_batches)
@@ -391,3 +392,22 @@ def test_one_healthy_window_is_confirmed_by_the_next_before_settling(decisions):
     assert nxt is not None and c.phase == "trial"
     events = [e for e, _ in decisions()]
     assert "settle" not in events and events[-1] == "try", events
+
+
+def test_the_first_epochs_summary_names_the_configuration_kept_not_the_last_trial():
+    """A soak run read 'first epoch: prefetch 2 -> 4' right after 'settled at
+    prefetch_factor=2': the summary named the last window's configuration, a trial the
+    tuner did not keep."""
+    from types import SimpleNamespace
+
+    from autotune.online.loader import _first_epoch_text
+
+    kept, trial = Config(2, 2, True, False), Config(2, 4, True, False)
+    first = SimpleNamespace(config=kept, stats=SimpleNamespace(wait_share=0.94, batches_per_s=10.0))
+    last = SimpleNamespace(config=trial, stats=SimpleNamespace(wait_share=0.94, batches_per_s=9.0))
+    text = _first_epoch_text(first, last, kept)
+    assert text.startswith(f"{kept.short()} kept: wait 94 % in the first window"), text
+    assert f"the last measured a trial, {trial.short()}" in text and "0.9x" in text
+    assert "\u2192" not in text
+    moved = _first_epoch_text(first, SimpleNamespace(config=trial, stats=last.stats), trial)
+    assert moved.startswith("prefetch 2 \u2192 4: ") and "trial" not in moved, moved
