@@ -260,6 +260,21 @@ def test_every_module_and_the_package_data_come_from_the_wheel(venv, tmp_path):
     assert int(n) > 50 and "resnet50" in rest and "autotune_configs/search" in rest, rest
 
 
+def test_getting_starteds_dataset_command_runs_from_the_wheel(venv, tmp_path):
+    """The page's first command, as a pip-installed user types it (it was
+    `python -m scripts.make_dataset`: "No module named scripts" outside the checkout)."""
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    cmd = re.search(r'`python -c "(from autotune\.synth [^"]+)"` makes one', page)
+    assert cmd, "getting-started.md no longer names the command that makes /data/train"
+    code = cmd.group(1).replace("/data/train", str(tmp_path / "train"))
+    r = _run([venv / "bin" / "python", "-c", code], tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(list((tmp_path / "train").rglob("*.jpg"))) == 256
+    for doc in ("README.md", "docs/getting-started.md", "docs/install.md"):
+        text = (ROOT / doc).read_text() if (ROOT / doc).exists() else ""
+        assert "python -m scripts." not in text, f"{doc}: a command a pip install cannot run"
+
+
 @pytest.mark.slow
 def test_a_one_trial_search_runs_from_the_wheel(venv, small_dataset, tmp_path):
     # A search's trial is a bench measurement (the default preset, resnet50) from the
