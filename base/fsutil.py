@@ -251,7 +251,6 @@ class PidLock:
         self.release()
 
 
-
 def unwritable_reason(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     """Whether this user can make `path` (a file or folder, its missing folders made too):
     (the nearest existing folder at or above it, None) when it can, else (that path, why
@@ -269,6 +268,7 @@ def unwritable_reason(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     except PermissionError:   # a folder above it this user cannot search
         pass
     return top, "cannot be written (read-only or not this user's)"
+
 
 __all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_fd", "sha256_file", "unwritable_reason",
            "write_json_atomic", "write_text_atomic"]

@@ -131,10 +131,11 @@ def _list_folder(root: Path) -> tuple[list[str], PathTable]:
     # (path, label) pairs without an object per file: see autotune_base.pathtable.
     samples = PathTable(top, "i")
     empty: list[str] = []
+    above = _nodes(root, *root.resolve().parents)
     for label, cls in enumerate(classes):
         n0 = len(samples)
         base = root / cls
-        for dirpath, filenames in _walk(base, root):
+        for dirpath, filenames in _walk(base, above):
             rel = os.path.relpath(dirpath, top)
             for name in sorted(filenames):
                 if not name.startswith(".") and name.lower().endswith(IMG_EXTENSIONS):
@@ -148,22 +149,30 @@ def _list_folder(root: Path) -> tuple[list[str], PathTable]:
     return classes, samples
 
 
-def _walk(base: Path, root: Path) -> list[tuple[str, list[str]]]:
-    """Each folder below `base` (itself included) with its file names, sorted by path, as
-    `sorted(os.walk(base, followlinks=True))` lists them, less hidden folders and loops: a
-    linked folder that is one of its own ancestors, or the dataset's `root` or one above
-    it (`up -> ..`, `all -> /`), is not entered. os.walk enters such a link again at each
-    level until the path no longer resolves (40 links deep), and two of them in one folder
-    made the listing of a stranger's dataset never end."""
-    found: list[tuple[str, list[str]]] = []
-    seen: set[tuple[int, int]] = set()
-    for folder in (base.resolve(), *base.resolve().parents, *root.resolve().parents, root):
+def _nodes(*folders: Path) -> frozenset[tuple[int, int]]:
+    """The (device, inode) of each folder that can be read (a loop's target is one)."""
+    out = set()
+    for folder in folders:
         try:
             st = os.stat(folder)
         except OSError:
-            return found
-        seen.add((st.st_dev, st.st_ino))
-    todo: list[tuple[str, frozenset[tuple[int, int]]]] = [(str(base), frozenset(seen))]
+            continue
+        out.add((st.st_dev, st.st_ino))
+    return frozenset(out)
+
+
+def _walk(base: Path, above: frozenset[tuple[int, int]]) -> list[tuple[str, list[str]]]:
+    """Each folder below `base` (itself included) with its file names, sorted by path, as
+    `sorted(os.walk(base, followlinks=True))` lists them, less hidden folders and loops: a
+    linked folder that is one of its own ancestors, or one of the folders `above` (the
+    dataset's root and those above it: `up -> ..`, `all -> /`), is not entered. os.walk
+    enters such a link again at each level until the path no longer resolves (40 links
+    deep), and two of them in one folder made the listing of a stranger's dataset never
+    end."""
+    found: list[tuple[str, list[str]]] = []
+    real = base.resolve()   # a linked class: the folders above its target too
+    seen = above | _nodes(real, *(real.parents if base.is_symlink() else ()))
+    todo: list[tuple[str, frozenset[tuple[int, int]]]] = [(str(base), seen)]
     while todo:
         path, above = todo.pop()
         files: list[str] = []

@@ -80,10 +80,15 @@ class Epoch:
 
     def new_pool(self, cfg: Config) -> Pool:
         dl = self._dl
-        return Pool(dl.dataset, cfg, dl._common, auto_collation=dl._auto,
+        pool = Pool(dl.dataset, cfg, dl._common, auto_collation=dl._auto,
                     iterable=dl._iterable, generator=self.inner_gen,
                     mp_context=dl.multiprocessing_context, worker_init_fn=dl.worker_init_fn,
                     recoverable=self.recoverable(cfg))
+        # Workers the tuner may keep past an epoch: what they hold of the dataset, checked
+        # before they are kept (unchanged()).
+        if cfg.num_workers and cfg.persistent_workers and "persistent_workers" not in dl._fixed:
+            pool.dataset_state = datastate.state(dl.dataset)
+        return pool
 
     def recoverable(self, cfg: Config) -> bool:
         """Whether a failure of this configuration's pool is autotune's to recover: it has
@@ -181,7 +186,7 @@ class Epoch:
         tuner's (see autotune.online.datastate): torch's default starts new workers every
         epoch, and the kept ones would go on with the dataset as it was."""
         dl = self._dl
-        if pool.dataset_state is None or "persistent_workers" in dl._fixed:
+        if pool.dataset_state is None:
             return pool
         what = datastate.changed(pool.dataset_state, datastate.state(dl.dataset))
         if what is None:

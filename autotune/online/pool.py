@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.monitor.proctree import pid_alive
-from autotune.online import datastate, failure
+from autotune.online import failure
 from autotune.online.config import Config
 from autotune.online.stream import IndexStream, Lease
 
@@ -72,8 +72,9 @@ class Pool:
         self._starter: threading.Thread | None = None
         self._start_error: BaseException | None = None
         w = config.num_workers
-        # What its workers will hold of the dataset (a kept pool is checked against it).
-        self.dataset_state = datastate.state(dataset) if w else None
+        # What its workers hold of the dataset, where a kept pool is checked against it
+        # (set by Epoch.new_pool).
+        self.dataset_state: tuple[Any, ...] | None = None
         self._forks = w > 0 and _start_method(mp_context) == "fork"
         # A RawArray is lock-free to read: the main process polls it once per batch.
         self._flags = multiprocessing.RawArray("b", w) if w else None
