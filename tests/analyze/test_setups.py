@@ -89,12 +89,13 @@ def test_compute_bound(an_dataset, tmp_path):
     d = _monitor(tmp_path / "run", an_dataset,
                  ["--workers", str(min(2, _cores())), "--step-ms", "500", "--steps", "20",
                   "--batch-size", "8"])
+    # The verdict is the set-up's known cause (compute: AU at the healthy line or above,
+    # by its rule); how far above is a figure of the machine: scripts/bench_handover.
     assert d["verdict"]["bottleneck"] == "compute", _explain(d)
-    assert d["au"] >= 0.90, _explain(d)          # the verdict's line
     assert d["format"] == "own" and d["batch_size"] == 8
-    # The step sleeps 500 ms; the bound above says the figure is in seconds, not how busy
-    # the machine was.
-    assert 0.49 <= d["step_time_s"]["p50"] <= 1.0
+    # The step sleeps 500 ms: at least that, in seconds (500 would be milliseconds); no
+    # upper bound, which only says how busy the machine was.
+    assert 0.49 <= d["step_time_s"]["p50"] < 50
     assert "--compute-ms" in d["verdict"]["next_command"]
     _same_from_text_log(tmp_path / "run", d)
 
