@@ -175,3 +175,53 @@ def unlink_file(root_fd: int, name: str) -> bool:
 
 __all__ = ["lstat", "open_dir", "open_regular", "parent_of", "plain_name", "read_bytes",
            "stat_regular", "subdir", "unlink_file"]
+
+
+def remove_tree(dir_fd: int, name: str) -> None:
+    """Remove directory `name` (one component) beneath `dir_fd` and all it holds, through
+    descriptors: a link anywhere in it is removed itself, never followed; what cannot be
+    removed stays, silently (shutil.rmtree(dir_fd=) does this from Python 3.11 only, and
+    the package supports 3.10). Iterative, so a deep tree cannot exhaust the stack; each
+    folder is listed once, so one that cannot be emptied ends the walk there."""
+    try:
+        top = subdir(dir_fd, name)
+    except OSError:
+        return
+    # (descriptor, its parent's descriptor, its name there, its folders still to remove)
+    stack: list[tuple[int, int, str, list[str]]] = [(top, dir_fd, name, _empty_files(top))]
+    while stack:
+        fd, parent, leaf, folders = stack[-1]
+        if folders:
+            child = folders.pop()
+            try:
+                cfd = subdir(fd, child)
+            except OSError:
+                continue
+            stack.append((cfd, fd, child, _empty_files(cfd)))
+            continue
+        stack.pop()
+        os.close(fd)
+        try:
+            os.rmdir(leaf, dir_fd=parent)
+        except OSError:
+            pass
+
+
+def _empty_files(fd: int) -> list[str]:
+    """Unlink everything in the folder `fd` that is not a folder (files, links, FIFOs);
+    the names of the folders it holds."""
+    folders = []
+    try:
+        with os.scandir(fd) as it:
+            entries = list(it)
+    except OSError:
+        return []
+    for e in entries:
+        try:
+            if e.is_dir(follow_symlinks=False):
+                folders.append(e.name)
+            else:
+                os.unlink(e.name, dir_fd=fd)
+        except OSError:
+            pass
+    return folders

@@ -25,7 +25,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from stat import S_ISDIR, S_ISREG
 from typing import Any
 
 from autotune_base.beneath import (lstat, open_dir, open_regular, parent_of, plain_name, read_bytes,
-                                subdir, unlink_file)
+                                remove_tree, subdir, unlink_file)
 from autotune_base.errors import StageError, UsageError
 from autotune_base.fsutil import PidLock, sha256_fd, write_text_atomic
 from autotune_converters import registry
@@ -178,7 +177,7 @@ def _fresh_tmp(work_fd: int) -> int:
     if st is not None and not S_ISDIR(st.st_mode):
         os.unlink("tmp", dir_fd=work_fd)
     elif st is not None:
-        shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)  # fd-based: no link followed
+        remove_tree(work_fd, "tmp")  # fd-based: no link followed
     return subdir(work_fd, "tmp", create=True)
 
 
@@ -433,7 +432,7 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
         if wrote_manifest:
             _publish(source.shown, dst_fd, tmp_fd, raw, state,
                      (node_rank, nnodes) if node_rank is not None else None, entries)
-        shutil.rmtree("tmp", dir_fd=work_fd, ignore_errors=True)
+        remove_tree(work_fd, "tmp")
     return StageResult(source.shown, str(d), len(entries), len(todo) - len(failures),
                        len(entries) - len(todo), copied_bytes, time.monotonic() - t0, verify,
                        sorted(failures, key=lambda f: f.file), wrote_manifest,

@@ -316,3 +316,110 @@ def test_no_install_line_names_the_old_distribution():
                     hits.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not hits, (f"{DIST} is the distribution name (`autotune` on the package index is "
                       "another project):\n" + "\n".join(hits))
+
+
+# -- the oldest Python the package declares --------------------------------------------
+# Every other test runs on the development interpreter (3.11), where a call 3.10 lacks
+# passes: `shutil.rmtree(dir_fd=)` and `Popen(process_group=)` are 3.11's, and `autotune
+# stage` and `autotune monitor` failed on 3.10 with a TypeError. No CPU build of torch for
+# 3.10 lies on disk (PyPI's is a CUDA build of several GB), so this venv holds the wheel and
+# every declared dependency but torch (from the index), and runs what needs none.
+
+OLDEST = "3.10"
+
+
+def _oldest_python() -> str | None:
+    """An interpreter of the oldest declared Python: python3.10 on the PATH (pyenv's shim
+    runs only the versions pyenv selects) or one pyenv installed, if any."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    for found in [shutil.which(f"python{OLDEST}"),
+                  *sorted(map(str, pyenv.glob(f"versions/{OLDEST}*/bin/python{OLDEST}")))]:
+        if found is None:
+            continue
+        r = subprocess.run([found, "-c", "import sys; print(sys.executable)"], env=_env(),
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            return r.stdout.strip()
+    return None
+
+
+@pytest.fixture(scope="module")
+def oldest(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv of the oldest declared Python with the wheel and its dependencies but torch."""
+    py_old = _oldest_python()
+    if py_old is None:
+        pytest.skip(f"no python{OLDEST} on the PATH")
+    _src, wheel = built
+    tmp = tmp_path_factory.mktemp("oldest")
+    subprocess.run([py_old, "-m", "venv", str(tmp / "v")], check=True, timeout=120)
+    py = tmp / "v" / "bin" / "python"
+    r = _run([py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], tmp)
+    assert r.stdout.strip() == OLDEST, (r.stdout, r.stderr[-2000:])
+    reqs = [f"{name}{spec}" for name, extra, spec in _requirements(wheel_metadata(wheel))
+            if extra is None and name != "torch"]
+    r = _run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", *reqs], tmp,
+             timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run([py, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], tmp)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return tmp / "v"
+
+
+OURS = ("autotune", "autotune_converters", "autotune_base", "autotune_configs")
+
+
+@pytest.mark.slow
+def test_on_the_oldest_python_every_module_compiles_and_imports_but_for_torch(oldest, tmp_path):
+    code = f"""
+import importlib, pkgutil, sys, warnings
+warnings.simplefilter("error")
+bad = []
+for top in {OURS!r}:
+    for m in pkgutil.walk_packages(importlib.import_module(top).__path__, top + "."):
+        if m.name.endswith(".__main__"):   # runs a command when imported
+            continue
+        try:
+            importlib.import_module(m.name)
+        except ModuleNotFoundError as e:   # torch, or an extra's: what this venv lacks
+            if (e.name or "").split(".")[0] in sys.stdlib_module_names or top in str(e.name):
+                bad.append(f"{{m.name}}: {{e!r}}")
+        except ImportError as e:
+            if "pip install 'autotune-loader[" not in str(e):   # an extra's own message
+                bad.append(f"{{m.name}}: {{e!r}}")
+        except Exception as e:
+            bad.append(f"{{m.name}}: {{e!r}}")
+print("\\n".join(bad))
+"""
+    r = _run([oldest / "bin" / "python", "-c", code], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "", r.stdout
+    site = oldest / "lib" / f"python{OLDEST}" / "site-packages"
+    r = _run([oldest / "bin" / "python", "-W", "error", "-m", "compileall", "-q",
+              *[str(site / p) for p in OURS]], tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+@pytest.mark.slow
+def test_on_the_oldest_python_convert_stage_monitor_and_probe_run(oldest, tmp_path):
+    at, py = oldest / "bin" / "autotune", oldest / "bin" / "python"
+    r = _run([py, "-c", "from autotune.synth import make_image_folder; "
+              "make_image_folder('ds', 24, 2)"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for fmt in ("lmdb", "wds"):
+        r = _run([at, "convert", "ds", f"c-{fmt}", "--format", fmt, "--json", "-"], tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert json.loads(r.stdout)["samples"] == 24, r.stdout[:2000]
+    # stage empties its work folder through descriptors (3.11's rmtree dir_fd=)
+    r = _run([at, "stage", "c-wds", "staged", "--json", "-"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["copied"] >= 1, r.stdout[:2000]
+    r = _run([at, "stage", "c-wds", "staged", "--verify-only"], tmp_path)
+    assert r.returncode == 0 and ": 0 bad" in r.stdout, (r.stdout, r.stderr[-3000:])
+    # monitor starts the command in a process group of its own (3.11's process_group=)
+    r = _run([at, "monitor", "--out", "mon", "--", str(py), "-c", "print('step done')"],
+             tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "step done" in (tmp_path / "mon" / "train.log").read_text()
+    r = _run([at, "probe", "ds", "--no-fio", "--json", "-"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["replay"]["files_sampled"] == 24, r.stdout[:2000]

@@ -31,6 +31,7 @@ import os
 import selectors
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,11 @@ from autotune.errors import AutotuneError, UsageError
 from autotune.instrumentation import STEPS_LOG_ENV
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
+
+# The command in a process group of its own (its signals are forwarded, the whole group
+# stopped at the end): Popen's process_group= from Python 3.11; 3.10 has only preexec_fn.
+_OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                              else {"preexec_fn": os.setpgrp})
 
 LOG, TIMES, METRICS, STEPS, RUN = ("train.log", "train.log.times", "metrics.jsonl",
                                    "steps.jsonl", "run.json")
@@ -346,7 +352,7 @@ def _start(start: Callable[..., subprocess.Popen[bytes]], cmd: list[str],
            env: dict[str, str]) -> subprocess.Popen[bytes]:
     try:
         return start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, env=env, process_group=0)
+                     stderr=subprocess.PIPE, env=env, **_OWN_GROUP)
     except FileNotFoundError:
         raise UsageError(f"{cmd[0]}: command not found (check the PATH, or give the full "
                          "path)") from None
