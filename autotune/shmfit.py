@@ -14,20 +14,22 @@ first and never start one that does not fit.
 
 The budget (`shm_budget`) is `Environment.shm_budget()` (free /dev/shm, no more than the
 cgroup's remaining memory: tmpfs pages are charged to it; 0 without a /dev/shm) split
-across the node's ranks, after NCCL's own segments when there is more than one rank
-(`NCCL_SHM_PER_RANK`), and halved under cgroup v2 `memory.oom.group=1`
+across the node's ranks, after NCCL's own segments when there is more than one rank and
+NCCL may run (`NCCL_SHM_PER_RANK`; `nccl_on_node`), and halved under cgroup v2 `memory.oom.group=1`
 (`oom_group_divisor`, the one place search and `autotune.DataLoader` take it from).
 """
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = ["BatchBytes", "MARGIN", "NCCL_SHM_PER_RANK", "OOM_GROUP_DIVISOR", "ShmAdvice",
            "ShmBudget", "SLACK_BYTES", "fits", "live_batches", "max_live_batches",
-           "measure_batch", "needed_bytes", "oom_group_divisor", "shm_advice", "shm_budget",
+           "measure_batch", "nccl_on_node", "needed_bytes", "oom_group_divisor", "shm_advice", "shm_budget",
            "size_flag"]
 
 MiB = 2**20
@@ -148,9 +150,18 @@ class ShmBudget:
         return asdict(self)
 
 
-def shm_budget(env: Any, ranks: int = 1) -> ShmBudget:
+def nccl_on_node() -> bool:
+    """Whether NCCL (RCCL on AMD) may run on this node: an NVIDIA or AMD accelerator's
+    device is there. Without one the ranks speak gloo or MPI over sockets, and those hold
+    nothing in /dev/shm."""
+    return (os.path.exists("/proc/driver/nvidia/version") or bool(glob.glob("/dev/nvidia[0-9]*"))
+            or os.path.exists("/dev/kfd"))
+
+
+def shm_budget(env: Any, ranks: int = 1, nccl: bool | None = None) -> ShmBudget:
     """The per-rank budget from an `autotune.environment.Environment`: its `shm_budget()`
-    less NCCL's segments (more than one rank), split across `ranks`."""
+    less NCCL's segments (more than one rank, and `nccl`: default `nccl_on_node()`), split
+    across `ranks`."""
     ranks = max(1, int(ranks))
     whole = env.shm_budget()
     total, free = env.shm.total_bytes, env.shm.free_bytes
@@ -163,11 +174,14 @@ def shm_budget(env: Any, ranks: int = 1) -> ShmBudget:
         src = ("the cgroup's remaining memory (tmpfs pages are charged to it)"
                if getattr(env.memory, "limit_bytes", None) is not None
                else "the available memory")
-    reserved = NCCL_SHM_PER_RANK * ranks if ranks > 1 else 0
+    nccl = nccl_on_node() if nccl is None else nccl
+    reserved = NCCL_SHM_PER_RANK * ranks if ranks > 1 and nccl else 0
     per = max(0, whole - reserved) // ranks
-    if ranks > 1:
+    if reserved:
         src += (f", less {reserved / MiB:.0f} MiB for NCCL's segments, split across "
                 f"{ranks} ranks")
+    elif ranks > 1:
+        src += f", split across {ranks} ranks (no NCCL here: none held back for it)"
     div = oom_group_divisor(env)
     if div > 1:
         per //= div

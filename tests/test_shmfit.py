@@ -45,7 +45,7 @@ def test_unknown_figures_refuse_nothing():
 
 
 def test_budget_is_split_across_ranks_after_nccl():
-    bud = shm_budget(_env(), ranks=2)
+    bud = shm_budget(_env(), ranks=2, nccl=True)
     assert bud.reserved_bytes == 2 * NCCL_SHM_PER_RANK
     assert bud.budget_bytes == (64 * MiB - 2 * NCCL_SHM_PER_RANK) // 2
     assert "NCCL" in bud.source
@@ -56,6 +56,17 @@ def test_budget_is_split_across_ranks_after_nccl():
                                       shm=SimpleNamespace(total_bytes=None, free_bytes=None,
                                                           note="no /dev/shm")))
     assert none.budget_bytes is None
+
+
+def test_without_nccl_the_ranks_share_the_whole_of_dev_shm():
+    """Gloo ranks on a CPU node keep nothing in /dev/shm: holding 20 MiB a rank back for
+    NCCL left 4 ranks in Docker's 64 MiB no budget at all, and every rank's loader ran with
+    no workers for the whole run (a user's torchrun review)."""
+    bud = shm_budget(_env(), ranks=4, nccl=False)
+    assert bud.reserved_bytes == 0 and bud.budget_bytes == 16 * MiB
+    assert "NCCL" in bud.source and "none held back" in bud.source
+    assert shm_budget(_env(), ranks=4, nccl=True).budget_bytes == 0
+    assert shm_budget(_env(), ranks=1, nccl=True).reserved_bytes == 0
 
 
 @pytest.mark.parametrize("n,docker,k8s", [(1, "64m", "64Mi"), (437 * MiB, "448m", "448Mi"),
@@ -74,7 +85,7 @@ def test_advice_names_the_size_for_every_rank_and_uint8():
     text = "\n".join(a.lines())
     assert "docker run --shm-size=448m" in text and "sizeLimit: 448Mi" in text
     assert "uint8" in text and a.uint8_fits is False and a.uint8_live_batches == 4
-    two = shm_advice(4, 2, F32_BATCH, shm_budget(_env(), ranks=2))
+    two = shm_advice(4, 2, F32_BATCH, shm_budget(_env(), ranks=2, nccl=True))
     assert two.shm_size_bytes == 2 * need + 2 * NCCL_SHM_PER_RANK
 
 

@@ -86,6 +86,7 @@ class Budget:
         memory, this rank's share of the node); under cgroup v2 memory.oom.group=1 it and
         the default memory budget are halved (shmfit.oom_group_divisor, as search does),
         for there a worker killed takes the whole job with it."""
+        from autotune.online.ddp import nccl_in_use
         from autotune.shmfit import shm_budget
 
         ctl, env = self._dl._ctl, self.env
@@ -94,7 +95,7 @@ class Budget:
             log.warning("the environment could not be read (%s): /dev/shm is not budgeted", e,
                         extra={"autotune_event": "environment", "autotune": {"why": str(e)}})
             return
-        sb = shm_budget(env, self._dl._local)
+        sb = shm_budget(env, self._dl._local, nccl=nccl_in_use())
         ctl.shm = sb.budget_bytes
         self.shm_source = sb.source
         if sb.oom_group:

@@ -126,10 +126,12 @@ class Controller:
             source = "the rule of thumb min(8, usable cores)"
         if not self.knobs:
             source = "the settings given: nothing to tune"
-        cfg = limits.fit(self, cfg)
+        wanted, cfg = cfg, limits.fit(self, cfg)
         self._current = cfg
         emit("start", f"start at {cfg.short()} ({source}; worker bound {self.bound})",
              config=cfg.kwargs(), source=source, bound=self.bound)
+        if cfg != wanted:   # refit, after the first batch, then sees nothing more to cut
+            limits.say_fit(self, wanted, cfg, None)
         return cfg
 
     def shm_fits(self, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
@@ -142,14 +144,7 @@ class Controller:
         memory budgets."""
         fitted = limits.fit(self, cfg)
         if fitted != cfg:
-            mem = self.memory()
-            emit("fit", f"start at {fitted.short()} instead of {cfg.short()}: the first batch "
-                 f"is {mib(mem.per_batch)}, and {cfg.short()} would hold more in /dev/shm or "
-                 f"memory than the budget ({mib(self.shm or 0)} of /dev/shm, "
-                 f"{mib(self.budget)} of memory)"
-                 + limits.no_worker_text(self, cfg, fitted, mem.per_batch),
-                 warn=not fitted.num_workers, config=fitted.kwargs(), old=cfg.kwargs(),
-                 batch_bytes=mem.per_batch, shm_budget=self.shm, budget=self.budget)
+            limits.say_fit(self, cfg, fitted, self.memory().per_batch)
         self._current = fitted
         return fitted
 

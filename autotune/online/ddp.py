@@ -81,6 +81,16 @@ class RankSync:
         return Shared(slowest, per_worker_all, per_batch_all, failed_any)
 
 
+def nccl_in_use() -> bool:
+    """Whether this job's ranks may talk through NCCL (its /dev/shm segments then share the
+    node's): the initialised process group's backend names it ("nccl", "cpu:gloo,cuda:nccl"),
+    else, before one exists, whether a GPU is there for it."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return "ccl" in str(dist.get_backend()).lower()   # nccl, or RCCL under that name
+    return torch.cuda.is_available()
+
+
 def local_world_size() -> int:
     """The ranks on this node when there is no RankSync (an IterableDataset under DDP has
     none): LOCAL_WORLD_SIZE as torchrun sets it, as autotune.search.study.procs_per_node

@@ -53,6 +53,30 @@ def no_worker_text(ctl: Any, cfg: Config, fitted: Config, per_batch: int) -> str
             f"would hold {cfg.short()} (docker run --shm-size, or a smaller batch)")
 
 
+def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> None:
+    """The "fit" decision: the start point is `fitted`, not `cfg`, to stay within the
+    controller `ctl`'s budgets; `per_batch` is the first batch's bytes (None: cut before
+    any batch, by the budgets alone: a /dev/shm share of nothing leaves no worker whatever
+    the batch). At WARNING when no worker is left."""
+    from autotune.online.decisions import emit
+
+    shm = f"{mib(ctl.shm or 0)} of /dev/shm" if ctl.shm is not None else "/dev/shm unchecked"
+    if per_batch is not None:
+        text = (f"start at {fitted.short()} instead of {cfg.short()}: the first batch is "
+                f"{mib(per_batch)}, and {cfg.short()} would hold more in /dev/shm or memory "
+                f"than the budget ({shm}, {mib(ctl.budget)} of memory)"
+                + no_worker_text(ctl, cfg, fitted, per_batch))
+    else:
+        text = (f"{cfg.short()} cut to {fitted.short()} before the first batch: this rank's "
+                f"budgets are {shm} and {mib(ctl.budget)} of memory")
+        if not fitted.num_workers:
+            text += ("; workers hand their batches over through /dev/shm, so every batch is "
+                     "made in the training process until it has room (docker run "
+                     "--shm-size, or fewer ranks on the node)")
+    emit("fit", text, warn=not fitted.num_workers, config=fitted.kwargs(), old=cfg.kwargs(),
+         batch_bytes=per_batch, shm_budget=ctl.shm, budget=ctl.budget)
+
+
 def fit(ctl: Any, cfg: Config) -> Config:
     """`cfg`, or fewer workers (the last step before none: one worker, one batch ahead)
     until it fits the controller `ctl`'s memory and /dev/shm budgets; the settings given

@@ -4,7 +4,9 @@ whose /dev/shm is a small tmpfs; prints one JSON line of what it saw.
     python shm_loop.py MODE SECONDS [N]
 
 MODE: "float" (3x224x224 float32 items, a batch of 64 is 37 MiB), "uint8" (the same as
-uint8, 9.2 MiB), "fill" (uint8 items of 1x256x256 while /dev/shm is filled up behind the
+uint8, 9.2 MiB), "ranks4" (uint8 items of 1x256x256, a batch of 4 MiB, in a gloo process
+group with LOCAL_WORLD_SIZE=4: one of four ranks on a CPU node), "full" (the same items
+with /dev/shm filled up before the loader is made: no room for any worker), "fill" (uint8 items of 1x256x256 while /dev/shm is filled up behind the
 loader's back after its first epoch began: the workers' collate meets a real ENOSPC).
 """
 
@@ -60,7 +62,21 @@ def main() -> None:
 
     logging.getLogger("autotune.online").addHandler(Keep())
     logging.getLogger("autotune.online").setLevel(logging.INFO)
-    shape = (1, 256, 256) if mode == "fill" else (3, 224, 224)
+    if mode == "ranks4":
+        import tempfile
+
+        import torch.distributed as dist
+        os.environ["LOCAL_WORLD_SIZE"] = "4"
+        rdv = os.path.join(tempfile.mkdtemp(), "rendezvous")
+        dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=0, world_size=1)
+    if mode == "full":
+        with open("/dev/shm/autotune-online-full", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 2**20)
+            except OSError:
+                pass
+    shape = (1, 256, 256) if mode in ("fill", "ranks4", "full") else (3, 224, 224)
     ds = Images(n, torch.float32 if mode == "float" else torch.uint8, shape)
     loader = autotune.DataLoader(ds, batch_size=64, shuffle=True,
                                  generator=torch.Generator().manual_seed(0))

@@ -106,12 +106,12 @@ def test_shm_refused_in_workers_falls_back_to_the_process(decisions):
     loader.close()
 
 
-def _in_small_shm(mode: str, seconds: float, n: int, tmp_path) -> dict:
+def _in_small_shm(mode: str, seconds: float, n: int, tmp_path, size: str = "64m") -> dict:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private /dev/shm")
     env = dict(os.environ, AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join([os.getcwd(), HERE, os.environ.get("PYTHONPATH", "")]))
-    cmd = (f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} "
+    cmd = (f"mount -t tmpfs -o size={size} tmpfs /dev/shm && exec {sys.executable} "
            f"{os.path.join(HERE, 'shm_loop.py')} {mode} {seconds} {n}")
     out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
                          env=env, capture_output=True, text=True, timeout=240)
@@ -138,6 +138,26 @@ def test_batches_that_fit_several_times_still_get_workers(tmp_path):
     assert r["every_sample_once"]
     assert max(r["workers_seen"]) > 0, r["events"]
     assert not [w for w in r["warned"] if w.startswith("fit:")], r["warned"]   # INFO only
+
+
+def test_gloo_ranks_on_a_cpu_node_share_the_whole_of_dev_shm(tmp_path):
+    """One of 4 gloo ranks on a node with no GPU, Docker's 64 MiB /dev/shm, 4 MiB batches:
+    its share is 16 MiB, room for a worker. Holding 20 MiB a rank back for NCCL, which a
+    gloo job never starts, left every rank no /dev/shm and no worker for the whole run."""
+    r = _in_small_shm("ranks4", 4, 512, tmp_path)
+    assert r["every_sample_once"]
+    assert max(r["workers_seen"]) > 0, r["events"]
+
+
+def test_a_dev_shm_with_no_room_says_so_before_the_first_batch(tmp_path):
+    """A full /dev/shm holds no worker's batch whatever its size: the start point is cut to
+    no workers before the first batch, and that is said at WARNING with the fix (it was
+    said nowhere: the fit after the first batch found nothing more to cut)."""
+    r = _in_small_shm("full", 3, 256, tmp_path, size="8m")
+    assert r["every_sample_once"] and r["workers_seen"] == [0]
+    fit = [w for w in r["warned"] if w.startswith("fit:")]
+    assert len(fit) == 1 and "before the first batch" in fit[0] and "--shm-size" in fit[0], \
+        r["events"]
 
 
 def test_real_enospc_in_workers_falls_back(tmp_path):

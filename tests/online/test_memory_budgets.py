@@ -76,17 +76,22 @@ def test_a_missing_dev_shm_keeps_every_batch_in_the_process(monkeypatch):
 
 def test_an_iterable_dataset_under_ddp_takes_its_ranks_share(monkeypatch):
     """No rank sync for an IterableDataset: the share of the node comes from
-    LOCAL_WORLD_SIZE, for /dev/shm (after NCCL's segments) and the default memory budget."""
+    LOCAL_WORLD_SIZE, for /dev/shm (after NCCL's segments where NCCL may run) and the default
+    memory budget."""
     env = _recorded(path="/dev/shm", fstype="tmpfs", total_bytes=GiB, free_bytes=GiB)
     monkeypatch.setattr(environment, "read_environment", lambda *a, **k: env)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     alone = autotune.DataLoader(Stream(20, 0), batch_size=4)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setattr("autotune.online.ddp.nccl_in_use", lambda: False)   # gloo's ranks
     rank = autotune.DataLoader(Stream(20, 0), batch_size=4)
+    monkeypatch.setattr("autotune.online.ddp.nccl_in_use", lambda: True)
+    nccl = autotune.DataLoader(Stream(20, 0), batch_size=4)
     assert alone._ctl.shm == GiB
-    assert rank._ctl.shm == (GiB - 4 * shmfit.NCCL_SHM_PER_RANK) // 4
+    assert rank._ctl.shm == GiB // 4
+    assert nccl._ctl.shm == (GiB - 4 * shmfit.NCCL_SHM_PER_RANK) // 4
     assert rank._ctl.budget == alone._ctl.budget // 4 == 8 * GiB // 2 // 4
-    for ld in (alone, rank):
+    for ld in (alone, rank, nccl):
         ld.close()
 
 
