@@ -23,8 +23,11 @@ def cache_file() -> Path:
     return Path(base) / "online.json"
 
 
-def dataset_key(dataset: Any, key: str | None, batch_size: int | None, cores: int) -> str:
-    """The cache key of a dataset on this machine."""
+def dataset_key(dataset: Any, key: str | None, batch_size: int | None, cores: int,
+                ranks: int = 1) -> str:
+    """The cache key of a dataset on this machine, with `ranks` on the node beside it: each
+    rank's share of the cores and of /dev/shm is another start point (4 ranks' settings
+    started a later 2-rank run too low)."""
     if key is None:
         cls = type(dataset)
         key = f"{cls.__module__}.{cls.__qualname__}"
@@ -37,7 +40,8 @@ def dataset_key(dataset: Any, key: str | None, batch_size: int | None, cores: in
         n: Any = len(dataset)
     except TypeError:
         n = "?"
-    return f"{key}|len={n}|batch={batch_size}|cores={cores}"
+    return f"{key}|len={n}|batch={batch_size}|cores={cores}" + (
+        f"|ranks={ranks}" if ranks > 1 else "")   # one rank: the keys written before
 
 
 def load(key: str, path: Path | None = None) -> dict[str, Any] | None:

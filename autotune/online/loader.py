@@ -138,7 +138,7 @@ class DataLoader:
             fixed=self._fixed, cuda=self._cuda,
             budget=memory_budget or default_budget(self._env, self._local),
             memory=lambda: me()._memory(), cache_key=cache.dataset_key(
-                dataset, key, self.batch_size, usable_cores()),
+                dataset, key, self.batch_size, usable_cores(), self._local),
             needs_workers=worker_init_fn is not None)
         self._init_state()
         self._sync = self._budget.join_ranks(sync)

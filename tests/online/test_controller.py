@@ -171,6 +171,10 @@ def test_cache_key_names_the_dataset_root(tmp_path):
             return 7
     assert cache.dataset_key(WithRoot(), None, 4, 2) == f"{tmp_path}|len=7|batch=4|cores=2"
     assert cache.dataset_key([1, 2], None, 4, 2).startswith("builtins.list|len=2")
+    # the ranks on the node: each rank's share is another start point; one rank keeps the
+    # keys written before
+    assert cache.dataset_key(WithRoot(), None, 4, 2, 1) == f"{tmp_path}|len=7|batch=4|cores=2"
+    assert cache.dataset_key(WithRoot(), None, 4, 2, 4).endswith("|cores=2|ranks=4")
 
 
 def test_switch_costs_are_charged_to_the_trial_that_caused_them():
