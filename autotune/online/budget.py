@@ -248,7 +248,7 @@ class Budget:
             stats=stats, loader=cfg.kwargs(), batch_size=dl.batch_size,
             cores=usable_cores(), budget=budget, stages=stages,
             dataset=root_path(dl.dataset),
-            worker_bound=bound if dl._sync is not None else None))
+            worker_bound=bound if dl._sync is not None else None, ranks=dl._local))
         dl.verdict = v
         if v.bottleneck == "storage" and hasattr(dl._ctl, "storage_verdict"):
             dl._ctl.storage_verdict()

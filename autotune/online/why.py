@@ -197,6 +197,7 @@ class Figures:
     dataset: str | None = None
     worker_bound: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    ranks: int = 1        # this node's ranks: a next search measures as many at once
 
 
 def explain(fig: Figures) -> Any:
@@ -220,5 +221,6 @@ def explain(fig: Figures) -> Any:
                      step_time_s=s.step_s / s.batches if s.batches else None,
                      images_per_s=ips, batch_size=fig.batch_size, steps=s.batches,
                      loader=fig.loader, job_cores=fig.cores, system=system,
-                     dataset=fig.dataset, worker_bound=fig.worker_bound, stages=fig.stages)
+                     dataset=fig.dataset, worker_bound=fig.worker_bound, stages=fig.stages,
+                     job_args=f"--procs-per-node {fig.ranks}" if fig.ranks > 1 else "")
     return decide(inp)

@@ -227,6 +227,13 @@ def test_why_is_the_verdict_engine_fed_the_loaders_figures():
     assert v.bottleneck == "unknown" and "no schedstat" in v.summary
     v = explain(fig(None, stats=WindowStats(40, 0.2, 9.8, 0.01)))
     assert v.bottleneck == "compute"
+    # Under DDP the next search measures this node's ranks at once, as the job runs them.
+    loader_bound = _budget(workers=(2, {"on_cpu": 0.05}), main=main)
+    assert "--procs-per-node" not in explain(fig(loader_bound)).next_command
+    ddp = explain(Figures(stats=starved, loader=kw, batch_size=64, cores=2,
+                          budget=loader_bound, dataset="/data/train", ranks=4))
+    assert ddp.next_command.startswith("autotune search /data/train --procs-per-node 4 "), \
+        ddp.next_command
 
 
 def test_burst_samples_this_process_tree_from_a_process_of_its_own():
