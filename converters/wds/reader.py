@@ -29,7 +29,8 @@ that has run out. Shards hold slightly different counts; from the manifest's per
 counts each DataLoader worker gets a quota, the same on every rank for the same worker
 index (min over ranks of what that worker's shards hold), and stops there: the
 remainder (the tail of some shards, a different one each epoch) is dropped, and
-said once (a warning from rank 0's first worker, once per process: with non-persistent
+said once (a warning from rank 0's `set_epoch` in the training process when `num_workers=`
+was given, else from its first worker, once per process: then, with non-persistent
 DataLoader workers, once an epoch). Per-worker equality is what makes the batch counts
 equal: equal totals split differently over workers can still give a rank one batch
 more. `pad=True` equalizes the other way: each worker index reads the max over ranks,
@@ -240,6 +241,13 @@ class WdsDataset(torch.utils.data.IterableDataset):
         """Shuffle for this epoch; call in the main process before iterating."""
         self.epoch = epoch
         self._iters = 0
+        # The equalization's cost said here, in the training process, when the workers'
+        # count is known: the DataLoader's workers, forked from it at each epoch, then know
+        # it was said (said in a worker, it came again with each epoch's new workers).
+        rank, world = self._node()
+        quotas = self.quotas(epoch, world, self.num_workers) if self.num_workers else None
+        if quotas is not None and rank == 0:
+            self._say_dropped(epoch, world, self.num_workers or 1, quotas)
 
     def _node(self) -> tuple[int, int]:
         if self.rank is not None and self.world_size is not None:

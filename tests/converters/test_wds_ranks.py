@@ -128,6 +128,31 @@ def test_two_gloo_ranks_take_the_same_steps_over_uneven_shards(uneven_wds):
     assert len(said) == 1 and "pass equalize=False" in said[0], said
 
 
+EPOCHS_SCRIPT = r"""
+import sys, torch
+from autotune_converters import WdsSource
+
+ds = WdsSource(sys.argv[1]).dataset(None, seed=3, rank=0, world_size=2, num_workers=2)
+loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=2,
+                                     collate_fn=lambda b: len(b), multiprocessing_context="fork")
+for epoch in range(3):
+    ds.set_epoch(epoch)
+    print(sum(loader), flush=True)
+"""
+
+
+def test_the_dropped_remainder_is_said_once_over_epochs_of_new_workers(uneven_wds):
+    """torch's default workers are new each epoch: said in rank 0's first worker, the
+    warning came every epoch (a user's 6-epoch torchrun run: 6 times); said at set_epoch
+    in the training process, its forked workers know it was said."""
+    r = subprocess.run([sys.executable, "-c", EPOCHS_SCRIPT, str(uneven_wds)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(r.stdout.split()) == 3
+    said = [ln for ln in r.stderr.splitlines() if "dropped, " in ln]
+    assert len(said) == 1, r.stderr[-3000:]
+
+
 # A control experiment (gloo's behaviour, not ours): CI keeps its premise, asserted by
 # test_two_gloo_ranks_take_the_same_steps_over_uneven_shards (_uneven_for_workers), and
 # equalize=False read for real by tests/converters/test_wds.py's partition test.
