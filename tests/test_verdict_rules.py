@@ -207,6 +207,18 @@ def test_cpu_heavy_workers_with_the_cores_full_is_decode():
     assert any("want 2.10 core(s) (on a CPU + runnable) of 2 usable" in e for e in v.evidence)
 
 
+def test_a_share_over_100_percent_says_its_threads_ran_at_once():
+    """A worker's threads (torch's intra-op pool) can run at once: its on-CPU share per
+    process-second passes 100 %, which the verdict said bare ("111% of its time")."""
+    s = system(cores=2, total=98, budget_d=budget(workers=klass(1, on_cpu=1.05, runnable=0.06,
+                                                                threads=4), main=IDLE_MAIN))
+    v = decide(inputs(0.2, s, workers=1))
+    assert "111% of its time" in v.summary and "threads together" in v.summary, v.summary
+    s = system(cores=2, total=98, budget_d=budget(workers=klass(2, on_cpu=0.8, runnable=0.15),
+                                                  main=IDLE_MAIN))
+    assert "threads together" not in decide(inputs(0.2, s, workers=2)).summary
+
+
 def _stages(read: float, decode: float, transform: float, collate: float) -> dict:
     from autotune.data.stages import stage_budget
 

@@ -77,10 +77,18 @@ class Load:
                   "idle": self.idle}
         return max(states, key=lambda k: states[k])
 
+    @property
+    def threads_note(self) -> str:
+        """Said beside a share over 100 %: each state is its threads' time per second of
+        each process, and a process's threads (torch's intra-op pool, the pin-memory
+        thread) can run at once."""
+        return (" (its threads together: several ran at once)"
+                if self.cpu + self.blocked > 1.0 else "")
+
     def shares(self) -> str:
         return (f"blocked on storage {pct(self.blocked)} (I/O {pct(self.io)}, storage wait "
                 f"{pct(self.storage_wait)}), on a CPU {pct(self.on_cpu)}, runnable "
-                f"{pct(self.runnable)}, idle {pct(self.idle)}")
+                f"{pct(self.runnable)}, idle {pct(self.idle)}{self.threads_note}")
 
 
 def _class_line(name: str, c: ClassBudget, b: TimeBudget) -> str:

@@ -23,7 +23,7 @@ class OnCpu(BudgetRule):
         cores, wanted, free = _cpu_line(inp, case.budget, ev)  # type: ignore[arg-type]
         head = (f"{load.who} {load.verb} on a CPU or runnable "
                 f"{pct(load.cpu)} of {load.whose} time "
-                f"(blocked {pct(load.blocked)}, idle {pct(load.idle)})")
+                f"(blocked {pct(load.blocked)}, idle {pct(load.idle)}){load.threads_note}")
         bound, _ = worker_bound_of(inp, load)
         if load.main_only:
             return Verdict("loader", f"loader-configuration-bound (too few workers: 0): {head} "
