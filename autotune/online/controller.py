@@ -126,6 +126,9 @@ class Controller:
             source = "the rule of thumb min(8, usable cores)"
         if not self.knobs:
             source = "the settings given: nothing to tune"
+        elif "num_workers" in self.fixed:   # an IterableDataset's workers, or the user's
+            source = "num_workers as given, prefetch_factor " + (
+                "cached for this dataset and machine" if stored else "torch's default")
         wanted, cfg = cfg, limits.fit(self, cfg)
         self._current = cfg
         emit("start", f"start at {cfg.short()} ({source}; worker bound {self.bound})",

@@ -288,3 +288,14 @@ def test_a_cached_start_at_no_workers_still_gives_a_worker_init_fn_its_workers()
     loader.close()
     assert start.num_workers >= 1
     assert got == list(range(64))
+
+
+def test_the_start_line_names_the_workers_given_as_given(decisions, tmp_path, monkeypatch):
+    """An IterableDataset's num_workers are the user's, kept: the start line said they came
+    from the rule of thumb (a user's review: "num_workers=2 (the rule of thumb ...)")."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path))
+    loader = autotune.DataLoader(Stream(40, 0), batch_size=4, num_workers=2)
+    [start] = [r.getMessage() for e, r in decisions() if e == "start"]
+    assert "num_workers=2" in start and "num_workers as given" in start, start
+    assert "rule of thumb" not in start, start
+    loader.close()
