@@ -357,10 +357,12 @@ def _first_epoch_text(first: Any, last: Any, now: Config) -> str:
         parts.append(f"num_workers {a.num_workers} \u2192 {b.num_workers}")
     if (a.num_workers or b.num_workers) and a.prefetch_factor != b.prefetch_factor:
         parts.append(f"prefetch {a.prefetch_factor or '-'} \u2192 {b.prefetch_factor or '-'}")
-    head = ", ".join(parts) or f"{b.short()} kept"
+    head = ", ".join(parts) or f"unchanged at {b.short()}"
     ratio = (last.stats.batches_per_s / first.stats.batches_per_s
              if first.stats.batches_per_s else 1.0)
     trial = "" if last.config == b else f"; the last measured a trial, {last.config.short()}"
+    if not parts and last.config == b:   # the same settings: the run moved, not a setting
+        trial = "; the same settings in both: the run's own change, not tuning's"
     return (f"{head}: wait {100 * first.stats.wait_share:.0f} % in the first window, "
             f"{100 * last.stats.wait_share:.0f} % in the last ({ratio:.1f}x the batches/s"
             f"{trial})")

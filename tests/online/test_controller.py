@@ -417,8 +417,13 @@ def test_the_first_epochs_summary_names_the_configuration_kept_not_the_last_tria
     first = SimpleNamespace(config=kept, stats=SimpleNamespace(wait_share=0.94, batches_per_s=10.0))
     last = SimpleNamespace(config=trial, stats=SimpleNamespace(wait_share=0.94, batches_per_s=9.0))
     text = _first_epoch_text(first, last, kept)
-    assert text.startswith(f"{kept.short()} kept: wait 94 % in the first window"), text
+    assert text.startswith(f"unchanged at {kept.short()}: wait 94 % in the first window"), text
     assert f"the last measured a trial, {trial.short()}" in text and "0.9x" in text
     assert "\u2192" not in text
     moved = _first_epoch_text(first, SimpleNamespace(config=trial, stats=last.stats), trial)
     assert moved.startswith("prefetch 2 \u2192 4: ") and "trial" not in moved, moved
+    # No setting changed: the figures' change is the run's (a user read "kept: wait 84 % ->
+    # 73 % (1.5x)" as tuning's gain).
+    same = _first_epoch_text(first, SimpleNamespace(config=kept, stats=SimpleNamespace(
+        wait_share=0.73, batches_per_s=15.0)), kept)
+    assert same.startswith(f"unchanged at {kept.short()}") and "not tuning's" in same, same
