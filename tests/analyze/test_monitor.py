@@ -130,7 +130,9 @@ def test_run_queue_sampler_sees_cpu_demand_and_sleep():
         nap.kill()
         spin.wait()
         nap.wait()
-    assert busy.wanted_pct > 80 and busy.on_cpu_pct > 20 and busy.tasks >= 1
+    # wanted (on a CPU + runnable) is ~100 % however busy the machine; how much of it was
+    # on a CPU is the machine's load (13 % beside a full test run here): only that it ran.
+    assert busy.wanted_pct > 80 and busy.on_cpu_pct > 0 and busy.tasks >= 1
     assert idle.wanted_pct < 5
     assert busy.cpus == sorted(os.sched_getaffinity(0)) == allowed_cpus(os.getpid())
     assert procs_running() >= 1
