@@ -104,7 +104,8 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
     ram = ram_backed(p)
     verdict = storage_verdict(
         fs, fio_res, rp, samples, cold=bool(cold and rp is not None and ram is None),
-        cold_reason=ram if ram else (None if cold else "--warm: the cache was kept"))
+        cold_reason=ram if ram else (None if cold else "--warm: the cache was kept"),
+        cap=_read_cap(p))
     if ram and rp is not None:
         rp.cold_method = "RAM-backed (never cold)"
         warnings.append(f"NOT COLD: {ram}; the replay measured RAM, not storage.")
@@ -117,6 +118,16 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
                        scratch_dir=str(sdir) if run_fio else None,
                        seconds=time.monotonic() - t0, warnings=warnings, samples=samples,
                        environment=environment.to_dict())
+
+
+def _read_cap(p: Path) -> Any:
+    """This process's cgroup read cap on the disk holding `p` (autotune.readcap), if any:
+    what a job in this cgroup (a container's --device-read-bps) is held to."""
+    from autotune.monitor.diskstats import resolve_disk
+    from autotune.readcap import read_cap
+
+    dev = resolve_disk(p)
+    return read_cap(dev) if hasattr(dev, "majmin") else None
 
 
 def _run_fio(sdir: Path, size: int, runtime: float,

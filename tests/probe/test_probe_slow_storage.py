@@ -32,6 +32,11 @@ def test_fio_under_a_500_iops_cap_measures_about_500(work_dir, small_dataset):
     # The probe notices the disk behaves like a disk, whatever its flags say.
     assert "hdd" in (d["filesystem"]["class"], d["filesystem"]["behaves_like"])
     assert not d["verdict"]["rules"][0]["pass"]  # far below 50k IOPS
+    # ... and says the figures are the cgroup's cap's, which it read (a user's review: the
+    # probe in a capped container said "ssd" and nothing of the cap)
+    assert d["verdict"]["read_cap"]["iops"] == 500, d["verdict"]
+    assert "read cap" in d["verdict"]["summary"]
+    assert any("caps reads on" in e and "500 reads/s" in e for e in d["verdict"]["evidence"])
 
 
 def test_replay_behind_a_5ms_fuse_delay_sees_at_least_5ms(small_dataset, tmp_path):

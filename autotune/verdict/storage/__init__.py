@@ -3,6 +3,7 @@ each finding with the figures behind it. A family of rules (autotune.verdict._ba
 module each, read in the order of STORAGE_RULES; every rule that applies adds its
 evidence, advice or pass/fail line:
 
+  read_cap       this process's cgroup caps reads on the disk: every figure is the cap's
   samples        a conversion read through its reader: its ceiling in samples/s
   replay         the replay of the dataset's files, and its steady state
   latency        latency-bound: more reads in flight raise the rate
@@ -26,6 +27,7 @@ from autotune.verdict.storage.fio_ignored import FioIgnored
 from autotune.verdict.storage.latency import LatencyBound
 from autotune.verdict.storage.no_replay import NoReplay
 from autotune.verdict.storage.random_iops import RandomIops
+from autotune.verdict.storage.read_cap import ReadCapped
 from autotune.verdict.storage.replay import Replay
 from autotune.verdict.storage.samples import SamplesCeiling
 
@@ -36,20 +38,23 @@ if TYPE_CHECKING:
     from autotune.probe.samples import SampleReplay
 
 # The order the rules are read in (that of the evidence and advice lines).
-STORAGE_RULES: tuple[StorageRule, ...] = (SamplesCeiling(), Replay(), LatencyBound(),
-                                          FioIgnored(), RandomIops(), CrossCheck(), NoReplay())
+STORAGE_RULES: tuple[StorageRule, ...] = (ReadCapped(), SamplesCeiling(), Replay(),
+                                          LatencyBound(), FioIgnored(), RandomIops(),
+                                          CrossCheck(), NoReplay())
 
 
 def storage_verdict(fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None,
                     samples: SampleReplay | None = None, *, cold: bool = False,
-                    cold_reason: str | None = None) -> dict[str, Any]:
+                    cold_reason: str | None = None, cap: Any = None) -> dict[str, Any]:
     """The storage's class and ceiling with the rules and evidence behind them (the
     probe's `verdict`). `cold`, `cold_reason`: whether the replay read from a cold cache,
-    and why not."""
-    case = StorageCase.of(fs, fio, rp, samples)
+    and why not; `cap`: this process's cgroup read cap on the disk (autotune.readcap)."""
+    case = StorageCase.of(fs, fio, rp, samples, cap)
     every(STORAGE_RULES, case)
     summary = (f"{fs.klass} storage ({fs.type or '?'}"
                + (f" on {fs.device}" if fs.device else "") + ")")
+    if cap is not None:
+        summary += ", behind this cgroup's read cap"
     if case.ceiling is not None:
         summary += f": at most ~{case.ceiling:,.0f} files/s for this dataset's files"
     if fio is None and rp is None and samples is None:

@@ -31,6 +31,7 @@ class StorageCase:
     fio: FioResult | None
     rp: ReplayResult | None
     samples: SampleReplay | None = None
+    cap: Any = None              # autotune.readcap.ReadCap on the dataset's disk, if any
     ceiling: float | None = None
     best_c: int | None = None
     evidence: list[str] = field(default_factory=list)
@@ -40,8 +41,8 @@ class StorageCase:
 
     @classmethod
     def of(cls, fs: FilesystemInfo, fio: FioResult | None, rp: ReplayResult | None,
-           samples: SampleReplay | None = None) -> StorageCase:
-        case = cls(fs, fio, rp, samples)
+           samples: SampleReplay | None = None, cap: Any = None) -> StorageCase:
+        case = cls(fs, fio, rp, samples, cap)
         if rp is not None:
             lv, _ = rp.ceiling
             case.ceiling, case.best_c = lv.files_per_s, lv.concurrency

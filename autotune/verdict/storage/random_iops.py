@@ -26,7 +26,7 @@ class RandomIops(StorageRule):
         case.evidence.append(f"fio{label}: {r.iops:,.0f} random 4 KiB IOPS "
                              f"(p99 {r.lat_p99_ms or 0:.2f} ms at depth 256), "
                              f"{s.bw_mib_s:,.0f} MiB/s sequential")
-        if not ok:
+        if not ok and not (case.cap is not None and case.cap.bps):   # bytes: read_cap's advice
             case.advice.append(f"{r.iops:,.0f} random IOPS is below {SMALL_FILE_MIN_IOPS:,}: "
                                "small random reads will starve a fast GPU; repack into shards "
                                "(`autotune convert`) and stage them on local NVMe (`autotune stage`)")
