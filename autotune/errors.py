@@ -26,8 +26,8 @@ not measured, 130 interrupted, 143 terminated.
 
 from __future__ import annotations
 
-from autotune_base.errors import (AutotuneError, ConvertError, DatasetError, SampleError, StageError,
-                               StoreDenied, StoreUnreachable, UnsafeName, UsageError)
+from autotune_base.errors import (AutotuneError, ConvertError, DatasetError, NoRoom, SampleError,
+                               StageError, StoreDenied, StoreUnreachable, UnsafeName, UsageError)
 
 
 class GateFailed(AutotuneError):
@@ -56,6 +56,6 @@ class NotPermitted(AutotuneError):
 
 
 __all__ = ["AutotuneError", "ConvertError", "DatasetError", "FioError", "GateFailed",
-           "GateUnmeasured", "NotPermitted",
+           "GateUnmeasured", "NoRoom", "NotPermitted",
            "SampleError", "StageError", "StoreDenied", "StoreUnreachable", "ToolMissing",
            "UnsafeName", "UsageError"]

@@ -11,6 +11,8 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
     │   │                    more readers than shards (also a ValueError)
     │   ├── StoreDenied      an object store refused: no such bucket, access denied (names
     │   │                    the endpoint, the bucket and the server's error code)
+    │   ├── NoRoom           a conversion's DST lacks the free space for what it will write
+    │   │                    (names DST, both figures and the fix; nothing written)
     │   └── FactoryError     autotune.bench.factory: a --dataset-factory raised or returned
     │                        something else than a Dataset
     ├── StoreUnreachable     an object store did not answer, or its retries ran out
@@ -70,6 +72,12 @@ class StoreDenied(UsageError):
     the message names the endpoint, the bucket and the server's error code."""
 
 
+class NoRoom(UsageError):
+    """A conversion refused before writing: DST's filesystem has less free space than
+    what the conversion will still write; the message names DST, both figures and the fix
+    (free space, or another DST)."""
+
+
 class StoreUnreachable(AutotuneError):
     """An object store's endpoint did not answer, or kept failing until the retries ran
     out (503 SlowDown, timeouts); the message names the endpoint and the attempts."""
@@ -91,5 +99,5 @@ class SampleError(AutotuneError, RuntimeError):
     """
 
 
-__all__ = ["AutotuneError", "ConvertError", "DatasetError", "SampleError", "StageError", "StoreDenied",
-           "StoreUnreachable", "UnsafeName", "UsageError"]
+__all__ = ["AutotuneError", "ConvertError", "DatasetError", "NoRoom", "SampleError", "StageError",
+           "StoreDenied", "StoreUnreachable", "UnsafeName", "UsageError"]

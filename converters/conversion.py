@@ -11,6 +11,7 @@ first and refuses to go on when SRC no longer gives the same plan (SRC changed).
 from __future__ import annotations
 
 import collections
+import contextlib
 import errno
 import os
 import shutil
@@ -32,6 +33,7 @@ from autotune_converters.scan import ScanSink, check_file_list, scan_file_list, 
 from autotune_converters.workdir import NAME as WORKDIR_NAME
 from autotune_converters.workdir import WorkDir
 from autotune_converters.options import ConvertOptions, ConvertProgress
+from autotune_converters.space import NoRoom, check_room
 from autotune_converters.writer import FormatWriter
 
 @dataclass
@@ -180,15 +182,19 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions,
-            progress: Progress | None = None) -> ConvertResult:
+            progress: Progress | None = None, *, check_space: bool = True) -> ConvertResult:
     """Convert SRC into DST (created if needed) as `opts.format` in this process (and its
     workers, or Ray tasks); resumes a killed run. Ranks: `autotune_converters.convert`
     (autotune_converters.ranks.convert), which calls this for world size 1.
 
-    Raises UsageError for bad arguments or a DST that holds something else, and
-    ConvertError for failures (the message names the file and the fix).
+    Raises UsageError for bad arguments, a DST that holds something else or whose
+    filesystem has no room for what is still to write (autotune_converters.space; checked
+    unless `check_space` is False, before any unit is written, and a fresh run then
+    leaves DST as it found it), and ConvertError for failures (the message names the
+    file and the fix).
     """
     t0 = time.monotonic()
+    existed = os.path.lexists(dst)
     srcp, dstp, opts, fp, src_root, complete = prepare(src, dst, opts)
     if complete is not None:
         return complete
@@ -201,7 +207,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         wd.refuse_while_ranks_run()  # else: the ranks are gone; this process finishes their job
     wd.lock()
     plan: Plan | None = None
-    run = RunState()
+    run = RunState(check_space=check_space)
+    h: str | None = None
     try:
         plan = Plan.load(wd.plan)
         if plan is not None and plan.fingerprint != fp:
@@ -221,10 +228,29 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         write_manifest(dstp, m, wd.tmp)
     except OSError as e:
         raise _os_error(e, dstp, run) from e
+    except NoRoom:
+        if h is None:  # a fresh run: its plan is all it wrote; DST is left as it was
+            close_run(plan, wd)
+            plan = None
+            _leave_as_found(wd, dstp, existed)
+        raise
     finally:
         close_run(plan, wd)
         wd.unlock()
     wd.remove()
+    return _run_result(dstp, m, t0, run, opts, plan)
+
+
+def _leave_as_found(wd: WorkDir, dstp: Path, existed: bool) -> None:
+    """Remove what a refused fresh run made: the work folder and a DST it created."""
+    wd.remove()
+    if not existed:
+        with contextlib.suppress(OSError):
+            dstp.rmdir()  # made by prepare(); only while still empty
+
+
+def _run_result(dstp: Path, m: Manifest, t0: float, run: RunState, opts: ConvertOptions,
+                plan: Plan) -> ConvertResult:
     res = _complete_result(dstp, m)
     res.already_complete = False
     res.seconds = time.monotonic() - t0
@@ -246,6 +272,7 @@ class RunState:
     processed: int = 0  # source files read by this run
     remaining_bytes: int = 0  # source bytes of the units still to write
     units_written: int = 0  # units this run wrote
+    check_space: bool = True  # refuse before writing when DST's filesystem lacks the room
 
 
 def _differs(dst: Path, what: str, old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -391,6 +418,8 @@ def _write_units(writer: FormatWriter, plan: Plan, opts: ConvertOptions,
     live: dict[str, Any] = {"counter": [0, 0], "units": 0, "entries": 0, "bytes": 0}
 
     def on_open(done: list[UnitResult], pending: list[int]) -> None:
+        if run.check_space and only is None:  # ranks: the planner checks (ranks.py)
+            check_room(writer.dst, plan, pending, opts.max_side, resumed=len(done))
         run.resumed_units = live["units"] = len(done)
         run.remaining_bytes = sum(plan.unit_sizes[u] for u in pending)
         live["entries"] = plan.num_entries - sum(len(plan.unit_range(u)) for u in pending)

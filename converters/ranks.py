@@ -207,6 +207,11 @@ def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_r
                     f"{wd.dst}: its ranks run with world size {old.get('world_size')} (rank "
                     f"{r}: {holder}), not {world}; give every rank the same world size.",
                     setting="world_size")
+        try:
+            _check_room_whole(wd, plan, opts, src_root)
+        except BaseException:
+            plan.close()
+            raise
         if old is None or old.get("world_size") != world:
             # A new world size is fine once the old ranks are gone: units do not depend on it.
             write_json_atomic(wd.dist, {"version": DIST_VERSION, "world_size": world,
@@ -217,6 +222,30 @@ def _plan_as_rank0(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_r
         return plan
     finally:
         wd.unlock()
+
+
+def _check_room_whole(wd: WorkDir, plan: Plan, opts: Any, src_root: str) -> None:
+    """NoRoom unless DST's filesystem has room for every unit still to write, by any rank.
+
+    Ranks share DST's filesystem, so its room is checked once, by the planner (rank 0),
+    against the whole, before it publishes the plan (a fresh run's other ranks wait for
+    it and have written nothing). A check per rank against its own share would pass W
+    shares that each fit the free space but together do not; a check in every rank
+    against the whole would count the units the others are already writing, whose
+    temporaries have taken space, and refuse a run that fits. On a refusal the other
+    ranks of a fresh run wait for a plan that does not come (plan_timeout; torchrun and
+    `srun --kill-on-bad-exit` stop them when rank 0 fails)."""
+    from autotune_converters.images import SampleOptions
+    from autotune_converters.space import check_room
+
+    writer = registry.get(opts.format).writer_class()(
+        wd.dst, WorkDir(wd.dst), plan, opts, SampleOptions(root=src_root))
+    try:
+        done = writer.open()  # reads the records of the units written; writes nothing
+        pending = writer.pending()
+    finally:
+        writer.close()
+    check_room(wd.dst, plan, pending, opts.max_side, resumed=len(done))
 
 
 def _rescan_keeping(srcp: Path, wd: WorkDir, opts: Any, fp: dict[str, Any], src_root: str,

@@ -179,7 +179,9 @@ def convert_to_bucket(src: str | os.PathLike[str], dst: str, opts: Any, *,
                                                  m.options, fp))
         return _as_remote(conversion._complete_result(Path("."), m), url)
     local = Path(work_dir) if work_dir else default_work_dir(str(url))
-    res = conversion.convert(src, local, opts, progress=progress)
+    # No free-space check: DST is a bucket (the local work folder is a cache of the
+    # upload, not the destination the user chose; a full disk there stops it resumably).
+    res = conversion.convert(src, local, opts, progress=progress, check_space=False)
     up = publish(st, url, local, conversion.read_manifest(local))
     if not keep_local:
         shutil.rmtree(local, ignore_errors=True)
