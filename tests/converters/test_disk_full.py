@@ -137,3 +137,13 @@ def test_resume_counts_only_what_is_left(img_src, work_dir, mount_tmpfs, run_cli
     subprocess.run(["mount", "-o", "remount,size=64m", str(small_fs)], check=True)
     assert run_cli(img_src, dst, "--format", "wds", *ARGS).returncode == 0
     assert tree_digest(dst) == tree_digest(ref)
+
+
+@pytest.mark.root
+def test_ranks_rank0_checks_the_whole_before_it_publishes_the_plan(img_src, mount_tmpfs,
+                                                                   run_cli):
+    # 2 ranks on 6 MiB: each rank's half (~3.7 MiB of source) would fit, the whole not.
+    dst = mount_tmpfs("6m") / "out"
+    r = run_cli(img_src, dst, "--format", "wds", *ARGS, "--rank", "0", "--world-size", "2")
+    _refusal(r, dst)
+    assert not list(dst.glob("shard-*")) and not (dst / ".autotune-convert" / "dist.json").exists()
