@@ -304,6 +304,38 @@ def test_a_worker_on_a_cpu_whose_reads_reach_its_cgroups_read_cap_is_storage():
     assert v.bottleneck == "storage" and "7.0 MiB/s of the 7.0 allowed" in v.summary, v
 
 
+def test_a_read_caps_advice_never_says_converting_on_the_capped_disk_helps_a_bytes_cap():
+    def capped(rate: float, **cap) -> SystemFigures:
+        s = system(cores=2, total=40, budget_d=budget(workers=klass(1, on_cpu=0.67, io=0.21),
+                                                      main=IDLE_MAIN))
+        s.disk_read_cap = {"iops": None, "mib_s": None, **cap}
+        s.disk_cap_reads_per_s, s.disk_cap_read_mib_s = _s(rate), _s(rate * 0.07)
+        return s
+
+    # bytes/s: shards read the same bytes; only another disk helps.
+    v = decide(inputs(0.08, capped(100.0, mib_s=7.0), workers=1))
+    assert "a conversion on the capped disk does not help" in v.advice[0], v.advice
+    assert "onto a disk the cap does not cover" in v.advice[0], v.advice
+    assert "fewer, larger reads" not in " ".join(v.advice), v.advice
+    assert v.next_command == "autotune convert /data/train LOCAL_DISK/train-wds --format wds"
+    # reads/s: fewer, larger reads do help, wherever the shards are.
+    v = decide(inputs(0.08, capped(61.0, iops=60), workers=1))
+    assert "fewer, larger reads" in v.advice[0] and "does not help" not in v.advice[0]
+
+
+def test_the_storage_verdicts_conversion_is_not_beside_the_slow_source():
+    s = system(budget_d=budget(workers=klass(4, io=0.85, on_cpu=0.06), main=IDLE_MAIN))
+    v = decide(inputs(0.3, s, workers=4, probe=probe_levels((1, 95.0), (4, 100.0), (16, 101.0))))
+    assert v.bottleneck == "storage", v
+    assert v.next_command == "autotune convert /data/train LOCAL_DISK/train-wds --format wds"
+    assert "/data/train-wds" not in v.next_command + " ".join(v.advice)
+    advice = " | ".join(v.advice)
+    assert "onto a local NVMe or SSD (LOCAL_DISK: a folder there)" in advice
+    assert "shards beside SRC are read back from the same storage" in advice
+    assert ("`autotune search /data/train --compute-ms 100 --batch-size 256 --convert auto "
+            "--stage-dir LOCAL_DISK`") in advice
+
+
 def test_as_many_busy_workers_as_cores_is_decode():
     # Another worker would only take turns with these two.
     s = system(cores=2, total=97, budget_d=budget(workers=klass(2, on_cpu=0.7, runnable=0.25),

@@ -153,10 +153,18 @@ def storage_verdict(case: Case, why: str) -> Verdict:
     inp, ev, cmd = case.inp, case.evidence, case.cmd
     return Verdict("storage", f"storage-bound {why}; the step waits "
                    f"{pct(inp.data_share)} of the time", ev, cmd["convert"],
-                   ["convert the dataset to shards (`autotune convert`) and stage them on "
-                    "local NVMe (`autotune stage`): large sequential reads instead of small "
-                    "random ones; more workers help only while the storage has headroom",
+                   [LOCAL_ADVICE,
+                    f"or let the search convert, stage and measure the gain: "
+                    f"`{cmd['search_convert']}`",
                     f"measure the storage's ceiling: `{cmd['probe']}`"])
 
 
-__all__ = ["DECODE_ADVICE", "BudgetRule", "Case", "JobRule", "storage_verdict", "worker_bound_of"]
+# The storage verdict's advice: its next command's DST is on another disk than SRC.
+LOCAL_ADVICE = ("convert the dataset to shards (`autotune convert`) onto a local NVMe or SSD "
+                "(LOCAL_DISK: a folder there), or convert and stage them there (`autotune "
+                "stage`): large sequential reads from a fast disk instead of small random ones "
+                "from the slow one; shards beside SRC are read back from the same storage; "
+                "more workers help only while the storage has headroom")
+
+
+__all__ = ["DECODE_ADVICE", "LOCAL_ADVICE", "BudgetRule", "Case", "JobRule", "storage_verdict", "worker_bound_of"]

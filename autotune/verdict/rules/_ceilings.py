@@ -73,7 +73,7 @@ def ceilings(inp: RuleInputs, ev: list[str]) -> dict[str, Any]:
         ev.append(f"disk r/s {rps:,.0f} = {rps / iops:.0%} of fio's {iops:,.0f} random-read IOPS")
         if rps >= AT_CEILING * iops and not out["storage"]:
             out["storage"] = f"at fio's random-read IOPS ({iops:,.0f})"
-    out["cap"] = _read_cap(s, ev) if s is not None else ""
+    out["cap"], out["cap_bytes"] = _read_cap(s, ev) if s is not None else ("", False)
     dc = inp.decode_ceiling
     if dc and ips:
         ev.append(f"reads {ips:,.0f} images/s = {ips / dc:.0%} of the decode ceiling {dc:,.0f} "
@@ -84,13 +84,15 @@ def ceilings(inp: RuleInputs, ev: list[str]) -> dict[str, Any]:
     return out
 
 
-def _read_cap(s: SystemFigures, ev: list[str]) -> str:
+def _read_cap(s: SystemFigures, ev: list[str]) -> tuple[str, bool]:
     """Behind the job's cgroup read cap on the disk (a limit set by configuration, not a
     figure measured from the job): what the job was charged against it, and, when it
-    reaches the cap, how the verdict says so ("" when it does not)."""
+    reaches the cap, how the verdict says so ("" when it does not), and whether the cap
+    it reaches is one on bytes/s (shards read the same bytes: converting on that disk
+    does not help)."""
     cap = s.disk_read_cap
     if not cap:
-        return ""
+        return "", False
     med = SystemFigures.med
     reached = []
     for limit, rate, unit in ((cap.get("iops"), med(s.disk_cap_reads_per_s), "reads/s"),
@@ -103,7 +105,8 @@ def _read_cap(s: SystemFigures, ev: list[str]) -> str:
                   f"{fmt.format(rate)} {unit} = {rate / limit:.0%} of it (median of the samples)")
         if rate >= AT_CEILING * limit:
             reached.append(f"{fmt.format(rate)} {unit} of the {fmt.format(limit)} allowed")
-    return ("at its cgroup's read cap (" + "; ".join(reached) + ")") if reached else ""
+    text = ("at its cgroup's read cap (" + "; ".join(reached) + ")") if reached else ""
+    return text, any(" MiB/s of the " in r for r in reached)
 
 
 def _disk_evidence(s: SystemFigures, ev: list[str]) -> None:

@@ -65,11 +65,22 @@ def commands(inp: RuleInputs) -> dict[str, str]:
     return {
         "search": f"autotune search {ds}{job}{step}{bs}",
         "search_half": f"autotune search {ds}{job}{half}{bs}",
-        "convert": (f"autotune convert {ds} {shlex.quote(inp.dataset.rstrip('/') + '-wds')} "
-                    "--format wds" if inp.dataset else "autotune convert DATASET DATASET-wds --format wds"),
+        # DST on another disk than SRC's (LOCAL_DISK: a placeholder for a folder on a local
+        # NVMe or SSD): shards beside SRC are read back from the same slow or capped disk,
+        # and under a bytes/s cap they read the same bytes.
+        "convert": f"autotune convert {ds} {shlex.quote('LOCAL_DISK/' + _name(inp) + '-wds')} "
+                   "--format wds",
+        "search_convert": f"autotune search {ds}{job}{step}{bs} --convert auto --stage-dir "
+                          "LOCAL_DISK",
         "monitor": f"autotune monitor --data {ds} -- YOUR TRAINING COMMAND",
         "probe": f"autotune probe {ds} --json probe.json",
     }
+
+
+def _name(inp: RuleInputs) -> str:
+    """The dataset's folder name (its last path or prefix part), DATASET when unnamed."""
+    tail = (inp.dataset or "").rstrip("/").rsplit("/", 1)[-1]
+    return tail or "DATASET"
 
 
 def gpu_busy(inp: RuleInputs) -> float | None:

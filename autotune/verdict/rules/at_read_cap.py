@@ -28,8 +28,12 @@ class AtReadCap(JobRule):
             f"{load.whose} time (on a CPU or runnable {pct(load.cpu)}, idle {pct(load.idle)})")
         v = storage_verdict(case, f"(a read cap): the job reads {case.at['cap']}; more "
                             f"workers or prefetch only queue more reads behind it{seen}")
+        how = ("under a bytes/s cap, shards read the same bytes: a conversion on the capped "
+               "disk does not help; convert or stage them onto a disk the cap does not cover "
+               "(LOCAL_DISK)" if case.at.get("cap_bytes") else
+               "under a reads/s cap, shards (`autotune convert`) read the same bytes in "
+               "fewer, larger reads")
         v.advice.insert(0, "the cap is the container's or cgroup's setting (docker "
                            "--device-read-iops / --device-read-bps, io.max): raise it where it "
-                           "is set; under a reads/s cap, shards (`autotune convert`) read the "
-                           "same bytes in fewer, larger reads")
+                           f"is set; {how}")
         return v
