@@ -64,18 +64,21 @@ def test_no_room_is_refused_before_anything_is_written(img_src, fmt, mount_tmpfs
     dst = mnt / "out"
     r = run_cli(img_src, dst, "--format", fmt, *ARGS)
     line = _refusal(r, dst)
-    assert "Nothing was written" in line and "at most" not in line, line
+    assert "Nothing was written" in line, line
     assert list(mnt.iterdir()) == []  # DST, made by the run, removed with its work folder
     dst.mkdir()  # a DST the user made is kept, empty
-    _refusal(run_cli(img_src, dst, "--format", fmt, *ARGS, "--max-side", "64"), dst)
+    _refusal(run_cli(img_src, dst, "--format", fmt, *ARGS), dst)
     assert list(dst.iterdir()) == []
 
 
 @pytest.mark.root
-def test_max_side_says_the_figure_is_an_upper_bound(img_src, mount_tmpfs, run_cli):
+def test_max_side_is_not_refused_for_the_source_bytes(img_src, mount_tmpfs, run_cli):
+    """The source bytes only bound what re-encoding writes: the same folder that is refused
+    in 2 MiB converts there at --max-side 64."""
     dst = mount_tmpfs("2m") / "out"
-    line = _refusal(run_cli(img_src, dst, "--format", "wds", *ARGS, "--max-side", "64"), dst)
-    assert "at most" in line and "--max-side usually writes less" in line, line
+    r = run_cli(img_src, dst, "--format", "wds", *ARGS, "--max-side", "64")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (dst / "manifest.json").exists()
 
 
 @pytest.mark.root
