@@ -65,7 +65,9 @@ BY_COMMAND: dict[str, dict[int, str]] = {
                "and a hint, and no process of the measurement is left running; or the "
                "configuration's batches cannot fit in /dev/shm (measured from one batch made "
                "without workers): refused before it starts, with the size that would fit",
-        USAGE: "usage error: a bad option, preset, dataset or --step",
+        USAGE: "usage error: a bad option, preset, dataset or --step, or --delayacct where "
+               "the switch cannot be set (not root, a read-only /proc/sys, a kernel before "
+               "5.14)",
         INTERRUPTED: "interrupted (Ctrl-C); 143 terminated (SIGTERM); the measurement is "
                      "killed first",
     },
@@ -75,7 +77,9 @@ BY_COMMAND: dict[str, dict[int, str]] = {
                "written), or no configuration completed (each trial's reason is in the table "
                "and JSON)",
         USAGE: "usage error: a bad option, a dataset on which too few configurations fit, a study "
-               "measured with other settings, a second search on the study",
+               "measured with other settings, a second search on the study, or --delayacct "
+               "where the switch cannot be set (not root, a read-only /proc/sys, a kernel "
+               "before 5.14)",
         INTERRUPTED: "interrupted (Ctrl-C); 143 terminated (SIGTERM): the study keeps every "
                      "measured trial, the running one is recorded interrupted and measured "
                      "again when the same command is rerun",
@@ -108,7 +112,9 @@ BY_COMMAND: dict[str, dict[int, str]] = {
                "file that is missing or cannot be read, or no step timing in the log",
     },
     "monitor": {
-        USAGE: "usage error: no command, a command that cannot be started, or a bad option",
+        USAGE: "usage error: no command, a command that cannot be started, a bad option, or "
+               "--delayacct where the switch cannot be set (not root, a read-only /proc/sys, a "
+               "kernel before 5.14): the command is not started",
     },
 }
 

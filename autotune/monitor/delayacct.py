@@ -13,6 +13,10 @@ RUN_DIR (/run/autotune-delayacct):
 The first holder in records the previous value and switches on; the last one out restores
 it. A holder that died leaves its file unlocked: it is not counted (so a crash never pins
 the switch on for ever, nor switches it off under a live run).
+
+Where the switch cannot be set (not root, a read-only /proc/sys, a kernel before 5.14) the
+option cannot be honoured here: a UsageError (exit 2, as the exit-status tables say), raised
+before the run starts.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import itertools
 import os
 from pathlib import Path
 
-from autotune.errors import NotPermitted, UsageError
+from autotune.errors import UsageError
 from autotune.monitor.tasks import DELAYACCT_SYSCTL, boottime
 
 RUN_DIR = "/run/autotune-delayacct"
@@ -57,8 +61,8 @@ class DelayacctHold:
             raise UsageError("--delayacct needs root (it writes kernel.task_delayacct); run "
                              "as root, or without it: I/O is then sampled from task states")
         if not os.path.exists(self.sysctl):
-            raise NotPermitted(f"{self.sysctl}: no such file (a kernel before 5.14 has no "
-                               "delay-accounting switch); run without --delayacct")
+            raise UsageError(f"--delayacct: {self.sysctl}: no such file (a kernel before 5.14 "
+                             "has no delay-accounting switch); run without --delayacct")
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except PermissionError:
@@ -132,8 +136,9 @@ class DelayacctHold:
             raise UsageError(f"--delayacct needs root (cannot write {self.sysctl}); run as "
                              "root or without --delayacct") from None
         except OSError as e:
-            raise NotPermitted(f"{self.sysctl}: {e.strerror} (a read-only /proc/sys?); run "
-                               "without --delayacct") from None
+            raise UsageError(f"--delayacct: cannot write {self.sysctl}: {e.strerror} (a "
+                             "read-only /proc/sys: a container's); run without --delayacct, "
+                             "or where /proc/sys is writable") from None
 
 
 def hold_if(on: bool) -> contextlib.AbstractContextManager[DelayacctHold | None]:

@@ -98,3 +98,45 @@ def test_without_root_it_is_a_usage_error(tmp_path: Path,
     with pytest.raises(UsageError, match="--delayacct needs root"):
         DelayacctHold(str(tmp_path / "run")).acquire()
     assert not (tmp_path / "run").exists()
+
+
+def test_read_only_proc_sys_is_a_usage_error_of_monitor(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    """A container's read-only /proc/sys: the write fails with EROFS. `autotune monitor
+    --delayacct` cannot honour the option there: exit 2 (its usage error, as its exit-status
+    table says), one line naming the file and the fix, and the command is never started."""
+    import errno
+
+    import autotune.monitor.delayacct as da
+    from autotune.cli import exits, main
+
+    sysctl = tmp_path / "task_delayacct"
+    sysctl.write_text("0\n")
+
+    class ReadOnlySysctl(type(Path())):   # type: ignore[misc]
+        def write_text(self, *a: object, **k: object) -> int:  # type: ignore[override]
+            if str(self) == str(sysctl):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+            return super().write_text(*a, **k)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(da, "Path", ReadOnlySysctl)
+    monkeypatch.setattr(da.DelayacctHold.__init__, "__defaults__",
+                        (str(tmp_path / "run"), str(sysctl)))
+    started = tmp_path / "started"
+    code = main(["monitor", "--delayacct", "--no-analysis", "--out", str(tmp_path / "out"),
+                 "--", sys.executable, "-c", f"open({str(started)!r}, 'w')"])
+    err = capsys.readouterr().err
+    assert code == exits.USAGE == 2, err
+    assert code in exits.BY_COMMAND["monitor"]
+    assert str(sysctl) in err and "Read-only file system" in err
+    assert "without --delayacct" in err
+    assert not started.exists()
+    assert sysctl.read_text() == "0\n"
+
+
+def test_no_switch_in_the_kernel_is_a_usage_error(tmp_path: Path) -> None:
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError, match="no such file.*run without --delayacct"):
+        DelayacctHold(str(tmp_path / "run"), str(tmp_path / "absent")).acquire()
