@@ -149,7 +149,8 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         raise _no_timing(inp.log, fmt, lines, parser)
     f = _figures(acc, parser, fmt, batch_size, meta, profile, times, warnings)
     system = _system(inp.metrics, f["window"], warnings)
-    steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
+    steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings,
+                                               instrumented=fmt == "own")
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     verdict = decide(RuleInputs(au=f["au"], data_share=f["data_share"],
                                 step_time_s=f["step_q"].get("p50"), images_per_s=f["ips"],
@@ -254,10 +255,11 @@ def _figures(acc: LogPass, parser: LogParser, fmt: str, batch_size: int | None,
 
 
 def _shares(acc: LogPass, parser: LogParser, share: float | None, profile: ProfileSummary | None,
-            warnings: list[str]) -> tuple[float | None, dict[str, Any] | None, dict[str, Any],
-                                          dict[str, Any]]:
+            warnings: list[str], instrumented: bool = False
+            ) -> tuple[float | None, dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
     """Steady share, epoch starts, what the share is computed from (and the lines' other
-    reading), and the confidence of a short excerpt; the warnings they call for."""
+    reading), and the confidence of a short excerpt; the warnings they call for.
+    `instrumented`: the log is autotune.instrument()'s own, so that is not advised."""
     m = acc.measured
     steady = acc.steady.data_share if m.n else None
     starts = None
@@ -280,10 +282,11 @@ def _shares(acc: LogPass, parser: LogParser, share: float | None, profile: Profi
                 f"{max(share, other) / min(share, other):.1f}x apart: {why}")
     conf: dict[str, Any] = {"level": "normal", "note": None}
     if profile is None and 0 < m.n < SHORT_LOG_LINES:
+        firmer = ("a longer run gives firmer figures" if instrumented else
+                  "a longer log, or autotune.instrument(loader), gives firmer figures")
         conf = {"level": "low", "note": (
             f"a short excerpt: {m.n} step line(s) standing for {m.w:,} batch(es); the shares "
-            "are estimates that a few slow batches move (a longer log, or "
-            "autotune.instrument(loader), gives firmer figures)")}
+            f"are estimates that a few slow batches move ({firmer})")}
     if share is None and profile is not None and profile.data_total_s is None:
         share_from["figures"] = "none: the log has no data-loading time"
     return steady, starts, share_from, conf

@@ -334,6 +334,18 @@ def test_a_full_log_has_no_confidence_note(tmp_path):
     assert a.verdict.bottleneck == "compute"              # 0.01 / 0.4: the step hardly waits
 
 
+
+def test_a_short_instrumented_log_is_not_told_to_use_instrument(tmp_path):
+    # 15 steps of autotune.instrument()'s own log: a short excerpt, but the advice to wrap
+    # the loader with autotune.instrument(loader) would be needless: it already is.
+    a = analyze(_own_log(tmp_path / "steps.jsonl", n=15))
+    assert a.format == "own" and a.confidence["level"] == "low"
+    assert "instrument" not in a.confidence["note"], a.confidence["note"]
+    assert "a longer run gives firmer figures" in a.confidence["note"]
+    # A text log of the same length still gets it.
+    b = analyze(_write(tmp_path / "paste.log", _steps("mmcv")[:5]))
+    assert "autotune.instrument(loader)" in b.confidence["note"]
+
 # -- hostile side files: over-long lines, deep JSON, a truncated gzip -----------------------
 
 def _own_log(path: Path, n: int = 60, t0: float = 1_700_000_000.0) -> Path:
