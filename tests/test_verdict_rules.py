@@ -187,6 +187,25 @@ def test_at_the_probe_ceiling_without_a_budget_is_storage():
     assert decide(inputs(0.4, system(), workers=8, probe=probe, ips=300.0)).bottleneck == "unknown"
 
 
+
+def test_a_given_probe_is_not_advised_again():
+    # Storage-bound with --probe given: the ceiling is in the evidence; "measure the
+    # storage's ceiling: `autotune probe ...`" would send the user to do it twice.
+    probe = probe_levels((1, 40.0), (4, 60.0), (16, 62.0))
+    s = system(budget_d=budget(workers=klass(4, io=0.85, on_cpu=0.06), main=IDLE_MAIN))
+    v = decide(inputs(0.3, s, workers=4, probe=probe, ips=60.0))
+    assert v.bottleneck == "storage", v
+    assert not any("autotune probe" in x for x in v.advice), v.advice
+    assert v.next_command.startswith("autotune convert /data/train")
+    # Without one it is still advised.
+    v = decide(inputs(0.3, s, workers=4))
+    assert v.bottleneck == "storage" and any("measure the storage's ceiling: `autotune probe"
+                                             in x for x in v.advice), v.advice
+    # Unknown (no time budget) names the probe only when none was given.
+    below = decide(inputs(0.4, system(), workers=8, probe=probe, ips=30.0))
+    assert below.bottleneck == "unknown" and not any("autotune probe" in x for x in below.advice)
+    assert any("autotune probe" in x for x in decide(inputs(0.4, system(), workers=8)).advice)
+
 def test_a_ceiling_measured_apart_confirms_the_budget():
     s = system(budget_d=budget(workers=klass(8, io=0.8), main=IDLE_MAIN))
     v = decide(inputs(0.4, s, workers=8, ips=480.0, storage_ceiling=500.0,

@@ -149,14 +149,16 @@ DECODE_ADVICE = ["decode is the limit: more CPU cores (or fewer other processes)
 
 
 def storage_verdict(case: Case, why: str) -> Verdict:
-    """Storage-bound, `why` naming the figures; its advice and next command."""
+    """Storage-bound, `why` naming the figures; its advice and next command. The probe
+    is advised only when none was given: its ceiling is then already in the evidence."""
     inp, ev, cmd = case.inp, case.evidence, case.cmd
+    probe = [] if inp.probe is not None else [f"measure the storage's ceiling: `{cmd['probe']}`"]
     return Verdict("storage", f"storage-bound {why}; the step waits "
                    f"{pct(inp.data_share)} of the time", ev, cmd["convert"],
                    [LOCAL_ADVICE,
                     f"or let the search convert, stage and measure the gain: "
                     f"`{cmd['search_convert']}`",
-                    f"measure the storage's ceiling: `{cmd['probe']}`"])
+                    *probe])
 
 
 # The storage verdict's advice: its next command's DST is on another disk than SRC.

@@ -32,5 +32,6 @@ class WithoutBudget(JobRule):
         return Verdict("unknown", f"unknown: input-bound (data wait {pct(inp.data_share)}), but "
                        f"the time budget is missing: {case.missing}", ev, cmd["monitor"],
                        hint + ["run the job under `autotune monitor` (or pass --metrics "
-                               "metrics.jsonl of a monitor that records the time budget), and "
-                               "`autotune probe` for the storage ceiling"])
+                               "metrics.jsonl of a monitor that records the time budget)"
+                               + ("" if inp.probe is not None else
+                                  ", and `autotune probe` for the storage ceiling")])
