@@ -10,7 +10,8 @@ counts every other step line, epoch-start stalls included; `steady_data_time_sha
 out the first lines of each epoch (when the workers start), and those are reported apart
 (`epoch_starts`). A line printed twice (two log handlers) counts once. Then the metrics of
 the same time window are joined and `rules.decide` gives the verdict. The inputs (log, monitor directory, probe, format) are
-read by `inputs.py`, the pass over the records is `logpass.py`.
+read by `inputs.py`, the pass over the records is `logpass.py`; what the monitor's run.json
+says beside the verdict (a job that failed, /dev/shm, the disk watched) is `runinfo.py`.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from autotune.analyze import trend
 from autotune.analyze.inputs import detect_format, load_probe, make_parser, resolve_inputs
 from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.logpass import LogPass
+from autotune.analyze.runinfo import run_facts
 from autotune.analyze.parsers import LogParser, ProfileSummary, Skip
 from autotune.analyze.reader import STDIN, LineTimes, iter_lines, spooled
 from autotune.verdict.rules import RuleInputs, decide
 from autotune.errors import UsageError
 from autotune.verdict import Verdict
 
+OWN = "own"             # the format of autotune.instrument()'s step log
 SHORT_LOG_LINES = 20    # fewer measured step lines: the share is given with a confidence note
 OTHER_APART = 2.0       # the line's other reading disagrees this many times: say both
 WHY_APART_RUNNING = ("the printed lines are a sample of the batches, the running averages count "
@@ -74,6 +77,7 @@ class Analysis:
     epoch_starts: dict[str, Any] | None = None
     share_from: dict[str, Any] | None = None
     confidence: dict[str, Any] = field(default_factory=lambda: {"level": "normal", "note": None})
+    run: dict[str, Any] | None = None     # the monitor's run.json: how the job ended, the disk
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,7 +97,7 @@ class Analysis:
             "profile": self.profile.to_dict() if self.profile else None,
             "epoch_starts": self.epoch_starts, "share_from": self.share_from,
             "confidence": self.confidence,
-            "verdict": self.verdict.to_dict(), "warnings": self.warnings,
+            "run": self.run, "verdict": self.verdict.to_dict(), "warnings": self.warnings,
         }
 
 
@@ -139,18 +143,14 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     times = LineTimes.for_log(inp.log)
     acc = LogPass(warmup, times, parser.other_kind)
     lines, profiles = _stream(parser, inp.log, acc, warnings)
-    used_warm = acc.finish()
-    if used_warm:
-        warnings.append(f"only {acc.warm.n} step(s), all within the warm-up: the figures include "
-                        "start-up")
+    used_warm = _finish(acc, warnings)
     meta, loader, dataset = _job(parser, dataset, inp.dataset)
     profile = profiles[-1] if profiles else None
     if acc.measured.n == 0 and profile is None:
         raise _no_timing(inp.log, fmt, lines, parser)
     f = _figures(acc, parser, fmt, batch_size, meta, profile, times, warnings)
     system = _system(inp.metrics, f["window"], warnings)
-    steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings,
-                                               instrumented=fmt == "own")
+    steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     verdict = decide(RuleInputs(au=f["au"], data_share=f["data_share"],
                                 step_time_s=f["step_q"].get("p50"), images_per_s=f["ips"],
@@ -158,6 +158,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
                                 system=system, probe=probe_d, dataset=dataset,
                                 job_cores=_cores(meta)))
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"]) if e)
+    run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset)
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
         warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=_ranks(acc),
@@ -166,8 +167,17 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         data_wait_s=f["data_q"], images_per_s=f["ips"], window=f["window"],
         times_from=f["times_from"], trend=f["trend"], system=system, probe=probe_d,
         loader=loader, dataset=dataset, verdict=verdict, profile=profile,
-        warnings=warnings + parser.notes, steady_data_time_share=steady,
-        epoch_starts=starts, share_from=share_from, confidence=conf)
+        warnings=said + warnings + parser.notes, steady_data_time_share=steady,
+        epoch_starts=starts, share_from=share_from, confidence=conf, run=run)
+
+
+def _finish(acc: LogPass, warnings: list[str]) -> bool:
+    """Close the pass; True (and a warning) when every step was within the warm-up."""
+    used_warm = acc.finish()
+    if used_warm:
+        warnings.append(f"only {acc.warm.n} step(s), all within the warm-up: the figures include "
+                        "start-up")
+    return used_warm
 
 
 def _job(parser: LogParser, dataset: str | None, run_dataset: str | None
@@ -255,11 +265,11 @@ def _figures(acc: LogPass, parser: LogParser, fmt: str, batch_size: int | None,
 
 
 def _shares(acc: LogPass, parser: LogParser, share: float | None, profile: ProfileSummary | None,
-            warnings: list[str], instrumented: bool = False
-            ) -> tuple[float | None, dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
+            warnings: list[str]) -> tuple[float | None, dict[str, Any] | None, dict[str, Any],
+                                          dict[str, Any]]:
     """Steady share, epoch starts, what the share is computed from (and the lines' other
-    reading), and the confidence of a short excerpt; the warnings they call for.
-    `instrumented`: the log is autotune.instrument()'s own, so that is not advised."""
+    reading), and the confidence of a short excerpt; the warnings they call for (a log
+    autotune.instrument() wrote is not told to use it)."""
     m = acc.measured
     steady = acc.steady.data_share if m.n else None
     starts = None
@@ -282,7 +292,7 @@ def _shares(acc: LogPass, parser: LogParser, share: float | None, profile: Profi
                 f"{max(share, other) / min(share, other):.1f}x apart: {why}")
     conf: dict[str, Any] = {"level": "normal", "note": None}
     if profile is None and 0 < m.n < SHORT_LOG_LINES:
-        firmer = ("a longer run gives firmer figures" if instrumented else
+        firmer = ("a longer run gives firmer figures" if parser.name == OWN else
                   "a longer log, or autotune.instrument(loader), gives firmer figures")
         conf = {"level": "low", "note": (
             f"a short excerpt: {m.n} step line(s) standing for {m.w:,} batch(es); the shares "

@@ -25,6 +25,8 @@ class Inputs:
     metrics: Path | None
     dataset: str | None
     notes: list[str]
+    run: dict[str, Any] | None = None    # the monitor's run.json (analyze.runinfo reads it)
+    run_dir: Path | None = None          # the folder it is in (its train.log)
 
 
 def _has_steps(path: Path) -> bool:
@@ -40,12 +42,24 @@ def _has_steps(path: Path) -> bool:
     return False
 
 
+def _run_json(folder: Path) -> dict[str, Any] | None:
+    """The monitor's run.json in `folder`, or None (absent, unreadable, not an object)."""
+    try:   # a side file: read up to MAX_LINE, never whole
+        with (folder / RUN_FILES["run"]).open("rb") as f:
+            run = json.loads(f.read(MAX_LINE))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return run if isinstance(run, dict) else None
+
+
 def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] | None,
                    dataset: str | None) -> Inputs:
     """A log file, or an `autotune monitor` output directory (its step log when the job
-    was instrumented, else its train.log; its metrics.jsonl; the dataset from run.json)."""
+    was instrumented, else its train.log; its metrics.jsonl; the dataset from run.json).
+    run.json is read from the directory, or from beside --metrics."""
     p = Path(log)
     notes: list[str] = []
+    run_dir: Path | None = None
     if not p.exists():
         raise UsageError(f"{p}: no such file or directory; give a training log or the "
                          "directory `autotune monitor --out` wrote")
@@ -67,15 +81,16 @@ def resolve_inputs(log: str | os.PathLike[str], metrics: str | os.PathLike[str] 
             else:  # the command ended before the monitor's first sample: the log alone
                 notes.append(f"{mine} holds no sample (the command ended before the first "
                              "one): analysed without the machine's figures")
-        if dataset is None and (p / RUN_FILES["run"]).is_file():
-            try:   # a side file: read up to MAX_LINE, never whole
-                with (p / RUN_FILES["run"]).open("rb") as f:
-                    run = json.loads(f.read(MAX_LINE))
-                dataset = run.get("data") if isinstance(run, dict) else None
-            except (OSError, ValueError, RecursionError):
-                pass
-        p = chosen
-    return Inputs(p, Path(metrics) if metrics is not None else None, dataset, notes)
+        run_dir, p = p, chosen
+    elif metrics is not None:
+        run_dir = Path(metrics).parent
+    run = _run_json(run_dir) if run_dir is not None else None
+    if run is None:
+        run_dir = None
+    elif dataset is None and isinstance(run.get("data"), str):
+        dataset = run["data"]
+    return Inputs(p, Path(metrics) if metrics is not None else None, dataset, notes, run,
+                  run_dir)
 
 
 def load_probe(path: str | os.PathLike[str]) -> dict[str, Any]:

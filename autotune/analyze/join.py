@@ -29,6 +29,7 @@ def join_metrics(path: str | os.PathLike[str],
     info: dict[str, Any] = {}
     total = kept = bad = 0
     interval_max = 0.0
+    shm_peak: dict[str, float] | None = None   # over every sample, in the window or not
     everything: list[dict[str, Any]] = []   # only when no sample falls in the window
     try:
         f = p.open("rb")
@@ -48,6 +49,7 @@ def join_metrics(path: str | os.PathLike[str],
                 continue
             total += 1
             interval_max = max(interval_max, dt)
+            shm_peak = _fuller(shm_peak, rec.get("shm"), t)
             if window is not None:
                 lo, hi = window
                 overlap = min(hi, t) - max(lo, t - dt)
@@ -69,4 +71,18 @@ def join_metrics(path: str | os.PathLike[str],
             collect(rec, series, unavailable, info)
         kept = len(everything)
     return finish(series, unavailable, info, source=str(p), joined_by=joined_by,
-                  samples=kept, samples_total=total, bad_lines=bad, window=window)
+                  samples=kept, samples_total=total, bad_lines=bad, window=window,
+                  shm_peak=shm_peak)
+
+
+def _fuller(peak: dict[str, float] | None, shm: Any, t: float) -> dict[str, float] | None:
+    """The fuller of `peak` and a sample's /dev/shm section (by the share used)."""
+    try:
+        used, total = float(shm["used_bytes"]), float(shm["total_bytes"])
+    except (TypeError, KeyError, ValueError):
+        return peak
+    if total <= 0:
+        return peak
+    if peak is None or used / total > peak["used_bytes"] / peak["total_bytes"]:
+        return {"used_bytes": used, "total_bytes": total, "time": t}
+    return peak

@@ -19,6 +19,28 @@ SHM_HINT = ("DataLoader workers pass batches through /dev/shm: enlarge it (docke
 FILES_HINT = ("raise the limit (`ulimit -n 65536` in the shell that starts training; "
               "LimitNOFILE= under systemd), or lower num_workers / prefetch_factor, or call "
               "torch.multiprocessing.set_sharing_strategy('file_system') at start-up")
+# A line of a job's output that names a /dev/shm failure: PyTorch's own messages (libshm's
+# "unable to allocate shared memory(shm)", "unable to write to file </torch_...>: No space
+# left on device", a worker "killed by signal: Bus error", "insufficient shared memory").
+_SHM_LINE = re.compile(
+    r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)"
+    r"|no space left on device[^\n]*(shm|torch_|shared memory)"
+    r"|(shm|torch_|shared memory)[^\n]*no space left on device"
+    r"|bus error|out of shared memory|insufficient shared memory", re.IGNORECASE)
+
+
+def shm_failure_line(text: str) -> str | None:
+    """The last line of `text` that names a /dev/shm failure (stripped), or None."""
+    found = None
+    for m in _SHM_LINE.finditer(text):
+        found = m
+    if found is None:
+        return None
+    start = text.rfind("\n", 0, found.start()) + 1
+    end = text.find("\n", found.end())
+    return text[start:end if end >= 0 else len(text)].strip()
+
+
 OOM_HINT = ("use fewer workers, a lower prefetch_factor or a smaller batch (each worker "
             "holds prefetch_factor batches); `dmesg | grep -i oom` shows the kernel's record")
 

@@ -62,6 +62,9 @@ class SystemFigures:
     # The job's time budget over the window (autotune.monitor.timebudget.TimeBudget's
     # to_dict()): where each process class's wall time went. None: not measured.
     budget: dict[str, Any] | None = None
+    # /dev/shm at its fullest over the whole run, not only the window (a job that dies of a
+    # full /dev/shm fills it after its last step): {"used_bytes", "total_bytes", "time"}.
+    shm_peak: dict[str, float] | None = None
 
     @staticmethod
     def med(s: dict[str, float] | None) -> float | None:

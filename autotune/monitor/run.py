@@ -16,7 +16,8 @@ Files in OUT:
                      (autotune.monitor.tasks: a TimeBudget.to_dict())
     steps.jsonl      written by the command itself when it wraps its loader with
                      autotune.instrument() (AUTOTUNE_STEPS_LOG points there)
-    run.json         the command, data path, times, exit status
+    run.json         the command, data path, the path whose disk was watched (`watched`:
+                     --data, else the current directory), times, exit status
 
 The command runs in its own process group, so a Ctrl-C at the terminal reaches it once,
 forwarded by the monitor (to the whole group, as the terminal would: DataLoader workers
@@ -78,6 +79,7 @@ class MonitorRun:
     forwarded: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    watched: str | None = None    # the path whose disk was sampled (data, else the cwd)
 
     @property
     def seconds(self) -> float:
@@ -87,7 +89,8 @@ class MonitorRun:
         return {"command": self.command, "out_dir": self.out_dir, "pid": self.pid,
                 "returncode": self.returncode, "signal": self.signal,
                 "started": self.started, "ended": self.ended, "seconds": self.seconds,
-                "data": self.data, "log": self.log, "metrics": self.metrics,
+                "data": self.data, "watched": self.watched, "log": self.log,
+                "metrics": self.metrics,
                 "steps": self.steps, "samples": self.samples, "log_bytes": self.log_bytes,
                 "forwarded_signals": self.forwarded, "summary": self.summary,
                 "errors": self.errors}
@@ -293,8 +296,8 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
     tasks = TaskSampler(proc.pid, delayacct_since=hold.since if hold is not None else None)
     tasks.start()
     write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks)
-    mon = _monitor(os.fspath(data) if data is not None else os.getcwd(), proc.pid, interval,
-                   gpu, write_sample, errors)
+    watched = os.path.abspath(data) if data is not None else os.getcwd()
+    mon = _monitor(watched, proc.pid, interval, gpu, write_sample, errors)
     log_fh = (out / LOG).open("wb")
     times_fh = (out / TIMES).open("w", encoding="utf-8")
     tee = _Tee(log_fh, times_fh, {1: echo_stdout, 2: echo_stderr})
@@ -323,7 +326,7 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
                      log=str(out / LOG), metrics=str(out / METRICS),
                      steps=str(steps) if steps.exists() else None, samples=count[0],
                      log_bytes=tee.offset, forwarded=forwarder.forwarded,
-                     summary=mon.summary(), errors=errors)
+                     summary=mon.summary(), errors=errors, watched=watched)
     try:
         (out / RUN).write_text(json.dumps({k: v for k, v in run.to_dict().items()
                                            if k != "summary"}, indent=2) + "\n")

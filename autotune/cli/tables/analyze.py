@@ -37,6 +37,27 @@ def verdict_lines(a: Analysis) -> list[Text]:
     return out
 
 
+def run_lines(run: dict[str, Any] | None) -> list[Text]:
+    """What the monitor's run.json adds: the disk it watched, a job that failed (and
+    /dev/shm when it was the likely cause); a job that ended well or that the user stopped
+    says nothing more."""
+    if not run:
+        return []
+    out = []
+    disk = run.get("disk")
+    if disk and disk.get("measured"):
+        where = f"{disk['path']}, " if disk.get("path") else ""
+        out.append(Text(f"  disk watched: {printable(disk.get('device') or '?')} ({printable(where)}"
+                        f"from {disk['from']})", style="dim"))
+    if run.get("outcome") == "failed":
+        out.append(Text(f"job: FAILED ({printable(run['status'])}): the verdict describes "
+                        "only the steps before it", style="bold red"))
+        if run.get("shm"):
+            out.append(Text("  /dev/shm: the likely cause (see the warning for the fix)",
+                            style="red"))
+    return out
+
+
 def analysis_renderable(a: Analysis) -> Group:
     parts: list[Any] = []
     ln = a.lines
@@ -75,6 +96,7 @@ def analysis_renderable(a: Analysis) -> Group:
         for sec, why in s.unavailable.items():
             parts.append(Text(f"  {sec}: not measured ({why})", style="dim"))
         parts += budget_texts(s.budget)
+    parts += run_lines(a.run)
     parts += verdict_lines(a)
     for w in a.warnings:
         parts.append(Text(f"warning: {printable(w)}", style="yellow"))

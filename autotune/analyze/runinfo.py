@@ -1,0 +1,139 @@
+"""What the monitor's run.json says about the run a log comes from, beside the verdict:
+
+* how the job ended: a job that failed (an exit status other than 0, or a signal the user
+  did not send) is said, with its status, since the verdict then describes only the steps
+  logged before it; a stop the user asked for (Ctrl-C: status 130 or SIGINT, or a signal
+  the monitor forwarded) is not a failure and is not said;
+* for a failed job, whether /dev/shm was the likely cause: its log's last lines name a
+  /dev/shm failure, or the monitor saw /dev/shm nearly full;
+* which disk the monitor watched and why: without --data it watched the disk of the
+  directory it ran in, which may not hold the dataset.
+
+`run_facts` returns the JSON's `run` section and the warnings; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+from pathlib import Path
+from typing import Any
+
+from autotune.bench.failures import SHM_HINT, shm_failure_line
+from autotune.monitor.figures import SystemFigures
+
+# /dev/shm this full at a sample counts as nearly full: samples are --interval apart and a
+# batch handed over between two (tens of MiB) fills the rest, so a job that died of a full
+# /dev/shm is seldom sampled at 100 %.
+SHM_NEARLY_FULL = 0.75
+LOG_TAIL_BYTES = 256 * 1024    # the job's last output, where a failure is printed
+USER_STOPS = ("SIGINT", "SIGTERM")
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def outcome(run: dict[str, Any]) -> tuple[str, str]:
+    """("ok" | "stopped" | "failed" | "unknown", the status in words) of a run.json."""
+    rc, sig = _int(run.get("returncode")), _int(run.get("signal"))
+    forwarded = [f for f in run.get("forwarded_signals") or [] if f in USER_STOPS]
+    if rc is None:
+        return "unknown", "no exit status in run.json"
+    status = (f"killed by {_signame(sig)} (status {rc})" if sig is not None
+              else f"exit status {rc}")
+    if rc == 0:
+        return "ok", status
+    if rc == 128 + signal.SIGINT or sig == signal.SIGINT or forwarded:
+        return "stopped", status + (f" after {', '.join(forwarded)} was forwarded"
+                                    if forwarded else "")
+    return "failed", status
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
+def shm_cause(log: Path | None, system: SystemFigures | None) -> dict[str, Any] | None:
+    """Why /dev/shm is the likely cause of a failed job (its log's line, its peak), or None."""
+    line = shm_failure_line(_log_tail(log)) if log is not None else None
+    peak = system.shm_peak if system is not None else None
+    share = peak["used_bytes"] / peak["total_bytes"] if peak else None
+    full = share is not None and share >= SHM_NEARLY_FULL
+    if line is None and not full:
+        return None
+    said = []
+    if line is not None:
+        said.append(f"{log.name if log else 'the log'} says {line[:200]!r}")
+    if peak is not None and share is not None:
+        said.append(f"{Path(system.source).name if system else 'the metrics'}: /dev/shm at "
+                    f"{_mib(peak['used_bytes'])} of {_mib(peak['total_bytes'])} MiB "
+                    f"({share:.0%}) at its fullest")
+    return {"log_line": line, "peak_used_bytes": peak["used_bytes"] if peak else None,
+            "total_bytes": peak["total_bytes"] if peak else None, "peak_share": share,
+            "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT}
+
+
+def watched_disk(run: dict[str, Any], system: SystemFigures | None) -> dict[str, Any] | None:
+    """The disk the monitor sampled, the path it belongs to and why that path."""
+    if system is None:
+        return None
+    data = run.get("data") if isinstance(run.get("data"), str) else None
+    path = data or (run.get("watched") if isinstance(run.get("watched"), str) else None)
+    return {"device": system.disk_device, "path": path,
+            "from": "--data" if data else "the current directory (no --data)",
+            "measured": system.disk_util_pct is not None}
+
+
+def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFigures | None,
+              steps: int, dataset: str | None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The `run` section of the analysis (None without a run.json) and its warnings."""
+    if run is None:
+        return None, []
+    warnings: list[str] = []
+    where = f"{run_dir / 'run.json'}" if run_dir is not None else "run.json"
+    kind, status = outcome(run)
+    secs = run.get("seconds")
+    after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
+    shm = None
+    if kind == "failed":
+        warnings.append(f"the job failed: {status}{after} ({where}); the verdict describes "
+                        f"only the {steps:,} step(s) measured before it, not why it failed")
+        log = run_dir / "train.log" if run_dir is not None else None
+        shm = shm_cause(log if log is not None and log.is_file() else None, system)
+        if shm is not None:
+            warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
+                            f"fix: {shm['fix']}")
+    disk = watched_disk(run, system)
+    if disk is not None and disk["measured"] and disk["from"] != "--data":
+        at = f"of {disk['path']}, " if disk["path"] else ""
+        warnings.append(
+            f"disk {disk['device'] or '?'}: the monitor watched the disk {at}the directory "
+            "it ran in, because it was given no --data; it may not hold the dataset (and it "
+            "carries every other process's reads), so the disk figures may not be the "
+            f"dataset's; rerun with `autotune monitor --data "
+            f"{shlex.quote(dataset) if dataset else 'DATASET'} -- ...`")
+    return {"returncode": _int(run.get("returncode")), "signal": _int(run.get("signal")),
+            "seconds": secs if isinstance(secs, (int, float)) else None,
+            "forwarded_signals": run.get("forwarded_signals") or [], "outcome": kind,
+            "status": status, "shm": shm, "disk": disk}, warnings
+
+
+__all__ = ["SHM_NEARLY_FULL", "outcome", "run_facts", "shm_cause", "watched_disk"]

@@ -1,0 +1,152 @@
+"""What the monitor's run.json adds to the analysis: a job that failed is said (with its
+status, and /dev/shm when its log or the metrics point there), a user's Ctrl-C is not; and
+the disk the monitor watched without --data is named, with `--data` as the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from autotune.analyze import analyze
+from autotune.cli.tables.analyze import analysis_renderable
+from autotune.monitor.run import run_monitored
+
+T0 = 1_700_000_000.0
+MIB = 2**20
+SHM_LINE = ("RuntimeError: unable to allocate shared memory(shm) for file </torch_31_1807_0>: "
+            "No space left on device (28)")
+
+
+def _rendered(a) -> str:
+    con = Console(width=200, record=True, file=open(os.devnull, "w"))
+    con.print(analysis_renderable(a))
+    return con.export_text()
+
+
+def monitor_dir(path: Path, *, run: dict, log: str = "", shm_used_mib: float | None = None,
+                steps: int = 40, device: str = "vda") -> Path:
+    """A monitor output dir: an instrument() step log (40 steps, 0.1 s apart, waiting
+    20 %), its train.log, metrics every 0.5 s over the steps (and 3 s after), run.json."""
+    path.mkdir()
+    head = {"autotune": "steps", "version": 1, "cores": 4,
+            "loader": {"num_workers": 4, "prefetch_factor": 2, "dataset": {"root": "/data/train"}}}
+    rows = [json.dumps(head)] + [json.dumps({"t": T0 + 0.1 * i, "epoch": 0, "step": i,
+                                             "wait_s": 0.02, "step_s": 0.08, "batch": 32})
+                                 for i in range(steps)]
+    (path / "steps.jsonl").write_text("\n".join(rows) + "\n")
+    (path / "train.log").write_text(log)
+    shm = (None if shm_used_mib is None else
+           {"available": True, "used_bytes": int(shm_used_mib * MIB), "total_bytes": 64 * MIB})
+    recs = []
+    for k in range(int((0.1 * steps + 3) / 0.5)):
+        t = T0 + 0.5 * (k + 1)
+        recs.append(json.dumps({
+            "time": t, "monotonic": t, "interval_s": 0.5,
+            "disk": {"available": True, "device": device, "reads_per_s": 708.0,
+                     "read_mib_s": 30.0, "r_await_ms": 0.5, "util_pct": 10.0},
+            "cpu": {"available": True, "total_pct": 50.0, "iowait_pct": 0.0,
+                    "per_core_pct": [50.0] * 4},
+            "shm": shm if k < 2 * 0.1 * steps else shm and {**shm, "used_bytes": 1 * MIB},
+            "gpu": {"available": False, "reason": "NVML: no GPU found"}}))
+    (path / "metrics.jsonl").write_text("\n".join(recs) + "\n")
+    base = {"command": ["python", "train.py"], "data": "/data/train", "watched": "/data/train",
+            "returncode": 0, "signal": None, "seconds": 7.5, "forwarded_signals": []}
+    (path / "run.json").write_text(json.dumps({**base, **run}))
+    return path
+
+
+def test_a_crash_of_full_shm_is_said_beside_the_verdict(tmp_path):
+    ok = analyze(monitor_dir(tmp_path / "ok", run={}, shm_used_mib=48))
+    crashed = monitor_dir(tmp_path / "crashed", run={"returncode": 1},
+                          log=f"epoch 0\nTraceback (most recent call last):\n{SHM_LINE}\n",
+                          shm_used_mib=48)
+    a = analyze(crashed)
+    assert a.verdict.bottleneck == ok.verdict.bottleneck      # the verdict is kept
+    assert not any("failed" in w for w in ok.warnings)        # a job that ended well: quiet
+    failed = [w for w in a.warnings if w.startswith("the job failed")]
+    assert failed and "exit status 1 after 7.5 s" in failed[0], a.warnings
+    assert "run.json" in failed[0] and f"only the {a.steps} step(s)" in failed[0]
+    shm = [w for w in a.warnings if w.startswith("/dev/shm was the likely cause")]
+    assert shm, a.warnings
+    assert "unable to allocate shared memory" in shm[0] and "48 of 64 MiB (75%)" in shm[0]
+    assert "--shm-size" in shm[0] and "num_workers" in shm[0]
+    d = json.loads(json.dumps(a.to_dict()))["run"]
+    assert d["outcome"] == "failed" and d["returncode"] == 1
+    assert d["shm"]["log_line"] == SHM_LINE and d["shm"]["peak_share"] == 0.75
+    text = _rendered(a)
+    assert "job: FAILED (exit status 1)" in text and "/dev/shm: the likely cause" in text
+
+
+def test_the_metrics_alone_or_the_log_alone_point_at_shm(tmp_path):
+    by_metrics = analyze(monitor_dir(tmp_path / "m", run={"returncode": 1}, shm_used_mib=60))
+    assert any(w.startswith("/dev/shm was the likely cause") and "60 of 64 MiB" in w
+               for w in by_metrics.warnings), by_metrics.warnings
+    bus = "RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.\n"
+    by_log = analyze(monitor_dir(tmp_path / "l", run={"returncode": 1, "signal": None},
+                                 log=bus))
+    assert any(w.startswith("/dev/shm was the likely cause") and "Bus error" in w
+               for w in by_log.warnings), by_log.warnings
+    # Another failure (no shm line, /dev/shm a quarter full): failed, with no cause guessed.
+    other = analyze(monitor_dir(tmp_path / "o", run={"returncode": 137, "signal": 9},
+                                log="ValueError: bad label\n", shm_used_mib=16))
+    assert any(w.startswith("the job failed: killed by SIGKILL (status 137)")
+               for w in other.warnings), other.warnings
+    assert not any("/dev/shm" in w for w in other.warnings)
+
+
+def test_a_users_ctrl_c_is_not_a_crash(tmp_path):
+    for name, run in (("int", {"returncode": 130, "signal": 2, "forwarded_signals": ["SIGINT"]}),
+                      ("exit130", {"returncode": 130}),
+                      ("term", {"returncode": 1, "forwarded_signals": ["SIGTERM"]})):
+        a = analyze(monitor_dir(tmp_path / name, run=run, log=f"{SHM_LINE}\n",
+                                shm_used_mib=60))
+        assert a.run["outcome"] == "stopped", name
+        assert not any("failed" in w or "/dev/shm" in w for w in a.warnings), (name, a.warnings)
+        assert "FAILED" not in _rendered(a)
+
+
+def test_without_data_the_watched_disk_is_named_and_data_is_the_fix(tmp_path):
+    a = analyze(monitor_dir(tmp_path / "nodata", run={"data": None, "watched": "/home/me/job"}))
+    said = [w for w in a.warnings if w.startswith("disk vda:")]
+    assert said, a.warnings
+    assert "/home/me/job" in said[0] and "no --data" in said[0]
+    assert "may not hold the dataset" in said[0]
+    assert "`autotune monitor --data /data/train -- ...`" in said[0]   # the step log's dataset
+    assert a.run["disk"] == {"device": "vda", "path": "/home/me/job", "measured": True,
+                             "from": "the current directory (no --data)"}
+    assert "disk watched: vda (/home/me/job, from the current directory (no --data))" in \
+        _rendered(a)
+    # With --data, the disk is the dataset's: nothing to say.
+    b = analyze(monitor_dir(tmp_path / "data", run={}))
+    assert not any(w.startswith("disk ") for w in b.warnings) and b.run["disk"]["from"] == "--data"
+
+
+def test_monitor_records_the_watched_directory_without_data(tmp_path):
+    run = run_monitored([sys.executable, "-c", "pass"], tmp_path / "run", gpu=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["data"] is None and meta["watched"] == os.getcwd() == run.watched
+
+
+CRASHING_JOB = f"""
+import sys, time, autotune
+for _ in autotune.instrument(range(30), batch_size=8):
+    time.sleep(0.01)
+print("Traceback (most recent call last):", file=sys.stderr)
+print({SHM_LINE!r}, file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_a_real_monitored_job_that_dies_of_shm(tmp_path):
+    run = run_monitored([sys.executable, "-c", CRASHING_JOB], tmp_path / "run", gpu=False,
+                        data=tmp_path, interval=0.1)
+    assert run.returncode == 1
+    a = analyze(tmp_path / "run")
+    assert a.format == "own" and a.run["outcome"] == "failed"
+    assert any(w.startswith("the job failed: exit status 1") for w in a.warnings), a.warnings
+    assert any(w.startswith("/dev/shm was the likely cause") and "train.log says" in w
+               for w in a.warnings), a.warnings
