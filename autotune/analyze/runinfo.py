@@ -114,9 +114,10 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
     shm = None
     if kind == "failed":
-        warnings.append(f"the job failed: {status}{after} ({where}); the verdict describes "
-                        f"only the {steps:,} step(s) measured before it, not why it failed")
         log = run_dir / "train.log" if run_dir is not None else None
+        why = f"; its output, with the error, is in {log}" if log is not None else ""
+        warnings.append(f"the job failed: {status}{after} ({where}); the verdict describes "
+                        f"only the {steps:,} step(s) measured before it, not why it failed{why}")
         shm = shm_cause(log if log is not None and log.is_file() else None, system)
         if shm is not None:
             warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
