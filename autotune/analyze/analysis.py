@@ -156,8 +156,9 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
                                 step_time_s=f["step_q"].get("p50"), images_per_s=f["ips"],
                                 batch_size=f["bs"], steps=f["steps"], loader=loader,
                                 system=system, probe=probe_d, dataset=dataset,
-                                job_cores=_cores(meta)))
+                                job_cores=_cores(meta), job_args=_job_args(loader)))
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"]) if e)
+    verdict.evidence.extend(_factory_note(loader))
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset)
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
@@ -199,6 +200,30 @@ def _system(metrics: Path | None, window: Any, warnings: list[str]) -> SystemFig
     if system.joined_by != "time":
         warnings.append(f"metrics joined by {system.joined_by}")
     return system
+
+
+# Datasets `autotune search DATASET` reads as the job did: an image folder (torchvision's,
+# autotune's pipeline) or a conversion through autotune.open_dataset.
+SEARCHED_AS_IS = {"ImageFolder", "DatasetFolder", "ImageDataset", "MapDataset", "ShardDataset",
+                  "WdsDataset"}
+
+
+def _job_args(loader: dict[str, Any] | None) -> str:
+    """What the next `search` needs to measure this job's own Dataset (the step log names
+    its class): a `--dataset-factory` where the class is not one search reads as is; a
+    folder searched through autotune's pipeline would be another job."""
+    kind = ((loader or {}).get("dataset") or {}).get("type")
+    if not isinstance(kind, str) or kind in SEARCHED_AS_IS:
+        return ""
+    return "--dataset-factory YOUR_FILE.py:FUNCTION"
+
+
+def _factory_note(loader: dict[str, Any] | None) -> list[str]:
+    if not _job_args(loader):
+        return []
+    return [f"the job's Dataset is {loader['dataset']['type']} (the step log), not an image "  # type: ignore[index]
+            "folder: a next search measures it through --dataset-factory (FUNCTION(DATASET) "
+            "returns it), not autotune's image pipeline"]
 
 
 def _cores(meta: dict[str, Any]) -> int | None:

@@ -17,11 +17,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def own_log(path: Path, epochs: list[list[tuple[float, float]]], *, t0: float = 1_000_000.0,
-            workers: int = 4, batch: int = 32) -> Path:
+            workers: int = 4, batch: int = 32, dataset_type: str | None = None) -> Path:
     """An instrument() log: per epoch, (wait_s, step_s) per step, back to back from t0."""
+    ds = {"root": "/data/train", **({"type": dataset_type} if dataset_type else {})}
     lines = [json.dumps({"autotune": "steps", "version": 1, "cores": 8,
                          "loader": {"num_workers": workers, "prefetch_factor": 2,
-                                    "dataset": {"root": "/data/train"}}})]
+                                    "dataset": ds}})]
     t = t0
     for e, steps in enumerate(epochs):
         for i, (w, s) in enumerate(steps):
@@ -72,6 +73,20 @@ def test_figures_and_warmup_of_an_own_log(tmp_path):
     assert a.images_per_s == pytest.approx(32 / 0.15, rel=1e-3)
     assert a.dataset == "/data/train"
     assert a.trend["findings"][0].startswith("the first batch of the run waits 3.00 s")
+
+
+def test_the_next_search_of_a_jobs_own_dataset_names_a_factory(tmp_path):
+    """The step log names the job's own Dataset class: `autotune search DATASET` alone
+    would measure autotune's image pipeline, another job (a user's review: 135 images/s
+    for a pipeline of 4). An image folder's next search stays as it was."""
+    steps = [(0.001, 0.1)] * 60                               # compute: next, a search
+    own = analyze(own_log(tmp_path / "a.jsonl", [steps], dataset_type="Files")).verdict
+    assert "--dataset-factory YOUR_FILE.py:FUNCTION" in own.next_command, own.next_command
+    assert any("Dataset is Files" in e for e in own.evidence), own.evidence
+    folder = analyze(own_log(tmp_path / "b.jsonl", [steps], dataset_type="ImageFolder")).verdict
+    assert "--dataset-factory" not in folder.next_command, folder.next_command
+    assert own.next_command.replace(" --dataset-factory YOUR_FILE.py:FUNCTION", "") \
+        == folder.next_command
 
 
 def test_epoch_start_spikes_and_first_epoch_falls(tmp_path):
