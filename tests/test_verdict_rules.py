@@ -300,16 +300,18 @@ def test_one_worker_on_a_cpu_with_a_free_core_is_loader():
     assert v.next_command.startswith("autotune search /data/train --compute-ms 100")
 
 
+def capped(rate: float, **cap) -> SystemFigures:
+    """One worker on a CPU 67 %, blocked 21 %, `rate` reads/s charged by a cgroup cap."""
+    s = system(cores=2, total=40, budget_d=budget(workers=klass(1, on_cpu=0.67, io=0.21),
+                                                  main=IDLE_MAIN))
+    s.disk_read_cap = {"iops": None, "mib_s": None, **cap}
+    s.disk_cap_reads_per_s, s.disk_cap_read_mib_s = _s(rate), _s(rate * 0.07)
+    return s
+
+
 def test_a_worker_on_a_cpu_whose_reads_reach_its_cgroups_read_cap_is_storage():
     # The CI run that failed: one worker on a CPU 67 %, blocked 21 %, and 61 reads/s charged
     # by its cgroup's cap of 60: the cap holds it back, not the worker count.
-    def capped(rate: float, **cap) -> SystemFigures:
-        s = system(cores=2, total=40, budget_d=budget(workers=klass(1, on_cpu=0.67, io=0.21),
-                                                      main=IDLE_MAIN))
-        s.disk_read_cap = {"iops": None, "mib_s": None, **cap}
-        s.disk_cap_reads_per_s, s.disk_cap_read_mib_s = _s(rate), _s(rate * 0.07)
-        return s
-
     v = decide(inputs(0.08, capped(61.0, iops=60), workers=1))
     assert v.bottleneck == "storage", v
     assert "read cap" in v.summary and "61 reads/s of the 60 allowed" in v.summary
@@ -324,13 +326,6 @@ def test_a_worker_on_a_cpu_whose_reads_reach_its_cgroups_read_cap_is_storage():
 
 
 def test_a_read_caps_advice_never_says_converting_on_the_capped_disk_helps_a_bytes_cap():
-    def capped(rate: float, **cap) -> SystemFigures:
-        s = system(cores=2, total=40, budget_d=budget(workers=klass(1, on_cpu=0.67, io=0.21),
-                                                      main=IDLE_MAIN))
-        s.disk_read_cap = {"iops": None, "mib_s": None, **cap}
-        s.disk_cap_reads_per_s, s.disk_cap_read_mib_s = _s(rate), _s(rate * 0.07)
-        return s
-
     # bytes/s: shards read the same bytes; only another disk helps.
     v = decide(inputs(0.08, capped(100.0, mib_s=7.0), workers=1))
     assert "a conversion on the capped disk does not help" in v.advice[0], v.advice
