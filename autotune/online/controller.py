@@ -22,7 +22,7 @@ from typing import Any, Callable
 from autotune.online import cache, limits, steps
 from autotune.online.config import Config
 from autotune.online.decisions import emit
-from autotune.online.limits import MemoryFigures, mib
+from autotune.online.limits import MemoryFigures
 from autotune.online.measure import WindowStats, beyond_noise
 
 SETTLE_AU = 0.95
