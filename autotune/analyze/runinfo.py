@@ -102,6 +102,15 @@ def watched_disk(run: dict[str, Any], system: SystemFigures | None) -> dict[str,
             "measured": system.disk_util_pct is not None}
 
 
+def _on_disk(path: str | None, device: str | None) -> bool:
+    """Whether `path` (the dataset, from the step log) exists here on disk `device`."""
+    if not path or not device or "://" in path or not Path(path).exists():
+        return False
+    from autotune.monitor.diskstats import resolve_disk
+
+    return getattr(resolve_disk(path), "name", None) == device
+
+
 def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFigures | None,
               steps: int, dataset: str | None) -> tuple[dict[str, Any] | None, list[str]]:
     """The `run` section of the analysis (None without a run.json) and its warnings."""
@@ -123,7 +132,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
             warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
                             f"fix: {shm['fix']}")
     disk = watched_disk(run, system)
-    if disk is not None and disk["measured"] and disk["from"] != "--data":
+    if (disk is not None and disk["measured"] and disk["from"] != "--data"
+            and not _on_disk(dataset, disk["device"])):
         at = f"of {disk['path']}, " if disk["path"] else ""
         warnings.append(
             f"disk {disk['device'] or '?'}: the monitor watched the disk {at}the directory "

@@ -123,6 +123,14 @@ def test_without_data_the_watched_disk_is_named_and_data_is_the_fix(tmp_path):
     # With --data, the disk is the dataset's: nothing to say.
     b = analyze(monitor_dir(tmp_path / "data", run={}))
     assert not any(w.startswith("disk ") for w in b.warnings) and b.run["disk"]["from"] == "--data"
+    # Without it, but the dataset is on the disk watched: nothing to say either.
+    from autotune.monitor.diskstats import resolve_disk
+
+    here = getattr(resolve_disk(tmp_path), "name", None)
+    if here is not None:
+        c = analyze(monitor_dir(tmp_path / "same", run={"data": None, "watched": str(tmp_path)},
+                                device=here), dataset=str(tmp_path))
+        assert not any(w.startswith("disk ") for w in c.warnings), c.warnings
 
 
 def test_monitor_records_the_watched_directory_without_data(tmp_path):
