@@ -106,9 +106,13 @@ def over_budget(cand: Config, cur: Config, mem: MemoryFigures, budget: int,
         from autotune.shmfit import needed_bytes
 
         need_shm = needed_bytes(cand.num_workers, cand.prefetch_factor, mem.per_batch)
+        beside = (needed_bytes(cur.num_workers, cur.prefetch_factor, mem.per_batch)
+                  if cur.num_workers else 0)
         return (f"{cand.short()} would hold {mib(need_shm)} of batches in /dev/shm "
-                f"({mib(mem.per_batch)} each, beside the current pool's during the "
-                f"switch), over its budget of {mib(shm or 0)}")
+                f"({mib(mem.per_batch)} each)"
+                + (f", {mib(need_shm + beside)} with the current pool's beside it during "
+                   "the switch" if beside else "")
+                + f", over its budget of {mib(shm or 0)}")
     if need <= budget:
         return None
     return (f"{cand.short()} needs {mib(need)} during the switch (workers' PSS "

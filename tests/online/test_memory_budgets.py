@@ -123,3 +123,20 @@ def test_footprint_counts_live_batches_as_shmfit_does():
 def test_default_budget_is_this_ranks_share(ranks):
     env = _recorded()
     assert memory.default_budget(env, ranks) == 8 * GiB // 2 // ranks
+
+
+def test_a_switch_refused_for_dev_shm_gives_the_figure_that_is_over():
+    """A 4-rank review read "would hold 13 MiB ... over its budget of 16 MiB": the sum
+    with the current pool's batches, alive beside it during the switch, was over; say it."""
+    from autotune.online.config import Config
+    from autotune.online.limits import MemoryFigures, over_budget
+    from autotune.shmfit import needed_bytes
+
+    MiB = 2**20
+    cur, cand = Config(1, 2, True, False), Config(1, 4, True, False)
+    batch = 3 * MiB // 2
+    why = over_budget(cand, cur, MemoryFigures(100 * MiB, batch, True), 2**40, 16 * MiB)
+    both = needed_bytes(1, 4, batch) + needed_bytes(1, 2, batch)
+    assert both > 16 * MiB > needed_bytes(1, 4, batch)
+    assert f"{both / MiB:,.0f} MiB with the current pool's beside it" in why, why
+    assert why.endswith("over its budget of 16 MiB"), why
