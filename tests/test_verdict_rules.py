@@ -390,6 +390,17 @@ def test_zero_workers_main_on_a_cpu_is_loader():
     assert decide(inputs(0.18, s, workers=0)).bottleneck == "loader"
 
 
+def test_zero_workers_a_cpu_step_on_a_busy_machine_is_taken_from_both_cpu_states():
+    """num_workers=0, a matmul step (AU 0.58) on a machine whose cores are full: the main
+    process is on a CPU half its time and runnable half; the step's share comes out of both
+    (a review read "on a CPU 0 %, runnable 97 %" of its loading time, taken all from on-CPU)."""
+    s = system(cores=2, total=99, budget_d=budget(main=klass(1, on_cpu=0.5, runnable=0.5)))
+    v = decide(inputs(0.58, s, workers=0))
+    assert v.bottleneck == "loader", v
+    [line] = [e for e in v.evidence if "in its loading time it is" in e]
+    assert "on a CPU 50%, runnable 50%" in line, line
+
+
 def test_zero_workers_blocked_on_io_is_storage():
     s = system(budget_d=budget(main=klass(1, io=0.6, on_cpu=0.1)))
     v = decide(inputs(0.3, s, workers=0))

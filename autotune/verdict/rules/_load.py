@@ -136,8 +136,12 @@ def loading(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[Load | None,
         idle = mc.idle()
         step_idle = min(idle, au)
         cpu_cut = max(0.0, au - step_idle)
-        on = max(0.0, mc.share("on_cpu") - cpu_cut)
-        run = max(0.0, mc.share("runnable") - max(0.0, cpu_cut - mc.share("on_cpu")))
+        # A step on a CPU waits its turn as loading does, on a busy machine: its share is
+        # taken from on-CPU and runnable time alike (all from on-CPU read "on a CPU 0 %,
+        # runnable 97 %" for a main process decoding beside a matmul step).
+        on, run = mc.share("on_cpu"), mc.share("runnable")
+        part = on / (on + run) if on + run > 0 else 1.0
+        on, run = max(0.0, on - cpu_cut * part), max(0.0, run - cpu_cut * (1.0 - part))
         load = Load("main", 1, on / load_t, run / load_t, mc.share("io") / load_t,
                     mc.share("storage_wait") / load_t, (idle - step_idle) / load_t)
         ev.append(f"the main process loads every batch (num_workers={workers if workers is not None else '0: no worker seen'}): "
