@@ -162,6 +162,18 @@ class _Tee:
         self.times.flush()
 
 
+def ignores(pid: int, sig: int) -> bool:
+    """Whether process `pid` ignores signal `sig` (SigIgn of /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
 class _Forwarder:
     """SIGINT/SIGTERM handlers that pass the signal on to the command (main thread only)."""
 
@@ -184,7 +196,12 @@ class _Forwarder:
         if self.proc.poll() is not None:
             return
         try:
-            if signum == signal.SIGINT:
+            if signum == signal.SIGINT and ignores(self.proc.pid, signal.SIGINT):
+                # Started with SIGINT ignored (a shell's background job passes that on, and
+                # Python keeps it), no Ctrl-C could ever stop it: the user's stop, as SIGTERM.
+                signum = signal.SIGTERM
+                os.killpg(self.proc.pid, signum)
+            elif signum == signal.SIGINT:
                 os.killpg(self.proc.pid, signum)   # as a terminal's Ctrl-C would
             else:
                 self.proc.send_signal(signum)

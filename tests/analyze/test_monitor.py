@@ -105,6 +105,34 @@ def test_cli_forwards_signals_and_exits_with_the_commands_status(tmp_path, sig):
     assert "no analysis" in stderr                # no step timing in this log: said, not fatal
 
 
+IGNORES_SIGINT = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)   # as a shell's background job starts it
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_ctrl_c_stops_a_command_that_ignores_sigint(tmp_path):
+    """A command started with SIGINT ignored (a script's background job) ran to its end
+    through every Ctrl-C forwarded to it (a user's review: 40 s, three SIGINTs); it gets
+    SIGTERM for the user's Ctrl-C, and run.json counts it as the user's stop."""
+    out = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "monitor", "--out",
+                          str(out), "--no-gpu", "--interval", "0.2", "--", sys.executable,
+                          "-c", IGNORES_SIGINT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, cwd=REPO)
+    deadline = time.time() + 30
+    while "ready" not in (out / "train.log").read_text() if (out / "train.log").exists() else True:
+        assert time.time() < deadline, "the command never started"
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=40)
+    assert p.returncode == 128 + signal.SIGTERM, stderr
+    run = json.loads((out / "run.json").read_text())
+    assert run["forwarded_signals"] == ["SIGTERM"], run
+
+
 def test_cli_monitor_needs_a_command(tmp_path):
     r = subprocess.run([sys.executable, "-m", "autotune", "monitor", "--out",
                         str(tmp_path / "r"), "--"], capture_output=True, text=True, cwd=REPO)
