@@ -86,17 +86,23 @@ time.sleep(30)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_cli_forwards_signals_and_exits_with_the_commands_status(tmp_path, sig):
-    out = tmp_path / "run"
+def _monitor_until_ready(out, script: str) -> subprocess.Popen:
+    """`autotune monitor` running `python -c script`, once the script has printed "ready"."""
     p = subprocess.Popen([sys.executable, "-m", "autotune", "monitor", "--out",
                           str(out), "--no-gpu", "--interval", "0.2", "--", sys.executable,
-                          "-c", TRAPS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=REPO)
     deadline = time.time() + 30
     while "ready" not in (out / "train.log").read_text() if (out / "train.log").exists() else True:
         assert time.time() < deadline, "the command never started"
         time.sleep(0.05)
+    return p
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_cli_forwards_signals_and_exits_with_the_commands_status(tmp_path, sig):
+    out = tmp_path / "run"
+    p = _monitor_until_ready(out, TRAPS)
     p.send_signal(sig)
     stdout, stderr = p.communicate(timeout=30)
     assert p.returncode == 7, stderr
@@ -118,14 +124,7 @@ def test_a_ctrl_c_stops_a_command_that_ignores_sigint(tmp_path):
     through every Ctrl-C forwarded to it (a user's review: 40 s, three SIGINTs); it gets
     SIGTERM for the user's Ctrl-C, and run.json counts it as the user's stop."""
     out = tmp_path / "run"
-    p = subprocess.Popen([sys.executable, "-m", "autotune", "monitor", "--out",
-                          str(out), "--no-gpu", "--interval", "0.2", "--", sys.executable,
-                          "-c", IGNORES_SIGINT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=REPO)
-    deadline = time.time() + 30
-    while "ready" not in (out / "train.log").read_text() if (out / "train.log").exists() else True:
-        assert time.time() < deadline, "the command never started"
-        time.sleep(0.05)
+    p = _monitor_until_ready(out, IGNORES_SIGINT)
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=40)
     assert p.returncode == 128 + signal.SIGTERM, stderr
