@@ -348,7 +348,8 @@ def oldest(built, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A venv of the oldest declared Python with the wheel and its dependencies but torch."""
     py_old = _oldest_python()
     if py_old is None:
-        pytest.skip(f"no python{OLDEST} on the PATH")
+        pytest.skip(f"no python{OLDEST} on the PATH or in pyenv: the oldest declared Python "
+                    "is not on this machine")
     _src, wheel = built
     tmp = tmp_path_factory.mktemp("oldest")
     subprocess.run([py_old, "-m", "venv", str(tmp / "v")], check=True, timeout=120)

@@ -122,12 +122,11 @@ def probe(path: str | os.PathLike[str], *, size: int = 2**30, runtime: float = 1
 
 def _read_cap(p: Path) -> Any:
     """This process's cgroup read cap on the disk holding `p` (autotune.readcap), if any:
-    what a job in this cgroup (a container's --device-read-bps) is held to."""
-    from autotune.monitor.diskstats import resolve_disk
+    what a job in this cgroup (a container's --device-read-bps) is held to. The disk is
+    the one the replay counts reads on (block_device_for)."""
     from autotune.readcap import read_cap
 
-    dev = resolve_disk(p)
-    return read_cap(dev) if hasattr(dev, "majmin") else None
+    return read_cap(block_device_for(p))
 
 
 def _run_fio(sdir: Path, size: int, runtime: float,

@@ -245,9 +245,11 @@ class WdsDataset(torch.utils.data.IterableDataset):
         # count is known: the DataLoader's workers, forked from it at each epoch, then know
         # it was said (said in a worker, it came again with each epoch's new workers).
         rank, world = self._node()
-        quotas = self.quotas(epoch, world, self.num_workers) if self.num_workers else None
-        if quotas is not None and rank == 0:
-            self._say_dropped(epoch, world, self.num_workers or 1, quotas)
+        if rank != 0 or not self.num_workers or self._said_key(world, self.num_workers) in _SAID:
+            return   # the quotas (every rank's shard order) only when there is a word to say
+        quotas = self.quotas(epoch, world, self.num_workers)
+        if quotas is not None:
+            self._say_dropped(epoch, world, self.num_workers, quotas)
 
     def _node(self) -> tuple[int, int]:
         if self.rank is not None and self.world_size is not None:
@@ -339,9 +341,12 @@ class WdsDataset(torch.utils.data.IterableDataset):
         stages.append(wds.map(self._apply))
         return iter(wds.DataPipeline(*stages))
 
+    def _said_key(self, world: int, num_workers: int) -> tuple[Any, ...]:
+        return (tuple(self.shards), self.seed, world, num_workers, self.pad)
+
     def _say_dropped(self, epoch: int, world: int, num_workers: int, quotas: list[int]) -> None:
         """The equalization's cost, once per process (rank 0, worker 0)."""
-        key = (tuple(self.shards), self.seed, world, num_workers, self.pad)
+        key = self._said_key(world, num_workers)
         if key in _SAID:
             return
         _SAID.add(key)
