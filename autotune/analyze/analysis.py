@@ -36,6 +36,7 @@ from autotune.verdict import Verdict
 OWN = "own"             # the format of autotune.instrument()'s step log
 SHORT_LOG_LINES = 20    # fewer measured step lines: the share is given with a confidence note
 OTHER_APART = 2.0       # the line's other reading disagrees this many times: say both
+MIN_ACROSS = 5         # steps logged by two ranks or more before their shortest step is used
 WHY_APART_RUNNING = ("the printed lines are a sample of the batches, the running averages count "
                      "every batch: a wait between printed lines (a slow start, a stall every "
                      "N batches) shows only in the averages")
@@ -78,6 +79,9 @@ class Analysis:
     share_from: dict[str, Any] | None = None
     confidence: dict[str, Any] = field(default_factory=lambda: {"level": "normal", "note": None})
     run: dict[str, Any] | None = None     # the monitor's run.json: how the job ended, the disk
+    # Ranks in one log: at each step, the shortest of the ranks' steps (the others waited
+    # in all_reduce for the slowest); the step's own time, None with one rank.
+    step_time_shortest_rank_s: dict[str, float | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,7 +92,9 @@ class Analysis:
             "data_time_share": self.data_time_share,
             "steady_data_time_share": self.steady_data_time_share, "au": self.au,
             "input_bound": None if self.au is None else self.au < 0.90,
-            "step_time_s": self.step_time_s, "iteration_time_s": self.iteration_time_s,
+            "step_time_s": self.step_time_s,
+            "step_time_shortest_rank_s": self.step_time_shortest_rank_s,
+            "iteration_time_s": self.iteration_time_s,
             "data_wait_s": self.data_wait_s, "images_per_s": self.images_per_s,
             "window": list(self.window) if self.window else None, "times_from": self.times_from,
             "trend": self.trend,
@@ -152,19 +158,22 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     system = _system(inp.metrics, f["window"], warnings)
     steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
+    shortest, across_note = _shortest_rank_step(acc, f["step_q"])
     verdict = decide(RuleInputs(au=f["au"], data_share=f["data_share"],
-                                step_time_s=f["step_q"].get("p50"), images_per_s=f["ips"],
+                                step_time_s=(shortest or f["step_q"]).get("p50"),
+                                images_per_s=f["ips"],
                                 batch_size=f["bs"], steps=f["steps"], loader=loader,
                                 system=system, probe=probe_d, dataset=dataset,
                                 job_cores=_cores(meta), job_args=_job_args(loader)))
-    verdict.evidence.extend(e for e in (parser.caveat, conf["note"]) if e)
+    verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
     verdict.evidence.extend(_factory_note(loader))
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset)
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
         warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=_ranks(acc),
         batch_size=f["bs"], batch_size_source=f["bs_src"], data_time_share=f["data_share"],
-        au=f["au"], step_time_s=f["step_q"], iteration_time_s=f["iter_q"],
+        au=f["au"], step_time_s=f["step_q"], step_time_shortest_rank_s=shortest,
+        iteration_time_s=f["iter_q"],
         data_wait_s=f["data_q"], images_per_s=f["ips"], window=f["window"],
         times_from=f["times_from"], trend=f["trend"], system=system, probe=probe_d,
         loader=loader, dataset=dataset, verdict=verdict, profile=profile,
@@ -236,6 +245,26 @@ def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) ->
     return UsageError(f"{log}: no step timing found as format '{fmt}' in "
                       f"{lines['total']:,} lines ({top or 'empty file'}){hint} wrap the loader "
                       "with autotune.instrument(loader)", setting="format")
+
+
+def _shortest_rank_step(acc: LogPass, step_q: dict[str, float | None]
+                        ) -> tuple[dict[str, float | None] | None, str | None]:
+    """The shortest rank's step at each step index, where the log holds the same steps of
+    two ranks or more, and what it says: a DDP rank's step includes its wait in
+    all_reduce for the slowest rank, so the step's own time is the shortest rank's (the
+    one that waited longest for its batch). None where no step was logged by two ranks."""
+    h = acc.hist_step_shortest
+    if len(acc.ranks) < 2 or h.n < MIN_ACROSS:
+        return None, None
+    q = h.to_dict()
+    mine, all_ranks = q.get("p50"), step_q.get("p50")
+    note = None
+    if mine is not None and all_ranks and mine < 0.9 * all_ranks:
+        note = (f"the step's own time is {mine * 1000:,.3g} ms (p50 over {h.n:,} steps of "
+                f"the shortest rank's step) against {all_ranks * 1000:,.3g} ms over every "
+                f"rank's steps: a DDP rank's step includes waiting in all_reduce for the "
+                f"slowest rank, so the next search's --compute-ms is the shorter")
+    return q, note
 
 
 def _ranks(acc: LogPass) -> int:

@@ -12,6 +12,7 @@ from autotune.analyze.stats import EpochStats, LogHistogram, Timeline, Totals
 MIN_WARMUP = 5
 MAX_EPOCHS_KEPT = 10_000
 MAX_STARTS_LISTED = 100
+ACROSS_KEPT = 256   # step indices open at once for the shortest rank's step
 
 
 class LogPass:
@@ -55,6 +56,11 @@ class LogPass:
         # ("sample"), or the last running average of each (rank, epoch) ("running").
         self.other = Totals()
         self.other_last: dict[tuple[int | None, int | None], tuple[float, float, int]] = {}
+        # Under DDP a rank's step includes waiting in all_reduce for the slowest rank: at
+        # each (epoch, index) the shortest of the ranks' steps is the step's own time.
+        # Open indices: the shortest step so far and the ranks seen (bounded, oldest out).
+        self.across: dict[tuple[int | None, int], tuple[float, frozenset[int]]] = {}
+        self.hist_step_shortest = LogHistogram()
 
     def warmup_steps(self, meta: dict[str, Any]) -> int:
         if self.warmup_fixed is not None:
@@ -176,10 +182,28 @@ class LogPass:
         self.timeline.add(r)
         if r.step_s is not None:
             self.hist_step.add(r.step_s)
+            if r.rank is not None and r.index is not None:
+                self._across(r.epoch, r.index, r.rank, r.step_s)
         if r.iter_s is not None:
             self.hist_iter.add(r.iter_s)
         if r.data_s is not None:
             self.hist_data.add(r.data_s)
+
+    def _across(self, epoch: int | None, index: int, rank: int, step_s: float) -> None:
+        k = (epoch, index)
+        prev = self.across.pop(k, None)
+        if prev is None:
+            self.across[k] = (step_s, frozenset((rank,)))
+            if len(self.across) > ACROSS_KEPT:
+                self._close(self.across.pop(next(iter(self.across))))
+        elif rank not in prev[1]:          # the same rank again: a restarted run's line
+            self.across[k] = (min(prev[0], step_s), prev[1] | {rank})
+        else:
+            self.across[k] = prev
+
+    def _close(self, entry: tuple[float, frozenset[int]]) -> None:
+        if len(entry[1]) > 1:              # a step only one rank logged says nothing
+            self.hist_step_shortest.add(entry[0])
 
     def finish(self) -> bool:
         """Take the lines still waiting for their weight, then use the warm-up steps when
@@ -188,11 +212,15 @@ class LogPass:
             for r, meta in held:
                 self._release(r, meta)
         self.pending.clear()
+        used_warm = False
         if self.measured.n == 0 and self.warm_records:
             for r in self.warm_records:
                 self._measure(r)
-            return True
-        return False
+            used_warm = True
+        for entry in self.across.values():
+            self._close(entry)
+        self.across.clear()
+        return used_warm
 
     def other_share(self) -> float | None:
         """The data share from the lines' other reading."""

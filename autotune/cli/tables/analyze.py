@@ -83,6 +83,10 @@ def analysis_renderable(a: Analysis) -> Group:
                   f" per batch vs {_ms(st['steady_mean_wait_s'])} steady")
     t.add_row("AU (step / wall)", _pct(a.au) + ("  input-bound" if a.au is not None and a.au < 0.9 else ""))
     t.add_row("step time p50 / p95", f"{_ms(a.step_time_s.get('p50'))} / {_ms(a.step_time_s.get('p95'))}")
+    short = a.step_time_shortest_rank_s
+    if short:
+        t.add_row("  the shortest rank's, p50 / p95", f"{_ms(short.get('p50'))} / "
+                  f"{_ms(short.get('p95'))}")
     t.add_row("data wait p50 / p95", f"{_ms(a.data_wait_s.get('p50'))} / {_ms(a.data_wait_s.get('p95'))}")
     t.add_row("images/s", "-" if a.images_per_s is None else f"{a.images_per_s:,.0f}")
     t.add_row("batch size", f"{a.batch_size if a.batch_size else '-'} ({a.batch_size_source})")
