@@ -156,7 +156,11 @@ class LogPass:
         if k not in self.started and len(self.started) < MAX_EPOCHS_KEPT:
             self.started.add(k)
         if is_start:
-            self.starts.add(r)
+            # The run's warm-up (workers starting, the first batch) is left out of every
+            # figure, these too: with kept workers later epochs start at no cost, and the
+            # run's start counted here would show a stall at every epoch start.
+            if not is_warm:
+                self.starts.add(r)
             if len(self.starts_listed) < MAX_STARTS_LISTED:
                 self.starts_listed.append({"epoch": r.epoch, "rank": r.rank, "line": r.lineno,
                                            "data_wait_s": r.data_s, "batches": r.weight,

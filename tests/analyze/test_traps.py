@@ -458,3 +458,20 @@ def test_a_log_name_with_control_characters_is_printed_escaped(tmp_path):
                        capture_output=True, text=True, cwd=REPO)   # the error line too
     assert r.returncode == 2 and "\x1b" not in r.stderr, r.stderr
     assert "no\\x1b[2J" in "".join(r.stderr.split()), r.stderr
+
+
+def test_the_runs_warm_up_is_not_an_epoch_start_stall(tmp_path):
+    # Kept workers: the run's first batches wait 2 s (workers starting), later epochs start
+    # with no stall. The warm-up is left out of every figure, the epoch starts' too.
+    log = tmp_path / "steps.jsonl"
+    lines = []
+    for epoch in range(3):
+        for i in range(40):
+            wait = 2.0 if epoch == 0 and i < 3 else 0.01
+            lines.append(json.dumps({"t": 1000.0 + 100 * epoch + i, "epoch": epoch, "step": i,
+                                     "wait_s": wait, "step_s": 0.1, "batch": 8}))
+    log.write_text("\n".join(lines) + "\n")
+    a = analyze(log)
+    st = a.epoch_starts
+    assert st["mean_wait_s"] == pytest.approx(0.01), st
+    assert [s["warmup"] for s in st["listed"]].count(True) == 5   # listed, flagged
