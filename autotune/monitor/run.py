@@ -49,6 +49,27 @@ from autotune.runqueue import RunQueueSampler
 # stopped at the end): Popen's process_group= from Python 3.11; 3.10 has only preexec_fn.
 _OWN_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
                               else {"preexec_fn": os.setpgrp})
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """A preexec_fn: the command gets SIGTERM when the monitor dies (Linux's parent-death
+    signal). In a group of its own, a kill of the monitor's group (a scheduler's SIGKILL
+    after the grace period, `timeout -k`, Slurm's proctrack/pgid) never reached it: it ran
+    on unobserved, beside the requeued job, to its end or to its next write to the dead
+    pipe. SIGTERM, not SIGKILL: a launcher (torchrun) then stops its own ranks."""
+    def child() -> None:
+        if sys.version_info < (3, 11):
+            os.setpgrp()
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            return   # not Linux: as before
+        if os.getppid() != parent:   # the monitor died before the signal was armed
+            os.kill(os.getpid(), signal.SIGTERM)
+    return child
 
 LOG, TIMES, METRICS, STEPS, RUN = ("train.log", "train.log.times", "metrics.jsonl",
                                    "steps.jsonl", "run.json")
@@ -372,7 +393,8 @@ def _start(start: Callable[..., subprocess.Popen[bytes]], cmd: list[str],
            env: dict[str, str]) -> subprocess.Popen[bytes]:
     try:
         return start(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                     stderr=subprocess.PIPE, env=env, **_OWN_GROUP)
+                     stderr=subprocess.PIPE, env=env,
+                     **{**_OWN_GROUP, "preexec_fn": _die_with(os.getpid())})
     except FileNotFoundError:
         raise UsageError(f"{cmd[0]}: command not found (check the PATH, or give the full "
                          "path)") from None

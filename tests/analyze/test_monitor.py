@@ -194,3 +194,45 @@ def test_a_run_shorter_than_the_first_sample_is_analysed_from_its_log(tmp_path):
     a = analyze(run)
     assert a.steps > 0
     assert any("holds no sample" in w for w in a.warnings), a.warnings
+
+
+QUIET = """
+import os, sys, time
+open(sys.argv[1], "w").write(str(os.getpid()))
+print("ready", flush=True)
+time.sleep(60)          # a job that logs to its own files: it never writes to the pipe again
+"""
+
+
+def test_a_killed_monitor_takes_its_command_with_it(tmp_path):
+    """The scheduler's SIGKILL of the monitor's process group (after the grace period,
+    `timeout -k`, Slurm's proctrack/pgid) never reached the command, which runs in a group
+    of its own: it trained on unobserved for its whole run, beside the requeued job. Now it
+    gets SIGTERM when the monitor dies, however the monitor dies."""
+    out, pidfile = tmp_path / "run", tmp_path / "cmd.pid"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "monitor", "--out", str(out),
+                          "--no-gpu", "--interval", "0.2", "--", sys.executable, "-c", QUIET,
+                          str(pidfile)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         cwd=REPO, start_new_session=True)
+    deadline = time.time() + 30
+    while not ((out / "train.log").exists() and "ready" in (out / "train.log").read_text()):
+        assert time.time() < deadline and p.poll() is None, "the command never started"
+        time.sleep(0.05)
+    cmd_pid = int(pidfile.read_text())
+    os.killpg(p.pid, signal.SIGKILL)          # the monitor's group: the command is not in it
+    p.wait()
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                os.kill(cmd_pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"the command (pid {cmd_pid}) outlived the killed monitor by 10 s")
+    finally:
+        try:
+            os.kill(cmd_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
