@@ -122,6 +122,11 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     secs = run.get("seconds")
     after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
     shm = None
+    if kind == "unknown":
+        warnings.append(f"how the job ended is unknown: {where} has no exit status, so the "
+                        "monitor itself ended before the job did (killed, e.g. by SIGKILL, or "
+                        f"its machine lost); the verdict describes only the {steps:,} step(s) "
+                        "logged, and the job may have run on, or failed, after them")
     if kind == "failed":
         log = run_dir / "train.log" if run_dir is not None else None
         why = f"; its output, with the error, is in {log}" if log is not None else ""

@@ -335,6 +335,14 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
     tasks.start()
     write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks)
     watched = os.path.abspath(data) if data is not None else os.getcwd()
+    # run.json from the start, without an exit status: a monitor killed before the end
+    # (SIGKILL, its node lost) leaves one that says so, which `analyze` reads as "how the
+    # job ended is unknown" instead of finding no run.json and saying nothing.
+    _write_run(out, {"command": cmd, "out_dir": str(out), "pid": proc.pid,
+                     "returncode": None, "signal": None, "started": started, "ended": None,
+                     "data": os.path.abspath(data) if data is not None else None,
+                     "watched": watched, "log": str(out / LOG), "metrics": str(out / METRICS),
+                     "steps": str(steps)}, errors)
     mon = _monitor(watched, proc.pid, interval, gpu, write_sample, errors)
     log_fh = (out / LOG).open("wb")
     times_fh = (out / TIMES).open("w", encoding="utf-8")
@@ -365,12 +373,18 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
                      steps=str(steps) if steps.exists() else None, samples=count[0],
                      log_bytes=tee.offset, forwarded=forwarder.forwarded,
                      summary=mon.summary(), errors=errors, watched=watched)
+    _write_run(out, {k: v for k, v in run.to_dict().items() if k != "summary"}, errors)
+    return run
+
+
+def _write_run(out: Path, d: dict[str, Any], errors: list[str]) -> None:
+    """run.json, atomically: a monitor killed while writing it leaves the old one whole."""
+    from autotune_base.fsutil import write_text_atomic
+
     try:
-        (out / RUN).write_text(json.dumps({k: v for k, v in run.to_dict().items()
-                                           if k != "summary"}, indent=2) + "\n")
+        write_text_atomic(out / RUN, json.dumps(d, indent=2) + "\n", durable=False)
     except OSError as e:
         errors.append(f"cannot write {out / RUN}: {e.strerror}")
-    return run
 
 
 def _prepare_out(cmd: list[str], out_dir: str | os.PathLike[str],

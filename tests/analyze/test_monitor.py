@@ -236,3 +236,47 @@ def test_a_killed_monitor_takes_its_command_with_it(tmp_path):
             os.kill(cmd_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+STEPS_THEN_QUIET = """
+import os, sys, time
+import autotune
+open(sys.argv[1], "w").write(str(os.getpid()))
+for _ in autotune.instrument(range(40), batch_size=4):
+    time.sleep(0.01)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_analyze_says_the_end_is_unknown_after_the_monitor_was_killed(tmp_path):
+    """A monitor killed by SIGKILL wrote no run.json (it wrote it only at the end), and
+    `analyze DIR` then said nothing of how the job ended, as if it had run to the end."""
+    out, pidfile = tmp_path / "run", tmp_path / "cmd.pid"
+    p = subprocess.Popen([sys.executable, "-m", "autotune", "monitor", "--out", str(out),
+                          "--no-gpu", "--interval", "0.2", "--", sys.executable, "-c",
+                          STEPS_THEN_QUIET, str(pidfile)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, cwd=REPO)
+    try:
+        deadline = time.time() + 60
+        while not ((out / "train.log").exists() and "ready" in (out / "train.log").read_text()):
+            assert time.time() < deadline and p.poll() is None, "the command never got ready"
+            time.sleep(0.05)
+        time.sleep(0.5)                        # a monitor sample or two
+        p.kill()
+        p.wait()
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    a = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(out), "--json", "-"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert a.returncode == 0, a.stderr
+    d = json.loads(a.stdout)
+    assert d["run"] is not None and d["run"]["outcome"] == "unknown", d["run"]
+    assert any("how the job ended is unknown" in w for w in d["warnings"]), d["warnings"]
+    t = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(out)],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert "how it ended is unknown" in t.stdout + t.stderr, t.stdout

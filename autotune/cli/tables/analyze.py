@@ -49,6 +49,10 @@ def run_lines(run: dict[str, Any] | None) -> list[Text]:
         where = f"{disk['path']}, " if disk.get("path") else ""
         out.append(Text(f"  disk watched: {printable(disk.get('device') or '?')} ({printable(where)}"
                         f"from {disk['from']})", style="dim"))
+    if run.get("outcome") == "unknown":
+        out.append(Text(f"job: how it ended is unknown ({printable(run['status'])}: the "
+                        "monitor was killed before it): the verdict describes only the steps "
+                        "before it", style="bold yellow"))
     if run.get("outcome") == "failed":
         out.append(Text(f"job: FAILED ({printable(run['status'])}): the verdict describes "
                         "only the steps before it", style="bold red"))
