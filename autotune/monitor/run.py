@@ -58,18 +58,26 @@ def _die_with(parent: int) -> Callable[[], None]:
     after the grace period, `timeout -k`, Slurm's proctrack/pgid) never reached it: it ran
     on unobserved, beside the requeued job, to its end or to its next write to the dead
     pipe. SIGTERM, not SIGKILL: a launcher (torchrun) then stops its own ranks."""
+    # prctl is found here, before the fork: between fork and exec the child runs only
+    # what is async-signal-safe enough (no import, no dlopen: another thread of the
+    # monitor may hold their locks at the fork).
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        prctl = None   # not Linux: as before
+
     def child() -> None:
         if sys.version_info < (3, 11):
             os.setpgrp()
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        except (OSError, AttributeError):
-            return   # not Linux: as before
+        if prctl is None:
+            return
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
         if os.getppid() != parent:   # the monitor died before the signal was armed
             os.kill(os.getpid(), signal.SIGTERM)
     return child
+
 
 LOG, TIMES, METRICS, STEPS, RUN = ("train.log", "train.log.times", "metrics.jsonl",
                                    "steps.jsonl", "run.json")
