@@ -25,7 +25,7 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
     trial whose host went silent is reclaimed (interrupted, measured again)."""
     opts = s.opts
     shared = s.shared.enabled
-    budget = _enqueue_grid(s, measured) if opts.grid else opts.trials
+    budget = _enqueue_grid(s, measured) if opts.grid else _enqueue_interrupted(s, measured)
     runs = dupes = 0
     rng = random.Random(opts.seed)
     while True:
@@ -119,6 +119,35 @@ def _unmeasured(s: Session, measured: dict[tuple, TrialRecord]) -> list[dict[str
     """The space's configurations not measured yet that one cold pass can hold."""
     return [p for p in s.space.grid()  # type: ignore[union-attr]
             if config_key(p) not in measured and not s.unfit(p)]
+
+
+def _enqueue_interrupted(s: Session, measured: dict[tuple, TrialRecord]) -> int:
+    """Queue first the configurations whose trial a search that died left (interrupted,
+    still unmeasured), so that a resumed search measures them again rather than leave
+    that to the sampler; once: one interrupted twice may be what kills the search, and
+    is left to the sampler, said. Returns the budget (--trials)."""
+    from optuna.trial import TrialState
+
+    lost: dict[tuple, list[int]] = {}
+    waiting: set[tuple] = set()
+    for t in s.study.get_trials(deepcopy=False):
+        d = t.user_attrs.get("record")
+        if d and d.get("state") == "interrupted" and d.get("params"):
+            lost.setdefault(config_key(d["params"]), []).append(t.number)
+        elif t.state == TrialState.WAITING:
+            waiting.update(config_key(p) for p in s.space.grid()  # type: ignore[union-attr]
+                           if s.space.optuna_params(p) == t.params)  # type: ignore[union-attr]
+    for p in _unmeasured(s, measured):
+        numbers = lost.get(config_key(p))
+        if not numbers or config_key(p) in waiting:
+            continue
+        if len(numbers) > 1:
+            s.say(f"trials {', '.join(map(str, numbers))} were all interrupted measuring "
+                  f"{p}: not measured again first (it may be what stops the search)")
+            continue
+        s.study.enqueue_trial(s.space.optuna_params(p))  # type: ignore[union-attr]
+        s.say(f"trial {numbers[0]} was interrupted: {p} is measured again first")
+    return s.opts.trials
 
 
 def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
