@@ -25,8 +25,41 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 PAGE = mmap.PAGESIZE
 
 
+_CAP_FOWNER = 3
+
+
+def _has_cap_fowner() -> bool:
+    """CAP_FOWNER in this process's effective set (/proc/self/status CapEff)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_FOWNER & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.geteuid() == 0
+
+
+def mincore_truthful(path: str | os.PathLike[str], st: os.stat_result) -> bool:
+    """Whether the kernel's mincore tells the truth about this file for this process.
+
+    Since Linux 5.2 (mm/mincore.c, can_do_mincore) mincore reports the page cache of a
+    file mapping only to a process that owns the file (or has CAP_FOWNER) or could open
+    it for writing; to anyone else it reports every page resident, evicted or not. A
+    job that is not root reading a dataset another user owns (a shared mount, a
+    read-only one) is that case.
+    """
+    if st.st_uid == os.geteuid() or _has_cap_fowner():
+        return True
+    try:
+        return os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
+    except OSError:
+        return False
+
+
 def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
-    """(resident pages, total pages) of one file; (0, 0) for an empty or unreadable file.
+    """(resident pages, total pages) of one file; (0, 0) for an empty or unreadable file,
+    and for one whose residency the kernel will not tell this process (`mincore_truthful`).
 
     Mapping a file does not read it: mincore only reports what the cache already holds.
     """
@@ -38,7 +71,7 @@ def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
     try:
         st = os.fstat(fd)
         size = st.st_size
-        if size == 0 or not stat.S_ISREG(st.st_mode):
+        if size == 0 or not stat.S_ISREG(st.st_mode) or not mincore_truthful(path, st):
             return 0, 0
         pages = (size + PAGE - 1) // PAGE
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
@@ -57,7 +90,9 @@ def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
 
 def resident_fraction(paths: Sequence[str | os.PathLike[str]], sample: int = 256, seed: int = 0
                       ) -> float | None:
-    """Fraction of the pages of up to `sample` files (drawn at random) in the page cache."""
+    """Fraction of the pages of up to `sample` files (drawn at random) in the page cache;
+    None when none of them can be checked (empty, unreadable, or files whose residency
+    mincore hides from this process: see `mincore_truthful`)."""
     if not paths:
         return None
     # Positions drawn, not a copy of the list: it may hold a million paths.

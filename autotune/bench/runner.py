@@ -383,7 +383,12 @@ class _Measurement:
                 self.files = self._files()
                 self.cache["method"] = make_cold(self.files)
             if self.cache["method"] == "fadvise":
-                self.cache["resident_fraction_after_evict"] = resident_fraction(self.files or [])
+                left = resident_fraction(self.files or [])
+                self.cache["resident_fraction_after_evict"] = left
+                if left is None and self.files:
+                    self.cache["resident_unchecked"] = (
+                        "the eviction was not checked: mincore reports every page of a file "
+                        "this user neither owns nor may write as cached (Linux 5.2+)")
         self.marks["go"] = time.monotonic()
         try:
             os.write(self.go_w, b"g")
