@@ -84,6 +84,15 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
         from autotune_base.units import parse_size
 
         max_mem = parse_size(args.max_memory, name="--max-memory") / 2**20 if args.max_memory else None
+        if max_mem is not None and max_mem < 64:
+            # A bare number is bytes: `--max-memory 600` meant 600 MiB, and every trial ran
+            # to its end only to be rejected (a loader with torch is hundreds of MiB).
+            from autotune.errors import UsageError
+            raise UsageError(
+                f"--max-memory {args.max_memory} is {max_mem * 2**20:,.0f} bytes, less than one "
+                "process with torch takes, so every configuration would be measured and "
+                f"rejected; give a unit: --max-memory {args.max_memory.strip()}M for MiB, or "
+                "1.5G.")
         opts = SearchOptions(preset=args.preset, space=args.space, trials=args.trials,
                              timeout_s=args.timeout, compute_ms=args.compute_ms, step=args.step,
                              batch_size=args.batch_size, seconds=args.seconds, study=args.study,

@@ -118,3 +118,14 @@ def test_json_to_stdout_and_ctrl_c_keeps_the_study(small_dataset, tmp_path,
 
     study = optuna.load_study(study_name="cli", storage=f"sqlite:///{out / 'study.db'}")
     assert len([t for t in study.trials if t.user_attrs.get("record")]) >= 1
+
+
+def test_a_max_memory_without_a_unit_is_refused_before_any_trial(small_dataset, tmp_path):
+    # `--max-memory 600` is 600 bytes: the search measured every configuration and
+    # rejected each ("peak memory 506 MiB ... is over"), exit 1, after a minute or more.
+    r = run("search", str(small_dataset), "--max-memory", "600", "--warm", "--no-probe",
+            "--batch-size", "4", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = r.stderr.strip()
+    assert "\n" not in line and "--max-memory 600 is 600 bytes" in line and "600M" in line
+    assert not (tmp_path / "out" / "search.json").exists()
