@@ -239,7 +239,7 @@ def demand_ceiling(batch_size: int, compute_ms: float) -> float | None:
 
 def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size: int, compute_ms: float, probe: Any | None,
             decode_seconds: float = 3.0, samples: int | None = None,
-            user_dataset: Any = None) -> Ceilings:
+            user_dataset: Any = None, step: str | None = None) -> Ceilings:
     """All three ceilings. `probe` is a ProbeResult (or None when storage was not probed);
     a conversion's storage ceiling is its samples/s through the format's reader."""
     limit = cpu_limit()
@@ -260,6 +260,11 @@ def measure(*, transform: Callable[[bytes], Any], blobs: list[bytes], batch_size
     demand = demand_ceiling(batch_size, compute_ms)
     if demand:
         ev.append(f"demand: batch {batch_size} / {compute_ms:g} ms step = {demand:,.0f} images/s")
+    elif step:
+        # compute_ms is 0 here because the step's time is not known apart from the trials,
+        # not because there is no step: each trial runs it.
+        ev.append(f"demand: your step ({step}) runs in each trial; its time is measured "
+                  "there, not apart, so there is no demand ceiling")
     else:
         ev.append("demand: no step (compute 0): the loader alone is measured")
     return Ceilings(storage=storage, decode=decode, demand=demand, cores=cores,

@@ -179,14 +179,16 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
         n = ud.info(base.dataset_factory, str(root))["images"]
         c = ceil_mod.measure(transform=transform, blobs=[], batch_size=base.batch_size,
                              compute_ms=demand_ms, probe=probe_res, samples=n,
-                             user_dataset=ud.dataset)
+                             user_dataset=ud.dataset,
+                             step=base.step)
         c.iterable = ud.iterable
     else:
         say("measuring the decode rate from memory")
         source = open_source(root, base.format)
         blobs = ceil_mod.sample_blobs(source, 200, seed=opts.seed)
         c = ceil_mod.measure(transform=transform, blobs=blobs, batch_size=base.batch_size,
-                             compute_ms=demand_ms, probe=probe_res, samples=len(source))
+                             compute_ms=demand_ms, probe=probe_res, samples=len(source),
+                             step=base.step)
         c.iterable = bool(source.iterable)
     c.ram_backed = None if is_s3(root) else ram_backed(root)
     return c

@@ -129,3 +129,20 @@ def test_a_max_memory_without_a_unit_is_refused_before_any_trial(small_dataset, 
     line = r.stderr.strip()
     assert "\n" not in line and "--max-memory 600 is 600 bytes" in line and "600M" in line
     assert not (tmp_path / "out" / "search.json").exists()
+
+
+def test_a_search_with_your_step_does_not_say_it_has_no_step(small_dataset, tmp_path):
+    # With --step the demand ceiling is left out (the step's time is known only from the
+    # trials); the evidence said "no step (compute 0): the loader alone is measured" and
+    # the whole-run note "with the emulated step", while every trial ran the user's step.
+    mod = tmp_path / "mystep.py"
+    mod.write_text("import time\ndef step(batch):\n    time.sleep(0.005)\n")
+    out = tmp_path / "out"
+    r = run("search", str(small_dataset), "--step", f"{mod}:step", "--no-probe", "--warm",
+            "--batch-size", "4", "--seconds", "1", "--trials", "1", "--confirm", "0",
+            "--out", str(out), env={**os.environ, "PYTHONPATH": str(TESTS.parents[1])})
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads((out / "search.json").read_text())
+    said = " ".join(d["ceilings"]["evidence"] + (d["run"] or {}).get("notes", []))
+    assert "no step" not in said and "emulated step" not in said, said
+    assert f"your step ({mod}:step)" in said, said
