@@ -275,6 +275,23 @@ def _run_part(run: dict[str, Any] | None) -> str:
             + _table(rows, ["epochs", "images/s", "limit", "how"]))
 
 
+def _environment_part(d: dict[str, Any]) -> str:
+    """What the job's container allowed, as the header of the command said it: the report
+    is what gets shared, and a 'cold' figure made without drop_caches must say so there."""
+    env = d.get("environment") or {}
+    cpu, mem, shm = env.get("cpu") or {}, env.get("memory") or {}, env.get("shm") or {}
+    bits = []
+    if cpu.get("cores"):
+        bits.append(f"cpu {cpu['cores']:g} usable core(s) ({cpu.get('source', '?')})")
+    if mem.get("limit_bytes"):
+        bits.append(f"memory limit {mem['limit_bytes'] / 2**30:.1f} GiB ({mem.get('source', '?')})")
+    if shm.get("total_bytes") is not None:
+        bits.append(f"/dev/shm {shm['total_bytes'] / 2**20:,.0f} MiB")
+    out = f"<p>Environment: {html.escape('; '.join(bits))}</p>" if bits else ""
+    return out + "".join(f"<p class='verdict'><b>limitation</b>: {html.escape(x)}</p>"
+                         for x in env.get("limitations") or [])
+
+
 def search_section(d: dict[str, Any], title: str) -> str:
     """One search's part of the report (the loop of a later issue puts two side by side)."""
     trials = [t for t in d["trials"] if t["state"] not in ("duplicate", "skipped")]
@@ -299,7 +316,7 @@ def search_section(d: dict[str, Any], title: str) -> str:
     rank_text, rank_chart = _rank_part(rec)
     if rank_chart:
         charts.append(rank_chart)
-    parts = [f"<h2>{html.escape(title)}</h2>", _dataset_line(d),
+    parts = [f"<h2>{html.escape(title)}</h2>", _dataset_line(d), _environment_part(d),
              f"<p class='verdict'><b>{html.escape(v.get('bottleneck', '?'))}</b>: "
              f"{html.escape(v.get('summary', ''))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in v.get("evidence", []))

@@ -252,3 +252,32 @@ def test_per_rank_figures_and_the_loader_kwargs_line_in_a_real_browser(search_ou
     assert "2 ranks per node" in dom
     assert ('loader_kwargs("' + str(Path(d["options"]["out"]) / "search.json") + '")') in dom
     assert f"# = DataLoader(dataset, batch_size=4, shuffle=True, num_workers={cfg['num_workers']}" in dom
+
+
+@pytest.mark.root
+def test_the_report_says_what_the_container_did_not_allow(small_dataset, tmp_path):
+    # A search with a read-only /proc/sys (Docker's) cannot drop caches: the header and
+    # search.json said so, but report.html, the page that gets shared, called its figures
+    # "fully cold" and "first (cold)" with no word of it.
+    import os
+    import sys
+
+    out = tmp_path / "out"
+    cmd = (f"mount --bind -o ro /proc/sys /proc/sys && exec {sys.executable} -m autotune -q "
+           f"search {small_dataset} --preset decode-only --batch-size 4 --seconds 1 "
+           f"--trials 1 --confirm 0 --no-probe --out {out}")
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no mount namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads((out / "search.json").read_text())
+    lims = d["environment"]["limitations"]
+    assert any("caches cannot be dropped" in x for x in lims), lims
+    import html as _h
+
+    page = _h.unescape((out / "report.html").read_text())
+    for x in lims:
+        assert x in page, x
+    assert f"{d['environment']['cpu']['cores']:g} usable core(s)" in page
