@@ -159,12 +159,8 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     shortest, across_note = _shortest_rank_step(acc, f["step_q"])
-    verdict = decide(RuleInputs(au=f["au"], data_share=f["data_share"],
-                                step_time_s=(shortest or f["step_q"]).get("p50"),
-                                images_per_s=f["ips"],
-                                batch_size=f["bs"], steps=f["steps"], loader=loader,
-                                system=system, probe=probe_d, dataset=dataset,
-                                job_cores=_cores(meta), job_args=_job_args(loader)))
+    verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
+                       dataset, meta)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
     verdict.evidence.extend(_factory_note(loader))
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset)
@@ -179,6 +175,16 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         loader=loader, dataset=dataset, verdict=verdict, profile=profile,
         warnings=said + warnings + parser.notes, steady_data_time_share=steady,
         epoch_starts=starts, share_from=share_from, confidence=conf, run=run)
+
+
+def _verdict(f: dict[str, Any], step_s: float | None, loader: dict[str, Any] | None,
+             system: SystemFigures | None, probe: dict[str, Any] | None, dataset: str | None,
+             meta: dict[str, Any]) -> Verdict:
+    """The verdict engine on the log's figures (`step_s`: the step's own time)."""
+    return decide(RuleInputs(au=f["au"], data_share=f["data_share"], step_time_s=step_s,
+                             images_per_s=f["ips"], batch_size=f["bs"], steps=f["steps"],
+                             loader=loader, system=system, probe=probe, dataset=dataset,
+                             job_cores=_cores(meta), job_args=_job_args(loader)))
 
 
 def _finish(acc: LogPass, warnings: list[str]) -> bool:
