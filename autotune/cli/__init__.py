@@ -45,7 +45,7 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show tracebacks on errors")
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
-                        help="no progress display")
+                        help="no progress display (see autotune --help)")
     return common
 
 
@@ -61,7 +61,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog="Run `autotune COMMAND --help` for each command.\n\n" + EXIT_CODES)
     ap.add_argument("--version", action="version", version=f"autotune {__version__}")
     ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no progress display")
+    ap.add_argument("-q", "--quiet", action="store_true",
+                    help="no progress display (on a terminal a spinner or a bar; in a batch "
+                         "job's log or a pipe, after the first 10 s, a line with the time at "
+                         "each new step and every 30 s)")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", required=True)
     common = _common()
     for cls in COMMANDS:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -87,11 +88,41 @@ def emit(args: argparse.Namespace, data: dict[str, Any], renderable: Any) -> Non
                                 "the table above is the whole result") from None
 
 
+class PlainProgress:
+    """Progress as plain lines on stderr where it is not a terminal (a batch job's log, a
+    pipe), where a spinner or a bar would show nothing: silent for the first `quiet_s`
+    seconds (a short command prints its result alone), then a line, with the time,
+    whenever the step changes (the text before its first ':', else its first word) and
+    otherwise at most one every `every_s` seconds."""
+
+    def __init__(self, quiet_s: float = 10.0, every_s: float = 30.0) -> None:
+        self.t0 = time.monotonic()
+        self.quiet_s, self.every_s = quiet_s, every_s
+        self.head: str | None = None
+        self.last = float("-inf")
+
+    def __call__(self, msg: str) -> None:
+        now = time.monotonic()
+        head = msg.split(":", 1)[0] if ":" in msg else msg.split(" ", 1)[0]
+        if now - self.t0 < self.quiet_s or (head == self.head and now - self.last < self.every_s):
+            return
+        self.head, self.last = head, now
+        try:
+            sys.stderr.write(f"{time.strftime('%H:%M:%S')} {msg}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):   # a closed or broken stderr: progress is not the job
+            pass
+
+
 @contextmanager
 def spinner(enabled: bool) -> Iterator[Callable[[str], None] | None]:
-    """A spinner on stderr that shows the current step (only on a terminal)."""
-    if not enabled or not sys.stderr.isatty():
+    """A spinner on stderr that shows the current step on a terminal; elsewhere plain
+    lines now and then (PlainProgress)."""
+    if not enabled:
         yield None
+        return
+    if not sys.stderr.isatty():
+        yield PlainProgress()
         return
     from rich.console import Console
 

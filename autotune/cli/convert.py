@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from autotune.cli import exits
-from autotune.cli._base import Command, emit
+from autotune.cli._base import Command, PlainProgress, emit
 from autotune.cli.args import (add_endpoint, add_json, add_seed, apply_endpoint, int_at_least,
                                positive_float, size)
 
@@ -134,40 +134,55 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
 
 @contextmanager
 def _progress_display(enabled: bool) -> Iterator[Callable[[Any], None] | None]:
-    """A rich progress bar on stderr (images/s, MB/s, ETA); only on a terminal."""
-    if not enabled or not sys.stderr.isatty():
+    """A rich progress bar on stderr (images/s, MB/s, ETA) on a terminal; elsewhere (a
+    batch job's log) the same figures as a plain line now and then (PlainProgress)."""
+    if not enabled:
         yield None
+        return
+    start: dict[str, Any] = {}
+    if not sys.stderr.isatty():
+        plain = PlainProgress()
+
+        def line(p: Any) -> None:
+            what, count, rates = _figures(p, start)
+            plain(f"{what}: {count} {rates}")
+
+        yield line
         return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn
-
-    from autotune_base.units import fmt_bytes
 
     prog = Progress(TextColumn("{task.description}"), BarColumn(),
                     TextColumn("{task.fields[count]}"), TextColumn("{task.fields[rates]}"),
                     console=Console(stderr=True), transient=True)
     task = prog.add_task("scanning", total=None, count="", rates="")
-    start: dict[str, Any] = {}
 
     def update(p: Any) -> None:
-        if p.phase == "scan":
-            prog.update(task, description="scanning", completed=p.samples, total=None,
-                        count=f"{p.samples:,} files", rates=f"{fmt_bytes(p.source_bytes)} found")
-            return
-        if "t" not in start:  # rates of this run only (a resumed run starts mid-way)
-            start.update(t=p.elapsed, n=p.samples, b=p.source_bytes)
-        dt = max(p.elapsed - start["t"], 1e-6)
-        rate = (p.samples - start["n"]) / dt
-        mbs = (p.source_bytes - start["b"]) / dt / 1e6
-        left = (p.total_bytes - p.source_bytes) / (mbs * 1e6) if mbs > 0 else None
-        eta = "-" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
-        prog.update(task, description="publishing" if p.phase == "publish" else "converting",
-                    completed=p.samples, total=p.total, count=f"{p.samples:,}/{p.total:,}",
-                    rates=f"{rate:,.0f} img/s  {mbs:,.1f} MB/s  ETA {eta}  "
-                          f"shards {p.units_done}/{p.units}")
+        what, count, rates = _figures(p, start)
+        prog.update(task, description=what, completed=p.samples,
+                    total=None if p.phase == "scan" else p.total, count=count, rates=rates)
 
     with prog:
         yield update
+
+
+def _figures(p: Any, start: dict[str, Any]) -> tuple[str, str, str]:
+    """A conversion's progress as (what, count, rates) text; `start` keeps this run's
+    first figures (a resumed run's rates count only what it did)."""
+    from autotune_base.units import fmt_bytes
+
+    if p.phase == "scan":
+        return "scanning", f"{p.samples:,} files", f"{fmt_bytes(p.source_bytes)} found"
+    if "t" not in start:
+        start.update(t=p.elapsed, n=p.samples, b=p.source_bytes)
+    dt = max(p.elapsed - start["t"], 1e-6)
+    rate = (p.samples - start["n"]) / dt
+    mbs = (p.source_bytes - start["b"]) / dt / 1e6
+    left = (p.total_bytes - p.source_bytes) / (mbs * 1e6) if mbs > 0 else None
+    eta = "-" if left is None else time.strftime("%H:%M:%S", time.gmtime(left))
+    return ("publishing" if p.phase == "publish" else "converting",
+            f"{p.samples:,}/{p.total:,}",
+            f"{rate:,.0f} img/s  {mbs:,.1f} MB/s  ETA {eta}  shards {p.units_done}/{p.units}")
 
 
 def _add_distributed(p: argparse.ArgumentParser) -> None:
