@@ -200,19 +200,23 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
     s.say(f"{which}: {params}" + (f" (best so far {best:,.0f} images/s{left})" if best else left))
     try:
         rec = s.bench(params, f"trial-{trial.number:03d}", trial)
-    except KeyboardInterrupt:
+    except Exception as e:  # noqa: BLE001 - a bug of ours: the trial never stays RUNNING
+        rec = TrialRecord(trial.number, params, "failed",
+                          reason=f"internal error: {type(e).__name__}: {e}",
+                          hint="a bug in autotune: rerun with --debug and report the traceback")
+    except BaseException as e:
+        # Ctrl-C, or SIGTERM (the CLI raises it as an exception of its own) or an exit:
+        # recorded interrupted now, not left RUNNING for the next run to find.
+        why = ("interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt)
+               else "stopped (SIGTERM, or an exit)")
         rec = TrialRecord(trial.number, params, "interrupted", host=s.shared.host,
-                          reason="interrupted (Ctrl-C); measured again on resume")
+                          reason=f"{why}; measured again on resume")
         try:
             trial.set_user_attr("record", rec.to_dict())
             s.study.tell(trial, state=TrialState.FAIL)
         finally:
             s.shared.claims.release(claim, trial.number)
         raise
-    except Exception as e:  # noqa: BLE001 - a bug of ours: the trial never stays RUNNING
-        rec = TrialRecord(trial.number, params, "failed",
-                          reason=f"internal error: {type(e).__name__}: {e}",
-                          hint="a bug in autotune: rerun with --debug and report the traceback")
     rec.number = trial.number
     try:
         trial.set_user_attr("record", _stored(rec.to_dict()))

@@ -82,15 +82,8 @@ def test_full_dev_shm_fails_the_workers_trial_with_a_hint(small_dataset, tmp_pat
     assert not live_measurements(os.getpid())
 
 
-def test_search_killed_mid_trial_resumes_and_a_second_search_meanwhile_is_refused(
-        small_dataset, tmp_path, live_measurements):
-    out = tmp_path / "out"
-    space = str(TESTS / "space-tiny.yaml")
-    # --no-prune: a pruned trial is measured and counts against the budget asserted below,
-    # and is not whole (below); pruning has tests of its own.
-    a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2", "--no-prune"),
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
+def _wait_in_trial(a: subprocess.Popen, out: Path, live_measurements) -> None:
+    """Until search `a` measures a trial (RUNNING in its study, its measurement alive)."""
     def in_trial() -> bool:
         # sqlite read-only and straight: loading the study through optuna on every poll
         # took seconds on a busy machine (and could wait on the search's write lock).
@@ -108,6 +101,37 @@ def test_search_killed_mid_trial_resumes_and_a_second_search_meanwhile_is_refuse
         return bool(running) and bool(live_measurements(a.pid))
 
     wait_for(in_trial, 300, "the first trial's measurement")
+
+
+def test_a_search_stopped_by_sigterm_records_its_trial_interrupted(small_dataset, tmp_path,
+                                                                   live_measurements):
+    # A scheduler's SIGTERM left the trial RUNNING in the study (the docs say it is recorded
+    # interrupted), for the next run to find as "killed or crashed".
+    out = tmp_path / "out"
+    a = subprocess.Popen(_cmd(small_dataset, out, str(TESTS / "space-tiny.yaml"), "--trials", "2",
+                              "--no-prune"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_in_trial(a, out, live_measurements)
+    a.send_signal(signal.SIGTERM)
+    assert a.wait(timeout=60) == 143, a.stderr.read()
+    trials = _study(out).trials
+    assert not [t.number for t in trials if t.state.name == "RUNNING"], [
+        (t.number, t.state.name) for t in trials]
+    stopped = [t.user_attrs["record"] for t in trials
+               if (t.user_attrs.get("record") or {}).get("state") == "interrupted"]
+    assert len(stopped) == 1 and "SIGTERM" in stopped[0]["reason"], stopped
+
+
+def test_search_killed_mid_trial_resumes_and_a_second_search_meanwhile_is_refused(
+        small_dataset, tmp_path, live_measurements):
+    out = tmp_path / "out"
+    space = str(TESTS / "space-tiny.yaml")
+    # --no-prune: a pruned trial is measured and counts against the budget asserted below,
+    # and is not whole (below); pruning has tests of its own.
+    a = subprocess.Popen(_cmd(small_dataset, out, space, "--trials", "2", "--no-prune"),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    _wait_in_trial(a, out, live_measurements)
     kids = live_measurements(a.pid)
     # Frozen mid-trial (its lock held, its trial RUNNING), a second search on the same
     # SQLite file is refused: the same --out, and another --out naming the file with --storage.
