@@ -154,6 +154,20 @@ def rmdir_quietly(d: Path, removed: list[Path]) -> None:
         pass
 
 
+def _holder(fd: int) -> str:
+    """What the holder of a PidLock wrote. It writes just after it takes the lock: one
+    that has only just taken it is given a moment (two requeued jobs started together
+    read each other's empty file and said 'in use by ?')."""
+    import time
+
+    for _ in range(20):
+        text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if text:
+            return text
+        time.sleep(0.025)
+    return "another process (it has not written its name)"
+
+
 class PidLock:
     """An exclusive flock on `path` that records its holder, held while the owner works.
 
@@ -211,9 +225,10 @@ class PidLock:
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and time.monotonic() < deadline:
                     time.sleep(0.05)
                     continue
-                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                busy = e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+                holder = _holder(fd) if busy else ""
                 os.close(fd)
-                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                if busy:
                     raise self.busy(holder) from None
                 raise
         self._check_ours(fd)  # only now: another's file is never truncated
@@ -233,7 +248,7 @@ class PidLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "?"
+                return _holder(fd)
             raise
         finally:
             os.close(fd)

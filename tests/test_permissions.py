@@ -207,3 +207,32 @@ def test_bench_never_removes_another_users_scratch():
         assert d.is_dir() and (d / "lock").is_file()
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(0.2)             # the holder's name comes just after the lock
+os.pwrite(fd, b"autotune search pid 4242 on node7\\n", 0)
+time.sleep(30)
+"""
+
+
+def test_a_lock_taken_a_moment_ago_names_its_holder(tmp_path):
+    # Two requeued jobs started together: the second read the first's lock file before the
+    # first had written its name, and said "in use by ?".
+    from autotune_base.errors import AutotuneError
+    from autotune_base.fsutil import PidLock
+
+    lock = tmp_path / "study.db.lock"
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        with pytest.raises(AutotuneError, match="pid 4242 on node7"):
+            PidLock(lock, lambda holder: AutotuneError(f"in use by {holder}")).acquire()
+    finally:
+        p.kill()
+        p.wait()

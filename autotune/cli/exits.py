@@ -74,12 +74,12 @@ BY_COMMAND: dict[str, dict[int, str]] = {
     "search": {
         OK: "a recommendation was made",
         ERROR: "an error (an unreachable PostgreSQL server: one line, before anything is "
-               "written), or no configuration completed (each trial's reason is in the table "
-               "and JSON)",
+               "written; a second search on a SQLite study file another search holds, naming "
+               "it), or no configuration completed (each trial's reason is in the table and "
+               "JSON)",
         USAGE: "usage error: a bad option, a dataset on which too few configurations fit, a study "
-               "measured with other settings, a second search on the study, or --delayacct "
-               "where the switch cannot be set (not root, a read-only /proc/sys, a kernel "
-               "before 5.14)",
+               "measured with other settings, or --delayacct where the switch cannot be set "
+               "(not root, a read-only /proc/sys, a kernel before 5.14)",
         INTERRUPTED: "interrupted (Ctrl-C); 143 terminated (SIGTERM): the study keeps every "
                      "measured trial, the running one is recorded interrupted and measured "
                      "again when the same command is rerun",
