@@ -51,7 +51,10 @@ def outcome(run: dict[str, Any]) -> tuple[str, str]:
               else f"exit status {rc}")
     if rc == 0:
         return "ok", status
-    if rc == 128 + signal.SIGINT or sig == signal.SIGINT or forwarded:
+    # A SIGTERM the job got straight (a scheduler signals the job's processes, not only
+    # the monitor) is a stop as much as one the monitor forwarded.
+    if rc in (128 + signal.SIGINT, 128 + signal.SIGTERM) or sig in (signal.SIGINT,
+                                                                    signal.SIGTERM) or forwarded:
         return "stopped", status + (f" after {', '.join(forwarded)} was forwarded"
                                     if forwarded else "")
     return "failed", status

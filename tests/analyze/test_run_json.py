@@ -101,12 +101,15 @@ def test_the_metrics_alone_or_the_log_alone_point_at_shm(tmp_path):
 def test_a_users_ctrl_c_is_not_a_crash(tmp_path):
     for name, run in (("int", {"returncode": 130, "signal": 2, "forwarded_signals": ["SIGINT"]}),
                       ("exit130", {"returncode": 130}),
-                      ("term", {"returncode": 1, "forwarded_signals": ["SIGTERM"]})):
+                      ("term", {"returncode": 1, "forwarded_signals": ["SIGTERM"]}),
+                      # a scheduler's SIGTERM to the job itself, not through the monitor
+                      ("sched", {"returncode": 143, "signal": 15})):
         a = analyze(monitor_dir(tmp_path / name, run=run, log=f"{SHM_LINE}\n",
                                 shm_used_mib=60))
         assert a.run["outcome"] == "stopped", name
         assert not any("failed" in w or "/dev/shm" in w for w in a.warnings), (name, a.warnings)
-        assert "FAILED" not in _rendered(a)
+        shown = _rendered(a)
+        assert "FAILED" not in shown and "job: stopped (" in shown, shown
 
 
 def test_without_data_the_watched_disk_is_named_and_data_is_the_fix(tmp_path):

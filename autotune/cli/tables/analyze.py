@@ -39,8 +39,8 @@ def verdict_lines(a: Analysis) -> list[Text]:
 
 def run_lines(run: dict[str, Any] | None) -> list[Text]:
     """What the monitor's run.json adds: the disk it watched, a job that failed (and
-    /dev/shm when it was the likely cause); a job that ended well or that the user stopped
-    says nothing more."""
+    /dev/shm when it was the likely cause), one stopped (Ctrl-C, a scheduler's SIGTERM) or
+    whose end is unknown; a job that ended well says nothing more."""
     if not run:
         return []
     out = []
@@ -53,6 +53,11 @@ def run_lines(run: dict[str, Any] | None) -> list[Text]:
         out.append(Text(f"job: how it ended is unknown ({printable(run['status'])}: the "
                         "monitor was killed before it): the verdict describes only the steps "
                         "before it", style="bold yellow"))
+    if run.get("outcome") == "stopped":
+        secs = run.get("seconds")
+        after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
+        out.append(Text(f"job: stopped ({printable(run['status'])}){after}: the verdict "
+                        "describes the steps before it", style="dim"))
     if run.get("outcome") == "failed":
         out.append(Text(f"job: FAILED ({printable(run['status'])}): the verdict describes "
                         "only the steps before it", style="bold red"))
