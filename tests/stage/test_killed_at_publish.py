@@ -68,3 +68,25 @@ def test_a_conversion_killed_at_its_manifest_leaves_no_temporary_file_in_dst(
     assert res.samples == 64 and _junk(dst) == []
     assert not (dst / ".autotune-convert").exists()
     assert json.loads((dst / "manifest.json").read_text())["num_samples"] == 64
+
+
+def test_a_verified_file_is_in_the_resume_state_within_a_second(tmp_path):
+    # The state was written every 16 files: a kill -9 had up to 15 verified shards (seconds
+    # each to copy) copied again by the rerun. Now also a second after the last write.
+    import json
+    import os
+    import time
+
+    from autotune_converters.stage import _State
+
+    (tmp_path / "w").mkdir()
+    fd = os.open(tmp_path / "w", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        s = _State(tmp_path, fd)
+        s.add("shard-000000.tar", 10, 1, "aa")
+        time.sleep(1.05)
+        s.add("shard-000001.tar", 10, 2, "bb")   # no save() call: as a kill -9 leaves it
+        done = json.loads((tmp_path / "w" / "state.json").read_text())
+    finally:
+        os.close(fd)
+    assert set(done) == {"shard-000000.tar", "shard-000001.tar"}, done
