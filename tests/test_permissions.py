@@ -76,6 +76,26 @@ def test_a_read_only_source_is_read_by_every_command(small_dataset, work_dir, ro
     assert r.returncode == 0, r.stderr  # fio runs on a scratch file in --scratch
 
 
+def test_fio_skipped_on_a_folder_this_user_cannot_write_says_which_of_the_two(small_dataset,
+                                                                            work_dir, ro_mount):
+    # It said "(read-only filesystem?)" for a folder the job could not write by its
+    # permissions alone (a review: nobody in a container, on root's dataset).
+    src = work_dir / "locked"
+    shutil.copytree(small_dataset, src)
+    src.chmod(0o555)
+    try:
+        r = cli("probe", str(src), "--replay-seconds", "1", "--json", "-", bits_apply=True)
+    finally:
+        src.chmod(0o755)
+    assert r.returncode == 0, r.stderr
+    why = json.loads(r.stdout)["fio_error"]
+    assert "its permissions: mode dr-xr-xr-x" in why and "read-only filesystem" not in why, why
+    ro = ro_mount(work_dir / "locked")
+    r = cli("probe", str(ro), "--replay-seconds", "1", "--json", "-")
+    assert r.returncode == 0, r.stderr
+    assert "(a read-only filesystem)" in json.loads(r.stdout)["fio_error"]
+
+
 def test_a_read_only_output_is_one_clear_line_per_command(small_dataset, work_dir, ro_mount):
     out = work_dir / "out"
     out.mkdir()

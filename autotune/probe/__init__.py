@@ -10,6 +10,7 @@ filesystem) is reported with its reason; the others still run.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -135,14 +136,26 @@ def _run_fio(sdir: Path, size: int, runtime: float,
     from autotune.probe import fio as fio_mod
 
     if not os.access(sdir, os.W_OK):
-        return None, (f"{sdir} is not writable (read-only filesystem?); fio needs a scratch "
-                      "file there: pass --scratch DIR on the same storage")
+        return None, (f"{sdir} is not writable ({_why_unwritable(sdir)}); fio needs a "
+                      "scratch file there: pass --scratch DIR on the same storage")
     dev = block_device_for(sdir)
     try:
         return fio_mod.measure(sdir, size=size, runtime=runtime,
                                device=dev.name if dev else None, progress=progress), None
     except AutotuneError as e:
         return None, str(e)
+
+
+def _why_unwritable(d: Path) -> str:
+    """Why this user cannot write `d`: a read-only mount, or the folder's permissions."""
+    try:
+        if os.statvfs(d).f_flag & os.ST_RDONLY:
+            return "a read-only filesystem"
+        st = d.stat()
+    except OSError as e:
+        return e.strerror or "cannot be checked"
+    return (f"its permissions: mode {stat.filemode(st.st_mode)}, owner uid {st.st_uid}, "
+            f"this process uid {os.geteuid()}")
 
 
 def _run_replay(p: Path, max_files: int, concurrency: Sequence[int], seconds: float, seed: int,
