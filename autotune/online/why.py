@@ -217,10 +217,21 @@ def explain(fig: Figures) -> Any:
         system.disk_read_cap = {"iops": cap.get("iops"), "mib_s": cap.get("mib_s")}
         system.disk_cap_reads_per_s = stat_of([cap["reads_per_s"]])
         system.disk_cap_read_mib_s = stat_of([cap["read_mib_s"]])
+    # Under DDP the time budget is this rank's processes: it is judged against this rank's
+    # share of the node's cores, not all of them (the other ranks' loaders fill the rest:
+    # two ranks of one worker each on 2 cores read "the job wants 1.1 of 2 cores: raise
+    # num_workers (up to about 1)", with 1 already running).
+    cores = fig.cores
+    if cores and fig.ranks > 1:
+        cores = max(1, cores // fig.ranks)
     inp = RuleInputs(au=s.au, data_share=s.wait_share,
                      step_time_s=s.step_s / s.batches if s.batches else None,
                      images_per_s=ips, batch_size=fig.batch_size, steps=s.batches,
-                     loader=fig.loader, job_cores=fig.cores, system=system,
+                     loader=fig.loader, job_cores=cores, system=system,
                      dataset=fig.dataset, worker_bound=fig.worker_bound, stages=fig.stages,
                      job_args=f"--procs-per-node {fig.ranks}" if fig.ranks > 1 else "")
-    return decide(inp)
+    v = decide(inp)
+    if cores != fig.cores:
+        v.evidence.append(f"cores: this rank's share, {cores} of the node's {fig.cores} usable "
+                          f"({fig.ranks} ranks on the node, each with its own loader)")
+    return v

@@ -234,6 +234,15 @@ def test_why_is_the_verdict_engine_fed_the_loaders_figures():
                           budget=loader_bound, dataset="/data/train", ranks=4))
     assert ddp.next_command.startswith("autotune search /data/train --procs-per-node 4 "), \
         ddp.next_command
+    # Two ranks of one worker each on 2 cores: this rank's worker busy and 1.1 cores wanted
+    # is its share of the node full (the other rank's loader has the other core), not "too
+    # few workers: raise num_workers (up to about 1)" with 1 running.
+    one = {"num_workers": 1, "prefetch_factor": 2}
+    busy = _budget(workers=(1, {"on_cpu": 0.97, "runnable": 0.02}), main=(1, {"on_cpu": 0.1}))
+    ranks2 = explain(Figures(stats=starved, loader=one, batch_size=64, cores=2, budget=busy,
+                             dataset="/data/train", ranks=2, worker_bound=1))
+    assert ranks2.bottleneck == "decode", (ranks2.summary, ranks2.advice)
+    assert any("this rank's share, 1 of the node's 2" in e for e in ranks2.evidence)
 
 
 def test_burst_samples_this_process_tree_from_a_process_of_its_own():
