@@ -73,6 +73,16 @@ def test_a_sample_scales_the_room_alike(forty_mib):
     assert any("sample" in n for n in r.notes)
 
 
+def test_in_place_a_rate_over_the_caches_share_falls_back_to_the_model(forty_mib):
+    # In place the reader has all the free memory, not the job's 10 MiB of cache for 40:
+    # the later epoch hits nearly everything, more than random order can with a share of
+    # 0.25. That larger cache's figure is not the job's: the model of its room is used.
+    r = measure_hit_rate(forty_mib, 10 * 2**20, epochs=2, in_place=True)
+    assert r.method == "in place" and r.cache_share == pytest.approx(0.25, abs=0.01)
+    assert r.hit_rate == pytest.approx(lru_bound(r.cache_share)), r.to_dict()
+    assert any("the LRU model's" in n for n in r.notes), r.notes
+
+
 def test_bad_input_is_one_line():
     from autotune.errors import UsageError
 
