@@ -413,6 +413,33 @@ def measure_hit_rate(files: Sequence[tuple[str, int]] | Sequence[str], room_byte
             cg.remove()
 
 
+def _in_place_over(h: float, c: float, room: int, notes: list[str]) -> float:
+    """The figure for a rate measured in place over the cache's share `c`. In place the
+    reader has the cgroup's whole free memory, not the job's room (the job's own memory
+    is not held): over `c`, more than any random order can hit with that room, it
+    measured that larger cache (a review: 94 % at a share of 74 %). The model of the room
+    is the figure then."""
+    notes.append(f"in place the reader had more page cache than the job's "
+                 f"{room / 2**20:,.0f} MiB (it hit {h:.0%}, over the cache's share {c:.0%}, "
+                 f"the most a random order can): the LRU model's {lru_bound(c):.0%} for that "
+                 "share is used instead")
+    return lru_bound(c)
+
+
+def _row_notes(rows: list[dict[str, Any]], notes: list[str]) -> None:
+    """What the epochs' rows say beside the figure: read-ahead reclaimed, a first epoch
+    that already hit."""
+    over = [r for r in rows[1:] if (r["from_storage"] or 0) > 1.0]
+    if over:
+        notes.append("epoch(s) " + ", ".join(str(r["epoch"]) for r in over) + " read more "
+                     "from storage than they delivered (up to "
+                     f"{max(r['from_storage'] for r in over):.0%}): read-ahead pages were "
+                     "reclaimed before they were read")
+    if rows and rows[0]["hit_rate"] is not None and rows[0]["hit_rate"] > 0.1:
+        notes.append(f"the first epoch already hit {rows[0]['hit_rate']:.0%}: not every page "
+                     "was evicted before it")
+
+
 def _drive(proc: subprocess.Popen, cg: MemoryCgroup | None, spec: dict[str, Any], room: int,
            epoch_bytes: int, sampled: bool, notes: list[str], say: Callable[[str], None],
            timeout_s: float) -> HitRate:
@@ -458,25 +485,9 @@ def _drive(proc: subprocess.Popen, cg: MemoryCgroup | None, spec: dict[str, Any]
     later = [r["hit_rate"] for r in rows[1:] if r["hit_rate"] is not None]
     h = sum(later) / len(later) if later else 0.0
     c = min(1.0, room / spec["pages_bytes"]) if spec["pages_bytes"] else 1.0
-    over = [r for r in rows[1:] if (r["from_storage"] or 0) > 1.0]
-    if over:
-        notes.append("epoch(s) " + ", ".join(str(r["epoch"]) for r in over) + " read more "
-                     "from storage than they delivered (up to "
-                     f"{max(r['from_storage'] for r in over):.0%}): read-ahead pages were "
-                     "reclaimed before they were read")
     if cg is None and h > c:
-        # In place the reader has the cgroup's whole free memory, not the job's room (the
-        # job's own memory is not held): a rate over the cache's share, more than any
-        # random order can hit with that room, measured that larger cache (a review: 94 %
-        # at a share of 74 %). The model of the room is the figure then.
-        notes.append(f"in place the reader had more page cache than the job's "
-                     f"{room / 2**20:,.0f} MiB (it hit {h:.0%}, over the cache's share "
-                     f"{c:.0%}, the most a random order can): the LRU model's "
-                     f"{lru_bound(c):.0%} for that share is used instead")
-        h = lru_bound(c)
-    if rows and rows[0]["hit_rate"] is not None and rows[0]["hit_rate"] > 0.1:
-        notes.append(f"the first epoch already hit {rows[0]['hit_rate']:.0%}: not every page "
-                     "was evicted before it")
+        h = _in_place_over(h, c, room, notes)
+    _row_notes(rows, notes)
     return HitRate(hit_rate=h, cache_share=c, lru_bound=lru_bound(c), dataset_bytes=epoch_bytes,
                    room_bytes=room, method="cgroup" if cg is not None else "in place",
                    cgroup=str(cg.path) if cg is not None and cg.path else None,
