@@ -23,7 +23,7 @@ from autotune.online import cache, limits, steps
 from autotune.online.config import Config
 from autotune.online.decisions import emit
 from autotune.online.limits import MemoryFigures
-from autotune.online.measure import WindowStats, beyond_noise
+from autotune.online.measure import WindowStats, beyond_noise, noise_margin
 
 SETTLE_AU = 0.95
 RETUNE_WINDOWS = 3      # windows in a row above the settled wait share before tuning again
@@ -240,9 +240,9 @@ class Controller:
                  f"cost {trial.switch_cost_s:.2f} s charged to it)", **fields)
             self.best = trial
             return self._next_step()
+        how = "worse" if new.wait_share - old.wait_share > noise_margin(old, new) else "within the noise"
         emit("reject", f"{trial.config.short()} does not help: wait {_pct(old.wait_share)} -> "
-             f"{_pct(new.wait_share)}, within the noise; back to {best.config.short()}",
-             **fields)
+             f"{_pct(new.wait_share)}, {how}; back to {best.config.short()}", **fields)
         self._knob += 1
         self._rejected.add(trial.config)
         if steps.past_cores(self.cores_bound, trial.config, best.config):

@@ -138,8 +138,11 @@ def summarize(steps: list[float], waits: list[float], group: int = 1) -> WindowS
     return WindowStats(len(steps), sum(waits), sum(steps), wait_noise(steps, waits, group))
 
 
+def noise_margin(old: WindowStats, new: WindowStats, floor: float = 0.02) -> float:
+    """The noise of two windows' wait shares: two standard errors, at least `floor`."""
+    return max(floor, 2.0 * math.sqrt(old.noise ** 2 + new.noise ** 2))
+
+
 def beyond_noise(old: WindowStats, new: WindowStats, floor: float = 0.02) -> bool:
-    """The wait share fell by more than the noise of the two windows (two standard errors,
-    at least `floor`)."""
-    margin = max(floor, 2.0 * math.sqrt(old.noise ** 2 + new.noise ** 2))
-    return old.wait_share - new.wait_share > margin
+    """The wait share fell by more than the noise of the two windows (noise_margin)."""
+    return old.wait_share - new.wait_share > noise_margin(old, new, floor)

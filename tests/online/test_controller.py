@@ -100,13 +100,20 @@ def test_climbs_one_knob_at_a_time_then_settles(decisions):
     assert events == ["start", "try", "keep", "try", "reject", "try", "keep", "settle"]
 
 
-def test_rejected_last_knob_goes_back_to_the_best():
+def test_rejected_last_knob_goes_back_to_the_best(decisions):
     c = _ctl(bound=2)
     start = c.start()                         # 2 workers: the bound
     pf4 = c.observe(_w(0.5), start)
     assert (pf4.num_workers, pf4.prefetch_factor) == (2, 4)
     back = c.observe(_w(0.49), pf4)
     assert back == start and c.phase == "settled"
+    # A knob that made it worse is said to be worse, not "within the noise".
+    c2 = _ctl(bound=2)
+    pf4 = c2.observe(_w(0.55), c2.start())
+    c2.observe(_w(0.75), pf4)
+    said = [r.getMessage() for e, r in decisions() if e == "reject"]
+    assert said[0].endswith("within the noise; back to " + start.short()), said
+    assert "wait 55 % -> 75 %, worse; back to" in said[1], said
 
 
 def test_tunes_again_only_after_several_high_windows(decisions):
