@@ -7,13 +7,16 @@ file in the same directory, then rename), so a killed run never leaves half a fi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 _ROOT_ATTRS = ("root", "path", "data_dir", "directory", "folder")
+LOCK_WAIT_S = 2.0
 
 
 def cache_file() -> Path:
@@ -56,9 +59,31 @@ def load(key: str, path: Path | None = None) -> dict[str, Any] | None:
 
 
 def store(key: str, settings: dict[str, Any], path: Path | None = None) -> None:
-    """Record `settings` for `key`, keeping the other entries; atomic."""
+    """Record `settings` for `key`, keeping the other entries; atomic, and under a lock
+    beside the file: two jobs storing at once each read the file before the other wrote,
+    and the second rename dropped the first's entry. OSError when the lock is not had
+    within LOCK_WAIT_S (the caller says so and trains on)."""
     path = path or cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise OSError(f"another process has held {path.name}.lock for "
+                                  f"{LOCK_WAIT_S:g} s") from None
+                time.sleep(0.02)
+        _update(path, key, settings)
+    finally:
+        os.close(fd)   # the lock goes with it
+
+
+def _update(path: Path, key: str, settings: dict[str, Any]) -> None:
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
