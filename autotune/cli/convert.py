@@ -49,7 +49,8 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                "  autotune convert /data/train /fast/small --format wds --max-side 512 "
                "--quality 90\n\n"
               + EXIT)
-    after_stop = "finished shards are kept; rerun the same command to resume"
+    after_stop = ("finished work is kept (WebDataset shards, LMDB's committed batches); "
+                  "rerun the same command to resume")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from autotune_converters import registry

@@ -87,7 +87,8 @@ BY_COMMAND: dict[str, dict[int, str]] = {
     "convert": {
         OK: "done (skipped files, if any, are listed in DST/manifest.json and the summary)",
         ERROR: "the conversion stopped (the message names the file and the fix); rerun the "
-               "same command to resume, finished shards are kept",
+               "same command to resume, finished work is kept (WebDataset shards, LMDB's "
+               "committed batches)",
         USAGE: "usage error: a bad option or argument, a DST holding something else or "
                "without the free space for what the conversion will still write (refused "
                "before anything is written), or a name in a manifest or state file that is "
