@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.bench.config import BenchConfig
 from autotune.bench.runner import run_bench
-from autotune.errors import UsageError
+from autotune.errors import AutotuneError, UsageError
 from autotune.search import recommend as rec_mod
 from autotune.search import sharedtrials
 from autotune.search.ceilings import Ceilings
@@ -42,6 +42,19 @@ class _NoTrial:
 def _stored(d: dict[str, Any]) -> Any:
     """JSON-safe copy for a study attribute (the storage serialises it)."""
     return json.loads(json.dumps(d))
+
+
+def _stop_for_the_step(d: dict[str, Any]) -> None:
+    """Raise where a measurement failed in the user's --step: it is the same in every
+    configuration, so every one would fail the same way."""
+    if d.get("failure_kind") == "step_import":
+        # A usage error (exit 2), as for a factory that cannot be loaded.
+        raise UsageError(f"{d.get('reason')}; {d.get('hint')}.", setting="step")
+    if d.get("failure_kind") == "step_error":
+        # The step raised: the search stops at the first measurement, not after measuring
+        # every configuration to the same end.
+        raise AutotuneError(f"{d.get('reason')}; {d.get('hint')}; every configuration "
+                            "runs the same step, so the search stops here.")
 
 
 class Session:
@@ -246,10 +259,7 @@ class Session:
                       timeline=self.out / "timelines" / f"{label}.jsonl",
                       progress=lambda m: self.say(f"{label}: {m}"), on_tick=on_tick)
         d = r.to_dict()
-        if d.get("failure_kind") == "step_import":
-            # The user's --step cannot be imported: every configuration would fail the same
-            # way. A usage error (exit 2), as for a factory that cannot be loaded.
-            raise UsageError(f"{d.get('reason')}; {d.get('hint')}.", setting="step")
+        _stop_for_the_step(d)
         rec = TrialRecord.from_bench(-1, params, d)
         rec.host = dict(self.shared.host)
         if rec.ok and rec.memory_mib > self.max_mem:

@@ -7,6 +7,7 @@ import random
 import time
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.params import config_key
 from autotune.search import guard
 from autotune.search import shared as shared_mod
@@ -200,6 +201,12 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
     s.say(f"{which}: {params}" + (f" (best so far {best:,.0f} images/s{left})" if best else left))
     try:
         rec = s.bench(params, f"trial-{trial.number:03d}", trial)
+    except AutotuneError as e:
+        # What stops the whole search (the user's step cannot run): recorded failed, and
+        # the error goes on to the command.
+        _end(s, trial, claim, TrialRecord(trial.number, params, "failed", host=s.shared.host,
+                                          reason=str(e)))
+        raise
     except Exception as e:  # noqa: BLE001 - a bug of ours: the trial never stays RUNNING
         rec = TrialRecord(trial.number, params, "failed",
                           reason=f"internal error: {type(e).__name__}: {e}",
@@ -209,13 +216,9 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
         # recorded interrupted now, not left RUNNING for the next run to find.
         why = ("interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt)
                else "stopped (SIGTERM, or an exit)")
-        rec = TrialRecord(trial.number, params, "interrupted", host=s.shared.host,
-                          reason=f"{why}; measured again on resume")
-        try:
-            trial.set_user_attr("record", rec.to_dict())
-            s.study.tell(trial, state=TrialState.FAIL)
-        finally:
-            s.shared.claims.release(claim, trial.number)
+        _end(s, trial, claim, TrialRecord(trial.number, params, "interrupted",
+                                          host=s.shared.host,
+                                          reason=f"{why}; measured again on resume"))
         raise
     rec.number = trial.number
     try:
@@ -241,6 +244,18 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
     elif rec.state == "pruned":
         s.say(f"{which.split(' of ')[0]}: {rec.reason}")
     return rec
+
+
+def _end(s: Session, trial: Any, claim: str, rec: TrialRecord) -> None:
+    """Record a trial the search stops in (failed or interrupted), never left RUNNING, and
+    release its configuration's claim."""
+    from optuna.trial import TrialState
+
+    try:
+        trial.set_user_attr("record", _stored(rec.to_dict()))
+        s.study.tell(trial, state=TrialState.FAIL)
+    finally:
+        s.shared.claims.release(claim, trial.number)
 
 
 def _at_ceiling(s: Session, rec: TrialRecord) -> str | None:
