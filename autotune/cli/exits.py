@@ -75,8 +75,8 @@ BY_COMMAND: dict[str, dict[int, str]] = {
         OK: "a recommendation was made",
         ERROR: "an error (an unreachable PostgreSQL server: one line, before anything is "
                "written; a second search on a SQLite study file another search holds, naming "
-               "it; a --step that raised, at the first measurement), or no configuration "
-               "completed (each trial's reason is in the table and JSON)",
+               "it), or no configuration completed (each trial's reason is in the table and "
+               "JSON)",
         USAGE: "usage error: a bad option, a dataset on which too few configurations fit, a study "
                "measured with other settings, or --delayacct where the switch cannot be set "
                "(not root, a read-only /proc/sys, a kernel before 5.14)",

@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.bench.config import BenchConfig
 from autotune.bench.runner import run_bench
-from autotune.errors import AutotuneError, UsageError
+from autotune.errors import UsageError
 from autotune.search import recommend as rec_mod
 from autotune.search import sharedtrials
 from autotune.search.ceilings import Ceilings
@@ -45,16 +45,12 @@ def _stored(d: dict[str, Any]) -> Any:
 
 
 def _stop_for_the_step(d: dict[str, Any]) -> None:
-    """Raise where a measurement failed in the user's --step: it is the same in every
-    configuration, so every one would fail the same way."""
+    """Raise where the user's --step cannot be imported: every configuration would fail
+    the same way. A usage error (exit 2), as for a factory that cannot be loaded. (A step
+    that raises while it runs fails its trial only: it may fail in one configuration and
+    not another.)"""
     if d.get("failure_kind") == "step_import":
-        # A usage error (exit 2), as for a factory that cannot be loaded.
         raise UsageError(f"{d.get('reason')}; {d.get('hint')}.", setting="step")
-    if d.get("failure_kind") == "step_error":
-        # The step raised: the search stops at the first measurement, not after measuring
-        # every configuration to the same end.
-        raise AutotuneError(f"{d.get('reason')}; {d.get('hint')}; every configuration "
-                            "runs the same step, so the search stops here.")
 
 
 class Session:
