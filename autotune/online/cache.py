@@ -7,11 +7,9 @@ file in the same directory, then rename), so a killed run never leaves half a fi
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -60,27 +58,22 @@ def load(key: str, path: Path | None = None) -> dict[str, Any] | None:
 
 def store(key: str, settings: dict[str, Any], path: Path | None = None) -> None:
     """Record `settings` for `key`, keeping the other entries; atomic, and under a lock
-    beside the file: two jobs storing at once each read the file before the other wrote,
-    and the second rename dropped the first's entry. OSError when the lock is not had
-    within LOCK_WAIT_S (the caller says so and trains on)."""
+    beside the file (a PidLock): two jobs storing at once each read the file before the
+    other wrote, and the second rename dropped the first's entry. OSError, or an
+    AutotuneError naming the holder when the lock is not had within LOCK_WAIT_S (the
+    caller says so and trains on)."""
+    from autotune_base.errors import AutotuneError
+    from autotune_base.fsutil import PidLock
+
     path = path or cache_file()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(path.name + ".lock"),
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    lock = PidLock(path.with_name(path.name + ".lock"), lambda holder: AutotuneError(
+        f"{path}: not written, {holder} has held its lock for {LOCK_WAIT_S:g} s"))
+    lock.acquire(wait=LOCK_WAIT_S)
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise OSError(f"another process has held {path.name}.lock for "
-                                  f"{LOCK_WAIT_S:g} s") from None
-                time.sleep(0.02)
         _update(path, key, settings)
     finally:
-        os.close(fd)   # the lock goes with it
+        lock.release()
 
 
 def _update(path: Path, key: str, settings: dict[str, Any]) -> None:

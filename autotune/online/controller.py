@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from autotune.errors import AutotuneError
 from autotune.online import cache, limits, steps
 from autotune.online.config import Config
 from autotune.online.decisions import emit
@@ -297,7 +298,7 @@ class Controller:
             try:
                 cache.store(self.cache_key, {k: v for k, v in best.kwargs().items()
                                              if k in ("num_workers", "prefetch_factor")})
-            except OSError as e:
+            except (OSError, AutotuneError) as e:   # a lock held, a foreign lock file
                 emit("cache", f"{cache.cache_file()}: not written ({e})", why=str(e))
         cur = self._current
         return best if cur is not None and cur != best else None

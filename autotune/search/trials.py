@@ -26,7 +26,9 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
     trial whose host went silent is reclaimed (interrupted, measured again)."""
     opts = s.opts
     shared = s.shared.enabled
-    budget = _enqueue_grid(s, measured) if opts.grid else _enqueue_interrupted(s, measured)
+    budget = _enqueue_grid(s, measured) if opts.grid else opts.trials
+    if not opts.grid:   # the grid queues every unmeasured configuration, these too
+        _enqueue_interrupted(s, measured)
     runs = dupes = 0
     rng = random.Random(opts.seed)
     while True:
@@ -122,25 +124,24 @@ def _unmeasured(s: Session, measured: dict[tuple, TrialRecord]) -> list[dict[str
             if config_key(p) not in measured and not s.unfit(p)]
 
 
-def _enqueue_interrupted(s: Session, measured: dict[tuple, TrialRecord]) -> int:
+def _enqueue_interrupted(s: Session, measured: dict[tuple, TrialRecord]) -> None:
     """Queue first the configurations whose trial a search that died left (interrupted,
     still unmeasured), so that a resumed search measures them again rather than leave
     that to the sampler; once: one interrupted twice may be what kills the search, and
-    is left to the sampler, said. Returns the budget (--trials)."""
+    is left to the sampler, said."""
     from optuna.trial import TrialState
 
     lost: dict[tuple, list[int]] = {}
-    waiting: set[tuple] = set()
+    waiting: list[dict[str, Any]] = []   # queued already, as Optuna records them
     for t in s.study.get_trials(deepcopy=False):
         d = t.user_attrs.get("record")
         if d and d.get("state") == "interrupted" and d.get("params"):
             lost.setdefault(config_key(d["params"]), []).append(t.number)
-        elif t.state == TrialState.WAITING:
-            waiting.update(config_key(p) for p in s.space.grid()  # type: ignore[union-attr]
-                           if s.space.optuna_params(p) == t.params)  # type: ignore[union-attr]
+        elif t.state == TrialState.WAITING:   # its params are set only when it runs
+            waiting.append(t.system_attrs.get("fixed_params") or t.params)
     for p in _unmeasured(s, measured):
         numbers = lost.get(config_key(p))
-        if not numbers or config_key(p) in waiting:
+        if not numbers or s.space.optuna_params(p) in waiting:  # type: ignore[union-attr]
             continue
         if len(numbers) > 1:
             s.say(f"trials {', '.join(map(str, numbers))} were all interrupted measuring "
@@ -148,7 +149,6 @@ def _enqueue_interrupted(s: Session, measured: dict[tuple, TrialRecord]) -> int:
             continue
         s.study.enqueue_trial(s.space.optuna_params(p))  # type: ignore[union-attr]
         s.say(f"trial {numbers[0]} was interrupted: {p} is measured again first")
-    return s.opts.trials
 
 
 def _enqueue_unmeasured(s: Session, measured: dict[tuple, TrialRecord],
