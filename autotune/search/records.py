@@ -31,6 +31,9 @@ class TrialRecord:
     disk_reads_per_s: float | None = None
     reason: str | None = None
     hint: str | None = None
+    # What failed, as the measurement names it (BenchResult.failure_kind: "step_error",
+    # "shm", "timeout", ...); None for a trial that did not fail.
+    failure_kind: str | None = None
     duplicate_of: int | None = None
     seconds: float | None = None
     timeline_file: str | None = None
@@ -79,7 +82,9 @@ class TrialRecord:
             disk_util_pct=_fig(system, "disk", "util_pct", "median"),
             disk_r_await_ms=_fig(system, "disk", "r_await_ms", "median"),
             disk_reads_per_s=_fig(system, "disk", "reads_per_s", "median"),
-            reason=r.get("reason"), hint=r.get("hint"), seconds=r.get("seconds_total"),
+            reason=r.get("reason"), hint=r.get("hint"),
+            failure_kind=r.get("failure_kind") if r.get("failed") else None,
+            seconds=r.get("seconds_total"),
             measured_s=_fig(r, "window", "seconds"), step_ms=_fig(r, "step_ms", "p50"),
             system_figures=system.get("figures"), per_rank=r.get("per_rank"),
             stages=r.get("stages"),

@@ -339,7 +339,7 @@ def _search_session(s: Any, root: Path, name: str, url: str, opts: SearchOptions
         baseline = s.baseline()
         s.reclaim_orphans(exclusive)
         measured = s.measured()
-        stop_reason = run_trials(s, measured)
+        stop_reason = run_trials(s, measured, baseline)
         if opts.confirm and stop_reason != "timeout":
             pool = list(measured.values()) + ([baseline] if baseline is not None else [])
             if not confirm(s, pool, baseline):

@@ -17,8 +17,10 @@ from autotune.search.session import CEILING_TOLERANCE, Session, _stored
 MAX_DUPLICATES = 40  # TPE proposing only measured points this often: the space is exhausted
 
 
-def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
-    """Measure until the budget is spent; returns why the loop stopped.
+def run_trials(s: Session, measured: dict[tuple, TrialRecord],
+               last: TrialRecord | None = None) -> str:
+    """Measure until the budget is spent; returns why the loop stopped. `last`: the
+    measurement before the first trial (the baseline), for the step rule below.
 
     `--trials N` is the study's total: on a study other hosts share, what they measured
     and are measuring counts too (`measured` is refreshed from the study before each
@@ -55,9 +57,21 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord]) -> str:
                  f"trial {len(measured) + 1} of {opts.trials}" + (" (study total)" if shared else ""))
         with s.shared.heartbeats.during(trial):
             rec = _measure(s, trial, params, measured, which, claim)
-        stop = _at_ceiling(s, rec)
+        stop = _at_ceiling(s, rec) or _step_fails_alike(last, rec)
         if stop:
             return stop
+        last = rec
+
+
+def _step_fails_alike(prev: TrialRecord | None, rec: TrialRecord) -> str | None:
+    """Why to stop: the user's --step raised the same error in two configurations in a
+    row. A loader setting does not fix a bug in the step, and each further trial would
+    spend its window failing; one failure alone is a trial's, not the search's (a step
+    may fail in one configuration and not another)."""
+    if (rec.failure_kind == "step_error" and prev is not None
+            and prev.failure_kind == "step_error" and prev.reason == rec.reason):
+        return f"the step failed the same way in two configurations in a row: {rec.reason}"
+    return None
 
 
 def _out_of_budget(s: Session, measured: dict[tuple, TrialRecord], runs: int,

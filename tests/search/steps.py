@@ -14,3 +14,8 @@ def fail_once(batch) -> None:
         os.unlink(flag)
         raise RuntimeError("injected step failure")
     time.sleep(0.005)
+
+
+def always_fail(batch) -> None:
+    """A step with a bug: raises the same error in every configuration."""
+    raise ValueError("shapes do not match: a bug in the step")

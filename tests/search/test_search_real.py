@@ -216,3 +216,20 @@ def test_a_configuration_one_cold_pass_cannot_hold_is_not_measured(small_dataset
         (t.params, t.state, t.reason) for t in r.trials]
     assert any("1 of the space's 3 configurations need more than the 16 batches" in n
                for n in r.warnings)
+
+
+def test_a_step_failing_alike_in_two_configurations_stops_the_search(small_dataset, tmp_path,
+                                                                     monkeypatch):
+    # The baseline and the first trial raise the same error: no loader setting fixes a
+    # bug in the step, so the search stops there rather than fail its other 4 trials.
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = run_search(small_dataset, opts(tmp_path, trials=5, step="steps:always_fail",
+                                       probe=False))
+    assert r.stop_reason.startswith("the step failed the same way in two configurations"), \
+        r.stop_reason
+    assert "shapes do not match" in r.stop_reason
+    assert r.baseline is not None and r.baseline.failure_kind == "step_error"
+    measured = [t for t in r.trials if t.state not in ("duplicate", "skipped")]
+    assert [t.state for t in measured] == ["failed"], [(t.state, t.reason) for t in r.trials]
+    assert r.recommended is None
