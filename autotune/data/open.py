@@ -263,6 +263,9 @@ class ShardDataset(_Classes, WdsDataset):
     format = "wds"
     decode = True
     path = ""
+    # open_dataset's own argument (it takes no equalize= and no pad=).
+    PAD_INSTEAD = "pass drop_last=False to open_dataset to pad instead"
+    DROP_INSTEAD = "pass drop_last=True to open_dataset to drop the remainder instead"
 
     def check_readers(self, workers: int) -> None:
         """DatasetError when the readers (workers x ranks) outnumber this copy's shards:

@@ -206,6 +206,12 @@ class WdsSource(SampleSource):
 class WdsDataset(torch.utils.data.IterableDataset):
     """See WdsSource.dataset. Picklable (spawn), built into a pipeline in each worker."""
 
+    # What the equalization warning tells the caller to pass instead, in this class's own
+    # arguments (a subclass built by another function names that function's).
+    PAD_INSTEAD = "pass equalize=False to read all of them with unequal ranks, or " \
+        "drop_last=False (pad=True) to pad instead"
+    DROP_INSTEAD = "pass drop_last=True (pad=False) to drop the remainder instead"
+
     def __init__(self, shards: list[tuple[Path, int]], transform: Callable[[bytes], Any] | None,
                  *, shuffle: bool, shuffle_buffer: int, seed: int, rank: int | None,
                  world_size: int | None, num_classes: int, local_world_size: int | None = None,
@@ -359,8 +365,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
                 f"WebDataset shards: {world} ranks x {max(1, num_workers)} workers read "
                 f"{sum(quotas):,} samples each rank per epoch ({kept:,} for {total:,} samples; "
                 f"{kept - total:,} read twice, padded) so that every rank takes the same "
-                "number of steps; pass drop_last=True (pad=False) to drop the remainder "
-                "instead.", stacklevel=2)
+                f"number of steps; {self.DROP_INSTEAD}.", stacklevel=2)
         elif kept < total:
             import warnings
 
@@ -369,8 +374,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
                 f"{sum(quotas):,} samples each rank per epoch ({kept:,} of {total:,}; "
                 f"{total - kept:,} dropped, {100 * (total - kept) / total:.1f} %, a different "
                 "remainder each epoch) so that every rank takes the same number of steps; "
-                "pass equalize=False to read all of them with unequal ranks, or "
-                "drop_last=False (pad=True) to pad instead.", stacklevel=2)
+                f"{self.PAD_INSTEAD}.", stacklevel=2)
 
     def _apply(self, sample: dict[str, Any]) -> tuple[Any, int]:
         data, label = sample["image"], sample["label"]

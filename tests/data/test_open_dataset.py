@@ -230,3 +230,22 @@ def test_a_format_that_is_not_there_is_a_usage_error(made):
         autotune.open_dataset(made["folder"], iterable=True)
     with pytest.raises(UsageError, match="no random access"):
         autotune.open_dataset(made["wds"], iterable=False)
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize("kind", ["wds", "lmdb"])
+def test_the_ranks_warning_names_only_what_open_dataset_takes(made, drop_last, kind):
+    """The warning that ranks were equalized says what to pass instead; an open_dataset
+    user who passed what it names got a TypeError (it named the reader's `equalize=` and
+    `pad=`, which open_dataset does not take)."""
+    import inspect
+    import re
+
+    ds = autotune.open_dataset(made[kind], decode=False, rank=0, world_size=3 if kind == "wds"
+                               else 5, drop_last=drop_last, seed=11, iterable=True)
+    with pytest.warns(UserWarning, match="every rank takes the same number") as rec:
+        list(ds)
+    text = " ".join(str(w.message) for w in rec if "every rank" in str(w.message))
+    named = set(re.findall(r"\b([a-z_]+)=", text))
+    assert named, text
+    assert named <= set(inspect.signature(autotune.open_dataset).parameters), (named, text)
