@@ -42,7 +42,7 @@ from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.epoch import Epoch, EpochIter
 from autotune.online.measure import Meter, WindowStats, window_batches
 from autotune.online.memory import default_budget, over_limit
-from autotune.online.pool import Pool
+from autotune.online.pool import Pool, warn_unpinned
 from autotune.online.switch import Switch, Switcher
 from autotune.online.untuned import DeferredIter, keep_fresh_workers, keep_iterable_workers
 from autotune.shmfit import measure_batch
@@ -123,6 +123,7 @@ class DataLoader:
         self._user_settings(generator, collate_fn, timeout, worker_init_fn,
                             multiprocessing_context, pin_memory_device, in_order)
         self._cuda = torch.cuda.is_available()
+        warn_unpinned(self._fixed)
         self._tuning = _controller is not False
         if self._iterable:
             keep_iterable_workers(self._fixed, multiprocessing_context,

@@ -236,12 +236,32 @@ def _start_method(ctx: Any) -> str:
     return ctx.get_start_method()
 
 
+# torch's, at each new iterator of a loader with pin_memory=True and no accelerator. A
+# pool per configuration, each made inside catch_warnings() (which resets Python's
+# once-per-location record), repeated it at every pool; warn_unpinned says it once instead.
+UNPINNED = "'pin_memory' argument is set as true but no accelerator"
+
+
+def warn_unpinned(fixed: dict[str, Any]) -> None:
+    """Once per loader, at the user's line (the caller's caller): pin_memory=True given on
+    a machine without an accelerator pins nothing, as torch's own DataLoader would say."""
+    if not fixed.get("pin_memory"):
+        return
+    available = getattr(getattr(torch, "accelerator", None), "is_available", None)
+    if (available or torch.cuda.is_available)():
+        return
+    warnings.warn(f"pin_memory=True has no effect here: no accelerator for torch "
+                  f"{torch.__version__}, so batches are not pinned.", stacklevel=3)
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """torch warns when workers outnumber the CPUs; the worker bound decides that here (more
-    than the cores only while workers wait on I/O)."""
+    than the cores only while workers wait on I/O). Its pin_memory warning is the loader's
+    (warn_unpinned)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
+        warnings.filterwarnings("ignore", message=UNPINNED)
         yield
 
 

@@ -51,3 +51,31 @@ def test_attributes_as_torch_has_them():
     assert loader.batch_size == 3 and loader.drop_last is False and loader.generator is g
     assert isinstance(loader.num_workers, int)
     loader.close()
+
+
+def _accelerator() -> bool:
+    acc = getattr(torch, "accelerator", None)
+    return bool(acc.is_available()) if acc is not None else torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_accelerator(), reason="pin_memory pins where an accelerator is present")
+def test_pin_memory_without_an_accelerator_is_said_once_at_the_users_line():
+    """pin_memory=True on a machine without a GPU (a CUDA torch on a CPU host, a laptop):
+    torch's DataLoader says once that nothing is pinned. autotune.DataLoader made a torch
+    iterator per pool (the first batch's, the workers', each switch) inside
+    warnings.catch_warnings(), which resets Python's once-per-location record, so the same
+    torch warning came again at each pool, pointing into torch."""
+    import warnings
+
+    dataset = torch.utils.data.TensorDataset(torch.randn(512, 3, 8, 8), torch.arange(512))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("default")
+        loader = autotune.DataLoader(dataset, batch_size=16, shuffle=True, pin_memory=True)
+        seen = []
+        for _ in range(2):
+            seen += [y for _, y in loader]
+        loader.close()
+    assert sorted(torch.cat(seen).tolist()) == sorted(list(range(512)) * 2)
+    said = [w for w in rec if "pin_memory" in str(w.message)]
+    assert len(said) == 1, [f"{w.filename}:{w.lineno}: {w.message}" for w in said]
+    assert said[0].filename == __file__, said[0].filename
