@@ -25,10 +25,14 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     serving = [p for p in dl._pools if p.recoverable]
     why_ = failure.classify(exc, [w for p in serving for w in p.procs()]) if serving else None
     if why_ is None:
+        if not serving and dl._pools and dl._pools[0].config.num_workers and (
+                yours := failure.classify(exc, [])) is not None:
+            _say_nothing_less(dl, dl._pools[0].config, yours)  # the user's pool
         raise exc
     failed = dl._pools[0].config if dl._pools[0].recoverable else serving[0].config
     to = fallback(dl, failed, why_)
     if to is None:
+        _say_nothing_less(dl, failed, why_)
         raise exc
     back = _stop_all(dl)
     dl._target = dl._sw.agreed = to
@@ -56,6 +60,29 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     dl._pools = [pool]
     dl._meter.reset(dl._window(to), skip=to.queue, group=to.num_workers)
     pool.open(dl._epoch.stream, pos)
+
+
+def _say_nothing_less(dl: Any, failed: Config, why_: failure.PoolFailure) -> None:
+    """Before torch's error is raised (the user's settings leave nothing less to try): at
+    WARNING, that the failure was /dev/shm's, what the user's setting holds there and the
+    fix, as the start point's fit says it (limits.say_fit)."""
+    if why_.kind != "shm":
+        return
+    from autotune.shmfit import needed_bytes
+
+    per, mine = dl._batch_bytes, {k: dl._fixed[k] for k in ("num_workers", "prefetch_factor")
+                                  if k in dl._fixed}
+    need = ""
+    if per:
+        pf = failed.prefetch_factor if "prefetch_factor" in mine else 1  # the least
+        held = needed_bytes(failed.num_workers, pf, per)
+        need = (f": batches of {per / 2**20:,.0f} MiB, about {held / 2**20:,.0f} MiB of "
+                f"/dev/shm at num_workers={failed.num_workers}, prefetch_factor={pf}")
+    emit("no-fallback", f"{failed.short()} failed ({why_.detail}); "
+         + ", ".join(f"{k}={v}" for k, v in mine.items()) + " as given leaves nothing less "
+         f"to try, so torch's error is raised{need}. Give the job more /dev/shm (docker run "
+         "--shm-size), fewer num_workers, or a smaller batch element (uint8, normalised on "
+         "the accelerator)", warn=True, config=failed.kwargs(), why=why_.detail)
 
 
 def _stop_all(dl: Any) -> int:

@@ -191,3 +191,22 @@ def test_oom_group_halves_the_budgets(monkeypatch, decisions):
     assert abs(given._ctl.shm - free._ctl.shm // 2) < 256 * 2**20
     for ld in (free, given, default):
         ld.close()
+
+
+@pytest.mark.parametrize("given", [dict(num_workers=2), dict(num_workers=2, prefetch_factor=2)])
+def test_shm_refused_with_the_users_workers_says_why_before_torchs_error(given, decisions):
+    """With num_workers given (the documented way for WebDataset shards) and a /dev/shm too
+    small for that many workers (Docker's 64 MiB and 224x224 float batches), nothing less
+    is autotune's to try and torch's error is raised, as documented. It came alone: nothing
+    said that /dev/shm was the cause, what the user's setting needs, or the fix."""
+    loader = autotune.DataLoader(Slow(80, 0), batch_size=4, collate_fn=shm_refused_in_worker,
+                                 **given)
+    with pytest.raises(RuntimeError, match="unable to allocate shared memory"):
+        for _ in loader:
+            pass
+    said = [r for e, r in decisions() if r.levelname == "WARNING" and "/dev/shm" in
+            r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for _, r in decisions()]
+    text = said[0].getMessage()
+    assert "num_workers=2" in text and "--shm-size" in text, text
+    loader.close()
