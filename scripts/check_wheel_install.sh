@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The install a user does, checked end to end (not a test: it installs from the index and
 # takes minutes). Builds the wheel from a clean copy of this checkout, makes a fresh venv
-# outside it, installs torch there first (TORCH, a pip requirement or a wheel file; the
+# outside it, installs torch there first (TORCH, pip requirements or wheel files, split at
+# spaces, e.g. a CUDA torch with its torchvision as a GPU user has them; the
 # default takes what pip finds for `torch>=2.6`), then the wheel with its dependencies, and
 # from a folder outside the checkout runs:
 #   autotune --help; search --trials 1; convert (wds and lmdb); stage; one epoch of
@@ -10,6 +11,7 @@
 #   workers: every sample once with the folder's bytes and label; two epochs of a plain
 #   training loop).
 #   TORCH=torch==2.6.0 scripts/check_wheel_install.sh
+#   TORCH='torch==2.14.1 torchvision==0.29.1' scripts/check_wheel_install.sh
 # On a CPU-only machine give TORCH a CPU build (torch==2.13.0 here): the index's default
 # torch is a CUDA build of several GB.
 set -euo pipefail
@@ -30,7 +32,8 @@ say "built $(basename "$WHEEL")"
 "$PY" -m venv "$TMP/v"
 V="$TMP/v/bin"
 quiet() { grep -v "^WARNING: Location" >&2 || true; }
-"$V/python" -m pip install -q "$TORCH" 2> >(quiet)
+read -r -a torch_reqs <<< "$TORCH"
+"$V/python" -m pip install -q "${torch_reqs[@]}" 2> >(quiet)
 say "torch $("$V/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 "$V/python" -m pip install -q "$WHEEL" 2> >(quiet)
 say "after installing the wheel: torch $("$V/python" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
