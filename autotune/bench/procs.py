@@ -108,6 +108,7 @@ class Cleanup:
     reaped: list[int] = field(default_factory=list)
     stray: list[int] = field(default_factory=list)       # still running after the grace
     zombies: list[int] = field(default_factory=list)     # dead, not ours to reap
+    seen: set[int] = field(default_factory=set)         # every member met, zombies too
 
     def to_dict(self) -> dict:
         return {"killed": self.killed, "reaped": self.reaped, "stray": self.stray,
@@ -126,6 +127,7 @@ def end_group(pgid: int, grace_s: float = 5.0, *, leader: int | None = None) -> 
     deadline = time.monotonic() + grace_s
     while True:
         members = group_members(pgid)
+        res.seen.update(m.pid for m in members)
         live = [m for m in members if m.state != "Z"]
         for m in live:
             try:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench import procs
+from autotune.bench.shmleft import remove_left
 from autotune.bench.procs import StatusPipe
 from autotune.bench.assemble import build_result, write_timeline
 from autotune.bench.config import BenchConfig
@@ -215,6 +216,8 @@ class _Measurement:
         self.sched: dict[float, dict[str, Any] | None] = {}
         self.budget: dict[float, dict[str, Any] | None] = {}
         self.tasks: TaskSampler | None = None
+        self.spawned_at = time.time()
+        self.shm_removed: list[str] = []
 
     def prepare_cache(self) -> None:
         """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
@@ -287,6 +290,7 @@ class _Measurement:
         log = open(tmp / "child.log", "wb")
         try:
             self.say("starting the measurement process (importing torch)")
+            self.spawned_at = time.time()
             self.proc = popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                               stderr=subprocess.STDOUT, start_new_session=True,
                               pass_fds=(status_w, go_r), env=env)
@@ -402,6 +406,10 @@ class _Measurement:
                 _kill_group(self.proc.pid)
                 self.proc.wait()
             self.cleanup = procs.end_group(self.proc.pid, leader=self.proc.pid)
+            # A worker killed inside torch's allocation of a batch left its /dev/shm name.
+            # (1 s: file times are read from a coarse clock.)
+            self.shm_removed = remove_left(self.cleanup.seen | {self.proc.pid},
+                                           self.spawned_at - 1.0)
         procs.release_subreaper()
         if self.mon is not None:
             self.mon.stop()
