@@ -61,6 +61,37 @@ def _worker_init(_worker_id: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    _record_pid()
+
+
+_PIDS_FILE: str | None = None  # the run's record of its processes (set by main)
+
+
+def _start_record(spec: dict[str, Any]) -> None:
+    """Record this process's pid, and its workers' as they start, in the run's scratch."""
+    global _PIDS_FILE
+    if spec.get("scratch"):
+        from autotune.bench.shmleft import PIDS_NAME
+
+        _PIDS_FILE = os.path.join(spec["scratch"], PIDS_NAME)
+        _record_pid()
+
+
+def _record_pid() -> None:
+    """This process's pid, appended to the run's record in its scratch folder: a worker
+    killed inside torch's allocation of a batch leaves /dev/shm/torch_<PID>_*, which the
+    parent removes by these pids when the run ends (or, the parent killed too, the next
+    run as it removes this run's folder: autotune.bench.shmleft)."""
+    if _PIDS_FILE is None:
+        return
+    try:
+        fd = os.open(_PIDS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{os.getpid()}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 TICK_S = 1.0  # how often the measurement reports its running images/s to the parent
@@ -511,6 +542,7 @@ def main(argv: list[str]) -> int:
         spec = json.load(f)
     _die_with_parent(int(spec["parent_pid"]))
     _mp_tempdir(spec)
+    _start_record(spec)
     out: dict[str, Any] = {"ok": False, "pid": os.getpid(), "marks": {}, "phase": "startup",
                            "warnings": []}
     it = None

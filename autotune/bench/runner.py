@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.bench import procs
-from autotune.bench.shmleft import remove_left
+from autotune.bench.shmleft import recorded, remove_left
 from autotune.bench.procs import StatusPipe
 from autotune.bench.assemble import build_result, write_timeline
 from autotune.bench.config import BenchConfig
@@ -75,6 +75,9 @@ def _remove_stale_tmp() -> None:
         except (AutotuneError, OSError):
             continue  # its run is alive (or the lock is not ours): not ours to remove
         try:
+            # Its workers' /dev/shm names (a worker killed in a batch's allocation), made
+            # since its lock was.
+            remove_left(recorded(d), lk.st_ctime - 1.0)
             shutil.rmtree(d, ignore_errors=True)
         finally:
             lock.release()
@@ -218,6 +221,7 @@ class _Measurement:
         self.tasks: TaskSampler | None = None
         self.spawned_at = time.time()
         self.shm_removed: list[str] = []
+        self.tmp: Path | None = None
 
     def prepare_cache(self) -> None:
         """What the cold (or warm, or in-memory) measurement needs to know beforehand."""
@@ -270,6 +274,7 @@ class _Measurement:
 
     def run(self, tmp: Path, popen: Popen, watch_path: Path | str) -> None:
         """Spawn, watch under the hard timeout, and kill the whole group whatever happened."""
+        self.tmp = tmp
         spec = {"config": self.cfg.to_dict(), "dataset": str(self.root),
                 "parent_pid": os.getpid(), "formats": registry.exported(),
                 "scratch": str(tmp)}
@@ -408,8 +413,9 @@ class _Measurement:
             self.cleanup = procs.end_group(self.proc.pid, leader=self.proc.pid)
             # A worker killed inside torch's allocation of a batch left its /dev/shm name.
             # (1 s: file times are read from a coarse clock.)
-            self.shm_removed = remove_left(self.cleanup.seen | {self.proc.pid},
-                                           self.spawned_at - 1.0)
+            self.shm_removed = remove_left(
+                self.cleanup.seen | {self.proc.pid} | (recorded(self.tmp) if self.tmp else set()),
+                self.spawned_at - 1.0)
         procs.release_subreaper()
         if self.mon is not None:
             self.mon.stop()

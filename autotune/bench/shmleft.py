@@ -11,8 +11,10 @@ lists at the batch's size; in a container's 64 MiB /dev/shm such leftovers pile 
 after run, and one killed after its fallocate holds the batch's bytes too.
 
 Only names of the measurement's own processes are removed (the pids its process group
-held, now all dead), owned by this user, made since the measurement started, and regular
-files: never a live process's, another user's or an older file whose pid was reused.
+held and those its processes recorded in the run's scratch folder, now all dead), owned by
+this user, made since the measurement started, and regular files: never a live process's,
+another user's or an older file whose pid was reused. A run killed outright (its parent
+too: no `finally`) is swept by the next run, as that removes the dead run's folder.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import stat
 from collections.abc import Iterable
 
 SHM_DIR = "/dev/shm"
+PIDS_NAME = "pids"  # in a run's scratch folder: its processes' pids, one a line
 _NAME = re.compile(r"torch_(\d+)_\d+_\d+")
 
 
@@ -67,4 +70,14 @@ def remove_left(pids: Iterable[int], since: float, shm_dir: str = SHM_DIR) -> li
     return sorted(removed)
 
 
-__all__ = ["remove_left"]
+def recorded(folder: str | os.PathLike[str]) -> set[int]:
+    """The pids a run's processes recorded in its scratch folder (none when unreadable)."""
+    try:
+        with open(os.path.join(folder, PIDS_NAME), "rb") as f:
+            data = f.read(1 << 20)
+    except OSError:
+        return set()
+    return {int(x) for x in data.split() if x.isdigit()}
+
+
+__all__ = ["PIDS_NAME", "recorded", "remove_left"]

@@ -96,6 +96,39 @@ def test_a_batch_torch_could_not_allocate_leaves_no_torch_file(tmp_path: Path,
     no_leftovers(r)
 
 
+_PARENT = """
+import sys
+from autotune.bench import BenchConfig, run_bench
+cfg = BenchConfig.from_preset("decode-only", num_workers=2, batch_size=4, seconds=60,
+                              cold=False, compute_ms=20, dataset_factory=sys.argv[2])
+run_bench(sys.argv[1], cfg, progress=lambda m: print(m, flush=True))
+"""
+
+
+def test_a_run_killed_outright_is_swept_by_the_next_run(tmp_path: Path) -> None:
+    # The process calling run_bench dies by SIGKILL (no finally runs); its workers die
+    # with it (PDEATHSIG). The next run, as it removes the dead run's scratch folder,
+    # removes the names its workers left.
+    spec, record = _factory(tmp_path, plant=True)
+    (tmp_path / "parent.py").write_text(_PARENT)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path), spec],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    for line in parent.stdout:
+        if line.startswith("measuring"):
+            break
+    parent.kill()
+    parent.wait()
+    workers = _pids(record)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in workers):
+        time.sleep(0.1)
+    assert len(workers) == 2 and len(_files_of(workers)) == 2  # what the kill left
+    r = run_bench(tmp_path, _cfg(spec, num_workers=0, seconds=1))
+    assert not r.failed, r.reason
+    assert _files_of(workers) == []
+
+
 def test_only_files_of_dead_processes_made_since_are_removed(tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)
