@@ -516,21 +516,16 @@ def _measure(loader: Any, cfg: Any, step: Callable[[Any], None], status_fd: int,
 
 
 def _mp_tempdir(spec: dict[str, Any]) -> None:
-    """multiprocessing's folder for this process and its forked workers inside the run's
-    scratch folder, which the parent removes however the run ends. A worker that hands a
-    batch over by file descriptor makes it (/tmp/pymp-*, holding its socket), and removes
-    it only at a clean exit: the workers a Ctrl-C killed left theirs in /tmp, every run."""
+    """multiprocessing's folder for this process and its forked workers: the one the
+    parent named (autotune.bench.mpdir), which it removes however the run ends. A worker
+    that hands a batch over by file descriptor makes it (/tmp/pymp-*, holding its socket),
+    and removes it only at a clean exit: the workers a Ctrl-C or a pruned trial's SIGKILL
+    ended left theirs in /tmp, every run."""
     import multiprocessing
 
-    scratch = spec.get("scratch")
-    if not scratch:
+    folder = spec.get("mp_dir")
+    if not folder:
         return
-    folder = os.path.join(scratch, "mp")
-    # A socket's path holds 107 bytes, "/listener-" and 8 characters of them below the
-    # folder; under a longer TMPDIR multiprocessing chooses as it would without us.
-    if len(os.fsencode(folder)) > 88:
-        return
-    os.makedirs(folder, exist_ok=True)
     # get_temp_dir() makes a folder only while this is unset (3.8-3.14); forked workers
     # copy the parent's process config.
     multiprocessing.current_process()._config["tempdir"] = folder

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.bench import procs
+from autotune.bench import mpdir, procs
 from autotune.bench.shmleft import recorded, remove_left
 from autotune.bench.procs import StatusPipe
 from autotune.bench.assemble import build_result, write_timeline
@@ -76,8 +76,9 @@ def _remove_stale_tmp() -> None:
             continue  # its run is alive (or the lock is not ours): not ours to remove
         try:
             # Its workers' /dev/shm names (a worker killed in a batch's allocation), made
-            # since its lock was.
+            # since its lock was, and its multiprocessing folder where that was beside it.
             remove_left(recorded(d), lk.st_ctime - 1.0)
+            mpdir.remove(d, mpdir.recorded(d))
             shutil.rmtree(d, ignore_errors=True)
         finally:
             lock.release()
@@ -153,9 +154,11 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
     m.prepare_cache()
     _remove_stale_tmp()
     tmp, lock = _scratch()
+    mp_dir = None
     try:
+        mp_dir = mpdir.make(tmp)
         # An s3:// dataset has no local disk to watch (the monitor records why).
-        m.run(tmp, popen or subprocess.Popen, monitor_path or root)
+        m.run(tmp, popen or subprocess.Popen, monitor_path or root, mp_dir)
         res = m.result(tmp)
         if timeline is not None:
             write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget)
@@ -163,6 +166,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         res.seconds_total = time.monotonic() - t_begin
         return res
     finally:
+        mpdir.remove(tmp, mp_dir)
         shutil.rmtree(tmp, ignore_errors=True)
         lock.release()
 
@@ -272,12 +276,13 @@ class _Measurement:
             return [str(self.root)]
         return [os.path.join(d, f) for d, _dirs, fs in os.walk(self.root) for f in fs]
 
-    def run(self, tmp: Path, popen: Popen, watch_path: Path | str) -> None:
+    def run(self, tmp: Path, popen: Popen, watch_path: Path | str,
+            mp_dir: str | None = None) -> None:
         """Spawn, watch under the hard timeout, and kill the whole group whatever happened."""
         self.tmp = tmp
         spec = {"config": self.cfg.to_dict(), "dataset": str(self.root),
                 "parent_pid": os.getpid(), "formats": registry.exported(),
-                "scratch": str(tmp)}
+                "scratch": str(tmp), "mp_dir": mp_dir}
         (tmp / "spec.json").write_text(json.dumps(spec))
         env = dict(os.environ)
         if is_s3(self.root):  # the child reads the parent's LIST: one per dataset

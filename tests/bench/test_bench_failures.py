@@ -255,3 +255,24 @@ def test_ctrl_c_leaves_no_folder_of_the_workers_in_tmp(small_dataset: Path, tmp_
     left = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*"))
     shutil.rmtree(tmp, ignore_errors=True)
     assert left == [], left
+
+
+def test_a_pruned_trial_under_a_long_tmpdir_leaves_no_folder_of_its_workers(
+        small_dataset: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers) -> None:
+    # Under a TMPDIR this long the scratch folder's `mp` is too deep for a socket's path;
+    # the workers' folder is then a short one beside the scratch folder, not
+    # multiprocessing's own pymp-* (which each worker the prune's SIGKILL ends left).
+    tmp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))
+    deep = tmp / ("d" * (60 - len(str(tmp)) - 1))
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    try:
+        r = run_bench(small_dataset, _cfg(seconds=30, compute_ms=20),
+                      on_tick=lambda s, ips: "pruned: test")
+        left = sorted(str(p.relative_to(deep)) for p in deep.rglob("*"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert r.failed and r.failure_kind == "pruned", (r.failure_kind, r.reason)
+    assert left == [], left
+    no_leftovers(r)

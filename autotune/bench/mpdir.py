@@ -1,0 +1,71 @@
+"""Where a measurement's multiprocessing makes its folder: one its parent removes.
+
+A DataLoader worker that hands a batch over by file descriptor makes multiprocessing's
+folder (pymp-*, holding its socket) and removes it only at a clean exit: every worker a
+pruned trial's SIGKILL ended, or a Ctrl-C, left one in TMPDIR. The parent therefore names
+the folder, in the run's spec: `mp` inside the run's scratch folder, which the parent
+removes however the run ends; where that path is too long for a socket's (107 bytes, with
+"/listener-" and 8 characters below the folder: a TMPDIR longer than about 55 bytes),
+a short folder beside it, TMPDIR/autotune-mp-XXXXXXXX, removed with the scratch folder by
+the run or, the run killed outright, by the next run (from the dead run's spec.json).
+Where even that is too long, multiprocessing chooses as it would without us.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+PREFIX = "autotune-mp-"
+_PATH_MAX = 88   # 107 bytes a socket's path, less "/listener-" and its 8 characters, and slack
+
+
+def _fits(folder: str | os.PathLike[str]) -> bool:
+    return len(os.fsencode(folder)) <= _PATH_MAX
+
+
+def make(scratch: Path) -> str | None:
+    """The folder for the run whose scratch folder is `scratch`, made; None: none fits."""
+    inner = scratch / "mp"
+    if _fits(inner):
+        inner.mkdir(exist_ok=True)
+        return str(inner)
+    short = tempfile.mkdtemp(prefix=PREFIX)
+    if _fits(short):
+        return short
+    os.rmdir(short)
+    return None
+
+
+def recorded(scratch: Path) -> str | None:
+    """The folder a run named in its spec.json (None: none, or unreadable)."""
+    try:
+        with open(scratch / "spec.json", "rb") as f:
+            folder = json.loads(f.read(1 << 22)).get("mp_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return folder if isinstance(folder, str) else None
+
+
+def remove(scratch: Path, folder: str | None) -> None:
+    """Remove `folder` where it is a short folder beside `scratch` (one inside goes with
+    the scratch folder): only a directory of this user named as `make` names them, in the
+    temp dir; never a link's target."""
+    if not folder:
+        return
+    p = Path(folder)
+    if p.parent != scratch.parent or not p.name.startswith(PREFIX):
+        return
+    try:
+        st = p.lstat()
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        shutil.rmtree(p, ignore_errors=True)
+
+
+__all__ = ["PREFIX", "make", "recorded", "remove"]
