@@ -37,6 +37,7 @@ from typing import Any
 from autotune.probe import ProbeResult
 from autotune.probe.classify import FilesystemInfo
 from autotune.probe.samples import SampleLevel, SampleReplay
+from autotune_base.errors import UsageError
 from autotune_converters import registry
 from autotune_converters.objstore import ObjectInfo, S3Config, Store, parse
 
@@ -333,6 +334,12 @@ def measure_objects(url: str, *, store: Store | None = None,
     manifest = u.key("manifest.json")
     objs = [o for o in listing.objects if not o.key.endswith("/") and o.key != manifest]
     n = len(objs)
+    if n == 0:  # a mistyped or empty prefix: nothing to GET, no figure to give
+        raise UsageError(f"{u}: no objects below it at {store.config.shown} (LIST found "
+                         f"{len(listing.objects)} key(s)"
+                         + (", only the manifest" if listing.objects else "")
+                         + "); check the bucket and the prefix (s3://BUCKET/PREFIX, the "
+                         "folder holding CLASS/IMAGE.jpg or a conversion's shards).")
     res = ObjectProbe(str(u), store.config.shown, n,
                       listing.total_bytes / n if n else 0.0, round(listing.seconds, 4),
                       listing.pages, round(len(listing.objects) / max(listing.seconds, 1e-9), 1),

@@ -84,6 +84,22 @@ def test_cli_probe_missing_bucket_exit_2(s3_endpoint: str, s3_creds: None) -> No
     assert r.returncode == 2 and "absent-bkt" in r.stderr and "NoSuchBucket" in r.stderr
 
 
+def test_cli_probe_of_a_prefix_with_no_objects_exit_2(s3_endpoint: str, objects: str,
+                                                      s3_keys) -> None:  # noqa: ANN001
+    """A mistyped prefix (s3://bucket/dss for s3://bucket/ds) lists nothing: one line naming
+    it, exit 2, as a local path that does not exist; never a table of zeros and exit 0."""
+    empty = objects + "s"
+    r = _cli("probe", empty, "--warm", "--replay-seconds", "1", "--concurrency", "1",
+             "--json", "-", endpoint=s3_endpoint)
+    assert r.returncode == 2, (r.returncode, r.stdout[-500:], r.stderr[-500:])
+    assert r.stdout == ""
+    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("autotune probe: error:")]
+    assert len(lines) == 1 and empty in lines[0] and "no objects" in lines[0]
+    assert "GETs/s" not in r.stderr
+    for secret in s3_keys:
+        assert secret not in r.stdout and secret not in r.stderr
+
+
 @pytest.mark.slow
 def test_search_a_bucket(s3_endpoint: str, s3_client, bucket: str, upload,  # noqa: ANN001
                          small_dataset: Path, tmp_path: Path) -> None:
