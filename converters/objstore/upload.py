@@ -21,6 +21,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ class UploadResult:
     kept: int = 0             # already in the bucket with this size and sha256
     bytes_uploaded: int = 0
     aborted: list[str] = field(default_factory=list)  # stale multipart uploads removed
+    seconds: float = 0.0      # this run's upload, the manifest's PUT included
+    work_was_complete: bool = False  # the local conversion was complete before this run
 
 
 def remote_manifest(store: Store, url: S3Url) -> Manifest | None:
@@ -127,6 +130,7 @@ def upload_file(store: Store, url: S3Url, path: Path, name: str, sha: str) -> in
 def publish(store: Store, url: S3Url, local: Path, m: Manifest, *, workers: int = 4,
             on_file: Callable[[str], None] | None = None) -> UploadResult:
     """Upload the local conversion `local` (manifest `m`) to `url`, manifest.json last."""
+    t0 = time.monotonic()
     files = _files(local, m)
     res = UploadResult(aborted=abort_stale(store, url, {n for n, _, _ in files} | {MANIFEST}))
     lock = threading.Lock()
@@ -150,6 +154,7 @@ def publish(store: Store, url: S3Url, local: Path, m: Manifest, *, workers: int 
     raw = (local / MANIFEST).read_bytes()
     S3Storage(url, store=store).write_atomic(MANIFEST, raw, content_type="application/json",
                                              **{META: hashlib.sha256(raw).hexdigest()})
+    res.seconds = round(time.monotonic() - t0, 3)
     return res
 
 
@@ -185,6 +190,12 @@ def convert_to_bucket(src: str | os.PathLike[str], dst: str, opts: Any, *,
     up = publish(st, url, local, conversion.read_manifest(local))
     if not keep_local:
         shutil.rmtree(local, ignore_errors=True)
+    if res.already_complete:
+        # The local work folder was complete (a run killed during its upload), but the
+        # bucket had no manifest: this run published it (at least the manifest's PUT), so
+        # "already complete: nothing to do" is false; its time is the upload's.
+        res.already_complete = False
+        res.seconds, up.work_was_complete = up.seconds, True
     res = _as_remote(res, url)
     res.upload = dataclasses.asdict(up)
     return res

@@ -203,3 +203,32 @@ def test_a_missing_bucket_is_refused_before_anything_is_converted(images: Path, 
                           ConvertOptions(format="wds"), work_dir=tmp_path / "work")
     assert env_endpoint.split("//")[1] in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "work").exists()
+
+
+def test_a_complete_work_folder_uploaded_is_not_nothing_to_do(images: Path, tmp_path: Path,
+                                                               bucket: str, s3_client,  # noqa: ANN001
+                                                               s3_endpoint: str, s3_keys) -> None:  # noqa: ANN001
+    """A run killed during its upload leaves a complete local conversion in --work-dir; the
+    rerun uploads it all, so its summary and JSON must not say "already complete: nothing
+    to do" (the bucket had nothing), and the upload's own time is given."""
+    args = ["--format", "wds", "--shard-size", "64KiB", "--readers", "1", "--workers", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    work = tmp_path / "work"
+    subprocess.run([sys.executable, "-m", "autotune", "convert", "-q", str(images), str(work),
+                    *args], check=True, env=env, cwd=ROOT, timeout=300)
+    want = local_files(work)
+    out = tmp_path / "convert.json"
+    r = subprocess.run([sys.executable, "-m", "autotune", "convert", str(images),
+                        f"s3://{bucket}/out", *args, "--endpoint-url", s3_endpoint,
+                        "--work-dir", str(work), "--json", str(out)],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    d = json.loads(out.read_text())
+    assert d["upload"]["uploaded"] == len(want) - 1 and d["upload"]["kept"] == 0
+    assert d["already_complete"] is False and d["upload"]["seconds"] > 0
+    assert d["upload"]["work_was_complete"] is True
+    assert "nothing to do" not in r.stdout + r.stderr
+    assert "this run uploaded it" in r.stdout + r.stderr
+    assert set(bucket_files(s3_client, bucket, "out")) == set(want)
+    for secret in s3_keys:
+        assert secret not in r.stdout + r.stderr + out.read_text()

@@ -50,6 +50,9 @@ def convert_summary(res: Any) -> Group:
                      if up["aborted"] else ""))
     if res.already_complete:
         t.add_row("time", "already complete: nothing to do")
+    elif up and up.get("work_was_complete"):
+        t.add_row("time", f"{res.seconds:,.1f} s (the conversion was already complete in the "
+                  "work folder: this run uploaded it)")
     else:
         t.add_row("time", f"{res.seconds:,.1f} s"
                   + (f" (resumed: {res.resumed_units} units kept)" if res.resumed_units else ""))
