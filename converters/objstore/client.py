@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from autotune_base.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
 from autotune_converters.objstore.url import S3Url, shown_endpoint
@@ -232,6 +233,13 @@ class Store:
         return StoreUnreachable(self._scrub(f"{ep}: {what}: {status} {code} ({message})."))
 
     def _scrub(self, text: str) -> str:
+        # The endpoint's user:password@, which botocore's own messages repeat with the URL.
+        ep = urlsplit(self.config.endpoint_url or "")
+        if "@" in ep.netloc:
+            text = text.replace(ep.netloc.rpartition("@")[0] + "@", "")
+            for part in (ep.password, ep.username):
+                if part and len(part) >= 6:  # as the keys below: a short word is everywhere
+                    text = text.replace(part, "***")
         for s in self._secrets:
             text = text.replace(s, "***")
         return text

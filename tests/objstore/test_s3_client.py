@@ -200,3 +200,31 @@ def test_denied_access_names_endpoint_bucket_and_code(tmp_path, monkeypatch) -> 
         with pytest.raises(StoreDenied, match=r"bucket closed-bkt: InvalidAccessKeyId") as e:
             Store(S3Config(ep)).list(parse("s3://closed-bkt/x"))
         assert "unknown-key" not in str(e.value) and "reader-secret-XYZ" not in str(e.value)
+
+
+def test_an_endpoint_password_is_in_no_error(s3_endpoint, s3_client, bucket, s3_keys) -> None:  # noqa: ANN001
+    """An endpoint given with user:password@ (a gateway behind basic auth): the real server
+    answers through it, and when it stops answering the one-line error names the endpoint
+    without its user or password (botocore's own message repeats the whole URL)."""
+    from urllib.parse import urlsplit
+
+    from autotune.emulate.delayproxy import DelayProxy
+
+    _put(s3_client, bucket, 3)
+    u = urlsplit(s3_endpoint)
+    proxy = DelayProxy((u.hostname, u.port), 0.001)
+    host, port = proxy.start()
+    user, pw = "gateway-user", "gateway-PASSWORD-123"
+    store = Store(S3Config(f"http://{user}:{pw}@{host}:{port}", attempts=2, backoff=0.01,
+                           connect_timeout=1))
+    try:
+        assert len(store.list(parse(f"s3://{bucket}/p")).objects) == 3  # the server answers
+    finally:
+        proxy.stop()
+    forget_listings()
+    with pytest.raises(StoreUnreachable) as e:
+        store.list(parse(f"s3://{bucket}/p"))
+    msg = str(e.value)
+    assert f"{host}:{port}" in msg and "2 attempts" in msg, msg
+    for secret in (pw, user, *s3_keys):
+        assert secret not in msg, msg
