@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune_converters import registry
-from autotune_base.errors import ConvertError, UsageError
+from autotune_base.errors import ConvertError, StoreDenied, StoreUnreachable, UsageError
 from autotune_converters.images import SampleOptions
 from autotune_converters.manifest import NAME as MANIFEST_NAME
 from autotune_converters.manifest import Manifest, read_manifest, write_manifest
@@ -214,7 +214,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         if plan is not None and plan.fingerprint != fp:
             raise UsageError(_differs(dstp, "a partial conversion", plan.fingerprint, fp))
         if plan is None:
-            plan = _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
+            plan = _fresh_plan(srcp, wd, dstp, existed, opts, fp, src_root, progress, t0)
             h = None
         else:  # a resume: the rest of the plan its first run made, if SRC still gives it
             h = _same_source(srcp, wd, plan, opts, fp, src_root, progress, t0)
@@ -239,6 +239,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
         wd.unlock()
     wd.remove()
     return _run_result(dstp, m, t0, run, opts, plan)
+
+
+def _fresh_plan(srcp: Path, wd: WorkDir, dstp: Path, existed: bool, opts: ConvertOptions,
+                fp: dict[str, Any], src_root: str, progress: Progress | None, t0: float) -> Plan:
+    """A fresh run's scan and plan. One whose scan fails (a bucket denied, missing or
+    unreachable, a prefix with no images) has written nothing: DST is left as it was, not
+    holding a work folder that `stage` and `open_dataset` call an unfinished conversion."""
+    try:
+        return _scan_and_plan(srcp, wd, opts, fp, src_root, progress, t0)
+    except (StoreDenied, StoreUnreachable, UsageError):
+        _leave_as_found(wd, dstp, existed)
+        raise
 
 
 def _leave_as_found(wd: WorkDir, dstp: Path, existed: bool) -> None:

@@ -260,3 +260,26 @@ def test_an_endpoint_lost_mid_way_stops_with_store_unreachable_and_resumes(
     res = convert(s3_src, dst, dataclasses.replace(opts, endpoint_url=s3_endpoint))
     assert res.resumed_units >= 3  # the units written before the outage are kept
     assert tree_digest(dst) == tree_digest(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("src", ["s3://no-such-bucket-here/images", "BUCKET/no-such-prefix"])
+@pytest.mark.parametrize("dst_existed", [False, True])
+def test_a_refused_scan_leaves_dst_as_it_was(s3_endpoint: str, s3_creds: None, bucket: str,
+                                             tmp_path: Path, src: str, dst_existed: bool) -> None:
+    """A first run whose LIST is refused (a missing bucket) or finds no images (a mistyped
+    prefix) wrote nothing: DST is not left holding a work folder, which `stage` and
+    `open_dataset` would then call an unfinished conversion; a DST it created is removed,
+    one that existed stays as it was."""
+    src = src.replace("BUCKET", f"s3://{bucket}")
+    dst = tmp_path / "out"
+    if dst_existed:
+        dst.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(_cli(src, str(dst), "--format", "wds", "--endpoint-url", s3_endpoint),
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "\n" not in r.stderr.strip()
+    if dst_existed:
+        assert dst.is_dir() and list(dst.iterdir()) == []
+    else:
+        assert not os.path.lexists(dst)
