@@ -533,3 +533,19 @@ def test_the_next_command_names_the_users_dataset_and_step():
     v = decide(inputs(0.3, s, workers=4, job_args="--dataset-factory my.py:make --step t:step"))
     assert v.next_command == ("autotune search /data/train --dataset-factory my.py:make "
                               "--step t:step --batch-size 256"), v.next_command
+
+
+def test_a_read_cap_charged_in_bursts_is_judged_by_the_mean_not_the_median():
+    # Seen under `scripts/throttle --read-iops 40` (cgroup v1): blk-throttle charges its
+    # queue of throttled bios in bursts, so most half-second samples of a job held at its
+    # cap read 0-4 reads/s and a few read several times the cap. The median (2) said "5% of
+    # it"; over the window the job was charged the whole cap.
+    from autotune.monitor.figures import stat_of
+
+    s = capped(0.0, iops=40)
+    s.disk_cap_reads_per_s = stat_of([0, 2, 0, 0, 4, 0, 2, 0, 190, 202])
+    s.disk_cap_read_mib_s = None
+    v = decide(inputs(0.08, s, workers=1))
+    assert v.bottleneck == "storage", v
+    assert "40 reads/s of the 40 allowed" in v.summary, v
+    assert any("charged the job 40 reads/s = 100% of it" in e for e in v.evidence), v.evidence
