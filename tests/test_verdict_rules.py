@@ -549,3 +549,17 @@ def test_a_read_cap_charged_in_bursts_is_judged_by_the_mean_not_the_median():
     assert v.bottleneck == "storage", v
     assert "40 reads/s of the 40 allowed" in v.summary, v
     assert any("charged the job 40 reads/s = 100% of it" in e for e in v.evidence), v.evidence
+
+
+def test_workers_started_anew_each_epoch_are_counted_as_many_as_run_at_once():
+    # Seen with DataLoader(num_workers=2) over 3 epochs (no persistent_workers): the old
+    # workers were still exiting in the sample where the new ones started, 4 processes in
+    # one sample, and the verdict said "the 4 workers". 2 ran at a time.
+    w = klass(2, io=0.9)
+    w.processes, w.threads = 4, 8            # the most seen in one sample
+    s = system(cores=2, total=20, budget_d=budget(workers=w, main=IDLE_MAIN))
+    v = decide(inputs(0.1, s, workers=2))
+    assert v.bottleneck == "storage", v
+    assert "the 2 workers are blocked on storage" in v.summary, v.summary
+    assert any(e.startswith("workers (2 procs at once, 4 seen, 8 threads)") for e in v.evidence), \
+        v.evidence

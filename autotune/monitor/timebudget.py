@@ -47,6 +47,22 @@ class ClassBudget:
     seconds: dict[str, float] = field(default_factory=lambda: {s: 0.0 for s in STATES})
     timer_s: float = 0.0                # of `asleep`, the thread-seconds asleep in a timer
 
+    def at_once(self, wall_s: float) -> int:
+        """How many of the class's processes were alive at once, on average over a window
+        of `wall_s`. `processes` is the most seen in one sample: a DataLoader without
+        persistent_workers starts its workers anew each epoch while the old ones are still
+        exiting, so 2 workers read as 4 there."""
+        if wall_s <= 0 or self.process_seconds <= 0:
+            return self.processes
+        return max(1, min(self.processes, round(self.process_seconds / wall_s)))
+
+    def procs_text(self, wall_s: float) -> str:
+        """"2 procs", or "2 procs at once, 4 seen" where processes came and went."""
+        n = self.at_once(wall_s)
+        if n == self.processes:
+            return f"{n} proc{'s' if n != 1 else ''}"
+        return f"{n} proc{'s' if n != 1 else ''} at once, {self.processes} seen"
+
     def timer(self) -> float:
         """Share asleep in a timer (nanosleep), per process-second: part of idle, and never
         more than it (several threads of a process can sleep at once; idle is one thread's)."""
@@ -150,7 +166,9 @@ class TimeBudget:
             return None
         sh = c.display_shares()
         parts = ", ".join(f"{LABELS[s]} {sh[s] * 100:.0f} %" for s in STATES)
-        return f"{name} ({c.processes} procs, {c.threads} threads): {parts}"
+        n = c.at_once(self.wall_s)
+        procs = f"{c.processes} procs" if n == c.processes else c.procs_text(self.wall_s)
+        return f"{name} ({procs}, {c.threads} threads): {parts}"
 
     def psi_text(self) -> str | None:
         """"I/O pressure (PSI, machine): some 12 %, full 3 %" (None when not measured)."""

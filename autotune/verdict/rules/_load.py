@@ -97,7 +97,7 @@ def _class_line(name: str, c: ClassBudget, b: TimeBudget) -> str:
     # thread (idle helper threads would otherwise read as 226 % asleep).
     sh = c.display_shares()
     label = "workers" if name == "workers" else "main process"
-    return (f"{label} ({c.processes} proc{'s' if c.processes != 1 else ''}, {c.threads} "
+    return (f"{label} ({c.procs_text(b.wall_s)}, {c.threads} "
             f"threads): I/O {pct(sh['io'])} of {'their' if name == 'workers' else 'its'} time, storage wait "
             f"{pct(sh['storage_wait'])}, on a CPU {pct(sh['on_cpu'])}, runnable "
             f"{pct(sh['runnable'])}, asleep {pct(sh['asleep'])}"
@@ -152,7 +152,7 @@ def loading(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[Load | None,
         return None, (f"the time budget has no DataLoader worker, yet num_workers={workers}: "
                       "the workers were not seen in the window (run the training command "
                       "itself under `autotune monitor`, not a shell that forks it away)")
-    return Load("workers", wc.processes or int(workers or 1), wc.share("on_cpu"),
+    return Load("workers", wc.at_once(b.wall_s) or int(workers or 1), wc.share("on_cpu"),
                 wc.share("runnable"), wc.share("io"), wc.share("storage_wait"), wc.idle(),
                 timer=wc.timer()), ""
 
