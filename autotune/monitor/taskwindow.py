@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from autotune.monitor.timebudget import ClassBudget, TimeBudget
+from autotune.monitor.timebudget import WCHAN_NOTE, ClassBudget, TimeBudget
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -115,6 +115,7 @@ def window_budget(threads: Iterable[_Thread], win: _Window, wall: float, *, dela
                    io_source="delayacct" if da and not pre else "state-sampling",
                    samples=win.sweeps, hz=win.sweeps / wall if wall > 0 else 0.0)
     b.notes.extend(_notes(win, pre, schedstat))
+    b.wchan_named = win.wchan_named
     if implausible:
         b.notes.append(f"{implausible} thread(s)' delay-accounting I/O exceeded their time "
                        "alive in the window: their I/O is sampled from task states")
@@ -132,6 +133,5 @@ def _notes(win: _Window, pre: set[int], schedstat: bool) -> list[str]:
         out.append(f"process(es) {', '.join(map(str, sorted(pre)))} started before delay "
                    "accounting was switched on (they read 0): their I/O is sampled")
     if win.wchan_zero and not win.wchan_named:
-        out.append("wchan reads 0 on this kernel: storage waits in S (FUSE, NFS, "
-                   "sockets) cannot be seen")
+        out.append(WCHAN_NOTE)
     return out

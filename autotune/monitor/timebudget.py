@@ -33,6 +33,11 @@ from typing import Any
 STATES = ("on_cpu", "runnable", "io", "storage_wait", "asleep")
 CLASSES = ("main", "workers")
 IO_SOURCES = ("delayacct", "state-sampling")
+# Said by a window in which every S/D thread read "0" for its wchan. One such window (every
+# thread on a CPU or just woken between the stat and the wchan read) does not make it true
+# of the kernel: a window that read a named wchan shows the kernel gives them.
+WCHAN_NOTE = ("wchan reads 0 on this kernel: storage waits in S (FUSE, NFS, sockets) "
+              "cannot be seen")
 LABELS = {"on_cpu": "on CPU", "runnable": "runnable", "io": "I/O",
           "storage_wait": "storage wait", "asleep": "asleep"}
 
@@ -124,6 +129,7 @@ class TimeBudget:
     hz: float = 0.0                     # the sampling rate achieved
     psi_io: dict[str, Any] | None = None    # {"scope": "cgroup"|"machine", "some_pct", "full_pct"}
     notes: list[str] = field(default_factory=list)   # what could not be seen, and why
+    wchan_named: int = 0                # S/D reads whose wchan named a kernel function
 
     def cls(self, name: str) -> ClassBudget | None:
         c = self.classes.get(name)
@@ -151,6 +157,9 @@ class TimeBudget:
         for n in other.notes:
             if n not in self.notes:
                 self.notes.append(n)
+        self.wchan_named += other.wchan_named
+        if self.wchan_named and WCHAN_NOTE in self.notes:
+            self.notes.remove(WCHAN_NOTE)
 
     def source_text(self) -> str:
         """How the I/O figure was measured, and the rate: "I/O from delay accounting, 50 Hz"."""
@@ -197,7 +206,7 @@ class TimeBudget:
         return {"available": True, "wall_s": self.wall_s,
                 "classes": {k: v.to_dict() for k, v in self.classes.items()},
                 "io_source": self.io_source, "samples": self.samples, "hz": self.hz,
-                "psi_io": self.psi_io, "notes": list(self.notes)}
+                "psi_io": self.psi_io, "notes": list(self.notes), "wchan_named": self.wchan_named}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TimeBudget:
@@ -206,7 +215,8 @@ class TimeBudget:
                             for k, v in (d.get("classes") or {}).items()},
                    io_source=str(d.get("io_source", "state-sampling")),
                    samples=int(d.get("samples", 0)), hz=float(d.get("hz", 0.0)),
-                   psi_io=d.get("psi_io"), notes=list(d.get("notes") or []))
+                   psi_io=d.get("psi_io"), notes=list(d.get("notes") or []),
+                   wchan_named=int(d.get("wchan_named") or 0))
 
 
 def sum_budgets(parts: list[dict[str, Any]]) -> TimeBudget | None:
@@ -223,4 +233,4 @@ def sum_budgets(parts: list[dict[str, Any]]) -> TimeBudget | None:
     return out
 
 
-__all__ = ["CLASSES", "IO_SOURCES", "LABELS", "STATES", "ClassBudget", "TimeBudget", "sum_budgets"]
+__all__ = ["CLASSES", "IO_SOURCES", "LABELS", "STATES", "WCHAN_NOTE", "ClassBudget", "TimeBudget", "sum_budgets"]
