@@ -219,8 +219,8 @@ class Budget:
         from autotune.verdict.bounds import worker_bound
 
         ctl = self._dl._ctl
-        wc = TimeBudget.from_dict(budget).cls("workers") if budget.get("available", True) \
-            else None
+        tb = TimeBudget.from_dict(budget) if budget.get("available", True) else None
+        wc = tb.cls("workers") if tb is not None else None
         if wc is None or not wc.process_seconds:
             reason = budget.get("reason") or "no worker seen"
             return ctl.workers_blocked(None, ctl.bound,
@@ -232,7 +232,7 @@ class Budget:
         also = f" and asleep in a timer inside their work {timer:.0%}" if timer >= 0.05 else ""
         return ctl.workers_blocked(
             blocked, worker_bound(usable_cores(), blocked_share=blocked),
-            f"the {wc.processes} workers were blocked on storage {wc.blocked():.0%}{also} of "
+            f"the {wc.at_once(tb.wall_s)} workers were blocked on storage {wc.blocked():.0%}{also} of "
             "their time (the bound is cores / (1 - blocked))")
 
     def verdict(self, cfg: Config, budget: dict[str, Any], wall: float, stages: Any,
