@@ -163,6 +163,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
                        dataset, meta)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
     verdict.evidence.extend(_factory_note(loader))
+    verdict.evidence.extend(trend.epochs_described(acc.epochs))
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset)
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],

@@ -74,15 +74,24 @@ def _epoch_starts(eps: list[EpochStats], first_epoch: int | None) -> list[str]:
     return []
 
 
+def _first_and_later(eps: list[EpochStats]) -> tuple[list[EpochStats], float | None,
+                                                      float | None] | None:
+    """The epochs with enough records, the first one's data share and the later ones'
+    median (each without its first batch); None where fewer than two such epochs."""
+    full = [e for e in eps if e.rest.n >= MIN_EPOCH_RECORDS]
+    if len(full) < 2:
+        return None
+    later = sorted(e.rest.data_share for e in full[1:] if e.rest.data_share is not None)
+    return full, full[0].rest.data_share, later[len(later) // 2] if later else None
+
+
 def _first_epoch_apart(eps: list[EpochStats]) -> list[str]:
     """First epoch against the later ones (page cache, growing dataset, leaks); without
     each epoch's first batch: its spike is the epoch-start finding, not a trend."""
-    full = [e for e in eps if e.rest.n >= MIN_EPOCH_RECORDS]
-    if len(full) < 2:
+    split = _first_and_later(eps)
+    if split is None:
         return []
-    first = full[0].rest.data_share
-    rest_shares = sorted(e.rest.data_share for e in full[1:] if e.rest.data_share is not None)
-    rest = rest_shares[len(rest_shares) // 2] if rest_shares else None
+    full, first, rest = split
     move = _moved(first, rest)
     if move == "grows":
         return [f"data time grows after the first epoch: {_share(first)} of the time in "
@@ -93,6 +102,22 @@ def _first_epoch_apart(eps: list[EpochStats]) -> list[str]:
                 "from storage, later ones mostly from the page cache (the data fits in "
                 "RAM; a larger dataset would stay at the first epoch's figure)"]
     return []
+
+
+def epochs_described(epochs: dict[int, EpochStats]) -> list[str]:
+    """The verdict's line on which epochs it describes, where that matters: a first epoch
+    whose data wait stands well above the later ones' (its cold pass) is diluted by them in
+    the whole run's figures, and a verdict of the later, cached epochs (decode, say) is not
+    the first epoch's."""
+    split = _first_and_later([epochs[k] for k in sorted(epochs)])
+    if split is None or _moved(split[1], split[2]) != "falls":
+        return []
+    full, first, rest = split
+    return [f"this verdict describes epochs {full[0].epoch}-{full[-1].epoch} together: "
+            f"epoch {full[0].epoch} alone waited {_share(first)} of its time for data, the "
+            f"later ones {_share(rest)} (median), so the first pass (read from storage) is "
+            "limited more than the verdict says (`autotune search` measures the cold first "
+            "epoch and the later ones apart)"]
 
 
 def _over_the_run(segs: list[Any]) -> list[str]:

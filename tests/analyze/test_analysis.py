@@ -98,6 +98,14 @@ def test_epoch_start_spikes_and_first_epoch_falls(tmp_path):
     assert "persistent_workers=True" in f
     assert "data time falls after the first epoch: 67% in epoch 0, 9% (median) later" in f
     assert [e["epoch"] for e in a.trend["by_epoch"]] == [0, 1, 2, 3]
+    # The verdict, of the whole run, says which epochs it describes and that the first
+    # (cold) one waited far more than the others (DESIGN: a verdict says which epochs).
+    ep = [e for e in a.verdict.evidence if e.startswith("this verdict describes epochs")]
+    assert ep == [ep[0]] and "epochs 0-3 together: epoch 0 alone waited 67%" in ep[0], \
+        a.verdict.evidence
+    assert "later ones 9% (median)" in ep[0]
+    steady = analyze(own_log(tmp_path / "t.jsonl", [warm, warm, warm])).verdict.evidence
+    assert not any(e.startswith("this verdict describes epochs") for e in steady), steady
 
 
 def test_data_time_growing_over_the_run(tmp_path):
