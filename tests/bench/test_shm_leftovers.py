@@ -145,7 +145,7 @@ def test_only_files_of_dead_processes_made_since_are_removed(tmp_path: Path) -> 
             (SHM / n).write_bytes(b"")
         # A live process's file stays, and so does a name that is not torch's.
         assert remove_left({gone, me}, start) == [f"torch_{gone}_1_0"]
-        assert sorted(p.name for p in SHM.iterdir() if p.name in names) == names[1:]
+        assert sorted(p.name for p in SHM.iterdir() if p.name in names) == sorted(names[1:])
         # A file older than the measurement is not its: it stays.
         (SHM / names[0]).write_bytes(b"")
         assert remove_left({gone}, time.time() + 60) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -84,6 +85,8 @@ def test_converted_into_a_bucket_is_the_local_conversion(images: Path, tmp_path:
     con.print(convert_summary(res))
     text = con.export_text()
     assert "uploaded" in text and f"{len(want):,} files" in text
+    # The upload's time is said beside it (the time row is the conversion's alone).
+    assert res.upload["seconds"] > 0 and re.search(r"files, [\d.]+ \w+ in [\d.]+ s", text), text
     assert f"s3://{bucket}/out" in text
     again = convert_to_bucket(images, f"s3://{bucket}/out", opts, work_dir=work)
     assert again.already_complete and not work.exists()

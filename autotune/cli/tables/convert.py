@@ -44,7 +44,9 @@ def convert_summary(res: Any) -> Group:
         t.add_row("re-encoded", f"{res.reencoded:,} images, {fmt_bytes(res.bytes_saved)} saved")
     up = getattr(res, "upload", None)
     if up:
+        # The time row is the conversion's; the upload's own time is here.
         t.add_row("uploaded", f"{up['uploaded']:,} files, {fmt_bytes(up['bytes_uploaded'])}"
+                  + (f" in {up['seconds']:,.1f} s" if up.get("seconds") else "")
                   + (f"; {up['kept']:,} already in the bucket" if up["kept"] else "")
                   + (f"; {len(up['aborted']):,} stale multipart upload(s) aborted"
                      if up["aborted"] else ""))
