@@ -40,8 +40,10 @@ def _has_cap_fowner() -> bool:
     return os.geteuid() == 0
 
 
-def mincore_truthful(path: str | os.PathLike[str], st: os.stat_result) -> bool:
-    """Whether the kernel's mincore tells the truth about this file for this process.
+def mincore_truthful(path: str | os.PathLike[str], st: os.stat_result,
+                     fowner: bool | None = None) -> bool:
+    """Whether the kernel's mincore tells the truth about this file for this process
+    (`fowner`: whether it has CAP_FOWNER, when the caller read that once for many files).
 
     Since Linux 5.2 (mm/mincore.c, can_do_mincore) mincore reports the page cache of a
     file mapping only to a process that owns the file (or has CAP_FOWNER) or could open
@@ -49,7 +51,7 @@ def mincore_truthful(path: str | os.PathLike[str], st: os.stat_result) -> bool:
     job that is not root reading a dataset another user owns (a shared mount, a
     read-only one) is that case.
     """
-    if st.st_uid == os.geteuid() or _has_cap_fowner():
+    if st.st_uid == os.geteuid() or (_has_cap_fowner() if fowner is None else fowner):
         return True
     try:
         return os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
@@ -57,7 +59,8 @@ def mincore_truthful(path: str | os.PathLike[str], st: os.stat_result) -> bool:
         return False
 
 
-def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
+def file_residency(path: str | os.PathLike[str], *, fowner: bool | None = None
+                   ) -> tuple[int, int]:
     """(resident pages, total pages) of one file; (0, 0) for an empty or unreadable file,
     and for one whose residency the kernel will not tell this process (`mincore_truthful`).
 
@@ -71,7 +74,7 @@ def file_residency(path: str | os.PathLike[str]) -> tuple[int, int]:
     try:
         st = os.fstat(fd)
         size = st.st_size
-        if size == 0 or not stat.S_ISREG(st.st_mode) or not mincore_truthful(path, st):
+        if size == 0 or not stat.S_ISREG(st.st_mode) or not mincore_truthful(path, st, fowner):
             return 0, 0
         pages = (size + PAGE - 1) // PAGE
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
@@ -99,8 +102,9 @@ def resident_fraction(paths: Sequence[str | os.PathLike[str]], sample: int = 256
     picked = paths if len(paths) <= sample else [
         paths[i] for i in random.Random(seed).sample(range(len(paths)), sample)]
     res = tot = 0
+    fowner = _has_cap_fowner()  # once, not once a file
     for p in picked:
-        r, t = file_residency(p)
+        r, t = file_residency(p, fowner=fowner)
         res += r
         tot += t
     return res / tot if tot else None

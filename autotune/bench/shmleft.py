@@ -24,26 +24,18 @@ import re
 import stat
 from collections.abc import Iterable
 
+from autotune.monitor.proctree import pid_alive
+
 SHM_DIR = "/dev/shm"
 PIDS_NAME = "pids"  # in a run's scratch folder: its processes' pids, one a line
 _NAME = re.compile(r"torch_(\d+)_\d+_\d+")
-
-
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie (its files can no longer be used by it)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return True
-    return data[data.rfind(b")") + 2:][:1] == b"Z"
 
 
 def remove_left(pids: Iterable[int], since: float, shm_dir: str = SHM_DIR) -> list[str]:
     """Remove the torch_<PID>_* files in `shm_dir` of the dead processes `pids` made at or
     after `since` (time.time()); returns their names. Errors are skipped (a name another
     cleaner removed first, a /dev/shm that is not there)."""
-    dead = {p for p in set(pids) if p > 0 and _dead(p)}
+    dead = {p for p in set(pids) if p > 0 and not pid_alive(p)}  # gone, or a zombie
     if not dead:
         return []
     try:
