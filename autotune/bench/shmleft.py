@@ -15,6 +15,8 @@ held and those its processes recorded in the run's scratch folder, now all dead)
 this user, made since the measurement started, and regular files: never a live process's,
 another user's or an older file whose pid was reused. A run killed outright (its parent
 too: no `finally`) is swept by the next run, as that removes the dead run's folder.
+`autotune.DataLoader` removes its own pools' leftovers as each pool stops (a fallback after
+/dev/shm refused a batch leaves one every time).
 """
 
 from __future__ import annotations

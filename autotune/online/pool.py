@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader as TorchLoader
 
+from autotune.bench.shmleft import remove_left
 from autotune.monitor.proctree import pid_alive
 from autotune.online import failure
 from autotune.online.config import Config
@@ -67,6 +68,8 @@ class Pool:
         self.lease = Lease()
         self.delivered = 0
         self.started_at: float | None = None
+        # Wall time before any worker exists: its /dev/shm leftovers are made after it.
+        self.made_at = time.time()
         self.ready_at: float | None = None
         self.it: Any = None
         self._starter: threading.Thread | None = None
@@ -197,6 +200,10 @@ class Pool:
         if stop is not None:
             stop()
         self.it = None
+        # A worker whose batch /dev/shm refused (ENOSPC), or that was killed between torch's
+        # shm_open and its unlink, leaves the batch's file there for good: in a container's
+        # 64 MiB /dev/shm, one per fallback, run after run.
+        remove_left(pids, self.made_at)
         return [p for p in pids if pid_alive(p)]
 
 

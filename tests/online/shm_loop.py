@@ -99,11 +99,14 @@ def main() -> None:
             time.sleep(0.02)  # the step
         ok = ok and sorted(seen) == list(range(n))
         epochs += 1
-    print(json.dumps({"epochs": epochs, "every_sample_once": ok,
-                      "workers_seen": sorted(workers_seen),
-                      "tuned_kwargs": loader.tuned_kwargs, "events": events, "warned": warned,
-                      "seconds": time.perf_counter() - t0}))
+    seconds, tuned = time.perf_counter() - t0, loader.tuned_kwargs
     loader.close()
+    # torch's batch files its workers made and never unlinked (/dev/shm is this run's own).
+    left = sorted(f for f in os.listdir("/dev/shm") if f.startswith("torch_"))
+    print(json.dumps({"epochs": epochs, "every_sample_once": ok,
+                      "workers_seen": sorted(workers_seen), "tuned_kwargs": tuned,
+                      "events": events, "warned": warned, "seconds": seconds,
+                      "shm_left": left}))
 
 
 if __name__ == "__main__":

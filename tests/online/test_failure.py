@@ -163,10 +163,12 @@ def test_a_dev_shm_with_no_room_says_so_before_the_first_batch(tmp_path):
 def test_real_enospc_in_workers_falls_back(tmp_path):
     """/dev/shm filled behind the loader's back: the workers' collate meets a real ENOSPC
     from torch's allocator; the epoch carries on with fewer workers or none, every sample
-    once."""
+    once. The refused batch's file (torch does not unlink it) is gone with the failed pool:
+    one was left in /dev/shm at each fallback."""
     r = _in_small_shm("fill", 4, 1280, tmp_path)
     assert r["every_sample_once"], r
     assert any(e.startswith("fell-back:") and "/dev/shm" in e for e in r["events"]), r["events"]
+    assert r["shm_left"] == [], r["events"]
 
 
 @pytest.mark.alone
