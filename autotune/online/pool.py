@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import multiprocessing
+import multiprocessing.util
 import os
 import threading
 import time
@@ -83,6 +84,8 @@ class Pool:
         self._flags = multiprocessing.RawArray("b", w) if w else None
         if w:
             _stopped_at_exit(self)
+        if self._forks:
+            _share_temp_dir()
         kw = dict(common, **index_kwargs(self.lease, iterable=iterable,
                                          auto_collation=auto_collation))
         if w:
@@ -232,6 +235,16 @@ def _at_exit() -> None:
             pool.shutdown()
         except Exception:  # noqa: BLE001 (the interpreter is exiting: nothing to tell)
             pass
+
+
+def _share_temp_dir() -> None:
+    """Make this process's multiprocessing folder (/tmp/pymp-*) before forking workers, so
+    that they put their sockets in it rather than each making its own: a worker handing a
+    batch's descriptor over listens on a socket there, and one killed (the OOM killer, a
+    fallback's SIGKILL) never removes its own folder; this process removes its folder at
+    exit. Not made (TMPDIR unwritable): each worker tries as before."""
+    with contextlib.suppress(OSError):
+        multiprocessing.util.get_temp_dir()
 
 
 def _start_method(ctx: Any) -> str:

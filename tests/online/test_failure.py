@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -212,3 +213,45 @@ def test_shm_refused_with_the_users_workers_says_why_before_torchs_error(given, 
     text = said[0].getMessage()
     assert "num_workers=2" in text and "--shm-size" in text, text
     loader.close()
+
+
+_KILL_A_WORKER = """
+import os, signal, threading, time
+import torch, autotune
+from torch.utils.data import Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 80
+    def __getitem__(self, i):
+        time.sleep(0.001)
+        return torch.tensor([i])
+
+loader = autotune.DataLoader(Slow(), batch_size=4, _controller=False)
+loader._force_config(2, 2)
+killed = []
+for i, b in enumerate(loader):
+    pool = loader._pools[0]
+    if not killed and i >= 5 and pool.config.num_workers == 2 and loader._switch is None:
+        killed.append(pool.pids()[0])
+        os.kill(killed[0], signal.SIGKILL)
+        time.sleep(0.3)
+loader.close()
+assert killed
+"""
+
+
+def test_a_killed_worker_leaves_no_multiprocessing_folder(tmp_path):
+    """A worker killed outright (the OOM killer, a fallback's SIGKILL) never removes the
+    /tmp/pymp-* folder of the socket it handed batches over with: one was left per killed
+    worker, run after run. The workers share the training process's, removed at its exit."""
+    # A short TMPDIR of its own: a socket's path is at most 107 bytes, which xdist's
+    # tmp_path below it would pass (a test of its own, below).
+    tmp = tempfile.mkdtemp(prefix="at-mp-", dir="/tmp")
+    try:
+        out = subprocess.run([sys.executable, "-c", _KILL_A_WORKER], capture_output=True,
+                             text=True, timeout=120, env=dict(os.environ, TMPDIR=tmp))
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert sorted(os.listdir(tmp)) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
