@@ -30,7 +30,9 @@ import json
 from autotune import cpus
 from autotune.data import presets
 from autotune.search import ceilings
+from autotune.cli import convert
 print(json.dumps({"limit": cpus.cpu_limit().to_dict(), "usable": cpus.usable_cores(),
+                  "convert": convert._default_workers(),
                   "presets": presets.usable_cores(), "effective": ceilings.effective_cores(),
                   "quota": ceilings.cpu_quota_cores(),
                   "cgroup": open("/proc/self/cgroup").read()}))
@@ -117,9 +119,10 @@ def test_one_core_quota_on_own_cgroup(cpu_cgroup):
     base, make = cpu_cgroup
     outside = _report_in(base)  # control: the same process without a quota
     assert outside["usable"] == outside["presets"] == outside["effective"] == n
+    assert outside["convert"] == min(8, n)
     cg = make(base, 1.0)
     d = _report_in(cg)
-    assert d["usable"] == d["presets"] == d["effective"] == 1
+    assert d["usable"] == d["presets"] == d["effective"] == d["convert"] == 1
     assert d["quota"] == pytest.approx(1.0)
     assert d["limit"]["source"].startswith(f"cgroup CPU quota {cg}/cpu.cfs_quota_us")
 
@@ -145,7 +148,7 @@ def test_fractional_quota_and_the_smaller_of_two(cpu_cgroup):
     parent = make(base, 1.5)
     d = _report_in(parent)
     assert d["limit"]["cores"] == pytest.approx(1.5) and d["limit"]["whole"] == 1
-    assert d["usable"] == d["effective"] == 1 and d["quota"] == pytest.approx(1.5)
+    assert d["usable"] == d["effective"] == d["convert"] == 1 and d["quota"] == pytest.approx(1.5)
     child = make(parent, 1.0)
     d = _report_in(child)
     assert d["limit"]["cores"] == pytest.approx(1.0)

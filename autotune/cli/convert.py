@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +18,11 @@ EXIT = exits.help_block("convert")
 
 
 def _default_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
+    """The usable cores (affinity mask and every cgroup CPU quota above the process, as
+    search and bench count them) up to 8: a container's quota, not the host's CPU count."""
+    from autotune.cpus import usable_cores
+
+    return min(8, usable_cores())
 
 
 class Convert(Command):
@@ -70,7 +73,8 @@ LMDB: DST/data.mdb, keys 0000000000.., value = label + original path + image byt
                             "at least N shards, a multiple of N (default 32)")
         p.add_argument("--workers", type=int_at_least("--workers", 1), default=_default_workers(),
                        metavar="N", help="processes reading and checking images (default "
-                                         f"{_default_workers()}, the CPU count up to 8; LMDB "
+                                         f"{_default_workers()}, the usable cores (affinity, "
+                                         "CPU quota) up to 8; LMDB "
                                          "uses them only for --verify decode or --max-side); "
                                          "the output does not depend on it")
         add_seed(p, "the shuffle of the samples across shards")
