@@ -151,3 +151,23 @@ def test_scratch_dir_is_new_private_and_under_tmpdir(tmp_path: Path,
     assert (a.stat().st_mode & 0o777) == 0o700
     given = scratch_dir("autotune-bench-x-", str(tmp_path / "opt"))
     assert given.parent == tmp_path / "opt" and given.name.startswith("autotune-bench-x-")
+
+
+def test_the_cpu_row_names_a_fractional_quota_not_the_whole_cores() -> None:
+    """Under a 0.5-core quota the tree's 49 % of one core is the whole quota: the row says
+    0.5 core(s) usable and where that came from, not the worker count's rounded-up 1."""
+    from rich.console import Console
+
+    from autotune.bench.result import BenchResult
+    from autotune.cli.tables.bench import _measured
+
+    quota = ("cgroup CPU quota /sys/fs/cgroup/cpu/job/cpu.cfs_quota_us = 50000 "
+             "(period 100000) (0.5 core(s))")
+    r = BenchResult(dataset={"path": "/data"}, config={}, cpu_percent=49.0, images_per_s=239.0,
+                    window={"seconds": 1.5, "batches": 45, "samples": 360, "windows": 5},
+                    environment={"cores": 1, "cpu": {"cores": 0.5, "whole": 1,
+                                                     "source": quota}})
+    con = Console(width=300, record=True)
+    con.print(_measured(r))
+    row = next(ln for ln in con.export_text().splitlines() if "CPU (process tree)" in ln)
+    assert "0.5 core(s) usable" in row and "CPU quota" in row and "1 cores" not in row, row

@@ -79,7 +79,7 @@ def _measured(r: Any) -> Table:
     if r.step_ms:
         t.add_row("step p50 / p95", f"{_ms(r.step_ms.get('p50'))} / {_ms(r.step_ms.get('p95'))} ms", "")
     t.add_row("CPU (process tree)", "-" if r.cpu_percent is None else f"{r.cpu_percent:.0f} %",
-              f"% of one core, main + workers; {r.environment.get('cores')} cores usable")
+              f"% of one core, main + workers; {_usable(r.environment)}")
     t.add_row("peak RSS (tree)", "-" if r.peak_rss_mib is None else f"{r.peak_rss_mib:,.0f} MiB",
               "sum over processes (shared pages counted per process)")
     fb = w.get("first_batch_s")
@@ -91,6 +91,18 @@ def _measured(r: Any) -> Table:
               + f"; warm-up {w.get('warmup_batches')} batches in {w.get('warmup_s', 0):.1f} s"
               + (f", first batch {fb:.1f} s" if fb is not None else ""))
     return t
+
+
+def _usable(env: dict[str, Any]) -> str:
+    """The CPU the tree may use as the header's cpu: line counts it: a 0.5-core quota is
+    0.5, not the worker count's whole core (49 % of one core is then the whole quota)."""
+    cpu = env.get("cpu") or {}
+    cores = cpu.get("cores", env.get("cores"))
+    if not isinstance(cores, (int, float)):
+        return "usable cores unknown"
+    src = str(cpu.get("source") or "")
+    return (f"{cores:g} core(s) usable"
+            + (" (the cgroup CPU quota)" if src.startswith("cgroup CPU quota") else ""))
 
 
 def _system(s: dict[str, Any]) -> Table:
