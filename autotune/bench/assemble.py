@@ -231,9 +231,14 @@ def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
 
 
 def _process_figures(res: BenchResult, samples: list[Sample], win: list[Sample]) -> None:
-    """Peak RSS of the tree (whole run) and its CPU (the window, weighted by interval)."""
-    rss = [r["rss_bytes"] for r in map(_proc_rec, samples) if r]
+    """Peak RSS and PSS of the tree (whole run) and its CPU (the window, weighted by
+    interval). The peak PSS only where every sample read it."""
+    recs = [r for r in map(_proc_rec, samples) if r]
+    rss = [r["rss_bytes"] for r in recs]
     res.peak_rss_mib = max(rss) / 2**20 if rss else None
+    pss = [r.get("pss_bytes") for r in recs]
+    res.peak_pss_mib = (max(pss) / 2**20 if pss and all(p is not None for p in pss)  # type: ignore[type-var]
+                        else None)
     pct = [(r["cpu_pct"], s.interval_s) for s, r in ((s, _proc_rec(s)) for s in win) if r]
     if pct and sum(w for _, w in pct) > 0:
         res.cpu_percent = sum(c * w for c, w in pct) / sum(w for _, w in pct)

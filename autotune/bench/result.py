@@ -21,6 +21,9 @@ class BenchResult:
         over the window, in % of one core (200 = two cores busy).
     peak_rss_mib: highest sum of RSS over the process tree during the run (shared pages
         are counted in every process that maps them, as `ps` does: an upper bound).
+    peak_pss_mib: highest sum of PSS over the process tree (a page shared by n processes
+        counts 1/n in each, as the cgroup is charged for it once); None where a process's
+        /proc/PID/smaps_rollup could not be read.
     cold / cold_method: the page cache was dropped before the run, and how; warm runs
         carry `cache.resident_fraction_at_start`.
     """
@@ -41,6 +44,7 @@ class BenchResult:
     step_ms: dict[str, float] | None = None
     cpu_percent: float | None = None
     peak_rss_mib: float | None = None
+    peak_pss_mib: float | None = None
     cold: bool = True
     cold_method: str | None = None
     cold_reason: str | None = None    # why not cold (warm, from memory, RAM-backed data)
@@ -92,6 +96,7 @@ class BenchResult:
             "step_ms": self.step_ms,
             "cpu_percent": self.cpu_percent,
             "peak_rss_mib": self.peak_rss_mib,
+            "peak_pss_mib": self.peak_pss_mib,
             "cold": self.cold,
             "cold_reason": self.cold_reason,
             "cold_method": self.cold_method,

@@ -182,7 +182,8 @@ def _add_measurement_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="autotune-out", metavar="DIR",
                    help="directory for study.db, search.json, report.html (default autotune-out)")
     p.add_argument("--max-memory", metavar="SIZE",
-                   help="reject configurations whose loader tree RSS + /dev/shm peak exceeds "
+                   help="reject configurations whose loader tree PSS (forked workers' shared "
+                        "pages once, as the cgroup charges them) + /dev/shm peak exceeds "
                         "SIZE (default half the job's memory: its cgroup's limit where one "
                         "is set, else the machine's RAM; the header names the source)")
     p.add_argument("--scratch", metavar="DIR",

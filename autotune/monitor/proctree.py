@@ -64,6 +64,11 @@ class TreeUsage:
     exited: int            # processes that left since the previous sample
     cpu_pct: float
     rss_bytes: int         # sum of RSS (shared pages counted once per process)
+    # Sum of PSS (a page shared by n processes counts 1/n in each): what the tree holds
+    # of the memory its cgroup is charged, forked DataLoader workers' shared pages once.
+    # None where a member's smaps_rollup could not be read (kernel before 4.14, another
+    # user's process).
+    pss_bytes: int | None = None
 
     def to_dict(self) -> dict:
         return record_dict(self)
@@ -123,6 +128,30 @@ def read_rss_bytes(pid: int) -> int:
         return 0
 
 
+def read_pss_bytes(pid: int) -> int | None:
+    """Proportional set size from /proc/<pid>/smaps_rollup; None when gone or unreadable.
+
+    A forked DataLoader worker shares its parent's pages (torch's libraries, the
+    dataset's index): RSS counts them once per process, PSS divides them among the
+    processes that share them, so the tree's PSS is what its cgroup is charged for them.
+    """
+    data = read_proc(f"/proc/{pid}/smaps_rollup", 8192)
+    if not data:
+        # Gone since the listing: nothing to count, as statm's 0; else unreadable.
+        return 0 if not os.path.exists(f"/proc/{pid}") else None
+    for line in data.splitlines():
+        if line.startswith(b"Pss:"):
+            try:
+                return int(line.split()[1]) * 1024
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def _add(total: int | None, part: int | None) -> int | None:
+    return None if total is None or part is None else total + part
+
+
 def _list_proc() -> dict[int, int]:
     """pid -> /proc/<pid> inode for every process (threads are not listed)."""
     out: dict[int, int] = {}
@@ -167,7 +196,7 @@ class ProcessTree:
         listing = _list_proc()
         # Outsiders that exited, or whose pid now belongs to another process, are forgotten.
         self._others = {p: i for p, i in self._others.items() if listing.get(p) == i}
-        ticks, rss, exited = self._update_members(listing)
+        ticks, rss, pss, exited = self._update_members(listing)
         joined, new = self._join_new(listing, first)
         for p in joined:
             st = new[p]
@@ -176,6 +205,7 @@ class ProcessTree:
             # Born after the previous sample: all its CPU time is in this interval.
             ticks += 0 if first else st.cpu_ticks
             rss += read_rss_bytes(p)
+            pss = _add(pss, read_pss_bytes(p))
 
         last, self._last_mono = self._last_mono, now_mono
         if last is None:
@@ -191,12 +221,15 @@ class ProcessTree:
             exited=exited,
             cpu_pct=ticks / _CLK_TCK / dt * 100.0 if dt > 0 else 0.0,
             rss_bytes=rss,
+            pss_bytes=pss,
         )
 
-    def _update_members(self, listing: dict[int, int]) -> tuple[int, int, int]:
-        """The members' CPU ticks since the last sample, their RSS and how many exited."""
+    def _update_members(self, listing: dict[int, int]) -> tuple[int, int, int | None, int]:
+        """The members' CPU ticks since the last sample, their RSS, their PSS (None when
+        one could not be read) and how many exited."""
         ticks = 0
         rss = 0
+        pss: int | None = 0
         exited = 0
         for pid, m in list(self._members.items()):
             st = read_proc_stat(pid) if pid in listing else None
@@ -209,7 +242,8 @@ class ProcessTree:
             ticks += max(0, st.cpu_ticks - m.cpu_ticks)
             m.cpu_ticks = st.cpu_ticks
             rss += read_rss_bytes(pid)
-        return ticks, rss, exited
+            pss = _add(pss, read_pss_bytes(pid))
+        return ticks, rss, pss, exited
 
     def _join_new(self, listing: dict[int, int], first: bool
                   ) -> tuple[list[int], dict[int, ProcStat | None]]:

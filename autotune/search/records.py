@@ -24,6 +24,9 @@ class TrialRecord:
     au: float | None = None
     data_wait_fraction: float | None = None
     peak_rss_mib: float | None = None
+    # The tree's peak PSS: forked workers' shared pages once, as the cgroup charges them
+    # (RSS counts them in every worker); None where it could not be read.
+    peak_pss_mib: float | None = None
     shm_used_mib: float | None = None
     cpu_percent: float | None = None
     disk_util_pct: float | None = None
@@ -61,7 +64,15 @@ class TrialRecord:
 
     @property
     def memory_mib(self) -> float:
-        return (self.peak_rss_mib or 0.0) + (self.shm_used_mib or 0.0)
+        """Peak memory of the loader tree + /dev/shm, the figure --max-memory bounds: its
+        PSS where it was read, else its RSS (an upper bound)."""
+        tree = self.peak_pss_mib if self.peak_pss_mib is not None else self.peak_rss_mib
+        return (tree or 0.0) + (self.shm_used_mib or 0.0)
+
+    @property
+    def memory_kind(self) -> str:
+        """What memory_mib sums for the loader tree: 'PSS' or 'RSS'."""
+        return "PSS" if self.peak_pss_mib is not None else "RSS"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,7 +87,7 @@ class TrialRecord:
                    "failed" if r.get("failed") else "complete"),
             images_per_s=r.get("images_per_s"), images_per_s_spread=r.get("images_per_s_spread"),
             au=r.get("au"), data_wait_fraction=r.get("data_wait_fraction"),
-            peak_rss_mib=r.get("peak_rss_mib"),
+            peak_rss_mib=r.get("peak_rss_mib"), peak_pss_mib=r.get("peak_pss_mib"),
             shm_used_mib=_fig(system, "shm", "used_mib_max"),
             cpu_percent=r.get("cpu_percent"),
             disk_util_pct=_fig(system, "disk", "util_pct", "median"),

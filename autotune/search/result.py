@@ -103,6 +103,7 @@ class SearchResult:
             return None
         return {"config": t.params, "images_per_s": t.images_per_s, "au": t.au,
                 "data_wait_fraction": t.data_wait_fraction, "peak_rss_mib": t.peak_rss_mib,
+                "peak_pss_mib": t.peak_pss_mib,
                 "trial": t.number, "state": t.state, "reason": t.reason,
                 "timeline_file": t.timeline_file, "window_s": t.window_s,
                 "first_images_per_s": t.first_images_per_s, "per_rank": t.per_rank}

@@ -166,7 +166,7 @@ def whole_run(s: Any, res: Any, say: Progress | None = None) -> dict[str, Any] |
                    cgroup_limit=_binding_limit(env), job_bytes=job, fits=total <= room)
         run["notes"].append(
             f"the job's own memory is the recommended configuration's peak ({size_text(job)}: "
-            "loader tree RSS + /dev/shm with "
+            f"loader tree {res.recommended.memory_kind} + /dev/shm with "
             + (f"your step ({s.opts.step}))" if getattr(s.opts, "step", None) else
                "the emulated step; a real model adds its own)"))
         if run["ram_backed"] or not run["cold"]:

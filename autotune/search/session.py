@@ -260,7 +260,8 @@ class Session:
         rec.host = dict(self.shared.host)
         if rec.ok and rec.memory_mib > self.max_mem:
             rec.state = "rejected"
-            rec.reason = (f"peak memory {rec.memory_mib:,.0f} MiB (RSS of the loader tree + "
+            rec.reason = (f"peak memory {rec.memory_mib:,.0f} MiB ({rec.memory_kind} of the "
+                          "loader tree + "
                           f"/dev/shm) is over --max-memory {self.max_mem:,.0f} MiB")
             rec.hint = "fewer workers or a lower prefetch_factor"
         return rec

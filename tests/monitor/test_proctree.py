@@ -175,3 +175,40 @@ def test_pid_alive_sees_a_zombie_as_gone():
     os.kill(p.pid, 0)               # still there for a signal: a zombie, not reaped yet
     p.wait()
     assert not pid_alive(p.pid)
+
+
+# A parent that touches 96 MiB, then forks 2 children that keep it (copy-on-write, as
+# DataLoader workers keep torch's and the dataset's pages) and sleep.
+SHARED = """
+import os, sys, time
+buf = bytearray(96 * 2**20)
+for i in range(0, len(buf), 4096):
+    buf[i] = 1
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60); os._exit(0)
+    kids.append(pid)
+print(" ".join(map(str, kids)), flush=True)
+time.sleep(60)
+"""
+
+
+def test_tree_pss_counts_forked_children_s_shared_pages_once() -> None:
+    """RSS counts the 96 MiB in each of the 3 processes (~290 MiB); PSS, what the cgroup
+    is charged, counts it once: search's --max-memory bound is taken on PSS."""
+    p = subprocess.Popen([sys.executable, "-c", SHARED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and len(p.stdout.readline().split()) == 2
+        tree = ProcessTree(p.pid)
+        assert tree.sample(time.monotonic()) is None
+        time.sleep(0.2)
+        u = tree.sample(time.monotonic())
+        assert isinstance(u, TreeUsage) and u.processes == 3, u
+        mib = 2**20
+        assert u.rss_bytes > 3 * 96 * mib, u
+        assert u.pss_bytes is not None and 96 * mib < u.pss_bytes < 2 * 96 * mib, u
+        assert u.to_dict()["pss_bytes"] == u.pss_bytes
+    finally:
+        _kill_tree(p)

@@ -247,3 +247,15 @@ def test_format_advice_never_sends_slow_storage_to_lmdb():
     # Fast flash whose files come 3x faster with concurrency: latency-bound, shards.
     assert choose_format("auto", _probed("nvme", 400_000, [1000, 3000, 3100, 3000]))[0] == "wds"
     assert choose_format("lmdb", _probed("hdd", 100, [50, 50, 50, 50])) == ("lmdb", "--convert lmdb")
+
+
+def test_the_memory_bound_takes_the_tree_s_pss_where_it_was_read():
+    """A 2-worker trial in a 512 MiB container: RSS summed 684 MiB (torch's pages in each
+    worker), while the cgroup was charged less than its limit (the trial ran there). The
+    figure --max-memory bounds is the PSS; RSS only where PSS could not be read."""
+    d = {"images_per_s": 356.0, "peak_rss_mib": 684.0, "peak_pss_mib": 300.0,
+         "system": {"shm": {"used_mib_max": 18.0}}}
+    r = TrialRecord.from_bench(0, {"num_workers": 2}, d)
+    assert (r.memory_mib, r.memory_kind) == (318.0, "PSS")
+    r = TrialRecord.from_bench(0, {"num_workers": 2}, {**d, "peak_pss_mib": None})
+    assert (r.memory_mib, r.memory_kind) == (702.0, "RSS")

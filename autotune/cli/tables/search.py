@@ -139,7 +139,7 @@ def _header(d: dict[str, Any]) -> list[Any]:
     parts: list[Any] = list(environment_texts(d.get("environment")))
     mm = d.get("max_memory")
     if mm:
-        parts.append(Text(f"  memory bound per configuration (loader tree RSS + /dev/shm): "
+        parts.append(Text(f"  memory bound per configuration (loader tree PSS + /dev/shm): "
                           f"{mm['mib']:,.0f} MiB, {printable(mm['source'])}", style="dim"))
     return parts
 
