@@ -167,7 +167,9 @@ def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: Conv
     try:
         dstp.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"{dstp}: cannot create the output directory ({e.strerror}).") from e
+        raise UsageError(f"{dstp}: cannot create the output directory ({e.strerror}); DST is "
+                         "the folder to convert into (created if missing): name one you can "
+                         "write") from e
     # One listing, judged alone: another rank may create the work directory at any moment
     # (checking "no work directory" and then "empty" would race with it).
     foreign = any(e.name != WORKDIR_NAME for e in dstp.iterdir())

@@ -113,6 +113,7 @@ def test_a_read_only_output_is_one_clear_line_per_command(small_dataset, work_di
         assert r.returncode in (1, 2), (name, r.returncode, r.stderr)
         err = one_line(r)
         assert str(ro) in err and "read-only" in err.lower(), (name, err)
+        assert "you can write" in err, (name, err)   # and the fix: which path to change
     assert not any(ro.iterdir())
 
 
