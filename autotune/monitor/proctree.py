@@ -129,7 +129,8 @@ def read_rss_bytes(pid: int) -> int:
 
 
 def read_pss_bytes(pid: int) -> int | None:
-    """Proportional set size from /proc/<pid>/smaps_rollup; None when gone or unreadable.
+    """Proportional set size from /proc/<pid>/smaps_rollup; 0 when the process is gone,
+    None when it is there but unreadable (another user's, a kernel before 4.14).
 
     A forked DataLoader worker shares its parent's pages (torch's libraries, the
     dataset's index): RSS counts them once per process, PSS divides them among the

@@ -8,18 +8,13 @@ from typing import Any
 
 
 def pss_bytes(pid: int) -> int | None:
-    """Proportional set size of one process (/proc/PID/smaps_rollup), None when unreadable.
+    """Proportional set size of one process, None (or 0: gone) when unreadable.
 
     PSS, not RSS: forked workers share the parent's pages, and RSS would count each shared
     page once per worker."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    from autotune.monitor.proctree import read_pss_bytes
+
+    return read_pss_bytes(pid)
 
 
 def default_budget(env: Any = None, ranks: int = 1) -> int:
