@@ -33,7 +33,13 @@ class EpochIter:
         return self
 
     def __next__(self) -> Any:
-        return self._owner._epoch.next(self._token)
+        epoch, token = self._owner._epoch, self._token
+        # Not `self` in this frame: an exception from the user's Dataset keeps the frames it
+        # passed in its traceback (a reference cycle, freed only by the garbage collector),
+        # and an iterator held there would keep its dead epoch live after the loop has left
+        # it (the next `for` then a plain second iterator, autotune.online.untuned).
+        del self
+        return epoch.next(token)
 
     def __len__(self) -> int:
         return len(self._owner)

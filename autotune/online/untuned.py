@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+import weakref
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader as TorchLoader
@@ -87,10 +88,14 @@ class DeferredIter:
             dl = self._dl
             if dl._epoch.live is None or dl._live() is None:
                 self._it = dl._tuned_epoch()
+                # The loop holds this iterator, not the epoch's: it is the live one.
+                dl._live = weakref.ref(self)
             else:
                 first, dl._second_said = not dl._second_said, True
                 self._it = second_iterator(dl, first=first)
-        return next(self._it)
+        it = self._it
+        del self  # not in a traceback's frames (see EpochIter.__next__)
+        return next(it)
 
     def __len__(self) -> int:
         return len(self._dl)

@@ -296,6 +296,54 @@ def test_a_dataset_error_reaches_the_loop_as_with_torch():
         loader.close()
 
 
+class _BrokenOnce(Slow):
+    """Item 13 raises in the first epoch only (the loop catches it and goes on)."""
+
+    broken = True
+
+    def __getitem__(self, i):
+        if i == 13 and self.broken:
+            raise KeyError(f"item {i} is broken")
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_epoch_after_a_caught_dataset_error_is_a_tuned_one(workers, caplog):
+    """The user's exception leaves the epoch through the loader's frames; its traceback (a
+    reference cycle, freed only by the garbage collector) must not keep the dead epoch
+    "live": the next `for` is the next tuned epoch, not a plain second iterator beside it."""
+    def run(cls, **kw):
+        ds = _BrokenOnce(40, 0.0)
+        loader = cls(ds, batch_size=4, **kw)
+        if cls is autotune.DataLoader:
+            loader._force_config(workers, 2)
+        epochs = []
+        for _ in range(3):
+            epoch = []
+            try:
+                for b in loader:
+                    epoch.append(b.flatten().tolist())
+            except KeyError:
+                epoch.append("KeyError")
+            ds.broken = False
+            epochs.append(epoch)
+        return epochs, loader
+
+    import gc
+    gc.disable()  # the collector must not happen to free the cycle first
+    try:
+        with caplog.at_level("WARNING", logger="autotune.online"):
+            got, loader = run(autotune.DataLoader, _controller=False)
+            served = loader.num_workers
+            loader.close()
+    finally:
+        gc.enable()
+    ref, _ = run(TorchLoader)
+    assert got == ref
+    assert served == workers
+    assert not [r for r in caplog.records if "inside a live epoch" in r.getMessage()]
+
+
 def test_a_dropped_loader_stops_its_workers():
     loader = autotune.DataLoader(Slow(200, 0.002), batch_size=4, _controller=False)
     loader._force_config(2, 2)
