@@ -79,7 +79,8 @@ class Epoch:
             self.inner_gen = torch.Generator()
             self.inner_gen.manual_seed(seed)
         self.epochs += 1
-        self.stream = None if sampler_iter is None else IndexStream(sampler_iter)
+        self.stream = None if sampler_iter is None else IndexStream(
+            sampler_iter, _length(dl._index_sampler))
         self.begin()
         token = self.live = object()
         return token
@@ -269,11 +270,16 @@ class Epoch:
             sw.begin(sw.forced.pop(0), "forced")
         if sw.pending is not None:
             sw.poll()
-        try:
-            batch = self.take()
-        except StopIteration:
-            self.end(completed=True)
-            raise
+        while True:
+            try:
+                batch = self.take()
+                break
+            except StopIteration:
+                if self.stream is None or self.stream.past_end():
+                    self.end(completed=True)
+                    raise
+                # The sampler yields more than its len(): the serving pool goes on there.
+                dl._pools[-1].open(self.stream, self.pos)
         self.served += 1
         t1 = time.perf_counter()
         dl._after_batch(batch, step, t1 - t0 + self.carry)
@@ -303,3 +309,12 @@ class Epoch:
                 continue
             self.pos += 1
             return batch
+
+
+def _length(sampler: Any) -> int | None:
+    """len(sampler) where it has one (an infinite sampler has none)."""
+    try:
+        n = len(sampler)
+    except (TypeError, NotImplementedError):
+        return None
+    return n if isinstance(n, int) and n >= 0 else None

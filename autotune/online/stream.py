@@ -20,16 +20,22 @@ class IndexStream:
     earlier ones buffered until they are taken.
     """
 
-    def __init__(self, sampler_iter: Iterator[Any]) -> None:
+    def __init__(self, sampler_iter: Iterator[Any], length: int | None = None) -> None:
         self._it = sampler_iter
         self._buf: dict[int, Any] = {}
         self._drawn = 0
         self.end: int | None = None  # the epoch's length once the sampler has ended
+        # The sampler's len(), where it has one: a pool's prefetch stops there without
+        # drawing the sampler's end, which only the loop's own ask past the last batch
+        # draws (past_end). RandomSampler draws one more randperm from the generator
+        # there: torch's loop without workers draws it only when the loop asks.
+        self.length = length
 
     def get(self, pos: int) -> Any:
-        """The index batch at `pos`; StopIteration at and after the epoch's end."""
+        """The index batch at `pos`; StopIteration at and after the epoch's end (or its
+        len(), until the loop asks past it)."""
         while self._drawn <= pos:
-            if self.end is not None:
+            if self.end is not None or (self.length is not None and self._drawn >= self.length):
                 raise StopIteration
             try:
                 item = next(self._it)
@@ -42,6 +48,22 @@ class IndexStream:
             # A position handed out twice would repeat a batch: a bug here, never the user's.
             raise RuntimeError(f"index batch {pos} of this epoch was already taken")
         return self._buf.pop(pos)
+
+    def past_end(self) -> bool:
+        """The loop asked past the last batch served: draw the sampler there, as torch's
+        loop without workers does. True when it ended; False when it yields more than its
+        len() said (what it yields is then served: the length no longer holds a pool)."""
+        if self.end is not None or self.length is None or self._drawn < self.length:
+            return True
+        try:
+            item = next(self._it)
+        except StopIteration:
+            self.end = self._drawn
+            return True
+        self._buf[self._drawn] = item
+        self._drawn += 1
+        self.length = None
+        return False
 
     def put_back(self, items: dict[int, Any]) -> None:
         """Index batches handed out but never delivered (their pool failed): each position

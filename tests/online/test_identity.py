@@ -296,6 +296,62 @@ def test_a_dataset_error_reaches_the_loop_as_with_torch():
         loader.close()
 
 
+@pytest.mark.parametrize("how", ["next", "break"])
+def test_an_epoch_never_asked_past_its_last_batch_draws_what_torch_draws(how):
+    """len(loader) next() calls, or a break at the last batch: the loop never asks past the
+    epoch's end, so torch's loader (num_workers=0, the reference when workers are tuned)
+    never draws the sampler's end, where RandomSampler draws one more randperm from the
+    generator. The workers' prefetch must not draw it either: the generator's state, and
+    with it every later epoch, would depend on the pool the tuner chose."""
+    def run(cls, **kw):
+        gen = torch.Generator().manual_seed(5)
+        loader = cls(Slow(40, 0.0), batch_size=4, shuffle=True, generator=gen, **kw)
+        if cls is autotune.DataLoader:
+            loader._force_config(2, 2)
+        epochs = []
+        for _ in range(3):
+            if how == "next":
+                it = iter(loader)
+                epochs.append([_flat(next(it)) for _ in range(len(loader))])
+                del it
+            else:
+                epoch = []
+                for i, b in enumerate(loader):
+                    epoch.append(_flat(b))
+                    if i == len(loader) - 1:
+                        break
+                epochs.append(epoch)
+        if cls is autotune.DataLoader:
+            loader.close()
+        return epochs, gen.get_state()
+
+    ref, ref_state = run(TorchLoader)
+    got, got_state = run(autotune.DataLoader, _controller=False)
+    assert got == ref
+    assert torch.equal(got_state, ref_state), "the generator's state differs after an epoch"
+
+
+class _Longer(torch.utils.data.Sampler):
+    """Says 8 and yields 12: torch's loader yields all 12."""
+
+    def __len__(self):
+        return 8
+
+    def __iter__(self):
+        return iter(range(12))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_sampler_longer_than_its_len_is_served_to_its_end(workers):
+    loader = autotune.DataLoader(Slow(40, 0.0), batch_size=None, sampler=_Longer(),
+                                 _controller=False)
+    loader._force_config(workers, 2)
+    got = [[_flat(b) for b in loader] for _ in range(2)]
+    loader.close()
+    ref = [_flat(b) for b in TorchLoader(Slow(40, 0.0), batch_size=None, sampler=_Longer())]
+    assert got == [ref, ref] and len(ref) == 12
+
+
 class _BrokenOnce(Slow):
     """Item 13 raises in the first epoch only (the loop catches it and goes on)."""
 
