@@ -89,6 +89,9 @@ class Controller:
     # A worker_init_fn was given: the dataset may work only in workers set up by it, so no
     # configuration loads in this process (num_workers=0) unless the user gave that.
     needs_workers: bool = False
+    # Knobs not given but never tuned: an IterableDataset's prefetch_factor when the user
+    # keeps its workers (a pool for another one would replace them; autotune.online.untuned).
+    held: frozenset = frozenset()
 
     # ---- configurations
 
@@ -104,7 +107,8 @@ class Controller:
     def knobs(self) -> list[str]:
         if self.fixed.get("num_workers") == 0:
             return []
-        return [k for k in ("num_workers", "prefetch_factor") if k not in self.fixed]
+        return [k for k in ("num_workers", "prefetch_factor")
+                if k not in self.fixed and k not in self.held]
 
     def min_workers(self) -> int:
         # A prefetch_factor or persistent_workers=True the user gave needs workers in torch;

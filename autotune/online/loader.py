@@ -72,7 +72,8 @@ class DataLoader:
 
     An IterableDataset keeps the num_workers and persistent_workers given (torch's 0 and
     False when not given): every worker iterates it, so the worker count decides what it
-    yields. With workers given, its prefetch_factor is tuned, between epochs only. One live
+    yields. With workers given, its prefetch_factor is tuned, between epochs only (not with
+    persistent_workers=True given: a new pool would replace the workers kept). One live
     iterator at a time: `iter()` ends the previous epoch, unless its iterator is still held
     (`next(iter(loader))` inside the loop): that second iterator is then a plain torch
     DataLoader's, untuned, and the live epoch goes on.
@@ -125,9 +126,10 @@ class DataLoader:
         self._cuda = torch.cuda.is_available()
         warn_unpinned(self._fixed)
         self._tuning = _controller is not False
+        held: frozenset[str] = frozenset()
         if self._iterable:
-            keep_iterable_workers(self._fixed, multiprocessing_context,
-                                  tuning=self._tuning)
+            held = keep_iterable_workers(self._fixed, multiprocessing_context,
+                                         tuning=self._tuning)
         else:
             keep_fresh_workers(dataset, self._fixed, tuning=self._tuning)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
@@ -140,7 +142,7 @@ class DataLoader:
             budget=memory_budget or default_budget(self._env, self._local),
             memory=lambda: me()._memory(), cache_key=cache.dataset_key(
                 dataset, key, self.batch_size, usable_cores(), self._local),
-            needs_workers=worker_init_fn is not None)
+            needs_workers=worker_init_fn is not None, held=held)
         self._init_state()
         self._sync = self._budget.join_ranks(sync)
         self._start()

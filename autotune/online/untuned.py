@@ -37,9 +37,13 @@ log = logging.getLogger("autotune.online")
 
 
 def keep_iterable_workers(fixed: dict[str, Any], multiprocessing_context: Any, *,
-                          tuning: bool) -> None:
+                          tuning: bool) -> frozenset[str]:
     """Fix num_workers and persistent_workers of an IterableDataset in `fixed` (the user's
-    settings, which tuning never changes); warn of settings torch ignores without workers."""
+    settings, which tuning never changes); warn of settings torch ignores without workers.
+    Returns the knobs held though not given: prefetch_factor where the user keeps the
+    workers (persistent_workers=True): a pool for another one would start new workers, and
+    they would see what the loop changed in the dataset (a set_epoch) where the kept ones
+    do not."""
     src = "as given" if "num_workers" in fixed else "torch's default"
     nw = fixed.setdefault("num_workers", 0)
     fixed.setdefault("persistent_workers", False)
@@ -51,14 +55,19 @@ def keep_iterable_workers(fixed: dict[str, Any], multiprocessing_context: Any, *
             warnings.warn(f"autotune.DataLoader: {', '.join(unused)} not applied: an "
                           f"IterableDataset is loaded with num_workers={nw} ({src}); "
                           "give num_workers to use workers", stacklevel=3)
-    tuned = "prefetch_factor" if nw and "prefetch_factor" not in fixed else None
+    kept = bool(nw and fixed["persistent_workers"])
+    held = frozenset({"prefetch_factor"} if kept and "prefetch_factor" not in fixed else ())
+    tuned = "prefetch_factor" if nw and "prefetch_factor" not in fixed and not held else None
     if tuning:
         emit("iterable", f"an IterableDataset: num_workers={nw} ({src}) and "
              f"persistent_workers="
              f"{fixed['persistent_workers']} are kept, never tuned (every worker "
              "iterates the dataset: the worker count decides what it yields); "
-             + (f"{tuned} is tuned, between epochs" if tuned else "nothing else to tune"),
+             + (f"{tuned} is tuned, between epochs" if tuned else
+                "prefetch_factor is not tuned either: a pool for another one would replace "
+                "the workers you keep" if held else "nothing else to tune"),
              num_workers=nw, tuned=[tuned] if tuned else [])
+    return held
 
 
 def keep_fresh_workers(dataset: Any, fixed: dict[str, Any], *, tuning: bool) -> None:

@@ -75,6 +75,24 @@ class Stream(IterableDataset):
             yield torch.tensor([i])
 
 
+class EpochStream(IterableDataset):
+    """(i, the epoch set_epoch last set) for i in 0..n-1, shared out between the workers: a
+    worker kept from an earlier epoch still yields the old epoch."""
+
+    def __init__(self, n: int = 120, sleep_s: float = 0.002) -> None:
+        self.n, self.sleep_s, self.epoch = n, sleep_s, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        info = get_worker_info()
+        k, r = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in range(r, self.n, k):
+            time.sleep(self.sleep_s)
+            yield torch.tensor([i, self.epoch])
+
+
 class Forever(Sampler):
     """An infinite sampler: random indices from its own generator, forever."""
 

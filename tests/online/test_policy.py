@@ -21,8 +21,8 @@ import autotune
 from autotune.online.config import Config
 from autotune.online.failure import PoolFailure
 from autotune.online.fallback import fallback
-from online_datasets import (Epochal, Scheduled, Slow, Stream, Unsplit, WorkerOnly,
-                             open_handle)
+from online_datasets import (Epochal, EpochStream, Scheduled, Slow, Stream, Unsplit,
+                             WorkerOnly, open_handle)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -56,6 +56,28 @@ def test_an_iterable_dataset_yields_what_torchs_loader_yields(make, kw, decision
     assert "num_workers" not in loader.tuned_kwargs
     said = [r.getMessage() for e, r in decisions() if e == "iterable"]
     assert len(said) == 1 and "IterableDataset" in said[0], said
+
+
+def test_an_iterable_datasets_kept_workers_are_never_replaced(decisions):
+    """num_workers and persistent_workers=True given: the workers are the user's to keep,
+    and with them the dataset as it was when they started (torch's: a set_epoch does not
+    reach them). A pool for another prefetch_factor would start new workers at an epoch
+    boundary, and what an epoch yields would depend on whether the tuner switched there."""
+    def run(cls):
+        ds = EpochStream(120, 0.002)
+        loader = cls(ds, batch_size=4, num_workers=2, persistent_workers=True)
+        epochs = []
+        for e in range(3):
+            ds.set_epoch(e)
+            epochs.append(_batches(loader))
+        return epochs, loader
+
+    ref, _ = run(TorchLoader)
+    got, loader = run(autotune.DataLoader)
+    loader.close()
+    assert got == ref
+    said = [r.getMessage() for e, r in decisions() if e == "iterable"]
+    assert len(said) == 1 and "persistent_workers=True" in said[0], said
 
 
 def test_an_iterable_dataset_warns_of_worker_settings_without_workers():
