@@ -91,9 +91,10 @@ class Epoch:
                     iterable=dl._iterable, generator=self.inner_gen,
                     mp_context=dl.multiprocessing_context, worker_init_fn=dl.worker_init_fn,
                     recoverable=self.recoverable(cfg))
-        # Workers the tuner may keep past an epoch: what they hold of the dataset, checked
-        # before they are kept (unchanged()).
-        if cfg.num_workers and cfg.persistent_workers and "persistent_workers" not in dl._fixed:
+        # Workers kept past an epoch: what they hold of the dataset, checked before the
+        # tuner's are kept (unchanged()) and before the user's are replaced by a switch
+        # (autotune.online.switch).
+        if cfg.num_workers and cfg.persistent_workers:
             pool.dataset_state = datastate.state(dl.dataset)
         return pool
 
@@ -193,8 +194,8 @@ class Epoch:
         tuner's (see autotune.online.datastate): torch's default starts new workers every
         epoch, and the kept ones would go on with the dataset as it was."""
         dl = self._dl
-        if pool.dataset_state is None:
-            return pool
+        if pool.dataset_state is None or "persistent_workers" in dl._fixed:
+            return pool  # the user's kept workers: kept, as torch keeps them
         what = datastate.changed(pool.dataset_state, datastate.state(dl.dataset))
         if what is None:
             return pool

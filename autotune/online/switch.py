@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.online import failure
+from autotune.online import datastate, failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.measure import window_batches
@@ -46,6 +46,7 @@ class Switcher:
         self.failed: Config | None = None   # DDP: this rank's new pool could not start
         self.agreed = target                # DDP: the configuration the ranks agreed on
         self.next_decision = window_batches(target.num_workers, target.prefetch_factor)
+        self.kept_said = False              # keeps_workers() said why tuning stopped
 
     @property
     def _dl(self) -> Any:
@@ -62,7 +63,7 @@ class Switcher:
             emit("switch", f"{cfg.short()} from the next epoch on (an IterableDataset "
                  "switches at epoch boundaries)", config=cfg.kwargs())
             return
-        if cfg == dl._running:
+        if cfg == dl._running or self.keeps_workers():
             return
         t = time.perf_counter()
         pool = dl._epoch.new_pool(cfg)
@@ -70,6 +71,28 @@ class Switcher:
             pool.start_idle()  # idle: its workers come up while the old pool serves
         self.pending, dl._target = pool, cfg
         self.current = Switch(pool, dl._running, reason, t, time.perf_counter() - t)
+
+    def keeps_workers(self) -> bool:
+        """Whether the serving pool's workers are the user's to keep (persistent_workers=True
+        given) and the loop has changed the dataset since they started: torch's kept
+        workers go on with the dataset as it was, and a new pool's would see the change (a
+        new size, another item set). Then no switch, and tuning stops there (said once)."""
+        dl = self._dl
+        pool = dl._pools[-1] if dl._pools else None
+        if (pool is None or pool.dataset_state is None
+                or not dl._fixed.get("persistent_workers")):
+            return False
+        what = datastate.changed(pool.dataset_state, datastate.state(dl.dataset))
+        if what is None:
+            return False
+        if not self.kept_said:
+            self.kept_said, dl._tuning = True, False
+            emit("kept-workers", f"{what} changed since the workers of {pool.config.short()} "
+                 "started, and persistent_workers=True is yours: they are kept, as torch "
+                 "keeps them (with the dataset as it was), so tuning stops at "
+                 f"{pool.config.short()}; give persistent_workers=False for new workers "
+                 "each epoch", config=pool.config.kwargs(), changed=what)
+        return True
 
     def poll(self) -> None:
         """The pending pool: activated once its workers are up, given up if they fail."""

@@ -295,6 +295,38 @@ def test_a_dataset_the_loop_changes_between_epochs_gets_new_workers_only_then(de
     assert changed == ["dataset.size", "dataset.aug.level"], changed
 
 
+def test_workers_the_user_keeps_are_not_replaced_once_the_loop_changed_the_dataset(decisions):
+    """num_workers and persistent_workers=True given: torch keeps the workers, and they go
+    on with the dataset as it was when they started. A switch to another prefetch_factor
+    starts new workers: while the dataset is unchanged that changes nothing, but after the
+    loop changed it they would see the change (a KeyError where torch's have none, another
+    image size): no switch then, said once."""
+    force = {(0, 2): (2, 3), (1, 2): (2, 4)}
+
+    def run(cls, **kw):
+        ds = Scheduled(32)
+        dl = cls(ds, batch_size=4, num_workers=2, persistent_workers=True, **kw)
+        seen = []
+        for e in range(3):
+            ds.size = e
+            epoch = []
+            for i, batch in enumerate(dl):
+                if cls is autotune.DataLoader and (e, i) in force:
+                    dl._force_config(*force[(e, i)])
+                epoch.append(batch.tolist())
+            seen.append(epoch)
+        return seen, dl
+
+    ref, _ = run(TorchLoader)
+    got, dl = run(autotune.DataLoader, _controller=False)
+    prefetch = dl.prefetch_factor
+    dl.close()
+    assert got == ref
+    assert prefetch == 3          # the switch before any change was made
+    kept = [r.getMessage() for e, r in decisions() if e == "kept-workers"]
+    assert len(kept) == 1 and "dataset.size" in kept[0], kept
+
+
 def test_a_cached_start_at_no_workers_still_gives_a_worker_init_fn_its_workers():
     """The cache (keyed by the dataset, not by the loader's arguments) may hold a start
     at num_workers=0 from a run without a worker_init_fn: this loader starts in workers."""
