@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import weakref
 from typing import Any
 
 from autotune.cpus import usable_cores
@@ -42,12 +43,35 @@ def root_path(dataset: Any) -> str | None:
     return os.fspath(val) if isinstance(val, (str, os.PathLike)) else None
 
 
+# Every autotune.DataLoader of this process: /dev/shm is one for all of them (a validation
+# loader's batches beside the training loader's), and each budgets the whole of it.
+LOADERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def shm_held_by_others(dl: Any) -> int:
+    """Bytes of /dev/shm the other autotune.DataLoaders of this process may hold now: the
+    batches in flight of their live epochs' pools with workers (autotune.shmfit's margin)."""
+    from autotune.shmfit import needed_bytes
+
+    held = 0
+    for other in list(LOADERS):
+        epoch = getattr(other, "_epoch", None)  # None: a loader whose construction failed
+        if other is dl or epoch is None or epoch.live is None or not other._batch_bytes:
+            continue
+        for p in other._pools:
+            if p.config.num_workers:
+                held += needed_bytes(p.config.num_workers, p.config.prefetch_factor,
+                                     other._batch_bytes)
+    return held
+
+
 class Budget:
     """One loader's budgets. `owner` is the autotune.DataLoader: its controller, ranks,
     pools and switch are read here, and a raised worker bound starts a switch there."""
 
     def __init__(self, owner: Any) -> None:
         self._owner = WeakOwner(owner)
+        LOADERS.add(owner)
         # What the job's container allows, read once for this loader: every budget below.
         self.env, self.env_error = read_environment()
         self.stage_clock: Any = None  # autotune's own ImageDataset's stage seconds

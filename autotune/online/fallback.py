@@ -50,9 +50,16 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     else:
         tail = (f"; the epoch carries on at {to.short()} from batch {pos} "
                 f"({back} batches in flight fetched again, none lost or repeated)")
+    alone = not to.num_workers
+    if alone:
+        tail += "; every later batch of this run is made in the training process" + \
+            _shm_fix(dl, failed, why_)
+    # At WARNING where it leaves no worker, as the start point's fit says it: the loss the
+    # user installed autotune.DataLoader for, which a user without logging set up saw
+    # nothing of.
     emit("fell-back", f"{failed.short()} failed ({why_.detail}): not tried again in this "
-         f"run{tail}", config=to.kwargs(), failed=failed.kwargs(), kind=why_.kind,
-         why=why_.detail, refetched=back, delivered=pos)
+         f"run{tail}", warn=alone, config=to.kwargs(), failed=failed.kwargs(),
+         kind=why_.kind, why=why_.detail, refetched=back, delivered=pos)
     if lose:
         dl._epoch.epoch_cfg = to
         raise StopIteration  # Epoch.next ends the epoch
@@ -60,6 +67,27 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     dl._pools = [pool]
     dl._meter.reset(dl._window(to), skip=to.queue, group=to.num_workers)
     pool.open(dl._epoch.stream, pos)
+
+
+def _shm_fix(dl: Any, failed: Config, why_: failure.PoolFailure) -> str:
+    """What gives workers back after /dev/shm refused `failed`'s batches: the /dev/shm it
+    needs, and what the other autotune.DataLoaders of this process hold there now (each
+    budgets the whole of /dev/shm: a validation loader's batches beside the training
+    loader's)."""
+    if why_.kind != "shm":
+        return ""
+    from autotune.online.budget import shm_held_by_others
+    from autotune.online.limits import mib
+    from autotune.shmfit import needed_bytes
+
+    per, held = dl._batch_bytes, shm_held_by_others(dl)
+    need = (f"{mib(needed_bytes(failed.num_workers, failed.prefetch_factor, per))} of free "
+            f"/dev/shm would hold {failed.short()}" if per else
+            f"/dev/shm had no room for the batches of {failed.short()}")
+    beside = (f", beside the {mib(held)} the batches of another autotune.DataLoader of this "
+              "process hold there now" if held else "")
+    return (f": {need}{beside} (docker run --shm-size, or a smaller batch element: uint8, "
+            "normalised on the accelerator)")
 
 
 def _say_nothing_less(dl: Any, failed: Config, why_: failure.PoolFailure) -> None:

@@ -107,6 +107,35 @@ def test_shm_refused_in_workers_falls_back_to_the_process(decisions):
     loader.close()
 
 
+def test_a_fallback_that_leaves_no_worker_is_said_at_warning(decisions):
+    """/dev/shm refused every pool of a validation loader while the training loader's
+    epoch holds its batches there: the rest of the run is made in the training process.
+    That is said at WARNING (Python prints it with no logging set up), with the /dev/shm
+    it needs, what the other loader holds and the fix; the steps to fewer workers stay
+    INFO."""
+    train = autotune.DataLoader(Slow(80, 0), batch_size=4, _controller=False)
+    train._force_config(2, 2)
+    it = iter(train)
+    for _ in range(6):            # the training epoch is live, its workers' batches queued
+        next(it)
+    val = autotune.DataLoader(Slow(80, 0), batch_size=4, collate_fn=shm_refused_in_worker,
+                              _controller=False)
+    val._force_config(2, 4)
+    got = [_flat(b) for b in val]
+    workers = train.num_workers
+    del it
+    val.close()
+    train.close()
+    assert got == _order(False, 80) and workers == 2
+    fell = [r for e, r in decisions() if e == "fell-back"]
+    alone = [r for r in fell if not r.autotune["config"]["num_workers"]]
+    assert len(alone) == 1 and alone[0].levelname == "WARNING", \
+        [(r.levelname, r.getMessage()) for r in fell]
+    msg = alone[0].getMessage()
+    assert "another autotune.DataLoader" in msg and "--shm-size" in msg, msg
+    assert all(r.levelname == "INFO" for r in fell if r not in alone)
+
+
 def _in_small_shm(mode: str, seconds: float, n: int, tmp_path, size: str = "64m") -> dict:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private /dev/shm")
