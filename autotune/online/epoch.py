@@ -79,8 +79,11 @@ class Epoch:
             self.inner_gen = torch.Generator()
             self.inner_gen.manual_seed(seed)
         self.epochs += 1
+        # Where num_workers is tuned, torch's loader without workers is the reference: it
+        # draws the sampler's end only when the loop asks there, so the pools' prefetch
+        # stops at its len(). With workers given, torch's own prefetch draws it.
         self.stream = None if sampler_iter is None else IndexStream(
-            sampler_iter, _length(dl._index_sampler))
+            sampler_iter, None if dl._fixed.get("num_workers") else _length(dl._index_sampler))
         self.begin()
         token = self.live = object()
         return token

@@ -296,17 +296,19 @@ def test_a_dataset_error_reaches_the_loop_as_with_torch():
         loader.close()
 
 
+@pytest.mark.parametrize("given", [{}, {"num_workers": 2}])
 @pytest.mark.parametrize("how", ["next", "break"])
-def test_an_epoch_never_asked_past_its_last_batch_draws_what_torch_draws(how):
+def test_an_epoch_never_asked_past_its_last_batch_draws_what_torch_draws(how, given):
     """len(loader) next() calls, or a break at the last batch: the loop never asks past the
-    epoch's end, so torch's loader (num_workers=0, the reference when workers are tuned)
-    never draws the sampler's end, where RandomSampler draws one more randperm from the
-    generator. The workers' prefetch must not draw it either: the generator's state, and
-    with it every later epoch, would depend on the pool the tuner chose."""
+    epoch's end, so torch's loader without workers (the reference when num_workers is
+    tuned) never draws the sampler's end, where RandomSampler draws one more randperm from
+    the generator. The workers' prefetch must not draw it either: the generator's state,
+    and with it every later epoch, would depend on the pool the tuner chose. With
+    num_workers given, torch's own prefetch draws it: so does the loader's."""
     def run(cls, **kw):
         gen = torch.Generator().manual_seed(5)
-        loader = cls(Slow(40, 0.0), batch_size=4, shuffle=True, generator=gen, **kw)
-        if cls is autotune.DataLoader:
+        loader = cls(Slow(40, 0.0), batch_size=4, shuffle=True, generator=gen, **given, **kw)
+        if cls is autotune.DataLoader and not given:
             loader._force_config(2, 2)
         epochs = []
         for _ in range(3):
