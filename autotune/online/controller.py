@@ -99,16 +99,14 @@ class Controller:
         """A configuration with the user's settings applied over the tuned ones."""
         w = self.fixed.get("num_workers", num_workers)
         pf = self.fixed.get("prefetch_factor", prefetch_factor) if w else None
-        cfg = Config(w, pf, bool(self.fixed.get("persistent_workers", True)),
-                     bool(self.fixed.get("pin_memory", self.cuda)))
-        return cfg
+        return Config(w, pf, bool(self.fixed.get("persistent_workers", True)),
+                      bool(self.fixed.get("pin_memory", self.cuda)))
 
     @property
     def knobs(self) -> list[str]:
         if self.fixed.get("num_workers") == 0:
             return []
-        return [k for k in ("num_workers", "prefetch_factor")
-                if k not in self.fixed and k not in self.held]
+        return [k for k in ("num_workers", "prefetch_factor") if k not in {*self.fixed, *self.held}]
 
     def min_workers(self) -> int:
         # A prefetch_factor or persistent_workers=True the user gave needs workers in torch;
