@@ -27,6 +27,7 @@ import traceback
 import warnings
 from typing import Any, Callable
 
+from autotune.bench.procs import oom_first
 from autotune.bench.procs import write_status as _status
 
 _PR_SET_PDEATHSIG = 1
@@ -536,6 +537,7 @@ def main(argv: list[str]) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     _die_with_parent(int(spec["parent_pid"]))
+    oom_first()
     _mp_tempdir(spec)
     _start_record(spec)
     out: dict[str, Any] = {"ok": False, "pid": os.getpid(), "marks": {}, "phase": "startup",
