@@ -6,9 +6,13 @@ machine cannot do that case; everything else still runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -203,3 +207,30 @@ def no_leftovers():
 def live_measurements():
     """measurement_processes, as a fixture."""
     return measurement_processes
+
+
+@contextlib.contextmanager
+def _v1_memory_cgroup(limit_bytes: int, name: str = "autotune-test") -> Iterator[Path]:
+    """A cgroup v1 memory cgroup of `limit_bytes` (a container's limit), removed after;
+    the test skips without root or a v1 memory hierarchy."""
+    root = Path("/sys/fs/cgroup/memory")
+    if os.geteuid() != 0 or not (root / "memory.limit_in_bytes").exists():
+        pytest.skip("needs root and a cgroup v1 memory hierarchy")
+    cg = root / f"{name}-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        yield cg
+    finally:
+        for _ in range(50):  # its last process leaves it a moment after exiting
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+@pytest.fixture
+def memory_cgroup():
+    """_v1_memory_cgroup, as a fixture: `with memory_cgroup(2**30) as cg: ...`."""
+    return _v1_memory_cgroup

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -291,7 +290,6 @@ def test_the_environment_is_json_and_has_a_header():
 
 # -- real: a memory cgroup, a 64 MiB /dev/shm, a read-only /proc/sys ----------------------
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 PROBE = ("import json,sys; from autotune.environment import read_environment; "
          "print(json.dumps(read_environment().to_dict()))")
 
@@ -301,30 +299,16 @@ def _need_root():
         pytest.skip("needs root: a memory cgroup / a mount namespace of the test's own")
 
 
-def test_a_real_v1_memory_cgroup_binds_the_budget():
-    _need_root()
-    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
-        pytest.skip("no cgroup v1 memory hierarchy on this machine")
-    d = V1_MEMORY / f"autotune-envtest-{uuid.uuid4().hex[:8]}"
-    d.mkdir()
-    try:
-        (d / "memory.limit_in_bytes").write_text(str(512 * 2**20))
+def test_a_real_v1_memory_cgroup_binds_the_budget(memory_cgroup):
+    with memory_cgroup(512 * 2**20, "autotune-envtest") as d:
         code = f"import os; open('{d}/cgroup.procs','w').write(str(os.getpid())); " + PROBE
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True, cwd=ROOT).stdout
-        env = json.loads(out)
-        assert env["memory"]["limit_bytes"] == 512 * 2**20
-        assert env["memory"]["source"] == str(d / "memory.limit_in_bytes")
-        assert env["memory_budget_bytes"] <= 512 * 2**20
-        assert env["memory"]["usage_bytes"] > 0
-    finally:
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                import time
-                time.sleep(0.1)
+    env = json.loads(out)
+    assert env["memory"]["limit_bytes"] == 512 * 2**20
+    assert env["memory"]["source"] == str(d / "memory.limit_in_bytes")
+    assert env["memory_budget_bytes"] <= 512 * 2**20
+    assert env["memory"]["usage_bytes"] > 0
 
 
 def _in_namespace(script: str) -> dict:
@@ -376,15 +360,12 @@ def test_a_missing_cgroup_file_and_a_missing_shm_are_printed_by_the_commands(tmp
     assert any("limitation:" in line and "no-cgroup" in line for line in lines)
 
 
-def test_search_max_memory_over_the_cgroup_limit_is_a_warning_naming_both(tmp_path):
+def test_search_max_memory_over_the_cgroup_limit_is_a_warning_naming_both(tmp_path,
+                                                                          memory_cgroup):
     """search --max-memory above the job's cgroup limit warns, as autotune.DataLoader's
     memory_budget= does: the environment is read from a real memory cgroup of 512 MiB."""
-    _need_root()
-    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
-        pytest.skip("no cgroup v1 memory hierarchy on this machine")
-    d = V1_MEMORY / f"autotune-envfix-{uuid.uuid4().hex[:8]}"
-    d.mkdir()
-    code = (f"import os, json, types; open('{d}/cgroup.procs','w').write(str(os.getpid()))\n"
+    code = ("import os, json, sys, types\n"
+            "open(sys.argv[1] + '/cgroup.procs','w').write(str(os.getpid()))\n"
             "from autotune.search.session import Session\n"
             "from autotune.environment import read_environment\n"
             "said = []\n"
@@ -397,18 +378,9 @@ def test_search_max_memory_over_the_cgroup_limit_is_a_warning_naming_both(tmp_pa
             "    s._decide_max_memory()\n"
             "    print(json.dumps([mib, s.max_mem, s.space.notes, said]))\n"
             "    said.clear()\n")
-    try:
-        (d / "memory.limit_in_bytes").write_text(str(512 * 2**20))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, cwd=ROOT).stdout.splitlines()
-    finally:
-        for _ in range(50):
-            try:
-                d.rmdir()
-                break
-            except OSError:
-                import time
-                time.sleep(0.1)
+    with memory_cgroup(512 * 2**20, "autotune-envfix") as d:
+        out = subprocess.run([sys.executable, "-c", code, str(d)], capture_output=True,
+                             text=True, check=True, cwd=ROOT).stdout.splitlines()
     over, under, unset = (json.loads(x) for x in out)
     assert over[1] == 4096 and len(over[2]) == 1 and over[3] == ["warning: " + over[2][0]]
     assert over[2][0].startswith("--max-memory 4,096 MiB is over this job's cgroup memory "

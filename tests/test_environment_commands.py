@@ -14,14 +14,12 @@ import stat
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
 
 pytestmark = pytest.mark.root
 
@@ -149,27 +147,14 @@ print(json.dumps({"default": default, "warnings": [str(w.message) for w in seen]
 """
 
 
-def test_dataloader_budget_follows_the_memory_cgroup(world_tmp):
+def test_dataloader_budget_follows_the_memory_cgroup(world_tmp, memory_cgroup):
     """In a 1 GiB cgroup on a larger host: the default budget is half of what the cgroup
     has left, and a memory_budget over its limit is warned about, naming both figures."""
-    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
-        pytest.skip("no cgroup v1 memory hierarchy on this machine")
-    cg = V1_MEMORY / f"autotune-env-loader-{uuid.uuid4().hex[:8]}"
-    cg.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(2**30))
+    with memory_cgroup(2**30, "autotune-env-loader") as cg:
         r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
                             sys.executable, "-c", DATALOADER], capture_output=True, text=True,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT),
                                           "HOME": str(world_tmp)}, timeout=120)
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                import time
-                time.sleep(0.1)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert 0 < d["default"] <= 2**29
@@ -219,19 +204,15 @@ def test_probe_on_a_read_only_data_mount_names_the_path_and_scratch(world_datase
 
 @pytest.mark.slow
 def test_search_in_a_container_a_memory_cgroup_read_only_proc_sys_and_data(world_dataset,
-                                                                          world_tmp):
+                                                                          world_tmp,
+                                                                          memory_cgroup):
     """One search as a container gives it: a 3 GiB memory cgroup, /proc/sys read-only,
     the dataset on a read-only mount with --scratch (the probe's own use of it is the
     probe test's: a storage probe here would double this test's time)."""
-    if not (V1_MEMORY / "memory.limit_in_bytes").exists():
-        pytest.skip("no cgroup v1 memory hierarchy on this machine")
-    cg = V1_MEMORY / f"autotune-env-search-{uuid.uuid4().hex[:8]}"
-    cg.mkdir()
     ro, scratch, out = world_tmp / "ro", world_tmp / "scratch", world_tmp / "out"
     ro.mkdir()
     scratch.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(3 * 2**30))
+    with memory_cgroup(3 * 2**30, "autotune-env-search") as cg:
         setup = (f"{RO_PROC_SYS} && mount --bind {world_dataset} {ro} && "
                  f"mount -o remount,bind,ro {ro}")
         r = _namespace(setup, _autotune(
@@ -239,14 +220,6 @@ def test_search_in_a_container_a_memory_cgroup_read_only_proc_sys_and_data(world
             "--trials", "1",
             "--confirm", "0", "--seconds", "1", "--compute-ms", "0", "--space", "small",
             "--out", str(out), "--json", "-"), cgroup=cg, tmp=world_tmp)
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                import time
-                time.sleep(0.1)
     d = _json(r)
     env = d["environment"]
     assert env["memory"]["limit_bytes"] == 3 * 2**30

@@ -290,31 +290,18 @@ print(json.dumps({"kind": r.failure_kind, "reason": r.reason}))
 """
 
 
-def test_the_oom_killer_takes_the_measurement_not_the_bench(small_dataset: Path,
-                                                            tmp_path: Path) -> None:
+def test_the_oom_killer_takes_the_measurement_not_the_bench(small_dataset: Path, tmp_path: Path,
+                                                            memory_cgroup) -> None:
     """A memory cgroup (a container's limit) that the measurement's step fills: the kernel's
     OOM killer chose the largest process, the bench (or search) that started it, which
     died with exit 137 and said nothing. The measurement and its workers go first: the
     bench lives and says the measurement ran out of memory."""
-    v1 = Path("/sys/fs/cgroup/memory")
-    if os.geteuid() != 0 or not (v1 / "memory.limit_in_bytes").exists():
-        pytest.skip("needs root and a cgroup v1 memory hierarchy")
     step = tmp_path / "grow.py"
     step.write_text("KEEP = []\n\ndef step(batch):\n    KEEP.append(b'\\x01' * (64 << 20))\n")
-    cg = v1 / f"autotune-oom-{os.getpid()}"
-    cg.mkdir()
-    try:
-        (cg / "memory.limit_in_bytes").write_text(str(1600 << 20))
+    with memory_cgroup(1600 << 20, "autotune-oom") as cg:
         r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
                             sys.executable, "-c", _OOM_PARENT, str(small_dataset),
                             f"{step}:step"], capture_output=True, text=True, timeout=240)
-    finally:
-        for _ in range(50):
-            try:
-                cg.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d["kind"] == "oom" and "OOM killer" in d["reason"], d
