@@ -28,6 +28,25 @@ def _fits(folder: str | os.PathLike[str]) -> bool:
     return len(os.fsencode(folder)) <= _PATH_MAX
 
 
+def fits(folder: str | os.PathLike[str]) -> bool:
+    """Whether multiprocessing's sockets fit below `folder` (AF_UNIX: 107 bytes a path)."""
+    return _fits(folder)
+
+
+def short_folder(prefix: str = "pymp-") -> str | None:
+    """A new folder whose sockets fit, in the first of /tmp, /var/tmp and /dev/shm that
+    takes one (TMPDIR being too long); None where none does."""
+    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        try:
+            made = tempfile.mkdtemp(prefix=prefix, dir=base)
+        except OSError:
+            continue
+        if _fits(made):
+            return made
+        os.rmdir(made)
+    return None
+
+
 def make(scratch: Path) -> str | None:
     """The folder for the run whose scratch folder is `scratch`, made; None: none fits."""
     inner = scratch / "mp"
@@ -68,4 +87,4 @@ def remove(scratch: Path, folder: str | None) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-__all__ = ["PREFIX", "make", "recorded", "remove"]
+__all__ = ["PREFIX", "fits", "make", "recorded", "remove", "short_folder"]

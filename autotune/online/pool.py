@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import multiprocessing
 import multiprocessing.util
 import os
+import shutil
+import tempfile
 import threading
 import time
 import warnings
@@ -23,11 +26,14 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader as TorchLoader
 
+from autotune.bench import mpdir
 from autotune.bench.shmleft import remove_left
 from autotune.monitor.proctree import pid_alive
 from autotune.online import failure
 from autotune.online.config import Config
 from autotune.online.stream import IndexStream, Lease
+
+log = logging.getLogger("autotune.online")
 
 
 class ReadyInit:
@@ -242,7 +248,23 @@ def _share_temp_dir() -> None:
     that they put their sockets in it rather than each making its own: a worker handing a
     batch's descriptor over listens on a socket there, and one killed (the OOM killer, a
     fallback's SIGKILL) never removes its own folder; this process removes its folder at
-    exit. Not made (TMPDIR unwritable): each worker tries as before."""
+    exit. Under a TMPDIR too long for a socket's path (about 75 bytes: a pytest tmp_path,
+    a deep job folder) every worker's bind failed and torch waited for its batch for ever,
+    in a loop that ran without workers before autotune chose some: the folder is then a
+    short one (mpdir.short_folder), said once. Not made (no folder writable): as before."""
+    cfg = multiprocessing.current_process()._config  # multiprocessing's own record of it
+    if cfg.get("tempdir") is None and not mpdir.fits(
+            os.path.join(tempfile.gettempdir(), "pymp-12345678")):
+        short = mpdir.short_folder()
+        log.log(logging.INFO if short else logging.WARNING,
+                "TMPDIR %s is too long for the DataLoader workers' sockets (107 bytes a "
+                "path): %s", tempfile.gettempdir(), f"their folder is {short}" if short else
+                "no shorter folder could be made; set TMPDIR to a shorter path",
+                extra={"autotune_event": "tmpdir", "autotune": {"folder": short}})
+        if short is not None:
+            cfg["tempdir"] = short
+            multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True),
+                                          exitpriority=-100)
     with contextlib.suppress(OSError):
         multiprocessing.util.get_temp_dir()
 

@@ -284,3 +284,36 @@ def test_a_killed_worker_leaves_no_multiprocessing_folder(tmp_path):
         assert sorted(os.listdir(tmp)) == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+_FOUR_EPOCHS = """
+import logging, sys, time
+import torch, autotune
+from torch.utils.data import Dataset
+
+class Items(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.tensor([i])
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+loader = autotune.DataLoader(Items(), batch_size=4, _controller=False)
+loader._force_config(2, 2)
+for epoch in range(2):
+    assert sorted(int(x) for b in loader for x in b) == list(range(64))
+loader.close()
+"""
+
+
+def test_workers_run_under_a_tmpdir_too_long_for_their_sockets(tmp_path):
+    """A TMPDIR past about 75 bytes (a pytest tmp_path, a deep job folder): a worker's
+    socket path is over AF_UNIX's 107 bytes, its bind fails, and torch waits for its batch
+    for ever, where the loop had run without workers before. The workers' folder is then
+    a short one, said at INFO."""
+    tmp = tmp_path / ("t" * 80)
+    tmp.mkdir()
+    out = subprocess.run([sys.executable, "-c", _FOUR_EPOCHS], capture_output=True,
+                         text=True, timeout=90, env=dict(os.environ, TMPDIR=str(tmp)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "is too long for the DataLoader workers' sockets" in out.stderr
