@@ -146,6 +146,8 @@ class Environment:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # Where probe's fio scratch file goes instead of the data's mount (--scratch), if given.
     scratch_dir: str | None = None
+    # The command runs fio (probe, search): a read-only data mount is then a limitation.
+    runs_fio: bool = True
 
     # -- budgets -------------------------------------------------------------------------
     def memory_budget(self) -> int:
@@ -227,14 +229,12 @@ class Environment:
         if not self.delayacct_on and not self.can_switch_delayacct:
             out.append("delay accounting is off and cannot be switched on: I/O waits are "
                        "sampled from task states (D, wchan), coarser than the kernel's count")
-        if self.data_read_only and self.scratch_dir:
-            out.append(f"{self.data_path} is on a read-only mount: fio's scratch file goes "
-                       f"to {self.scratch_dir} (--scratch); fio measures that directory's "
-                       "storage")
-        elif self.data_read_only:
-            out.append(f"{self.data_path} is on a read-only mount: fio cannot write its "
-                       "scratch file there and is skipped; probe and search take --scratch "
-                       "DIR (a writable directory on the same storage)")
+        if self.runs_fio and self.data_read_only:
+            out.append(f"{self.data_path} is on a read-only mount: " + (
+                f"fio's scratch file goes to {self.scratch_dir} (--scratch); fio measures "
+                "that directory's storage" if self.scratch_dir else
+                "fio cannot write its scratch file there and is skipped; probe and search "
+                "take --scratch DIR (a writable directory on the same storage)"))
         if self.memory.oom_group:
             out.append("memory.oom.group=1: the OOM killer ends the whole container, no "
                        "worker can be lost and recovered; budgets stay well under the limit")
@@ -443,11 +443,12 @@ def _writable(path: str) -> bool:
 
 
 def read_environment(data_path: str | os.PathLike[str] | None = None, *,
-                     scratch: str | os.PathLike[str] | None = None,
+                     scratch: str | os.PathLike[str] | None = None, runs_fio: bool = True,
                      shm_path: str = DEV_SHM, proc_sys: str = PROC_SYS,
                      cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
                      mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE) -> Environment:
-    """Read the environment once (a few small files; milliseconds)."""
+    """Read the environment once (a few small files; milliseconds). `runs_fio`: the
+    command runs fio on the data's storage (bench does not: no fio limitation then)."""
     root = os.geteuid() == 0
     total, avail = _meminfo()
     delay_file = os.path.join(proc_sys, "kernel", "task_delayacct")
@@ -472,4 +473,4 @@ def read_environment(data_path: str | os.PathLike[str] | None = None, *,
         delayacct_on=delay_on,
         can_switch_delayacct=root and _writable(delay_file),
         data_path=data, data_read_only=ro,
-        scratch_dir=None if scratch is None else str(scratch))
+        scratch_dir=None if scratch is None else str(scratch), runs_fio=runs_fio)

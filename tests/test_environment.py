@@ -288,6 +288,19 @@ def test_the_environment_is_json_and_has_a_header():
     assert any(line.startswith("memory:") for line in env.lines())
 
 
+
+def test_a_read_only_data_mount_is_a_limitation_only_where_fio_runs():
+    """bench runs no fio: it printed probe's "fio cannot write its scratch file there ...
+    take --scratch" for a read-only dataset, an option bench does not have."""
+    import dataclasses
+
+    ro = dataclasses.replace(read_environment(ROOT), data_path="/data", data_read_only=True)
+    assert any("/data is on a read-only mount: fio cannot" in x for x in ro.limitations())
+    bench = dataclasses.replace(ro, runs_fio=False)
+    assert not any("read-only mount" in x for x in bench.limitations())
+    assert bench.to_dict()["data_read_only"] is True  # still said in the JSON
+
+
 # -- real: a memory cgroup, a 64 MiB /dev/shm, a read-only /proc/sys ----------------------
 
 PROBE = ("import json,sys; from autotune.environment import read_environment; "

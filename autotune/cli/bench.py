@@ -124,7 +124,7 @@ options override them."""
         from autotune.monitor.delayacct import hold_if
 
         # Read once, by this command (the measurement runs in a child process of its own).
-        env = read_environment(args.dataset)
+        env = read_environment(args.dataset, runs_fio=False)
         from autotune.bench.shmcheck import shm_refusal
 
         with hold_if(args.delayacct), spinner(not args.quiet) as prog:
