@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from autotune_base.units import fmt_bytes
 
 REQUIRED = {"path", "filesystem", "fio", "fio_error", "replay", "verdict"}
 
@@ -43,6 +44,9 @@ def test_json_to_stdout_has_the_documented_keys(small_dataset, tmp_path):
     assert [lv["concurrency"] for lv in rp["by_concurrency"]] == [1, 4]
     assert {"files_per_s", "mib_per_s", "lat_p50_ms", "lat_p99_ms"} <= rp["by_concurrency"][0].keys()
     assert "storage_files_per_s" in d["verdict"] and "Verdict" in r.stderr
+    # The verdict's file size in the table's units ("mean 1 KB" beside "mean 1.3 KiB").
+    mean = fmt_bytes(rp["mean_file_bytes"])
+    assert any(f"(mean {mean}," in e for e in d["verdict"]["evidence"]), d["verdict"]
     assert not [p for p in os.listdir(small_dataset) if p.startswith(".autotune")]
 
 

@@ -3,6 +3,8 @@ dropped, inodes kept), which the storage ceiling uses."""
 
 from __future__ import annotations
 
+from autotune_base.units import fmt_bytes
+
 from autotune.verdict.storage._case import StorageCase, StorageRule
 
 
@@ -16,7 +18,7 @@ class Replay(StorageRule):
         rp = case.rp
         assert rp is not None
         best = rp.best
-        case.evidence.append(f"replay of {rp.files_sampled} files (mean {rp.mean_file_bytes / 1e3:.0f} KB, "
+        case.evidence.append(f"replay of {rp.files_sampled} files (mean {fmt_bytes(rp.mean_file_bytes)}, "
                              f"{rp.cold_method}): best {best.files_per_s:,.0f} files/s at concurrency "
                              f"{best.concurrency}, p50 {best.lat_p50_ms:.2f} ms")
         st = rp.best_steady
