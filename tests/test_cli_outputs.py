@@ -87,10 +87,10 @@ def test_a_json_file_in_a_folder_the_user_cannot_write_is_refused(tmp_path):
             os.setgroups([])
             os.setresgid(65534, 65534, 65534)
             os.setresuid(65534, 65534, 65534)
-            for d in (ro, hidden / "sub"):
+            for name in (str(ro / "a.json"), str(hidden / "sub" / "a.json"), "a.json"):
+                os.chdir(ro)   # the last a name in the folder the command runs in
                 try:
-                    check_output_files(argparse.Namespace(json=str(d / "a.json"),
-                                                          timeline=None))
+                    check_output_files(argparse.Namespace(json=name, timeline=None))
                     said += "; no error"
                 except UsageError as e:
                     said += f"; {e}"
@@ -105,10 +105,12 @@ def test_a_json_file_in_a_folder_the_user_cannot_write_is_refused(tmp_path):
     os.waitpid(pid, 0)
     try:
         got = said.split("; --json ")
-        assert len(got) == 3, said
+        assert len(got) == 4, said
         assert got[1].startswith(f"{ro / 'a.json'}: {ro} cannot be written"), said
         assert got[2].startswith(f"{hidden / 'sub' / 'a.json'}: {hidden}"), said
         assert "cannot be written" in got[2], said
+        # The folder by its whole path, not "." (where the command ran was not said).
+        assert got[3].startswith(f"a.json: {ro} cannot be written"), said
         # root may write there: the same check passes for it
         check_output_files(argparse.Namespace(json=str(ro / "a.json"), timeline=None))
     finally:

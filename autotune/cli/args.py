@@ -201,5 +201,6 @@ def check_output_files(args: argparse.Namespace) -> None:
         # Missing folders are made when the file is written (`--out run1 --json run1/a.json`).
         top, why = unwritable_reason(path.parent)
         if why:
-            raise UsageError(f"{flag} {value}: {top} {why}; name a file in a folder you can "
-                             "write")
+            # The folder by its whole path: "." said nothing of where the command ran.
+            raise UsageError(f"{flag} {value}: {top.absolute()} {why}; name a file in a "
+                             "folder you can write")
