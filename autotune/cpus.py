@@ -14,6 +14,13 @@ The kernel enforces every quota on the way up, so the smallest one binds; the af
 mask (`os.sched_getaffinity`, which a cpuset or `taskset` narrows) is a bound as well, and
 the minimum of all of them wins.
 
+How often a quota held the job back: the cgroup's `cpu.stat` counts the enforcement periods
+that elapsed while its tasks ran (`nr_periods`), those at whose end the quota was used up
+and its tasks were stopped until the next period (`nr_throttled`), and the time they spent
+stopped (v1 `throttled_time` in ns, v2 `throttled_usec`). `parse_cpu_stat` reads either,
+`quota_of(pid)` finds the binding quota of another process (the monitored job) and the
+`cpu.stat` that counts its throttling.
+
 Rounding: a quota is CPU *time* (1.5 cores = 150 ms of CPU per 100 ms), so throughput
 scales with the fractional figure and `CpuLimit.cores` keeps it (the decode ceiling is
 per-core rate x 1.5). Whole processes do not: a third worker process under a 1.5-core
@@ -30,7 +37,8 @@ from pathlib import Path
 
 from autotune.cgroups import CGROUP_FILE, MOUNTINFO_FILE, cgroup_dirs
 
-__all__ = ["CpuLimit", "Quota", "cgroup_quotas", "cpu_limit", "usable_cores"]
+__all__ = ["CpuLimit", "CpuStat", "Quota", "cgroup_quotas", "cpu_limit", "job_cores",
+           "parse_cpu_stat", "quota_of", "usable_cores"]
 
 # A quota within this of a whole number is that number (150000/100000 is 1.5 exactly, but
 # a period of 33333 us makes 1 core 0.99999...).
@@ -128,3 +136,52 @@ def cpu_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
 def usable_cores() -> int:
     """Whole cores this process may use at once (worker counts): see `cpu_limit`."""
     return cpu_limit().whole
+
+
+def job_cores() -> int | float:
+    """The CPUs this process may use as a step log's header records them: the fractional
+    figure under a quota (0.5), a whole number otherwise (2)."""
+    cores = cpu_limit().cores
+    return int(round(cores)) if abs(cores - round(cores)) < _EPS else round(cores, 3)
+
+
+@dataclass(frozen=True)
+class CpuStat:
+    """A cgroup's CPU bandwidth counters (`cpu.stat`), since the cgroup was made."""
+
+    periods: int        # enforcement periods in which its tasks ran (nr_periods)
+    throttled: int      # of them, those in which the quota ran out (nr_throttled)
+    throttled_s: float  # time its tasks were stopped by the quota (throttled_time/_usec)
+
+
+def parse_cpu_stat(text: str) -> CpuStat | None:
+    """The bandwidth counters of a v1 `cpu.stat` (nr_periods, nr_throttled, throttled_time
+    in ns) or a v2 one (nr_periods, nr_throttled, throttled_usec, beside usage_usec ...);
+    None when the text holds no nr_periods (a kernel without CFS bandwidth control)."""
+    kv: dict[str, int] = {}
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) == 2 and f[1].lstrip("-").isdigit():
+            kv[f[0]] = int(f[1])
+    if "nr_periods" not in kv:
+        return None
+    secs = (kv["throttled_usec"] / 1e6 if "throttled_usec" in kv
+            else kv.get("throttled_time", 0) / 1e9)
+    return CpuStat(kv["nr_periods"], kv.get("nr_throttled", 0), secs)
+
+
+def quota_of(pid: int | str, *, cgroup_file: str | os.PathLike[str] | None = None,
+             mountinfo_file: str | os.PathLike[str] = MOUNTINFO_FILE
+             ) -> tuple[Quota | None, Path | None]:
+    """The binding CPU quota on process `pid`'s cgroup and its ancestors (None: none) and
+    the `cpu.stat` that counts its throttling: that of the cgroup holding the quota (the
+    kernel throttles there), else the process's own cgroup's (None: no cpu hierarchy
+    seen). `cgroup_file` overrides /proc/PID/cgroup (tests). Raises OSError when it
+    cannot be read (the process is gone)."""
+    dirs = cgroup_dirs("cpu", cgroup_file=cgroup_file or f"/proc/{pid}/cgroup",
+                       mountinfo_file=mountinfo_file)
+    found = [(q, d) for kind, d in dirs if (q := _read_quota(kind, d)) is not None]
+    if found:
+        q, d = min(found, key=lambda x: x[0].cores)
+        return q, d / "cpu.stat"
+    return None, (dirs[0][1] / "cpu.stat" if dirs else None)

@@ -160,11 +160,12 @@ def loader_info(iterable: Any) -> dict[str, Any]:
     return info
 
 
-def _usable_cores() -> int:
-    """Affinity mask and cgroup CPU quotas of this process (autotune.cpus)."""
-    from autotune.cpus import usable_cores
+def _usable_cores() -> int | float:
+    """Affinity mask and cgroup CPU quotas of this process (autotune.cpus): the fractional
+    figure under a quota (0.5), as the kernel enforces it."""
+    from autotune.cpus import job_cores
 
-    return usable_cores()
+    return job_cores()
 
 
 class _Writer:

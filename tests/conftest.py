@@ -12,7 +12,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -234,3 +234,62 @@ def _v1_memory_cgroup(limit_bytes: int, name: str = "autotune-test") -> Iterator
 def memory_cgroup():
     """_v1_memory_cgroup, as a fixture: `with memory_cgroup(2**30) as cg: ...`."""
     return _v1_memory_cgroup
+
+
+# ---------------------------------------------------------------- cgroup v1 CPU quotas
+
+V1_CPU_MOUNTS = ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
+
+
+def _own_v1_cpu_dir() -> Path | None:
+    """This process's cgroup directory in the v1 cpu hierarchy, found independently of
+    the code under test (the conventional mount points)."""
+    own = None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            own = path
+    if own is None:
+        return None
+    for mnt in V1_CPU_MOUNTS:
+        d = Path(mnt) / own.lstrip("/")
+        if (d / "cpu.cfs_quota_us").is_file():
+            return d
+    return None
+
+
+CgroupMaker = Callable[[Path, "float | None"], Path]
+
+
+@pytest.fixture
+def cpu_cgroup() -> Iterator[tuple[Path, CgroupMaker]]:
+    """(own cgroup dir, make(parent, cores)): make creates a child cgroup with a quota of
+    `cores` (None: no quota). All are removed afterwards, deepest first, once the
+    processes started in them have exited. Used by tests/test_cpus.py and the monitor's
+    and the analysis' CPU-quota tests."""
+    base = _own_v1_cpu_dir()
+    if base is None:
+        pytest.skip("no cgroup v1 cpu controller mounted at "
+                    f"{' or '.join(V1_CPU_MOUNTS)} (cpu.cfs_quota_us)")
+    made: list[Path] = []
+
+    def make(parent: Path, cores: float | None) -> Path:
+        d = parent / f"autotune-test-{uuid.uuid4().hex[:8]}"
+        d.mkdir()
+        made.append(d)
+        if cores is not None:
+            period = int((d / "cpu.cfs_period_us").read_text())
+            (d / "cpu.cfs_quota_us").write_text(f"{round(cores * period)}\n")
+        return d
+
+    yield base, make
+    left = []
+    for d in reversed(made):
+        deadline = time.monotonic() + 10
+        while (d / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)  # a process that just exited may still be listed
+        try:
+            d.rmdir()
+        except OSError as e:
+            left.append(f"{d}: {e}")
+    assert not left, f"cgroups left behind: {left}"

@@ -11,17 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from autotune.cpus import cgroup_quotas, cpu_limit
+from autotune.cpus import CpuStat, cgroup_quotas, cpu_limit, parse_cpu_stat, quota_of
 
 REPO = Path(__file__).resolve().parents[1]
-V1_CPU_MOUNTS = ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
 
 # What a process inside the cgroup reports, through every caller that sizes workers or
 # the decode ceiling.
@@ -31,65 +27,13 @@ from autotune import cpus
 from autotune.data import presets
 from autotune.search import ceilings
 from autotune.cli import convert
-print(json.dumps({"limit": cpus.cpu_limit().to_dict(), "usable": cpus.usable_cores(),
+from autotune import instrumentation
+print(json.dumps({"header": instrumentation._usable_cores(), "limit": cpus.cpu_limit().to_dict(), "usable": cpus.usable_cores(),
                   "convert": convert._default_workers(),
                   "presets": presets.usable_cores(), "effective": ceilings.effective_cores(),
                   "quota": ceilings.cpu_quota_cores(),
                   "cgroup": open("/proc/self/cgroup").read()}))
 """
-
-
-def _own_v1_cpu_dir() -> Path | None:
-    """This process's cgroup directory in the v1 cpu hierarchy, found independently of
-    the code under test (the conventional mount points)."""
-    own = None
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            own = path
-    if own is None:
-        return None
-    for mnt in V1_CPU_MOUNTS:
-        d = Path(mnt) / own.lstrip("/")
-        if (d / "cpu.cfs_quota_us").is_file():
-            return d
-    return None
-
-
-CgroupMaker = Callable[[Path, float | None], Path]
-
-
-@pytest.fixture
-def cpu_cgroup() -> Iterator[tuple[Path, CgroupMaker]]:
-    """(own cgroup dir, make(parent, cores)): make creates a child cgroup with a quota of
-    `cores` (None: no quota). All are removed afterwards, deepest first, once the
-    processes started in them have exited."""
-    base = _own_v1_cpu_dir()
-    if base is None:
-        pytest.skip("no cgroup v1 cpu controller mounted at "
-                    f"{' or '.join(V1_CPU_MOUNTS)} (cpu.cfs_quota_us)")
-    made: list[Path] = []
-
-    def make(parent: Path, cores: float | None) -> Path:
-        d = parent / f"autotune-test-{uuid.uuid4().hex[:8]}"
-        d.mkdir()
-        made.append(d)
-        if cores is not None:
-            period = int((d / "cpu.cfs_period_us").read_text())
-            (d / "cpu.cfs_quota_us").write_text(f"{round(cores * period)}\n")
-        return d
-
-    yield base, make
-    left = []
-    for d in reversed(made):
-        deadline = time.monotonic() + 10
-        while (d / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.05)  # a process that just exited may still be listed
-        try:
-            d.rmdir()
-        except OSError as e:
-            left.append(f"{d}: {e}")
-    assert not left, f"cgroups left behind: {left}"
 
 
 def _report_in(cg: Path) -> dict:
@@ -120,6 +64,7 @@ def test_one_core_quota_on_own_cgroup(cpu_cgroup):
     outside = _report_in(base)  # control: the same process without a quota
     assert outside["usable"] == outside["presets"] == outside["effective"] == n
     assert outside["convert"] == min(8, n)
+    assert outside["header"] == n and isinstance(outside["header"], int)
     cg = make(base, 1.0)
     d = _report_in(cg)
     assert d["usable"] == d["presets"] == d["effective"] == d["convert"] == 1
@@ -149,6 +94,8 @@ def test_fractional_quota_and_the_smaller_of_two(cpu_cgroup):
     d = _report_in(parent)
     assert d["limit"]["cores"] == pytest.approx(1.5) and d["limit"]["whole"] == 1
     assert d["usable"] == d["effective"] == d["convert"] == 1 and d["quota"] == pytest.approx(1.5)
+    # The step log's header says the quota as the kernel enforces it, not a whole core.
+    assert d["header"] == pytest.approx(1.5)
     child = make(parent, 1.0)
     d = _report_in(child)
     assert d["limit"]["cores"] == pytest.approx(1.0)
@@ -225,3 +172,34 @@ def test_affinity_binds_below_the_quota_and_no_quota_is_the_mask(tmp_path):
 def test_unreadable_proc_falls_back_to_the_mask(tmp_path):
     assert cgroup_quotas(cgroup_file=tmp_path / "none", mountinfo_file=tmp_path / "none") == []
     assert cpu_limit(cgroup_file=tmp_path / "none", affinity=5).whole == 5
+
+
+# ---------------------------------------------------------------- cpu.stat, a job's quota
+
+V1_STAT = "nr_periods 120\nnr_throttled 100\nthrottled_time 4500000000\nnr_bursts 0\nburst_time 0\n"
+V2_STAT = ("usage_usec 905871\nuser_usec 800000\nsystem_usec 105871\nnr_periods 40\n"
+           "nr_throttled 33\nthrottled_usec 1650000\nnr_bursts 0\nburst_usec 0\n")
+
+
+def test_cpu_stat_v1_and_v2():
+    assert parse_cpu_stat(V1_STAT) == CpuStat(120, 100, pytest.approx(4.5))
+    assert parse_cpu_stat(V2_STAT) == CpuStat(40, 33, pytest.approx(1.65))
+    # A v2 root (no bandwidth control there) and an empty read: no counters, not zeros.
+    assert parse_cpu_stat("usage_usec 57232309015\nuser_usec 49517038217\n") is None
+    assert parse_cpu_stat("") is None
+
+
+def test_a_jobs_quota_and_the_cpu_stat_that_counts_it(tmp_path):
+    """The binding quota of another process (the monitored job) sits on an ancestor: its
+    throttling is counted in that cgroup's cpu.stat, not the job's own."""
+    files = _fake(tmp_path, ["/ {tmp}/v2 rw,nosuid - cgroup2 cgroup2 rw,nsdelegate"],
+                  "0::/kubepods/pod1/ctr\n",
+                  {"v2/kubepods/pod1/cpu.max": "50000 100000\n",
+                   "v2/kubepods/pod1/ctr/cpu.max": "max 100000\n",
+                   "v2/kubepods/pod1/cpu.stat": V2_STAT})
+    q, stat = quota_of(1, **files)
+    assert q is not None and q.cores == pytest.approx(0.5)
+    assert stat == tmp_path / "v2/kubepods/pod1/cpu.stat"
+    files = _fake(tmp_path / "none", ["/ {tmp}/v2 rw - cgroup2 cgroup2 rw"], "0::/a\n",
+                  {"v2/a/cpu.max": "max 100000\n"})
+    assert quota_of(1, **files) == (None, tmp_path / "none/v2/a/cpu.stat")

@@ -242,8 +242,10 @@ def _factory_note(loader: dict[str, Any] | None) -> list[str]:
             "returns it), not autotune's image pipeline"]
 
 
-def _cores(meta: dict[str, Any]) -> int | None:
-    return meta.get("cores") if isinstance(meta.get("cores"), int) else None
+def _cores(meta: dict[str, Any]) -> float | None:
+    """The step log header's usable cores (fractional under a CPU quota: 0.5)."""
+    c = meta.get("cores")
+    return c if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 else None
 
 
 def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:

@@ -23,7 +23,8 @@ class RuleInputs:
     batch_size: int | None
     steps: int
     loader: dict[str, Any] | None = None      # DataLoader settings (own log header)
-    job_cores: int | None = None              # CPUs the job may use (own log header)
+    job_cores: float | None = None            # CPUs the job may use (own log header:
+                                              # fractional under a CPU quota)
     system: SystemFigures | None = None       # its .budget: the time budget
     probe: dict[str, Any] | None = None
     dataset: str | None = None
@@ -91,7 +92,9 @@ def gpu_busy(inp: RuleInputs) -> float | None:
 
 def usable_cores(inp: RuleInputs) -> int | None:
     """The job's own CPUs (its affinity or quota, from the step log) when known: a job
-    pinned to 2 of 64 cores is limited by those 2."""
+    pinned to 2 of 64 cores is limited by those 2. Whole cores, for worker counts: a
+    fractional quota rounds down, to at least 1 (autotune.cpus.CpuLimit.whole)."""
     s = inp.system
     job_cpus = SystemFigures.med(s.job_cpus) if s is not None else None
-    return inp.job_cores or (round(job_cpus) if job_cpus else None) or (s.cores if s else None)
+    whole = max(1, int(inp.job_cores + 1e-6)) if inp.job_cores else None
+    return whole or (round(job_cpus) if job_cpus else None) or (s.cores if s else None)
