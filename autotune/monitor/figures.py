@@ -65,6 +65,10 @@ class SystemFigures:
     # /dev/shm at its fullest over the whole run, not only the window (a job that dies of a
     # full /dev/shm fills it after its last step): {"used_bytes", "total_bytes", "time"}.
     shm_peak: dict[str, float] | None = None
+    # The job's cgroup CPU quota over the window (autotune.monitor.quota): "cores" (None:
+    # no quota), "quota_file", "quota", "stat_file", and summed over the joined samples
+    # "periods", "throttled", "throttled_s", "throttled_share" (throttled / periods).
+    cpu_quota: dict[str, Any] | None = None
 
     @staticmethod
     def med(s: dict[str, float] | None) -> float | None:
@@ -146,6 +150,12 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
             info.setdefault("budgets", []).append(budget)
         else:
             unavailable["budget"] = budget.get("reason", "")
+    quota = rec.get("cpu_quota")
+    if quota:
+        if quota.get("available"):
+            info.setdefault("quotas", []).append(quota)
+        else:
+            unavailable["cpu_quota"] = quota.get("reason", "")
     gpu = _section(rec, "gpu", series, unavailable)
     utils = [float(d["util_pct"]) for d in (gpu or {}).get("devices") or []
              if d.get("util_pct") is not None]
@@ -163,6 +173,9 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
         setattr(figs, k, stat_of(series[k]))
     budget = sum_budgets(info.get("budgets") or [])
     figs.budget = budget.to_dict() if budget is not None else None
+    figs.cpu_quota = quota_over(info.get("quotas") or [])
+    if figs.cpu_quota is None and "cpu_quota" in unavailable:
+        figs.unavailable["cpu_quota"] = unavailable["cpu_quota"]
     if budget is None and "budget" in unavailable:
         figs.unavailable["budget"] = unavailable["budget"]
     # A section measured in the window is not "unavailable" for the analysis.
@@ -171,6 +184,17 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
         if sec in unavailable and getattr(figs, key) is None:
             figs.unavailable[sec] = unavailable[sec]
     return figs
+
+
+def quota_over(sections: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The CPU quota over the window: its last setting, its counts summed; None: none."""
+    if not sections:
+        return None
+    out = {k: sections[-1].get(k) for k in ("cores", "quota_file", "quota", "stat_file")}
+    for k in ("periods", "throttled", "throttled_s"):
+        out[k] = sum(float(q.get(k) or 0) for q in sections)
+    out["throttled_share"] = out["throttled"] / out["periods"] if out["periods"] else None
+    return out
 
 
 def figures_of(records: Iterable[dict[str, Any]], source: str, joined_by: str) -> SystemFigures:

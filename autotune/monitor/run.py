@@ -13,11 +13,14 @@ Files in OUT:
     metrics.jsonl    one monitor Sample per interval (Sample.to_dict(), `time` in epoch s),
                      plus "sched": the run-queue wait of the command's tasks (autotune.runqueue)
                      and "budget": where each process class's time went over the interval
-                     (autotune.monitor.tasks: a TimeBudget.to_dict())
+                     (autotune.monitor.tasks: a TimeBudget.to_dict()), and "cpu_quota":
+                     the job's cgroup CPU quota and how often it throttled the job over
+                     the interval (autotune.monitor.quota)
     steps.jsonl      written by the command itself when it wraps its loader with
                      autotune.instrument() (AUTOTUNE_STEPS_LOG points there)
     run.json         the command, data path, the path whose disk was watched (`watched`:
-                     --data, else the current directory), times, exit status
+                     --data, else the current directory), times, exit status, and
+                     `cpu_quota`: the quota's whole-run throttling (null: not seen)
 
 The command runs in its own process group, so a Ctrl-C at the terminal reaches it once,
 forwarded by the monitor (to the whole group, as the terminal would: DataLoader workers
@@ -42,6 +45,7 @@ from typing import IO, Any
 
 from autotune.errors import AutotuneError, UsageError
 from autotune.instrumentation import STEPS_LOG_ENV
+from autotune.monitor.quota import QuotaSampler, quota_section
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
 
@@ -109,6 +113,7 @@ class MonitorRun:
     summary: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     watched: str | None = None    # the path whose disk was sampled (data, else the cwd)
+    cpu_quota: dict[str, Any] | None = None   # the quota's whole-run throttling, if seen
 
     @property
     def seconds(self) -> float:
@@ -122,7 +127,7 @@ class MonitorRun:
                 "metrics": self.metrics,
                 "steps": self.steps, "samples": self.samples, "log_bytes": self.log_bytes,
                 "forwarded_signals": self.forwarded, "summary": self.summary,
-                "errors": self.errors}
+                "errors": self.errors, "cpu_quota": self.cpu_quota}
 
 
 class _Tee:
@@ -251,7 +256,8 @@ def budget_section(tasks: TaskSampler | None) -> dict[str, Any] | None:
     return b.to_dict() if b is not None else None
 
 
-def _sample_writer(path: Path, rq: RunQueueSampler | None, tasks: TaskSampler | None = None
+def _sample_writer(path: Path, rq: RunQueueSampler | None, tasks: TaskSampler | None = None,
+                   quota: QuotaSampler | None = None
                    ) -> tuple[Callable[[Any], None], IO[str], list[int]]:
     fh = path.open("w", encoding="utf-8")
     count = [0]
@@ -260,6 +266,8 @@ def _sample_writer(path: Path, rq: RunQueueSampler | None, tasks: TaskSampler | 
         d = sample.to_dict()
         if tasks is not None:
             d["budget"] = budget_section(tasks)
+        if quota is not None:
+            d["cpu_quota"] = quota_section(quota)
         if rq is not None:
             # Run-queue wait of the job's tasks: CPU-starved or waiting on I/O?
             try:
@@ -341,7 +349,9 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
     rq.sample(time.monotonic())   # the baseline
     tasks = TaskSampler(proc.pid, delayacct_since=hold.since if hold is not None else None)
     tasks.start()
-    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks)
+    quota = QuotaSampler(proc.pid)
+    quota_section(quota)          # the baseline
+    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks, quota)
     watched = os.path.abspath(data) if data is not None else os.getcwd()
     # run.json from the start, without an exit status: a monitor killed before the end
     # (SIGKILL, its node lost) leaves one that says so, which `analyze` reads as "how the
@@ -380,7 +390,8 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
                      log=str(out / LOG), metrics=str(out / METRICS),
                      steps=str(steps) if steps.exists() else None, samples=count[0],
                      log_bytes=tee.offset, forwarded=forwarder.forwarded,
-                     summary=mon.summary(), errors=errors, watched=watched)
+                     summary=mon.summary(), errors=errors, watched=watched,
+                     cpu_quota=quota.totals())
     _write_run(out, {k: v for k, v in run.to_dict().items() if k != "summary"}, errors)
     return run
 

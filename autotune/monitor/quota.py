@@ -1,0 +1,100 @@
+"""The job's CPU quota and how often it throttled the job, per interval.
+
+A container's `--cpus 0.5` (Kubernetes resources.limits.cpu, a systemd unit's CPUQuota=) is
+a CFS quota on the job's cgroup: once its tasks have used 50 ms of CPU in a 100 ms period,
+the kernel stops them all until the next period. They then wait for a CPU as they would on
+a full machine (schedstat counts the stop as run-queue wait: "runnable 145 %"), while the
+machine's cores may be idle. The cgroup's `cpu.stat` says so directly: the periods that
+elapsed, those in which the quota ran out, the time stopped (autotune.cpus.parse_cpu_stat).
+
+`QuotaSampler(pid)` reads the quota binding the monitored process (its own cgroup or an
+ancestor: autotune.cpus.quota_of) lazily, on its first sample, and again whenever the
+process moves to another cgroup (a launcher that joins one after it started); each
+`sample()` is the counters' change since the last: the "cpu_quota" section of a monitor
+record. What cannot be read is said (`available: false` and the reason), never raised.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.cpus import CpuStat, Quota, parse_cpu_stat, quota_of
+
+
+class QuotaSampler:
+    """Per-interval throttling of process `pid`'s binding CPU quota."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._key: str | None = None        # /proc/PID/cgroup when last resolved
+        self._quota: Quota | None = None
+        self._stat: Path | None = None
+        self._first: CpuStat | None = None   # counters at the baseline (whole-run totals)
+        self._last: CpuStat | None = None
+
+    def _resolve(self) -> None:
+        """(Re)find the quota and its cpu.stat when the process's cgroup changed; a process
+        that is gone keeps the cgroup it was last seen in (its counters stay readable)."""
+        try:
+            key = Path(f"/proc/{self.pid}/cgroup").read_text()
+        except OSError:
+            if self._key is None:
+                raise
+            return
+        if key != self._key:
+            self._quota, self._stat = quota_of(self.pid)
+            self._key, self._first, self._last = key, None, None
+
+    def _read(self) -> CpuStat:
+        if self._stat is None:
+            raise OSError("no cgroup cpu hierarchy holds the job's process")
+        stat = parse_cpu_stat(self._stat.read_text())
+        if stat is None:
+            raise OSError(f"{self._stat} has no nr_periods (no CFS bandwidth control)")
+        return stat
+
+    def sample(self) -> dict[str, Any] | None:
+        """The change since the last call as a record section; None for the baseline."""
+        try:
+            self._resolve()
+            cur = self._read()
+        except OSError as e:
+            return {"available": False, "reason": f"the job's cgroup cannot be read: {e}"}
+        last, self._last = self._last, cur
+        if self._first is None:
+            self._first = cur
+        if last is None:
+            return None
+        return self._section(last, cur)
+
+    def _section(self, a: CpuStat, b: CpuStat) -> dict[str, Any]:
+        q = self._quota
+        return {"available": True, "cores": None if q is None else q.cores,
+                "quota_file": None if q is None else q.file,
+                "quota": None if q is None else q.raw, "stat_file": str(self._stat),
+                "periods": max(0, b.periods - a.periods),
+                "throttled": max(0, b.throttled - a.throttled),
+                "throttled_s": max(0.0, b.throttled_s - a.throttled_s)}
+
+    def totals(self) -> dict[str, Any] | None:
+        """The whole run's (since the baseline in the job's last cgroup), as run.json
+        records it; None before two reads."""
+        if self._first is None or self._last is None:
+            return None
+        d = self._section(self._first, self._last)
+        d["throttled_share"] = d["throttled"] / d["periods"] if d["periods"] else None
+        return d
+
+
+def quota_section(sampler: QuotaSampler | None) -> dict[str, Any] | None:
+    """The "cpu_quota" section of a monitor record (never raises)."""
+    if sampler is None:
+        return None
+    try:
+        return sampler.sample()
+    except Exception as e:  # noqa: BLE001  (a figure, never a reason to stop)
+        return {"available": False, "reason": f"{type(e).__name__}: {e}"}
+
+
+__all__ = ["QuotaSampler", "quota_section"]
