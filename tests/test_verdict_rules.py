@@ -563,3 +563,55 @@ def test_workers_started_anew_each_epoch_are_counted_as_many_as_run_at_once():
     assert "the 2 workers are blocked on storage" in v.summary, v.summary
     assert any(e.startswith("workers (2 procs at once, 4 seen, 8 threads)") for e in v.evidence), \
         v.evidence
+
+
+# -- a CPU quota ----------------------------------------------------------------------------
+
+def quota(share: float, cores: float = 0.5) -> dict:
+    return {"cores": cores, "quota_file": "/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us",
+            "quota": f"{round(cores * 100000)} (period 100000)",
+            "stat_file": "/sys/fs/cgroup/cpu/job/cpu.stat", "periods": 200.0,
+            "throttled": 200.0 * share, "throttled_s": 200 * share * 0.05,
+            "throttled_share": share}
+
+
+def _quota_case(q: dict | None) -> SystemFigures:
+    """A review's run: 2 workers decoding under 0.5 CPU, the main process 'runnable
+    145 %' (the quota's stop, counted by schedstat as run-queue wait)."""
+    s = system(cores=2, total=25.0,
+               budget_d=budget(workers=klass(2, on_cpu=0.1, runnable=0.2),
+                               main=klass(1, on_cpu=0.1, runnable=1.45, threads=6)))
+    s.cpu_quota = q
+    return s
+
+
+def test_a_job_throttled_by_its_cpu_quota_is_named_so_not_its_main_process():
+    v = decide(inputs(0.3, _quota_case(quota(0.83)), workers=2, job_cores=0.5))
+    assert v.bottleneck == "decode", v
+    assert v.summary.startswith("decode-bound (a CPU quota): the job's cgroup allows 0.5 CPU "
+                                "(/sys/fs/cgroup/cpu/job/cpu.cfs_quota_us)"), v.summary
+    assert "throttled in 83% of periods" in v.summary and "main process 145%" in v.summary
+    assert "py-spy" not in " ".join(v.advice) and "(main process)" not in v.summary
+    assert "docker run --cpus" in v.advice[0] and "resources.limits.cpu" in v.advice[0]
+    assert "fewer workers" in v.advice[1]
+    assert any(e.startswith("CPU quota: the job's cgroup allows 0.5 CPU") for e in v.evidence)
+    # The control: the same budget without a quota is the main process's, as before.
+    v = decide(inputs(0.3, _quota_case(None), workers=2, job_cores=2))
+    assert "(main process)" in v.summary and "quota" not in v.summary.lower(), v
+
+
+def test_a_quota_seldom_throttled_leaves_the_verdict_to_the_time_budget():
+    v = decide(inputs(0.3, _quota_case(quota(0.1, cores=4.0)), workers=2, job_cores=4))
+    assert "(main process)" in v.summary and "quota" not in v.summary.lower(), v
+    assert any("throttled in 10 % of 200 periods" in e for e in v.evidence), v.evidence
+
+
+def test_a_quota_not_seen_is_said_and_a_fractional_core_count_sizes_no_worker_below_one():
+    s = _quota_case(None)
+    s.unavailable["cpu_quota"] = "the job's cgroup cannot be read: no cgroup cpu hierarchy"
+    v = decide(inputs(0.3, s, workers=2, job_cores=0.5))
+    assert ("CPU quota: not seen (the job's cgroup cannot be read: no cgroup cpu hierarchy)"
+            in v.evidence)
+    s = system(cores=2, budget_d=budget(workers=klass(2, on_cpu=0.9), main=IDLE_MAIN))
+    v = decide(inputs(0.3, s, workers=2, job_cores=0.5))     # a 0.5-CPU step log header
+    assert v.bottleneck == "decode", v

@@ -11,6 +11,8 @@ what a rule is), read in the order of RULES; the first that applies decides:
                    input-bound when the log gives no data time): unknown
   healthy          AU >= 0.90: compute-bound, the input keeps up
   at_read_cap      the job's reads reach its cgroup's read cap on the disk: storage
+  at_cpu_quota     the job's cgroup CPU quota ran out in most periods (cpu.stat) while
+                   its tasks waited for a CPU: decode (a CPU quota)
   without_budget   input-bound without the time budget: a ceiling measured apart that is
                    reached decides (storage, decode); else unknown, naming the missing
                    figure and the command that gives it
@@ -32,6 +34,7 @@ from autotune.verdict.bounds import latency_verdict, worker_bound
 from autotune.verdict.rules._case import Case, JobRule
 from autotune.verdict.rules._inputs import RuleInputs
 from autotune.verdict.rules._load import budget_of
+from autotune.verdict.rules.at_cpu_quota import AtCpuQuota
 from autotune.verdict.rules.at_read_cap import AtReadCap
 from autotune.verdict.rules.healthy import Healthy
 from autotune.verdict.rules.main_process import MainProcess
@@ -42,8 +45,9 @@ from autotune.verdict.rules.timer_waits import TimerWaits
 from autotune.verdict.rules.without_budget import WithoutBudget
 
 # The order the rules are read in: the first that applies decides.
-RULES: tuple[JobRule, ...] = (NoDataTime(), Healthy(), AtReadCap(), WithoutBudget(),
-                              StorageBlocked(), OnCpu(), TimerWaits(), MainProcess())
+RULES: tuple[JobRule, ...] = (NoDataTime(), Healthy(), AtReadCap(), AtCpuQuota(),
+                              WithoutBudget(), StorageBlocked(), OnCpu(), TimerWaits(),
+                              MainProcess())
 
 
 def decide(inp: RuleInputs) -> Verdict:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.monitor.figures import SystemFigures
-from autotune.thresholds import AT_CEILING
+from autotune.thresholds import AT_CEILING, QUOTA_THROTTLED
 from autotune.verdict._types import Verdict
 from autotune.verdict.rules._inputs import RuleInputs, num
 
@@ -74,6 +74,7 @@ def ceilings(inp: RuleInputs, ev: list[str]) -> dict[str, Any]:
         if rps >= AT_CEILING * iops and not out["storage"]:
             out["storage"] = f"at fio's random-read IOPS ({iops:,.0f})"
     out["cap"], out["cap_bytes"] = _read_cap(s, ev) if s is not None else ("", False)
+    out["quota"] = _cpu_quota(s, ev) if s is not None else None
     dc = inp.decode_ceiling
     if dc and ips:
         ev.append(f"reads {ips:,.0f} images/s = {ips / dc:.0%} of the decode ceiling {dc:,.0f} "
@@ -113,6 +114,25 @@ def _read_cap(s: SystemFigures, ev: list[str]) -> tuple[str, bool]:
             reached.append(f"{fmt.format(rate)} {unit} of the {fmt.format(limit)} allowed")
     text = ("at its cgroup's read cap (" + "; ".join(reached) + ")") if reached else ""
     return text, any(" MiB/s of the " in r for r in reached)
+
+
+def _cpu_quota(s: SystemFigures, ev: list[str]) -> dict[str, Any] | None:
+    """The job's cgroup CPU quota (a limit set by configuration) and the share of its
+    periods in which it ran out (the kernel then stops the job's tasks to the next
+    period): the quota, when that share reaches QUOTA_THROTTLED; else None."""
+    q = s.cpu_quota
+    if not q:
+        if "cpu_quota" in s.unavailable:
+            ev.append(f"CPU quota: not seen ({s.unavailable['cpu_quota']})")
+        return None
+    if q.get("cores") is None:
+        return None
+    share = q.get("throttled_share")
+    ev.append(f"CPU quota: the job's cgroup allows {q['cores']:g} CPU ({q.get('quota_file')} = "
+              f"{q.get('quota')}); throttled in {num(None if share is None else share * 100)} % "
+              f"of {q.get('periods', 0):,.0f} periods, its tasks stopped {q.get('throttled_s', 0):,.1f} s "
+              f"in all ({q.get('stat_file')})")
+    return q if share is not None and share >= QUOTA_THROTTLED else None
 
 
 def _disk_evidence(s: SystemFigures, ev: list[str]) -> None:
