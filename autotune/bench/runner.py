@@ -309,7 +309,7 @@ class _Measurement:
             os.close(go_r)
             status_w = go_r = -1
             try:
-                self.mon = SystemMonitor(path=watch_path, pid=self.proc.pid,
+                self.mon = SystemMonitor(path=watch_path, pid=self.proc.pid, pss=True,
                                          interval=self.cfg.monitor_interval_s,
                                          callback=self._sched_of(self.proc.pid)).start()
             except AutotuneError:

@@ -82,6 +82,8 @@ class SystemMonitor:
     gpu:      read NVML (lazily imported; Unavailable without driver or pynvml).
     callback: called in the sampler thread with each Sample; exceptions it raises are kept
               in `errors`, sampling goes on.
+    pss:      also sum the tree's PSS (smaps_rollup; bench's own measurement tree): off for
+              a user's job, whose page tables it would walk twice a second.
 
     Use as a context manager or with start()/stop(). The first sample arrives one interval
     after start(); stop() records a final, shorter sample covering the time since the last.
@@ -90,7 +92,7 @@ class SystemMonitor:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, pid: int | None = None,
                  interval: float = 0.5, gpu: bool = True,
-                 callback: Callable[[Sample], None] | None = None) -> None:
+                 callback: Callable[[Sample], None] | None = None, pss: bool = False) -> None:
         if not interval > 0:
             raise AutotuneError(f"monitor interval must be positive, got {interval!r} s")
         self.interval = float(interval)
@@ -104,7 +106,7 @@ class SystemMonitor:
                       else DiskStatsReader(self._device,
                                            cap=read_cap(self._device, pid or "self")))
         try:
-            self._tree = ProcessTree(pid) if pid is not None else None
+            self._tree = ProcessTree(pid, pss=pss) if pid is not None else None
         except ProcessLookupError as e:
             raise AutotuneError(f"cannot monitor pid {pid}: {e}") from e
         self._gpu = GpuReader() if gpu else None

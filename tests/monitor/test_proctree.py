@@ -201,14 +201,16 @@ def test_tree_pss_counts_forked_children_s_shared_pages_once() -> None:
     p = subprocess.Popen([sys.executable, "-c", SHARED], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout is not None and len(p.stdout.readline().split()) == 2
-        tree = ProcessTree(p.pid)
-        assert tree.sample(time.monotonic()) is None
+        tree, plain = ProcessTree(p.pid, pss=True), ProcessTree(p.pid)
+        assert tree.sample(time.monotonic()) is None and plain.sample(time.monotonic()) is None
         time.sleep(0.2)
-        u = tree.sample(time.monotonic())
+        u, v = tree.sample(time.monotonic()), plain.sample(time.monotonic())
         assert isinstance(u, TreeUsage) and u.processes == 3, u
         mib = 2**20
         assert u.rss_bytes > 3 * 96 * mib, u
         assert u.pss_bytes is not None and 96 * mib < u.pss_bytes < 2 * 96 * mib, u
         assert u.to_dict()["pss_bytes"] == u.pss_bytes
+        # Not read unless asked (a user's job under `monitor`): RSS alone.
+        assert isinstance(v, TreeUsage) and v.pss_bytes is None and v.rss_bytes > 3 * 96 * mib
     finally:
         _kill_tree(p)
