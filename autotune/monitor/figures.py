@@ -118,6 +118,18 @@ def _section(rec: dict[str, Any], name: str, series: dict[str, list[float]],
     return sec
 
 
+def _listed(rec: dict[str, Any], name: str, into: list[dict[str, Any]],
+            unavailable: dict[str, str]) -> None:
+    """A record's section `name` kept for finish() where it was read, else its reason."""
+    sec = rec.get(name)
+    if not sec:
+        return
+    if sec.get("available"):
+        into.append(sec)
+    else:
+        unavailable[name] = sec.get("reason", "")
+
+
 def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: dict[str, str],
             info: dict[str, Any]) -> None:
     cpu = _section(rec, "cpu", series, unavailable) or {}
@@ -143,19 +155,9 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
         info["disk_device"] = disk.get("device")
         if disk.get("cap_iops") is not None or disk.get("cap_mib_s") is not None:
             info["read_cap"] = {"iops": disk.get("cap_iops"), "mib_s": disk.get("cap_mib_s")}
-    budget = rec.get("budget")
-    if budget:
-        if budget.get("available"):
-            # Summed over the joined window at finish(): thread-seconds add, shares follow.
-            info.setdefault("budgets", []).append(budget)
-        else:
-            unavailable["budget"] = budget.get("reason", "")
-    quota = rec.get("cpu_quota")
-    if quota:
-        if quota.get("available"):
-            info.setdefault("quotas", []).append(quota)
-        else:
-            unavailable["cpu_quota"] = quota.get("reason", "")
+    # Summed over the joined window at finish(): thread-seconds and periods add, shares follow.
+    _listed(rec, "budget", info.setdefault("budgets", []), unavailable)
+    _listed(rec, "cpu_quota", info.setdefault("quotas", []), unavailable)
     gpu = _section(rec, "gpu", series, unavailable)
     utils = [float(d["util_pct"]) for d in (gpu or {}).get("devices") or []
              if d.get("util_pct") is not None]
