@@ -203,8 +203,14 @@ def _bench_scratch(name: str, uid: int | None = None) -> Path:
 def test_bench_keeps_a_live_runs_scratch_whose_pid_it_cannot_see():
     from autotune.bench.runner import _remove_stale_tmp
 
-    d = _bench_scratch("autotune-bench-999999999-livetest")  # no such pid here
-    holder = _hold_flock(d / "lock")
+    # Locked under a name no bench sweeps, then named as a run's (no such pid here): any
+    # bench of this user on the machine (a CI job beside this one) swept it while unlocked.
+    staged = _bench_scratch(f"autotune-livetest-{os.getpid()}")
+    holder = _hold_flock(staged / "lock")
+    d = staged.with_name("autotune-bench-999999999-livetest")
+    staged.rename(d)
+    old = time.time() - 3600
+    os.utime(d, (old, old))
     try:
         _remove_stale_tmp()
         assert d.is_dir()  # its run holds the lock: alive, whatever its pid
