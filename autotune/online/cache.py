@@ -76,6 +76,25 @@ def store(key: str, settings: dict[str, Any], path: Path | None = None) -> None:
         lock.release()
 
 
+def remember(key: str, config: Any, *, cut: bool) -> None:
+    """Store the settled `config`'s num_workers and prefetch_factor as the next run's start
+    point, unless this run was `cut` to its /dev/shm or memory room or a pool failed: that
+    is the room of this run (a full /dev/shm settled at no workers, and the next run with
+    room started there), not the dataset's. A write that fails is logged, never raised."""
+    from autotune.errors import AutotuneError
+    from autotune.online.decisions import emit
+
+    if cut:
+        emit("cache", f"{cache_file()}: not written: this run's start point was cut to its "
+             "/dev/shm or memory room, or a pool failed", why="cut")
+        return
+    try:
+        store(key, {k: v for k, v in config.kwargs().items()
+                    if k in ("num_workers", "prefetch_factor")})
+    except (OSError, AutotuneError) as e:   # a lock held, a foreign lock file
+        emit("cache", f"{cache_file()}: not written ({e})", why=str(e))
+
+
 def _update(path: Path, key: str, settings: dict[str, Any]) -> None:
     try:
         data = json.loads(path.read_text())

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from autotune.errors import AutotuneError
 from autotune.online import cache, limits, steps
 from autotune.online.config import Config
 from autotune.online.decisions import emit
@@ -92,6 +91,7 @@ class Controller:
     # Knobs not given but never tuned: an IterableDataset's prefetch_factor when the user
     # keeps its workers (a pool for another one would replace them; autotune.online.untuned).
     held: frozenset = frozenset()
+    cut: bool = False     # cut to fit /dev/shm or memory, or a pool failed (cache.remember)
 
     # ---- configurations
 
@@ -138,6 +138,7 @@ class Controller:
              config=cfg.kwargs(), source=source, bound=self.bound)
         if cfg != wanted:   # refit, after the first batch, then sees nothing more to cut
             limits.say_fit(self, wanted, cfg, None)
+            self.cut = True
         return cfg
 
     def shm_fits(self, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
@@ -151,6 +152,7 @@ class Controller:
         fitted = limits.fit(self, cfg)
         if fitted != cfg:
             limits.say_fit(self, cfg, fitted, self.memory().per_batch)
+            self.cut = True
         self._current = fitted
         return fitted
 
@@ -166,6 +168,7 @@ class Controller:
         any configuration needing as much is tried again; `to` is where tuning stands."""
         if failed not in self.failed_configs:
             self.failed_configs.append(failed)
+        self.cut = True
         self._current = to
         trial = self._trial(to)
         if self.best is None or self.needs_as_much(self.best.config) is not None:
@@ -297,11 +300,7 @@ class Controller:
         emit("settle", f"settled at {best.short()}: {why}, wait {_pct(share)}",
              config=best.kwargs(), why=why, wait=share)
         if self.cache_key and self.cache_key_store:
-            try:
-                cache.store(self.cache_key, {k: v for k, v in best.kwargs().items()
-                                             if k in ("num_workers", "prefetch_factor")})
-            except (OSError, AutotuneError) as e:   # a lock held, a foreign lock file
-                emit("cache", f"{cache.cache_file()}: not written ({e})", why=str(e))
+            cache.remember(self.cache_key, best, cut=self.cut)
         cur = self._current
         return best if cur is not None and cur != best else None
 

@@ -172,6 +172,26 @@ def test_settled_settings_are_cached_and_used(tmp_path):
         "online.json", "online.json.lock"]
 
 
+def test_a_run_cut_to_its_dev_shm_room_leaves_the_cached_start_point(tmp_path, caplog):
+    """A full /dev/shm cut the start point to no workers, and the run settled there: the
+    cache held num_workers 0 for the dataset, and the next run, with room, started from it
+    (seen in a docs walk-through). Such a run's settled point is its room's, not kept."""
+    key = cache.dataset_key(object(), "mine", 32, 2)
+    cache.store(key, {"num_workers": 3, "prefetch_factor": 2})
+    c = _ctl(bound=4, cache_key=key, per_batch=2**20)
+    c.shm = 0                                 # no room for a worker's batch
+    start = c.start()
+    assert start.num_workers == 0 and c.cut
+    with caplog.at_level("INFO", logger="autotune.online"):
+        c.observe(_w(0.01), start)
+        c.observe(_w(0.01), start)            # settled, at no workers
+    assert c.phase == "settled"
+    assert json.loads(cache.cache_file().read_text())[key] == {"num_workers": 3,
+                                                               "prefetch_factor": 2}
+    assert any("not written: this run's start point was cut" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_cache_key_names_the_dataset_root(tmp_path):
     class WithRoot:
         root = str(tmp_path)
