@@ -15,7 +15,10 @@ the usable cores) and two budgets taken cheaply:
 - for autotune's own ImageDataset, the stage budget (autotune.data.stages): a StageClock
   attached to the dataset, read at the burst's start and end;
 - behind a read cap of its own cgroup on the dataset's disk (autotune.readcap), the cap and
-  the reads the cgroup charged over the burst.
+  the reads the cgroup charged over the burst;
+- under a CPU quota on its cgroup (autotune.monitor.quota), the share of the quota's periods
+  in which it ran out over the burst: the verdict then names the quota (a container's
+  --cpus), not the cores.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class Burst:
         # The read cap this process's cgroup puts on the dataset's disk (its workers share
         # the cgroup): read here, two small kernel files a burst.
         self._cap, self._charged0, self._device = _read_cap(path)
+        self._quota = _quota_start()
         self._out = tempfile.TemporaryFile(mode="w+")
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -151,6 +155,9 @@ class Burst:
         cap = self.cap_figures()
         if cap is not None:
             d["read_cap"] = cap
+        quota = _quota_over(self._quota)
+        if quota is not None:
+            d["cpu_quota"] = quota
         return d
 
     def cap_figures(self) -> dict[str, Any] | None:
@@ -166,6 +173,25 @@ class Burst:
 
     def cancel(self) -> None:
         self._end()
+
+
+def _quota_start() -> Any:
+    """A sampler of the CPU quota on this process's cgroup (its workers share it), its
+    baseline taken (autotune.monitor.quota); None where none binds or it cannot be read."""
+    from autotune.monitor.quota import QuotaSampler, quota_section
+
+    q = QuotaSampler(os.getpid())
+    return q if quota_section(q) is None else None   # a section here: unreadable
+
+
+def _quota_over(q: Any) -> dict[str, Any] | None:
+    """The quota's throttling over the burst (periods, throttled share), where one binds."""
+    from autotune.monitor.quota import quota_section
+
+    if q is None or not (quota_section(q) or {}).get("available"):
+        return None
+    t = q.totals()
+    return t if t is not None and t.get("cores") is not None else None
 
 
 def _end_sampler(proc: subprocess.Popen[Any] | None, out: Any) -> None:
@@ -209,8 +235,9 @@ def explain(fig: Figures) -> Any:
     ips = s.batches_per_s * fig.batch_size if fig.batch_size else None
     budget = dict(fig.budget) if fig.budget is not None else None
     cap = budget.pop("read_cap", None) if budget is not None else None
+    quota = budget.pop("cpu_quota", None) if budget is not None else None
     system = SystemFigures(source="autotune.DataLoader", joined_by="time", samples=1,
-                           samples_total=1, cores=fig.cores, budget=budget)
+                           samples_total=1, cores=fig.cores, budget=budget, cpu_quota=quota)
     if cap:
         # Over the burst as a whole: one figure, the figures' one-sample statistics.
         system.disk_device = cap.get("device")

@@ -276,3 +276,55 @@ def test_the_verdicts_budget_counts_only_the_serving_pools_workers(decisions):
     workers = [line for line in ev if line.startswith("workers (")]
     assert workers and workers[0].startswith("workers (1 proc,"), ev
     assert verdicts[0].autotune["verdict"]["summary"].count("3 workers") == 0
+
+
+_UNDER_A_QUOTA = """
+import json, logging, os, sys, time
+sys.path.insert(0, sys.argv[1])
+import autotune
+from online_datasets import Burn
+
+said = []
+class Keep(logging.Handler):
+    def emit(self, r):
+        if getattr(r, "autotune_event", None) == "verdict":
+            said.append([r.autotune["bottleneck"], r.getMessage()])
+logging.getLogger("autotune.online").addHandler(Keep())
+logging.getLogger("autotune.online").setLevel(logging.INFO)
+loader = autotune.DataLoader(Burn(400, 0.002), batch_size=4)
+deadline = time.perf_counter() + 90
+while loader.verdict is None and time.perf_counter() < deadline:
+    for _ in loader:
+        pass
+loader.close()
+print(json.dumps(said))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.alone
+@pytest.mark.parametrize("cores", [0.5, None])
+def test_a_cpu_quota_that_holds_the_loader_back_is_named(cpu_cgroup, cores):
+    """Under a container's CPU quota (0.5 CPU here) the workers decode into a quota that
+    runs out every period: the loader's verdict named the cores ("decode-bound (CPU) ...
+    1.3 wanted of 1"), not the quota; it names the quota and its fix, as analyze does. The
+    same loop without a quota names none."""
+    import os
+    import subprocess
+    import sys
+
+    base, make = cpu_cgroup
+    cg = make(base, cores)
+    here = os.path.dirname(os.path.abspath(__file__))
+    r = subprocess.run(["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh",
+                        sys.executable, "-c", _UNDER_A_QUOTA, here],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    said = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(said) == 1, said
+    if cores is None:
+        assert "quota" not in said[0][1].lower(), said
+        return
+    assert said[0][0] == "decode", said
+    assert f"a CPU quota): the job's cgroup allows 0.5 CPU ({cg}/cpu.cfs_quota_us)" \
+        in said[0][1], said
