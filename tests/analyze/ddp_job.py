@@ -38,6 +38,10 @@ def main() -> None:
         while time.perf_counter() - t < step:
             pass
         model(x).sum().backward()     # all_reduce: the other ranks wait here for rank 1
+    # Every rank past its last all_reduce before any tears gloo down: under load, rank 1
+    # was still finishing it when another closed its connections, and gloo's thread
+    # aborted rank 1 ("terminate called without an active exception", SIGABRT; one CI run).
+    dist.barrier()
     dist.destroy_process_group()
 
 
