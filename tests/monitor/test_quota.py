@@ -47,16 +47,21 @@ def _window(sampler: QuotaSampler, seconds: float) -> dict:
     return d
 
 
+def _busy_window(cg: Path, busy_s: float, window_s: float) -> dict:
+    """A busy job in cgroup `cg`, its quota's figures over `window_s`."""
+    p = _busy_in(cg, busy_s)
+    try:
+        return _window(QuotaSampler(p.pid), window_s)
+    finally:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.root
 def test_a_busy_job_under_a_fifth_of_a_cpu_is_throttled_in_most_periods(cpu_cgroup):
     base, make = cpu_cgroup
     cg = make(base, 0.2)
-    p = _busy_in(cg, 3.0)
-    try:
-        d = _window(QuotaSampler(p.pid), 1.0)
-    finally:
-        p.kill()
-        p.wait()
+    d = _busy_window(cg, 3.0, 1.0)
     assert d["available"] and d["cores"] == pytest.approx(0.2)
     assert d["quota_file"] == f"{cg}/cpu.cfs_quota_us" and d["stat_file"] == f"{cg}/cpu.stat"
     assert d["periods"] >= 3 and d["throttled"] >= 0.5 * d["periods"], d
@@ -66,13 +71,7 @@ def test_a_busy_job_under_a_fifth_of_a_cpu_is_throttled_in_most_periods(cpu_cgro
 @pytest.mark.root
 def test_the_same_job_without_a_quota_is_never_throttled(cpu_cgroup):
     base, make = cpu_cgroup
-    cg = make(base, None)
-    p = _busy_in(cg, 2.0)
-    try:
-        d = _window(QuotaSampler(p.pid), 0.5)
-    finally:
-        p.kill()
-        p.wait()
+    d = _busy_window(make(base, None), 2.0, 0.5)
     assert d["available"] and d["cores"] is None and d["quota_file"] is None
     assert d["throttled"] == 0 and d["throttled_s"] == 0
 
