@@ -115,7 +115,12 @@ def cgroup_quotas(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
         dirs = cgroup_dirs("cpu", cgroup_file=cgroup_file, mountinfo_file=mountinfo_file)
     except OSError:
         return []
-    return [q for kind, d in dirs if (q := _read_quota(kind, d)) is not None]
+    return [q for q, _ in _quotas_in(dirs)]
+
+
+def _quotas_in(dirs: list[tuple[str, Path]]) -> list[tuple[Quota, Path]]:
+    """The quota set in each of cgroup directories `dirs` (kind, dir), with its dir."""
+    return [(q, d) for kind, d in dirs if (q := _read_quota(kind, d)) is not None]
 
 
 def cpu_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
@@ -180,7 +185,7 @@ def quota_of(pid: int | str, *, cgroup_file: str | os.PathLike[str] | None = Non
     cannot be read (the process is gone)."""
     dirs = cgroup_dirs("cpu", cgroup_file=cgroup_file or f"/proc/{pid}/cgroup",
                        mountinfo_file=mountinfo_file)
-    found = [(q, d) for kind, d in dirs if (q := _read_quota(kind, d)) is not None]
+    found = _quotas_in(dirs)
     if found:
         q, d = min(found, key=lambda x: x[0].cores)
         return q, d / "cpu.stat"

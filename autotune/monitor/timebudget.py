@@ -135,6 +135,14 @@ class TimeBudget:
         c = self.classes.get(name)
         return c if c is not None and c.process_seconds > 0 else None
 
+    def cpus(self, *states: str) -> float:
+        """The job's threads' seconds in `states`, all classes, per second of the window:
+        CPUs' worth ("on_cpu", "runnable": the CPUs the job wants); 0 for an empty window."""
+        if self.wall_s <= 0:
+            return 0.0
+        return sum(c.seconds.get(st, 0.0) for c in self.classes.values()
+                   for st in states) / self.wall_s
+
     def add(self, other: TimeBudget) -> None:
         """Accumulate a later interval (the same job): seconds add, rates re-averaged."""
         total = self.wall_s + other.wall_s

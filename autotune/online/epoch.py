@@ -15,7 +15,7 @@ from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
 from autotune.online.fallback import recover_or_raise
 from autotune.online.pool import Pool
-from autotune.online.stream import IndexStream
+from autotune.online.stream import IndexStream, length_of
 from autotune.online.weakowner import WeakOwner
 
 log = logging.getLogger("autotune.online")
@@ -83,7 +83,7 @@ class Epoch:
         # draws the sampler's end only when the loop asks there, so the pools' prefetch
         # stops at its len(). With workers given, torch's own prefetch draws it.
         self.stream = None if sampler_iter is None else IndexStream(
-            sampler_iter, None if dl._fixed.get("num_workers") else _length(dl._index_sampler))
+            sampler_iter, None if dl._fixed.get("num_workers") else length_of(dl._index_sampler))
         self.begin()
         token = self.live = object()
         return token
@@ -313,12 +313,3 @@ class Epoch:
                 continue
             self.pos += 1
             return batch
-
-
-def _length(sampler: Any) -> int | None:
-    """len(sampler) where it has one (an infinite sampler has none)."""
-    try:
-        n = len(sampler)
-    except (TypeError, NotImplementedError):
-        return None
-    return n if isinstance(n, int) and n >= 0 else None

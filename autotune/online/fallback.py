@@ -10,13 +10,7 @@ from typing import Any
 from autotune.online import failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
-
-
-def _length(dataset: Any) -> int | None:
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
+from autotune.online.stream import length_of
 
 
 def recover_or_raise(dl: Any, exc: Exception) -> None:
@@ -44,7 +38,7 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     lose = dl._iterable and pos > 0  # a new pool starts the dataset's iterator again
     if lose:
         lost = f"the rest of this epoch is lost ({pos} batches delivered"
-        total = _length(dl.dataset)
+        total = length_of(dl.dataset)
         lost += f" of about {total // max(1, dl.batch_size or 1)})" if total else ")"
         tail = f"; {lost}, the next epoch starts at {to.short()}"
     else:

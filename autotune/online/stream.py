@@ -134,3 +134,12 @@ class _LeaseIter:
         le.out[le.next] = item
         le.next += 1
         return item
+
+
+def length_of(obj: Any) -> int | None:
+    """len(obj) where it has one (an IterableDataset or an infinite sampler has none)."""
+    try:
+        n = len(obj)
+    except (TypeError, NotImplementedError):
+        return None
+    return n if isinstance(n, int) and n >= 0 else None

@@ -51,7 +51,7 @@ def _waiting(case: Case) -> float | None:
     schedstat figure); None when neither was measured."""
     b = case.budget
     if b is not None and b.wall_s > 0 and b.classes:
-        return sum(c.seconds.get("runnable", 0.0) for c in b.classes.values()) / b.wall_s
+        return b.cpus("runnable")
     s = case.inp.system
     med = None if s is None or s.sched_run_wait_pct is None else s.sched_run_wait_pct["median"]
     return None if med is None else med / 100.0
@@ -72,8 +72,7 @@ def _who_waited(case: Case) -> tuple[str, float | None]:
                      "of their time")
     if m is not None:
         parts.append(f"the main process {pct(m.share('runnable'))} of its time")
-    wanted = sum(c.seconds.get("on_cpu", 0.0) + c.seconds.get("runnable", 0.0)
-                 for c in b.classes.values()) / b.wall_s
+    wanted = b.cpus("on_cpu", "runnable")
     return (f"waiting for a CPU: {', '.join(parts)} (the job wanted {wanted:.1f} CPU)"
             if parts else "its tasks waited for a CPU"), wanted
 

@@ -55,8 +55,7 @@ def _cpu_line(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[int | None
     """(usable cores, cores the job wants, cores free), with the evidence line."""
     s = inp.system
     cores = usable_cores(inp)
-    wanted = sum(c.seconds.get("on_cpu", 0.0) + c.seconds.get("runnable", 0.0)
-                 for c in b.classes.values()) / b.wall_s
+    wanted = b.cpus("on_cpu", "runnable")
     pct = None
     if s is not None:
         pct = SystemFigures.med(s.job_cpus_busy_pct) if s.job_cpus_busy_pct is not None \
