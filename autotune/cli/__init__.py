@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import signal
 import sys
 from collections.abc import Sequence
@@ -99,6 +100,25 @@ def error_line(cmd: Command, e: AutotuneError) -> str:
     return f"autotune {cmd.name}: {'' if gate else 'error: '}{msg}"
 
 
+def _unexpected(e: Exception) -> str:
+    """The line for an exception that is not the library's own: a bug, except running out
+    of file descriptors, which is the limit this process was started with."""
+    from autotune.cli.tables import printable
+
+    if isinstance(e, OSError) and e.errno == errno.EMFILE:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"error: this process ran out of file descriptors, {soft} allowed (`ulimit -n`): "
+                f"{printable(e)}; raise the limit (`ulimit -n 4096`, or `docker run --ulimit "
+                "nofile=4096`)")
+    if isinstance(e, OSError) and e.errno == errno.ENFILE:
+        return (f"error: the system's open-file table is full: {printable(e)}; close what "
+                "holds files open, or raise fs.file-max")
+    return (f"internal error: {type(e).__name__}: {printable(e)} (rerun with --debug for the "
+            "traceback)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(_chosen(argv)).parse_args(argv)
@@ -127,14 +147,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exits.TERMINATED
     except BrokenPipeError:
         return 1
-    except Exception as e:  # a bug: say so in one line; the traceback is one flag away
+    except Exception as e:  # one line; the traceback is one flag away
         if args.debug:
             raise
-        from autotune.cli.tables import printable
-
-        print(f"autotune {cmd.name}: internal error: {type(e).__name__}: {printable(e)} "
-              "(rerun with --debug for the traceback)", file=sys.stderr)
-        return 1
+        print(f"autotune {cmd.name}: {_unexpected(e)}", file=sys.stderr)
+        return exits.ERROR
     finally:
         signal.signal(signal.SIGTERM, old)
 

@@ -97,7 +97,8 @@ with the same --study to resume. Writes --out/search.json and --out/report.html.
                              timeout_s=args.timeout, compute_ms=args.compute_ms, step=args.step,
                              batch_size=args.batch_size, seconds=args.seconds, study=args.study,
                              storage=args.storage, grid=args.grid, out=args.out,
-                             max_memory_mib=max_mem, scratch=args.scratch, seed=args.seed,
+                             max_memory_mib=max_mem, max_open_files=args.max_open_files,
+                             scratch=args.scratch, seed=args.seed,
                              cold=not args.warm,
                              probe=not args.no_probe, probe_fio=not args.no_fio, format=args.format,
                              prune_below=None if args.no_prune else args.prune_below,
@@ -186,6 +187,9 @@ def _add_measurement_options(p: argparse.ArgumentParser) -> None:
                         "pages once, as the cgroup charges them) + /dev/shm peak exceeds "
                         "SIZE (default half the job's memory: its cgroup's limit where one "
                         "is set, else the machine's RAM; the header names the source)")
+    p.add_argument("--max-open-files", type=positive_int("--max-open-files"), metavar="N",
+                   help="RLIMIT_NOFILE for each trial's measurement (reproduce a cluster's "
+                        "ulimit -n; this process keeps its own)")
     p.add_argument("--scratch", metavar="DIR",
                    help="directory for the storage probe's fio scratch file when the "
                         "dataset's filesystem is read-only (pick one on the same storage)")

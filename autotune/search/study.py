@@ -58,6 +58,9 @@ class SearchOptions:
     grid: bool = False
     out: str | os.PathLike[str] = "autotune-out"
     max_memory_mib: float | None = None
+    # RLIMIT_NOFILE for each trial's measurement (BenchConfig.max_open_files): a cluster's
+    # `ulimit -n` reproduced here, while this process keeps its own.
+    max_open_files: int | None = None
     # fio's scratch directory when the dataset's mount is read-only (probe's --scratch).
     scratch: str | None = None
     seed: int = 0
@@ -282,7 +285,8 @@ def _base_config(opts: SearchOptions) -> tuple[dict[str, Any], BenchConfig]:
                  "seconds": opts.seconds, "warmup_batches": opts.warmup_batches,
                  "cold": opts.cold, "format": opts.format, "seed": opts.seed,
                  "dataset_factory": opts.dataset_factory,
-                 "procs_per_node": procs_per_node(opts.procs_per_node)}
+                 "procs_per_node": procs_per_node(opts.procs_per_node),
+                 "max_open_files": opts.max_open_files}
     base = BenchConfig.from_preset(opts.preset, default_seconds=SEARCH_SECONDS,
                                    **overrides).validate()
     if base.dataset_factory:
