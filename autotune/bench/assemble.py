@@ -93,7 +93,8 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                  cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
                  parent_marks: dict[str, float], stopped: str | None = None,
                  sched: dict[float, Any] | None = None,
-                 budget: dict[float, Any] | None = None) -> BenchResult:
+                 budget: dict[float, Any] | None = None,
+                 quota: dict[float, Any] | None = None) -> BenchResult:
     """The BenchResult of what a measurement left: figures, labels and warnings, or a
     failure with its reason and a hint."""
     c = child or {}
@@ -121,9 +122,10 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
     res.system, win = _system(samples, marks.get("window_start"), marks.get("window_end"), mon,
                               go=parent_marks.get("go"))
     _process_figures(res, samples, win)
-    # What the verdict engine reads (autotune.verdict), from this window's samples.
+    # What the verdict engine reads (autotune.verdict), from this window's samples: the
+    # CPU quota's throttling among them, summed over the window as the monitor's is.
     res.system["figures"] = figures_of(
-        (_record(s, sched, budget) for s in win), source="bench monitor",
+        (_record(s, sched, budget, quota) for s in win), source="bench monitor",
         joined_by=res.system.get("scope", "measured window")).to_dict()
     failure = _failure(cfg, child, res.system, proc, timed_out, phase, log_tail, oom_kills,
                        stopped)
@@ -173,12 +175,15 @@ def _too_few(cfg: BenchConfig, window: dict[str, Any]) -> Failure | None:
 
 
 def _record(s: Sample, sched: dict[float, Any] | None,
-            budget: dict[float, Any] | None = None) -> dict[str, Any]:
+            budget: dict[float, Any] | None = None,
+            quota: dict[float, Any] | None = None) -> dict[str, Any]:
     d = s.to_dict()
     if sched is not None and s.monotonic in sched:
         d["sched"] = sched[s.monotonic]
     if budget is not None and s.monotonic in budget:
         d["budget"] = budget[s.monotonic]   # the task sampler's budget of this interval
+    if quota is not None and quota.get(s.monotonic) is not None:
+        d["cpu_quota"] = quota[s.monotonic]   # the CPU quota's throttling in this interval
     return d
 
 
@@ -421,12 +426,13 @@ def _phase_of(t: float, marks: dict[str, float]) -> str:
 def write_timeline(path: str | os.PathLike[str], samples: list[Sample],
                    child: dict[str, Any] | None, parent_marks: dict[str, float],
                    sched: dict[float, Any] | None = None,
-                   budget: dict[float, Any] | None = None) -> None:
+                   budget: dict[float, Any] | None = None,
+                   quota: dict[float, Any] | None = None) -> None:
     marks = dict((child or {}).get("marks", {}))
     marks.setdefault("go", parent_marks.get("go", float("inf")))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
-            d = _record(s, sched, budget)
+            d = _record(s, sched, budget, quota)
             d["phase"] = _phase_of(s.monotonic - s.interval_s / 2, marks)
             f.write(json.dumps(d) + "\n")

@@ -38,6 +38,7 @@ from autotune.bench.result import BenchResult
 from autotune.cache import make_cold, ram_backed
 from autotune.errors import AutotuneError, NotPermitted, UsageError
 from autotune.monitor import SystemMonitor
+from autotune.monitor.quota import quota_section, started
 from autotune.monitor.run import budget_section
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
@@ -161,7 +162,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         m.run(tmp, popen or subprocess.Popen, monitor_path or root, mp_dir)
         res = m.result(tmp)
         if timeline is not None:
-            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget)
+            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget, m.quota)
             res.timeline_file = str(timeline)
         res.seconds_total = time.monotonic() - t_begin
         return res
@@ -222,6 +223,7 @@ class _Measurement:
         self.go_w = -1
         self.sched: dict[float, dict[str, Any] | None] = {}
         self.budget: dict[float, dict[str, Any] | None] = {}
+        self.quota: dict[float, dict[str, Any] | None] = {}
         self.tasks: TaskSampler | None = None
         self.spawned_at = time.time()
         self.shm_removed: list[str] = []
@@ -333,9 +335,14 @@ class _Measurement:
         # Where each process class's time goes, per sample interval (autotune.monitor.tasks);
         # a thread in this (the parent) process, never in the measurement process.
         self.tasks = tasks = TaskSampler(pid).start()
+        # The job's CPU quota (a container's --cpus) and how often it ran out, per sample
+        # interval (autotune.monitor.quota); None where no quota can be read.
+        quota = started(pid)
 
         def on_sample(sample: Any) -> None:
             self.budget[sample.monotonic] = budget_section(tasks)
+            if quota is not None:
+                self.quota[sample.monotonic] = quota_section(quota)
             try:
                 u = rq.sample(sample.monotonic)
             except Exception as e:  # noqa: BLE001 - a figure, never a reason to stop
@@ -438,7 +445,8 @@ class _Measurement:
         return build_result(self.cfg, self.root, self.fmt, self.child, self.samples, self.cache,
                             self.proc, self.timed_out, self.phase, _log_tail(tmp / "child.log"),
                             _oom_kills() - self.oom0, self.cleanup, self.mon, self.marks,
-                            stopped=self.stopped, sched=self.sched, budget=self.budget)
+                            stopped=self.stopped, sched=self.sched, budget=self.budget,
+                            quota=self.quota)
 
 
 def _kill_group(pgid: int) -> None:

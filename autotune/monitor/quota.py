@@ -12,6 +12,9 @@ ancestor: autotune.cpus.quota_of) lazily, on its first sample, and again wheneve
 process moves to another cgroup (a launcher that joins one after it started); each
 `sample()` is the counters' change since the last: the "cpu_quota" section of a monitor
 record. What cannot be read is said (`available: false` and the reason), never raised.
+`started(pid)` is a sampler with its baseline taken, or None where no quota can be seen
+(no cgroup cpu hierarchy, no CFS bandwidth control): what the loader's burst and a bench
+measurement's window read, so that a job with no quota hears nothing of one.
 """
 
 from __future__ import annotations
@@ -97,4 +100,11 @@ def quota_section(sampler: QuotaSampler | None) -> dict[str, Any] | None:
         return {"available": False, "reason": f"{type(e).__name__}: {e}"}
 
 
-__all__ = ["QuotaSampler", "quota_section"]
+def started(pid: int) -> QuotaSampler | None:
+    """A sampler of the CPU quota binding process `pid` (its own cgroup's or an
+    ancestor's), its baseline taken; None where none can be read (nothing to say)."""
+    q = QuotaSampler(pid)
+    return q if quota_section(q) is None else None   # a section here: unreadable
+
+
+__all__ = ["QuotaSampler", "quota_section", "started"]

@@ -177,11 +177,10 @@ class Burst:
 
 def _quota_start() -> Any:
     """A sampler of the CPU quota on this process's cgroup (its workers share it), its
-    baseline taken (autotune.monitor.quota); None where none binds or it cannot be read."""
-    from autotune.monitor.quota import QuotaSampler, quota_section
+    baseline taken (autotune.monitor.quota); None where it cannot be read."""
+    from autotune.monitor.quota import started
 
-    q = QuotaSampler(os.getpid())
-    return q if quota_section(q) is None else None   # a section here: unreadable
+    return started(os.getpid())
 
 
 def _quota_over(q: Any) -> dict[str, Any] | None:
