@@ -107,4 +107,14 @@ def started(pid: int) -> QuotaSampler | None:
     return q if quota_section(q) is None else None   # a section here: unreadable
 
 
-__all__ = ["QuotaSampler", "quota_section", "started"]
+def quota_line(q: dict[str, Any]) -> str:
+    """A quota's throttling over a window as one line (the verdict's evidence, bench's
+    table): `q` is a window's sum (autotune.monitor.figures.quota_over) with its cores."""
+    share = q.get("throttled_share")
+    return (f"CPU quota: the job's cgroup allows {q['cores']:g} CPU ({q.get('quota_file')} = "
+            f"{q.get('quota')}); throttled in {'-' if share is None else f'{share * 100:,.0f}'} % "
+            f"of {q.get('periods', 0):,.0f} periods, its tasks stopped "
+            f"{q.get('throttled_s', 0):,.1f} s in all ({q.get('stat_file')})")
+
+
+__all__ = ["QuotaSampler", "quota_line", "quota_section", "started"]

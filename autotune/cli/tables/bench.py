@@ -43,6 +43,11 @@ def bench_renderable(r: Any) -> Group:
     if s.get("samples"):
         parts.append(_system(s))
     parts += budget_texts((s.get("figures") or {}).get("budget"))
+    quota = (s.get("figures") or {}).get("cpu_quota")
+    if quota and quota.get("cores") is not None:   # a quota bound the measurement
+        from autotune.monitor.quota import quota_line
+
+        parts.append(Text(quota_line(quota)))
     if r.stages:
         from autotune.data.stages import stage_line
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.monitor.figures import SystemFigures
+from autotune.monitor.quota import quota_line
 from autotune.thresholds import AT_CEILING, QUOTA_THROTTLED
 from autotune.verdict._types import Verdict
 from autotune.verdict.rules._inputs import RuleInputs, num
@@ -128,10 +129,7 @@ def _cpu_quota(s: SystemFigures, ev: list[str]) -> dict[str, Any] | None:
     if q.get("cores") is None:
         return None
     share = q.get("throttled_share")
-    ev.append(f"CPU quota: the job's cgroup allows {q['cores']:g} CPU ({q.get('quota_file')} = "
-              f"{q.get('quota')}); throttled in {num(None if share is None else share * 100)} % "
-              f"of {q.get('periods', 0):,.0f} periods, its tasks stopped {q.get('throttled_s', 0):,.1f} s "
-              f"in all ({q.get('stat_file')})")
+    ev.append(quota_line(q))
     return q if share is not None and share >= QUOTA_THROTTLED else None
 
 
