@@ -20,6 +20,11 @@ from autotune.online.weakowner import WeakOwner
 
 log = logging.getLogger("autotune.online")
 
+# A burst describes this loader only where the loop took batches from it for at least this
+# share of the seconds sampled, from the same workers throughout.
+IN_USE_SHARE = 0.5
+VERDICT_BURSTS = 3   # bursts tried for the verdict before it is given without a budget
+
 
 def read_environment() -> tuple[Any, str | None]:
     """autotune.environment's reading, or None and why it failed (a budget unknown is not
@@ -83,6 +88,9 @@ class Budget:
         self.burst: why.Burst | None = None      # the time budget being sampled, apart
         self.windows: list[WindowStats] = []
         self.burst_cfg: Config | None = None
+        self.burst_pids: frozenset[int] = frozenset()
+        self.busy = 0.0        # the loop's seconds in this loader (wait + step) in the burst
+        self.verdict_bursts = 0
         self.purpose = "verdict"                # or "bound": the workers' blocked share
         self.stages0: dict[str, float] | None = None
         # The budget sampled at the worker bound: (its configuration, budget, seconds,
@@ -186,6 +194,8 @@ class Budget:
         pids = serving.pids() if serving is not None else []
         self.burst, self.burst_cfg, self.purpose = why.Burst(
             os.getpid(), workers=pids, path=root_path(dl.dataset)), dl._running, purpose
+        self.burst_pids, self.busy = frozenset(pids), 0.0
+        self.verdict_bursts += purpose == "verdict"
         self.windows = []
         clock = self.stage_clock
         self.stages0 = clock.totals() if clock is not None else None
@@ -205,9 +215,33 @@ class Budget:
         self.burst = None
         if getattr(self._dl._ctl, "phase", None) == "settled":
             wall = time.perf_counter() - burst.started
+            budget = self.result(burst)
+            if budget.pop("apart", False) and self.verdict_bursts < VERDICT_BURSTS:
+                return  # another burst at the next window (want)
             latest = self._dl._latest
             stats = why.merge(self.windows) or (latest.stats if latest else None)
-            self.verdict(cfg, burst.result(), wall, self.stages(cfg, wall), stats)
+            self.verdict(cfg, budget, wall, self.stages(cfg, wall), stats)
+
+    def result(self, burst: why.Burst) -> dict[str, Any]:
+        """The burst's time budget where it describes this loader at work; else a missing
+        budget that says why (key "apart"). A validation loader's workers sampled while the
+        training loop ran sit idle, and a pool not kept between epochs is replaced by new
+        workers the sample does not count: either read as "the workers are idle, the wait
+        is in the main process" or "1 worker: too few workers", about a loader held back
+        by decode or storage."""
+        serving = self._dl._pools[-1] if self._dl._pools else None
+        span = min(time.perf_counter() - burst.started, burst.seconds)
+        if serving is None or frozenset(serving.pids()) != self.burst_pids:
+            why_not = ("the workers sampled were replaced by another pool's during the "
+                       "sample (workers not kept between epochs)")
+        elif self.busy < IN_USE_SHARE * span:
+            why_not = (f"the loop took batches from this loader {self.busy:.1f} s of the "
+                       f"{span:.1f} s sampled (its workers idle between its epochs, as a "
+                       "validation loader's are)")
+        else:
+            return burst.result()
+        return {"available": False, "reason": why_not, "apart": True,
+                "fix": "`autotune monitor` samples the whole run"}
 
     def stages(self, cfg: Config, wall: float) -> Any:
         """The stage budget since the burst began (autotune's own ImageDataset), else None."""
@@ -218,18 +252,22 @@ class Budget:
         return stage_budget(self.stages0, self.stage_clock.totals(),
                             workers=cfg.num_workers, wall_s=wall)
 
-    def after_batch(self) -> None:
-        """The bound's budget needs no window of its own: act on it at once (behind a slow
-        disk the next window closes many seconds later)."""
-        if self.burst is not None and self.purpose == "bound" and self.burst.done():
+    def after_batch(self, step: float | None = None, wait: float = 0.0) -> None:
+        """The loop's time in this loader while a burst samples; the bound's budget needs
+        no window of its own: act on it at once (behind a slow disk the next window closes
+        many seconds later)."""
+        burst = self.burst
+        if burst is not None and time.perf_counter() - burst.started <= burst.seconds:
+            self.busy += wait + (step or 0.0)
+        if burst is not None and self.purpose == "bound" and burst.done():
             self.bound_done()
 
     def bound_done(self) -> None:
         """The bound's budget is in: the worker bound from it, and the climb goes on."""
         burst, cfg, dl = self.burst, self.burst_cfg, self._dl
         assert burst is not None and cfg is not None
+        budget = self.result(burst)
         self.burst = None
-        budget = burst.result()
         wall = time.perf_counter() - burst.started
         self.bound_seen = (cfg, budget, wall, self.stages(cfg, wall))
         new = self.bound_from(budget)

@@ -314,7 +314,7 @@ class DataLoader:
             stats = self._meter.add(step, wait)
             if stats is not None:
                 self._on_window(stats)
-        self._budget.after_batch()
+        self._budget.after_batch(step, wait)
         if self._sync is not None and self._steps >= self._sw.next_decision:
             self._sw.decide_together()
 

@@ -23,7 +23,7 @@ def budget_of(system: SystemFigures | None) -> tuple[TimeBudget | None, str]:
                       "kernel with /proc/PID/task/TID/schedstat")
     if not d.get("available", True):
         return None, (f"the time budget was not measured: {d.get('reason') or 'no reason given'}"
-                      "; run under `autotune monitor` on a kernel with schedstat")
+                      f"; {d.get('fix') or 'run under `autotune monitor` on a kernel with schedstat'}")
     b = TimeBudget.from_dict(d)
     if not b.classes or b.wall_s <= 0:
         return None, ("the time budget is empty (no process of the job seen in the window): "
