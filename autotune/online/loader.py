@@ -342,7 +342,13 @@ class DataLoader:
             msg = (f"{self._epoch.served} batches, fewer than one window "
                    f"({self._meter.size}); nothing measured")
         else:
-            msg = _first_epoch_text(first, last, self._target)
+            # The configuration kept so far, not a trial under way (the target): a trial
+            # begun in the last window was reported as the first epoch's change, and the
+            # configuration it was measured against as "a trial".
+            kept = self._ctl.tuned if self._tuning else self._target
+            msg = _first_epoch_text(first, last, kept)
+            if self._target != kept:
+                msg += f"; trying {self._target.short()}"
             cost = getattr(self._ctl, "switch_cost_s", 0.0) if self._tuning else 0.0
             if cost:
                 msg += f" (switches cost {cost:.2f} s)"
@@ -352,7 +358,7 @@ class DataLoader:
 
 def _first_epoch_text(first: Any, last: Any, now: Config) -> str:
     """The first epoch from its first window to its last: the first configuration to the one
-    the loader runs `now` (the last window may have measured a trial it did not keep), the
+    the loader keeps `now` (the last window may have measured a trial it did not keep), the
     wait share in each window and the ratio of their batches/s."""
     a, b = first.config, now
     parts = []
