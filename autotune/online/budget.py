@@ -14,6 +14,7 @@ from autotune.cpus import usable_cores
 from autotune.online import cache, ddp, why
 from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
+from autotune.online.limits import over_budget
 from autotune.online.measure import WindowStats
 from autotune.online.memory import own_pss, pss_bytes
 from autotune.online.weakowner import WeakOwner
@@ -297,6 +298,26 @@ class Budget:
             f"the {wc.at_once(tb.wall_s)} workers were blocked on storage {wc.blocked():.0%}{also} of "
             "their time (the bound is cores / (1 - blocked))")
 
+    def no_room(self, v: Any, cfg: Config) -> None:
+        """A "too few workers" verdict where one more worker, even one batch ahead, does not
+        fit this job's /dev/shm or memory budget: said so, with the fix, in place of "raise
+        num_workers" (in Docker's 64 MiB /dev/shm, 18 MiB batches and 1 worker: 2 workers
+        would have failed as torch's "unable to allocate shared memory")."""
+        ctl = self._dl._ctl
+        mem, shm = getattr(ctl, "memory", None), getattr(ctl, "shm", None)
+        if mem is None or getattr(ctl, "budget", None) is None:
+            return
+        more = cfg.with_(num_workers=cfg.num_workers + 1, prefetch_factor=1)
+        why_not = over_budget(more, cfg.with_(num_workers=0), mem(), ctl.budget, shm)
+        if why_not is None:
+            return
+        fix = ("a larger /dev/shm (`docker run --shm-size`, a Kubernetes emptyDir of medium "
+               "Memory), a smaller batch element (uint8, normalised on the accelerator) or a "
+               "smaller batch lets more workers run" if "/dev/shm" in why_not else
+               "more memory for the job, or a lighter dataset per worker, lets more run")
+        v.summary += f"; but more workers do not fit: {why_not}; {fix}"
+        v.advice = [a for a in v.advice if "num_workers" not in a] + [fix]
+
     def verdict(self, cfg: Config, budget: dict[str, Any], wall: float, stages: Any,
                 stats: WindowStats | None) -> None:
         """Why AU stays under 0.90 after tuning: the verdict engine, said once. A storage
@@ -311,6 +332,8 @@ class Budget:
             cores=usable_cores(), budget=budget, stages=stages,
             dataset=root_path(dl.dataset),
             worker_bound=bound if dl._sync is not None else None, ranks=dl._local))
+        if v.bottleneck == "loader":
+            self.no_room(v, cfg)
         dl.verdict = v
         if v.bottleneck == "storage" and hasattr(dl._ctl, "storage_verdict"):
             dl._ctl.storage_verdict()
