@@ -12,7 +12,6 @@ torch (about 210 MiB and a second or more of CPU in a process that only reads /p
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -22,15 +21,14 @@ def main(argv: list[str]) -> int:
     from autotune.monitor.tasks import TaskSampler
 
     pid, seconds = int(argv[1]), float(argv[2])
-    me = os.getpid()
     restrict = len(argv) > 3              # "none": no worker (num_workers=0)
     only = {int(x) for x in argv[3].split(",") if x.isdigit()} if restrict else set()
 
     class _Sampler(TaskSampler):
         def _add(self, p: int, tid: int, now: float) -> None:
-            # The sampler is in the tree it samples: not a loader; nor anything else the
-            # training process runs when the loader's workers are named.
-            if p != me and (not restrict or p == pid or p in only):
+            # Nothing else the training process runs when the loader's workers are named
+            # (the sampler itself, in the tree it samples, is autotune's own: never added).
+            if not restrict or p == pid or p in only:
                 super()._add(p, tid, now)
 
     try:

@@ -35,7 +35,10 @@ sleeping threads (kernels that hide it) storage waits cannot be seen: a note say
 Classes: `main` is the training process: the monitored command when it runs Python, else
 (a shell, `env`, a launcher) the first Python process found walking down single-child
 chains from it; the launchers above it are counted in neither class (they only wait).
-`workers` are all other processes of the tree (DataLoader workers and their helpers).
+`workers` are all other processes of the tree (DataLoader workers and their helpers), but
+autotune's own: the sampler `autotune.DataLoader` starts beside its workers for a few
+seconds (`python -m autotune.monitor.burst`) is not one of the job's workers, and counted
+as one it read as an idle worker and one more process.
 """
 
 from __future__ import annotations
@@ -92,6 +95,16 @@ def _python(pid: int) -> bool:
     argv0 = os.path.basename(data.split(b"\0", 1)[0])
     comm = (read_proc(f"/proc/{pid}/comm", 64) or b"").strip()
     return argv0.startswith(b"python") or comm.startswith(b"python")
+
+
+OWN_MODULES = (b"autotune.monitor.burst",)   # `python -m` helpers of autotune's in a job
+YOUNG_S = 2.0   # how long a new process's argv is read again (_own_helpers)
+
+
+def autotunes_own(pid: int) -> bool:
+    """Whether `pid` runs one of autotune's own helpers (OWN_MODULES), not the job's code."""
+    argv = (read_proc(f"/proc/{pid}/cmdline", 512) or b"").split(b"\0")
+    return len(argv) > 2 and argv[1] == b"-m" and argv[2] in OWN_MODULES
 
 
 def _children(pid: int) -> list[int]:
@@ -173,6 +186,8 @@ class TaskSampler:
         self.delayacct_since = delayacct_since
         self.schedstat = os.path.exists(SCHEDSTAT_PROBE)
         self._threads: dict[tuple[int, int], _Thread] = {}
+        self._own: set[int] = set()   # autotune's own helpers in the tree (autotunes_own)
+        self._young: dict[int, float] = {}   # new processes: when first seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -289,7 +304,7 @@ class TaskSampler:
                     break
                 pid = kids[0]
             tree |= set(descendants(self.root_pid)) - chain
-        for pid in tree:
+        for pid in tree - self._own_helpers(tree, now):
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -298,6 +313,25 @@ class TaskSampler:
                 key = (pid, int(tid_s))
                 if key not in self._threads:
                     self._add(pid, int(tid_s), now)
+
+    def _own_helpers(self, tree: set[int], now: float) -> set[int]:
+        """autotune's own helpers in `tree` (autotunes_own), their threads dropped if they
+        were added. A new process is checked again for YOUNG_S: until its exec is done its
+        argv is its parent's, or empty, and under load that lasts past a discovery."""
+        self._own &= tree   # a pid gone may come back as another process
+        self._young = {p: t for p, t in self._young.items() if p in tree and now - t < YOUNG_S}
+        known = {t.pid for t in self._threads.values()}
+        for pid in (tree - known - self._own) | set(self._young):
+            if pid == self.main_pid:
+                continue
+            if autotunes_own(pid):
+                self._own.add(pid)
+                self._young.pop(pid, None)
+                for key in [k for k in self._threads if k[0] == pid]:
+                    self._threads.pop(key).close()
+            elif pid not in known:
+                self._young.setdefault(pid, now)
+        return self._own
 
     def _add(self, pid: int, tid: int, now: float) -> None:
         base = f"/proc/{pid}/task/{tid}/"

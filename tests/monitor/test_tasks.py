@@ -20,6 +20,7 @@ from autotune.monitor.psi import parse_totals
 from autotune.monitor.tasks import TaskSampler, find_main, storage_wait_kind
 from autotune.monitor.timebudget import TimeBudget, sum_budgets
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.alone  # it judges what it measures: CI runs it alone (.ci/run)
 
 
@@ -84,6 +85,26 @@ def test_spinner_on_cpu_and_sleeper_asleep(procs: list[subprocess.Popen[bytes]])
     assert b.samples > 10 and b.hz > 10
     assert b.io_source in ("delayacct", "state-sampling")
     assert b.wall_s > 1.0
+
+
+def test_autotunes_own_sampler_in_the_job_is_not_one_of_its_workers(
+        procs: list[subprocess.Popen[bytes]]) -> None:
+    # autotune.DataLoader starts `python -m autotune.monitor.burst` beside its workers for a
+    # few seconds; `autotune monitor` counted it as a worker of the job (one more process,
+    # idle: "the 5 workers are idle 59 %").
+    code = f"""
+        import os, subprocess, sys, time
+        if os.fork() == 0:
+            time.sleep(60); os._exit(0)
+        subprocess.Popen([sys.executable, "-m", "autotune.monitor.burst", str(os.getpid()),
+                          "30"], stdout=subprocess.DEVNULL, cwd={str(REPO)!r})
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    procs.append(p := _spawn(code))
+    b = _measure(p.pid, 1.5)
+    assert b.classes["workers"].processes == 1     # the forked worker, not the sampler
+    assert b.classes["main"].processes == 1
 
 
 def test_a_process_exiting_mid_window_is_counted_to_its_exit(
