@@ -18,10 +18,11 @@ pytestmark = [pytest.mark.slow]
 
 def test_the_step_of_a_ddp_log_is_the_shortest_ranks_not_the_one_waiting_in_all_reduce(tmp_path):
     log = tmp_path / "steps.jsonl"
-    # Rank 1 waits 4 x 40 ms for each batch; ranks 0 and 2 none, so their steps hold those
-    # 160 ms (all_reduce) on top of the 20 ms of work every rank does: two steps in three
-    # are long, so the p50 over every rank's steps is a long one.
-    env = dict(os.environ, LOG=str(log), SLOW="0.04", STEP="0.02", BATCHES="30",
+    # Rank 1 waits 4 x 100 ms for each batch; ranks 0 and 2 none, so their steps hold those
+    # 400 ms (all_reduce) on top of the 20 ms of work every rank does: two steps in three
+    # are long, so the p50 over every rank's steps is a long one. The margins are wide on
+    # both sides of 0.3 s: with 40 ms items and 0.15 s it failed once under a loaded CI.
+    env = dict(os.environ, LOG=str(log), SLOW="0.1", STEP="0.02", BATCHES="20",
                OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc_per_node", "3", str(HERE / "ddp_job.py")],
@@ -33,9 +34,9 @@ def test_the_step_of_a_ddp_log_is_the_shortest_ranks_not_the_one_waiting_in_all_
     d = json.loads(a.stdout)
     assert d["ranks"] == 3
     short = d["step_time_shortest_rank_s"]
-    # Ranks 0 and 2's steps cannot be shorter than rank 1's 160 ms of sleep; rank 1's are
+    # Ranks 0 and 2's steps cannot be shorter than rank 1's 400 ms of sleep; rank 1's are
     # its 20 ms of work: the shortest rank's p50 is rank 1's, the p50 over all ranks' not.
-    assert short["p50"] < 0.15 <= d["step_time_s"]["p50"], (short, d["step_time_s"])
+    assert short["p50"] < 0.3 <= d["step_time_s"]["p50"], (short, d["step_time_s"])
     note = [e for e in d["verdict"]["evidence"] if "the step's own time is" in e]
     assert len(note) == 1 and "all_reduce" in note[0], d["verdict"]["evidence"]
     table = subprocess.run([sys.executable, "-m", "autotune", "analyze", str(log)],
