@@ -69,7 +69,7 @@ def _who_waited(case: Case) -> tuple[str, float | None]:
     if w is not None:
         n = w.at_once(b.wall_s)
         parts.append(f"the {n} worker{'s' if n != 1 else ''} runnable {pct(w.share('runnable'))} "
-                     "of their time")
+                     f"of {'their' if n != 1 else 'its'} time")
     if m is not None:
         parts.append(f"the main process {pct(m.share('runnable'))} of its time")
     wanted = b.cpus("on_cpu", "runnable")
