@@ -103,6 +103,15 @@ def add_delayacct(p: argparse.ArgumentParser) -> None:
                         "never switched off while another autotune run holds it")
 
 
+def add_max_open_files(p: argparse.ArgumentParser, *, each_trial: bool = False) -> None:
+    """--max-open-files: a cluster's `ulimit -n` for the measurements alone (bench's one, or
+    each of search's trials), while the command keeps its own limit."""
+    whose = "each trial's measurement" if each_trial else "the measurement"
+    p.add_argument("--max-open-files", type=positive_int("--max-open-files"), metavar="N",
+                   help=f"RLIMIT_NOFILE for {whose} (reproduce a cluster's ulimit -n; this "
+                        "process keeps its own)")
+
+
 def add_window(p: argparse.ArgumentParser, default_s: int, *, what: str) -> None:
     """--seconds: the measured window (bench's and each search trial's), lengthened by the
     same rule for a long emulated step."""

@@ -6,8 +6,8 @@ import argparse
 
 from autotune.cli import exits
 from autotune.cli._base import Command, emit, spinner
-from autotune.cli.args import (add_delayacct, add_endpoint, add_json, add_read_format,
-                               add_seed, add_step, add_window,
+from autotune.cli.args import (add_delayacct, add_endpoint, add_json, add_max_open_files,
+                               add_read_format, add_seed, add_step, add_window,
                                apply_endpoint, int_at_least, nonneg_int, positive_float,
                                positive_int)
 
@@ -93,8 +93,7 @@ options override them."""
         p.add_argument("--jpeg-draft", action="store_true",
                        help="let libjpeg decode at reduced scale (PIL draft mode): cheaper "
                             "decode, not what torchvision does; labelled in every output")
-        p.add_argument("--max-open-files", type=positive_int("--max-open-files"), metavar="N",
-                       help="RLIMIT_NOFILE for the measurement (reproduce a cluster's ulimit -n)")
+        add_max_open_files(p)
         add_seed(p, "the shuffle and the augmentation")
         add_json(p)
         p.add_argument("--timeline", metavar="FILE",

@@ -11,6 +11,7 @@ from autotune.cli.args import (
     add_delayacct,
     add_endpoint,
     add_json,
+    add_max_open_files,
     add_read_format,
     add_seed,
     add_step,
@@ -187,9 +188,7 @@ def _add_measurement_options(p: argparse.ArgumentParser) -> None:
                         "pages once, as the cgroup charges them) + /dev/shm peak exceeds "
                         "SIZE (default half the job's memory: its cgroup's limit where one "
                         "is set, else the machine's RAM; the header names the source)")
-    p.add_argument("--max-open-files", type=positive_int("--max-open-files"), metavar="N",
-                   help="RLIMIT_NOFILE for each trial's measurement (reproduce a cluster's "
-                        "ulimit -n; this process keeps its own)")
+    add_max_open_files(p, each_trial=True)
     p.add_argument("--scratch", metavar="DIR",
                    help="directory for the storage probe's fio scratch file when the "
                         "dataset's filesystem is read-only (pick one on the same storage)")
