@@ -230,6 +230,9 @@ class Budget:
         workers the sample does not count: either read as "the workers are idle, the wait
         is in the main process" or "1 worker: too few workers", about a loader held back
         by decode or storage."""
+        got = burst.result()
+        if got.get("available") is False:
+            return got   # the sampler's own failure, said as it is, not retried as "apart"
         serving = self._dl._pools[-1] if self._dl._pools else None
         span = min(time.perf_counter() - burst.started, burst.seconds)
         if serving is None or frozenset(serving.pids()) != self.burst_pids:
@@ -240,7 +243,7 @@ class Budget:
                        f"{span:.1f} s sampled (its workers idle between its epochs, as a "
                        "validation loader's are)")
         else:
-            return burst.result()
+            return got
         return {"available": False, "reason": why_not, "apart": True,
                 "fix": "`autotune monitor` samples the whole run"}
 
@@ -253,14 +256,22 @@ class Budget:
         return stage_budget(self.stages0, self.stage_clock.totals(),
                             workers=cfg.num_workers, wall_s=wall)
 
-    def after_batch(self, step: float | None = None, wait: float = 0.0) -> None:
-        """The loop's time in this loader while a burst samples; the bound's budget needs
-        no window of its own: act on it at once (behind a slow disk the next window closes
-        many seconds later)."""
+    def credit(self, step: float | None, wait: float) -> None:
+        """The loop's seconds in this loader inside the burst's window: the span a batch
+        closes (the step before it and its wait), clipped to the window. Before the window's
+        figures are read (a batch slower than the window is in it for the part inside: behind
+        a slow disk no batch ends within the window)."""
         burst = self.burst
-        if burst is not None and time.perf_counter() - burst.started <= burst.seconds:
-            self.busy += wait + (step or 0.0)
-        if burst is not None and self.purpose == "bound" and burst.done():
+        if burst is None:
+            return
+        now = time.perf_counter()
+        lo = max(now - wait - (step or 0.0), burst.started)
+        self.busy += max(0.0, min(now, burst.started + burst.seconds) - lo)
+
+    def after_batch(self) -> None:
+        """The bound's budget needs no window of its own: act on it at once (behind a slow
+        disk the next window closes many seconds later)."""
+        if self.burst is not None and self.purpose == "bound" and self.burst.done():
             self.bound_done()
 
     def bound_done(self) -> None:
@@ -332,7 +343,9 @@ class Budget:
             cores=usable_cores(), budget=budget, stages=stages,
             dataset=root_path(dl.dataset),
             worker_bound=bound if dl._sync is not None else None, ranks=dl._local))
-        if v.bottleneck == "loader":
+        from autotune.verdict.rules.on_cpu import TOO_FEW_WORKERS
+
+        if v.bottleneck == "loader" and TOO_FEW_WORKERS in v.summary:
             self.no_room(v, cfg)
         dl.verdict = v
         if v.bottleneck == "storage" and hasattr(dl._ctl, "storage_verdict"):

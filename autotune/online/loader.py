@@ -309,12 +309,13 @@ class DataLoader:
             if cfg.num_workers:
                 self._sw.begin(cfg, "start: the first batch was made in this process")
         self._steps += 1
+        self._budget.credit(step, wait)   # before a window closes and reads the burst
         if not self._sw.after_batch(step, wait) and step is not None:
             # An epoch's first batch waits for the epoch's start: no step to measure.
             stats = self._meter.add(step, wait)
             if stats is not None:
                 self._on_window(stats)
-        self._budget.after_batch(step, wait)
+        self._budget.after_batch()
         if self._sync is not None and self._steps >= self._sw.next_decision:
             self._sw.decide_together()
 

@@ -71,3 +71,24 @@ def test_workers_replaced_at_each_epoch_are_not_counted_as_one(decisions):
                  decisions, gap_s=0.0)
     assert "the 1 worker" not in v["summary"], v["summary"]
     assert any("replaced by another pool" in line for line in v["evidence"]), v
+
+
+def test_a_batch_slower_than_the_burst_counts_for_the_part_inside_it():
+    # Behind a slow disk no batch ends within the 3 s burst: the one that ends after it was
+    # the loop's time in this loader for the whole window. Credited only when a batch ended
+    # inside the window, every such burst read "0.0 s of 3.0 s" and was thrown away, and the
+    # storage verdict and the worker bound with it.
+    from types import SimpleNamespace
+
+    from autotune.online.budget import Budget
+
+    now = time.perf_counter()
+    b = SimpleNamespace(burst=SimpleNamespace(started=now - 5.0, seconds=3.0), busy=0.0)
+    Budget.credit(b, step=0.1, wait=9.9)          # a batch that waited 10 s, ending now
+    assert b.busy == pytest.approx(3.0, abs=0.05)
+    b.busy = 0.0
+    Budget.credit(b, step=None, wait=0.5)          # wholly after the window: none of it
+    assert b.busy == 0.0
+    b.burst = SimpleNamespace(started=now - 1.0, seconds=3.0)
+    Budget.credit(b, step=0.2, wait=0.3)           # inside the window: all of it
+    assert b.busy == pytest.approx(0.5, abs=0.05)

@@ -13,6 +13,10 @@ from autotune.verdict._types import Verdict
 from autotune.verdict.rules._case import DECODE_ADVICE, BudgetRule, Case, worker_bound_of
 from autotune.verdict.rules._inputs import RuleInputs, num, pct, usable_cores
 
+# In the summary of this rule's loader verdicts, which more workers would help (read by
+# autotune.DataLoader, which adds where no more fit its /dev/shm or memory).
+TOO_FEW_WORKERS = "too few workers"
+
 
 class OnCpu(BudgetRule):
     name = "on a CPU"
@@ -26,7 +30,7 @@ class OnCpu(BudgetRule):
                 f"(blocked {pct(load.blocked)}, idle {pct(load.idle)}){load.threads_note}")
         bound, _ = worker_bound_of(inp, load)
         if load.main_only:
-            return Verdict("loader", f"loader-configuration-bound (too few workers: 0): {head} "
+            return Verdict("loader", f"loader-configuration-bound ({TOO_FEW_WORKERS}: 0): {head} "
                            f"while the step waits {pct(inp.data_share)} of the time; loading and "
                            "the step take turns", ev, cmd["search"],
                            [f"set num_workers (up to about {bound}): workers load while the step "
@@ -46,7 +50,7 @@ class OnCpu(BudgetRule):
                   else "")
         return Verdict("loader", f"loader-configuration-bound: {head}; the job wants {wanted:.1f} "
                        f"of {cores} core(s){others} while the step waits {pct(inp.data_share)} "
-                       "of the time: too few workers", ev, cmd["search"],
+                       f"of the time: {TOO_FEW_WORKERS}", ev, cmd["search"],
                        [f"raise num_workers (up to about {min(bound, cores or bound)}), and "
                         "prefetch_factor if batches arrive unevenly; `autotune search` finds the knee"])
 
