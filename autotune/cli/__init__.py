@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import resource
 import signal
 import sys
 from collections.abc import Sequence
@@ -102,19 +103,17 @@ def error_line(cmd: Command, e: AutotuneError) -> str:
 
 def _unexpected(e: Exception) -> str:
     """The line for an exception that is not the library's own: a bug, except running out
-    of file descriptors, which is the limit this process was started with."""
-    from autotune.cli.tables import printable
-
+    of file descriptors, which is the limit this process was started with (said without an
+    import: one would need a descriptor)."""
     if isinstance(e, OSError) and e.errno == errno.EMFILE:
-        import resource
-
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         return (f"error: this process ran out of file descriptors, {soft} allowed (`ulimit -n`): "
-                f"{printable(e)}; raise the limit (`ulimit -n 4096`, or `docker run --ulimit "
-                "nofile=4096`)")
+                f"{e}; raise the limit (`ulimit -n 4096`, or `docker run --ulimit nofile=4096`)")
     if isinstance(e, OSError) and e.errno == errno.ENFILE:
-        return (f"error: the system's open-file table is full: {printable(e)}; close what "
-                "holds files open, or raise fs.file-max")
+        return (f"error: the system's open-file table is full: {e}; close what holds files "
+                "open, or raise fs.file-max")
+    from autotune.cli.tables import printable
+
     return (f"internal error: {type(e).__name__}: {printable(e)} (rerun with --debug for the "
             "traceback)")
 
