@@ -407,8 +407,10 @@ class _ReadAhead:
     values (`budget` bytes, at most `SLOTS` samples) wait read ahead, so the next batch
     is read and checked while this one is written and synced, and its puts then only
     copy (64 buffers, as before, stopped the reads early in each commit and left the
-    disk idle while the batch was read after it). The slots are one anonymous mapping,
-    resident only where used, so small files cost only what they fill; a value larger
+    disk idle while the batch was read after it). The slots are one private anonymous
+    mapping, resident only where used, and the most recently freed slot is taken first, so
+    a run touches about its budget of them and small files cost only what they fill (taken
+    in turn, every slot was filled: 256 MiB resident whatever the budget); a value larger
     than a slot gets a buffer of its own for its time in flight, within the same budget.
     """
 
@@ -427,8 +429,10 @@ class _ReadAhead:
         import threading
 
         self._q: queue.Queue[tuple[str, Any, Any, Any]] = queue.Queue()
-        self._free: queue.Queue[memoryview] = queue.Queue()
-        arena = memoryview(mmap.mmap(-1, self.SLOT * self.SLOTS))
+        # Last in, first out: the slots just given back are reused, so a run keeps about
+        # its budget of the arena resident (in turn, every slot was filled: 256 MiB).
+        self._free: queue.LifoQueue[memoryview] = queue.LifoQueue()
+        arena = memoryview(mmap.mmap(-1, self.SLOT * self.SLOTS, flags=mmap.MAP_PRIVATE))
         for i in range(self.SLOTS):
             self._free.put(arena[i * self.SLOT:(i + 1) * self.SLOT])
         self.budget = budget
