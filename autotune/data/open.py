@@ -75,8 +75,8 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
     `dataset.set_epoch(epoch)` before each epoch (as `DistributedSampler.set_epoch`):
 
         shuffle: shard order seeded per epoch (`seed`, epoch, rank) and a buffer of
-            `shuffle_buffer` samples; False reads the shards and their samples in stored
-            order (shuffled once, with the conversion's seed, when they were written).
+            `shuffle_buffer` samples (at most 64 MiB of images per DataLoader worker); False
+            reads shards and samples in stored order (shuffled once when written).
         rank, world_size: this process's rank; default torch.distributed when it is
             initialized, else the RANK and WORLD_SIZE environment variables, else one rank.
             Shards are split across ranks and then across DataLoader workers; each reader

@@ -11,8 +11,8 @@ Pipeline (webdataset stages): this rank's shards (autotune_converters.wds.split:
 then by local rank, the same every epoch, so that `autotune stage --node-rank R --nnodes
 N` can copy to each node just what its ranks read) -> SimpleShardList shuffled with a seed
 shared by the rank's workers (seed, epoch, rank) -> split_by_worker (DataLoader worker) ->
-autotune's checked tar expansion -> webdataset's shuffle buffer (seeded per rank, worker
-and epoch) -> map to (transform(bytes), label). Each split is a partition: every sample is
+autotune's checked tar expansion -> a shuffle buffer (webdataset's algorithm, seeded per
+rank, worker and epoch, also bounded in bytes: wds/shuffle.py) -> map to (transform(bytes), label). Each split is a partition: every sample is
 read at most once per epoch across all ranks and workers (exactly once with one rank, or
 equalize=False). Rank and world size come from
 RANK/WORLD_SIZE or torch.distributed, as webdataset reads them, or from
@@ -65,6 +65,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,7 @@ from autotune_base.beneath import open_dir, read_bytes
 from autotune_base.errors import UsageError
 from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
+from autotune_converters.wds.shuffle import SHUFFLE_BUFFER_BYTES, shuffled
 from autotune_converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
 from autotune_converters.wds.tarfmt import (
     MAX_MEMBER_BYTES,
@@ -176,12 +178,14 @@ class WdsSource(SampleSource):
                 shuffle_buffer: int = 1000, seed: int = 0, rank: int | None = None,
                 world_size: int | None = None, local_world_size: int | None = None,
                 equalize: bool = True, num_workers: int | None = None,
-                pad: bool = False, cls: type[WdsDataset] | None = None) -> WdsDataset:
+                pad: bool = False, cls: type[WdsDataset] | None = None,
+                shuffle_buffer_bytes: int | None = None) -> WdsDataset:
         """An IterableDataset of (transform(image bytes), label); bytes when no transform.
 
         shuffle: the order of this rank's shards (seed, epoch) and a sample buffer of
-            `shuffle_buffer`; False reads shards and samples in stored order (already
-            seeded-shuffled once at conversion).
+            `shuffle_buffer` samples and at most `shuffle_buffer_bytes` of stored images
+            per reader (default SHUFFLE_BUFFER_BYTES, 64 MiB); False reads shards and
+            samples in stored order (already seeded-shuffled once at conversion).
         rank, world_size: override RANK/WORLD_SIZE / torch.distributed.
         local_world_size: ranks per node (default LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE,
             else 1): shards are split by node first, then by local rank.
@@ -199,6 +203,7 @@ class WdsSource(SampleSource):
                         staged_node=self.staged_node, root=str(self.root),
                         equalize=equalize, num_workers=num_workers,
                         max_member_bytes=self.max_member_bytes, pad=pad)
+        ds.shuffle_buffer_bytes = shuffle_buffer_bytes
         ds.members = self.members
         return ds
 
@@ -236,6 +241,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
         self.stage_clock: Any = None
         self.shuffle = shuffle
         self.shuffle_buffer = shuffle_buffer
+        self.shuffle_buffer_bytes: int | None = None  # None: SHUFFLE_BUFFER_BYTES
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
@@ -340,8 +346,10 @@ class WdsDataset(torch.utils.data.IterableDataset):
             else:
                 stages.append(lambda src, n=quotas[worker]: islice(src, n))
         if self.shuffle and self.shuffle_buffer > 1:
-            stages.append(wds.shuffle(self.shuffle_buffer, initial=min(100, self.shuffle_buffer),
-                                      seed=_seed(self.seed, epoch, rank, worker, num_workers)))
+            stages.append(partial(shuffled, bufsize=self.shuffle_buffer,
+                                  max_bytes=self.shuffle_buffer_bytes or SHUFFLE_BUFFER_BYTES,
+                                  initial=min(100, self.shuffle_buffer),
+                                  seed=_seed(self.seed, epoch, rank, worker, num_workers)))
         if self.stage_clock is not None:
             stages.append(_timed_reads)
         stages.append(wds.map(self._apply))

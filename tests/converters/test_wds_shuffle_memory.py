@@ -1,0 +1,60 @@
+"""The WebDataset reader's shuffle buffer is bounded in bytes, not only in samples.
+
+1,000 samples of 230 KB images (the default `shuffle_buffer`) held 223 MiB in each
+DataLoader worker: two workers reading a 1.2 GB conversion were OOM-killed in a 512 MiB
+container. Here 300 samples of ~620 KB go through the default buffer (it grows by one
+sample for each it hands out: 150 samples, 90 MB, before), and what the reader holds
+(samples expanded from the shards and not yet handed out) stays within
+SHUFFLE_BUFFER_BYTES (64 MiB) and two samples."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from autotune.synth import with_comment
+from autotune_converters import ConvertOptions, WdsSource, convert
+from autotune_converters.wds import reader
+
+MiB = 1 << 20
+
+
+def _big_images(root: Path, n: int) -> int:
+    """n different ~620 KB JPEGs (one noise image, a comment each); the largest size."""
+    buf = io.BytesIO()
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (800, 800, 3), dtype=np.uint8)).save(buf, "JPEG",
+                                                                               quality=92)
+    for c in range(2):
+        (root / f"c{c}").mkdir(parents=True)
+    for i in range(n):
+        (root / f"c{i % 2}" / f"{i:04d}.jpg").write_bytes(with_comment(buf.getvalue(),
+                                                                       b"%d" % i))
+    return len(buf.getvalue()) + 8
+
+
+def test_the_default_shuffle_buffer_holds_at_most_its_bytes(tmp_path, monkeypatch):
+    n = 300
+    largest = _big_images(tmp_path / "src", n)
+    assert n // 2 * largest > 80 * MiB  # the buffer grew past the bound before
+    dst = tmp_path / "wds"
+    convert(tmp_path / "src", dst, ConvertOptions(format="wds", readers=1))
+    produced = [0]
+    expand = reader._expand
+
+    def counting(*a, **kw):
+        for s in expand(*a, **kw):
+            produced[0] += len(s["image"])
+            yield s
+
+    monkeypatch.setattr(reader, "_expand", counting)
+    consumed = held = seen = 0
+    for data, _label in WdsSource(dst).dataset(None, shuffle_buffer=1000):
+        consumed += len(data)
+        seen += 1
+        held = max(held, produced[0] - consumed + len(data))
+    assert seen == n
+    assert held <= 64 * MiB + 2 * largest, f"{held / MiB:.1f} MiB held"
