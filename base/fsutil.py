@@ -145,6 +145,15 @@ def sha256_fd(fd: int, *, drop_cache: bool = False, chunk: int = 4 << 20) -> tup
         n += k
 
 
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
+    """All of `data` written into `fd` at `offset` (pwrite may write less); len(data)."""
+    view, off = memoryview(data), offset
+    while view:
+        k = os.pwrite(fd, view, off)
+        view, off = view[k:], off + k
+    return len(data)
+
+
 def rmdir_quietly(d: Path, removed: list[Path]) -> None:
     """Remove an empty directory and note it; one still in use (not empty) stays."""
     try:
@@ -285,5 +294,5 @@ def unwritable_reason(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     return top, "cannot be written (read-only or not this user's)"
 
 
-__all__ = ["PidLock", "fsync_dir", "rmdir_quietly", "sha256_fd", "sha256_file", "unwritable_reason",
+__all__ = ["PidLock", "fsync_dir", "pwrite_all", "rmdir_quietly", "sha256_fd", "sha256_file", "unwritable_reason",
            "write_json_atomic", "write_text_atomic"]

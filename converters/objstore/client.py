@@ -46,9 +46,11 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from autotune_base.errors import SampleError, StoreDenied, StoreUnreachable, UsageError
+from autotune_base.fsutil import pwrite_all
 from autotune_converters.objstore.url import S3Url, shown_endpoint
 
 T = TypeVar("T")
+STREAM_CHUNK = 1 << 20  # bytes of a GET's body held at a time by get_into
 
 RETRY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout",
                "RequestTimeTooSkewed", "InternalError", "ServiceUnavailable", "503", "500",
@@ -256,6 +258,28 @@ class Store:
         # The body is read inside the retry: a connection dropped mid-body is retried too.
         return self.call(f"s3://{bucket}/{obj.key}", bucket,
                          lambda c: c.get_object(**kw)["Body"].read())
+
+    def get_into(self, bucket: str, obj: ObjectInfo, byte_range: tuple[int, int] | None,
+                 fd: int, offset: int) -> int:
+        """As get(), the body written into `fd` from `offset` as it arrives, a chunk
+        (STREAM_CHUNK) at a time: memory is a chunk, not the range. A retry writes the
+        same bytes at the same offsets again. The bytes written."""
+        kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
+        if obj.etag:
+            kw["IfMatch"] = obj.etag
+        if byte_range is not None:
+            kw["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+
+        def stream(c: Any) -> int:
+            body, n = c.get_object(**kw)["Body"], 0
+            try:
+                for chunk in body.iter_chunks(STREAM_CHUNK):
+                    n += pwrite_all(fd, chunk, offset + n)
+            finally:
+                body.close()
+            return n
+
+        return self.call(f"s3://{bucket}/{obj.key}", bucket, stream)
 
     def _obstore_get(self, bucket: str, obj: ObjectInfo,
                      byte_range: tuple[int, int] | None) -> bytes:

@@ -8,11 +8,12 @@ the listing is a SampleError naming it, never a mix of two versions).
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from autotune_base.fsutil import pwrite_all
 
 
 @dataclass(frozen=True)
@@ -66,20 +67,23 @@ class Storage(ABC):
         ranges = [(a, min(a + part, st.size)) for a in range(0, st.size, part)]
 
         def one(r: tuple[int, int]) -> int:
-            data = self.read(st, r if len(ranges) > 1 else None)
-            if len(data) != r[1] - r[0]:
-                raise ShortRead(st.name, len(data), r[1] - r[0])
-            view, off = memoryview(data), r[0]
-            while view:
-                k = os.pwrite(fd, view, off)
-                view, off = view[k:], off + k
-            return len(data)
+            n = self.read_range_into(st, r if len(ranges) > 1 else None, fd, r[0])
+            if n != r[1] - r[0]:
+                raise ShortRead(st.name, n, r[1] - r[0])
+            return n
 
         if len(ranges) == 1:
             return one(ranges[0])
         with ThreadPoolExecutor(max_workers=min(in_flight, len(ranges)),
                                 thread_name_prefix="s3range") as ex:
             return sum(ex.map(one, ranges))
+
+
+    def read_range_into(self, st: Stat, byte_range: tuple[int, int] | None, fd: int,
+                        offset: int) -> int:
+        """`st`'s bytes (or bytes [start, end) of it) written into `fd` from `offset`; the
+        bytes written. A storage that can stream overrides it: this holds the range whole."""
+        return pwrite_all(fd, self.read(st, byte_range), offset)
 
 
 class ShortRead(Exception):
