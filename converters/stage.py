@@ -501,10 +501,13 @@ def _copy_all(todo: list[FileEntry], need: int, workers: int,
         with ThreadPoolExecutor(max_workers=workers) as ex:
             return sum(ex.map(one, todo)), failures
     except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise StageError(f"{d}: disk full while copying ({need / 2**20:,.1f} MiB needed); "
-                             "nothing incomplete was published; free space and rerun to "
-                             "resume.") from e
+        if e.errno == errno.ENOSPC:  # what a rerun still needs: the files not staged
+            free = os.fstatvfs(dst_fd)
+            raise StageError(
+                f"{d}: no space left on device while copying: "
+                f"{(need - done_bytes[0]) / 2**20:,.1f} MiB still to copy, "
+                f"{free.f_bavail * free.f_frsize / 2**20:,.1f} MiB free; nothing incomplete "
+                "was published; free space and rerun to resume.") from e
         raise
     finally:
         state.save()
