@@ -43,7 +43,7 @@ Transform = Callable[[Any], Any]
 
 def open_dataset(path: str | os.PathLike[str], transform: Transform | None = None, *,
                  decode: bool = True, format: str = "auto", shuffle: bool = True,
-                 seed: int = 0, shuffle_buffer: int = 1000, rank: int | None = None,
+                 seed: int = 0, shuffle_buffer: int | None = None, rank: int | None = None,
                  world_size: int | None = None, drop_last: bool = True,
                  num_workers: int | None = None, iterable: bool | None = None
                  ) -> MapDataset | ShardDataset:
@@ -75,7 +75,8 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
     `dataset.set_epoch(epoch)` before each epoch (as `DistributedSampler.set_epoch`):
 
         shuffle: shard order seeded per epoch (`seed`, epoch, rank) and a buffer of
-            `shuffle_buffer` samples (at most 64 MiB of images per DataLoader worker); False
+            `shuffle_buffer` samples per DataLoader worker (default 1,000, holding at most
+            64 MiB of images; a number given is that many, whatever their bytes); False
             reads shards and samples in stored order (shuffled once when written).
         rank, world_size: this process's rank; default torch.distributed when it is
             initialized, else the RANK and WORLD_SIZE environment variables, else one rank.

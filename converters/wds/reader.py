@@ -76,7 +76,7 @@ from autotune_base.beneath import open_dir, read_bytes
 from autotune_base.errors import UsageError
 from autotune_converters.manifest import Manifest, check_files, read_manifest
 from autotune_converters.source import SampleError, SampleSource
-from autotune_converters.wds.shuffle import SHUFFLE_BUFFER_BYTES, shuffled
+from autotune_converters.wds.shuffle import SHUFFLE_BUFFER, SHUFFLE_BUFFER_BYTES, shuffled
 from autotune_converters.wds.split import NODE_FILE, local_world_size, node_shards, placement, rank_shards
 from autotune_converters.wds.tarfmt import (
     MAX_MEMBER_BYTES,
@@ -175,17 +175,19 @@ class WdsSource(SampleSource):
         return d
 
     def dataset(self, transform: Callable[[bytes], Any] | None = None, *, shuffle: bool = True,
-                shuffle_buffer: int = 1000, seed: int = 0, rank: int | None = None,
+                shuffle_buffer: int | None = None, seed: int = 0, rank: int | None = None,
                 world_size: int | None = None, local_world_size: int | None = None,
                 equalize: bool = True, num_workers: int | None = None,
                 pad: bool = False, cls: type[WdsDataset] | None = None,
                 shuffle_buffer_bytes: int | None = None) -> WdsDataset:
         """An IterableDataset of (transform(image bytes), label); bytes when no transform.
 
-        shuffle: the order of this rank's shards (seed, epoch) and a sample buffer of
-            `shuffle_buffer` samples and at most `shuffle_buffer_bytes` of stored images
-            per reader (default SHUFFLE_BUFFER_BYTES, 64 MiB); False reads shards and
-            samples in stored order (already seeded-shuffled once at conversion).
+        shuffle: the order of this rank's shards (seed, epoch) and a sample buffer per
+            reader (DataLoader worker): by default SHUFFLE_BUFFER samples (1,000) holding at
+            most SHUFFLE_BUFFER_BYTES (64 MiB) of stored images; a `shuffle_buffer` given is
+            that many samples whatever their bytes, unless `shuffle_buffer_bytes` is given
+            too. False reads shards and samples in stored order (already seeded-shuffled
+            once at conversion).
         rank, world_size: override RANK/WORLD_SIZE / torch.distributed.
         local_world_size: ranks per node (default LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE,
             else 1): shards are split by node first, then by local rank.
@@ -203,7 +205,8 @@ class WdsSource(SampleSource):
                         staged_node=self.staged_node, root=str(self.root),
                         equalize=equalize, num_workers=num_workers,
                         max_member_bytes=self.max_member_bytes, pad=pad)
-        ds.shuffle_buffer_bytes = shuffle_buffer_bytes
+        if shuffle_buffer_bytes is not None:
+            ds.shuffle_buffer_bytes = shuffle_buffer_bytes
         ds.members = self.members
         return ds
 
@@ -218,7 +221,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
     DROP_INSTEAD = "pass drop_last=True (pad=False) to drop the remainder instead"
 
     def __init__(self, shards: list[tuple[Path, int]], transform: Callable[[bytes], Any] | None,
-                 *, shuffle: bool, shuffle_buffer: int, seed: int, rank: int | None,
+                 *, shuffle: bool, shuffle_buffer: int | None, seed: int, rank: int | None,
                  world_size: int | None, num_classes: int, local_world_size: int | None = None,
                  staged_node: tuple[int, int] | None = None, root: str = "",
                  equalize: bool = True, num_workers: int | None = None,
@@ -240,8 +243,10 @@ class WdsDataset(torch.utils.data.IterableDataset):
         # add(read=, decode=, transform=, samples=); autotune.data.stages), or None.
         self.stage_clock: Any = None
         self.shuffle = shuffle
-        self.shuffle_buffer = shuffle_buffer
-        self.shuffle_buffer_bytes: int | None = None  # None: SHUFFLE_BUFFER_BYTES
+        # The default buffer is bounded in bytes too; a size the user gave is theirs (None:
+        # samples only), unless they bound its bytes as well (WdsSource.dataset).
+        self.shuffle_buffer = SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer
+        self.shuffle_buffer_bytes = SHUFFLE_BUFFER_BYTES if shuffle_buffer is None else None
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
@@ -347,7 +352,7 @@ class WdsDataset(torch.utils.data.IterableDataset):
                 stages.append(lambda src, n=quotas[worker]: islice(src, n))
         if self.shuffle and self.shuffle_buffer > 1:
             stages.append(partial(shuffled, bufsize=self.shuffle_buffer,
-                                  max_bytes=self.shuffle_buffer_bytes or SHUFFLE_BUFFER_BYTES,
+                                  max_bytes=self.shuffle_buffer_bytes,
                                   initial=min(100, self.shuffle_buffer),
                                   seed=_seed(self.seed, epoch, rank, worker, num_workers)))
         if self.stage_clock is not None:

@@ -13,7 +13,8 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-SHUFFLE_BUFFER_BYTES = 64 << 20  # per reader (DataLoader worker): stored image bytes held
+SHUFFLE_BUFFER = 1000           # the default buffer: samples per reader (DataLoader worker)
+SHUFFLE_BUFFER_BYTES = 64 << 20  # ... and the stored image bytes it may hold
 
 
 def _size(sample: dict[str, Any]) -> int:
@@ -29,10 +30,13 @@ def _pick(buf: list[dict[str, Any]], rng: random.Random) -> dict[str, Any]:
     return sample
 
 
-def shuffled(data: Iterator[dict[str, Any]], bufsize: int, max_bytes: int, initial: int,
+def shuffled(data: Iterator[dict[str, Any]], bufsize: int, max_bytes: int | None, initial: int,
              seed: int) -> Iterator[dict[str, Any]]:
     """`data` through a buffer of at most `bufsize` samples and about `max_bytes` of image
-    bytes (one sample more than that: a sample larger than the bound still passes)."""
+    bytes (one sample more than that: a sample larger than the bound still passes; None:
+    samples only, webdataset's shuffle to the pick)."""
+    if max_bytes is None:
+        max_bytes = 1 << 62
     rng = random.Random(seed)
     initial = min(initial, bufsize)
     buf: list[dict[str, Any]] = []
@@ -59,4 +63,4 @@ def shuffled(data: Iterator[dict[str, Any]], bufsize: int, max_bytes: int, initi
         yield take()
 
 
-__all__ = ["SHUFFLE_BUFFER_BYTES", "shuffled"]
+__all__ = ["SHUFFLE_BUFFER", "SHUFFLE_BUFFER_BYTES", "shuffled"]
