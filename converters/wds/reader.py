@@ -12,10 +12,10 @@ then by local rank, the same every epoch, so that `autotune stage --node-rank R 
 N` can copy to each node just what its ranks read) -> SimpleShardList shuffled with a seed
 shared by the rank's workers (seed, epoch, rank) -> split_by_worker (DataLoader worker) ->
 autotune's checked tar expansion -> a shuffle buffer (webdataset's algorithm, seeded per
-rank, worker and epoch, also bounded in bytes: wds/shuffle.py) -> map to (transform(bytes), label). Each split is a partition: every sample is
-read at most once per epoch across all ranks and workers (exactly once with one rank, or
-equalize=False). Rank and world size come from
-RANK/WORLD_SIZE or torch.distributed, as webdataset reads them, or from
+rank, worker and epoch; the default one bounded in bytes too: wds/shuffle.py) -> map to
+(transform(bytes), label). Each split is a partition: every sample is read at most once per
+epoch across all ranks and workers (exactly once with one rank, or equalize=False). Rank
+and world size come from RANK/WORLD_SIZE or torch.distributed, as webdataset reads them, or from
 `rank=`/`world_size=`; ranks per node from LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE or
 `local_world_size=`.
 
