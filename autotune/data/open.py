@@ -75,9 +75,8 @@ def open_dataset(path: str | os.PathLike[str], transform: Transform | None = Non
     `dataset.set_epoch(epoch)` before each epoch (as `DistributedSampler.set_epoch`):
 
         shuffle: shard order seeded per epoch (`seed`, epoch, rank) and a buffer of
-            `shuffle_buffer` samples per DataLoader worker (default 1,000, holding at most
-            64 MiB of images; a number given is that many, whatever their bytes); False
-            reads shards and samples in stored order (shuffled once when written).
+            `shuffle_buffer` samples a worker (default 1,000 within 64 MiB; a number given:
+            that many); False reads in stored order (shuffled once when written).
         rank, world_size: this process's rank; default torch.distributed when it is
             initialized, else the RANK and WORLD_SIZE environment variables, else one rank.
             Shards are split across ranks and then across DataLoader workers; each reader
