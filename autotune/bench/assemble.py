@@ -92,9 +92,7 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
                  timed_out: bool, phase: str, log_tail: str, oom_kills: int,
                  cleanup: procs.Cleanup | None, mon: SystemMonitor | None,
                  parent_marks: dict[str, float], stopped: str | None = None,
-                 sched: dict[float, Any] | None = None,
-                 budget: dict[float, Any] | None = None,
-                 quota: dict[float, Any] | None = None) -> BenchResult:
+                 sections: dict[float, dict[str, Any]] | None = None) -> BenchResult:
     """The BenchResult of what a measurement left: figures, labels and warnings, or a
     failure with its reason and a hint."""
     c = child or {}
@@ -125,7 +123,7 @@ def build_result(cfg: BenchConfig, root: Path, fmt: str, child: dict[str, Any] |
     # What the verdict engine reads (autotune.verdict), from this window's samples: the
     # CPU quota's throttling among them, summed over the window as the monitor's is.
     res.system["figures"] = figures_of(
-        (_record(s, sched, budget, quota) for s in win), source="bench monitor",
+        (_record(s, sections) for s in win), source="bench monitor",
         joined_by=res.system.get("scope", "measured window")).to_dict()
     failure = _failure(cfg, child, res.system, proc, timed_out, phase, log_tail, oom_kills,
                        stopped)
@@ -174,16 +172,15 @@ def _too_few(cfg: BenchConfig, window: dict[str, Any]) -> Failure | None:
                    f"{secs:.1f} s); a figure needs {why}: this is not a measurement", hint)
 
 
-def _record(s: Sample, sched: dict[float, Any] | None,
-            budget: dict[float, Any] | None = None,
-            quota: dict[float, Any] | None = None) -> dict[str, Any]:
+# What was read beside a monitor sample, in its record's order: the run queue's figures,
+# the task sampler's budget of the interval, the CPU quota's throttling in it.
+SECTIONS = ("sched", "budget", "cpu_quota")
+
+
+def _record(s: Sample, sections: dict[float, dict[str, Any]] | None) -> dict[str, Any]:
     d = s.to_dict()
-    if sched is not None and s.monotonic in sched:
-        d["sched"] = sched[s.monotonic]
-    if budget is not None and s.monotonic in budget:
-        d["budget"] = budget[s.monotonic]   # the task sampler's budget of this interval
-    if quota is not None and quota.get(s.monotonic) is not None:
-        d["cpu_quota"] = quota[s.monotonic]   # the CPU quota's throttling in this interval
+    got = (sections or {}).get(s.monotonic, {})
+    d.update((k, got[k]) for k in SECTIONS if k in got)
     return d
 
 
@@ -425,14 +422,12 @@ def _phase_of(t: float, marks: dict[str, float]) -> str:
 
 def write_timeline(path: str | os.PathLike[str], samples: list[Sample],
                    child: dict[str, Any] | None, parent_marks: dict[str, float],
-                   sched: dict[float, Any] | None = None,
-                   budget: dict[float, Any] | None = None,
-                   quota: dict[float, Any] | None = None) -> None:
+                   sections: dict[float, dict[str, Any]] | None = None) -> None:
     marks = dict((child or {}).get("marks", {}))
     marks.setdefault("go", parent_marks.get("go", float("inf")))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for s in samples:
-            d = _record(s, sched, budget, quota)
+            d = _record(s, sections)
             d["phase"] = _phase_of(s.monotonic - s.interval_s / 2, marks)
             f.write(json.dumps(d) + "\n")

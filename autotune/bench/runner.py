@@ -162,7 +162,7 @@ def run_bench(dataset: str | os.PathLike[str], config: BenchConfig | None = None
         m.run(tmp, popen or subprocess.Popen, monitor_path or root, mp_dir)
         res = m.result(tmp)
         if timeline is not None:
-            write_timeline(timeline, m.samples, m.child, m.marks, m.sched, m.budget, m.quota)
+            write_timeline(timeline, m.samples, m.child, m.marks, m.sections)
             res.timeline_file = str(timeline)
         res.seconds_total = time.monotonic() - t_begin
         return res
@@ -221,9 +221,9 @@ class _Measurement:
         self.samples: list[Any] = []
         self.child: dict[str, Any] | None = None
         self.go_w = -1
-        self.sched: dict[float, dict[str, Any] | None] = {}
-        self.budget: dict[float, dict[str, Any] | None] = {}
-        self.quota: dict[float, dict[str, Any] | None] = {}
+        # Per monitor sample (by its monotonic time): the sections read beside it, "budget",
+        # "sched" and "cpu_quota", added to its record (assemble.record).
+        self.sections: dict[float, dict[str, Any]] = {}
         self.tasks: TaskSampler | None = None
         self.spawned_at = time.time()
         self.shm_removed: list[str] = []
@@ -340,16 +340,16 @@ class _Measurement:
         quota = started(pid)
 
         def on_sample(sample: Any) -> None:
-            self.budget[sample.monotonic] = budget_section(tasks)
-            if quota is not None:
-                self.quota[sample.monotonic] = quota_section(quota)
+            got = self.sections[sample.monotonic] = {"budget": budget_section(tasks)}
+            q = quota_section(quota) if quota is not None else None
+            if q is not None:
+                got["cpu_quota"] = q
             try:
                 u = rq.sample(sample.monotonic)
             except Exception as e:  # noqa: BLE001 - a figure, never a reason to stop
-                self.sched[sample.monotonic] = {"available": False,
-                                                "reason": f"{type(e).__name__}: {e}"}
+                got["sched"] = {"available": False, "reason": f"{type(e).__name__}: {e}"}
             else:
-                self.sched[sample.monotonic] = u.to_dict() if u is not None else None
+                got["sched"] = u.to_dict() if u is not None else None
 
         return on_sample
 
@@ -445,8 +445,7 @@ class _Measurement:
         return build_result(self.cfg, self.root, self.fmt, self.child, self.samples, self.cache,
                             self.proc, self.timed_out, self.phase, _log_tail(tmp / "child.log"),
                             _oom_kills() - self.oom0, self.cleanup, self.mon, self.marks,
-                            stopped=self.stopped, sched=self.sched, budget=self.budget,
-                            quota=self.quota)
+                            stopped=self.stopped, sections=self.sections)
 
 
 def _kill_group(pgid: int) -> None:

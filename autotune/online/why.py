@@ -109,7 +109,10 @@ class Burst:
         # The read cap this process's cgroup puts on the dataset's disk (its workers share
         # the cgroup): read here, two small kernel files a burst.
         self._cap, self._charged0, self._device = _read_cap(path)
-        self._quota = _quota_start()
+        # The CPU quota on this process's cgroup (its workers share it), its baseline taken.
+        from autotune.monitor.quota import started
+
+        self._quota = started(os.getpid())
         self._out = tempfile.TemporaryFile(mode="w+")
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -173,14 +176,6 @@ class Burst:
 
     def cancel(self) -> None:
         self._end()
-
-
-def _quota_start() -> Any:
-    """A sampler of the CPU quota on this process's cgroup (its workers share it), its
-    baseline taken (autotune.monitor.quota); None where it cannot be read."""
-    from autotune.monitor.quota import started
-
-    return started(os.getpid())
 
 
 def _quota_over(q: Any) -> dict[str, Any] | None:
