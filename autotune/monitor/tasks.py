@@ -344,7 +344,8 @@ class TaskSampler:
         if st is None:
             t.close()
             return
-        start_s = st[2]
+        start_s = t.start_s = st[2]
+        t.ppid = st[4]
         if self.delayacct and self.delayacct_since is not None:
             # starttime is truncated to a clock tick: within one tick of the switch is after.
             t.pre_switch = start_s + 1.0 / CLK_TCK < self.delayacct_since
@@ -359,15 +360,16 @@ class TaskSampler:
         else:
             t.base = t.last
 
-    def _read_stat(self, t: _Thread) -> tuple[bytes, int, float, int] | None:
-        """(state, blkio ticks, start boottime s, utime+stime ticks) of the thread's stat."""
+    def _read_stat(self, t: _Thread) -> tuple[bytes, int, float, int, int] | None:
+        """(state, blkio ticks, start boottime s, utime+stime ticks, ppid) of the thread's
+        stat."""
         data = _pread(t.fd_stat, 1024) if t.fd_stat >= 0 else None
         if not data:
             return None
         rest = data[data.rfind(b")") + 2:].split()
         try:
             return (rest[0], int(rest[39]), int(rest[19]) / CLK_TCK,
-                    int(rest[11]) + int(rest[12]))
+                    int(rest[11]) + int(rest[12]), int(rest[1]))
         except (IndexError, ValueError):
             return None
 

@@ -1,6 +1,22 @@
 """One window of the task sampler (autotune.monitor.tasks): each thread's open files and
 its figures since the window's start, the window's sweep counts, and the TimeBudget summed
-from them per class (main, workers), with the notes that say what could not be seen."""
+from them per class (main, workers), with the notes that say what could not be seen.
+
+A job may hold two DataLoaders' workers at once: a validation loader with
+`persistent_workers=True` keeps its workers, asleep on their index queues, through every
+training epoch (and the training loader's sleep through validation). Counted with the
+loader at work they halve its shares: a decode-bound job read "the 4 workers are idle
+50 %", the main process blamed. So a worker process that did nothing in a window (under
+PARKED_SHARE of its time on a CPU, runnable, blocked, waiting on storage or asleep in a
+timer, which is a wait inside a worker's own work) while other workers worked
+(ACTIVE_SHARE or more) is left out of that window's figures, and said, when it is
+another loader's: one loop forks a loader's workers together, so workers of one parent
+whose starts lie more than GROUP_GAP_S apart are two loaders'; or when it has done
+nothing for PARKED_S (a loader started right after another, as Lightning's sanity check
+does: a loader's own workers take turns, and each is given work far more often than
+that). A loader whose workers all wait (the main process is the bottleneck) leaves no
+worker at work: nothing is left out then.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +27,13 @@ from dataclasses import dataclass
 from autotune.monitor.timebudget import WCHAN_NOTE, ClassBudget, TimeBudget
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+GROUP_GAP_S = 1.0        # forks of one loader's workers further apart than this: two loaders
+PARKED_SHARE = 0.01      # a group busy less than this share of its time did nothing ...
+ACTIVE_SHARE = 0.05      # ... while a group busy this share or more worked
+PARKED_S = 30.0          # a worker that did nothing this long while others of its group worked
+PARKED_NOTE = ("workers of another DataLoader that did nothing while this job's other "
+               "workers worked (a validation loader's kept workers, persistent_workers) are "
+               "left out of those windows' figures")
 
 
 @dataclass
@@ -21,6 +44,9 @@ class _Thread:
     tid: int
     worker: bool
     fd_sched: int
+    ppid: int = 0
+    start_s: float = 0.0                        # the process's start, boottime s
+    idle_since: float | None = None             # its process has done nothing since (boottime)
     fd_stat: int = -1
     fd_wchan: int = -1
     base: tuple[int, int, int] = (0, 0, 0)      # run ns, wait ns, blkio ticks at window start
@@ -77,29 +103,17 @@ def window_budget(threads: Iterable[_Thread], win: _Window, wall: float, *, dela
     procs: dict[int, float] = {}
     pids: dict[str, set[int]] = {"main": set(), "workers": set()}
     pre: set[int] = set()
-    implausible = 0
-    for t in threads:
-        if t.alive_s <= 0 and t.last == t.base:
+    seen = [(t, *_figures(t, da, pre)) for t in threads
+            if t.alive_s > 0 or t.last != t.base]
+    parked = _parked(seen, win.started + wall)
+    for t, on_cpu, runnable, io, _ in seen:
+        if t.pid in parked:
             continue
         name = "workers" if t.worker else "main"
         c = classes[name]
         c.threads += 1
         pids[name].add(t.pid)
         procs[t.pid] = max(procs.get(t.pid, 0.0), t.alive_s)
-        on_cpu = max(0, t.last[0] - t.base[0]) / 1e9
-        runnable = max(0, t.last[1] - t.base[1]) / 1e9
-        if da and not t.pre_switch:
-            io = max(0, t.last[2] - t.base[2]) / CLK_TCK
-            if io > t.alive_s + 2.0 / CLK_TCK:
-                # Blocked longer than it was alive in the window: a count that is not
-                # this window's (seen once behind a cap: 210x the window). The sampled
-                # state is the figure then, and the budget says so.
-                io = t.d_s
-                implausible += 1
-        else:
-            io = t.d_s
-            if t.pre_switch:
-                pre.add(t.pid)
         secs = c.seconds
         secs["on_cpu"] += on_cpu
         secs["runnable"] += runnable
@@ -116,6 +130,10 @@ def window_budget(threads: Iterable[_Thread], win: _Window, wall: float, *, dela
                    samples=win.sweeps, hz=win.sweeps / wall if wall > 0 else 0.0)
     b.notes.extend(_notes(win, pre, schedstat))
     b.wchan_named = win.wchan_named
+    if parked:
+        b.parked = len(parked)
+        b.notes.append(PARKED_NOTE)
+    implausible = sum(1 for *_, odd in seen if odd)
     if implausible:
         b.notes.append(f"{implausible} thread(s)' delay-accounting I/O exceeded their time "
                        "alive in the window: their I/O is sampled from task states")
@@ -123,6 +141,63 @@ def window_budget(threads: Iterable[_Thread], win: _Window, wall: float, *, dela
         b.notes.append("kernel.task_delayacct was switched off during the run: I/O is "
                        "sampled from task states")
     return b
+
+
+def _figures(t: _Thread, da: bool, pre: set[int]) -> tuple[float, float, float, bool]:
+    """The thread's on-CPU, runnable and I/O seconds in the window, and whether delay
+    accounting's I/O was implausible; `pre` gathers the processes born before delay
+    accounting was switched on."""
+    on_cpu = max(0, t.last[0] - t.base[0]) / 1e9
+    runnable = max(0, t.last[1] - t.base[1]) / 1e9
+    if da and not t.pre_switch:
+        io = max(0, t.last[2] - t.base[2]) / CLK_TCK
+        if io > t.alive_s + 2.0 / CLK_TCK:
+            # Blocked longer than it was alive in the window: a count that is not this
+            # window's (seen once behind a cap: 210x the window). The sampled state is the
+            # figure then, and the budget says so.
+            return on_cpu, runnable, t.d_s, True
+    else:
+        io = t.d_s
+        if t.pre_switch:
+            pre.add(t.pid)
+    return on_cpu, runnable, io, False
+
+
+def _parked(seen: list[tuple[_Thread, float, float, float, bool]], end: float) -> set[int]:
+    """The worker processes of a loader that did nothing in the window, ending at `end`,
+    while other workers worked (see the module doc). Updates each thread's `idle_since`."""
+    busy: dict[int, float] = {}
+    alive: dict[int, float] = {}
+    start: dict[int, tuple[int, float]] = {}
+    for t, on_cpu, runnable, io, _ in seen:
+        if t.worker:
+            busy[t.pid] = (busy.get(t.pid, 0.0) + on_cpu + runnable + io + t.s_storage_s
+                           + t.s_timer_s)
+            alive[t.pid] = max(alive.get(t.pid, 0.0), t.alive_s)
+            start[t.pid] = (t.ppid, t.start_s)
+    share = {p: busy[p] / max(1e-9, alive[p]) for p in busy}
+    since: dict[int, float] = {}
+    for t, *_ in seen:
+        if t.worker:
+            if share[t.pid] >= PARKED_SHARE:
+                t.idle_since = None
+            elif t.idle_since is None:
+                t.idle_since = max(end - t.alive_s, t.start_s)
+            since[t.pid] = t.idle_since if t.idle_since is not None else end
+    group: dict[int, int] = {}
+    prev: tuple[int, float] | None = None
+    gid = -1
+    for pid in sorted(start, key=lambda p: start[p]):
+        if prev is None or start[pid][0] != prev[0] or start[pid][1] - prev[1] > GROUP_GAP_S:
+            gid += 1
+        group[pid] = gid
+        prev = start[pid]
+    at_work = {group[p] for p, s in share.items() if s >= ACTIVE_SHARE}
+    if not at_work:
+        return set()
+    return {p for p, s in share.items()
+            if s < PARKED_SHARE and (group[p] not in at_work or end - since[p] >= PARKED_S)}
+
 
 def _notes(win: _Window, pre: set[int], schedstat: bool) -> list[str]:
     out: list[str] = []

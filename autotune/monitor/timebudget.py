@@ -130,6 +130,8 @@ class TimeBudget:
     psi_io: dict[str, Any] | None = None    # {"scope": "cgroup"|"machine", "some_pct", "full_pct"}
     notes: list[str] = field(default_factory=list)   # what could not be seen, and why
     wchan_named: int = 0                # S/D reads whose wchan named a kernel function
+    parked: int = 0                     # most workers of another, idle loader left out of
+                                        # one window (autotune.monitor.taskwindow)
 
     def cls(self, name: str) -> ClassBudget | None:
         c = self.classes.get(name)
@@ -166,6 +168,7 @@ class TimeBudget:
             if n not in self.notes:
                 self.notes.append(n)
         self.wchan_named += other.wchan_named
+        self.parked = max(self.parked, other.parked)
         if self.wchan_named and WCHAN_NOTE in self.notes:
             self.notes.remove(WCHAN_NOTE)
 
@@ -214,7 +217,8 @@ class TimeBudget:
         return {"available": True, "wall_s": self.wall_s,
                 "classes": {k: v.to_dict() for k, v in self.classes.items()},
                 "io_source": self.io_source, "samples": self.samples, "hz": self.hz,
-                "psi_io": self.psi_io, "notes": list(self.notes), "wchan_named": self.wchan_named}
+                "psi_io": self.psi_io, "notes": list(self.notes), "wchan_named": self.wchan_named,
+                "parked": self.parked}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TimeBudget:
@@ -224,7 +228,8 @@ class TimeBudget:
                    io_source=str(d.get("io_source", "state-sampling")),
                    samples=int(d.get("samples", 0)), hz=float(d.get("hz", 0.0)),
                    psi_io=d.get("psi_io"), notes=list(d.get("notes") or []),
-                   wchan_named=int(d.get("wchan_named") or 0))
+                   wchan_named=int(d.get("wchan_named") or 0),
+                   parked=int(d.get("parked") or 0))
 
 
 def sum_budgets(parts: list[dict[str, Any]]) -> TimeBudget | None:

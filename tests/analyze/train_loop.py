@@ -37,6 +37,11 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--print-freq", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--val-workers", type=int, default=0,
+                    help="also a validation DataLoader with N kept workers (persistent_workers), "
+                         "run for 2 batches 1.5 s before training starts (as validation ends "
+                         "an epoch): its workers then sit idle beside the training loader's, "
+                         "as a validation loader's do through each training epoch")
     ap.add_argument("--cpus", type=int, default=0,
                     help="run on the first N CPUs of this process's affinity (0: all): the "
                          "set-ups then mean the same on a 2-core VM and a 64-core server")
@@ -51,6 +56,13 @@ def main() -> int:
     kw = {"prefetch_factor": a.prefetch} if a.workers > 0 else {}
     loader = DataLoader(ds, batch_size=a.batch_size, shuffle=True, num_workers=a.workers,
                         drop_last=True, **kw)
+    if a.val_workers:
+        val = DataLoader(ds, batch_size=a.batch_size, num_workers=a.val_workers,
+                         persistent_workers=True)
+        for i, _ in enumerate(val):
+            if i == 1:
+                break
+        time.sleep(1.5)
     steps = autotune.instrument(loader)
     done, epoch = 0, 0
     while done < a.steps:
