@@ -21,6 +21,7 @@ for, and the reader refuses a rank of another node with the command that fixes i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -412,35 +413,62 @@ def stage(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, workers: 
     per-file failures are in the result (partial)."""
     source, d = _source(src, dst, verify, workers, store)
     t0 = time.monotonic()
-    with ExitStack() as fds:
-        if isinstance(source, Path):
-            source = LocalSource(source)
-        fds.callback(source.close)
-        entries, manifest, raw = source.entries()
-        entries = _node_entries(entries, manifest, source.shown, node_rank, nnodes)
-        source.ready(entries)
-        dst_fd = _make_dst(d)
-        fds.callback(os.close, dst_fd)
-        work_fd = _work(d, dst_fd)
-        fds.callback(os.close, work_fd)
-        fds.enter_context(_lock(d, work_fd))
-        tmp_fd = _fresh_tmp(work_fd)
-        fds.callback(os.close, tmp_fd)
-        state = _State(d, work_fd)
-        _withdraw(dst_fd, entries, state)
-        todo = [e for e in entries
-                if not state.trusted(dst_fd, e) and not (source.adopts and _adopt(dst_fd, e, state))]
-        copied_bytes, failures = _copy_todo(source, todo, workers, verify, d, dst_fd, tmp_fd,
-                                            state, on_file, progress)
-        wrote_manifest = not failures
-        if wrote_manifest:
-            _publish(source.shown, dst_fd, tmp_fd, raw, state,
-                     (node_rank, nnodes) if node_rank is not None else None, entries)
-        remove_tree(work_fd, "tmp")
+    existed, begun = d.exists(), (d / WORK).exists()
+    try:
+        with ExitStack() as fds:
+            if isinstance(source, Path):
+                source = LocalSource(source)
+            fds.callback(source.close)
+            entries, manifest, raw = source.entries()
+            entries = _node_entries(entries, manifest, source.shown, node_rank, nnodes)
+            source.ready(entries)
+            dst_fd = _make_dst(d)
+            fds.callback(os.close, dst_fd)
+            work_fd = _work(d, dst_fd)
+            fds.callback(os.close, work_fd)
+            fds.enter_context(_lock(d, work_fd))
+            tmp_fd = _fresh_tmp(work_fd)
+            fds.callback(os.close, tmp_fd)
+            state = _State(d, work_fd)
+            _withdraw(dst_fd, entries, state)
+            todo = [e for e in entries if not state.trusted(dst_fd, e)
+                    and not (source.adopts and _adopt(dst_fd, e, state))]
+            copied_bytes, failures = _copy_todo(source, todo, workers, verify, d, dst_fd, tmp_fd,
+                                                state, on_file, progress)
+            wrote_manifest = not failures
+            if wrote_manifest:
+                _publish(source.shown, dst_fd, tmp_fd, raw, state,
+                         (node_rank, nnodes) if node_rank is not None else None, entries)
+            remove_tree(work_fd, "tmp")
+    except _NoRoom:
+        if not begun:
+            _leave_as_found(d, existed)
+        raise
     return StageResult(source.shown, str(d), len(entries), len(todo) - len(failures),
                        len(entries) - len(todo), copied_bytes, time.monotonic() - t0, verify,
                        sorted(failures, key=lambda f: f.file), wrote_manifest,
                        source_seq_mib_s=source_seq_mib_s, node_rank=node_rank, nnodes=nnodes)
+
+
+class _NoRoom(StageError):
+    """Refused before anything was copied: too little free space in DST."""
+
+
+def _leave_as_found(d: Path, existed: bool) -> None:
+    """A first stage refused before it copied anything removes the work folder it made,
+    and DST where it made that (only while empty): nothing is left that reads as a stage
+    begun."""
+    try:
+        fd = open_dir(d)
+    except OSError:
+        return
+    try:
+        remove_tree(fd, WORK)
+    finally:
+        os.close(fd)
+    if not existed:
+        with contextlib.suppress(OSError):
+            d.rmdir()
 
 
 def _adopt(dst_fd: int, e: FileEntry, state: _State) -> bool:
@@ -458,7 +486,7 @@ def _copy_todo(source: Any, todo: list[FileEntry], workers: int, verify: str, d:
     vfs = os.fstatvfs(dst_fd)
     free = vfs.f_bavail * vfs.f_frsize
     if need > free:
-        raise StageError(f"{d}: {need / 2**20:,.1f} MiB needed for {len(todo)} file(s), "
+        raise _NoRoom(f"{d}: {need / 2**20:,.1f} MiB needed for {len(todo)} file(s), "
                          f"{free / 2**20:,.1f} MiB free; free space or pick another DST. "
                          "Nothing was copied.")
     return _copy_all(todo, need, workers,

@@ -72,7 +72,18 @@ def test_not_enough_space_copies_nothing(converted, tmp_path):
     try:
         with pytest.raises(StageError, match=r"MiB needed .* MiB free.*Nothing was copied"):
             stage(converted, mnt / "dst")
-        assert not list((mnt / "dst").glob("shard-*"))
+        # Nothing left that reads as a stage begun: the DST it made is gone again ...
+        assert not (mnt / "dst").exists()
+        # ... one the user made stays, empty; a stage begun earlier keeps its work folder
+        # (what it verified is a rerun's to trust).
+        (mnt / "mine").mkdir()
+        with pytest.raises(StageError, match="Nothing was copied"):
+            stage(converted, mnt / "mine")
+        assert (mnt / "mine").is_dir() and not list((mnt / "mine").iterdir())
+        (mnt / "mine" / ".autotune-stage").mkdir()
+        with pytest.raises(StageError, match="Nothing was copied"):
+            stage(converted, mnt / "mine")
+        assert (mnt / "mine" / ".autotune-stage").is_dir()
     finally:
         subprocess.run(["umount", str(mnt)])
 
