@@ -49,7 +49,7 @@ def fuse_unavailable_reason() -> str | None:
         import pyfuse3  # noqa: F401
         import trio  # noqa: F401
     except ImportError as e:
-        return f"pyfuse3/trio not importable ({e}); run scripts/setup (needs libfuse3-dev)"
+        return f"pyfuse3/trio not importable ({e}); `pip install 'autotune-loader[emulate]'` (builds against libfuse3-dev)"
     if os.geteuid() != 0 and shutil.which("fusermount3") is None:
         return "fusermount3 not found (install the fuse3 package)"
     return None

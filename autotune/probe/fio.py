@@ -266,7 +266,8 @@ def fio_binary() -> str:
     exe = shutil.which("fio")
     if not exe:
         raise ToolMissing("fio is not installed; install it (Debian/Ubuntu: `apt-get install "
-                          "fio`, RHEL: `dnf install fio`) or run scripts/setup as root.")
+                          "fio`, RHEL: `dnf install fio`, conda: `conda install -c "
+                          "conda-forge fio`).")
     return exe
 
 
