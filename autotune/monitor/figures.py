@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.monitor.summary import percentile
-from autotune.monitor.timebudget import sum_budgets
+from autotune.monitor.timebudget import TimeBudget
 
 
 def stat_of(values: list[float]) -> dict[str, float] | None:
@@ -118,16 +118,27 @@ def _section(rec: dict[str, Any], name: str, series: dict[str, list[float]],
     return sec
 
 
-def _listed(rec: dict[str, Any], name: str, into: list[dict[str, Any]],
-            unavailable: dict[str, str]) -> None:
-    """A record's section `name` kept for finish() where it was read, else its reason."""
-    sec = rec.get(name)
-    if not sec:
-        return
-    if sec.get("available"):
-        into.append(sec)
-    else:
-        unavailable[name] = sec.get("reason", "")
+def _summed(rec: dict[str, Any], info: dict[str, Any], unavailable: dict[str, str]) -> None:
+    """A record's budget and CPU-quota sections added to the window's running sums (a day
+    of samples kept whole held a gigabyte: the sums are all finish() reads), or the
+    reason a section was not measured."""
+    for name in ("budget", "cpu_quota"):
+        sec = rec.get(name)
+        if not sec:
+            continue
+        if not sec.get("available"):
+            unavailable[name] = sec.get("reason", "")
+        elif name == "budget":
+            b = TimeBudget.from_dict(sec)
+            if "budget" in info:
+                info["budget"].add(b)
+            else:
+                info["budget"] = b
+        else:
+            q = info.setdefault("quota", {"periods": 0.0, "throttled": 0.0, "throttled_s": 0.0})
+            q.update({k: sec.get(k) for k in _QUOTA_SETTING})
+            for k in _QUOTA_COUNTS:
+                q[k] += float(sec.get(k) or 0)
 
 
 def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: dict[str, str],
@@ -155,9 +166,8 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
         info["disk_device"] = disk.get("device")
         if disk.get("cap_iops") is not None or disk.get("cap_mib_s") is not None:
             info["read_cap"] = {"iops": disk.get("cap_iops"), "mib_s": disk.get("cap_mib_s")}
-    # Summed over the joined window at finish(): thread-seconds and periods add, shares follow.
-    _listed(rec, "budget", info.setdefault("budgets", []), unavailable)
-    _listed(rec, "cpu_quota", info.setdefault("quotas", []), unavailable)
+    # Summed over the joined window: thread-seconds and periods add, shares follow.
+    _summed(rec, info, unavailable)
     gpu = _section(rec, "gpu", series, unavailable)
     utils = [float(d["util_pct"]) for d in (gpu or {}).get("devices") or []
              if d.get("util_pct") is not None]
@@ -173,9 +183,9 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
                          gpus=info.get("gpus", 0), disk_read_cap=info.get("read_cap"), **kw)
     for k in FIGURES:
         setattr(figs, k, stat_of(series[k]))
-    budget = sum_budgets(info.get("budgets") or [])
+    budget = info.get("budget")
     figs.budget = budget.to_dict() if budget is not None else None
-    figs.cpu_quota = quota_over(info.get("quotas") or [])
+    figs.cpu_quota = _quota_of(info.get("quota"))
     if figs.cpu_quota is None and "cpu_quota" in unavailable:
         figs.unavailable["cpu_quota"] = unavailable["cpu_quota"]
     if budget is None and "budget" in unavailable:
@@ -188,13 +198,15 @@ def finish(series: dict[str, list[float]], unavailable: dict[str, str], info: di
     return figs
 
 
-def quota_over(sections: list[dict[str, Any]]) -> dict[str, Any] | None:
+_QUOTA_SETTING = ("cores", "quota_file", "quota", "stat_file")   # the last sample's
+_QUOTA_COUNTS = ("periods", "throttled", "throttled_s")           # summed
+
+
+def _quota_of(q: dict[str, Any] | None) -> dict[str, Any] | None:
     """The CPU quota over the window: its last setting, its counts summed; None: none."""
-    if not sections:
+    if q is None:
         return None
-    out = {k: sections[-1].get(k) for k in ("cores", "quota_file", "quota", "stat_file")}
-    for k in ("periods", "throttled", "throttled_s"):
-        out[k] = sum(float(q.get(k) or 0) for q in sections)
+    out = {k: q.get(k) for k in (*_QUOTA_SETTING, *_QUOTA_COUNTS)}
     out["throttled_share"] = out["throttled"] / out["periods"] if out["periods"] else None
     return out
 

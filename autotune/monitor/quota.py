@@ -109,7 +109,8 @@ def started(pid: int) -> QuotaSampler | None:
 
 def quota_line(q: dict[str, Any]) -> str:
     """A quota's throttling over a window as one line (the verdict's evidence, bench's
-    table): `q` is a window's sum (autotune.monitor.figures.quota_over) with its cores."""
+    table): `q` is a window's sum (autotune.monitor.figures: its last setting, its counts
+    summed) with its cores."""
     share = q.get("throttled_share")
     return (f"CPU quota: the job's cgroup allows {q['cores']:g} CPU ({q.get('quota_file')} = "
             f"{q.get('quota')}); throttled in {'-' if share is None else f'{share * 100:,.0f}'} % "

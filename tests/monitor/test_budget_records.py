@@ -8,6 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from autotune.monitor.figures import figures_of
 from autotune.monitor.run import run_monitored
 
@@ -66,3 +68,36 @@ def test_one_window_without_a_named_wchan_does_not_say_the_kernel_hides_them() -
     assert blind is not None and blind.notes == [WCHAN_NOTE]
     # The count survives the record: a monitor's window says how many it named.
     assert TimeBudget.from_dict(window([], 7)).wchan_named == 7
+
+
+def test_a_long_runs_budgets_are_summed_as_they_are_read_not_held() -> None:
+    # A day of samples at the monitor's 0.5 s (172,800 records) held every budget section
+    # until the end: `autotune analyze` of a 24 h run reached 1.1 GB. Each record's sections
+    # are now added to the window's sums as it is read; the figures are the same.
+    import tracemalloc
+
+    from autotune.monitor.timebudget import ClassBudget, TimeBudget
+
+    b = TimeBudget(wall_s=0.5, classes={"main": ClassBudget(1, 5, 0.5), "workers": ClassBudget(
+        2, 6, 1.0, {"on_cpu": 0.9, "runnable": 0.05, "io": 0.0, "storage_wait": 0.0,
+                    "asleep": 0.05})}, samples=28, hz=56.0, notes=["a note"])
+    line = json.dumps({"time": 1.0, "interval_s": 0.5, "budget": b.to_dict(),
+                       "cpu_quota": {"available": True, "cores": 1.5, "quota_file": "q",
+                                     "quota": 150000, "stat_file": "s", "periods": 5,
+                                     "throttled": 1, "throttled_s": 0.01}})
+    n = 3000
+    tracemalloc.start()
+    try:
+        figs = figures_of((json.loads(line) for _ in range(n)), source="test", joined_by="t")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Held, 3,000 parsed sections took 13 MiB; summed, the peak is a few records'.
+    assert peak < 2 * 2**20, f"{peak / 2**20:.1f} MiB"
+    assert figs.budget is not None and figs.budget["samples"] == 28 * n
+    w = figs.budget["classes"]["workers"]
+    assert w["process_seconds"] == pytest.approx(1.0 * n)
+    assert w["shares"]["on_cpu"] == pytest.approx(0.9)
+    assert figs.cpu_quota == {"cores": 1.5, "quota_file": "q", "quota": 150000, "stat_file": "s",
+                              "periods": 5.0 * n, "throttled": 1.0 * n,
+                              "throttled_s": pytest.approx(0.01 * n), "throttled_share": 0.2}
