@@ -440,11 +440,12 @@ def _monitor(watch: str, pid: int, interval: float, gpu: bool, callback: Any,
     from autotune.monitor import SystemMonitor
 
     try:
-        return SystemMonitor(path=watch, pid=pid, interval=interval, gpu=gpu, callback=callback)
+        return SystemMonitor(path=watch, pid=pid, interval=interval, gpu=gpu, callback=callback,
+                             keep=False)
     except AutotuneError as e:   # the command is already gone: sample the system alone
         errors.append(str(e))
         return SystemMonitor(path=watch, pid=None, interval=interval, gpu=gpu,
-                             callback=callback)
+                             callback=callback, keep=False)
 
 
 class _NoForward:

@@ -17,7 +17,7 @@ from autotune.monitor.gpu import GpuReader, GpuUsage
 from autotune.monitor.proctree import ProcessTree, TreeUsage
 from autotune.monitor.records import Unavailable, to_jsonable
 from autotune.monitor.shm import ShmUsage, shm_usage
-from autotune.monitor.summary import summarize
+from autotune.monitor.summary import RunningSummary
 from autotune.readcap import read_cap
 
 
@@ -84,6 +84,10 @@ class SystemMonitor:
               in `errors`, sampling goes on.
     pss:      also sum the tree's PSS (smaps_rollup; bench's own measurement tree): off for
               a user's job, whose page tables it would walk twice a second.
+    keep:     keep every Sample for `records` and `write_jsonl`; False for a run of hours
+              or days (`autotune monitor`: its callback writes each sample), which would
+              otherwise hold some 300 MB a day. The summary is kept as samples arrive
+              either way.
 
     Use as a context manager or with start()/stop(). The first sample arrives one interval
     after start(); stop() records a final, shorter sample covering the time since the last.
@@ -92,7 +96,8 @@ class SystemMonitor:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, pid: int | None = None,
                  interval: float = 0.5, gpu: bool = True,
-                 callback: Callable[[Sample], None] | None = None, pss: bool = False) -> None:
+                 callback: Callable[[Sample], None] | None = None, pss: bool = False,
+                 keep: bool = True) -> None:
         if not interval > 0:
             raise AutotuneError(f"monitor interval must be positive, got {interval!r} s")
         self.interval = float(interval)
@@ -111,6 +116,9 @@ class SystemMonitor:
             raise AutotuneError(f"cannot monitor pid {pid}: {e}") from e
         self._gpu = GpuReader() if gpu else None
         self._records: list[Sample] = []
+        self._keep = keep
+        self._count = 0
+        self._summary = RunningSummary(min_interval_s=self.interval / 2)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,6 +158,9 @@ class SystemMonitor:
     @property
     def records(self) -> list[Sample]:
         """A copy of the samples so far (safe while the thread runs)."""
+        if not self._keep:
+            raise RuntimeError("SystemMonitor.records: this monitor keeps no samples "
+                               "(keep=False); its callback was given each one as it came.")
         with self._lock:
             return list(self._records)
 
@@ -167,7 +178,8 @@ class SystemMonitor:
                 window["disk"] = to_jsonable(_guard(lambda: disk_rates(f.disk, l.disk)))
             if isinstance(f.cpu, CpuSnapshot) and isinstance(l.cpu, CpuSnapshot):
                 window["cpu"] = to_jsonable(_guard(lambda: cpu_usage(f.cpu, l.cpu)))
-        out = summarize(self.records, min_interval_s=self.interval / 2)
+        with self._lock:
+            out = self._summary.result()
         out["window"] = window
         out["overhead"] = self.overhead()
         return out
@@ -182,10 +194,10 @@ class SystemMonitor:
         wall = end - self._mono_start if self._mono_start else 0.0
         steady = self._cpu_s - self._startup_cpu_s
         return {"cpu_s": self._cpu_s, "startup_cpu_s": self._startup_cpu_s, "wall_s": wall,
-                "samples": float(len(self._records)),
+                "samples": float(self._count),
                 "pct_of_core": self._cpu_s / wall * 100.0 if wall > 0 else 0.0,
                 "steady_pct_of_core": steady / wall * 100.0 if wall > 0 else 0.0,
-                "per_sample_ms": steady / len(self._records) * 1000.0 if self._records else 0.0}
+                "per_sample_ms": steady / self._count * 1000.0 if self._count else 0.0}
 
     def write_jsonl(self, file: str | os.PathLike[str] | IO[str]) -> None:
         """Write every sample as one JSON object per line (to a path or an open text file)."""
@@ -238,7 +250,10 @@ class SystemMonitor:
             cur = self._snapshot()
             sample = self._measure(prev, cur)
             with self._lock:
-                self._records.append(sample)
+                self._count += 1
+                self._summary.add(sample)
+                if self._keep:
+                    self._records.append(sample)
             self._last = prev = cur
             self._cpu_s += time.thread_time() - t0
             if self.callback is not None:

@@ -1,8 +1,9 @@
-"""median / p95 / max of the main figures over a list of samples."""
+"""median / p95 / max of the main figures over a list of samples, or as they arrive."""
 
 from __future__ import annotations
 
 import math
+from array import array
 from typing import Any, Iterable
 
 # (section, field) pairs summarised when present; GPU fields are added per device.
@@ -41,40 +42,71 @@ def summarize(samples: Iterable[Any], min_interval_s: float = 0.0) -> dict[str, 
     Samples shorter than `min_interval_s` (the final partial one at stop) are left out of
     the figures, where a few milliseconds would make a noisy max, unless none is longer.
     """
-    all_samples = list(samples)
-    kept = [s for s in all_samples if s.interval_s >= min_interval_s] or all_samples
-    series: dict[str, list[float]] = {}
-    unavailable: dict[str, str] = {}
-    n = 0
-    t0 = t1 = None
-    for s in kept:
-        n += 1
-        t0 = s.monotonic - s.interval_s if t0 is None else t0
-        t1 = s.monotonic
+    run = RunningSummary(min_interval_s)
+    for s in samples:
+        run.add(s)
+    return run.result()
+
+
+class RunningSummary:
+    """`summarize()` as the samples arrive: only each figure's numbers are kept, 8 bytes
+    each, never the samples (a day of a monitor's samples held whole is some 300 MB, in
+    the job's own memory limit)."""
+
+    def __init__(self, min_interval_s: float = 0.0) -> None:
+        self.min_interval_s = min_interval_s
+        self._long, self._short = _Figures(), _Figures()
+
+    def add(self, sample: Any) -> None:
+        (self._long if sample.interval_s >= self.min_interval_s else self._short).add(sample)
+
+    def result(self) -> dict[str, Any]:
+        if self._long.n:
+            return self._long.result(left_out=self._short.n)
+        return self._short.result(left_out=0)
+
+
+class _Figures:
+    def __init__(self) -> None:
+        self.n = 0
+        self.t0: float | None = None
+        self.t1: float | None = None
+        self.series: dict[str, array] = {}
+        self.unavailable: dict[str, str] = {}
+
+    def add(self, s: Any) -> None:
+        self.n += 1
+        self.t0 = s.monotonic - s.interval_s if self.t0 is None else self.t0
+        self.t1 = s.monotonic
         d = s.to_dict()
         for section in ("disk", "cpu", "proc", "shm", "gpu"):
             rec = d.get(section)
-            if rec is None:
-                continue
-            if not rec.get("available", False):
-                unavailable[section] = rec.get("reason", "")
+            if rec is not None and not rec.get("available", False):
+                self.unavailable[section] = rec.get("reason", "")
         for section, field in MAIN_FIGURES:
             rec = d.get(section)
             if rec and rec.get("available") and rec.get(field) is not None:
-                series.setdefault(f"{section}.{field}", []).append(float(rec[field]))
+                self._put(f"{section}.{field}", rec[field])
         gpu = d.get("gpu")
         if gpu and gpu.get("available"):
             for dev in gpu["devices"]:
                 for field in GPU_FIGURES:
                     if dev.get(field) is not None:
-                        key = f"gpu{dev['index']}.{field}"
-                        series.setdefault(key, []).append(float(dev[field]))
-    # A section measured at least once is not "unavailable" (e.g. a process that exited).
-    measured = {k.split(".")[0].rstrip("0123456789") for k in series}
-    return {
-        "samples": n,
-        "samples_left_out": len(all_samples) - n,
-        "duration_s": (t1 - t0) if n and t0 is not None and t1 is not None else 0.0,
-        "figures": {k: stats(v) for k, v in series.items()},
-        "unavailable": {k: v for k, v in unavailable.items() if k not in measured},
-    }
+                        self._put(f"gpu{dev['index']}.{field}", dev[field])
+
+    def _put(self, key: str, value: Any) -> None:
+        if key not in self.series:
+            self.series[key] = array("d")
+        self.series[key].append(float(value))
+
+    def result(self, left_out: int) -> dict[str, Any]:
+        # A section measured at least once is not "unavailable" (e.g. a process that exited).
+        measured = {k.split(".")[0].rstrip("0123456789") for k in self.series}
+        n, t0, t1 = self.n, self.t0, self.t1
+        return {
+            "samples": n,
+            "samples_left_out": left_out,
+            "duration_s": (t1 - t0) if n and t0 is not None and t1 is not None else 0.0,
+            "figures": {k: stats(list(v)) for k, v in self.series.items()},
+            "unavailable": {k: v for k, v in self.unavailable.items() if k not in measured},
+        }
