@@ -30,7 +30,11 @@ def join_metrics(path: str | os.PathLike[str],
     total = kept = bad = 0
     interval_max = 0.0
     shm_peak: dict[str, float] | None = None   # over every sample, in the window or not
-    everything: list[dict[str, Any]] = []   # only when no sample falls in the window
+    # Every sample's figures until one falls in the window: used when none does (summed
+    # as they come, as the window's are: a day's records held whole took a gigabyte).
+    early: tuple[dict[str, list[float]], dict[str, str], dict[str, Any]] = (
+        {k: [] for k in FIGURES}, {}, {})
+    n_early = 0
     try:
         f = p.open("rb")
     except OSError as e:
@@ -54,8 +58,9 @@ def join_metrics(path: str | os.PathLike[str],
                 lo, hi = window
                 overlap = min(hi, t) - max(lo, t - dt)
                 if overlap < 0.5 * dt or overlap <= 0:
-                    if not kept and len(everything) < 100_000:
-                        everything.append(rec)
+                    if not kept:
+                        n_early += 1
+                        collect(rec, *early)
                     continue
             kept += 1
             collect(rec, series, unavailable, info)
@@ -67,9 +72,7 @@ def join_metrics(path: str | os.PathLike[str],
         joined_by = "whole run (the log has no times)"
     elif kept == 0:
         joined_by = "whole run (no sample falls within the steps' times: clocks differ?)"
-        for rec in everything:
-            collect(rec, series, unavailable, info)
-        kept = len(everything)
+        (series, unavailable, info), kept = early, n_early
     return finish(series, unavailable, info, source=str(p), joined_by=joined_by,
                   samples=kept, samples_total=total, bad_lines=bad, window=window,
                   shm_peak=shm_peak)

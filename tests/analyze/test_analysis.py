@@ -130,6 +130,32 @@ def test_join_uses_only_the_samples_of_the_steps_window(tmp_path):
     assert a.verdict.bottleneck == "unknown" and "time budget is missing" in a.verdict.summary
 
 
+def test_join_where_no_sample_falls_in_the_steps_window_uses_every_sample(tmp_path):
+    # The log's clock and the monitor's differ (another host's log): the whole run's
+    # samples are the figures then, every one of them (they were held whole, up to
+    # 100,000; a day of a monitor's samples is 172,800), and the join says why.
+    log = own_log(tmp_path / "s.jsonl", [[(0.3, 0.1)] * 60], workers=8, t0=9_000_000.0)
+    m = metrics_log(tmp_path / "m.jsonl", 1_000_000.0, 1_000_010.0, tree=40.0, total=12.0)
+    a = analyze(log, metrics=m)
+    s = a.system
+    assert s.joined_by.startswith("whole run (no sample falls within the steps' times")
+    assert s.samples == s.samples_total == 40 and s.bad_lines == 1
+    # Inside and outside the monitor's own window alike: 40 % and the 390 % around it.
+    assert s.proc_cpu_pct["max"] == 390.0 and s.proc_cpu_pct["n"] == 40
+    # Summed as read, not held: 3,000 samples held whole peaked at 9 MiB.
+    from autotune.analyze.join import join_metrics
+
+    big = metrics_log(tmp_path / "big.jsonl", 1_000_000.0, 1_001_500.0, tree=40.0, total=12.0)
+    tracemalloc.start()
+    try:
+        figs = join_metrics(big, (9_000_000.0, 9_000_024.0))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert figs.samples == 3020 and figs.proc_cpu_pct["n"] == 3020
+    assert peak < 3 * 2**20, f"{peak / 2**20:.1f} MiB"
+
+
 def test_join_without_log_times_uses_the_whole_run(tmp_path):
     log = tmp_path / "imagenet.log"
     log.write_text("".join(f"Epoch: [0][{i:3d}/100]\tTime  0.400 ( 0.400)\tData  0.300 ( 0.300)\n"
