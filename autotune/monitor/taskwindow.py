@@ -31,8 +31,8 @@ GROUP_GAP_S = 1.0        # forks of one loader's workers further apart than this
 PARKED_SHARE = 0.01      # a group busy less than this share of its time did nothing ...
 ACTIVE_SHARE = 0.05      # ... while a group busy this share or more worked
 PARKED_S = 30.0          # a worker that did nothing this long while others of its group worked
-PARKED_NOTE = ("workers of another DataLoader that did nothing while this job's other "
-               "workers worked (a validation loader's kept workers, persistent_workers) are "
+PARKED_NOTE = ("processes of the job that did nothing while its other workers worked (a "
+               "validation loader's kept workers, persistent_workers; a logger's helper) are "
                "left out of those windows' figures")
 
 
