@@ -37,17 +37,39 @@ log = logging.getLogger("autotune.online")
 
 
 class ReadyInit:
-    """worker_init_fn wrapper: the user's function, then this worker's ready flag.
+    """worker_init_fn wrapper: this worker's multiprocessing folder, the user's function,
+    then this worker's ready flag (None: no flag).
 
     Module-level so that spawn and forkserver workers can unpickle it."""
 
-    def __init__(self, user_fn: Callable[[int], None] | None, flags: Any) -> None:
-        self.user_fn, self.flags = user_fn, flags
+    def __init__(self, user_fn: Callable[[int], None] | None, flags: Any,
+                 mp_dir: str | None = None) -> None:
+        self.user_fn, self.flags, self.mp_dir = user_fn, flags, mp_dir
 
     def __call__(self, worker_id: int) -> None:
+        if self.mp_dir is not None:
+            use_temp_dir(self.mp_dir)
         if self.user_fn is not None:
             self.user_fn(worker_id)
-        self.flags[worker_id] = 1
+        if self.flags is not None:
+            self.flags[worker_id] = 1
+
+
+def use_temp_dir(folder: str) -> None:
+    """In a worker: put its sockets in `folder`, the main process's multiprocessing folder.
+    A forked worker has it already (it copies the process's config); a spawn or forkserver
+    one starts a new interpreter whose config has no folder, and made its own under TMPDIR:
+    under a long TMPDIR its socket's bind failed and torch waited for its batch for ever,
+    and one killed outright left its folder behind. Set here, through worker_init_fn, rather
+    than by the environment the workers start with: spawn passes the parent's os.environ,
+    which the main process would have to change (TMPDIR for the user's threads too, and for
+    the user's code in the workers); torch's worker loop runs worker_init_fn before it sends
+    any batch, and nothing before it needs the folder. One a worker already made (its
+    dataset's unpickling) is kept where its sockets fit: its own exit removes it."""
+    cfg = multiprocessing.current_process()._config  # multiprocessing's own record of it
+    here = cfg.get("tempdir")
+    if here is None or not mpdir.fits(here):
+        cfg["tempdir"] = folder
 
 
 def index_kwargs(source: Any, *, iterable: bool, auto_collation: bool) -> dict[str, Any]:
@@ -88,16 +110,17 @@ class Pool:
         self._forks = w > 0 and _start_method(mp_context) == "fork"
         # A RawArray is lock-free to read: the main process polls it once per batch.
         self._flags = multiprocessing.RawArray("b", w) if w else None
+        mp_dir = None
         if w:
             _stopped_at_exit(self)
-        if self._forks:
-            _share_temp_dir()
+            # Every start method: a forkserver's own socket is in this process's folder too.
+            mp_dir = share_temp_dir()
         kw = dict(common, **index_kwargs(self.lease, iterable=iterable,
                                          auto_collation=auto_collation))
         if w:
             kw.update(num_workers=w, prefetch_factor=config.prefetch_factor,
                       persistent_workers=True, multiprocessing_context=mp_context,
-                      worker_init_fn=ReadyInit(worker_init_fn, self._flags))
+                      worker_init_fn=ReadyInit(worker_init_fn, self._flags, mp_dir))
         else:
             # timeout= is the workers' (torch asserts it is 0 without them).
             kw.update(worker_init_fn=worker_init_fn, timeout=0)
@@ -243,15 +266,16 @@ def _at_exit() -> None:
             pass
 
 
-def _share_temp_dir() -> None:
-    """Make this process's multiprocessing folder (/tmp/pymp-*) before forking workers, so
-    that they put their sockets in it rather than each making its own: a worker handing a
-    batch's descriptor over listens on a socket there, and one killed (the OOM killer, a
-    fallback's SIGKILL) never removes its own folder; this process removes its folder at
-    exit. Under a TMPDIR too long for a socket's path (about 75 bytes: a pytest tmp_path,
-    a deep job folder) every worker's bind failed and torch waited for its batch for ever,
-    in a loop that ran without workers before autotune chose some: the folder is then a
-    short one (mpdir.short_folder), said once. Not made (no folder writable): as before."""
+def share_temp_dir() -> str | None:
+    """Make this process's multiprocessing folder (/tmp/pymp-*) before starting workers, so
+    that they put their sockets in it rather than each making its own (forked ones copy it,
+    spawned ones are told, use_temp_dir): a worker handing a batch's descriptor over listens
+    on a socket there, and one killed (the OOM killer, a fallback's SIGKILL) never removes
+    its own folder; this process removes its folder at exit. Under a TMPDIR too long for a
+    socket's path (about 75 bytes: a pytest tmp_path, a deep job folder) every worker's bind
+    failed and torch waited for its batch for ever, in a loop that ran without workers
+    before autotune chose some: the folder is then a short one (mpdir.short_folder), said
+    once. Returns the folder; None where none could be made (the workers make their own)."""
     cfg = multiprocessing.current_process()._config  # multiprocessing's own record of it
     if cfg.get("tempdir") is None and not mpdir.fits(
             os.path.join(tempfile.gettempdir(), "pymp-12345678")):
@@ -266,7 +290,8 @@ def _share_temp_dir() -> None:
             multiprocessing.util.Finalize(None, shutil.rmtree, args=(short, True),
                                           exitpriority=-100)
     with contextlib.suppress(OSError):
-        multiprocessing.util.get_temp_dir()
+        return multiprocessing.util.get_temp_dir()
+    return None
 
 
 def _start_method(ctx: Any) -> str:
@@ -307,4 +332,4 @@ def _quiet() -> Iterator[None]:
         yield
 
 
-__all__ = ["Pool", "ReadyInit"]
+__all__ = ["Pool", "ReadyInit", "share_temp_dir", "use_temp_dir"]

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.online.controller import emit
-from autotune.online.pool import index_kwargs
+from autotune.online.pool import ReadyInit, index_kwargs, share_temp_dir
 
 log = logging.getLogger("autotune.online")
 
@@ -123,8 +123,10 @@ def second_iterator(dl: Any, *, first: bool) -> Iterator[Any]:
                               worker_init_fn=dl.worker_init_fn,
                               pin_memory=cfg.pin_memory, num_workers=cfg.num_workers)
     if cfg.num_workers:
+        # Its workers' sockets in this process's folder, as a pool's (pool.use_temp_dir).
         kw.update(prefetch_factor=cfg.prefetch_factor,
-                  multiprocessing_context=dl.multiprocessing_context)
+                  multiprocessing_context=dl.multiprocessing_context,
+                  worker_init_fn=ReadyInit(dl.worker_init_fn, None, share_temp_dir()))
     else:
         kw["timeout"] = 0
     kw.update(index_kwargs(dl.batch_sampler if dl._auto else dl.sampler,

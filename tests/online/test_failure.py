@@ -317,3 +317,53 @@ def test_workers_run_under_a_tmpdir_too_long_for_their_sockets(tmp_path):
                          text=True, timeout=90, env=dict(os.environ, TMPDIR=str(tmp)))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "is too long for the DataLoader workers' sockets" in out.stderr
+
+
+_SPAWNED = """
+import logging, os, sys, tempfile
+import torch, autotune
+from torch.utils.data import DataLoader as TorchLoader
+from online_datasets import Slow, WorkerOnly, open_handle
+
+def epochs(cls, dataset, **kw):
+    g = torch.Generator().manual_seed(3)
+    loader = cls(dataset, batch_size=4, shuffle=True, generator=g, **kw)
+    got = [[x for b in loader for x in b.flatten().tolist()] for _ in range(2)]
+    return got, loader
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    tmpdir = os.environ["TMPDIR"]
+    want, _ = epochs(TorchLoader, Slow(48, 0))  # torch's order (no worker: no socket)
+    # WorkerOnly fails unless the user's worker_init_fn ran in each worker.
+    got, loader = epochs(autotune.DataLoader, WorkerOnly(48), num_workers=2, timeout=30,
+                         multiprocessing_context=sys.argv[1], worker_init_fn=open_handle,
+                         _controller=False)
+    loader.close()
+    assert got == want, (got, want)
+    assert os.environ["TMPDIR"] == tmpdir and tempfile.gettempdir() == tmpdir
+"""
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "forkserver"])
+def test_spawned_workers_run_under_a_tmpdir_too_long_for_their_sockets(tmp_path, ctx):
+    """Spawn and forkserver workers start a new interpreter, which made its own folder
+    under the long TMPDIR rather than take the main process's short one: their sockets'
+    bind failed and torch waited for the batch until timeout= (for ever without one); a
+    forkserver's own socket failed at once. Each worker is told the short folder in its
+    worker_init_fn; the user's runs too, TMPDIR is the user's, the order torch's, and the
+    folder is gone with the process."""
+    tmp = tmp_path / ("t" * 80)
+    tmp.mkdir()
+    script = tmp_path / "train.py"  # a file: spawned workers import the main module
+    script.write_text(_SPAWNED)
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join(
+        p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+    out = subprocess.run([sys.executable, str(script), ctx],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line for line in out.stderr.splitlines() if "their folder is " in line]
+    assert said, out.stderr[-3000:]
+    folder = said[0].rsplit("their folder is ", 1)[1].strip()
+    assert not os.path.exists(folder)
+    assert sorted(os.listdir(tmp)) == []
