@@ -367,3 +367,42 @@ def test_spawned_workers_run_under_a_tmpdir_too_long_for_their_sockets(tmp_path,
     folder = said[0].rsplit("their folder is ", 1)[1].strip()
     assert not os.path.exists(folder)
     assert sorted(os.listdir(tmp)) == []
+
+
+_KILL_A_SPAWNED_WORKER = """
+import os, signal, time
+import autotune
+from online_datasets import Slow
+
+if __name__ == "__main__":
+    loader = autotune.DataLoader(Slow(200, 0.002), batch_size=4, _controller=False,
+                                 multiprocessing_context="spawn")
+    loader._force_config(2, 2)
+    killed = []
+    for _ in range(2):
+        for b in loader:
+            pool = loader._pools[0]
+            if not killed and pool.config.num_workers == 2 and pool.pids():
+                killed.append(pool.pids()[0])
+                os.kill(killed[0], signal.SIGKILL)
+                time.sleep(0.3)
+    loader.close()
+    assert killed
+"""
+
+
+def test_a_killed_spawned_worker_leaves_no_multiprocessing_folder(tmp_path):
+    """A spawned worker made its own folder for its socket, under TMPDIR, and one killed
+    outright left it there: it shares the training process's too, removed at its exit."""
+    tmp = tempfile.mkdtemp(prefix="at-mp-", dir="/tmp")  # short: see the test above
+    script = tmp_path / "train.py"
+    script.write_text(_KILL_A_SPAWNED_WORKER)
+    env = dict(os.environ, TMPDIR=tmp, PYTHONPATH=os.pathsep.join(
+        p for p in (HERE, os.environ.get("PYTHONPATH")) if p))
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert sorted(os.listdir(tmp)) == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
