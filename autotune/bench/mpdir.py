@@ -6,9 +6,13 @@ pruned trial's SIGKILL ended, or a Ctrl-C, left one in TMPDIR. The parent theref
 the folder, in the run's spec: `mp` inside the run's scratch folder, which the parent
 removes however the run ends; where that path is too long for a socket's (107 bytes, with
 "/listener-" and 8 characters below the folder: a TMPDIR longer than about 55 bytes),
-a short folder beside it, TMPDIR/autotune-mp-XXXXXXXX, removed with the scratch folder by
-the run or, the run killed outright, by the next run (from the dead run's spec.json).
-Where even that is too long, multiprocessing chooses as it would without us.
+a short folder beside it, TMPDIR/autotune-mp-XXXXXXXX; where even that is too long (a
+TMPDIR past about 70 bytes: a cluster's per-job folder), one in the first of /tmp,
+/var/tmp and /dev/shm that takes it. Either is removed with the scratch folder by the run
+or, the run killed outright, by the next run (from the dead run's spec.json). Left to
+multiprocessing, the workers' sockets did not fit and the measurement hung until its hard
+timeout (186 s), leaving pymp-* folders in TMPDIR. Where no folder fits anywhere,
+multiprocessing chooses as it would without us.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 
 PREFIX = "autotune-mp-"
 _PATH_MAX = 88   # 107 bytes a socket's path, less "/listener-" and its 8 characters, and slack
+_SHORT_BASES = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def _fits(folder: str | os.PathLike[str]) -> bool:
@@ -36,7 +41,7 @@ def fits(folder: str | os.PathLike[str]) -> bool:
 def short_folder(prefix: str = "pymp-") -> str | None:
     """A new folder whose sockets fit, in the first of /tmp, /var/tmp and /dev/shm that
     takes one (TMPDIR being too long); None where none does."""
-    for base in ("/tmp", "/var/tmp", "/dev/shm"):
+    for base in _SHORT_BASES:
         try:
             made = tempfile.mkdtemp(prefix=prefix, dir=base)
         except OSError:
@@ -57,7 +62,7 @@ def make(scratch: Path) -> str | None:
     if _fits(short):
         return short
     os.rmdir(short)
-    return None
+    return short_folder(PREFIX)
 
 
 def recorded(scratch: Path) -> str | None:
@@ -71,13 +76,14 @@ def recorded(scratch: Path) -> str | None:
 
 
 def remove(scratch: Path, folder: str | None) -> None:
-    """Remove `folder` where it is a short folder beside `scratch` (one inside goes with
-    the scratch folder): only a directory of this user named as `make` names them, in the
-    temp dir; never a link's target."""
+    """Remove `folder` where it is a short folder `make` made (one inside `scratch` goes
+    with the scratch folder): only a directory of this user named as `make` names them,
+    beside `scratch` or in one of short_folder's places; never a link's target."""
     if not folder:
         return
     p = Path(folder)
-    if p.parent != scratch.parent or not p.name.startswith(PREFIX):
+    if (p.parent not in (scratch.parent, *map(Path, _SHORT_BASES))
+            or not p.name.startswith(PREFIX)):
         return
     try:
         st = p.lstat()

@@ -258,24 +258,29 @@ def test_ctrl_c_leaves_no_folder_of_the_workers_in_tmp(small_dataset: Path, tmp_
     assert left == [], left
 
 
+@pytest.mark.parametrize("length", [60, 85])
 def test_a_pruned_trial_under_a_long_tmpdir_leaves_no_folder_of_its_workers(
-        small_dataset: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers) -> None:
+        small_dataset: Path, monkeypatch: pytest.MonkeyPatch, no_leftovers, length: int) -> None:
     # Under a TMPDIR this long the scratch folder's `mp` is too deep for a socket's path;
-    # the workers' folder is then a short one beside the scratch folder, not
-    # multiprocessing's own pymp-* (which each worker the prune's SIGKILL ends left).
+    # the workers' folder is then a short one beside the scratch folder (60), or, that too
+    # long as well (85: a cluster's per-job folder), in /tmp: not multiprocessing's own
+    # pymp-* (which each worker the prune's SIGKILL ends left). At 85 the workers' sockets
+    # did not fit at all and the measurement hung to its hard timeout.
     tmp = Path(tempfile.mkdtemp(prefix="at-", dir="/tmp"))
-    deep = tmp / ("d" * (60 - len(str(tmp)) - 1))
+    deep = tmp / ("d" * (length - len(str(tmp)) - 1))
     deep.mkdir()
     monkeypatch.setenv("TMPDIR", str(deep))
     monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    before = set(Path("/tmp").glob("autotune-mp-*"))
     try:
-        r = run_bench(small_dataset, _cfg(seconds=30, compute_ms=20),
+        r = run_bench(small_dataset, _cfg(seconds=30, compute_ms=20, timeout_s=60),
                       on_tick=lambda s, ips: "pruned: test")
         left = sorted(str(p.relative_to(deep)) for p in deep.rglob("*"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     assert r.failed and r.failure_kind == "pruned", (r.failure_kind, r.reason)
     assert left == [], left
+    assert set(Path("/tmp").glob("autotune-mp-*")) <= before
     no_leftovers(r)
 
 
