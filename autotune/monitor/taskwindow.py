@@ -11,9 +11,12 @@ PARKED_SHARE of its time on a CPU, runnable, blocked, waiting on storage or asle
 timer, which is a wait inside a worker's own work) while other workers worked
 (ACTIVE_SHARE or more) is left out of that window's figures, and said, when it is
 another loader's: one loop forks a loader's workers together, so workers of one parent
-whose starts lie more than GROUP_GAP_S apart are two loaders'; or when it has done
-nothing for PARKED_S (a loader started right after another, as Lightning's sanity check
-does: a loader's own workers take turns, and each is given work far more often than
+whose starts lie more than GROUP_GAP_S apart are two loaders', and so are those more than
+GROUP_SHORT_GAP_S apart where that is GROUP_RATIO times the parent's usual gap between
+forks (Lightning's sanity check starts the training loader a few tenths of a second after
+the validation loader, each loader's forks a few hundredths apart); or when it has done
+nothing for PARKED_S (loaders of one worker each started back to back, whose forks give
+no usual gap to compare with: a loader's own workers take turns, and each is given work far more often than
 that). A loader whose workers all wait (the main process is the bottleneck) leaves no
 worker at work: nothing is left out then.
 """
@@ -28,6 +31,8 @@ from autotune.monitor.timebudget import WCHAN_NOTE, ClassBudget, TimeBudget
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GROUP_GAP_S = 1.0        # forks of one loader's workers further apart than this: two loaders
+GROUP_SHORT_GAP_S = 0.2  # ... or further apart than this and GROUP_RATIO x the parent's
+GROUP_RATIO = 8.0        # usual gap between forks (Lightning's sanity check: 0.34 s, 0.02 s)
 PARKED_SHARE = 0.01      # a group busy less than this share of its time did nothing ...
 ACTIVE_SHARE = 0.05      # ... while a group busy this share or more worked
 PARKED_S = 30.0          # a worker that did nothing this long while others of its group worked
@@ -184,19 +189,38 @@ def _parked(seen: list[tuple[_Thread, float, float, float, bool]], end: float) -
             elif t.idle_since is None:
                 t.idle_since = max(end - t.alive_s, t.start_s)
             since[t.pid] = t.idle_since if t.idle_since is not None else end
-    group: dict[int, int] = {}
-    prev: tuple[int, float] | None = None
-    gid = -1
-    for pid in sorted(start, key=lambda p: start[p]):
-        if prev is None or start[pid][0] != prev[0] or start[pid][1] - prev[1] > GROUP_GAP_S:
-            gid += 1
-        group[pid] = gid
-        prev = start[pid]
+    group = _groups(start)
     at_work = {group[p] for p, s in share.items() if s >= ACTIVE_SHARE}
     if not at_work:
         return set()
     return {p for p, s in share.items()
             if s < PARKED_SHARE and (group[p] not in at_work or end - since[p] >= PARKED_S)}
+
+
+def _groups(start: dict[int, tuple[int, float]]) -> dict[int, int]:
+    """Each worker's loader, a number, from its (parent, start): one loop forks a loader's
+    workers back to back, so a gap far longer than the parent's usual gap between forks
+    starts another loader. An absolute gap alone missed Lightning's sanity check, which
+    starts the training loader 0.34 s after the validation loader (its forks 0.02 s apart):
+    the validation workers, counted, halved the decode-bound workers' shares (2 of 2 runs)."""
+    gaps: dict[int, list[float]] = {}
+    order = sorted(start, key=lambda p: start[p])
+    for a, b in zip(order, order[1:]):
+        if start[a][0] == start[b][0]:
+            gaps.setdefault(start[a][0], []).append(start[b][1] - start[a][1])
+    # The lower median: with two loaders of two workers, half the gaps are the long one.
+    usual = {k: sorted(v)[(len(v) - 1) // 2] for k, v in gaps.items()}
+    group: dict[int, int] = {}
+    prev: tuple[int, float] | None = None
+    gid = -1
+    for pid in order:
+        gap = start[pid][1] - prev[1] if prev is not None else 0.0
+        if (prev is None or start[pid][0] != prev[0] or gap > GROUP_GAP_S
+                or (gap > GROUP_SHORT_GAP_S and gap > GROUP_RATIO * usual[prev[0]])):
+            gid += 1
+        group[pid] = gid
+        prev = start[pid]
+    return group
 
 
 def _notes(win: _Window, pre: set[int], schedstat: bool) -> list[str]:

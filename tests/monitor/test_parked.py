@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from autotune.monitor.taskwindow import PARKED_NOTE, PARKED_S, _parked, _Thread
+from autotune.monitor.taskwindow import PARKED_NOTE, PARKED_S, _groups, _parked, _Thread
 from autotune.monitor.tasks import TaskSampler
 
 # A main process that forks 2 workers that wait on a pipe (as a DataLoader worker waits on
@@ -67,6 +67,18 @@ def test_workers_forked_apart_that_wait_are_left_out_while_the_others_work() -> 
     assert b.to_dict()["parked"] == 2
 
 
+def test_workers_forked_a_few_tenths_apart_are_two_loaders_as_in_lightning() -> None:
+    # Lightning's sanity check runs 2 validation batches, then starts the training loader:
+    # its workers forked 0.34 s after the validation loader's (each loader's 0.02 s
+    # apart), and those, counted, read "the 4 workers are idle 52 %" and blamed the main
+    # process of a decode-bound job (2 of 2 runs, epochs of 2 s: never 30 s idle).
+    b = _budget(0.4)
+    w = b.cls("workers")
+    assert w is not None
+    assert b.parked == 2 and PARKED_NOTE in b.notes, (b.parked, b.notes)
+    assert w.processes == 2, w.to_dict()
+
+
 def test_workers_forked_together_are_one_loader_and_all_counted() -> None:
     # The same processes forked in one go: one loader whose 2 workers wait while 2 work
     # (the main process gives them work in turn): they are its own, and counted.
@@ -91,6 +103,20 @@ def test_a_worker_of_the_same_start_is_left_out_only_after_a_long_idle(idle_for,
     end = 1000.0
     seen = [_thread(10, 100.0, 0.9), _thread(11, 100.1, 0.0, idle_since=end - idle_for)]
     assert _parked(seen, end) == ({11} if parked else set())
+
+
+@pytest.mark.parametrize("forks, loaders", [
+    ([0.0, 0.02, 0.34, 0.36], [0, 0, 1, 1]),       # Lightning: validation, then training
+    ([0.0, 0.0, 0.01, 0.34, 0.35], [0, 0, 0, 1, 1]),
+    ([0.0, 0.34], [0, 0]),                          # one worker each: no usual gap
+    ([0.0, 0.1, 0.2, 0.3, 0.6], [0, 0, 0, 0, 0]),   # slow forks: 0.3 s is not 8x 0.1 s
+    ([0.0, 0.01, 0.02, 0.15], [0, 0, 0, 0]),        # a late fork under the short gap
+    ([0.0, 0.01, 1.5, 1.51], [0, 0, 1, 1]),
+])
+def test_a_gap_far_longer_than_the_usual_fork_gap_starts_another_loader(forks, loaders):
+    start = {10 + i: (1, 100.0 + f) for i, f in enumerate(forks)}
+    got = _groups(start)
+    assert [got[p] - got[10] for p in sorted(start)] == loaders
 
 
 def test_nothing_is_left_out_when_no_worker_works() -> None:
