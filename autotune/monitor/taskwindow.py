@@ -16,9 +16,9 @@ GROUP_SHORT_GAP_S apart where that is GROUP_RATIO times the parent's usual gap b
 forks (Lightning's sanity check starts the training loader a few tenths of a second after
 the validation loader, each loader's forks a few hundredths apart); or when it has done
 nothing for PARKED_S (loaders of one worker each started back to back, whose forks give
-no usual gap to compare with: a loader's own workers take turns, and each is given work far more often than
-that). A loader whose workers all wait (the main process is the bottleneck) leaves no
-worker at work: nothing is left out then.
+no usual gap to compare with: a loader's own workers take turns, and each is given work
+far more often than that). A loader whose workers all wait (the main process is the
+bottleneck) leaves no worker at work: nothing is left out then.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from autotune.monitor.timebudget import WCHAN_NOTE, ClassBudget, TimeBudget
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 GROUP_GAP_S = 1.0        # forks of one loader's workers further apart than this: two loaders
-GROUP_SHORT_GAP_S = 0.2  # ... or further apart than this and GROUP_RATIO x the parent's
-GROUP_RATIO = 8.0        # usual gap between forks (Lightning's sanity check: 0.34 s, 0.02 s)
+GROUP_SHORT_GAP_S = 0.1  # ... or further apart than this and GROUP_RATIO x the parent's
+GROUP_RATIO = 8.0        # usual gap between forks (Lightning's sanity check: 0.25-0.36 s, 0.02 s)
 PARKED_SHARE = 0.01      # a group busy less than this share of its time did nothing ...
 ACTIVE_SHARE = 0.05      # ... while a group busy this share or more worked
 PARKED_S = 30.0          # a worker that did nothing this long while others of its group worked
@@ -50,7 +50,7 @@ class _Thread:
     worker: bool
     fd_sched: int
     ppid: int = 0
-    start_s: float = 0.0                        # the process's start, boottime s
+    start_s: float = 0.0                        # the thread's start, boottime s
     idle_since: float | None = None             # its process has done nothing since (boottime)
     fd_stat: int = -1
     fd_wchan: int = -1
@@ -179,7 +179,10 @@ def _parked(seen: list[tuple[_Thread, float, float, float, bool]], end: float) -
             busy[t.pid] = (busy.get(t.pid, 0.0) + on_cpu + runnable + io + t.s_storage_s
                            + t.s_timer_s)
             alive[t.pid] = max(alive.get(t.pid, 0.0), t.alive_s)
-            start[t.pid] = (t.ppid, t.start_s)
+            # The process's start is its first thread's: a worker's other threads start
+            # with its first batch (a queue's feeder), a batch later in the training
+            # loader's workers than in the validation loader's, and blurred the gap.
+            start[t.pid] = (t.ppid, min(t.start_s, start.get(t.pid, (0, t.start_s))[1]))
     share = {p: busy[p] / max(1e-9, alive[p]) for p in busy}
     since: dict[int, float] = {}
     for t, *_ in seen:
