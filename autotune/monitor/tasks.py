@@ -35,6 +35,11 @@ sleeping threads (kernels that hide it) storage waits cannot be seen: a note say
 Classes: `main` is the training process: the monitored command when it runs Python, else
 (a shell, `env`, a launcher) the first Python process found walking down single-child
 chains from it; the launchers above it are counted in neither class (they only wait).
+Where that process is a distributed launcher (torchrun, `accelerate launch`, deepspeed:
+LAUNCHERS), `main` is its ranks, the Python processes it starts, and the launcher is in
+neither class: counted as workers, the ranks' training read as the loader's work, the
+launcher's sleep as the training process's, and a rank's wait in all_reduce on a socket
+as a worker's storage wait.
 `workers` are all other processes of the tree (DataLoader workers and their helpers), but
 autotune's own: the sampler `autotune.DataLoader` starts beside its workers for a few
 seconds (`python -m autotune.monitor.burst`) is not one of the job's workers, and counted
@@ -48,6 +53,7 @@ import random
 import threading
 import time
 
+from autotune.monitor.launchers import children, is_launcher, ranks_of, runs_python
 from autotune.monitor.proctree import read_proc
 from autotune.monitor.taskwindow import CLK_TCK, _Thread, _Window, window_budget
 from autotune.monitor.timebudget import TimeBudget
@@ -88,15 +94,6 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def _python(pid: int) -> bool:
-    data = read_proc(f"/proc/{pid}/cmdline", 512)
-    if not data:
-        return False
-    argv0 = os.path.basename(data.split(b"\0", 1)[0])
-    comm = (read_proc(f"/proc/{pid}/comm", 64) or b"").strip()
-    return argv0.startswith(b"python") or comm.startswith(b"python")
-
-
 OWN_MODULES = (b"autotune.monitor.burst",)   # `python -m` helpers of autotune's in a job
 YOUNG_S = 2.0   # how long a new process's argv is read again (_own_helpers)
 
@@ -107,27 +104,14 @@ def autotunes_own(pid: int) -> bool:
     return len(argv) > 2 and argv[1] == b"-m" and argv[2] in OWN_MODULES
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        data = read_proc(f"/proc/{pid}/task/{tid}/children", 65536)
-        if data:
-            out.extend(int(x) for x in data.split())
-    return out
-
-
 def find_main(root: int) -> tuple[int, bool]:
     """(the training process, whether it is settled): the root when it runs Python, else
     down single-child chains to the first Python process; unsettled while none is found."""
     pid = root
     for _ in range(8):
-        if _python(pid):
+        if runs_python(pid):
             return pid, True
-        kids = _children(pid)
+        kids = children(pid)
         if len(kids) != 1:
             return pid, False
         pid = kids[0]
@@ -187,6 +171,8 @@ class TaskSampler:
         self.schedstat = os.path.exists(SCHEDSTAT_PROBE)
         self._threads: dict[tuple[int, int], _Thread] = {}
         self._own: set[int] = set()   # autotune's own helpers in the tree (autotunes_own)
+        self._ranks: set[int] = set()      # a distributed launcher's ranks (the main class)
+        self._launchers: set[int] = set()  # ... and the launchers: in neither class
         self._young: dict[int, float] = {}   # new processes: when first seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -299,12 +285,13 @@ class TaskSampler:
             pid = self.root_pid
             while pid != self.main_pid:
                 chain.add(pid)
-                kids = _children(pid)
+                kids = children(pid)
                 if len(kids) != 1:
                     break
                 pid = kids[0]
             tree |= set(descendants(self.root_pid)) - chain
-        for pid in tree - self._own_helpers(tree, now):
+        self._find_ranks()
+        for pid in tree - self._own_helpers(tree, now) - self._launchers:
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:
@@ -313,6 +300,15 @@ class TaskSampler:
                 key = (pid, int(tid_s))
                 if key not in self._threads:
                     self._add(pid, int(tid_s), now)
+
+    def _find_ranks(self) -> None:
+        # A launcher's ranks (module doc): threads read in the other class are read again.
+        ranks, launchers = ranks_of(self.main_pid, autotunes_own)
+        if (ranks, launchers) != (self._ranks, self._launchers):
+            moved = (ranks ^ self._ranks) | launchers | self._launchers | {self.main_pid}
+            for key in [k for k in self._threads if k[0] in moved]:
+                self._threads.pop(key).close()
+            self._ranks, self._launchers = ranks, launchers
 
     def _own_helpers(self, tree: set[int], now: float) -> set[int]:
         """autotune's own helpers in `tree` (autotunes_own), their threads dropped if they
@@ -338,7 +334,7 @@ class TaskSampler:
         fd = _open(base + ("schedstat" if self.schedstat else "stat"))
         if fd < 0:
             return
-        t = _Thread(pid, tid, worker=pid != self.main_pid, fd_sched=fd)
+        t = _Thread(pid, tid, worker=pid not in (self._ranks or {self.main_pid}), fd_sched=fd)
         t.fd_stat = fd if not self.schedstat else _open(base + "stat")
         st = self._read_stat(t)
         if st is None:
@@ -454,4 +450,5 @@ class TaskSampler:
         return b
 
 
-__all__ = ["TaskSampler", "boottime", "delayacct_on", "find_main", "storage_wait_kind"]
+__all__ = ["TaskSampler", "boottime", "delayacct_on", "find_main", "is_launcher",
+           "storage_wait_kind"]

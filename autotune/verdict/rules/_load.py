@@ -96,9 +96,12 @@ def _class_line(name: str, c: ClassBudget, b: TimeBudget) -> str:
     # As the table and the report show it: asleep is what the other states leave of one
     # thread (idle helper threads would otherwise read as 226 % asleep).
     sh = c.display_shares()
-    label = "workers" if name == "workers" else "main process"
+    # A distributed launcher's ranks are the main class (autotune.monitor.tasks).
+    label = ("workers" if name == "workers" else "main process" if c.processes <= 1
+             else "ranks")
+    their = "their" if name == "workers" or c.processes > 1 else "its"
     return (f"{label} ({c.procs_text(b.wall_s)}, {c.threads} "
-            f"threads): I/O {pct(sh['io'])} of {'their' if name == 'workers' else 'its'} time, storage wait "
+            f"threads): I/O {pct(sh['io'])} of {their} time, storage wait "
             f"{pct(sh['storage_wait'])}, on a CPU {pct(sh['on_cpu'])}, runnable "
             f"{pct(sh['runnable'])}, asleep {pct(sh['asleep'])}"
             + (f" (in a timer {pct(c.timer())})" if c.timer() >= 0.05 else "")
