@@ -45,14 +45,43 @@ class ReadyInit:
     def __init__(self, user_fn: Callable[[int], None] | None, flags: Any,
                  mp_dir: str | None = None) -> None:
         self.user_fn, self.flags, self.mp_dir = user_fn, flags, mp_dir
+        # The training process, made here, in it: its workers check it is still there.
+        self.main_pid = os.getpid()
 
     def __call__(self, worker_id: int) -> None:
+        release_forkserver()
         if self.mp_dir is not None:
             use_temp_dir(self.mp_dir)
         if self.user_fn is not None:
             self.user_fn(worker_id)
+        # torch's watchdog takes the worker's parent as it is when its loop begins, just
+        # after this: a worker still starting (a spawn worker's second, a pool started
+        # beside the serving one) when the training process is killed would take its
+        # adopter (init) for it and wait for indices for ever. SystemExit passes torch's
+        # `except Exception` and ends the worker as its watchdog would.
+        if not pid_alive(self.main_pid):
+            raise SystemExit(0)
         if self.flags is not None:
             self.flags[worker_id] = 1
+
+
+def release_forkserver() -> None:
+    """In a worker the forkserver started: close its copy of the pipe whose end tells the
+    forkserver that the training process is gone. The forkserver hands every child one
+    (Python uses it for nothing there: a child that starts processes of its own starts a
+    forkserver of its own), so it outlived a training process killed by SIGTERM, its
+    workers with it: torch's watchdog watches a worker's parent, here the forkserver,
+    which waited for its children's copies to close. Released, the forkserver exits with
+    the training process, and the watchdog then ends the workers within 5 s."""
+    from multiprocessing import forkserver
+
+    fs = forkserver._forkserver  # multiprocessing's own record: no public accessor
+    fd = getattr(fs, "_forkserver_alive_fd", None)
+    if fd is None or fs.get_inherited_fds() is None or fs._forkserver_pid is not None:
+        return  # not a forkserver's child, or the fd is this process's own forkserver's
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    fs._forkserver_alive_fd = None
 
 
 def use_temp_dir(folder: str) -> None:
