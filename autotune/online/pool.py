@@ -49,7 +49,10 @@ class ReadyInit:
         self.main_pid = os.getpid()
 
     def __call__(self, worker_id: int) -> None:
-        release_forkserver()
+        # multiprocessing's internals, which another Python may lay out otherwise: a
+        # release that fails must not fail the worker.
+        with contextlib.suppress(Exception):
+            release_forkserver()
         if self.mp_dir is not None:
             use_temp_dir(self.mp_dir)
         if self.user_fn is not None:
