@@ -38,8 +38,14 @@ class QuotaSampler:
 
     def _resolve(self) -> None:
         """(Re)find the quota and its cpu.stat when the process's cgroup changed; a process
-        that is gone keeps the cgroup it was last seen in (its counters stay readable)."""
+        that is gone keeps the cgroup it was last seen in (its counters stay readable).
+        So does one that has exited and is not yet reaped: a zombie's cgroup file reads
+        the root (cgroup v1), whose counters, taken for a move, reset the run's totals
+        (run.json's throttled_share null, in 1 of many runs: the last sample's race with
+        the job's exit)."""
         try:
+            if self._key is not None and _zombie(self.pid):
+                return
             key = Path(f"/proc/{self.pid}/cgroup").read_text()
         except OSError:
             if self._key is None:
@@ -88,6 +94,11 @@ class QuotaSampler:
         d = self._section(self._first, self._last)
         d["throttled_share"] = d["throttled"] / d["periods"] if d["periods"] else None
         return d
+
+
+def _zombie(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return stat[stat.rfind(b")") + 2:][:1] == b"Z"
 
 
 def quota_section(sampler: QuotaSampler | None) -> dict[str, Any] | None:

@@ -102,6 +102,34 @@ def test_a_job_that_joins_its_cgroup_after_the_baseline_is_read_there(cpu_cgroup
     assert totals["throttled_share"] >= 0.5, totals
 
 
+@pytest.mark.root
+def test_a_job_that_exited_unreaped_keeps_its_cgroups_totals(cpu_cgroup):
+    """The monitor's last sample can come between the job's exit and its reaping: a
+    zombie's /proc/PID/cgroup reads the root (cgroup v1), which was taken for a move to
+    another cgroup and reset the whole run's totals (run.json's throttled_share null, a
+    flake of tests/analyze/test_cpu_quota.py)."""
+    base, make = cpu_cgroup
+    cg = make(base, 0.2)
+    p = _busy_in(cg, 1.0)
+    try:
+        s = QuotaSampler(p.pid)
+        assert s.sample() is None
+        time.sleep(0.5)
+        assert s.sample()["cores"] == pytest.approx(0.2)
+        deadline = time.monotonic() + 10
+        while b") Z" not in Path(f"/proc/{p.pid}/stat").read_bytes():   # exited, not reaped
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        last = s.sample()
+    finally:
+        p.kill()
+        p.wait()
+    assert last is not None and last["cores"] == pytest.approx(0.2), last
+    totals = s.totals()
+    assert totals is not None and totals["quota_file"] == f"{cg}/cpu.cfs_quota_us", totals
+    assert totals["throttled_share"] >= 0.5, totals
+
+
 def test_a_job_that_cannot_be_read_is_said_not_seen():
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
