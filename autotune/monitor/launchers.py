@@ -1,23 +1,34 @@
-"""Which processes of a job's tree run Python, their children, and the distributed
-launchers among them (torchrun, `accelerate launch`, deepspeed), whose ranks are the
-training processes (autotune.monitor.tasks)."""
+"""Which processes of a job's tree run Python, their children, autotune's own helpers
+among them, and the distributed launchers (torchrun, `accelerate launch`, deepspeed),
+whose ranks are the training processes (autotune.monitor.tasks)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-
 from autotune.monitor.proctree import read_proc
 
 
-def runs_python(pid: int) -> bool:
-    """Whether `pid` runs a Python interpreter (by argv[0], or its comm)."""
-    data = read_proc(f"/proc/{pid}/cmdline", 512)
-    if not data:
+def _argv(pid: int) -> list[bytes]:
+    return (read_proc(f"/proc/{pid}/cmdline", 4096) or b"").split(b"\0")
+
+
+def runs_python(pid: int, argv: list[bytes] | None = None) -> bool:
+    """Whether `pid` runs a Python interpreter (by argv[0], or its comm); `argv`: its
+    command line, where the caller has read it."""
+    argv = _argv(pid) if argv is None else argv
+    if not argv[0]:
         return False
-    argv0 = os.path.basename(data.split(b"\0", 1)[0])
     comm = (read_proc(f"/proc/{pid}/comm", 64) or b"").strip()
-    return argv0.startswith(b"python") or comm.startswith(b"python")
+    return os.path.basename(argv[0]).startswith(b"python") or comm.startswith(b"python")
+
+
+OWN_MODULES = (b"autotune.monitor.burst",)   # `python -m` helpers of autotune's in a job
+
+
+def autotunes_own(pid: int, argv: list[bytes] | None = None) -> bool:
+    """Whether `pid` runs one of autotune's own helpers (OWN_MODULES), not the job's code."""
+    argv = _argv(pid) if argv is None else argv
+    return len(argv) > 2 and argv[1] == b"-m" and argv[2] in OWN_MODULES
 
 
 # A distributed launcher runs no training itself: its ranks are the training processes.
@@ -26,10 +37,10 @@ LAUNCHERS = (b"torchrun", b"torch.distributed.run", b"torch.distributed.launch",
              b"deepspeed.launcher.runner")
 
 
-def is_launcher(pid: int) -> bool:
+def is_launcher(pid: int, argv: list[bytes] | None = None) -> bool:
     """Whether `pid` runs a distributed launcher (LAUNCHERS: `torchrun`, `python -m
     torch.distributed.run`, `accelerate launch`, `deepspeed`)."""
-    argv = (read_proc(f"/proc/{pid}/cmdline", 4096) or b"").split(b"\0")
+    argv = _argv(pid) if argv is None else argv
     if len(argv) > 2 and argv[1] == b"-m":
         return argv[2] in LAUNCHERS
     return len(argv) > 1 and os.path.basename(argv[1]) in LAUNCHERS
@@ -49,21 +60,24 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def ranks_of(main: int, own: Callable[[int], bool]) -> tuple[set[int], set[int]]:
+def ranks_of(main: int) -> tuple[set[int], set[int]]:
     """(the ranks, the launchers) where `main` is a distributed launcher: the Python
     processes below it, through launchers that start launchers (deepspeed's runner), but
-    `own(pid)` (autotune's helpers); two empty sets otherwise, or while it has no rank."""
+    autotune's own helpers; two empty sets otherwise, or while it has no rank. Each
+    process's command line is read once."""
     ranks: set[int] = set()
     launchers: set[int] = set()
     todo = [main] if is_launcher(main) else []
     while todo:
         pid = todo.pop()
-        if pid == main or is_launcher(pid):
+        argv = _argv(pid)
+        if pid == main or is_launcher(pid, argv):
             launchers.add(pid)
             todo.extend(children(pid))
-        elif runs_python(pid) and not own(pid):
+        elif runs_python(pid, argv) and not autotunes_own(pid, argv):
             ranks.add(pid)
     return (ranks, launchers) if ranks else (set(), set())
 
 
-__all__ = ["LAUNCHERS", "children", "is_launcher", "ranks_of", "runs_python"]
+__all__ = ["LAUNCHERS", "OWN_MODULES", "autotunes_own", "children", "is_launcher", "ranks_of",
+           "runs_python"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.cpus import CpuStat, Quota, parse_cpu_stat, quota_of
+from autotune.monitor.proctree import read_proc_stat
 
 
 class QuotaSampler:
@@ -44,7 +45,7 @@ class QuotaSampler:
         (run.json's throttled_share null, in 1 of many runs: the last sample's race with
         the job's exit)."""
         try:
-            if self._key is not None and _zombie(self.pid):
+            if self._key is not None and getattr(read_proc_stat(self.pid), "zombie", False):
                 return
             key = Path(f"/proc/{self.pid}/cgroup").read_text()
         except OSError:
@@ -94,11 +95,6 @@ class QuotaSampler:
         d = self._section(self._first, self._last)
         d["throttled_share"] = d["throttled"] / d["periods"] if d["periods"] else None
         return d
-
-
-def _zombie(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return stat[stat.rfind(b")") + 2:][:1] == b"Z"
 
 
 def quota_section(sampler: QuotaSampler | None) -> dict[str, Any] | None:

@@ -53,7 +53,8 @@ import random
 import threading
 import time
 
-from autotune.monitor.launchers import children, is_launcher, ranks_of, runs_python
+from autotune.monitor.launchers import (autotunes_own, children, is_launcher, ranks_of,
+                                        runs_python)
 from autotune.monitor.proctree import read_proc
 from autotune.monitor.taskwindow import CLK_TCK, _Thread, _Window, window_budget
 from autotune.monitor.timebudget import TimeBudget
@@ -94,14 +95,7 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-OWN_MODULES = (b"autotune.monitor.burst",)   # `python -m` helpers of autotune's in a job
 YOUNG_S = 2.0   # how long a new process's argv is read again (_own_helpers)
-
-
-def autotunes_own(pid: int) -> bool:
-    """Whether `pid` runs one of autotune's own helpers (OWN_MODULES), not the job's code."""
-    argv = (read_proc(f"/proc/{pid}/cmdline", 512) or b"").split(b"\0")
-    return len(argv) > 2 and argv[1] == b"-m" and argv[2] in OWN_MODULES
 
 
 def find_main(root: int) -> tuple[int, bool]:
@@ -303,7 +297,7 @@ class TaskSampler:
 
     def _find_ranks(self) -> None:
         # A launcher's ranks (module doc): threads read in the other class are read again.
-        ranks, launchers = ranks_of(self.main_pid, autotunes_own)
+        ranks, launchers = ranks_of(self.main_pid)
         if (ranks, launchers) != (self._ranks, self._launchers):
             moved = (ranks ^ self._ranks) | launchers | self._launchers | {self.main_pid}
             for key in [k for k in self._threads if k[0] in moved]:
@@ -450,5 +444,5 @@ class TaskSampler:
         return b
 
 
-__all__ = ["TaskSampler", "boottime", "delayacct_on", "find_main", "is_launcher",
-           "storage_wait_kind"]
+__all__ = ["TaskSampler", "autotunes_own", "boottime", "delayacct_on", "find_main",
+           "is_launcher", "storage_wait_kind"]

@@ -122,6 +122,17 @@ class Listing:
         return sum(o.size for o in self.objects)
 
 
+def _get_kwargs(bucket: str, obj: ObjectInfo, byte_range: tuple[int, int] | None
+                ) -> dict[str, Any]:
+    """A GET of the object (or bytes [start, end) of it), pinned to its ETag."""
+    kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
+    if obj.etag:
+        kw["IfMatch"] = obj.etag
+    if byte_range is not None:
+        kw["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+    return kw
+
+
 @dataclass
 class Store:
     """An object store's client for one process at a time (see the module doc)."""
@@ -250,11 +261,7 @@ class Store:
         """The object's bytes (or bytes [start, end) of it), pinned to its ETag."""
         if self.config.client == "obstore":
             return self._obstore_get(bucket, obj, byte_range)
-        kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
-        if obj.etag:
-            kw["IfMatch"] = obj.etag
-        if byte_range is not None:
-            kw["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+        kw = _get_kwargs(bucket, obj, byte_range)
         # The body is read inside the retry: a connection dropped mid-body is retried too.
         return self.call(f"s3://{bucket}/{obj.key}", bucket,
                          lambda c: c.get_object(**kw)["Body"].read())
@@ -263,12 +270,10 @@ class Store:
                  fd: int, offset: int) -> int:
         """As get(), the body written into `fd` from `offset` as it arrives, a chunk
         (STREAM_CHUNK) at a time: memory is a chunk, not the range. A retry writes the
-        same bytes at the same offsets again. The bytes written."""
-        kw: dict[str, Any] = {"Bucket": bucket, "Key": obj.key}
-        if obj.etag:
-            kw["IfMatch"] = obj.etag
-        if byte_range is not None:
-            kw["Range"] = f"bytes={byte_range[0]}-{byte_range[1] - 1}"
+        same bytes at the same offsets again. The bytes written. obstore's reads stay whole."""
+        if self.config.client == "obstore":
+            return pwrite_all(fd, self._obstore_get(bucket, obj, byte_range), offset)
+        kw = _get_kwargs(bucket, obj, byte_range)
 
         def stream(c: Any) -> int:
             body, n = c.get_object(**kw)["Body"], 0

@@ -89,9 +89,7 @@ class S3Storage(Storage):
     def read_range_into(self, st: Stat, byte_range: tuple[int, int] | None, fd: int,
                         offset: int) -> int:
         """The range streamed into `fd` a chunk at a time (boto3): a stage's ranged GETs
-        (4 shards x 8 parts of 8 MiB) held 320 MiB whole; obstore's reads stay whole."""
-        if self.store.config.client == "obstore":
-            return super().read_range_into(st, byte_range, fd, offset)
+        (4 shards x 8 parts of 8 MiB) held 320 MiB whole."""
         return self.store.get_into(self.url.bucket, self.object(st), byte_range, fd, offset)
 
     def open(self, what: str | Stat) -> Any:
