@@ -112,6 +112,31 @@ def _env_int(*names: str) -> int | None:
     return None
 
 
+def _dist_rank() -> tuple[int, int] | None:
+    """(rank, world size) of an initialized torch.distributed process group, else None:
+    ranks started by torch.multiprocessing.spawn have no RANK variable, only this."""
+    import sys
+
+    if "torch.distributed" not in sys.modules:   # never import torch for it
+        return None
+    dist = sys.modules["torch.distributed"]
+    try:
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank()), int(dist.get_world_size())
+    except Exception:  # noqa: BLE001  (a backend torn down, a half-made group: no rank)
+        return None
+    return None
+
+
+def rank_and_world() -> tuple[int | None, int | None]:
+    """This process's rank and world size: $RANK/$WORLD_SIZE (torchrun), else
+    $SLURM_PROCID/$SLURM_NTASKS, else an initialized torch.distributed group's."""
+    rank, world = _env_int("RANK", "SLURM_PROCID"), _env_int("WORLD_SIZE", "SLURM_NTASKS")
+    if rank is None and (got := _dist_rank()) is not None:
+        rank, world = got
+    return rank, world
+
+
 def batch_len(item: Any) -> int | None:
     """Samples in a batch: the first dimension of the first tensor/array found in it."""
     x = item
@@ -239,10 +264,9 @@ class Instrumented(Generic[T]):
                  batch_size: int | None = None, append: bool = False,
                  rank: int | None = None) -> None:
         self.iterable = iterable
-        self.rank = rank if rank is not None else _env_int("RANK", "SLURM_PROCID")
-        self.path, shared = log_path(log, self.rank)
+        self._log, self._given_rank, self._given_append = log, rank, append
+        self._locate()
         self._fixed_batch = batch_size
-        self._append = append or shared
         self._writer: _Writer | None = None
         self._lost = 0
         self._totals = StepTotals()
@@ -279,9 +303,19 @@ class Instrumented(Generic[T]):
             self._append = True
 
     # -- recording -----------------------------------------------------------------------
+    def _locate(self) -> None:
+        """The rank, world size, path and append mode, as far as they are known now."""
+        env_rank, self._world = rank_and_world()
+        self.rank = self._given_rank if self._given_rank is not None else env_rank
+        self.path, shared = log_path(self._log, self.rank)
+        self._append = self._given_append or shared
+
     def _open(self) -> _Writer:
-        return open_log(self.path, self._append, rank=self.rank,
-                        world_size=_env_int("WORLD_SIZE", "SLURM_NTASKS"),
+        if self.rank is None and self._writer is None and not self._totals.epochs:
+            # Made before init_process_group (a spawned rank knows its rank only then):
+            # a rank that truncated the shared file would erase another's steps.
+            self._locate()
+        return open_log(self.path, self._append, rank=self.rank, world_size=self._world,
                         started=self._wall0, loader=loader_info(self.iterable),
                         batch_size=self._fixed_batch)
 
@@ -383,7 +417,10 @@ def instrument(iterable: Iterable[T], log: str | os.PathLike[str] | None = None,
         append: keep what the file holds (default: truncate it at the first iteration,
             unless a distributed rank is known and the path has no "{rank}": ranks then
             share the file in append mode).
-        rank: the process's rank (default: $RANK, else $SLURM_PROCID, else none).
+        rank: the process's rank (default: $RANK, else $SLURM_PROCID, else the rank of an
+            initialized torch.distributed group, as ranks started by
+            torch.multiprocessing.spawn have: read at the first iteration if it is not
+            known when the wrapper is made; else none).
 
     Returns an `Instrumented` that iterates like `iterable`; its `summary()` gives the
     totals. Nothing is printed; the file is flushed every second and at exit.

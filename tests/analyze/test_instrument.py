@@ -138,6 +138,54 @@ def test_two_ranks_append_to_one_file_without_cutting_lines(tmp_path):
     assert a.ranks == 2 and a.lines["skipped"] == 0 and a.steps == 6000
 
 
+_SPAWNED = """
+import os, sys
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import autotune
+
+def rank(r, log, port):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=r,
+                            world_size=2)
+    if r == 1:
+        dist.barrier()      # rank 0 has written and closed its steps
+    it = autotune.instrument(range(50), log=log, batch_size=1)
+    for _ in it:
+        pass
+    it.close()
+    if r == 0:
+        dist.barrier()
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank, args=(sys.argv[1], int(sys.argv[2])), nprocs=2)
+"""
+
+
+@pytest.mark.slow
+def test_spawned_ranks_without_rank_variables_share_the_log(tmp_path, monkeypatch):
+    # torch.multiprocessing.spawn (PyTorch's DDP tutorial) sets no RANK: each rank took
+    # itself for the only writer and truncated the file, so a rank that began later erased
+    # the other's steps (before: 50 steps of rank 1 alone, no rank in any line).
+    import socket
+
+    for name in ("RANK", "SLURM_PROCID", "WORLD_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    script, log = tmp_path / "spawned.py", tmp_path / "steps.jsonl"
+    script.write_text(_SPAWNED)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, str(script), str(log), str(port)], cwd=REPO,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    headers, recs = _records(log)
+    assert sorted(h["rank"] for h in headers) == [0, 1]
+    assert {h["world_size"] for h in headers} == {2}
+    assert len(recs) == 100 and sorted({x["rank"] for x in recs}) == [0, 1]
+
+
 def test_import_autotune_stays_light():
     code = ("import sys, autotune; assert 'torch' not in sys.modules; "
             "assert 'autotune.instrumentation' not in sys.modules; "
