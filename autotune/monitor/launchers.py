@@ -1,10 +1,15 @@
 """Which processes of a job's tree run Python, their children, autotune's own helpers
-among them, and the distributed launchers (torchrun, `accelerate launch`, deepspeed),
-whose ranks are the training processes (autotune.monitor.tasks)."""
+and multiprocessing's among them, and the ranks of a distributed job, which are its
+training processes (autotune.monitor.tasks): those of a launcher (torchrun, `accelerate
+launch`, deepspeed), those torch.multiprocessing.spawn starts, and those a training
+script starts by running itself again (Lightning's DDP)."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+
 from autotune.monitor.proctree import read_proc
 
 
@@ -29,6 +34,40 @@ def autotunes_own(pid: int, argv: list[bytes] | None = None) -> bool:
     """Whether `pid` runs one of autotune's own helpers (OWN_MODULES), not the job's code."""
     argv = _argv(pid) if argv is None else argv
     return len(argv) > 2 and argv[1] == b"-m" and argv[2] in OWN_MODULES
+
+
+# multiprocessing's own processes (`python -c "from multiprocessing.X import main; ..."`):
+# they serve the job's processes and run none of its code.
+MP_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver")
+
+
+def multiprocessings_own(argv: list[bytes]) -> bool:
+    """Whether a command line (`argv`) is multiprocessing's resource tracker or forkserver
+    (`python [flags such as -B] -c CODE`)."""
+    code = argv[argv.index(b"-c") + 1] if b"-c" in argv[:-1] else b""
+    return any(h in code for h in MP_HELPERS)
+
+
+def helper(pid: int) -> bool:
+    """Whether `pid` is autotune's own helper or multiprocessing's (its resource tracker, its
+    forkserver): in the job's tree, but none of the job's workers."""
+    argv = _argv(pid)
+    return autotunes_own(pid, argv) or multiprocessings_own(argv)
+
+
+def _spawned(argv: list[bytes]) -> bool:
+    # `python -c "from multiprocessing.spawn import spawn_main; ..." --multiprocessing-fork`
+    return b"--multiprocessing-fork" in argv
+
+
+def local_rank(pid: int) -> bytes | None:
+    """$LOCAL_RANK in `pid`'s environment as it was started (None: unset or unreadable).
+    Only that variable is looked for; nothing else of the environment is kept."""
+    env = read_proc(f"/proc/{pid}/environ", 1 << 20) or b""
+    for var in env.split(b"\0"):
+        if var.startswith(b"LOCAL_RANK="):
+            return var[len(b"LOCAL_RANK="):]
+    return None
 
 
 # A distributed launcher runs no training itself: its ranks are the training processes.
@@ -60,14 +99,22 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def ranks_of(main: int) -> tuple[set[int], set[int]]:
-    """(the ranks, the launchers) where `main` is a distributed launcher: the Python
-    processes below it, through launchers that start launchers (deepspeed's runner), but
-    autotune's own helpers; two empty sets otherwise, or while it has no rank. Each
-    process's command line is read once."""
+def _job_children(pid: int) -> dict[int, list[bytes]]:
+    """`pid`'s children that run the job's Python (not autotune's or multiprocessing's own
+    helpers), with their command lines, each read once."""
+    out = {}
+    for kid in children(pid):
+        argv = _argv(kid)
+        if runs_python(kid, argv) and not autotunes_own(kid, argv) and \
+                not multiprocessings_own(argv):
+            out[kid] = argv
+    return out
+
+
+def _launchers_ranks(main: int) -> tuple[set[int], set[int]]:
     ranks: set[int] = set()
     launchers: set[int] = set()
-    todo = [main] if is_launcher(main) else []
+    todo = [main]
     while todo:
         pid = todo.pop()
         argv = _argv(pid)
@@ -76,8 +123,89 @@ def ranks_of(main: int) -> tuple[set[int], set[int]]:
             todo.extend(children(pid))
         elif runs_python(pid, argv) and not autotunes_own(pid, argv):
             ranks.add(pid)
-    return (ranks, launchers) if ranks else (set(), set())
+    return ranks, launchers
 
 
-__all__ = ["LAUNCHERS", "OWN_MODULES", "autotunes_own", "children", "is_launcher", "ranks_of",
-           "runs_python"]
+def ranks_of(main: int, trainers: frozenset[int] = frozenset()) -> tuple[set[int], set[int]]:
+    """(the ranks, the processes in neither class) of the job whose training process is
+    `main`; two empty sets where it is not distributed, or while no rank is seen.
+    `trainers`: the processes seen writing a step log (StepWriters), training for sure.
+
+    - `main` a distributed launcher (LAUNCHERS): the Python processes below it, through
+      launchers that start launchers (deepspeed's runner); the launchers in neither class;
+    - `main` a training script that runs itself again per rank (Lightning's DDP): `main`
+      (local rank 0) and its children started with a LOCAL_RANK of 1 or more, which
+      `main` was not started with;
+    - `main` a torch.multiprocessing.spawn: its spawned children once one of them has a
+      Python child of its own (its DataLoader workers; a DataLoader worker starts none)
+      or writes steps; `main`, which only waits for them, in neither class unless it
+      writes steps too. Ranks with no workers that write no step log are not told from
+      spawned DataLoader workers: they stay counted as workers;
+    - any child of `main` that writes steps.
+    """
+    if is_launcher(main):
+        ranks, launchers = _launchers_ranks(main)
+        return (ranks, launchers) if ranks else (set(), set())
+    kids = _job_children(main)
+    mine = local_rank(main)
+    again = {k for k, argv in kids.items()
+             if not _spawned(argv) and (lr := local_rank(k)) not in (None, mine)
+             and lr.isdigit() and int(lr) > 0}
+    spawned = {k for k, argv in kids.items() if _spawned(argv)}
+    ranks = again | (kids.keys() & trainers)
+    if spawned & trainers or any(_job_children(k) for k in spawned):
+        ranks |= spawned
+    if not ranks:
+        return set(), set()
+    if again or main in trainers:
+        return ranks | {main}, set()
+    return ranks, {main}
+
+
+class StepWriters:
+    """The processes of this host that have written a step log's header (autotune.instrument
+    and the Lightning callback give their pid there): processes seen training. Read on from
+    where the last call stopped, at most READ_CAP bytes a call; a line longer than
+    LINE_CAP (a stranger's file) is passed over."""
+
+    READ_CAP = 8 << 20
+    LINE_CAP = 64 << 10
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._offset = 0
+        self._tail = b""
+        self._pids: set[int] = set()
+        self._host = socket.gethostname()
+
+    def __call__(self) -> frozenset[int]:
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < self._offset:           # truncated: a new run's log
+                    self._offset, self._tail = 0, b""
+                f.seek(self._offset)
+                data = f.read(min(size - self._offset, self.READ_CAP))
+        except OSError:
+            return frozenset(self._pids)
+        self._offset += len(data)
+        *lines, self._tail = (self._tail + data).split(b"\n")
+        if len(self._tail) > self.LINE_CAP:
+            self._tail = b""
+        for line in lines:
+            if line.startswith(b'{"autotune": "steps"') and len(line) <= self.LINE_CAP:
+                self._add(line)
+        return frozenset(self._pids)
+
+    def _add(self, line: bytes) -> None:
+        try:
+            head = json.loads(line)
+        except ValueError:
+            return
+        pid = head.get("pid")
+        if type(pid) is int and pid > 0 and head.get("host") in (None, self._host):
+            self._pids.add(pid)
+
+
+__all__ = ["LAUNCHERS", "MP_HELPERS", "OWN_MODULES", "autotunes_own", "children",
+           "helper", "is_launcher", "local_rank", "multiprocessings_own", "ranks_of", "runs_python", "StepWriters"]

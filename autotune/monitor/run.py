@@ -45,6 +45,7 @@ from typing import IO, Any
 
 from autotune.errors import AutotuneError, UsageError
 from autotune.instrumentation import STEPS_LOG_ENV
+from autotune.monitor.launchers import StepWriters
 from autotune.monitor.quota import QuotaSampler, quota_section
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
@@ -347,7 +348,8 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
     errors: list[str] = []
     rq = RunQueueSampler(proc.pid)
     rq.sample(time.monotonic())   # the baseline
-    tasks = TaskSampler(proc.pid, delayacct_since=hold.since if hold is not None else None)
+    tasks = TaskSampler(proc.pid, delayacct_since=hold.since if hold is not None else None,
+                        trainers=StepWriters(steps))
     tasks.start()
     quota = QuotaSampler(proc.pid)
     quota_section(quota)          # the baseline

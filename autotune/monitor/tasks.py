@@ -35,15 +35,18 @@ sleeping threads (kernels that hide it) storage waits cannot be seen: a note say
 Classes: `main` is the training process: the monitored command when it runs Python, else
 (a shell, `env`, a launcher) the first Python process found walking down single-child
 chains from it; the launchers above it are counted in neither class (they only wait).
-Where that process is a distributed launcher (torchrun, `accelerate launch`, deepspeed:
-LAUNCHERS), `main` is its ranks, the Python processes it starts, and the launcher is in
-neither class: counted as workers, the ranks' training read as the loader's work, the
-launcher's sleep as the training process's, and a rank's wait in all_reduce on a socket
-as a worker's storage wait.
+Where the job is distributed (autotune.monitor.launchers.ranks_of), `main` is its ranks:
+those of a distributed launcher (torchrun, `accelerate launch`, deepspeed: LAUNCHERS),
+the launcher in neither class; those torch.multiprocessing.spawn starts, once one has
+workers of its own, the spawning process in neither class; or the training process and
+the copies of itself it starts with a LOCAL_RANK (Lightning's DDP). Counted as workers,
+the ranks' training read as the loader's work, the launcher's sleep as the training
+process's, and a rank's wait in all_reduce on a socket as a worker's storage wait.
 `workers` are all other processes of the tree (DataLoader workers and their helpers), but
-autotune's own: the sampler `autotune.DataLoader` starts beside its workers for a few
-seconds (`python -m autotune.monitor.burst`) is not one of the job's workers, and counted
-as one it read as an idle worker and one more process.
+autotune's own and multiprocessing's (autotune.monitor.launchers.helper): the sampler
+`autotune.DataLoader` starts beside its workers for a few seconds (`python -m
+autotune.monitor.burst`), multiprocessing's resource tracker and forkserver are none of
+the job's workers, and counted as workers they read as idle ones and more processes.
 """
 
 from __future__ import annotations
@@ -52,9 +55,10 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 
-from autotune.monitor.launchers import (autotunes_own, children, is_launcher, ranks_of,
-                                        runs_python)
+from autotune.monitor.launchers import (autotunes_own, children, helper, is_launcher,
+                                        ranks_of, runs_python)
 from autotune.monitor.proctree import read_proc
 from autotune.monitor.taskwindow import CLK_TCK, _Thread, _Window, window_budget
 from autotune.monitor.timebudget import TimeBudget
@@ -142,6 +146,25 @@ def _switched_on_at(record: str = SWITCH_RECORD) -> float | None:
         return None
 
 
+def job_tree(root: int, main: int) -> set[int]:
+    """The processes sampled below `root`: `main`'s descendants and, where `main` is found
+    below `root` (a shell, a launcher), root's other branches, but not the chain from root
+    down to `main`."""
+    tree = set(descendants(main))
+    if main != root:
+        # Other branches under a launcher (not the chain above main) are workers too.
+        chain = set()
+        pid = root
+        while pid != main:
+            chain.add(pid)
+            kids = children(pid)
+            if len(kids) != 1:
+                break
+            pid = kids[0]
+        tree |= set(descendants(root)) - chain
+    return tree
+
+
 class TaskSampler:
     """Samples the threads of `root_pid`'s tree in a thread of its own; `take()` returns the
     budget of the window since the previous `take()` (the first: since `start()`).
@@ -151,11 +174,15 @@ class TaskSampler:
     None: use delay accounting when kernel.task_delayacct reads 1 at start (since when
     another autotune run switched it on, from its record, else for every process).
     A window at whose end the switch reads 0 (someone switched it off) is sampled.
+    trainers: returns the processes seen writing steps (launchers.StepWriters of the
+    monitor's step log): ranks for sure, where the tree alone cannot tell (ranks_of).
     """
 
     def __init__(self, root_pid: int, *, mean_hz: float = MEAN_HZ,
-                 delayacct_since: float | None = None, psi: bool = True) -> None:
+                 delayacct_since: float | None = None, psi: bool = True,
+                 trainers: Callable[[], frozenset[int]] | None = None) -> None:
         self.root_pid = root_pid
+        self._trainers = trainers
         self.mean_hz = mean_hz
         self.main_pid, self._main_settled = find_main(root_pid)
         self.delayacct = delayacct_since is not None or delayacct_on()
@@ -164,7 +191,7 @@ class TaskSampler:
         self.delayacct_since = delayacct_since
         self.schedstat = os.path.exists(SCHEDSTAT_PROBE)
         self._threads: dict[tuple[int, int], _Thread] = {}
-        self._own: set[int] = set()   # autotune's own helpers in the tree (autotunes_own)
+        self._own: set[int] = set()   # autotune's and multiprocessing's helpers (helper)
         self._ranks: set[int] = set()      # a distributed launcher's ranks (the main class)
         self._launchers: set[int] = set()  # ... and the launchers: in neither class
         self._young: dict[int, float] = {}   # new processes: when first seen
@@ -272,18 +299,7 @@ class TaskSampler:
                     if t.pid == was:
                         t.close()
                         del self._threads[key]
-        tree = set(descendants(self.main_pid))
-        if self.main_pid != self.root_pid:
-            # Other branches under a launcher (not the chain above main) are workers too.
-            chain = set()
-            pid = self.root_pid
-            while pid != self.main_pid:
-                chain.add(pid)
-                kids = children(pid)
-                if len(kids) != 1:
-                    break
-                pid = kids[0]
-            tree |= set(descendants(self.root_pid)) - chain
+        tree = job_tree(self.root_pid, self.main_pid)
         self._find_ranks()
         for pid in tree - self._own_helpers(tree, now) - self._launchers:
             try:
@@ -297,7 +313,8 @@ class TaskSampler:
 
     def _find_ranks(self) -> None:
         # A launcher's ranks (module doc): threads read in the other class are read again.
-        ranks, launchers = ranks_of(self.main_pid)
+        ranks, launchers = ranks_of(self.main_pid, self._trainers() if self._trainers
+                                    else frozenset())
         if (ranks, launchers) != (self._ranks, self._launchers):
             moved = (ranks ^ self._ranks) | launchers | self._launchers | {self.main_pid}
             for key in [k for k in self._threads if k[0] in moved]:
@@ -305,16 +322,17 @@ class TaskSampler:
             self._ranks, self._launchers = ranks, launchers
 
     def _own_helpers(self, tree: set[int], now: float) -> set[int]:
-        """autotune's own helpers in `tree` (autotunes_own), their threads dropped if they
-        were added. A new process is checked again for YOUNG_S: until its exec is done its
-        argv is its parent's, or empty, and under load that lasts past a discovery."""
+        """autotune's and multiprocessing's own helpers in `tree` (launchers.helper), their
+        threads dropped if they were added. A new process is checked again for YOUNG_S:
+        until its exec is done its argv is its parent's, or empty, and under load that
+        lasts past a discovery."""
         self._own &= tree   # a pid gone may come back as another process
         self._young = {p: t for p, t in self._young.items() if p in tree and now - t < YOUNG_S}
         known = {t.pid for t in self._threads.values()}
         for pid in (tree - known - self._own) | set(self._young):
             if pid == self.main_pid:
                 continue
-            if autotunes_own(pid):
+            if helper(pid):
                 self._own.add(pid)
                 self._young.pop(pid, None)
                 for key in [k for k in self._threads if k[0] == pid]:
@@ -445,4 +463,4 @@ class TaskSampler:
 
 
 __all__ = ["TaskSampler", "autotunes_own", "boottime", "delayacct_on", "find_main",
-           "is_launcher", "storage_wait_kind"]
+           "is_launcher", "job_tree", "storage_wait_kind"]

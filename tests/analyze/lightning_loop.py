@@ -70,6 +70,9 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--cpus", type=int, default=0, help="run on the first N usable CPUs")
+    ap.add_argument("--devices", type=int, default=1,
+                    help="ranks on this node (over 1: DDP, Lightning running this script "
+                         "again for each further rank)")
     a = ap.parse_args()
     if a.cpus:
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:a.cpus])  # workers inherit it
@@ -77,7 +80,8 @@ def main() -> int:
     torch.manual_seed(0)
     train = _loader(a.dataset, a.preset, a.workers, a.batch_size, True)
     val = _loader(a.dataset, a.val_preset, a.val_workers, a.batch_size, False)
-    trainer = lightning.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1,
+    trainer = lightning.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=a.devices,
+                                strategy="ddp" if a.devices > 1 else "auto",
                                 logger=False, enable_checkpointing=False,
                                 num_sanity_val_steps=a.sanity, limit_val_batches=4,
                                 enable_progress_bar=False, callbacks=[InstrumentCallback()])
