@@ -8,7 +8,7 @@ import logging
 import os
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from autotune.cpus import usable_cores
 from autotune.online import cache, ddp, why
@@ -50,7 +50,7 @@ def root_path(dataset: Any) -> str | None:
 
 
 # Every autotune.DataLoader of this process: /dev/shm is one for all of them (a validation
-# loader's batches beside the training loader's), and each budgets the whole of it.
+# loader's batches beside the training loader's): what the others hold is not one's room.
 LOADERS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -69,6 +69,18 @@ def shm_held_by_others(dl: Any) -> int:
                 held += needed_bytes(p.config.num_workers, p.config.prefetch_factor,
                                      other._batch_bytes)
     return held
+
+
+def _beside(dl: Any) -> Callable[[], int]:
+    """What the other loaders hold in /dev/shm beyond what they held when `dl` read its
+    free space (the environment, at construction): that was already missing from it."""
+    ref = weakref.ref(dl)
+    then = shm_held_by_others(dl)
+
+    def beside() -> int:
+        me = ref()
+        return 0 if me is None else max(0, shm_held_by_others(me) - then)
+    return beside
 
 
 class Budget:
@@ -130,6 +142,7 @@ class Budget:
             return
         sb = shm_budget(env, self._dl._local, nccl=nccl_in_use())
         ctl.shm = sb.budget_bytes
+        ctl.beside = _beside(self._dl)
         self.shm_source = sb.source
         if sb.oom_group:
             self.oom_group = True

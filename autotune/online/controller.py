@@ -82,6 +82,9 @@ class Controller:
     storage: bool = False                 # storage-bound: no configuration helps, no switches
     # /dev/shm this loader's batches may fill (autotune.shmfit; None: unknown, not checked).
     shm: int | None = None
+    # What the process's other loaders hold in /dev/shm beyond what they held when `shm`
+    # was read (limits.shm_room).
+    beside: Callable[[], int] | None = None
     # Configurations whose pool failed (shm refused, a worker killed): neither they nor any
     # needing as much (as many workers and as long a queue) is tried again in this run.
     failed_configs: list = field(default_factory=list)
@@ -140,11 +143,6 @@ class Controller:
             limits.say_fit(self, wanted, cfg, None)
             self.cut = True
         return cfg
-
-    def shm_fits(self, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
-        """Whether `cfg`'s live batches (and `also`'s) fit in the /dev/shm budget
-        (autotune.online.limits.shm_fits)."""
-        return limits.shm_fits(self.shm, cfg, per_batch, also)
 
     def refit(self, cfg: Config) -> Config:
         """The start point again, once the first batch is measured: within the /dev/shm and

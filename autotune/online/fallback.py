@@ -10,6 +10,7 @@ from typing import Any
 from autotune.online import failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
+from autotune.online.limits import room_fits
 from autotune.online.stream import length_of
 
 
@@ -65,9 +66,8 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
 
 def _shm_fix(dl: Any, failed: Config, why_: failure.PoolFailure) -> str:
     """What gives workers back after /dev/shm refused `failed`'s batches: the /dev/shm it
-    needs, and what the other autotune.DataLoaders of this process hold there now (each
-    budgets the whole of /dev/shm: a validation loader's batches beside the training
-    loader's)."""
+    needs, and what the other autotune.DataLoaders of this process hold there now (a
+    validation loader's batches beside the training loader's)."""
     if why_.kind != "shm":
         return ""
     from autotune.online.budget import shm_held_by_others
@@ -133,15 +133,17 @@ def fallback(dl: Any, failed: Config, why_: failure.PoolFailure) -> Config | Non
         from autotune.shmfit import needed_bytes
 
         # /dev/shm held less than the budget said (another process, a smaller mount):
-        # nothing needing as much is within it.
+        # nothing needing as much is within the room, with the other loaders' batches
+        # where they are now (limits.shm_room subtracts them).
         need = needed_bytes(failed.num_workers, failed.prefetch_factor, dl._batch_bytes)
-        ctl.shm = min(ctl.shm if ctl.shm is not None else need, need - 1)
+        held = ctl.beside() if ctl.beside is not None else 0
+        ctl.shm = min(ctl.shm if ctl.shm is not None else need + held, need - 1 + held)
 
     def less(c: Config) -> bool:
         return (c != failed and c.num_workers <= failed.num_workers
                 and c.queue <= failed.queue
                 and (ctl is None or ctl.needs_as_much(c) is None)
-                and (ctl is None or ctl.shm_fits(c, dl._batch_bytes or 0)))
+                and (ctl is None or room_fits(ctl, c, dl._batch_bytes or 0)))
 
     for seen in (dl._latest, dl._first):
         if seen is not None and less(seen.config):

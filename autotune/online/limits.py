@@ -38,13 +38,29 @@ def shm_fits(shm: int | None, cfg: Config, per_batch: int, also: Config | None =
     return need <= shm
 
 
+def shm_room(ctl: Any) -> int | None:
+    """The controller `ctl`'s /dev/shm budget less what the process's other
+    autotune.DataLoaders hold beside it now (autotune.online.budget; None: unknown, not
+    checked): a validation loader started while the training loader's batches fill
+    /dev/shm has only what they leave."""
+    if ctl.shm is None or ctl.beside is None:
+        return ctl.shm
+    return max(0, ctl.shm - ctl.beside())
+
+
+def room_fits(ctl: Any, cfg: Config, per_batch: int) -> bool:
+    """Whether `cfg`'s live batches fit in the controller `ctl`'s /dev/shm room
+    (shm_room, shm_fits)."""
+    return shm_fits(shm_room(ctl), cfg, per_batch)
+
+
 def no_worker_text(ctl: Any, cfg: Config, fitted: Config, per_batch: int) -> str:
     """What the start point's fit adds when it leaves no worker ("" while `fitted` has
     some): every batch is then made in the training process, the loss the user installed
     autotune.DataLoader for, so it names what would give workers back (said at WARNING)."""
     if fitted.num_workers:
         return ""
-    if shm_fits(ctl.shm, Config(1, 1, False, cfg.pin_memory), per_batch):
+    if room_fits(ctl, Config(1, 1, False, cfg.pin_memory), per_batch):
         return "; every batch is made in the training process"
     from autotune.shmfit import needed_bytes
 
@@ -61,6 +77,10 @@ def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> Non
     from autotune.online.decisions import emit
 
     shm = f"{mib(ctl.shm or 0)} of /dev/shm" if ctl.shm is not None else "/dev/shm unchecked"
+    held = ctl.beside() if ctl.shm is not None and ctl.beside is not None else 0
+    if held:
+        shm = (f"{mib(shm_room(ctl) or 0)} of /dev/shm left beside the {mib(held)} the "
+               "batches of another autotune.DataLoader of this process hold there now")
     if per_batch is not None:
         text = (f"start at {fitted.short()} instead of {cfg.short()}: the first batch is "
                 f"{mib(per_batch)}, and {cfg.short()} would hold more in /dev/shm or memory "
@@ -80,18 +100,21 @@ def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> Non
 def fit(ctl: Any, cfg: Config) -> Config:
     """`cfg`, or fewer workers (the last step before none: one worker, one batch ahead)
     until it fits the controller `ctl`'s memory and /dev/shm budgets; the settings given
-    stay."""
+    stay, and a loader that needs a worker (ctl.min_workers) keeps one, one batch ahead."""
     if "num_workers" in ctl.fixed:
         return cfg
     mem = ctl.memory()
-    while cfg.num_workers > ctl.min_workers() and (footprint(
+    least = ctl.min_workers()
+    while cfg.num_workers and (footprint(
             cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > ctl.budget
-            or not ctl.shm_fits(cfg, mem.per_batch)):
+            or not room_fits(ctl, cfg, mem.per_batch)):
         if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
                 "prefetch_factor" not in ctl.fixed:
             cfg = ctl.make(1, 1)  # one worker, one batch ahead: the last step before none
-            continue
-        cfg = ctl.make(cfg.num_workers - 1, cfg.prefetch_factor)
+        elif cfg.num_workers > least:
+            cfg = ctl.make(cfg.num_workers - 1, cfg.prefetch_factor)
+        else:
+            break
     return cfg
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from autotune.online.config import Config
 from autotune.online.decisions import emit
-from autotune.online.limits import over_budget
+from autotune.online.limits import over_budget, shm_room
 
 MAX_PREFETCH = 8
 PAUSE = object()   # propose: wait for the workers' time budget before the next knob
@@ -63,7 +63,8 @@ def step(ctl: Any, base: Config, knob: str) -> tuple[Config | None, str | None]:
         return None, (f"{cand.short()} needs as much as {dead.short()}, whose pool failed "
                       "in this run")
     mem = ctl.memory()
-    return cand, over_budget(cand, ctl._current or ctl._best_cfg(), mem, ctl.budget, ctl.shm)
+    return cand, over_budget(cand, ctl._current or ctl._best_cfg(), mem, ctl.budget,
+                             shm_room(ctl))
 
 
 def raise_bound(ctl: Any, blocked: float | None, bound: int, why: str) -> None:

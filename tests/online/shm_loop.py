@@ -7,7 +7,9 @@ MODE: "float" (3x224x224 float32 items, a batch of 64 is 37 MiB), "uint8" (the s
 uint8, 9.2 MiB), "ranks4" (uint8 items of 1x256x256, a batch of 4 MiB, in a gloo process
 group with LOCAL_WORLD_SIZE=4: one of four ranks on a CPU node), "full" (the same items
 with /dev/shm filled up before the loader is made: no room for any worker), "fill" (uint8 items of 1x256x256 while /dev/shm is filled up behind the
-loader's back after its first epoch began: the workers' collate meets a real ENOSPC).
+loader's back after its first epoch began: the workers' collate meets a real ENOSPC),
+"beside" (the "uint8" items, with a validation loader's whole pass made mid-epoch while
+the training loader's batches fill /dev/shm).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset
@@ -81,6 +84,10 @@ def main() -> None:
     loader = autotune.DataLoader(ds, batch_size=64, shuffle=True,
                                  generator=torch.Generator().manual_seed(0))
     epochs, workers_seen, ok, filler = 0, set(), True, None
+    val: dict = {}
+    # Made with the training loader, as a training script does; used mid-epoch.
+    val_loader = autotune.DataLoader(Images(640, torch.uint8), batch_size=64) \
+        if mode == "beside" else None
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds or epochs == 0:
         seen = []
@@ -96,6 +103,8 @@ def main() -> None:
                     filler.write(b"\0" * max(0, room - 2**20))
                 except OSError:
                     pass  # full already: the workers' batches took the rest
+            if mode == "beside" and not val and loader.num_workers and i >= 6:
+                val = _validate(val_loader, events)
             time.sleep(0.02)  # the step
         ok = ok and sorted(seen) == list(range(n))
         epochs += 1
@@ -106,7 +115,17 @@ def main() -> None:
     print(json.dumps({"epochs": epochs, "every_sample_once": ok,
                       "workers_seen": sorted(workers_seen), "tuned_kwargs": tuned,
                       "events": events, "warned": warned, "seconds": seconds,
-                      "shm_left": left}))
+                      "shm_left": left, "val": val}))
+
+
+def _validate(val: Any, events: list[str]) -> dict:
+    """A validation loader's whole pass: what it saw and the decisions it took."""
+    first = len(events)
+    seen = [i for batch in val for i in _index(batch)]
+    out = {"in_order": seen == list(range(640)), "workers": val.num_workers,
+           "events": events[first:]}
+    val.close()
+    return out
 
 
 if __name__ == "__main__":

@@ -136,6 +136,21 @@ def test_a_fallback_that_leaves_no_worker_is_said_at_warning(decisions):
     assert all(r.levelname == "INFO" for r in fell if r not in alone)
 
 
+def test_a_validation_loader_mid_epoch_fits_what_the_training_loaders_batches_leave(tmp_path):
+    """A validation pass mid-epoch in Docker's 64 MiB /dev/shm, 9.2 MiB batches: the
+    training loader's batches in flight hold most of it. The validation loader, made with
+    the training loader, starts within what they leave. Before, each loader budgeted the
+    whole of /dev/shm: the validation loader started at 2 workers, prefetch 2, and its pool
+    met ENOSPC and fell back (1 of 1 runs; with 12 MiB batches, twice, down to none)."""
+    r = _in_small_shm("beside", 2, 512, tmp_path)
+    val = r["val"]
+    assert val and val["in_order"], r
+    assert not [e for e in val["events"] if e.startswith("fell-back")], val["events"]
+    fit = [e for e in val["events"] if e.startswith("fit:")]
+    assert fit and "another autotune.DataLoader" in fit[0], val["events"]
+    assert r["every_sample_once"], r
+
+
 def _in_small_shm(mode: str, seconds: float, n: int, tmp_path, size: str = "64m") -> dict:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare for a private /dev/shm")

@@ -140,3 +140,22 @@ def test_a_switch_refused_for_dev_shm_gives_the_figure_that_is_over():
     assert both > 16 * MiB > needed_bytes(1, 4, batch)
     assert f"{both / MiB:,.0f} MiB with the current pool's beside it" in why, why
     assert why.endswith("over its budget of 16 MiB"), why
+
+
+def test_a_loader_that_needs_a_worker_is_fitted_to_one_batch_ahead():
+    """persistent_workers=True needs a worker: where no more than one worker one batch
+    ahead fits /dev/shm, the fit goes there (before: it stopped at one worker, two batches
+    ahead, over the budget, and the pool met ENOSPC)."""
+    from autotune.online.controller import Controller
+    from autotune.online.limits import MemoryFigures, fit
+    from autotune.shmfit import needed_bytes
+
+    batch = 9 * MiB
+    ctl = Controller(fixed={"persistent_workers": True}, cuda=False, budget=8 * GiB,
+                     memory=lambda: MemoryFigures(100 * MiB, batch, True))
+    ctl.shm = needed_bytes(1, 1, batch)
+    assert needed_bytes(1, 2, batch) > ctl.shm
+    got = fit(ctl, ctl.make(2, 2))
+    assert (got.num_workers, got.prefetch_factor) == (1, 1)
+    ctl.shm = 0                       # nothing fits: the worker it needs stays
+    assert fit(ctl, ctl.make(2, 2)).num_workers == 1
