@@ -10,7 +10,7 @@ import json
 import os
 import socket
 
-from autotune.monitor.proctree import read_proc
+from autotune.monitor.proctree import read_proc, read_proc_stat
 
 
 def _argv(pid: int) -> list[bytes]:
@@ -50,9 +50,16 @@ def multiprocessings_own(argv: list[bytes]) -> bool:
 
 def helper(pid: int) -> bool:
     """Whether `pid` is autotune's own helper or multiprocessing's (its resource tracker, its
-    forkserver): in the job's tree, but none of the job's workers."""
+    forkserver): in the job's tree, but none of the job's workers. The forkserver's
+    children (DataLoader workers with the forkserver context, Python 3.14's default) are
+    forked without an exec: they keep its command line, and are the job's."""
     argv = _argv(pid)
-    return autotunes_own(pid, argv) or multiprocessings_own(argv)
+    if autotunes_own(pid, argv):
+        return True
+    if not multiprocessings_own(argv):
+        return False
+    st = read_proc_stat(pid)
+    return st is not None and _argv(st.ppid) != argv
 
 
 def _spawned(argv: list[bytes]) -> bool:

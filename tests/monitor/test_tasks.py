@@ -107,6 +107,29 @@ def test_autotunes_own_sampler_in_the_job_is_not_one_of_its_workers(
     assert b.classes["main"].processes == 1
 
 
+def test_multiprocessings_helpers_are_no_workers_but_the_forkservers_children_are(
+        procs: list[subprocess.Popen[bytes]]) -> None:
+    # Workers of the forkserver context (a DataLoader's multiprocessing_context, Python
+    # 3.14's default) are forked by multiprocessing's forkserver, which, with its resource
+    # tracker, sleeps beside them: counted as workers they read as two idle ones. The
+    # workers keep the forkserver's command line (no exec): they must stay counted.
+    code = """
+        import itertools, multiprocessing as mp, time
+        ctx = mp.get_context("forkserver")
+        ps = [ctx.Process(target=sum, args=(itertools.count(),)) for _ in range(2)]
+        for p in ps:
+            p.start()     # each spins: a worker decoding
+        print("ready", flush=True)
+        time.sleep(60)
+    """
+    procs.append(p := _spawn(code))
+    b = _measure(p.pid, 1.5)
+    w = b.classes["workers"]
+    assert w.processes == 2, w.to_dict()
+    assert w.share("on_cpu") + w.share("runnable") > 0.5, w.to_dict()
+    assert b.classes["main"].processes == 1
+
+
 def test_a_helper_that_execs_late_is_dropped_once_its_argv_shows(
         procs: list[subprocess.Popen[bytes]]) -> None:
     # Until its exec, a new process's argv is its parent's: discovered then, it is added as a
