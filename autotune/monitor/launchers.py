@@ -44,8 +44,12 @@ MP_HELPERS = (b"multiprocessing.resource_tracker", b"multiprocessing.forkserver"
 def multiprocessings_own(argv: list[bytes]) -> bool:
     """Whether a command line (`argv`) is multiprocessing's resource tracker or forkserver
     (`python [flags such as -B] -c CODE`)."""
-    code = argv[argv.index(b"-c") + 1] if b"-c" in argv[:-1] else b""
-    return any(h in code for h in MP_HELPERS)
+    return any(h in _code(argv) for h in MP_HELPERS)
+
+
+def _code(argv: list[bytes]) -> bytes:
+    # `python [flags] -c CODE ...`: CODE, else b"".
+    return argv[argv.index(b"-c") + 1] if b"-c" in argv[:-1] else b""
 
 
 def helper(pid: int) -> bool:
@@ -118,6 +122,18 @@ def _job_children(pid: int) -> dict[int, list[bytes]]:
     return out
 
 
+def _starts_workers(pid: int) -> bool:
+    """Whether `pid` has started processes of the job's: Python children, or a forkserver
+    (a DataLoader's forkserver context, Python 3.14's default, forks its workers from
+    one); a DataLoader worker starts none."""
+    for kid in children(pid):
+        argv = _argv(kid)
+        if runs_python(kid, argv) and not autotunes_own(kid, argv) and (
+                not multiprocessings_own(argv) or b"multiprocessing.forkserver" in _code(argv)):
+            return True
+    return False
+
+
 def _launchers_ranks(main: int) -> tuple[set[int], set[int]]:
     ranks: set[int] = set()
     launchers: set[int] = set()
@@ -133,10 +149,12 @@ def _launchers_ranks(main: int) -> tuple[set[int], set[int]]:
     return ranks, launchers
 
 
-def ranks_of(main: int, trainers: frozenset[int] = frozenset()) -> tuple[set[int], set[int]]:
+def ranks_of(main: int, trainers: frozenset[int] = frozenset(),
+             known: frozenset[int] = frozenset()) -> tuple[set[int], set[int]]:
     """(the ranks, the processes in neither class) of the job whose training process is
     `main`; two empty sets where it is not distributed, or while no rank is seen.
-    `trainers`: the processes seen writing a step log (StepWriters), training for sure.
+    `trainers`: the processes seen writing a step log (StepWriters), training for sure;
+    `known`: the ranks found before (spawned ranks between epochs have no workers).
 
     - `main` a distributed launcher (LAUNCHERS): the Python processes below it, through
       launchers that start launchers (deepspeed's runner); the launchers in neither class;
@@ -144,9 +162,9 @@ def ranks_of(main: int, trainers: frozenset[int] = frozenset()) -> tuple[set[int
       (local rank 0) and its children started with a LOCAL_RANK of 1 or more, which
       `main` was not started with;
     - `main` a torch.multiprocessing.spawn: its spawned children once one of them has a
-      Python child of its own (its DataLoader workers; a DataLoader worker starts none)
-      or writes steps; `main`, which only waits for them, in neither class unless it
-      writes steps too. Ranks with no workers that write no step log are not told from
+      Python child of its own (its DataLoader workers or their forkserver; a DataLoader
+      worker starts none) or writes steps, and from then on; `main`, which only waits for
+      them, in neither class unless it writes steps too. Ranks with no workers that write no step log are not told from
       spawned DataLoader workers: they stay counted as workers;
     - any child of `main` that writes steps.
     """
@@ -160,7 +178,7 @@ def ranks_of(main: int, trainers: frozenset[int] = frozenset()) -> tuple[set[int
              and lr.isdigit() and int(lr) > 0}
     spawned = {k for k, argv in kids.items() if _spawned(argv)}
     ranks = again | (kids.keys() & trainers)
-    if spawned & trainers or any(_job_children(k) for k in spawned):
+    if spawned & (trainers | known) or any(_starts_workers(k) for k in spawned):
         ranks |= spawned
     if not ranks:
         return set(), set()
@@ -207,7 +225,9 @@ class StepWriters:
     def _add(self, line: bytes) -> None:
         try:
             head = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):   # a stranger's file: deeply nested
+            return
+        if not isinstance(head, dict):
             return
         pid = head.get("pid")
         if type(pid) is int and pid > 0 and head.get("host") in (None, self._host):

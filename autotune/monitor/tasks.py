@@ -314,7 +314,7 @@ class TaskSampler:
     def _find_ranks(self) -> None:
         # A launcher's ranks (module doc): threads read in the other class are read again.
         ranks, launchers = ranks_of(self.main_pid, self._trainers() if self._trainers
-                                    else frozenset())
+                                    else frozenset(), frozenset(self._ranks))
         if (ranks, launchers) != (self._ranks, self._launchers):
             moved = (ranks ^ self._ranks) | launchers | self._launchers | {self.main_pid}
             for key in [k for k in self._threads if k[0] in moved]:

@@ -14,7 +14,7 @@ from autotune.cpus import usable_cores
 from autotune.online import cache, ddp, why
 from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
-from autotune.online.limits import over_budget
+from autotune.online.limits import over_budget, shm_room
 from autotune.online.measure import WindowStats
 from autotune.online.memory import own_pss, pss_bytes
 from autotune.online.weakowner import WeakOwner
@@ -73,13 +73,17 @@ def shm_held_by_others(dl: Any) -> int:
 
 def _beside(dl: Any) -> Callable[[], int]:
     """What the other loaders hold in /dev/shm beyond what they held when `dl` read its
-    free space (the environment, at construction): that was already missing from it."""
+    free space (the environment, at construction): that was already missing from it.
+    Nothing under torch.distributed: there every rank must take the same decision from
+    the same figures (autotune.online.ddp), and this one is each process's own."""
     ref = weakref.ref(dl)
     then = shm_held_by_others(dl)
 
     def beside() -> int:
         me = ref()
-        return 0 if me is None else max(0, shm_held_by_others(me) - then)
+        if me is None or getattr(me, "_sync", None) is not None:
+            return 0
+        return max(0, shm_held_by_others(me) - then)
     return beside
 
 
@@ -328,9 +332,10 @@ class Budget:
         num_workers" (in Docker's 64 MiB /dev/shm, 18 MiB batches and 1 worker: 2 workers
         would have failed as torch's "unable to allocate shared memory")."""
         ctl = self._dl._ctl
-        mem, shm = getattr(ctl, "memory", None), getattr(ctl, "shm", None)
+        mem = getattr(ctl, "memory", None)
         if mem is None or getattr(ctl, "budget", None) is None:
             return
+        shm = shm_room(ctl)
         more = cfg.with_(num_workers=cfg.num_workers + 1, prefetch_factor=1)
         why_not = over_budget(more, cfg.with_(num_workers=0), mem(), ctl.budget, shm)
         if why_not is None:

@@ -43,9 +43,10 @@ def shm_room(ctl: Any) -> int | None:
     autotune.DataLoaders hold beside it now (autotune.online.budget; None: unknown, not
     checked): a validation loader started while the training loader's batches fill
     /dev/shm has only what they leave."""
-    if ctl.shm is None or ctl.beside is None:
-        return ctl.shm
-    return max(0, ctl.shm - ctl.beside())
+    shm, beside = getattr(ctl, "shm", None), getattr(ctl, "beside", None)
+    if shm is None or beside is None:
+        return shm
+    return max(0, shm - beside())
 
 
 def room_fits(ctl: Any, cfg: Config, per_batch: int) -> bool:

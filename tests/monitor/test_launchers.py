@@ -13,8 +13,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from autotune.monitor.launchers import StepWriters, ranks_of
+from autotune.monitor.launchers import StepWriters, children, helper, ranks_of
 from autotune.monitor.tasks import TaskSampler, is_launcher
+from autotune.runqueue import descendants
 
 # Each rank forks one child that spins (a DataLoader worker decoding) and waits for it.
 RANK = """
@@ -69,7 +70,7 @@ def test_torchruns_ranks_are_the_main_class_and_their_children_the_workers(tmp_p
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Until its exec is done torchrun's argv is ours; then its ranks start their children.
     _two_ranks_wait_for_two_spinning_workers(*_budget(p, lambda: is_launcher(p.pid) and
-                                                      ranks_of(p.pid)[0]))
+                                                      _ranks_with_workers(p.pid)))
 
 
 def test_a_plain_python_job_is_no_launcher(tmp_path: Path) -> None:
@@ -82,34 +83,60 @@ def test_a_plain_python_job_is_no_launcher(tmp_path: Path) -> None:
         p.wait()
 
 
-# torch.multiprocessing.spawn of 2 ranks, as PyTorch's DDP tutorial starts them. With
-# argv[2] == "fork" each rank forks a child that spins (its DataLoader worker decoding)
-# and waits for it; else the rank spins itself (num_workers=0) and writes a step log's
-# header with its pid to argv[1], as autotune.instrument does.
+# torch.multiprocessing.spawn of 2 ranks, as PyTorch's DDP tutorial starts them (argv[2]
+# "fork"; the other modes start the same processes through multiprocessing's spawn
+# context, as torch.multiprocessing.spawn does, without each rank's second of importing
+# torch). argv[2]: "fork": each rank forks a child that spins (its DataLoader worker
+# decoding) and waits for it; "forkserver": the same child from a forkserver (a
+# DataLoader's forkserver context, Python 3.14's default); "epoch": a child that spins
+# 1 s and exits (workers not kept between epochs), then the rank spins itself; "self":
+# the rank spins itself (num_workers=0) and writes a step log's header with its pid to
+# argv[1], as autotune.instrument does.
 SPAWN = """
-    import json, os, sys, time
-    import torch.multiprocessing as mp
+    import itertools, json, multiprocessing, os, sys, time
 
     def spin(s):   # the test kills the job when it has seen it
         t = time.time()
         while time.time() - t < s:
             pass
 
-    def rank(r, log, fork):
-        if fork:
+    def rank(r, log, mode):
+        if mode == "forkserver":
+            ctx = multiprocessing.get_context("forkserver")
+            w = ctx.Process(target=sum, args=(itertools.count(),))
+            w.start()
+            w.join()
+        elif mode in ("fork", "epoch"):
             pid = os.fork()
             if pid == 0:
-                spin(60.0)
+                spin(60.0 if mode == "fork" else 1.0)
                 os._exit(0)
             os.waitpid(pid, 0)
-        else:
-            with open(log, "a") as f:
-                f.write(json.dumps({"autotune": "steps", "pid": os.getpid()}) + "\\n")
+        if mode in ("self", "epoch"):
+            if mode == "self":
+                with open(log, "a") as f:
+                    f.write(json.dumps({"autotune": "steps", "pid": os.getpid()}) + "\\n")
             spin(60.0)
 
     if __name__ == "__main__":
-        mp.spawn(rank, args=(sys.argv[1], sys.argv[2] == "fork"), nprocs=2)
+        log, mode = sys.argv[1], sys.argv[2]
+        if mode == "fork":
+            import torch.multiprocessing
+            torch.multiprocessing.spawn(rank, args=(log, mode), nprocs=2)
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            ranks = [ctx.Process(target=rank, args=(r, log, mode)) for r in range(2)]
+            for p in ranks:
+                p.start()
+            for p in ranks:
+                p.join()
 """
+
+
+def _ranks_with_workers(pid: int) -> bool:
+    """Both ranks of job `pid` found, each with a worker of its own started."""
+    ranks = ranks_of(pid)[0]
+    return len(ranks) == 2 and all(any(not helper(d) for d in descendants(r)) for r in ranks)
 
 
 def _spawn_job(tmp_path: Path, mode: str) -> subprocess.Popen:
@@ -124,7 +151,33 @@ def test_spawned_ranks_with_workers_are_the_main_class(tmp_path: Path) -> None:
     # Before: main was the spawning process, asleep in join ("1 procs, asleep 100 %"), and
     # the ranks, their workers and multiprocessing's resource tracker 5 "workers".
     p = _spawn_job(tmp_path, "fork")
-    _two_ranks_wait_for_two_spinning_workers(*_budget(p, lambda: ranks_of(p.pid)[0]))
+    _two_ranks_wait_for_two_spinning_workers(*_budget(p, lambda: _ranks_with_workers(p.pid)))
+
+
+def test_spawned_ranks_whose_workers_come_from_a_forkserver_are_the_main_class(
+        tmp_path: Path) -> None:
+    p = _spawn_job(tmp_path, "forkserver")
+    main, workers = _budget(p, lambda: _ranks_with_workers(p.pid))
+    _two_ranks_wait_for_two_spinning_workers(main, workers)
+
+
+def test_spawned_ranks_stay_ranks_between_epochs(tmp_path: Path) -> None:
+    # A rank's workers stop at each epoch's end (persistent_workers=False): the tree then
+    # shows no sign; the ranks seen before stay ranks.
+    p = _spawn_job(tmp_path, "epoch")
+    try:
+        deadline = time.monotonic() + 60
+        while not (ranks := ranks_of(p.pid)[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(ranks) == 2
+        while any(children(r) for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(children(r) for r in ranks)
+        assert ranks_of(p.pid) == (set(), set())
+        assert ranks_of(p.pid, known=frozenset(ranks)) == (ranks, {p.pid})
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
 
 
 def test_spawned_ranks_that_load_themselves_are_told_by_their_step_log(tmp_path: Path) -> None:
@@ -165,7 +218,7 @@ def test_a_script_that_runs_itself_again_per_rank_is_the_main_class(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
     p = subprocess.Popen([sys.executable, str(script)], start_new_session=True, env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _two_ranks_wait_for_two_spinning_workers(*_budget(p, lambda: ranks_of(p.pid)[0]))
+    _two_ranks_wait_for_two_spinning_workers(*_budget(p, lambda: _ranks_with_workers(p.pid)))
 
 
 def test_step_writers_reads_headers_as_they_come(tmp_path: Path) -> None:
@@ -179,6 +232,8 @@ def test_step_writers_reads_headers_as_they_come(tmp_path: Path) -> None:
         f.write('2, "host": "elsewhere"}\n{"autotune": "steps", "pid": 13}\n')
         f.write('{"autotune": "steps", "pid": "14"}\n{"autotune": "steps", "pid": -1}\n')
         f.write('{"autotune": "steps", "pid": 15, "junk": "' + "x" * (70 << 10) + '"}\n')
-    assert writers() == {11, 13}          # another host's, a pid not a number, a long line
+        f.write('{"autotune": "steps", "pid": 17, "deep": ' + "[" * 5000 + "]" * 5000 + '}\n')
+    # another host's, a pid not a number, a long line, one too deep for json
+    assert writers() == {11, 13}
     log.write_text('{"autotune": "steps", "pid": 16}\n')   # a new run truncated it
     assert writers() == {11, 13, 16}

@@ -89,7 +89,8 @@ def main() -> None:
     val_loader = autotune.DataLoader(Images(640, torch.uint8), batch_size=64) \
         if mode == "beside" else None
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds or epochs == 0:
+    while time.perf_counter() - t0 < seconds or epochs == 0 or (
+            mode == "beside" and not val and time.perf_counter() - t0 < 120):
         seen = []
         for i, batch in enumerate(loader):
             seen += _index(batch)

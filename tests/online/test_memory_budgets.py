@@ -159,3 +159,41 @@ def test_a_loader_that_needs_a_worker_is_fitted_to_one_batch_ahead():
     assert (got.num_workers, got.prefetch_factor) == (1, 1)
     ctl.shm = 0                       # nothing fits: the worker it needs stays
     assert fit(ctl, ctl.make(2, 2)).num_workers == 1
+
+
+def _room_beside_a_live_loader(ddp: bool, rdv: str, out) -> None:
+    import torch.distributed as dist
+
+    from autotune.online.budget import shm_held_by_others
+    if ddp:
+        dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=0, world_size=1)
+    train = autotune.DataLoader(Slow(80, 0), batch_size=4, _controller=False)
+    val = autotune.DataLoader(Slow(80, 0), batch_size=4)     # made with it, as scripts do
+    train._force_config(2, 2)
+    it = iter(train)
+    for _ in range(6):            # the training epoch is live, its workers' batches queued
+        next(it)
+    out.put((shm_held_by_others(val), val._ctl.beside()))
+    del it
+    for ld in (train, val):
+        ld.close()
+    if ddp:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("ddp", [False, True])
+def test_another_loaders_batches_are_out_of_the_room_but_under_ddp(ddp, tmp_path):
+    """A validation loader's /dev/shm room leaves out what the training loader came to
+    hold since it was made; under torch.distributed it does not, for every rank must
+    decide from the same figures and this one is each process's own."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")   # a process group of its own
+    q = ctx.Queue()
+    p = ctx.Process(target=_room_beside_a_live_loader, args=(ddp, str(tmp_path / "rdv"), q))
+    p.start()
+    held, beside = q.get(timeout=120)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    assert held > 0
+    assert beside == (0 if ddp else held)
