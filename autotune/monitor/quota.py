@@ -53,6 +53,11 @@ class QuotaSampler:
                 raise
             return
         if key != self._key:
+            if self._key is not None and _cpu_path(key) == "/" != _cpu_path(self._key):
+                # Into the root: where an exiting task's cgroup points from cgroup_exit on,
+                # while /proc/PID/stat may not say Z yet (the same flake, once more). No
+                # runtime moves a job there; its cgroup's counters stay the run's.
+                return
             self._quota, self._stat = quota_of(self.pid)
             self._key, self._first, self._last = key, None, None
 
@@ -95,6 +100,21 @@ class QuotaSampler:
         d = self._section(self._first, self._last)
         d["throttled_share"] = d["throttled"] / d["periods"] if d["periods"] else None
         return d
+
+
+def _cpu_path(cgroup_file: str) -> str | None:
+    """The cpu hierarchy's path in a /proc/PID/cgroup text (cgroup v1's line naming the
+    cpu controller, else v2's "0::PATH"); None without either."""
+    v2 = None
+    for line in cgroup_file.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if "cpu" in parts[1].split(","):
+            return parts[2]
+        if parts[0] == "0" and not parts[1]:
+            v2 = parts[2]
+    return v2
 
 
 def quota_section(sampler: QuotaSampler | None) -> dict[str, Any] | None:
