@@ -110,14 +110,16 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def _job_children(pid: int) -> dict[int, list[bytes]]:
+def _job_children(pid: int, forkserver: bool = False) -> dict[int, list[bytes]]:
     """`pid`'s children that run the job's Python (not autotune's or multiprocessing's own
-    helpers), with their command lines, each read once."""
+    helpers, but a forkserver where `forkserver`), with their command lines, each read
+    once."""
     out = {}
     for kid in children(pid):
         argv = _argv(kid)
-        if runs_python(kid, argv) and not autotunes_own(kid, argv) and \
-                not multiprocessings_own(argv):
+        if runs_python(kid, argv) and not autotunes_own(kid, argv) and (
+                not multiprocessings_own(argv)
+                or forkserver and b"multiprocessing.forkserver" in _code(argv)):
             out[kid] = argv
     return out
 
@@ -126,12 +128,7 @@ def _starts_workers(pid: int) -> bool:
     """Whether `pid` has started processes of the job's: Python children, or a forkserver
     (a DataLoader's forkserver context, Python 3.14's default, forks its workers from
     one); a DataLoader worker starts none."""
-    for kid in children(pid):
-        argv = _argv(kid)
-        if runs_python(kid, argv) and not autotunes_own(kid, argv) and (
-                not multiprocessings_own(argv) or b"multiprocessing.forkserver" in _code(argv)):
-            return True
-    return False
+    return bool(_job_children(pid, forkserver=True))
 
 
 def _launchers_ranks(main: int) -> tuple[set[int], set[int]]:

@@ -19,14 +19,14 @@ from autotune.runqueue import descendants
 
 # Each rank forks one child that spins (a DataLoader worker decoding) and waits for it.
 RANK = """
-    import os, time
-    pid = os.fork()
-    if pid == 0:
-        t = time.time()
-        while time.time() - t < 60.0:   # the test kills the job when it has seen it
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
+import os, time
+pid = os.fork()
+if pid == 0:
+    t = time.time()
+    while time.time() - t < 60.0:   # the test kills the job when it has seen it
+        pass
+    os._exit(0)
+os.waitpid(pid, 0)
 """
 
 
@@ -195,19 +195,13 @@ def test_spawned_ranks_that_load_themselves_are_told_by_their_step_log(tmp_path:
 # A script that runs itself again for local rank 1, with LOCAL_RANK in its environment,
 # as Lightning's DDP does; each rank forks a child that spins (its DataLoader worker).
 AGAIN = """
-    import os, subprocess, sys, time
-    again = None
-    if "LOCAL_RANK" not in os.environ:
-        again = subprocess.Popen([sys.executable] + sys.argv, env=dict(os.environ, LOCAL_RANK="1"))
-    pid = os.fork()
-    if pid == 0:
-        t = time.time()
-        while time.time() - t < 60.0:   # the test kills the job when it has seen it
-            pass
-        os._exit(0)
-    os.waitpid(pid, 0)
-    if again is not None:
-        again.wait()
+import os, subprocess, sys
+again = None
+if "LOCAL_RANK" not in os.environ:
+    again = subprocess.Popen([sys.executable] + sys.argv, env=dict(os.environ, LOCAL_RANK="1"))
+""" + RANK + """
+if again is not None:
+    again.wait()
 """
 
 

@@ -102,6 +102,26 @@ def test_a_job_that_joins_its_cgroup_after_the_baseline_is_read_there(cpu_cgroup
     assert totals["throttled_share"] >= 0.5, totals
 
 
+def _totals_across(cg: Path, busy_s: float, event) -> dict:
+    """A busy job in `cg`'s 0.2-CPU quota sampled, then `event(p)`, then sampled again: the
+    last sample still that cgroup's, and the run's totals, which the test checks."""
+    p = _busy_in(cg, busy_s)
+    try:
+        s = QuotaSampler(p.pid)
+        assert s.sample() is None
+        time.sleep(0.5)
+        assert s.sample()["cores"] == pytest.approx(0.2)
+        event(p)
+        last = s.sample()
+    finally:
+        p.kill()
+        p.wait()
+    assert last is not None and last["cores"] == pytest.approx(0.2), last
+    totals = s.totals()
+    assert totals is not None and totals["quota_file"] == f"{cg}/cpu.cfs_quota_us", totals
+    return totals
+
+
 @pytest.mark.root
 def test_a_job_that_exited_unreaped_keeps_its_cgroups_totals(cpu_cgroup):
     """The monitor's last sample can come between the job's exit and its reaping: a
@@ -110,26 +130,18 @@ def test_a_job_that_exited_unreaped_keeps_its_cgroups_totals(cpu_cgroup):
     flake of tests/analyze/test_cpu_quota.py)."""
     base, make = cpu_cgroup
     cg = make(base, 0.2)
-    p = _busy_in(cg, 1.0)
-    try:
-        s = QuotaSampler(p.pid)
-        assert s.sample() is None
-        time.sleep(0.5)
-        assert s.sample()["cores"] == pytest.approx(0.2)
+
+    def exited_unreaped(p: subprocess.Popen) -> None:
         deadline = time.monotonic() + 10
-        while b") Z" not in Path(f"/proc/{p.pid}/stat").read_bytes():   # exited, not reaped
+        while b") Z" not in Path(f"/proc/{p.pid}/stat").read_bytes():
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        last = s.sample()
-    finally:
-        p.kill()
-        p.wait()
-    assert last is not None and last["cores"] == pytest.approx(0.2), last
-    totals = s.totals()
-    assert totals is not None and totals["quota_file"] == f"{cg}/cpu.cfs_quota_us", totals
+
+    totals = _totals_across(cg, 1.0, exited_unreaped)
     assert totals["throttled_share"] >= 0.5, totals
 
 
+@pytest.mark.root
 def test_a_job_whose_cgroup_turns_to_the_root_keeps_its_cgroups_totals(cpu_cgroup):
     """From cgroup_exit on, an exiting task's /proc/PID/cgroup reads the root while its
     stat may not say Z yet: run.json's throttled_share was null once more (a CI run of
@@ -139,21 +151,10 @@ def test_a_job_whose_cgroup_turns_to_the_root_keeps_its_cgroups_totals(cpu_cgrou
     root = next((Path(m) for m in ("/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu")
                  if base == Path(m) or Path(m) in base.parents), None)
     if root is None:
-        pytest.skip(f"{base} is under no known mount of the v1 cpu hierarchy")
-    p = _busy_in(cg, 5.0)
-    try:
-        s = QuotaSampler(p.pid)
-        assert s.sample() is None
-        time.sleep(0.5)
-        assert s.sample()["cores"] == pytest.approx(0.2)
-        (root / "cgroup.procs").write_text(f"{p.pid}\n")
-        last = s.sample()
-    finally:
-        p.kill()
-        p.wait()
-    assert last is not None and last["cores"] == pytest.approx(0.2), last
-    totals = s.totals()
-    assert totals is not None and totals["quota_file"] == f"{cg}/cpu.cfs_quota_us", totals
+        pytest.skip(f"{base} is under no known mount of the v1 cpu hierarchy, so the job "
+                    "cannot be moved to its root")
+    totals = _totals_across(
+        cg, 5.0, lambda p: (root / "cgroup.procs").write_text(f"{p.pid}\n"))
     assert totals["throttled_share"] >= 0.5, totals
 
 
