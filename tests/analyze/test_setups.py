@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.monitor.timebudget import TimeBudget
+
 pytestmark = [pytest.mark.alone, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_LOOP = Path(__file__).resolve().parent / "train_loop.py"
@@ -139,7 +141,11 @@ def test_decode_bound_beside_a_validation_loaders_kept_workers(an_dataset, tmp_p
     _needs_budget(d)
     b = d["metrics"]["budget"]
     assert b["parked"] == 2, _explain(d)
-    assert b["classes"]["workers"]["processes"] == _cores(), _explain(d)
+    # At once, not the most seen in one sample: on a loaded machine the validation
+    # batches may still be decoding in the first window, where its workers are at work and
+    # so counted ("2 procs at once, 4 seen" in a CI run beside a second suite).
+    w = TimeBudget.from_dict(b)
+    assert w.classes["workers"].at_once(w.wall_s) == _cores(), _explain(d)
     assert any("validation loader's kept workers" in e for e in d["verdict"]["evidence"])
     assert d["verdict"]["bottleneck"] == "decode", _explain(d)
 
