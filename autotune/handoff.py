@@ -4,7 +4,7 @@
     loader = DataLoader(dataset, **autotune.loader_kwargs("autotune-out/search.json"))
 
     res = autotune.tune("/data/train", factory=my_module.make_dataset, compute_ms=250)
-    loader = DataLoader(res.dataset, **res.loader_kwargs); res.verdict; res.report_html
+    loader = DataLoader(my_dataset, **res.loader_kwargs); res.verdict; res.report_html
 
 `loader_kwargs` reads OUT/search.json (a search always writes it): the recommended
 configuration's loader settings (workers, prefetch, persistence, pinning) and the batch

@@ -135,8 +135,9 @@ def _users_code(s: _Seen) -> Failure | None:
     if s.phase == "step":
         return Failure("step_error",
                        f"the training step {s.ctx.get('step')} raised {s.etype}: {s.msg}",
-                       "fix the step function (it is called with (images float32 [B,3,H,W], "
-                       "labels [B])); rerun with the emulated step (--compute-ms) to measure "
+                       "fix the step function (it is called with one argument, the batch: "
+                       "(images float32 [B,3,H,W], labels [B]) from the default pipeline, "
+                       "your collate's output with --dataset-factory); rerun with the emulated step (--compute-ms) to measure "
                        "the loader alone")
     if s.phase == "step-import":
         # Its own kind: a step that cannot be imported is the user's input, not a measurement

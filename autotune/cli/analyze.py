@@ -110,7 +110,8 @@ def _add_analysis_options(p: argparse.ArgumentParser) -> None:
                         "its end)")
     p.add_argument("--regex", metavar="FILE",
                    help="YAML file with a 'pattern' whose named groups (data, iter or step, "
-                        "epoch, index, batch, rate, time) read your own log lines")
+                        "epoch, index, total, batch, rate, rank, time) read your own log lines "
+                        "(docs/formats/logs.md)")
     p.add_argument("--batch-size", type=positive_int("--batch-size"), metavar="N",
                    help="samples per step, when the log does not say (most text logs; timm, "
                         "hf_trainer and autotune's own log do)")

@@ -43,7 +43,8 @@ Measure what one DataLoader configuration delivers to a training step, honestly:
     the page cache) and says when the window was shortened;
   - the loop times next(loader_iter) as data wait, then the step: an emulated step
     holds each batch for --compute-ms (a sleep: the accelerator is busy, the CPU stays
-    free for the workers), or --step calls your function with (images, labels);
+    free for the workers), or --step calls your function with the batch, one argument (the
+    default pipeline's is (images float32 [B,3,H,W], labels [B]));
   - warm-up batches are excluded (default: max(5, workers x prefetch), every batch the
     loader requests at start); images/s is the whole window's samples / its seconds
     (its 5 sub-windows' spread is shown beside it as a stability figure);

@@ -100,8 +100,9 @@ BY_COMMAND: dict[str, dict[int, str]] = {
         ERROR: "nothing could be staged (space, lock, manifest); the message says why",
         USAGE: "usage error: a bad option, an unsafe name in the manifest, or a SRC that is "
                "an unfinished conversion",
-        PARTIAL: "some files failed (named: a source file that changed or vanished); the "
-                 "others are staged; rerun to resume",
+        PARTIAL: "some files failed (named: a source file that changed or vanished, or "
+                 "with --verify-only a staged file corrupt or missing); the others are "
+                 "staged; rerun to resume",
         INTERRUPTED: "interrupted (Ctrl-C); 143 terminated (SIGTERM): files already "
                      "verified stay; rerun to resume",
     },
