@@ -40,7 +40,9 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
             (`--batch-size`) or searched it; when the search measured the preset's batch
             size, which you never chose, UsageError (one line, naming it): pass yours. A
             batch size other than the measured one is used, with a warning naming both
-            (the settings were found for the measured one).
+            (the settings were found for the measured one); where its batches would not
+            fit the /dev/shm budget the search measured, workers and prefetch are cut to
+            what fits, and a warning says so.
         dataset: the path (or the `open_dataset` result) you train on: a warning when
             the search measured another dataset.
         warn: False silences the warnings (other machine, other dataset, other batch size).
@@ -81,6 +83,8 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
     kw = {k: v for k, v in kw.items() if k not in NOT_LOADER_SETTINGS}
     kw["batch_size"] = _users_batch_size(d, rec, kw.get("batch_size", measured), batch_size,
                                          p, warn)
+    if measured and kw["batch_size"] != measured:
+        kw = _fitted_to_shm(kw, side.get("shm") or d.get("shm"), int(measured), p, warn)
     if warn:
         _warn_if_other_machine(d, side, p)
         if dataset is not None:
@@ -108,6 +112,45 @@ def _users_batch_size(d: dict[str, Any], rec: dict[str, Any], measured: Any,
                       f"{measured}; search again with --batch-size {batch_size} to tune for "
                       "yours.", RuntimeWarning, stacklevel=3)
     return batch_size
+
+
+def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: int, p: Path,
+                   warn: bool) -> dict[str, Any]:
+    """`kw` with its workers and prefetch cut to what /dev/shm holds at the user's batch
+    size: the search fitted them to its measured batch's bytes and its budget, and a
+    larger batch in the same configuration dies in the first epoch ("unable to allocate
+    shared memory"). The bytes scale with the batch (about: a sample's bytes times it)."""
+    from autotune.shmfit import fits, max_live_batches, needed_bytes
+
+    if not isinstance(shm, dict) or not shm.get("batch_bytes") or shm.get("budget_bytes") is None:
+        return kw
+    workers, prefetch = int(kw.get("num_workers") or 0), kw.get("prefetch_factor")
+    batch = int(shm["batch_bytes"]) * kw["batch_size"] // measured
+    budget = int(shm["budget_bytes"])
+    if fits(workers, prefetch, batch, budget):
+        return kw
+    live = max_live_batches(batch, budget)
+    w = min(workers, max(live - 1, 0))                 # each worker one batch ahead at least
+    pf = max(1, min(prefetch or 2, (live - 1) // w)) if w else None
+    # In kw's order; without workers, no setting that needs them (torch refuses those).
+    out = {k: (w if k == "num_workers" else pf if k == "prefetch_factor" else v)
+           for k, v in kw.items()
+           if w or k not in ("prefetch_factor", "persistent_workers")}
+    if w and "prefetch_factor" not in out:
+        out["prefetch_factor"] = pf
+    if warn:
+        MiB = 2**20
+        now = f"num_workers={w}" + (f", prefetch_factor={pf}" if w else "")
+        warnings.warn(
+            f"{p}: at batch_size={kw['batch_size']} a batch is about {batch / MiB:.1f} MiB "
+            f"(the search measured {int(shm['batch_bytes']) / MiB:.1f} MiB at {measured}): "
+            f"num_workers={workers}, prefetch_factor={prefetch or 2} would hold "
+            f"{needed_bytes(workers, prefetch, batch) / MiB:.0f} MiB of /dev/shm, over the "
+            f"{budget / MiB:.0f} MiB the search measured there, and die with 'unable to "
+            f"allocate shared memory'; handing back {now}, which fits. Search again with "
+            f"--batch-size {kw['batch_size']}, or give the container a larger /dev/shm "
+            "(docker run --shm-size).", RuntimeWarning, stacklevel=3)
+    return out
 
 
 def _batch_size_from(d: dict[str, Any], rec: dict[str, Any]) -> str:

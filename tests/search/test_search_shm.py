@@ -159,6 +159,55 @@ echo $? > {out}-rec.rc
     assert not json.loads(Path(f"{out}-rec.json").read_text())["failed"]
 
 
+
+_TRAIN_AT = """
+import json, sys, warnings
+import torch.utils.data
+import autotune
+sys.path.insert(0, sys.argv[3])
+from shm_dataset import make
+with warnings.catch_warnings(record=True) as ws:
+    warnings.simplefilter("always")
+    kw = autotune.loader_kwargs(sys.argv[1], int(sys.argv[2]))
+print(json.dumps({"kw": kw, "warnings": [str(w.message) for w in ws]}), flush=True)
+n = sum(1 for _ in torch.utils.data.DataLoader(make(sys.argv[4]), **kw))
+print(json.dumps({"batches": n}))
+"""
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_larger_batch_than_the_search_measured_gets_settings_that_fit(tiny_jpegs, tmp_path):
+    # Searched at batch 8 (4.6 MiB a batch: 2 workers fit in 64 MiB), trained at 64
+    # (36.8 MiB): the search's num_workers=2, prefetch_factor=2 put 5 such batches in
+    # /dev/shm and the first epoch died ("unable to allocate shared memory"), after a
+    # warning that named the batch sizes only. loader_kwargs now fits them and says so.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private /dev/shm")
+    out, space = tmp_path / "out", tmp_path / "space.yaml"
+    space.write_text("num_workers: {choices: [2]}\nprefetch_factor: {choices: [2]}\n"
+                     "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
+    script = f"""
+set -u
+mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 90
+{sys.executable} -m autotune -q search {tiny_jpegs} --batch-size 8 --compute-ms 5 --warm \
+  --dataset-factory {FACTORY} --space {space} --trials 1 --no-probe --confirm 0 --seconds 2 \
+  --out {out} > {out}.txt 2>&1 || exit 91
+exec {sys.executable} -c '{_TRAIN_AT}' {out} 64 {ROOT / "tests" / "search"} {tiny_jpegs}
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    d = json.loads((out / "search.json").read_text())
+    assert d["recommended"]["config"]["num_workers"] == 2
+    got, ran = (json.loads(line) for line in r.stdout.splitlines()[-2:])
+    assert got["kw"]["batch_size"] == 64 and got["kw"]["num_workers"] == 0, got
+    assert "prefetch_factor" not in got["kw"] and "persistent_workers" not in got["kw"]
+    said = " ".join(got["warnings"])
+    assert "/dev/shm" in said and "num_workers=0" in said and "--batch-size 64" in said, said
+    assert ran["batches"] == 4        # 256 samples in batches of 64: the epoch ran
+
 def test_a_resumed_studys_figures_that_no_longer_fit_are_not_candidates():
     # An earlier search of the study ran with a larger /dev/shm: its w4 and its baseline
     # are listed, but the recommendation here comes from what fits here.
