@@ -83,8 +83,7 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
     kw = {k: v for k, v in kw.items() if k not in NOT_LOADER_SETTINGS}
     kw["batch_size"] = _users_batch_size(d, rec, kw.get("batch_size", measured), batch_size,
                                          p, warn)
-    if measured and kw["batch_size"] != measured:
-        kw = _fitted_to_shm(kw, side.get("shm") or d.get("shm"), int(measured), p, warn)
+    kw = _fitted_to_shm(kw, side.get("shm") or d.get("shm"), measured, p, warn)
     if warn:
         _warn_if_other_machine(d, side, p)
         if dataset is not None:
@@ -114,7 +113,7 @@ def _users_batch_size(d: dict[str, Any], rec: dict[str, Any], measured: Any,
     return batch_size
 
 
-def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: int, p: Path,
+def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
                    warn: bool) -> dict[str, Any]:
     """`kw` with its workers and prefetch cut to what /dev/shm holds at the user's batch
     size: the search fitted them to its measured batch's bytes and its budget, and a
@@ -122,8 +121,10 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: int, p: Path,
     shared memory"). The bytes scale with the batch (about: a sample's bytes times it)."""
     from autotune.shmfit import fits, max_live_batches, needed_bytes
 
-    if not isinstance(shm, dict) or not shm.get("batch_bytes") or shm.get("budget_bytes") is None:
+    if not measured or kw["batch_size"] == measured or not isinstance(shm, dict) \
+            or not shm.get("batch_bytes") or shm.get("budget_bytes") is None:
         return kw
+    measured = int(measured)
     workers, prefetch = int(kw.get("num_workers") or 0), kw.get("prefetch_factor")
     batch = int(shm["batch_bytes"]) * kw["batch_size"] // measured
     budget = int(shm["budget_bytes"])
