@@ -159,12 +159,13 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     shortest, across_note = _shortest_rank_step(acc, f["step_q"])
+    run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset,
+                          warmup_only=used_warm)
     verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
-                       dataset, meta)
+                       dataset, meta, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
     verdict.evidence.extend(_factory_note(loader))
     verdict.evidence.extend(trend.epochs_described(acc.epochs))
-    run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset)
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
         warmup_steps=0 if used_warm else acc.warm.n, epochs=len(acc.epochs), ranks=_ranks(acc),
@@ -180,12 +181,13 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
 
 def _verdict(f: dict[str, Any], step_s: float | None, loader: dict[str, Any] | None,
              system: SystemFigures | None, probe: dict[str, Any] | None, dataset: str | None,
-             meta: dict[str, Any]) -> Verdict:
-    """The verdict engine on the log's figures (`step_s`: the step's own time)."""
+             meta: dict[str, Any], **run: Any) -> Verdict:
+    """The verdict engine on the log's figures (`step_s`: the step's own time; `run`: how
+    the run went, RuleInputs' shm_failure and warmup_only)."""
     return decide(RuleInputs(au=f["au"], data_share=f["data_share"], step_time_s=step_s,
                              images_per_s=f["ips"], batch_size=f["bs"], steps=f["steps"],
                              loader=loader, system=system, probe=probe, dataset=dataset,
-                             job_cores=_cores(meta), job_args=_job_args(loader)))
+                             job_cores=_cores(meta), job_args=_job_args(loader), **run))
 
 
 def _finish(acc: LogPass, warnings: list[str]) -> bool:

@@ -115,8 +115,10 @@ def _on_disk(path: str | None, device: str | None) -> bool:
 
 
 def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFigures | None,
-              steps: int, dataset: str | None) -> tuple[dict[str, Any] | None, list[str]]:
-    """The `run` section of the analysis (None without a run.json) and its warnings."""
+              steps: int, dataset: str | None, *, warmup_only: bool = False
+              ) -> tuple[dict[str, Any] | None, list[str]]:
+    """The `run` section of the analysis (None without a run.json) and its warnings
+    (`warmup_only`: every step was start-up, so a /dev/shm failure is the verdict)."""
     if run is None:
         return None, []
     warnings: list[str] = []
@@ -133,9 +135,11 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     if kind == "failed":
         log = run_dir / "train.log" if run_dir is not None else None
         why = f"; its output, with the error, is in {log}" if log is not None else ""
-        warnings.append(f"the job failed: {status}{after} ({where}); the verdict describes "
-                        f"only the {steps:,} step(s) measured before it, not why it failed{why}")
         shm = shm_cause(log if log is not None and log.is_file() else None, system)
+        # Where the steps were start-up only, the verdict is that cause (failed_on_shm).
+        what = ("" if shm is not None and warmup_only else f"; the verdict describes only "
+                f"the {steps:,} step(s) measured before it, not why it failed")
+        warnings.append(f"the job failed: {status}{after} ({where}){what}{why}")
         if shm is not None:
             warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
                             f"fix: {shm['fix']}")

@@ -161,3 +161,24 @@ def test_a_real_monitored_job_that_dies_of_shm(tmp_path):
     assert any(w.startswith("the job failed: exit status 1") for w in a.warnings), a.warnings
     assert any(w.startswith("/dev/shm was the likely cause") and "train.log says" in w
                for w in a.warnings), a.warnings
+
+
+def test_a_job_that_dies_of_shm_in_its_warm_up_gets_that_as_its_verdict(tmp_path):
+    # One step logged, then the first batches in flight filled a 64 MiB /dev/shm (as a
+    # README walk in a container saw with examples/train_cnn.py): that step is start-up.
+    # Before: "loader-configuration-bound (main process)" from it, and a next search
+    # emulating its 2,000 ms as the step. A job that trained first keeps its verdict
+    # (test_a_crash_of_full_shm_is_said_beside_the_verdict).
+    a = analyze(monitor_dir(tmp_path / "run", run={"returncode": 1}, steps=1,
+                            log=f"Traceback (most recent call last):\n{SHM_LINE}\n",
+                            shm_used_mib=37))
+    v = a.verdict
+    assert v.bottleneck == "loader" and v.summary.startswith(
+        "loader-configuration-bound (/dev/shm): the job failed"), v.summary
+    assert any("the job failed on /dev/shm" in e and "unable to allocate" in e
+               for e in v.evidence), v.evidence
+    assert "--shm-size" in v.advice[0] and "autotune search" in v.advice[0]
+    assert v.next_command.startswith("autotune search /data/train")
+    assert "--compute-ms MS" in v.next_command, v.next_command   # no start-up step time
+    failed = [w for w in a.warnings if w.startswith("the job failed")]
+    assert failed and "not why it failed" not in failed[0], failed

@@ -7,6 +7,8 @@ the states with each other rather than one share with a fixed line, so that a wo
 27 % instead of 25 % cannot flip the answer. One module per rule (autotune.verdict._base:
 what a rule is), read in the order of RULES; the first that applies decides:
 
+  failed_on_shm    the job failed in its warm-up, /dev/shm the likely cause: loader
+                   (/dev/shm)
   no_data_time     no AU and no starved GPU (the GPU rule: busy under 40 % says
                    input-bound when the log gives no data time): unknown
   healthy          AU >= 0.90: compute-bound, the input keeps up
@@ -36,6 +38,7 @@ from autotune.verdict.rules._inputs import RuleInputs
 from autotune.verdict.rules._load import budget_of
 from autotune.verdict.rules.at_cpu_quota import AtCpuQuota
 from autotune.verdict.rules.at_read_cap import AtReadCap
+from autotune.verdict.rules.failed_on_shm import FailedOnShm
 from autotune.verdict.rules.healthy import Healthy
 from autotune.verdict.rules.main_process import MainProcess
 from autotune.verdict.rules.no_data_time import NoDataTime
@@ -45,7 +48,7 @@ from autotune.verdict.rules.timer_waits import TimerWaits
 from autotune.verdict.rules.without_budget import WithoutBudget
 
 # The order the rules are read in: the first that applies decides.
-RULES: tuple[JobRule, ...] = (NoDataTime(), Healthy(), AtReadCap(), AtCpuQuota(),
+RULES: tuple[JobRule, ...] = (FailedOnShm(), NoDataTime(), Healthy(), AtReadCap(), AtCpuQuota(),
                               WithoutBudget(), StorageBlocked(), OnCpu(), TimerWaits(),
                               MainProcess())
 

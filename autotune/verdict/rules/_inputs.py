@@ -42,6 +42,10 @@ class RuleInputs:
     # "--step M:fn", "--preset P" (a user's Dataset searched as a folder of images would
     # be another job). With --step, no --compute-ms is added.
     job_args: str = ""
+    # The job failed and /dev/shm was the likely cause (autotune.analyze.runinfo.shm_cause).
+    shm_failure: dict[str, Any] | None = None
+    # Every step was within the warm-up: the step time is start-up, not the step's.
+    warmup_only: bool = False
 
 
 def pct(x: float | None) -> str:
@@ -55,7 +59,8 @@ def num(x: float | None, fmt: str = "{:,.0f}") -> str:
 def commands(inp: RuleInputs) -> dict[str, str]:
     """The next commands a verdict may name, for this job."""
     ds = shlex.quote(inp.dataset) if inp.dataset else "DATASET"
-    ms = inp.step_time_s * 1000.0 if inp.step_time_s is not None else None
+    ms = inp.step_time_s * 1000.0 if inp.step_time_s is not None and not inp.warmup_only \
+        else None
     bs = f" --batch-size {inp.batch_size}" if inp.batch_size else ""
     step = f" --compute-ms {ms:.0f}" if ms is not None and ms >= 1 else (
         f" --compute-ms {ms:.1f}" if ms is not None else " --compute-ms MS")
