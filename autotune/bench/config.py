@@ -163,6 +163,12 @@ class BenchConfig:
                              f"{self.format!r}.", setting="format")
         if not isinstance(self.transform, TransformSpec):
             raise UsageError("transform must be a TransformSpec.")
+        if self.transform.decoder == "simplejpeg" and self.dataset_factory is None:
+            # Here, with the install command (exit 2), not in the measurement process as a
+            # failed start-up that points at the dataset's path.
+            from autotune.data.decode import require_simplejpeg
+
+            require_simplejpeg()
         short = self.short_window()
         if short:
             raise UsageError(short, setting="seconds")

@@ -111,6 +111,26 @@ def test_a_factory_that_raises_or_exits_at_import_is_a_usage_error(
     assert "internal error" not in r.stderr and "Traceback" not in r.stderr
 
 
+
+def test_a_fast_preset_without_simplejpeg_names_the_install_before_measuring(
+        small_dataset: Path, tmp_path: Path) -> None:
+    # Installed without the `fast` extra: the measurement process met it at start-up and
+    # said "FAILED (startup) ... check the dataset path and format", exit 1, after a
+    # system table of a run that never began. A module that cannot be imported hides the
+    # installed simplejpeg, as a pip install without the extra has none.
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "simplejpeg.py").write_text('raise ImportError("No module named simplejpeg")\n')
+    r = subprocess.run([sys.executable, "-m", "autotune", "bench", str(small_dataset),
+                        "--preset", "resnet50-fast", "--batch-size", "8", "--warm"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": f"{hide}{os.pathsep}{ROOT}"})
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'autotune-loader[fast]'" in lines[0], r.stderr
+    assert "FAILED" not in r.stdout and "Traceback" not in r.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("body, says", [
     ('raise RuntimeError("boom at import")\n', "RuntimeError: boom at import"),
