@@ -30,3 +30,17 @@ def test_a_trial_begun_in_the_first_epoch_is_not_its_change(decisions):
     assert summary.startswith("first epoch: unchanged at num_workers=2, prefetch_factor=2"), \
         summary
     assert "; trying num_workers=2, prefetch_factor=" in summary, summary
+
+
+def test_an_epoch_too_short_to_measure_says_how_many_batches_were_measured(decisions):
+    # 10 batches served, one window of 10: the epoch's first batch waits for the start and
+    # is not measured, so no window closed. "10 batches, fewer than one window (10)" read
+    # as a miscount; the measured count says why.
+    loader = autotune.DataLoader(Slow(40, 0.002), batch_size=4, num_workers=2)
+    for _ in loader:
+        pass
+    loader.close()
+    summary = next(r for e, r in decisions() if e == "summary").getMessage()
+    assert summary.startswith("first epoch: 10 batches, "), summary
+    measured = int(summary.split("10 batches, ")[1].split(" of them measured")[0])
+    assert measured < 10 and "fewer than one window (10); nothing measured" in summary, summary
