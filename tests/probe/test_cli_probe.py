@@ -144,3 +144,27 @@ def test_a_probe_that_measured_nothing_says_so(tmp_path):
     v = json.loads(r.stdout)["verdict"]
     assert v["storage_files_per_s"] is None
     assert "nothing measured" in v["summary"] and "nothing measured" in r.stderr
+
+
+def test_the_replay_footnote_names_the_pass_that_ran():
+    # A replay evicted file by file (not root) has no steady pass; its footnote said
+    # "steady: page cache dropped, inodes kept" all the same.
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from autotune.cli.tables.probe import _replay_parts
+    from autotune.probe.replay import ReplayLevel, ReplayResult
+
+    def footnote(rp: ReplayResult) -> str:
+        con = Console(width=200, record=True)
+        for part in _replay_parts(SimpleNamespace(replay=rp)):
+            con.print(part)
+        return [ln for ln in con.export_text().splitlines() if "the storage ceiling" in ln][0]
+
+    lv = ReplayLevel(4, 100, 100 << 16, 1.0, 100.0, 6.25, 1.0, 3.0)
+    cold = footnote(ReplayResult(100, 65536.0, "fadvise", [lv]))
+    assert "the cold pass (cold: fadvise)" in cold and "page cache dropped" not in cold, cold
+    steady = ReplayLevel(4, 100, 100 << 16, 1.0, 300.0, 18.75, 0.5, 1.0)
+    rooted = footnote(ReplayResult(100, 65536.0, "drop_caches", [lv], steady=[steady]))
+    assert "steady-state pass (steady: page cache dropped, inodes kept" in rooted, rooted

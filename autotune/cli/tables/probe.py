@@ -80,8 +80,11 @@ def _replay_parts(r: Any) -> list[Any]:
             t.add_row(which, f"{lv.concurrency}{mark}", fmt_rate(lv.files_per_s),
                       fmt_rate(lv.mib_per_s), _ms(lv.lat_p50_ms), _ms(lv.lat_p99_ms),
                       f"{lv.files}{' (time)' if lv.cut_short else ''}", str(lv.errors))
-    return [t, Text(f"  * the storage ceiling: the {rp.ceiling[1]} pass (steady: page cache "
-                    "dropped, inodes kept, as in a long run)", style="dim")]
+    # Said of the pass that ran: a steady pass exists only after drop_caches (root); the
+    # footnote named it under a fadvise-only replay too.
+    how = ("steady: page cache dropped, inodes kept, as in a long run" if rp.steady
+           else f"cold: {rp.cold_method}")
+    return [t, Text(f"  * the storage ceiling: the {rp.ceiling[1]} pass ({how})", style="dim")]
 
 
 def _verdict_texts(v: dict[str, Any]) -> list[Text]:
