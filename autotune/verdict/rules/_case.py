@@ -136,9 +136,9 @@ def stages(inp: RuleInputs, v: Verdict, ev: list[str]) -> None:
                   "a YAML of your own; in your code ImagenetTrainTransform(fast=True)), or "
                   "smaller stored images (`autotune convert --max-side`)",
         "transform": "the transform costs more than the decode: `exact: false` (the same crops, "
-                     "fewer copies), or `output: uint8` and normalise on the GPU (the preset's "
-                     "transform: `--preset resnet50-fast`, or a YAML of your own; in your code "
-                     "ImagenetTrainTransform(fast=True))",
+                     "fewer copies: `--preset resnet50-fast` has it; in your code "
+                     "ImagenetTrainTransform(fast=True)), or `output: uint8` and normalise "
+                     "on the GPU (in a preset YAML of your own: every preset here is float32)",
         "collate": "collate is the cost: a uint8 output (a quarter of float32's bytes) or "
                    "smaller batches per worker"}[top], *v.advice]
 
