@@ -9,7 +9,7 @@ first: neither evicts a page that is not yet on the disk.
 
 from __future__ import annotations
 
-import ctypes
+import errno
 import os
 from collections.abc import Iterable
 from typing import Literal
@@ -51,16 +51,19 @@ def drop_caches(level: int = 3) -> None:
 
 def _syncfs(fd: int) -> None:
     """Write back the dirty pages of the filesystem `fd` is on (syncfs(2): no privilege
-    needed, other filesystems untouched); os.sync() where libc has no syncfs."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    fn = getattr(_libc, "syncfs", None)
-    if fn is None or fn(fd) != 0:
+    needed, other filesystems untouched); os.sync() only where the C library or the
+    kernel has no syncfs. A failed write-back (EIO) is not ours to raise: the eviction
+    is best effort, and what stays dirty stays cached."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
         os.sync()
-
-
-_libc: ctypes.CDLL | None = None
+        return
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    if fn(fd) != 0 and ctypes.get_errno() == errno.ENOSYS:
+        os.sync()
 
 
 def evict_files(paths: Iterable[str | os.PathLike[str]]) -> int:

@@ -119,6 +119,7 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
     size: the search fitted them to its measured batch's bytes and its budget, and a
     larger batch in the same configuration dies in the first epoch ("unable to allocate
     shared memory"). The bytes scale with the batch (about: a sample's bytes times it)."""
+    from autotune.params import PARAMS
     from autotune.shmfit import fits, max_live_batches, needed_bytes
 
     if not measured or kw["batch_size"] == measured or not isinstance(shm, dict) \
@@ -126,7 +127,10 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
         return kw
     measured = int(measured)
     workers, prefetch = int(kw.get("num_workers") or 0), kw.get("prefetch_factor")
-    batch = int(shm["batch_bytes"]) * kw["batch_size"] // measured
+    # Scaled from the batch size the bytes were measured at (the search's own; a search
+    # of batch sizes may recommend another), else the recommended one (an older file).
+    at = int(shm.get("batch_size") or measured)
+    batch = int(shm["batch_bytes"]) * kw["batch_size"] // at
     budget = int(shm["budget_bytes"])
     if fits(workers, prefetch, batch, budget):
         return kw
@@ -135,8 +139,7 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
     pf = max(1, min(prefetch or 2, (live - 1) // w)) if w else None
     # In kw's order; without workers, no setting that needs them (torch refuses those).
     out = {k: (w if k == "num_workers" else pf if k == "prefetch_factor" else v)
-           for k, v in kw.items()
-           if w or k not in ("prefetch_factor", "persistent_workers")}
+           for k, v in kw.items() if w or not getattr(PARAMS.get(k), "workers_only", False)}
     if w and "prefetch_factor" not in out:
         out["prefetch_factor"] = pf
     if warn:
@@ -144,7 +147,7 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
         now = f"num_workers={w}" + (f", prefetch_factor={pf}" if w else "")
         warnings.warn(
             f"{p}: at batch_size={kw['batch_size']} a batch is about {batch / MiB:.1f} MiB "
-            f"(the search measured {int(shm['batch_bytes']) / MiB:.1f} MiB at {measured}): "
+            f"(the search measured {int(shm['batch_bytes']) / MiB:.1f} MiB at {at}): "
             f"num_workers={workers}, prefetch_factor={prefetch or 2} would hold "
             f"{needed_bytes(workers, prefetch, batch) / MiB:.0f} MiB of /dev/shm, over the "
             f"{budget / MiB:.0f} MiB the search measured there, and die with 'unable to "

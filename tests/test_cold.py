@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from autotune.bench.residency import resident_fraction
-from autotune.cache import evict_files
+from autotune.cache import evict_files, ram_backed
 
 
 def test_files_written_a_moment_ago_are_evicted(work_dir):
+    if ram_backed(work_dir):
+        pytest.skip(f"{work_dir} is RAM-backed: its pages are the data, never evicted")
     files = []
     for i in range(16):
         f = work_dir / f"img{i}.jpg"
         f.write_bytes(os.urandom(512 * 1024))   # dirty in the page cache, not yet on disk
         files.append(str(f))
-    assert resident_fraction(files) == 1.0      # the set-up: every page is cached
+    before = resident_fraction(files)
+    if before is None:
+        pytest.skip("mincore cannot tell residency here")
+    assert before == 1.0                        # the set-up: every page is cached
     assert evict_files(files) == len(files)
     assert resident_fraction(files) == 0.0

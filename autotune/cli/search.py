@@ -216,6 +216,6 @@ def _add_loop_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-epoch-only", action="store_true",
                    help="measure the first (cold) epoch only: no warm trial, no page-cache "
                         "hit rate; the verdict then says nothing about later epochs")
-    p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to (into DIR/converted-FORMAT)")
+    p.add_argument("--stage-dir", metavar="DIR", help="local disk to stage the conversion to (into DIR/NAME, NAME the conversion folder's: converted-FORMAT by default)")
     p.add_argument("--convert-dir", metavar="DIR",
                    help="where to write the conversion (default OUT/converted-FORMAT)")

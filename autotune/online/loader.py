@@ -340,8 +340,6 @@ class DataLoader:
     def _summarize(self) -> None:
         first, last = self._first, self._latest
         if first is None or last is None:
-            # The epoch's first batch (it waits for the start) and a new pool's queue are
-            # not measured: "10 batches, fewer than one window (10)" read as a miscount.
             msg = (f"{self._epoch.served} batches, {len(self._meter.steps)} of them measured "
                    f"(not the first, nor a new pool's queue): fewer than one window "
                    f"({self._meter.size}); nothing measured")

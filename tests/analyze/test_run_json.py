@@ -182,3 +182,9 @@ def test_a_job_that_dies_of_shm_in_its_warm_up_gets_that_as_its_verdict(tmp_path
     assert "--compute-ms MS" in v.next_command, v.next_command   # no start-up step time
     failed = [w for w in a.warnings if w.startswith("the job failed")]
     assert failed and "not why it failed" not in failed[0], failed
+    # A /dev/shm seen nearly full, with nothing of it in the job's log, may be another
+    # process's: named as the likely cause beside the verdict, never as the verdict.
+    seen = analyze(monitor_dir(tmp_path / "seen", run={"returncode": 1}, steps=1,
+                               log="ValueError: bad label\n", shm_used_mib=60))
+    assert any(w.startswith("/dev/shm was the likely cause") for w in seen.warnings)
+    assert "(/dev/shm)" not in seen.verdict.summary, seen.verdict.summary

@@ -138,3 +138,54 @@ def test_the_train_lines_of_a_search_of_the_users_own_dataset_build_it(small_dat
     code = code.replace("...  # your step", "seen.append(len(labels))")
     exec(compile(code, "<train>", "exec"), {"make": make, "epochs": 1, "seen": seen})
     assert sum(seen) == 20
+
+
+MiB = 2**20
+
+
+def _shm_json(tmp_path: Path, config: dict, *, searched_at: int, recommended_bs: int) -> Path:
+    # A search.json as a search in Docker's 64 MiB /dev/shm writes it: 48 MiB for this
+    # rank, the first batch's bytes at the search's own batch size (`shm.batch_size`).
+    p = tmp_path / "search.json"
+    kw = {"batch_size": recommended_bs, **config}
+    p.write_text(json.dumps({
+        "batch_size": searched_at, "batch_size_from": "searched",
+        "recommended": {"config": {**config, "batch_size": recommended_bs}},
+        "loader_kwargs": kw, "host": {"hostname": socket.gethostname()},
+        "shm": {"batch_bytes": 4 * MiB, "batch_size": searched_at, "budget_bytes": 48 * MiB}}))
+    return p
+
+
+@pytest.mark.parametrize("bs, want", [
+    (8, {"num_workers": 2, "prefetch_factor": 2}),     # as measured: handed back as it is
+    (16, {"num_workers": 2, "prefetch_factor": 1}),    # 8 MiB: 5 live do not fit, 3 do
+    (24, {"num_workers": 1, "prefetch_factor": 1}),    # 12 MiB: 2 live fit
+    (64, {"num_workers": 0}),                          # 32 MiB: not even 2
+])
+def test_a_larger_batch_is_fitted_to_the_searched_dev_shm(tmp_path, bs, want):
+    cfg = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": True,
+           "pin_memory": False}
+    p = _shm_json(tmp_path, cfg, searched_at=8, recommended_bs=8)
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        kw = autotune.loader_kwargs(p, bs)
+    got = {k: kw[k] for k in ("num_workers", "prefetch_factor") if k in kw}
+    assert got == want, kw
+    assert list(kw)[:2] == ["batch_size", "num_workers"] and kw["pin_memory"] is False
+    # persistent_workers stays with workers, and goes with them (torch refuses it alone).
+    assert ("persistent_workers" in kw) == bool(want["num_workers"])
+    said = [str(w.message) for w in ws if "/dev/shm" in str(w.message)]
+    assert bool(said) == (bs != 8), said
+    if said:
+        assert f"at batch_size={bs}" in said[0] and f"--batch-size {bs}" in said[0]
+
+
+def test_the_bytes_are_scaled_from_the_batch_size_they_were_measured_at(tmp_path):
+    # A search of batch sizes: the bytes measured at 8, 16 recommended; at 24 the batch is
+    # 12 MiB (3x the measured 4 MiB), not 6 MiB (1.5x, scaled from the recommended 16).
+    cfg = {"num_workers": 2, "prefetch_factor": 2}
+    p = _shm_json(tmp_path, cfg, searched_at=8, recommended_bs=16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kw = autotune.loader_kwargs(p, 24)
+    assert (kw["num_workers"], kw["prefetch_factor"]) == (1, 1), kw

@@ -83,6 +83,7 @@ def _replay_parts(r: Any) -> list[Any]:
     # Said of the pass that ran: a steady pass exists only after drop_caches (root); the
     # footnote named it under a fadvise-only replay too.
     how = ("steady: page cache dropped, inodes kept, as in a long run" if rp.steady
+           else "page cache kept: --warm" if rp.cold_method == "warm"
            else f"cold: {rp.cold_method}")
     return [t, Text(f"  * the storage ceiling: the {rp.ceiling[1]} pass ({how})", style="dim")]
 

@@ -16,7 +16,11 @@ class FailedOnShm(JobRule):
     name = "failed on /dev/shm"
 
     def applies(self, case: Case) -> bool:
-        return bool(case.inp.shm_failure) and case.inp.warmup_only
+        # The job's own log must name it: a /dev/shm seen nearly full may be another
+        # process's; and without workers no batch goes through /dev/shm at all.
+        inp = case.inp
+        return (inp.warmup_only and bool((inp.shm_failure or {}).get("log_line"))
+                and (inp.loader or {}).get("num_workers") != 0)
 
     def conclude(self, case: Case) -> Verdict:
         shm = case.inp.shm_failure or {}
