@@ -38,9 +38,12 @@ class _BurnStream(IterableDataset):
             yield i
 
 
-def _verdict(loader, decisions, gap_s: float, seconds: float = 50.0) -> dict:
+def _verdict(loader, decisions, gap_s: float, seconds: float = 180.0) -> dict:
     """Epochs until the loader's verdict, `gap_s` of someone else's work after each: the
-    one verdict said."""
+    one verdict said. `seconds` only guards against a verdict that never comes: the one
+    between epochs took 35 s alone here, 47-55 s beside a spinning core (settling, then
+    three bursts of 3 s that each see the loader at rest), and a 50 s guard failed CI on
+    a busy machine."""
     deadline = time.perf_counter() + seconds
     while loader.verdict is None and time.perf_counter() < deadline:
         for _ in loader:
