@@ -125,7 +125,6 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
     if not measured or kw["batch_size"] == measured or not isinstance(shm, dict) \
             or not shm.get("batch_bytes") or shm.get("budget_bytes") is None:
         return kw
-    measured = int(measured)
     workers, prefetch = int(kw.get("num_workers") or 0), kw.get("prefetch_factor")
     # Scaled from the batch size the bytes were measured at (the search's own; a search
     # of batch sizes may recommend another), else the recommended one (an older file).

@@ -160,7 +160,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     probe_d = load_probe(probe) if isinstance(probe, (str, os.PathLike)) else probe
     shortest, across_note = _shortest_rank_step(acc, f["step_q"])
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset,
-                          warmup_only=used_warm)
+                          warmup_only=used_warm, loader=loader)
     verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
                        dataset, meta, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)

@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.bench.failures import SHM_HINT, shm_failure_line
 from autotune.monitor.figures import SystemFigures
+from autotune.verdict.rules.failed_on_shm import decides
 
 # /dev/shm this full at a sample counts as nearly full: samples are --interval apart and a
 # batch handed over between two (tens of MiB) fills the rest, so a job that died of a full
@@ -115,10 +116,11 @@ def _on_disk(path: str | None, device: str | None) -> bool:
 
 
 def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFigures | None,
-              steps: int, dataset: str | None, *, warmup_only: bool = False
-              ) -> tuple[dict[str, Any] | None, list[str]]:
+              steps: int, dataset: str | None, *, warmup_only: bool = False,
+              loader: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The `run` section of the analysis (None without a run.json) and its warnings
-    (`warmup_only`: every step was start-up, so a /dev/shm failure is the verdict)."""
+    (`warmup_only`, `loader`: whether a /dev/shm failure is the verdict, as
+    autotune.verdict.rules.failed_on_shm decides)."""
     if run is None:
         return None, []
     warnings: list[str] = []
@@ -136,8 +138,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
         log = run_dir / "train.log" if run_dir is not None else None
         why = f"; its output, with the error, is in {log}" if log is not None else ""
         shm = shm_cause(log if log is not None and log.is_file() else None, system)
-        # Where the steps were start-up only, the verdict is that cause (failed_on_shm).
-        what = ("" if shm is not None and warmup_only else f"; the verdict describes only "
+        what = ("" if decides(shm, warmup_only, loader) else f"; the verdict describes only "
                 f"the {steps:,} step(s) measured before it, not why it failed")
         warnings.append(f"the job failed: {status}{after} ({where}){what}{why}")
         if shm is not None:

@@ -8,19 +8,27 @@ the failure and its cause said beside it (autotune.analyze.runinfo)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from autotune.verdict._types import Verdict
 from autotune.verdict.rules._case import Case, JobRule
+
+
+def decides(shm_failure: dict[str, Any] | None, warmup_only: bool,
+            loader: dict[str, Any] | None) -> bool:
+    """Whether the /dev/shm failure is the verdict (the run's warnings ask too). The job's
+    own log must name it: a /dev/shm seen nearly full may be another process's; and
+    without workers no batch goes through /dev/shm at all."""
+    return (warmup_only and bool((shm_failure or {}).get("log_line"))
+            and (loader or {}).get("num_workers") != 0)
 
 
 class FailedOnShm(JobRule):
     name = "failed on /dev/shm"
 
     def applies(self, case: Case) -> bool:
-        # The job's own log must name it: a /dev/shm seen nearly full may be another
-        # process's; and without workers no batch goes through /dev/shm at all.
         inp = case.inp
-        return (inp.warmup_only and bool((inp.shm_failure or {}).get("log_line"))
-                and (inp.loader or {}).get("num_workers") != 0)
+        return decides(inp.shm_failure, inp.warmup_only, inp.loader)
 
     def conclude(self, case: Case) -> Verdict:
         shm = case.inp.shm_failure or {}
