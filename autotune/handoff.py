@@ -40,29 +40,20 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
             (`--batch-size`) or searched it; when the search measured the preset's batch
             size, which you never chose, UsageError (one line, naming it): pass yours. A
             batch size other than the measured one is used, with a warning naming both
-            (the settings were found for the measured one); where its batches would not
-            fit the /dev/shm budget the search measured, workers and prefetch are cut to
-            what fits, and a warning says so.
+            (the settings were found for the measured one). Where its batches would not
+            fit the /dev/shm budget the search measured, or this machine's where that is
+            smaller (a container's 64 MiB under a search made outside it), workers and
+            prefetch are cut to what fits, and a warning says so.
         dataset: the path (or the `open_dataset` result) you train on: a warning when
             the search measured another dataset.
-        warn: False silences the warnings (other machine, other dataset, other batch size).
+        warn: False silences the warnings (other machine, other dataset, other batch size,
+            settings cut to fit /dev/shm).
 
     Returns the DataLoader keywords: `batch_size`, `num_workers`, and where they apply
     `prefetch_factor`, `persistent_workers`, `pin_memory` (and any setting a search
     space added); never `shuffle`, a sampler or `drop_last`: the order is yours.
     """
-    p = Path(search_json)
-    if p.is_dir():
-        p = p / "search.json"
-    try:
-        d = json.loads(p.read_text())
-    except OSError as e:
-        raise UsageError(f"{p}: {e.strerror}; give the search.json `autotune search --out DIR` "
-                         "wrote (or DIR)") from e
-    except ValueError as e:
-        raise UsageError(f"{p}: not JSON ({e}); give the search.json autotune wrote") from e
-    if not isinstance(d, dict):
-        raise UsageError(f"{p}: not a search.json (a JSON object is expected)")
+    p, d = _read(search_json)
     side = d.get("after") or d     # the loop: the staged copy's recommendation
     rec = (side.get("recommended") or {}) if isinstance(side, dict) else {}
     if not rec.get("config"):
@@ -83,7 +74,8 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
     kw = {k: v for k, v in kw.items() if k not in NOT_LOADER_SETTINGS}
     kw["batch_size"] = _users_batch_size(d, rec, kw.get("batch_size", measured), batch_size,
                                          p, warn)
-    kw = _fitted_to_shm(kw, side.get("shm") or d.get("shm"), measured, p, warn)
+    shm = side.get("shm") or d.get("shm")
+    kw = _fitted_to_shm(kw, shm, measured, _shm_here(shm), p, warn)
     if warn:
         _warn_if_other_machine(d, side, p)
         if dataset is not None:
@@ -113,24 +105,65 @@ def _users_batch_size(d: dict[str, Any], rec: dict[str, Any], measured: Any,
     return batch_size
 
 
-def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
+def _read(search_json: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
+    """The search.json's path (DIR/search.json for a DIR) and its object."""
+    p = Path(search_json)
+    if p.is_dir():
+        p = p / "search.json"
+    try:
+        d = json.loads(p.read_text())
+    except OSError as e:
+        raise UsageError(f"{p}: {e.strerror}; give the search.json `autotune search --out DIR` "
+                         "wrote (or DIR)") from e
+    except ValueError as e:
+        raise UsageError(f"{p}: not JSON ({e}); give the search.json autotune wrote") from e
+    if not isinstance(d, dict):
+        raise UsageError(f"{p}: not a search.json (a JSON object is expected)")
+    return p, d
+
+
+def _shm_here(shm: Any) -> Any:
+    """This machine's /dev/shm budget (an `autotune.shmfit.ShmBudget`) for one rank: the
+    search's ranks, or LOCAL_WORLD_SIZE where torchrun set it. None where it cannot be
+    read: the handoff never fails for a figure it only checks against."""
+    if not isinstance(shm, dict) or not shm.get("batch_bytes"):
+        return None
+    try:
+        from autotune.environment import read_environment
+        from autotune.shmfit import shm_budget
+
+        ranks = os.environ.get("LOCAL_WORLD_SIZE") or (shm.get("budget") or {}).get("ranks")
+        return shm_budget(read_environment(runs_fio=False), int(ranks or 1))
+    except Exception:  # noqa: BLE001 - an unreadable figure here: the search's stands
+        return None
+
+
+def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, here: Any, p: Path,
                    warn: bool) -> dict[str, Any]:
     """`kw` with its workers and prefetch cut to what /dev/shm holds at the user's batch
-    size: the search fitted them to its measured batch's bytes and its budget, and a
-    larger batch in the same configuration dies in the first epoch ("unable to allocate
-    shared memory"). The bytes scale with the batch (about: a sample's bytes times it)."""
+    size and on this machine (`here`: its budget, None where unread). The search fitted
+    them to its measured batch's bytes and its own /dev/shm; a larger batch, or a
+    container's 64 MiB /dev/shm under a search made outside it, puts more batches there
+    than fit, and the first epoch dies ("unable to allocate shared memory"). The bytes
+    scale with the batch (about: a sample's bytes times it)."""
     from autotune.params import PARAMS
     from autotune.shmfit import fits, max_live_batches, needed_bytes
 
-    if not measured or kw["batch_size"] == measured or not isinstance(shm, dict) \
-            or not shm.get("batch_bytes") or shm.get("budget_bytes") is None:
+    if not isinstance(shm, dict) or not shm.get("batch_bytes") \
+            or shm.get("budget_bytes") is None:
         return kw
     workers, prefetch = int(kw.get("num_workers") or 0), kw.get("prefetch_factor")
     # Scaled from the batch size the bytes were measured at (the search's own; a search
     # of batch sizes may recommend another), else the recommended one (an older file).
-    at = int(shm.get("batch_size") or measured)
+    at = int(shm.get("batch_size") or measured or kw["batch_size"])
     batch = int(shm["batch_bytes"]) * kw["batch_size"] // at
-    budget = int(shm["budget_bytes"])
+    budget = searched = int(shm["budget_bytes"])
+    MiB = 2**20
+    where = "the search measured there"
+    if here is not None and here.budget_bytes is not None and here.budget_bytes < budget:
+        budget = here.budget_bytes
+        where = (f"this machine's /dev/shm allows ({here.source}; the search's allowed "
+                 f"{searched / MiB:,.0f} MiB)")
     if fits(workers, prefetch, batch, budget):
         return kw
     live = max_live_batches(batch, budget)
@@ -142,17 +175,18 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, p: Path,
     if w and "prefetch_factor" not in out:
         out["prefetch_factor"] = pf
     if warn:
-        MiB = 2**20
         now = f"num_workers={w}" + (f", prefetch_factor={pf}" if w else "")
+        scaled = (f" (the search measured {int(shm['batch_bytes']) / MiB:.1f} MiB at {at})"
+                  if kw["batch_size"] != at else "")
+        again = (f"Search again here with --batch-size {kw['batch_size']}"
+                 if kw["batch_size"] != at else "Search again here")
         warnings.warn(
-            f"{p}: at batch_size={kw['batch_size']} a batch is about {batch / MiB:.1f} MiB "
-            f"(the search measured {int(shm['batch_bytes']) / MiB:.1f} MiB at {at}): "
-            f"num_workers={workers}, prefetch_factor={prefetch or 2} would hold "
+            f"{p}: at batch_size={kw['batch_size']} a batch is about {batch / MiB:.1f} MiB"
+            f"{scaled}: num_workers={workers}, prefetch_factor={prefetch or 2} would hold "
             f"{needed_bytes(workers, prefetch, batch) / MiB:.0f} MiB of /dev/shm, over the "
-            f"{budget / MiB:.0f} MiB the search measured there, and die with 'unable to "
-            f"allocate shared memory'; handing back {now}, which fits. Search again with "
-            f"--batch-size {kw['batch_size']}, or give the container a larger /dev/shm "
-            "(docker run --shm-size).", RuntimeWarning, stacklevel=3)
+            f"{budget / MiB:.0f} MiB {where}, and die with 'unable to allocate shared "
+            f"memory'; handing back {now}, which fits. {again}, or give the container a "
+            "larger /dev/shm (docker run --shm-size).", RuntimeWarning, stacklevel=3)
     return out
 
 

@@ -189,3 +189,27 @@ def test_the_bytes_are_scaled_from_the_batch_size_they_were_measured_at(tmp_path
         warnings.simplefilter("ignore")
         kw = autotune.loader_kwargs(p, 24)
     assert (kw["num_workers"], kw["prefetch_factor"]) == (1, 1), kw
+
+
+def test_a_smaller_dev_shm_here_than_the_searchs_fits_the_same_batch_size(tmp_path):
+    # Searched where 48 MiB were free; this machine (a container) allows 16: at the
+    # searched batch size, 2 x 2 batches of 4 MiB (29 MiB with margin) no longer fit,
+    # 1 x 1 (14 MiB) does. The real container run is in test_search_shm.py.
+    from autotune.handoff import _fitted_to_shm
+    from autotune.shmfit import ShmBudget
+
+    kw = {"batch_size": 8, "num_workers": 2, "prefetch_factor": 2, "persistent_workers": True}
+    shm = {"batch_bytes": 4 * MiB, "batch_size": 8, "budget_bytes": 48 * MiB}
+    here = ShmBudget(16 * MiB, 16 * MiB, 16 * MiB, source="free /dev/shm")
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        got = _fitted_to_shm(dict(kw), shm, 8, here, tmp_path / "search.json", True)
+    assert (got["num_workers"], got["prefetch_factor"]) == (1, 1), got
+    said = " ".join(str(w.message) for w in ws)
+    assert "16 MiB this machine's /dev/shm allows (free /dev/shm; the search's allowed 48 MiB)" \
+        in said and "--batch-size" not in said, said
+    # A larger /dev/shm here changes nothing: the search's budget is what it measured at.
+    big = ShmBudget(1024 * MiB, 1024 * MiB, 1024 * MiB, source="free /dev/shm")
+    assert _fitted_to_shm(dict(kw), shm, 8, big, tmp_path / "search.json", True) == kw
+    # Unread here: the search's figure stands.
+    assert _fitted_to_shm(dict(kw), shm, 8, None, tmp_path / "search.json", True) == kw

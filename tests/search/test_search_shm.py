@@ -208,6 +208,44 @@ exec {sys.executable} -c '{_TRAIN_AT}' {out} 64 {ROOT / "tests" / "search"} {tin
     assert "/dev/shm" in said and "num_workers=0" in said and "--batch-size 64" in said, said
     assert ran["batches"] == 4        # 256 samples in batches of 64: the epoch ran
 
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_a_search_outside_the_container_is_fitted_to_the_containers_dev_shm(tiny_jpegs,
+                                                                             tmp_path):
+    # Searched on the host (a /dev/shm of gigabytes: 2 workers x prefetch 2 at batch 64,
+    # 184 MiB, fit), trained at the same batch size in a container's 64 MiB /dev/shm:
+    # loader_kwargs handed the host's settings back as they were and the first epoch died
+    # ("unable to allocate shared memory"). It now reads this machine's /dev/shm too.
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) for a private /dev/shm")
+    out, space = tmp_path / "out", tmp_path / "space.yaml"
+    space.write_text("num_workers: {choices: [2]}\nprefetch_factor: {choices: [2]}\n"
+                     "persistent_workers: {choices: [false]}\npin_memory: {choices: [false]}\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "autotune", "-q", "search", str(tiny_jpegs),
+                        "--batch-size", "64", "--compute-ms", "5", "--warm", "--dataset-factory",
+                        FACTORY, "--space", str(space), "--trials", "1", "--no-probe",
+                        "--confirm", "0", "--seconds", "2", "--out", str(out)],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads((out / "search.json").read_text())
+    if d["shm"]["budget_bytes"] < 200 * MiB:
+        pytest.skip(f"this machine's /dev/shm is small ({d['shm']['budget_bytes']} bytes)")
+    assert d["recommended"]["config"]["num_workers"] == 2
+    script = f"""
+mount -t tmpfs -o size=64m tmpfs /dev/shm || exit 90
+exec {sys.executable} -c '{_TRAIN_AT}' {out} 64 {ROOT / "tests" / "search"} {tiny_jpegs}
+"""
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    got, ran = (json.loads(line) for line in r.stdout.splitlines()[-2:])
+    assert got["kw"]["num_workers"] == 0 and "prefetch_factor" not in got["kw"], got
+    said = " ".join(got["warnings"])
+    assert "this machine's /dev/shm allows" in said and "num_workers=0" in said, said
+    assert ran["batches"] == 4
+
 def test_a_resumed_studys_figures_that_no_longer_fit_are_not_candidates():
     # An earlier search of the study ran with a larger /dev/shm: its w4 and its baseline
     # are listed, but the recommendation here comes from what fits here.
