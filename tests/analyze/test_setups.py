@@ -150,6 +150,10 @@ def test_decode_bound_beside_a_validation_loaders_kept_workers(an_dataset, tmp_p
     assert d["verdict"]["bottleneck"] == "decode", _explain(d)
 
 
+# Extended (37-50 s of CI's alone pass): Lightning's sanity-check fork gap, a few tenths
+# of a second, is tests/monitor/test_parked.py's (real forks 0.3 s apart), and the
+# validation loader's kept workers left out of a decode verdict are the test above.
+@pytest.mark.extended
 def test_decode_bound_under_lightning_with_a_sanity_check(an_dataset, tmp_path):
     # Lightning's sanity check forks the training loader's workers 0.25-0.36 s after the
     # validation loader's, whose kept workers then sleep through every epoch (2 s here:

@@ -160,7 +160,6 @@ def test_hung_worker_hits_the_dataloader_timeout(small_dataset: Path, tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_frozen_worker_hits_the_hard_timeout(bench_ds: Path, no_leftovers,
                                              live_measurements) -> None:
     # SIGSTOP freezes every thread of the worker, including the one that passes batch

@@ -55,7 +55,9 @@ def _said(v) -> str:
     return f"{v.bottleneck}: {v.summary}\n" + "\n".join(v.evidence)
 
 
-@pytest.mark.parametrize("cores", [0.5, None])
+# Without a quota (None): extended; the quota sampler that reads none is the one the
+# analyze and autotune.DataLoader tests without a quota run in CI.
+@pytest.mark.parametrize("cores", [0.5, pytest.param(None, marks=pytest.mark.extended)])
 def test_bench_reads_the_quota_of_its_window(cpu_cgroup, decode_dataset, tmp_path, cores):
     """bench's system figures carry the quota's throttling over the measured window, its
     table says it, and search's verdict of that window (the function search calls on its

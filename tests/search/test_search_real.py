@@ -12,7 +12,10 @@ import pytest
 
 from autotune.search import SearchOptions, run_search
 
-pytestmark = [pytest.mark.alone, pytest.mark.slow]
+# Alone (.ci/run), but for the tests that judge no rate: a grid's count, a step that always
+# fails. Those run beside other tests.
+pytestmark = [pytest.mark.slow]
+ALONE = pytest.mark.alone
 TESTS = Path(__file__).parent
 
 
@@ -24,6 +27,7 @@ def opts(tmp_path: Path, **kw) -> SearchOptions:
     return SearchOptions(**base)
 
 
+@ALONE
 def test_json_keys_report_and_resume(small_dataset, tmp_path):
     r1 = run_search(small_dataset, opts(tmp_path, trials=2, compute_ms=5, confirm=2,
                                         confirm_seconds=2.0))
@@ -86,6 +90,7 @@ def test_json_keys_report_and_resume(small_dataset, tmp_path):
         run_search(small_dataset, opts(tmp_path, trials=3, compute_ms=50))
 
 
+@ALONE
 def test_a_failing_trial_is_recorded_and_the_study_goes_on(small_dataset, tmp_path, monkeypatch):
     flag = tmp_path / "fail-next"
     flag.write_text("x")
@@ -101,6 +106,7 @@ def test_a_failing_trial_is_recorded_and_the_study_goes_on(small_dataset, tmp_pa
     assert r.recommended is not None and r.recommended.state == "complete"
 
 
+@ALONE
 def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_images_ds, tmp_path):
     # Batch 4 every second: demand 4 images/s, far below what any loader here delivers
     # (11 s: a warm-up batch and the 10 a measurement needs). The ceiling is reached
@@ -120,6 +126,7 @@ def test_long_step_is_compute_bound_and_stops_at_the_ceiling(small_images_ds, tm
 
 @pytest.mark.extended  # the default window's rule: test_cli_search's refusal names it; a
 # window kept open for a real step's batches: test_bench_failures
+@ALONE
 def test_a_long_step_is_measured_with_the_default_window(small_dataset, tmp_path):
     # 1 s per batch of 4 and one warm-up batch: the old default window of 10 s held 9
     # measured batches, fewer than the 10 a figure needs, so every measurement failed.
@@ -147,6 +154,7 @@ def test_grid_measures_every_configuration_once(small_dataset, tmp_path):
     assert r.stop_reason == "grid complete"
 
 
+@ALONE
 def test_a_clearly_slower_trial_is_pruned_early(small_dataset, tmp_path):
     import optuna
 
@@ -179,6 +187,7 @@ def test_a_clearly_slower_trial_is_pruned_early(small_dataset, tmp_path):
     assert len(study.trials[new[0].number].intermediate_values) >= 2
 
 
+@ALONE
 def test_two_batch_sizes_the_larger_is_not_free(small_dataset, tmp_path):
     # Before: batch_size in a space crashed (passed twice), and a step that sleeps the
     # same for any batch made the largest always win. Now the emulated step scales.
@@ -198,6 +207,7 @@ def test_two_batch_sizes_the_larger_is_not_free(small_dataset, tmp_path):
     assert not [t for t in r.trials if t.state == "running"]
 
 
+@ALONE
 @pytest.mark.skipif(os.geteuid() != 0, reason="cold needs root here (drop_caches)")
 def test_a_configuration_one_cold_pass_cannot_hold_is_not_measured(small_dataset, tmp_path):
     # 64 images in batches of 4: 16 per cold pass. A queue of 8 batches needs 1 warm-up and
