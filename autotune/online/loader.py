@@ -340,7 +340,7 @@ class DataLoader:
     def _summarize(self) -> None:
         first, last = self._first, self._latest
         if first is None or last is None:
-            msg = (f"{self._epoch.served} batches, {len(self._meter.steps)} of them measured "
+            msg = (f"{self._epoch.served} batches, {self._meter.counted} of them measured "
                    f"(not the first, nor a new pool's queue): fewer than one window "
                    f"({self._meter.size}); nothing measured")
         else:

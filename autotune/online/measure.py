@@ -66,6 +66,7 @@ class Meter:
         self._skipped = 0
         self.steps: list[float] = []
         self.waits: list[float] = []
+        self.counted = 0   # batches measured since the meter was made, across resets
 
     def reset(self, size: int | None = None, skip: int = 0, group: int | None = None) -> None:
         """Start a new window; up to the first `skip` batches are not counted (a new pool's
@@ -90,6 +91,7 @@ class Meter:
                 self._skipped += 1
                 return None
             self.skip = 0
+        self.counted += 1
         self.steps.append(step_s)
         self.waits.append(wait_s)
         if not self._full():

@@ -465,3 +465,15 @@ def test_the_first_epochs_summary_names_the_configuration_kept_not_the_last_tria
     same = _first_epoch_text(first, SimpleNamespace(config=kept, stats=SimpleNamespace(
         wait_share=0.73, batches_per_s=15.0)), kept)
     assert same.startswith(f"unchanged at {kept.short()}") and "not tuning's" in same, same
+
+
+def test_the_meter_counts_every_measured_batch_across_its_resets():
+    # A mid-epoch switch or fallback resets the window; the first epoch's summary ("N
+    # batches, K of them measured") counted only the batches since the last reset.
+    m = Meter(10, skip=1)
+    for _ in range(4):
+        m.add(0.01, 0.001)          # the first is skipped (the queue), 3 measured
+    m.reset(10, skip=2)
+    for _ in range(5):
+        m.add(0.01, 0.001)          # 2 skipped, 3 measured
+    assert len(m.steps) == 3 and m.counted == 6
