@@ -11,8 +11,9 @@ configuration's loader settings (workers, prefetch, persistence, pinning) and th
 size, only those valid for the dataset's kind (no prefetch_factor without workers), never
 `shuffle` or anything else that changes what the model sees. The batch size is the
 user's: see `loader_kwargs`. It warns when the search.json was made on another machine
-(hostname, usable cores) or for another dataset (`dataset=`): the recommendation is a
-figure of that machine and that data.
+(hostname, usable cores, a job memory whose half the recommended loader's peak is over)
+or for another dataset (`dataset=`): the recommendation is a figure of that machine and
+that data. /dev/shm it fits to this machine (`_fitted_to_shm`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
             prefetch are cut to what fits, and a warning says so.
         dataset: the path (or the `open_dataset` result) you train on: a warning when
             the search measured another dataset.
-        warn: False silences the warnings (other machine, other dataset, other batch size,
-            settings cut to fit /dev/shm).
+        warn: False silences the warnings (other machine, less memory here, other
+            dataset, other batch size, settings cut to fit /dev/shm).
 
     Returns the DataLoader keywords: `batch_size`, `num_workers`, and where they apply
     `prefetch_factor`, `persistent_workers`, `pin_memory` (and any setting a search
@@ -74,10 +75,11 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
     kw = {k: v for k, v in kw.items() if k not in NOT_LOADER_SETTINGS}
     kw["batch_size"] = _users_batch_size(d, rec, kw.get("batch_size", measured), batch_size,
                                          p, warn)
-    shm = side.get("shm") or d.get("shm")
-    kw = _fitted_to_shm(kw, shm, measured, _shm_here(shm), p, warn)
+    shm, env = side.get("shm") or d.get("shm"), _environment()
+    kw = _fitted_to_shm(kw, shm, measured, _shm_here(env, shm), p, warn)
     if warn:
         _warn_if_other_machine(d, side, p)
+        _warn_if_memory_short(d, side, env, p)
         if dataset is not None:
             _warn_if_other_dataset(side, dataset, p)
     return kw
@@ -122,20 +124,53 @@ def _read(search_json: str | os.PathLike[str]) -> tuple[Path, dict[str, Any]]:
     return p, d
 
 
-def _shm_here(shm: Any) -> Any:
-    """This machine's /dev/shm budget (an `autotune.shmfit.ShmBudget`) for one rank: the
-    search's ranks, or LOCAL_WORLD_SIZE where torchrun set it. None where it cannot be
-    read: the handoff never fails for a figure it only checks against."""
-    if not isinstance(shm, dict) or not shm.get("batch_bytes"):
-        return None
+def _environment() -> Any:
+    """This machine's `autotune.environment.Environment`, or None where it cannot be read:
+    the handoff never fails for a figure it only checks against."""
     try:
         from autotune.environment import read_environment
+
+        return read_environment(runs_fio=False)
+    except Exception:  # noqa: BLE001 - unread here: the search's figures stand
+        return None
+
+
+def _shm_here(env: Any, shm: Any) -> Any:
+    """This machine's /dev/shm budget (an `autotune.shmfit.ShmBudget`) for one rank: the
+    search's ranks, or LOCAL_WORLD_SIZE where torchrun set it; None where unread."""
+    if env is None or not isinstance(shm, dict) or not shm.get("batch_bytes"):
+        return None
+    try:
         from autotune.shmfit import shm_budget
 
         ranks = os.environ.get("LOCAL_WORLD_SIZE") or (shm.get("budget") or {}).get("ranks")
-        return shm_budget(read_environment(runs_fio=False), int(ranks or 1))
-    except Exception:  # noqa: BLE001 - an unreadable figure here: the search's stands
+        return shm_budget(env, int(ranks or 1))
+    except Exception:  # noqa: BLE001 - unread here: the search's budget stands
         return None
+
+
+def _warn_if_memory_short(d: dict[str, Any], side: dict[str, Any], env: Any, p: Path) -> None:
+    """A warning where the recommended loader's peak memory in the search is over the bound
+    the search keeps its trials within (half the job's memory: its cgroup limit, else the
+    host's) on this machine, and that bound is tighter here than where it searched: a
+    search made on the host, a training run in a container with a memory limit."""
+    from autotune.shmfit import oom_group_divisor
+
+    rec = side.get("recommended") or {}
+    peak = rec.get("peak_pss_mib") or rec.get("peak_rss_mib")
+    if env is None or not isinstance(peak, (int, float)) or peak <= 0:
+        return
+    here = env.memory_total() / 2**20 / 2 / oom_group_divisor(env)
+    searched = (side.get("max_memory") or d.get("max_memory") or {}).get("mib")
+    if peak <= here or (isinstance(searched, (int, float)) and searched <= here):
+        return
+    kind = "PSS" if rec.get("peak_pss_mib") else "RSS"
+    warnings.warn(f"{p}: the recommended configuration's loader held {peak:,.0f} MiB at its "
+                  f"peak in the search ({kind} of its processes), over {here:,.0f} MiB, half "
+                  f"of this machine's job memory ({env.memory_total_source()}), the bound a "
+                  "search keeps its trials within: with your model beside it, a worker may be "
+                  "killed for memory. Search again here, or pass fewer workers.",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, here: Any, p: Path,

@@ -213,3 +213,40 @@ def test_a_smaller_dev_shm_here_than_the_searchs_fits_the_same_batch_size(tmp_pa
     assert _fitted_to_shm(dict(kw), shm, 8, big, tmp_path / "search.json", True) == kw
     # Unread here: the search's figure stands.
     assert _fitted_to_shm(dict(kw), shm, 8, None, tmp_path / "search.json", True) == kw
+
+
+_KWARGS_IN_A_CGROUP = """
+import json, sys, warnings
+import autotune
+with warnings.catch_warnings(record=True) as ws:
+    warnings.simplefilter("always")
+    autotune.loader_kwargs(sys.argv[1], 8)
+print(json.dumps([str(w.message) for w in ws if "memory" in str(w.message)]))
+"""
+
+
+@pytest.mark.root
+def test_a_memory_limit_here_tighter_than_the_searchs_is_warned_about(tmp_path, memory_cgroup):
+    # Searched on the host (its trials bounded by 12 GiB, half of its memory); the
+    # recommended loader peaked at 600 MiB. In a container of 1 GiB that is over half of
+    # the job's memory: a warning names both figures. On the host, nothing is said.
+    import subprocess
+    import sys
+
+    p = tmp_path / "search.json"
+    p.write_text(json.dumps({
+        "batch_size": 8, "batch_size_from": "option", "options": {"batch_size": 8},
+        "recommended": {"config": {"num_workers": 2}, "peak_pss_mib": 600.0},
+        "loader_kwargs": {"batch_size": 8, "num_workers": 2},
+        "max_memory": {"mib": 12288.0, "source": "half of the host's 24.0 GiB"},
+        "host": {"hostname": socket.gethostname()}}))
+    code = ["-c", _KWARGS_IN_A_CGROUP, str(p)]
+    host = subprocess.run([sys.executable, *code], capture_output=True, text=True, timeout=120)
+    assert host.returncode == 0 and json.loads(host.stdout) == [], host.stderr[-2000:]
+    with memory_cgroup(2**30) as cg:
+        r = subprocess.run(["sh", "-c", f'echo $$ > "{cg}/cgroup.procs" && exec "$@"', "sh",
+                            sys.executable, *code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = json.loads(r.stdout)
+    assert len(said) == 1 and "600 MiB" in said[0] and "over 512 MiB" in said[0], said
+    assert "memory.limit_in_bytes" in said[0] and "Search again here" in said[0], said
