@@ -131,8 +131,8 @@ class _Series:
         seen = self._zeros
         if rank < seen:
             return 0.0
-        for i in sorted(self._buckets or {}):
-            seen += (self._buckets or {})[i]
+        for i, count in sorted((self._buckets or {}).items()):
+            seen += count
             if rank < seen:
                 return min(self.max, 2 * self._GAMMA ** i / (self._GAMMA + 1))
         return self.max
