@@ -29,7 +29,7 @@ from autotune.analyze.logpass import LogPass
 from autotune.analyze.runinfo import run_facts
 from autotune.analyze.parsers import LogParser, ProfileSummary, Skip
 from autotune.analyze.reader import STDIN, LineTimes, iter_lines, spooled
-from autotune.verdict.rules import RuleInputs, decide
+from autotune.verdict.rules import RuleInputs, cold_pass_short, decide
 from autotune.errors import UsageError
 from autotune.verdict import Verdict
 
@@ -164,7 +164,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
                        dataset, meta, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
-    verdict.evidence.extend(_factory_note(loader))
+    verdict.evidence.extend(_next_search_notes(verdict, loader, f["bs"]))
     verdict.evidence.extend(trend.epochs_described(acc.epochs))
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
@@ -242,6 +242,16 @@ def _factory_note(loader: dict[str, Any] | None) -> list[str]:
     return [f"the job's Dataset is {loader['dataset']['type']} (the step log), not an image "  # type: ignore[index]
             "folder: a next search measures it through --dataset-factory (FUNCTION(DATASET) "
             "returns it), not autotune's image pipeline"]
+
+
+def _next_search_notes(verdict: Verdict, loader: dict[str, Any] | None,
+                       batch_size: int | None) -> list[str]:
+    """Why the next `search` carries what the job's Dataset asks of it: a factory, --warm."""
+    notes = _factory_note(loader)
+    short = cold_pass_short(loader, batch_size)
+    if short and "autotune search" in verdict.next_command:
+        notes.append(short)
+    return notes
 
 
 def _cores(meta: dict[str, Any]) -> float | None:

@@ -18,6 +18,7 @@ DEFAULT_PRESET = "resnet50"
 # tens of seconds (a 300-IOPS disk: 7-10 s).
 _STARTUP_ALLOWANCE_S = 180.0
 MIN_WINDOW_BATCHES = 10
+MIN_WARMUP_BATCHES = 5
 WINDOW_EXTENSION_MIN_S = 10.0
 DEFAULT_SECONDS = 20.0
 
@@ -199,7 +200,15 @@ class BenchConfig:
         """Warm-up batches: as given, else every batch the loader requests at start."""
         if self.warmup_batches is not None:
             return self.warmup_batches
-        return max(5, self.prefetch_queue)
+        return max(MIN_WARMUP_BATCHES, self.prefetch_queue)
+
+    @property
+    def fewest_batches(self) -> int:
+        """The batches the cheapest configuration's measurement needs (its warm-up and
+        MIN_WINDOW_BATCHES measured): fewer in a cold pass, and no configuration can be
+        measured in it."""
+        warmup = MIN_WARMUP_BATCHES if self.warmup_batches is None else self.warmup_batches
+        return warmup + MIN_WINDOW_BATCHES
 
     @property
     def min_batches(self) -> int:

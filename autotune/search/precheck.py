@@ -1,5 +1,6 @@
 """The search's settings checked against its space before any trial (autotune.search.session
-runs them in prepare()): a cold pass too short to measure most configurations (exit 2; when
+runs them in prepare()), and the dataset's size before any ceiling (check_samples, from
+autotune.search.study): a cold pass too short to measure most configurations (exit 2; when
 most fit, a note on the others, skipped), a --seconds or --confirm-seconds too short for the
 step (exit 2), and the note that the emulated step scales with the batch. `s` is the
 search's Session, its ceilings and space set."""
@@ -8,9 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.bench.config import MIN_WINDOW_BATCHES
+from autotune.bench.config import MIN_WINDOW_BATCHES, BenchConfig
 from autotune.errors import UsageError
 from autotune.search import recommend as rec_mod
+
+
+def check_samples(root: Any, n: int, base: BenchConfig, cold: bool) -> None:
+    """A dataset whose cold pass cannot hold even the cheapest configuration's measurement
+    is refused as soon as its samples are counted (exit 2), before the probe and the decode
+    ceiling (about 14 s) whose figures could change nothing. check_window decides the rest
+    against the space, which those ceilings shape."""
+    ranks, bs, need = base.procs_per_node, base.batch_size, base.fewest_batches
+    have = n // ranks // bs
+    if not cold or have >= need:
+        return
+    share = f" (each of {ranks} ranks reads {n // ranks:,})" if ranks > 1 else ""
+    raise UsageError(
+        f"{root}: {n:,} images{share} make {have} batches of {bs} per cold pass; a "
+        f"measurement needs at least {need} ({need - MIN_WINDOW_BATCHES} warm-up + "
+        f"{MIN_WINDOW_BATCHES} measured) before the pass ends, in any configuration. Use a "
+        f"smaller batch size (at most {max(1, n // ranks // need)}), --warm (later passes "
+        "labelled warm), or a larger dataset.", setting="batch_size")
 
 
 def check_window(s: Any) -> None:

@@ -154,8 +154,13 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
     from autotune.cache import ram_backed
     from autotune.data.transforms import build_transform
     from autotune.search import ceilings as ceil_mod
+    from autotune.search.precheck import check_samples
     from autotune_converters.registry import open_source
 
+    source = None
+    if not base.dataset_factory:
+        source = open_source(root, base.format)
+        check_samples(root, len(source), base, opts.cold)
     probe_res = None
     if opts.probe:
         from autotune.probe import probe
@@ -187,7 +192,7 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
         c.iterable = ud.iterable
     else:
         say("measuring the decode rate from memory")
-        source = open_source(root, base.format)
+        assert source is not None
         blobs = ceil_mod.sample_blobs(source, 200, seed=opts.seed)
         c = ceil_mod.measure(transform=transform, blobs=blobs, batch_size=base.batch_size,
                              compute_ms=demand_ms, probe=probe_res, samples=len(source),

@@ -220,3 +220,24 @@ def test_lines_a_full_disk_swallows_are_counted_and_warned():
     assert s.steps == 10 and s.lost_lines >= 10
     msgs = [str(w.message) for w in caught if "autotune.instrument" in str(w.message)]
     assert len(msgs) == 1 and "/dev/full" in msgs[0] and "lost" in msgs[0]
+
+
+@pytest.mark.parametrize("samples, warm", [(64, True), (320, False)])
+def test_a_dataset_too_small_for_a_cold_search_gets_a_warm_next_search(tmp_path, samples, warm):
+    # 64 samples in batches of 16 make 4 batches an epoch; the cheapest cold measurement
+    # needs 15 (5 warm-up + 10 measured), and `autotune search` refuses to run cold: the
+    # next command it was handed failed as printed. 320 samples make 20: cold, as before.
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    log = tmp_path / "steps.jsonl"
+    it = autotune.instrument(DataLoader(TensorDataset(torch.zeros(samples, 3)), batch_size=16),
+                             log=log)
+    for _ in range(80 * 16 // samples):
+        for _ in it:
+            time.sleep(0.02)        # the step: far longer than a batch of 16 rows in RAM
+    it.close()
+    v = analyze(log).verdict
+    assert v.bottleneck == "compute" and v.next_command.startswith("autotune search "), v
+    assert v.next_command.endswith(" --batch-size 16 --warm") is warm, v.next_command
+    assert any("fewer than a cold measurement needs (15)" in e for e in v.evidence) is warm

@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.bench.config import MIN_WARMUP_BATCHES, MIN_WINDOW_BATCHES
 from autotune.monitor.figures import SystemFigures
 
 GPU_STARVED_PCT = 40.0    # practitioners' rule: a GPU under 40 % busy is starved
@@ -68,6 +69,10 @@ def commands(inp: RuleInputs) -> dict[str, str]:
     job = f" {inp.job_args.strip()}" if inp.job_args.strip() else ""
     if " --step " in f" {job} ":
         step = half = ""          # the user's own step, measured as it is
+    # A dataset too small for any cold measurement at the job's batch size: the search
+    # would refuse to run cold; the job's own epochs after its first read it warm too.
+    if cold_pass_short(inp.loader, inp.batch_size):
+        bs += " --warm"
     return {
         "search": f"autotune search {ds}{job}{step}{bs}",
         "search_half": f"autotune search {ds}{job}{half}{bs}",
@@ -81,6 +86,23 @@ def commands(inp: RuleInputs) -> dict[str, str]:
         "monitor": f"autotune monitor --data {ds} -- YOUR TRAINING COMMAND",
         "probe": f"autotune probe {ds} --json probe.json",
     }
+
+
+def cold_pass_short(loader: dict[str, Any] | None, batch_size: int | None) -> str | None:
+    """Why a next `search` of this job's dataset is --warm: its length (the step log's
+    loader header) at the job's batch size makes fewer batches than the cheapest cold
+    measurement needs (autotune.search.precheck.check_samples); None when it does not, or
+    when the length is not known."""
+    n = ((loader or {}).get("dataset") or {}).get("len")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not batch_size:
+        return None
+    need = MIN_WARMUP_BATCHES + MIN_WINDOW_BATCHES
+    if n // batch_size >= need:
+        return None
+    return (f"the job's dataset ({n:,} samples, the step log) makes {n // batch_size} "
+            f"batches of {batch_size} per epoch, fewer than a cold measurement needs "
+            f"({need}): the next search measures warm (--warm), as the job's later epochs "
+            "read it")
 
 
 def _name(inp: RuleInputs) -> str:
