@@ -128,7 +128,14 @@ def _complete_result(dst: Path, m: Manifest) -> ConvertResult:
         seconds=0.0, skipped=m.skipped, skipped_by_kind=dict(kinds),
         ignored=int(m.stats.get("ignored", 0)), reencoded=int(m.stats.get("reencoded", 0)),
         bytes_saved=int(m.stats.get("bytes_saved", 0)), already_complete=True,
-        manifest=str(dst / MANIFEST_NAME), resumed_units=len(m.shards))
+        manifest=str(dst / MANIFEST_NAME), resumed_units=_units(m))
+
+
+def _units(m: Manifest) -> int:
+    """The units a complete conversion was written in (its manifest's stats); a manifest
+    from before they were recorded: its shards, which are the units except in LMDB."""
+    units = m.stats.get("units")
+    return units if type(units) is int and units >= 0 else len(m.shards)
 
 
 def prepare(src: str | os.PathLike[str], dst: str | os.PathLike[str], opts: ConvertOptions
@@ -528,7 +535,7 @@ def _manifest(plan: Plan, opts: ConvertOptions, fp: dict[str, Any], results: lis
     stored = sum(r.stored_bytes for r in results)
     reenc = sum(r.reencoded for r in results)
     stats = {"source_bytes_stored": src_read, "stored_bytes": stored, "reencoded": reenc,
-             "bytes_saved": src_read - stored, "ignored": plan.ignored}
+             "bytes_saved": src_read - stored, "ignored": plan.ignored, "units": len(results)}
     return Manifest(format=opts.format, num_samples=samples, num_classes=len(plan.classes),
                     classes=plan.classes, shards=shards, skipped=skipped, source=plan.source,
                     options=fp, layout=layout, stats=stats)

@@ -5,12 +5,13 @@
       "format": "wds" | "lmdb",
       "num_samples": 19998, "num_classes": 100, "classes": ["class_0000", ...],
       "shards": [{"file": "shard-000000.tar", "samples": 312, "bytes": 35921920,
-                  "sha256": "..."}, ...],          # LMDB: one entry, data.mdb
+                  "sha256": "..."}, ...],          # LMDB: data.mdb, data.idx
       "skipped": [{"path": "class_0003/x.jpg", "reason": "truncated JPEG (...)"}, ...],
       "source": {"root": "/data/train", "files": 20000, "bytes": 1655578112},
       "options": {"format": ..., "seed": 0, "verify": "header", ...},
       "layout": "how keys and values are stored",
-      "stats": {"source_bytes_read": ..., "stored_bytes": ..., "reencoded": 0},
+      "stats": {"source_bytes_stored": ..., "stored_bytes": ..., "reencoded": 0,
+                "bytes_saved": ..., "ignored": 0, "units": 32},  # units: written in
       "created": "2025-01-01T00:00:00Z"
     }
 

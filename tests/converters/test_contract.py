@@ -102,10 +102,12 @@ def test_samples_are_shuffled_across_classes(img_src, fmt, work_dir):
 
 def test_a_rerun_of_a_complete_conversion_does_nothing(img_src, fmt, work_dir, tree_digest):
     dst = work_dir / "out"
-    convert(img_src, dst, _opts(fmt))
+    first = convert(img_src, dst, _opts(fmt))
     before = tree_digest(dst)
     again = convert(img_src, dst, _opts(fmt))
     assert again.already_complete and again.samples == 96 and tree_digest(dst) == before
+    # Every unit the first run wrote is kept (LMDB's two files are not two units).
+    assert again.resumed_units == first.units_written > 1 and again.units_written == 0
     with pytest.raises(UsageError, match="other options .*seed 0 -> 5"):
         convert(img_src, dst, _opts(fmt, seed=5))
     other = "lmdb" if fmt == "wds" else "wds"   # an option only one of them has
