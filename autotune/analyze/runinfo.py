@@ -21,6 +21,7 @@ from typing import Any
 
 from autotune.bench.failures import SHM_HINT, shm_failure_line
 from autotune.monitor.figures import SystemFigures
+from autotune.monitor.run import signal_name
 from autotune.verdict.rules.failed_on_shm import decides
 
 # /dev/shm this full at a sample counts as nearly full: samples are --interval apart and a
@@ -29,13 +30,6 @@ from autotune.verdict.rules.failed_on_shm import decides
 SHM_NEARLY_FULL = 0.75
 LOG_TAIL_BYTES = 256 * 1024    # the job's last output, where a failure is printed
 USER_STOPS = ("SIGINT", "SIGTERM")
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
 
 
 def _int(x: Any) -> int | None:
@@ -48,7 +42,7 @@ def outcome(run: dict[str, Any]) -> tuple[str, str]:
     forwarded = [f for f in run.get("forwarded_signals") or [] if f in USER_STOPS]
     if rc is None:
         return "unknown", "no exit status in run.json"
-    status = (f"killed by {_signame(sig)} (status {rc})" if sig is not None
+    status = (f"killed by {signal_name(sig)} (status {rc})" if sig is not None
               else f"exit status {rc}")
     if rc == 0:
         return "ok", status

@@ -139,7 +139,7 @@ def _analyze_kwargs(args: argparse.Namespace) -> dict:
 def _run_monitor(args: argparse.Namespace) -> int:
     """`autotune monitor`: run the command; its exit status is ours. Then the analysis."""
     from autotune.errors import AutotuneError, UsageError
-    from autotune.monitor.run import run_monitored
+    from autotune.monitor.run import run_monitored, signal_name
 
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -157,7 +157,7 @@ def _run_monitor(args: argparse.Namespace) -> int:
 
     err = console(True)
     status = (f"exit status {run.returncode}" if run.signal is None
-              else f"killed by {run.signal} (status {run.returncode})")
+              else f"killed by {signal_name(run.signal)} (status {run.returncode})")
     line = (f"autotune monitor: {' '.join(cmd)}: {status} after {run.seconds:,.1f} s; "
             f"{run.samples} samples in {run.metrics}, log in {run.log}"
             + (f"; forwarded {', '.join(run.forwarded)}" if run.forwarded else ""))

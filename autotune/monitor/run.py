@@ -92,6 +92,14 @@ PARTIAL_MAX = 64 * 1024
 DRAIN_AFTER_EXIT_S = 5.0       # an orphan holding the pipe must not hang the monitor
 
 
+def signal_name(num: int) -> str:
+    """SIGINT for 2; "signal 99" for a number the platform does not name."""
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 @dataclass
 class MonitorRun:
     """What a monitored run did; `returncode` is the command's exit status (128+N when it

@@ -130,6 +130,8 @@ def test_a_ctrl_c_stops_a_command_that_ignores_sigint(tmp_path):
     assert p.returncode == 128 + signal.SIGTERM, stderr
     run = json.loads((out / "run.json").read_text())
     assert run["forwarded_signals"] == ["SIGTERM"], run
+    # The summary names the signal as analyze does, not by its number ("killed by 15").
+    assert "killed by SIGTERM (status 143)" in stderr, stderr
 
 
 def test_cli_monitor_needs_a_command(tmp_path):
