@@ -69,15 +69,18 @@ class StageResult:
     seconds: float
     verify: str
     failures: list[StageFailure] = field(default_factory=list)
-    manifest_written: bool = False
+    manifest_written: bool = False   # by this run (never with --verify-only)
     verify_only: bool = False
+    bytes_verified: int = 0          # --verify-only: the bytes read back and hashed
     source_seq_mib_s: float | None = None
     node_rank: int | None = None  # a copy for one node: which, of how many
     nnodes: int | None = None
 
     @property
     def mib_per_s(self) -> float:
-        return self.bytes_copied / 2**20 / self.seconds if self.seconds > 0 else 0.0
+        """Copied (or with --verify-only, verified) MiB a second."""
+        done = self.bytes_verified if self.verify_only else self.bytes_copied
+        return done / 2**20 / self.seconds if self.seconds > 0 else 0.0
 
     @property
     def partial(self) -> bool:
@@ -294,10 +297,10 @@ def verify_staged(dst: str | os.PathLike[str], *, src: str | os.PathLike[str] | 
             fds.callback(os.close, work_fd)
             state = _State(d, work_fd)
         failures, nbytes = _rehash(dst_fd, entries, state)
-        written = lstat(dst_fd, MANIFEST) is not None
+    # Nothing is copied or written: the bytes are the ones read back, in their own key.
     return StageResult(str(src or d), str(d), len(entries), 0, len(entries) - len(failures),
-                       nbytes, time.monotonic() - t0, "sha256", failures,
-                       manifest_written=written, verify_only=True,
+                       0, time.monotonic() - t0, "sha256", failures,
+                       verify_only=True, bytes_verified=nbytes,
                        node_rank=node[0] if node else None, nnodes=node[1] if node else None)
 
 

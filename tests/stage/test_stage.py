@@ -162,6 +162,11 @@ def test_flipped_bit_is_caught_and_repaired(converted, tmp_path):
     v = verify_staged(dst)
     assert [x.file for x in v.failures] == ["shard-000003.tar"]
     assert "corrupt" in v.failures[0].reason
+    # It read every staged byte back and copied and wrote nothing (its JSON said it
+    # copied the bytes it read and wrote a manifest it found).
+    staged = sum(p.stat().st_size for p in dst.glob("*.tar"))
+    assert v.bytes_verified == staged > 0 and v.bytes_copied == 0
+    assert not v.manifest_written and v.to_dict()["verify_only"]
     r = stage(converted, dst)
     assert r.copied == 1 and not r.partial
     assert _sha(f) == _sha(converted / f.name)

@@ -15,7 +15,8 @@ def stage_renderable(d: dict[str, Any]) -> Group:
     parts = []
     if d["verify_only"]:
         parts.append(Text(f"verified {d['files']} file(s) in {printable(d['dst'])}: "
-                          f"{len(d['failures'])} bad", style="bold"))
+                          f"{len(d['failures'])} bad; {d['bytes_verified'] / 2**20:,.1f} MiB "
+                          f"read back in {d['seconds']:.1f} s", style="bold"))
     else:
         vs = f" ({d['vs_source_seq']:.0%} of the source's sequential read)" if d.get("vs_source_seq") else ""
         parts.append(Text(f"staged {printable(d['src'])} -> {printable(d['dst'])}: "
