@@ -178,11 +178,23 @@ def loader_info(iterable: Any) -> dict[str, Any]:
             d["len"] = len(ds)
         except Exception:  # noqa: BLE001  (an IterableDataset has no length)
             pass
+        transform = getattr(ds, "transform", None)
+        if transform is not None:
+            d["transform"] = _callable_name(transform)
         root = getattr(ds, "root", None) or getattr(getattr(ds, "source", None), "root", None)
         if root is not None:
             d["root"] = os.path.abspath(os.fspath(root))
         info["dataset"] = d
     return info
+
+
+def _callable_name(fn: Any) -> str:
+    """module.qualname of a function, or of an object's class (a transform pipeline)."""
+    try:
+        named = fn if isinstance(getattr(fn, "__qualname__", None), str) else type(fn)
+        return f"{getattr(named, '__module__', None) or '?'}.{named.__qualname__}"[:200]
+    except Exception:  # noqa: BLE001  (a user's object whose attributes raise)
+        return "?"
 
 
 def _usable_cores() -> int | float:

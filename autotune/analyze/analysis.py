@@ -226,22 +226,41 @@ SEARCHED_AS_IS = {"ImageFolder", "DatasetFolder", "ImageDataset", "MapDataset", 
                   "WdsDataset"}
 
 
+# autotune's own datasets (open_dataset's, the image pipeline's): searched as is only with
+# autotune's transforms; a transform of the user's is another job's decode and augment.
+OPENED_BY_AUTOTUNE = {"ImageDataset", "MapDataset", "ShardDataset", "WdsDataset"}
+AUTOTUNE_MODULES = ("autotune.", "autotune_converters.")
+
+
 def _job_args(loader: dict[str, Any] | None) -> str:
     """What the next `search` needs to measure this job's own Dataset (the step log names
-    its class): a `--dataset-factory` where the class is not one search reads as is; a
-    folder searched through autotune's pipeline would be another job."""
-    kind = ((loader or {}).get("dataset") or {}).get("type")
-    if not isinstance(kind, str) or kind in SEARCHED_AS_IS:
-        return ""
-    return "--dataset-factory YOUR_FILE.py:FUNCTION"
+    its class and, for autotune's datasets, its transform): a `--dataset-factory` where the
+    class is not one search reads as is, or is one of autotune's with the user's own
+    transform; a folder searched through autotune's pipeline would be another job."""
+    return "--dataset-factory YOUR_FILE.py:FUNCTION" if _why_factory(loader) else ""
+
+
+def _why_factory(loader: dict[str, Any] | None) -> str | None:
+    ds = (loader or {}).get("dataset") or {}
+    kind, transform = ds.get("type"), ds.get("transform")
+    if not isinstance(kind, str):
+        return None
+    if kind not in SEARCHED_AS_IS:
+        return f"the job's Dataset is {kind} (the step log), not an image folder"
+    if kind in OPENED_BY_AUTOTUNE and isinstance(transform, str) and \
+            not transform.startswith(AUTOTUNE_MODULES):
+        return (f"the job's {kind} runs its own transform ({transform[:120]}, the step "
+                "log), not a preset's")
+    return None
 
 
 def _factory_note(loader: dict[str, Any] | None) -> list[str]:
-    if not _job_args(loader):
+    why_factory = _why_factory(loader)
+    if not why_factory:
         return []
-    return [f"the job's Dataset is {loader['dataset']['type']} (the step log), not an image "  # type: ignore[index]
-            "folder: a next search measures it through --dataset-factory (FUNCTION(DATASET) "
-            "returns it), not autotune's image pipeline"]
+    return [f"{why_factory}: a next search measures it through --dataset-factory "
+            "(FUNCTION(DATASET) returns the dataset as the job opens it), not autotune's "
+            "image pipeline"]
 
 
 def _next_search_notes(verdict: Verdict, loader: dict[str, Any] | None,

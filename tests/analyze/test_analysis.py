@@ -17,9 +17,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def own_log(path: Path, epochs: list[list[tuple[float, float]]], *, t0: float = 1_000_000.0,
-            workers: int = 4, batch: int = 32, dataset_type: str | None = None) -> Path:
+            workers: int = 4, batch: int = 32, dataset_type: str | None = None,
+            transform: str | None = None) -> Path:
     """An instrument() log: per epoch, (wait_s, step_s) per step, back to back from t0."""
-    ds = {"root": "/data/train", **({"type": dataset_type} if dataset_type else {})}
+    ds = {"root": "/data/train", **({"type": dataset_type} if dataset_type else {}),
+          **({"transform": transform} if transform else {})}
     lines = [json.dumps({"autotune": "steps", "version": 1, "cores": 8,
                          "loader": {"num_workers": workers, "prefetch_factor": 2,
                                     "dataset": ds}})]
@@ -87,6 +89,28 @@ def test_the_next_search_of_a_jobs_own_dataset_names_a_factory(tmp_path):
     assert "--dataset-factory" not in folder.next_command, folder.next_command
     assert own.next_command.replace(" --dataset-factory YOUR_FILE.py:FUNCTION", "") \
         == folder.next_command
+
+
+def test_the_next_search_of_a_conversion_read_with_the_users_transform_names_a_factory(
+        tmp_path):
+    """open_dataset over a conversion with the user's own transform (the train-on-converted
+    guide's to_tensor): the next search read it through the resnet50 preset, 224x224 float
+    batches of 18 MiB against the job's 1.5 MiB, and judged another job (a user's walk:
+    28 of 33 configurations cut for /dev/shm). With autotune's own transform, or none
+    named, it reads the conversion as is."""
+    steps = [(0.001, 0.1)] * 60
+    own = analyze(own_log(tmp_path / "a.jsonl", [steps], dataset_type="MapDataset",
+                          transform="__main__.to_tensor")).verdict
+    assert "--dataset-factory YOUR_FILE.py:FUNCTION" in own.next_command, own.next_command
+    assert any("runs its own transform (__main__.to_tensor" in e for e in own.evidence)
+    for transform in ("autotune.data.transforms.ImagenetTrainTransform", None):
+        as_is = analyze(own_log(tmp_path / "b.jsonl", [steps], dataset_type="ShardDataset",
+                                transform=transform)).verdict
+        assert "--dataset-factory" not in as_is.next_command, as_is.next_command
+    # A torchvision ImageFolder's transform is taken for the preset's ImageNet pipeline.
+    folder = analyze(own_log(tmp_path / "c.jsonl", [steps], dataset_type="ImageFolder",
+                             transform="torchvision.transforms.transforms.Compose")).verdict
+    assert "--dataset-factory" not in folder.next_command, folder.next_command
 
 
 def test_epoch_start_spikes_and_first_epoch_falls(tmp_path):

@@ -111,6 +111,39 @@ def test_dataloader_header_and_passthrough(tmp_path, monkeypatch):
     assert headers[0]["cores"] >= 1 and headers[0]["pid"] > 0
 
 
+def to_tensor(im):
+    return im
+
+
+class _Raises:
+    def __getattr__(self, name):
+        raise KeyError(name)          # a user's object whose attributes raise
+
+    def __call__(self, im):
+        return im
+
+
+def test_the_header_names_an_open_datasets_transform(tmp_path):
+    """open_dataset's dataset with the user's transform: the header names it (analyze's
+    next search measures the user's pipeline through a factory then); a transform whose
+    attributes raise is named "?", never a crash of the job's loop."""
+    from torch.utils.data import DataLoader
+
+    from autotune.synth import make_image_folder
+    from autotune_converters.conversion import ConvertOptions, convert
+
+    make_image_folder(tmp_path / "src", 8, 2, workers=1)
+    convert(tmp_path / "src", tmp_path / "lmdb", ConvertOptions(format="lmdb"))
+    for transform, name in ((to_tensor, f"{__name__}.to_tensor"), (_Raises(), "?")):
+        log = tmp_path / f"{name}.jsonl"
+        ds = autotune.open_dataset(tmp_path / "lmdb", transform=transform)
+        it = autotune.instrument(DataLoader(ds, batch_size=1, collate_fn=list), log=log)
+        assert len(list(it)) == 8
+        it.close()
+        headers, _ = _records(log)
+        assert headers[0]["loader"]["dataset"]["transform"] == name, headers[0]
+
+
 def test_rank_placeholder(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     it = autotune.instrument(range(3), log=tmp_path / "s-{rank}.jsonl", batch_size=1)
