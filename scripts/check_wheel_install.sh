@@ -3,7 +3,7 @@
 # takes minutes). Builds the wheel from a clean copy of this checkout, makes a fresh venv
 # outside it, installs torch there first (TORCH, pip requirements or wheel files, split at
 # spaces, e.g. a CUDA torch with its torchvision as a GPU user has them; the
-# default takes what pip finds for `torch>=2.6`), then the wheel with its dependencies, and
+# default takes what pip finds for `torch>=2.1`), then the wheel with its dependencies, and
 # from a folder outside the checkout runs:
 #   autotune --help; search --trials 1; convert (wds and lmdb); stage; one epoch of
 #   autotune.DataLoader with two workers (every sample once, the folder's labels);
@@ -11,13 +11,14 @@
 #   workers: every sample once with the folder's bytes and label; two epochs of a plain
 #   training loop).
 #   TORCH=torch==2.6.0 scripts/check_wheel_install.sh
+#   TORCH='torch==2.1.2 numpy<2' scripts/check_wheel_install.sh   (torch < 2.3 needs numpy 1)
 #   TORCH='torch==2.14.1 torchvision==0.29.1' scripts/check_wheel_install.sh
 # On a CPU-only machine give TORCH a CPU build (torch==2.13.0 here): the index's default
 # torch is a CUDA build of several GB.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
-TORCH="${TORCH:-torch>=2.6}"
+TORCH="${TORCH:-torch>=2.1}"
 TMP="$(mktemp -d /tmp/check-wheel.XXXXXX)"
 [ "${KEEP:-0}" = 1 ] || trap 'rm -rf "$TMP"' EXIT
 say() { echo "[check-wheel] $*" >&2; }

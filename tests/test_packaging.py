@@ -129,7 +129,7 @@ def test_the_metadata_names_the_distribution_the_torch_floor_and_clean_extras(bu
     assert meta["Name"] == DIST
     reqs = _requirements(meta)
     core = {name: spec for name, extra, spec in reqs if extra is None}
-    assert core["torch"] == ">=2.6", core      # autotune.DataLoader passes in_order=
+    assert core["torch"] == ">=2.1", core      # a floor the suite ran on (docs/install.md)
     assert "psycopg2-binary" not in core and "boto3" not in core
     bad = sorted(f"{name} (extra {extra})" for name, extra, _ in reqs
                  if extra not in (None, *TEST_ONLY_EXTRAS) and name in NEVER_IN_USER_EXTRAS)

@@ -24,6 +24,7 @@ autotune's, the fallback (autotune.online.fallback).
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -106,11 +107,12 @@ class DataLoader:
         given = dict(num_workers=num_workers, prefetch_factor=prefetch_factor,
                      persistent_workers=persistent_workers, pin_memory=pin_memory)
         self._fixed = {k: v for k, v in given.items() if v is not _UNSET and v is not None}
+        order = _in_order(in_order)
         self._ref = _reference(dataset, self._fixed, dict(
             batch_size=batch_size, shuffle=shuffle, sampler=sampler, batch_sampler=batch_sampler,
             collate_fn=collate_fn, drop_last=drop_last, timeout=timeout,
             worker_init_fn=worker_init_fn, multiprocessing_context=multiprocessing_context,
-            generator=generator, pin_memory_device=pin_memory_device, in_order=in_order))
+            generator=generator, pin_memory_device=pin_memory_device, **order))
         if memory_budget is not None and memory_budget <= 0:
             raise UsageError(f"memory_budget must be a positive number of bytes, but got "
                              f"{memory_budget}.")
@@ -122,7 +124,7 @@ class DataLoader:
         if _controller is not False:
             self._budget.stage_clock = why.attach_stage_clock(dataset)
         self._user_settings(generator, collate_fn, timeout, worker_init_fn,
-                            multiprocessing_context, pin_memory_device, in_order)
+                            multiprocessing_context, pin_memory_device, order)
         self._cuda = torch.cuda.is_available()
         warn_unpinned(self._fixed)
         self._tuning = _controller is not False
@@ -149,7 +151,7 @@ class DataLoader:
 
     def _user_settings(self, generator: Any, collate_fn: Any, timeout: float,
                        worker_init_fn: Any, multiprocessing_context: Any,
-                       pin_memory_device: str, in_order: bool) -> None:
+                       pin_memory_device: str, order: dict[str, bool]) -> None:
         """The user's arguments as torch's DataLoader keeps them, and what every pool gets."""
         self.batch_size, self.drop_last = self._ref.batch_size, self._ref.drop_last
         self.sampler, self.batch_sampler = self._ref.sampler, self._ref.batch_sampler
@@ -163,8 +165,7 @@ class DataLoader:
         self._ref_persistent = bool(self._fixed.get("num_workers")
                                     and self._fixed.get("persistent_workers"))
         self._common: dict[str, Any] = dict(collate_fn=collate_fn, timeout=timeout,
-                                            pin_memory_device=pin_memory_device,
-                                            in_order=in_order)
+                                            pin_memory_device=pin_memory_device, **order)
         if self._iterable:
             self._common.update(batch_size=self.batch_size, drop_last=self.drop_last)
 
@@ -382,7 +383,6 @@ def _first_epoch_text(first: Any, last: Any, now: Config) -> str:
 def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> TorchLoader:
     """A plain DataLoader with the user's arguments, never iterated: torch's own checks, and
     the sampler and batch_sampler exactly as torch builds them (shuffle, generator)."""
-    _check_torch()
     nw = fixed.get("num_workers", 0)
     ctx = kw["multiprocessing_context"]
     if isinstance(ctx, str):
@@ -397,16 +397,21 @@ def _reference(dataset: Any, fixed: dict[str, Any], kw: dict[str, Any]) -> Torch
     return TorchLoader(dataset, num_workers=nw, **kw)
 
 
-def _check_torch() -> None:
-    """torch added DataLoader's in_order= in 2.6 (the floor pyproject.toml declares); an
-    older torch, kept by an install with --no-deps, would fail with a bare TypeError."""
-    import inspect
+def _in_order(in_order: bool) -> dict[str, bool]:
+    """torch's DataLoader took in_order= in 2.6; on an older torch (the environment's own,
+    kept: pyproject.toml's floor is 2.1) batches always come in order, which is what
+    in_order=True asks for: the keyword is left out. Out of order needs torch 2.6."""
+    if _TORCH_IN_ORDER:
+        return {"in_order": in_order}
+    if not in_order:
+        raise UsageError(f"in_order=False needs torch 2.6 or newer (DataLoader's in_order=), "
+                         f"but torch {torch.__version__} is installed; leave in_order out "
+                         "(batches come in order), or pip install 'torch>=2.6' keeping your "
+                         "CUDA build's index.")
+    return {}
 
-    if "in_order" not in inspect.signature(TorchLoader.__init__).parameters:
-        raise UsageError(f"autotune.DataLoader needs torch 2.6 or newer (DataLoader's "
-                         f"in_order=), but torch {torch.__version__} is installed; "
-                         "pip install 'torch>=2.6' (keeping your CUDA build's index).")
 
+_TORCH_IN_ORDER = "in_order" in inspect.signature(TorchLoader.__init__).parameters
 
 
 __all__ = ["DataLoader", "TUNED"]
