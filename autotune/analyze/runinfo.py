@@ -5,7 +5,8 @@
   logged before it; a stop the user asked for (Ctrl-C: status 130 or SIGINT, or a signal
   the monitor forwarded) is not a failure and is not said;
 * for a failed job, whether /dev/shm was the likely cause: its log's last lines name a
-  /dev/shm failure, or the monitor saw /dev/shm nearly full;
+  /dev/shm failure, or the monitor saw /dev/shm nearly full; for one that ended well, that
+  it was seen nearly full, with little room left for more workers or larger batches;
 * which disk the monitor watched and why: without --data it watched the disk of the
   directory it ran in, which may not hold the dataset.
 
@@ -89,6 +90,21 @@ def shm_cause(log: Path | None, system: SystemFigures | None) -> dict[str, Any] 
             "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT}
 
 
+def shm_room(system: SystemFigures | None) -> str | None:
+    """A job that did not fail but was seen with /dev/shm nearly full: one more worker, a
+    deeper prefetch or a larger batch would die of it (None when it had room)."""
+    peak = system.shm_peak if system is not None else None
+    if not peak or not peak.get("total_bytes"):
+        return None
+    share = peak["used_bytes"] / peak["total_bytes"]
+    if share < SHM_NEARLY_FULL:
+        return None
+    return (f"/dev/shm was {share:.0%} full at its fullest sample ({_mib(peak['used_bytes'])} "
+            f"of {_mib(peak['total_bytes'])} MiB, every process's files): the job fits with "
+            "little room; one more worker, a deeper prefetch or a larger batch would die with "
+            f"'unable to allocate shared memory'. {SHM_HINT[0].upper()}{SHM_HINT[1:]}")
+
+
 def watched_disk(run: dict[str, Any], system: SystemFigures | None) -> dict[str, Any] | None:
     """The disk the monitor sampled, the path it belongs to and why that path."""
     if system is None:
@@ -138,6 +154,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
         if shm is not None:
             warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
                             f"fix: {shm['fix']}")
+    elif kind == "ok" and (room := shm_room(system)):
+        warnings.append(room)
     disk = watched_disk(run, system)
     if (disk is not None and disk["measured"] and disk["from"] != "--data"
             and not _on_disk(dataset, disk["device"])):
@@ -154,4 +172,4 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
             "status": status, "shm": shm, "disk": disk}, warnings
 
 
-__all__ = ["SHM_NEARLY_FULL", "outcome", "run_facts", "shm_cause", "watched_disk"]
+__all__ = ["SHM_NEARLY_FULL", "outcome", "run_facts", "shm_cause", "shm_room", "watched_disk"]

@@ -98,6 +98,18 @@ def test_the_metrics_alone_or_the_log_alone_point_at_shm(tmp_path):
     assert not any("/dev/shm" in w for w in other.warnings)
 
 
+def test_a_job_that_ran_with_dev_shm_nearly_full_is_told_it_has_little_room(tmp_path):
+    """A job that ended well with /dev/shm 86 % full at a sample (a user's walk: a plain
+    DataLoader, 2 workers x prefetch 2 of 18 MiB batches in a 64 MiB /dev/shm): one worker
+    more dies of it. Half full: nothing said."""
+    full = analyze(monitor_dir(tmp_path / "full", run={"returncode": 0}, shm_used_mib=55))
+    said = [w for w in full.warnings if w.startswith("/dev/shm was 86% full")]
+    assert said and "55 of 64 MiB" in said[0] and "--shm-size" in said[0], full.warnings
+    assert not any("failed" in w or "likely cause" in w for w in full.warnings)
+    half = analyze(monitor_dir(tmp_path / "half", run={"returncode": 0}, shm_used_mib=32))
+    assert not any("/dev/shm" in w for w in half.warnings), half.warnings
+
+
 def test_a_users_ctrl_c_is_not_a_crash(tmp_path):
     for name, run in (("int", {"returncode": 130, "signal": 2, "forwarded_signals": ["SIGINT"]}),
                       ("exit130", {"returncode": 130}),
