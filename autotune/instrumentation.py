@@ -173,19 +173,29 @@ def loader_info(iterable: Any) -> dict[str, Any]:
             info["batch_size"] = v
     ds = getattr(iterable, "dataset", None)
     if ds is not None:
-        d: dict[str, Any] = {"type": type(ds).__name__}
-        try:
-            d["len"] = len(ds)
-        except Exception:  # noqa: BLE001  (an IterableDataset has no length)
-            pass
+        info["dataset"] = _dataset_info(ds)
+    return info
+
+
+def _dataset_info(ds: Any) -> dict[str, Any]:
+    """The Dataset's class, length, transform and root, as far as they can be read: a
+    user's Dataset whose attributes raise (a __getattr__ over a config dict: KeyError)
+    leaves them out, never stops the job's loop."""
+    d: dict[str, Any] = {"type": type(ds).__name__}
+    try:
+        d["len"] = len(ds)
+    except Exception:  # noqa: BLE001  (an IterableDataset has no length)
+        pass
+    try:
         transform = getattr(ds, "transform", None)
         if transform is not None:
             d["transform"] = _callable_name(transform)
         root = getattr(ds, "root", None) or getattr(getattr(ds, "source", None), "root", None)
         if root is not None:
             d["root"] = os.path.abspath(os.fspath(root))
-        info["dataset"] = d
-    return info
+    except Exception:  # noqa: BLE001
+        pass
+    return d
 
 
 def _callable_name(fn: Any) -> str:

@@ -29,7 +29,7 @@ from autotune.analyze.logpass import LogPass
 from autotune.analyze.runinfo import run_facts
 from autotune.analyze.parsers import LogParser, ProfileSummary, Skip
 from autotune.analyze.reader import STDIN, LineTimes, iter_lines, spooled
-from autotune.verdict.rules import RuleInputs, cold_pass_short, decide
+from autotune.verdict.rules import RuleInputs, decide
 from autotune.errors import UsageError
 from autotune.verdict import Verdict
 
@@ -164,7 +164,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
                        dataset, meta, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
-    verdict.evidence.extend(_next_search_notes(verdict, loader, f["bs"]))
+    verdict.evidence.extend(_next_search_notes(verdict, loader, f["bs"], _cores(meta)))
     verdict.evidence.extend(trend.epochs_described(acc.epochs))
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
@@ -187,7 +187,8 @@ def _verdict(f: dict[str, Any], step_s: float | None, loader: dict[str, Any] | N
     return decide(RuleInputs(au=f["au"], data_share=f["data_share"], step_time_s=step_s,
                              images_per_s=f["ips"], batch_size=f["bs"], steps=f["steps"],
                              loader=loader, system=system, probe=probe, dataset=dataset,
-                             job_cores=_cores(meta), job_args=_job_args(loader), **run))
+                             job_cores=_cores(meta), job_args=_job_args(loader),
+                             warm_because=warm_because(loader, f["bs"], _cores(meta)), **run))
 
 
 def _finish(acc: LogPass, warnings: list[str]) -> bool:
@@ -264,13 +265,33 @@ def _factory_note(loader: dict[str, Any] | None) -> list[str]:
 
 
 def _next_search_notes(verdict: Verdict, loader: dict[str, Any] | None,
-                       batch_size: int | None) -> list[str]:
+                       batch_size: int | None, cores: float | None) -> list[str]:
     """Why the next `search` carries what the job's Dataset asks of it: a factory, --warm."""
     notes = _factory_note(loader)
-    short = cold_pass_short(loader, batch_size)
+    short = warm_because(loader, batch_size, cores)
     if short and "autotune search" in verdict.next_command:
         notes.append(short)
     return notes
+
+
+def warm_because(loader: dict[str, Any] | None, batch_size: int | None,
+                 cores: float | None) -> str | None:
+    """Why a next `search` of this job's dataset is --warm: its length (the step log's
+    loader header) at the job's batch size is too short a cold pass for the search's
+    default space on the job's cores (autotune.search.precheck.cold_pass_refused); None
+    when it is not, or when the length is not known."""
+    n = ((loader or {}).get("dataset") or {}).get("len")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not batch_size:
+        return None
+    from autotune.search.precheck import cold_pass_refused
+
+    if not cold_pass_refused(n, batch_size, int(cores or 1)):
+        return None
+    return (f"the job's dataset ({n:,} samples, the step log) makes {n // batch_size:,} "
+            f"batches of {batch_size} per epoch, too few for a cold search to measure most "
+            "of its space (each configuration's warm-up and 10 batches, twice its prefetch "
+            "queue): the next search measures warm (--warm), as the job's later epochs "
+            "read it")
 
 
 def _cores(meta: dict[str, Any]) -> float | None:

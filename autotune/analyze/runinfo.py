@@ -91,8 +91,8 @@ def shm_cause(log: Path | None, system: SystemFigures | None) -> dict[str, Any] 
 
 
 def shm_room(system: SystemFigures | None) -> str | None:
-    """A job that did not fail but was seen with /dev/shm nearly full: one more worker, a
-    deeper prefetch or a larger batch would die of it (None when it had room)."""
+    """A job that did not fail but was seen with /dev/shm nearly full: more workers, a
+    deeper prefetch or a larger batch may fail for it (None when it had room)."""
     peak = system.shm_peak if system is not None else None
     if not peak or not peak.get("total_bytes"):
         return None
@@ -101,7 +101,7 @@ def shm_room(system: SystemFigures | None) -> str | None:
         return None
     return (f"/dev/shm was {share:.0%} full at its fullest sample ({_mib(peak['used_bytes'])} "
             f"of {_mib(peak['total_bytes'])} MiB, every process's files): the job fits with "
-            "little room; one more worker, a deeper prefetch or a larger batch would die with "
+            "little room; more workers, a deeper prefetch or a larger batch may fail with "
             f"'unable to allocate shared memory'. {SHM_HINT[0].upper()}{SHM_HINT[1:]}")
 
 

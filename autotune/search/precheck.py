@@ -7,6 +7,7 @@ search's Session, its ceilings and space set."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from autotune.bench.config import MIN_WINDOW_BATCHES, BenchConfig
@@ -14,22 +15,44 @@ from autotune.errors import UsageError
 from autotune.search import recommend as rec_mod
 
 
-def check_samples(root: Any, n: int, base: BenchConfig, cold: bool) -> None:
+def check_samples(root: Any, n: int, base: BenchConfig, cold: bool,
+                  batch_sizes: list[int] | None = None) -> None:
     """A dataset whose cold pass cannot hold even the cheapest configuration's measurement
     is refused as soon as its samples are counted (exit 2), before the probe and the decode
-    ceiling (about 14 s) whose figures could change nothing. check_window decides the rest
+    ceiling (about 14 s) whose figures could change nothing. `batch_sizes`: the space's,
+    when it searches them (its smallest is the cheapest). check_window decides the rest
     against the space, which those ceilings shape."""
-    ranks, bs, need = base.procs_per_node, base.batch_size, base.fewest_batches
+    ranks, need = base.procs_per_node, base.fewest_batches
+    bs = min(batch_sizes) if batch_sizes else base.batch_size
     have = n // ranks // bs
     if not cold or have >= need:
         return
     share = f" (each of {ranks} ranks reads {n // ranks:,})" if ranks > 1 else ""
+    which = " (the space's smallest)" if batch_sizes else ""
     raise UsageError(
-        f"{root}: {n:,} images{share} make {have} batches of {bs} per cold pass; a "
+        f"{root}: {n:,} images{share} make {have} batches of {bs}{which} per cold pass; a "
         f"measurement needs at least {need} ({need - MIN_WINDOW_BATCHES} warm-up + "
         f"{MIN_WINDOW_BATCHES} measured) before the pass ends, in any configuration. Use a "
         f"smaller batch size (at most {max(1, n // ranks // need)}), --warm (later passes "
         "labelled warm), or a larger dataset.", setting="batch_size")
+
+
+def cold_pass_refused(n: int, batch_size: int, cores: int) -> bool:
+    """Whether `autotune search` with its default space and preset, on `cores` cores and
+    one rank, would refuse a dataset of `n` samples at `batch_size` for its cold pass
+    (check_samples, check_window): for analyze's next command, which then carries --warm.
+    The worker bound is the cores' (a probe that finds latency to hide raises it, and with
+    it the batches deep queues need)."""
+    from autotune.search.space import load_space
+
+    base = BenchConfig.from_preset("resnet50", batch_size=batch_size)
+    grid = load_space(None, cores=max(1, cores), cuda=False).grid()
+    out = 0
+    for p in grid:
+        cfg = replace(base, **{k: p[k] for k in ("num_workers", "prefetch_factor",
+                                                 "batch_size") if k in p})
+        out += n // cfg.batch_size < cfg.effective_warmup + cfg.min_batches
+    return n // batch_size < base.fewest_batches or out * 2 > len(grid)
 
 
 def check_window(s: Any) -> None:

@@ -155,12 +155,15 @@ def _measure_ceilings(root: Path, opts: SearchOptions, base: BenchConfig,
     from autotune.data.transforms import build_transform
     from autotune.search import ceilings as ceil_mod
     from autotune.search.precheck import check_samples
+    from autotune.search.space import load_space
     from autotune_converters.registry import open_source
 
     source = None
     if not base.dataset_factory:
         source = open_source(root, base.format)
-        check_samples(root, len(source), base, opts.cold)
+        # A space that searches batch_size measures its smallest too: the cheapest.
+        sizes = load_space(opts.space, cores=1, cuda=False).choices.get("batch_size")
+        check_samples(root, len(source), base, opts.cold, sizes)
     probe_res = None
     if opts.probe:
         from autotune.probe import probe

@@ -34,7 +34,7 @@ from autotune.verdict._base import first
 from autotune.verdict._types import Verdict
 from autotune.verdict.bounds import latency_verdict, worker_bound
 from autotune.verdict.rules._case import Case, JobRule
-from autotune.verdict.rules._inputs import RuleInputs, cold_pass_short
+from autotune.verdict.rules._inputs import RuleInputs
 from autotune.verdict.rules._load import budget_of
 from autotune.verdict.rules.at_cpu_quota import AtCpuQuota
 from autotune.verdict.rules.at_read_cap import AtReadCap
@@ -62,4 +62,4 @@ def decide(inp: RuleInputs) -> Verdict:
     return v
 
 
-__all__ = ["RULES", "RuleInputs", "budget_of", "cold_pass_short", "decide", "latency_verdict", "worker_bound"]
+__all__ = ["RULES", "RuleInputs", "budget_of", "decide", "latency_verdict", "worker_bound"]

@@ -7,7 +7,6 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.bench.config import MIN_WARMUP_BATCHES, MIN_WINDOW_BATCHES
 from autotune.monitor.figures import SystemFigures
 
 GPU_STARVED_PCT = 40.0    # practitioners' rule: a GPU under 40 % busy is starved
@@ -47,6 +46,8 @@ class RuleInputs:
     shm_failure: dict[str, Any] | None = None
     # Every step was within the warm-up: the step time is start-up, not the step's.
     warmup_only: bool = False
+    # Why a next search must be --warm: the job's dataset is too small for its cold pass.
+    warm_because: str | None = None
 
 
 def pct(x: float | None) -> str:
@@ -69,9 +70,9 @@ def commands(inp: RuleInputs) -> dict[str, str]:
     job = f" {inp.job_args.strip()}" if inp.job_args.strip() else ""
     if " --step " in f" {job} ":
         step = half = ""          # the user's own step, measured as it is
-    # A dataset too small for any cold measurement at the job's batch size: the search
-    # would refuse to run cold; the job's own epochs after its first read it warm too.
-    if cold_pass_short(inp.loader, inp.batch_size):
+    # A dataset too small for a cold search at the job's batch size: the search would
+    # refuse to run cold; the job's own epochs after its first read it warm too.
+    if inp.warm_because:
         bs += " --warm"
     return {
         "search": f"autotune search {ds}{job}{step}{bs}",
@@ -86,23 +87,6 @@ def commands(inp: RuleInputs) -> dict[str, str]:
         "monitor": f"autotune monitor --data {ds} -- YOUR TRAINING COMMAND",
         "probe": f"autotune probe {ds} --json probe.json",
     }
-
-
-def cold_pass_short(loader: dict[str, Any] | None, batch_size: int | None) -> str | None:
-    """Why a next `search` of this job's dataset is --warm: its length (the step log's
-    loader header) at the job's batch size makes fewer batches than the cheapest cold
-    measurement needs (autotune.search.precheck.check_samples); None when it does not, or
-    when the length is not known."""
-    n = ((loader or {}).get("dataset") or {}).get("len")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 0 or not batch_size:
-        return None
-    need = MIN_WARMUP_BATCHES + MIN_WINDOW_BATCHES
-    if n // batch_size >= need:
-        return None
-    return (f"the job's dataset ({n:,} samples, the step log) makes {n // batch_size} "
-            f"batches of {batch_size} per epoch, fewer than a cold measurement needs "
-            f"({need}): the next search measures warm (--warm), as the job's later epochs "
-            "read it")
 
 
 def _name(inp: RuleInputs) -> str:
