@@ -162,9 +162,9 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset,
                           warmup_only=used_warm, loader=loader)
     verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
-                       dataset, meta, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
+                       dataset, parser, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
-    verdict.evidence.extend(_next_search_notes(verdict, loader, f["bs"], _cores(meta)))
+    verdict.evidence.extend(_next_search_notes(verdict, loader, f["bs"], parser))
     verdict.evidence.extend(trend.epochs_described(acc.epochs))
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
@@ -181,14 +181,26 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
 
 def _verdict(f: dict[str, Any], step_s: float | None, loader: dict[str, Any] | None,
              system: SystemFigures | None, probe: dict[str, Any] | None, dataset: str | None,
-             meta: dict[str, Any], **run: Any) -> Verdict:
+             parser: LogParser, **run: Any) -> Verdict:
     """The verdict engine on the log's figures (`step_s`: the step's own time; `run`: how
     the run went, RuleInputs' shm_failure and warmup_only)."""
+    cores, procs = _cores(getattr(parser, "meta", {}) or {}), procs_per_node(parser)
     return decide(RuleInputs(au=f["au"], data_share=f["data_share"], step_time_s=step_s,
                              images_per_s=f["ips"], batch_size=f["bs"], steps=f["steps"],
                              loader=loader, system=system, probe=probe, dataset=dataset,
-                             job_cores=_cores(meta), job_args=_job_args(loader),
-                             warm_because=warm_because(loader, f["bs"], _cores(meta)), **run))
+                             job_cores=cores, job_args=_job_args(loader, procs),
+                             warm_because=warm_because(loader, f["bs"], cores, procs), **run))
+
+
+def procs_per_node(parser: LogParser) -> int:
+    """The ranks on one host, from the step log's headers (autotune's own log writes one
+    per rank, with its host and rank): a next search's --procs-per-node. 1 otherwise."""
+    hosts: dict[str, set[int]] = {}
+    for h in getattr(parser, "headers", None) or []:
+        rank = h.get("rank")
+        if type(rank) is int and rank >= 0:
+            hosts.setdefault(str(h.get("host")), set()).add(rank)
+    return max((len(r) for r in hosts.values()), default=1)
 
 
 def _finish(acc: LogPass, warnings: list[str]) -> bool:
@@ -233,12 +245,15 @@ OPENED_BY_AUTOTUNE = {"ImageDataset", "MapDataset", "ShardDataset", "WdsDataset"
 AUTOTUNE_MODULES = ("autotune.", "autotune_converters.")
 
 
-def _job_args(loader: dict[str, Any] | None) -> str:
-    """What the next `search` needs to measure this job's own Dataset (the step log names
-    its class and, for autotune's datasets, its transform): a `--dataset-factory` where the
+def _job_args(loader: dict[str, Any] | None, procs: int = 1) -> str:
+    """What the next `search` needs to measure this job: its ranks on a node (their share
+    of the cores bounds each one's workers), and its own Dataset (the step log names its
+    class and, for autotune's datasets, its transform): a `--dataset-factory` where the
     class is not one search reads as is, or is one of autotune's with the user's own
     transform; a folder searched through autotune's pipeline would be another job."""
-    return "--dataset-factory YOUR_FILE.py:FUNCTION" if _why_factory(loader) else ""
+    ranks = f"--procs-per-node {procs}" if procs > 1 else ""
+    factory = "--dataset-factory YOUR_FILE.py:FUNCTION" if _why_factory(loader) else ""
+    return " ".join(a for a in (factory, ranks) if a)
 
 
 def _why_factory(loader: dict[str, Any] | None) -> str | None:
@@ -265,17 +280,18 @@ def _factory_note(loader: dict[str, Any] | None) -> list[str]:
 
 
 def _next_search_notes(verdict: Verdict, loader: dict[str, Any] | None,
-                       batch_size: int | None, cores: float | None) -> list[str]:
+                       batch_size: int | None, parser: LogParser) -> list[str]:
     """Why the next `search` carries what the job's Dataset asks of it: a factory, --warm."""
     notes = _factory_note(loader)
-    short = warm_because(loader, batch_size, cores)
+    short = warm_because(loader, batch_size, _cores(getattr(parser, "meta", {}) or {}),
+                         procs_per_node(parser))
     if short and "autotune search" in verdict.next_command:
         notes.append(short)
     return notes
 
 
 def warm_because(loader: dict[str, Any] | None, batch_size: int | None,
-                 cores: float | None) -> str | None:
+                 cores: float | None, procs: int = 1) -> str | None:
     """Why a next `search` of this job's dataset is --warm: its length (the step log's
     loader header) at the job's batch size is too short a cold pass for the search's
     default space on the job's cores (autotune.search.precheck.cold_pass_refused); None
@@ -285,7 +301,7 @@ def warm_because(loader: dict[str, Any] | None, batch_size: int | None,
         return None
     from autotune.search.precheck import cold_pass_refused
 
-    if not cold_pass_refused(n, batch_size, int(cores or 1)):
+    if not cold_pass_refused(n, batch_size, int(cores or 1), procs):
         return None
     return (f"the job's dataset ({n:,} samples, the step log) makes {n // batch_size:,} "
             f"batches of {batch_size} per epoch, too few for a cold search to measure most "

@@ -37,16 +37,18 @@ def check_samples(root: Any, n: int, base: BenchConfig, cold: bool,
         "labelled warm), or a larger dataset.", setting="batch_size")
 
 
-def cold_pass_refused(n: int, batch_size: int, cores: int) -> bool:
+def cold_pass_refused(n: int, batch_size: int, cores: int, ranks: int = 1) -> bool:
     """Whether `autotune search` with its default space and preset, on `cores` cores and
-    one rank, would refuse a dataset of `n` samples at `batch_size` for its cold pass
+    `ranks` ranks a node (each reads its share, its workers bounded by its share of the
+    cores), would refuse a dataset of `n` samples at `batch_size` for its cold pass
     (check_samples, check_window): for analyze's next command, which then carries --warm.
     The worker bound is the cores' (a probe that finds latency to hide raises it, and with
     it the batches deep queues need)."""
     from autotune.search.space import load_space
 
     base = BenchConfig.from_preset("resnet50", batch_size=batch_size)
-    grid = load_space(None, cores=max(1, cores), cuda=False).grid()
+    grid = load_space(None, cores=max(1, cores // ranks), cuda=False).grid()
+    n //= max(1, ranks)
     out = 0
     for p in grid:
         cfg = replace(base, **{k: p[k] for k in ("num_workers", "prefetch_factor",

@@ -113,6 +113,33 @@ def test_the_next_search_of_a_conversion_read_with_the_users_transform_names_a_f
     assert "--dataset-factory" not in folder.next_command, folder.next_command
 
 
+def _ranks_log(path: Path, hosts: list[str]) -> Path:
+    """An instrument() log of one rank per entry of `hosts`, 60 compute-bound steps each."""
+    lines = []
+    for rank, host in enumerate(hosts):
+        lines.append(json.dumps({"autotune": "steps", "version": 1, "cores": 8, "host": host,
+                                 "rank": rank, "world_size": len(hosts),
+                                 "loader": {"num_workers": 2, "dataset": {"root": "/d"}}}))
+        lines += [json.dumps({"t": 1e6 + i * 0.101, "epoch": 0, "step": i, "wait_s": 0.001,
+                              "step_s": 0.1, "batch": 32, "rank": rank}) for i in range(60)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_next_search_of_a_ddp_job_names_its_ranks_on_a_node(tmp_path):
+    """Two ranks on a node: each one's workers are bounded by half the cores, and a next
+    search without --procs-per-node recommended twice the workers per rank (a user's walk:
+    2 workers a rank on 2 cores; 1 with the flag, as the online tuner had settled). Four
+    ranks on two hosts: 2 a node. One rank: no flag."""
+    for hosts, flag in ((["a", "a"], " --procs-per-node 2"), (["a", "a", "b", "b"],
+                                                             " --procs-per-node 2"),
+                        (["a"], "")):
+        v = analyze(_ranks_log(tmp_path / f"{len(hosts)}.jsonl", hosts)).verdict
+        assert v.next_command.startswith("autotune search "), v
+        assert (" --procs-per-node " in v.next_command) is bool(flag), v.next_command
+        assert flag in v.next_command, v.next_command
+
+
 def test_epoch_start_spikes_and_first_epoch_falls(tmp_path):
     cold = [(0.2, 0.1)] * 40                                # first epoch from storage
     warm = [(2.0, 0.1)] + [(0.01, 0.1)] * 39                # workers restart each epoch
