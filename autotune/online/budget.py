@@ -146,6 +146,7 @@ class Budget:
             return
         sb = shm_budget(env, self._dl._local, nccl=nccl_in_use())
         ctl.shm = sb.budget_bytes
+        ctl.shm_ranks = max(1, self._dl._local or 1)
         ctl.beside = _beside(self._dl)
         self.shm_source = sb.source
         if sb.oom_group:

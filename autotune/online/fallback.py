@@ -71,12 +71,13 @@ def _shm_fix(dl: Any, failed: Config, why_: failure.PoolFailure) -> str:
     if why_.kind != "shm":
         return ""
     from autotune.online.budget import shm_held_by_others
-    from autotune.online.limits import mib
+    from autotune.online.limits import mib, shm_need
     from autotune.shmfit import needed_bytes
 
     per, held = dl._batch_bytes, shm_held_by_others(dl)
-    need = (f"{mib(needed_bytes(failed.num_workers, failed.prefetch_factor, per))} of free "
-            f"/dev/shm would hold {failed.short()}" if per else
+    ranks = max(1, dl._local or 1)
+    need = (f"{shm_need(needed_bytes(failed.num_workers, failed.prefetch_factor, per), ranks)}"
+            f" would hold {failed.short()}" if per else
             f"/dev/shm had no room for the batches of {failed.short()}")
     beside = (f", beside the {mib(held)} the batches of another autotune.DataLoader of this "
               "process hold there now" if held else "")

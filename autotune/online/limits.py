@@ -66,8 +66,18 @@ def no_worker_text(ctl: Any, cfg: Config, fitted: Config, per_batch: int) -> str
     from autotune.shmfit import needed_bytes
 
     need = needed_bytes(cfg.num_workers, cfg.prefetch_factor, per_batch)
-    return (f"; every batch is made in the training process: {mib(need)} of free /dev/shm "
-            f"would hold {cfg.short()} (docker run --shm-size, or a smaller batch)")
+    return (f"; every batch is made in the training process: "
+            f"{shm_need(need, getattr(ctl, 'shm_ranks', 1))} would hold {cfg.short()} "
+            "(docker run --shm-size, or a smaller batch)")
+
+
+def shm_need(need: int, ranks: int) -> str:
+    """The free /dev/shm that holds `need` bytes of one rank's batches, said for the node
+    when `ranks` ranks share it (a --shm-size of one rank's need leaves each half)."""
+    if ranks <= 1:
+        return f"{mib(need)} of free /dev/shm"
+    return (f"{mib(need * ranks)} of free /dev/shm for this node's {ranks} ranks "
+            f"({mib(need)} each)")
 
 
 def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> None:
