@@ -138,8 +138,14 @@ def read_pss_bytes(pid: int) -> int | None:
     """
     data = read_proc(f"/proc/{pid}/smaps_rollup", 8192)
     if not data:
-        # Gone since the listing: nothing to count, as statm's 0; else unreadable.
-        return 0 if not os.path.exists(f"/proc/{pid}") else None
+        # Gone since the listing, or exiting (its memory already released: an empty
+        # smaps_rollup and statm's 0 while /proc/PID is still there, as a worker of a
+        # pool not kept between epochs ends): nothing to count. Else unreadable. The
+        # exiting case made one sample of a bench in three None, and the peak RSS
+        # (3x PSS: the shared pages once per worker) then judged --max-memory.
+        if not os.path.exists(f"/proc/{pid}") or read_rss_bytes(pid) == 0:
+            return 0
+        return None
     for line in data.splitlines():
         if line.startswith(b"Pss:"):
             try:

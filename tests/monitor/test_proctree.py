@@ -214,3 +214,23 @@ def test_tree_pss_counts_forked_children_s_shared_pages_once() -> None:
         assert isinstance(v, TreeUsage) and v.pss_bytes is None and v.rss_bytes > 3 * 96 * mib
     finally:
         _kill_tree(p)
+
+
+def test_a_process_whose_memory_is_released_counts_no_pss():
+    """An exiting process keeps /proc/PID after its memory is released (a pool not kept
+    between epochs ends its workers while the bench samples): its smaps_rollup is empty.
+    That read as "unreadable", so one sample of a bench in three had no PSS and the peak
+    RSS judged --max-memory (a user's walk: a 3-worker trial rejected at 1,175 MiB of RSS
+    for 360 MiB of PSS). A zombie is in that state for good."""
+    from autotune.monitor.proctree import read_pss_bytes
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while not open(f"/proc/{child.pid}/stat").read().split(") ")[1].startswith("Z"):
+        assert time.time() < deadline
+        time.sleep(0.01)
+    try:
+        assert read_pss_bytes(child.pid) == 0
+        assert read_pss_bytes(os.getpid()) > 0          # a live process: its own figure
+    finally:
+        child.wait()
