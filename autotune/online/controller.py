@@ -85,9 +85,7 @@ class Controller:
     # What the process's other loaders hold in /dev/shm beyond what they held when `shm`
     # was read (limits.shm_room).
     beside: Callable[[], int] | None = None
-    # The ranks on this node sharing /dev/shm (`shm` is this one's share): what a fix names
-    # is the node's size, the share times them.
-    shm_ranks: int = 1
+    shm_ranks: int = 1   # the ranks sharing this node's /dev/shm: a fix names the node's size
     # Configurations whose pool failed (shm refused, a worker killed): neither they nor any
     # needing as much (as many workers and as long a queue) is tried again in this run.
     failed_configs: list = field(default_factory=list)
