@@ -161,10 +161,10 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     shortest, across_note = _shortest_rank_step(acc, f["step_q"])
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset,
                           warmup_only=used_warm, loader=loader)
-    verdict = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
-                       dataset, parser, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
+    verdict, warm = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
+                             dataset, parser, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
-    verdict.evidence.extend(_next_search_notes(verdict, loader, f["bs"], parser))
+    verdict.evidence.extend(_next_search_notes(verdict, loader, warm))
     verdict.evidence.extend(trend.epochs_described(acc.epochs))
     return Analysis(
         log=str(inp.log), format=fmt, lines=lines, steps=f["steps"], batches=f["batches"],
@@ -181,15 +181,17 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
 
 def _verdict(f: dict[str, Any], step_s: float | None, loader: dict[str, Any] | None,
              system: SystemFigures | None, probe: dict[str, Any] | None, dataset: str | None,
-             parser: LogParser, **run: Any) -> Verdict:
+             parser: LogParser, **run: Any) -> tuple[Verdict, str | None]:
     """The verdict engine on the log's figures (`step_s`: the step's own time; `run`: how
-    the run went, RuleInputs' shm_failure and warmup_only)."""
+    the run went, RuleInputs' shm_failure and warmup_only), and why its next search is
+    --warm (None: it is not)."""
     cores, procs = _cores(getattr(parser, "meta", {}) or {}), procs_per_node(parser)
+    warm = warm_because(loader, f["bs"], cores, procs)
     return decide(RuleInputs(au=f["au"], data_share=f["data_share"], step_time_s=step_s,
                              images_per_s=f["ips"], batch_size=f["bs"], steps=f["steps"],
                              loader=loader, system=system, probe=probe, dataset=dataset,
                              job_cores=cores, job_args=_job_args(loader, procs),
-                             warm_because=warm_because(loader, f["bs"], cores, procs), **run))
+                             warm_because=warm, **run)), warm
 
 
 def procs_per_node(parser: LogParser) -> int:
@@ -280,13 +282,12 @@ def _factory_note(loader: dict[str, Any] | None) -> list[str]:
 
 
 def _next_search_notes(verdict: Verdict, loader: dict[str, Any] | None,
-                       batch_size: int | None, parser: LogParser) -> list[str]:
-    """Why the next `search` carries what the job's Dataset asks of it: a factory, --warm."""
+                       warm: str | None) -> list[str]:
+    """Why the next `search` carries what the job's Dataset asks of it: a factory, --warm
+    (`warm`: _verdict's reason)."""
     notes = _factory_note(loader)
-    short = warm_because(loader, batch_size, _cores(getattr(parser, "meta", {}) or {}),
-                         procs_per_node(parser))
-    if short and "autotune search" in verdict.next_command:
-        notes.append(short)
+    if warm and "autotune search" in verdict.next_command:
+        notes.append(warm)
     return notes
 
 

@@ -51,10 +51,17 @@ def cold_pass_refused(n: int, batch_size: int, cores: int, ranks: int = 1) -> bo
     n //= max(1, ranks)
     out = 0
     for p in grid:
-        cfg = replace(base, **{k: p[k] for k in ("num_workers", "prefetch_factor",
-                                                 "batch_size") if k in p})
-        out += n // cfg.batch_size < cfg.effective_warmup + cfg.min_batches
+        need, bs = cold_need(base, p)
+        out += n // bs < need
     return n // batch_size < base.fewest_batches or out * 2 > len(grid)
+
+
+def cold_need(base: BenchConfig, params: dict[str, Any]) -> tuple[int, int]:
+    """(batches a measurement of `params` needs in one cold pass: its warm-up and the
+    fewest a figure is made of; its batch size), from the search's `base` settings."""
+    cfg = replace(base, **{k: params[k] for k in ("num_workers", "prefetch_factor",
+                                                 "batch_size") if k in params})
+    return cfg.effective_warmup + cfg.min_batches, cfg.batch_size
 
 
 def check_window(s: Any) -> None:

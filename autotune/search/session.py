@@ -15,7 +15,6 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from autotune.errors import UsageError
 from autotune.search import recommend as rec_mod
 from autotune.search import sharedtrials
 from autotune.search.ceilings import Ceilings
-from autotune.search.precheck import batch_note, check_seconds, check_window
+from autotune.search.precheck import batch_note, check_seconds, check_window, cold_need
 from autotune.search.records import TrialRecord
 from autotune.search.space import SearchSpace
 
@@ -185,11 +184,9 @@ class Session:
     def needs(self, params: dict[str, Any]) -> tuple[int, int]:
         """(batches a measurement of `params` needs in one cold pass: its warm-up and the
         fewest a figure is made of; batches of its size each rank's pass holds)."""
-        cfg = replace(self.base, **{k: params[k] for k in ("num_workers", "prefetch_factor",
-                                                          "batch_size") if k in params})
+        need, bs = cold_need(self.base, params)
         n = self.ceilings.samples  # type: ignore[union-attr]
-        return (cfg.effective_warmup + cfg.min_batches,
-                (n or 0) // self.base.procs_per_node // cfg.batch_size)
+        return need, (n or 0) // self.base.procs_per_node // bs
 
     def fit_shm(self) -> None:
         """Measure the first batch (no workers) and gate the space on /dev/shm: what
