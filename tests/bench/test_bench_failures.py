@@ -124,7 +124,8 @@ def _run_in_thread(ds: Path, cfg: BenchConfig) -> tuple[threading.Thread, dict]:
 
 def _workers(box: dict, n: int, measurement_processes, timeout: float = 60.0) -> list[psutil.Process]:
     """The DataLoader workers (children of the measurement process) while it measures."""
-    assert box["measuring"].wait(timeout), "the measurement did not start"
+    started = box["measuring"].wait(timeout)
+    assert started, f"the measurement did not start: {getattr(box.get('res'), 'reason', None)}"
     assert "error" not in box, box["error"]
     procs = measurement_processes()
     root = next(p for p in procs if p.ppid() not in {q.pid for q in procs})
@@ -165,16 +166,19 @@ def test_frozen_worker_hits_the_hard_timeout(bench_ds: Path, no_leftovers,
     # SIGSTOP freezes every thread of the worker, including the one that passes batch
     # file descriptors: the main process then blocks inside the queue read, beyond the
     # DataLoader timeout's reach. Only the hard timeout ends it. (The workers are stopped
-    # as soon as the measurement starts, long before its 5 s window could end.)
-    t, box = _run_in_thread(bench_ds, _cfg(seconds=5, batch_timeout_s=3, timeout_s=10))
+    # as soon as the measurement starts, long before its 5 s window could end.) The hard
+    # timeout counts from the process's start: on a busy CI machine the start-up and the
+    # warm-up alone took over 10 s, so the timeout ended the run before it measured
+    # anything and the workers were never stopped. 30 s leaves that start-up room.
+    t, box = _run_in_thread(bench_ds, _cfg(seconds=5, batch_timeout_s=3, timeout_s=30))
     stopped = _workers(box, 2, live_measurements)
     for w in stopped:
         w.send_signal(signal.SIGSTOP)
-    t.join(60)
+    t.join(90)
     r = box["res"]
     assert r.failed and r.failure_kind in ("hung", "timeout"), (r.failure_kind, r.reason)
     if r.failure_kind == "hung":
-        assert "no result after 10 s (hard timeout)" in r.reason and r.process["timed_out"]
+        assert "no result after 30 s (hard timeout)" in r.reason and r.process["timed_out"]
     assert all(not psutil.pid_exists(w.pid) for w in stopped)  # stopped, then killed
     no_leftovers(r)
 
