@@ -31,7 +31,10 @@ class _Heavy(Slow):
         self.ballast = bytes(1 << 20)
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn", "forkserver"])
+# forkserver starts its workers on the same thread and through the same hand-off as spawn
+# (pool.py makes no difference between them there); it stays in `scripts/test`'s full run.
+@pytest.mark.parametrize("ctx", ["fork", "spawn", pytest.param("forkserver",
+                                                               marks=pytest.mark.extended)])
 def test_a_pool_handed_on_while_starting_loses_no_batch(ctx):
     """Each epoch forces a new pool at its first batch and ends (or is left at its second
     batch) long before that pool's spawn/forkserver workers are up: the next epoch starts on
