@@ -106,24 +106,41 @@ def _arg(k: str, v: Any) -> str:
     return f"{k}={PARAMS[k].python(v) if k in PARAMS else repr(v)}"
 
 
+_SAMPLER = ("sampler = torch.utils.data.distributed.DistributedSampler(dataset)"
+            "  # this rank's share, shuffled")
+
+
+def _order_arg(iterable: bool, ranks: int) -> list[str]:
+    """How a training loader is ordered, written out (the user's to keep): a map-style
+    dataset's `shuffle=True` on one rank, its DistributedSampler's `sampler=` on several
+    (shuffle=True there would train every rank on the whole dataset); none for an
+    iterable dataset, which orders and splits itself."""
+    if iterable:
+        return []
+    return ["sampler=sampler"] if ranks > 1 else ["shuffle=True"]
+
+
 def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
-                       iterable: bool = False) -> str:
-    """Ready-to-paste DataLoader call for the recommended configuration (a map-style
-    dataset's `shuffle=True` written out: a training loader's order, the user's to keep)."""
+                       iterable: bool = False, ranks: int = 1) -> str:
+    """Ready-to-paste DataLoader call for the recommended configuration, its order written
+    out (`_order_arg`: `shuffle=True`, or a DistributedSampler for `ranks` > 1)."""
     kw = kwargs_of(params, batch_size, iterable=iterable)
     args = [_arg(k, v) for k, v in kw.items()]
-    if not iterable:
-        args.insert(1, "shuffle=True")
-    return "loader = torch.utils.data.DataLoader(\n    dataset,\n    " + ",\n    ".join(args) + ",\n)"
+    args[1:1] = _order_arg(iterable, ranks)
+    head = _SAMPLER + "\n" if ranks > 1 and not iterable else ""
+    return (head + "loader = torch.utils.data.DataLoader(\n    dataset,\n    "
+            + ",\n    ".join(args) + ",\n)")
 
 
 def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterable: bool,
-               batch_size_from: str = "option", factory: str | None = None) -> str:
+               batch_size_from: str = "option", factory: str | None = None,
+               ranks: int = 1) -> str:
     """The lines that build `autotune.open_dataset(dataset)` (or, when the search measured
     the user's own Dataset, `factory` "file.py:function", that function's) and its
     DataLoader with the recommended settings, and the epoch loop around them (runnable once
     `transform` and the step are the user's). A batch size the user never chose (the
-    preset's) is marked to be replaced."""
+    preset's) is marked to be replaced. With `ranks` > 1 (a --procs-per-node search) a
+    map-style dataset gets a DistributedSampler and its set_epoch, as each DDP rank needs."""
     kw = kwargs_of(params, batch_size, iterable=iterable)
     args = [_arg(k, v) for k, v in kw.items()]
     note = {"preset": "  # the preset's, measured: put yours (a model setting)",
@@ -142,12 +159,16 @@ def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterabl
         lines = ["import autotune", "import torch", "",
                  "# transform: yours (a PIL image in RGB in, a tensor out)",
                  f"dataset = autotune.open_dataset({', '.join(ds_args)})"]
+    sampler = ranks > 1 and not iterable
+    if sampler:
+        lines.append(_SAMPLER)
     lines += ["loader = torch.utils.data.DataLoader(", "    dataset,",
              f"    {args[0]},{note}"]
-    if not iterable:
-        lines.append("    shuffle=True,")
-    lines += [f"    {a}," for a in args[1:]] + [")", "for epoch in range(epochs):"]
-    if iterable and not factory:
+    lines += [f"    {a}," for a in _order_arg(iterable, ranks) + args[1:]]
+    lines += [")", "for epoch in range(epochs):"]
+    if sampler:
+        lines.append("    sampler.set_epoch(epoch)  # this epoch's order")
+    elif iterable and not factory:
         lines.append("    dataset.set_epoch(epoch)  # this epoch's shard order and buffer")
     lines += ["    for images, labels in loader:", "        ...  # your step"]
     return "\n".join(lines)

@@ -62,6 +62,15 @@ class SearchResult:
         return self.ceilings.iterable
 
     @property
+    def ranks(self) -> int:
+        """The ranks a node each measurement ran (--procs-per-node, or LOCAL_WORLD_SIZE
+        where it was not given: the recommended trial's ranks then say), each its share."""
+        n = self.options.get("procs_per_node")
+        if n is None and self.recommended is not None and self.recommended.per_rank:
+            n = len(self.recommended.per_rank)
+        return n if isinstance(n, int) and n > 1 else 1
+
+    @property
     def batch_size_from(self) -> str:
         """Who chose the batch size measured: "searched" (the space), "option" (the
         user's --batch-size, or tune(batch_size=)) or "preset" (nobody: the preset's)."""
@@ -79,7 +88,8 @@ class SearchResult:
                 "iterable": self.iterable,
                 "code": rec_mod.train_code(self.dataset, rec.params, bs, iterable=self.iterable,
                                            batch_size_from=self.batch_size_from,
-                                           factory=self.options.get("dataset_factory"))}
+                                           factory=self.options.get("dataset_factory"),
+                                           ranks=self.ranks)}
 
     @property
     def cold(self) -> bool:
@@ -121,7 +131,8 @@ class SearchResult:
             "gain_vs_baseline": self.gain_vs_baseline,
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "snippet": rec_mod.dataloader_snippet(rec.params, self.batch_size,
-                                                  iterable=self.iterable) if rec else None,
+                                                  iterable=self.iterable,
+                                                  ranks=self.ranks) if rec else None,
             "dataset_format": self.dataset_format,
             "yaml": rec_mod.yaml_block(rec.params, self.batch_size,
                                        iterable=self.iterable) if rec else None,

@@ -140,6 +140,60 @@ def test_the_train_lines_of_a_search_of_the_users_own_dataset_build_it(small_dat
     assert sum(seen) == 20
 
 
+
+def _rank_runs(rank: int, code: str, store: str, out: str) -> None:
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    seen: list[list[int]] = []
+
+    def make(root):
+        return torch.utils.data.TensorDataset(torch.arange(20), torch.arange(20) % 2)
+
+    code = code.replace("...  # your step", "epoch_seen.extend(images.tolist())")
+    code = code.replace("for images, labels in loader:",
+                        "epoch_seen = []\n    seen.append(epoch_seen)\n"
+                        "    for images, labels in loader:")
+    exec(compile(code, "<train>", "exec"), {"make": make, "epochs": 2, "seen": seen})
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(seen, f)
+
+
+def test_the_train_lines_of_a_ranks_search_give_each_rank_its_share(small_dataset, tmp_path):
+    """A --procs-per-node search's lines: each DDP rank reads its share, through a
+    DistributedSampler and its set_epoch. With `shuffle=True`, as written before, each
+    of the 2 gloo ranks below trained on all 20 samples, every epoch."""
+    import json
+    import multiprocessing as mp
+
+    from autotune.search.recommend import dataloader_snippet, train_code
+
+    code = train_code(str(small_dataset), {**CONFIG, "num_workers": 0}, 4, iterable=False,
+                      batch_size_from="option", factory="my_data.py:make", ranks=2)
+    assert "shuffle=True" not in code and "sampler.set_epoch(epoch)" in code
+    snippet = dataloader_snippet({**CONFIG, "num_workers": 0}, 4, ranks=2)
+    assert "DistributedSampler(dataset)" in snippet and "sampler=sampler" in snippet
+    assert "shuffle" not in dataloader_snippet(CONFIG, 4, iterable=True, ranks=2)
+    ctx = mp.get_context("fork")
+    outs = [tmp_path / f"rank{r}.json" for r in range(2)]
+    procs = [ctx.Process(target=_rank_runs, args=(r, code, str(tmp_path / "store"), str(o)))
+             for r, o in enumerate(outs)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0, p.exitcode
+    seen = [json.loads(o.read_text()) for o in outs]
+    for epoch in range(2):
+        a, b = seen[0][epoch], seen[1][epoch]
+        assert len(a) == len(b) == 10 and sorted(a + b) == list(range(20)), (epoch, a, b)
+    assert seen[0][0] != seen[0][1]   # set_epoch: another order the second epoch
+
+
 MiB = 2**20
 
 

@@ -115,6 +115,10 @@ def test_search_with_a_factory_and_ranks_hands_back_kwargs_that_work(small_datas
     kw = autotune.loader_kwargs(out / "search.json")
     assert kw == d["loader_kwargs"] and kw["batch_size"] == 4 and "shuffle" not in kw
     assert d["batch_size_from"] == "option" and d["schema"] == "autotune.search/2"
+    # The code handed back gives each rank its share (shuffle=True trained each on all).
+    for code in (d["snippet"], d["train"]["code"]):
+        assert "sampler=sampler" in code and "shuffle=True" not in code, code
+    assert "sampler.set_epoch(epoch)" in d["train"]["code"]
     # A plain DataLoader over the user's dataset takes them as they are.
     import torch.utils.data
 
