@@ -4,6 +4,7 @@ test_tuning.py), and its settings cache."""
 from __future__ import annotations
 
 import json
+import logging
 
 from autotune.online import cache
 from autotune.online.config import Config
@@ -477,3 +478,29 @@ def test_the_meter_counts_every_measured_batch_across_its_resets():
     for _ in range(5):
         m.add(0.01, 0.001)          # 2 skipped, 3 measured
     assert len(m.steps) == 3 and m.counted == 6
+
+
+def test_under_torchrun_a_shared_decision_is_said_once_a_node_and_a_ranks_own_names_it(
+        monkeypatch, caplog):
+    """8 ranks on a node printed each decision and the /dev/shm fit warning 8 times: the
+    node's other ranks now say what they share at DEBUG, and their own findings with
+    their rank."""
+    from autotune.online.decisions import emit
+
+    caplog.set_level(logging.DEBUG, logger="autotune.online")
+    for local, rank in ((0, 8), (3, 11)):
+        monkeypatch.setenv("LOCAL_RANK", str(local))
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "16")
+        emit("fit", "num_workers=2 holds too much /dev/shm", warn=True)
+        emit("verdict", "AU 0.41 after tuning", warn=True)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("WARNING", "num_workers=2 holds too much /dev/shm"),
+                    ("WARNING", "rank 8: AU 0.41 after tuning"),
+                    ("DEBUG", "num_workers=2 holds too much /dev/shm"),
+                    ("WARNING", "rank 11: AU 0.41 after tuning")], said
+    caplog.clear()
+    for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):  # one process, no launcher: as before
+        monkeypatch.delenv(name)
+    emit("verdict", "AU 0.41 after tuning", warn=True)
+    assert [r.getMessage() for r in caplog.records] == ["AU 0.41 after tuning"]

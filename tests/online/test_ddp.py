@@ -21,21 +21,23 @@ def _rank(rank: int, world: int, rdv: str, out: str) -> None:
     from torch.utils.data import DataLoader as TorchLoader, DistributedSampler
 
     import autotune
-    os.environ["LOCAL_WORLD_SIZE"] = str(world)
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))  # as torchrun sets them
     dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
     ds = Slow(160, 0.003)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=1)
     loader = autotune.DataLoader(ds, batch_size=4, sampler=sampler, key="ddp-test")
-    events = []
+    events, levels = [], set()
 
     class Decisions(logging.Handler):
         def emit(self, record):
             e = getattr(record, "autotune_event", None)
             if e in DECISIONS:
                 events.append([e, loader._steps, record.autotune.get("config")])
+                levels.add(record.levelname)
     log = logging.getLogger("autotune.online")
     log.addHandler(Decisions())
-    log.setLevel(logging.INFO)
+    log.setLevel(logging.DEBUG)  # the second rank's: said once a node, at INFO by the first
     seqs = []
     for epoch in range(4):
         sampler.set_epoch(epoch)
@@ -50,7 +52,7 @@ def _rank(rank: int, world: int, rdv: str, out: str) -> None:
         plain_sampler.set_epoch(epoch)
         ref += [b.flatten().tolist() for b in plain]
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"events": events, "same_batches": seqs == ref,
+        json.dump({"events": events, "levels": sorted(levels), "same_batches": seqs == ref,
                    "bound": loader._ctl.bound}, f)
     dist.destroy_process_group()
 
@@ -73,6 +75,8 @@ def test_two_gloo_ranks_decide_alike_at_the_same_steps(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["same_batches"] and r1["same_batches"]
     assert r0["events"] == r1["events"]
+    # Decided together, said once a node: torchrun's LOCAL_RANK 1 says them at DEBUG.
+    assert (r0["levels"], r1["levels"]) == (["INFO"], ["DEBUG"]), (r0["levels"], r1["levels"])
     assert any(e[0] == "try" for e in r0["events"])  # a decision was taken, together
     assert r0["bound"] == r1["bound"] == max(1, _cores() // 2)  # each rank's share
 
