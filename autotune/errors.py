@@ -8,7 +8,9 @@ of measurement added:
     ├── UsageError           an option, argument, input file or dataset is invalid          exit 2
     │   ├── UnsafeName       a manifest, plan or state file names a path outside its tree
     │   ├── DatasetError     nothing readable at a path, a newer manifest, readers > shards
-    │   └── StoreDenied      an object store refused: no such bucket, access denied
+    │   ├── StoreDenied      an object store refused: no such bucket, access denied
+    │   └── TorchTooOld      a DataLoader keyword this torch lacks (in_order=False before
+    │                        2.6); also a TypeError, as torch's own refusal is
     ├── StoreUnreachable     an object store did not answer, or its retries ran out
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
     ├── StageError           staging cannot start or go on (space, lock, manifest)
@@ -51,6 +53,13 @@ class FioError(AutotuneError):
     """fio failed, printed something that is not its JSON, or is not installed."""
 
 
+class TorchTooOld(UsageError, TypeError):
+    """autotune.DataLoader was asked for something the installed torch's DataLoader cannot
+    do (`in_order=False` before torch 2.6); the message names both versions and the fix.
+    Also a TypeError, which torch's own DataLoader raises for a keyword it lacks, so a
+    caller's `except TypeError` fallback for an older torch catches it."""
+
+
 class NotPermitted(AutotuneError):
     """The operation needs privileges (root, FUSE, cgroups) this process does not have."""
 
@@ -58,4 +67,4 @@ class NotPermitted(AutotuneError):
 __all__ = ["AutotuneError", "ConvertError", "DatasetError", "FioError", "GateFailed",
            "GateUnmeasured", "NoRoom", "NotPermitted",
            "SampleError", "StageError", "StoreDenied", "StoreUnreachable", "ToolMissing",
-           "UnsafeName", "UsageError"]
+           "TorchTooOld", "UnsafeName", "UsageError"]

@@ -13,8 +13,10 @@ of measurement. The CLI maps the tree to exit codes in one place (`autotune.cli.
     │   │                    the endpoint, the bucket and the server's error code)
     │   ├── NoRoom           a conversion's DST lacks the free space for what it will write
     │   │                    (names DST, both figures and the fix; nothing written)
-    │   └── FactoryError     autotune.bench.factory: a --dataset-factory raised or returned
-    │                        something else than a Dataset
+    │   ├── FactoryError     autotune.bench.factory: a --dataset-factory raised or returned
+    │   │                    something else than a Dataset
+    │   └── TorchTooOld      autotune.errors: a DataLoader keyword this torch lacks (also a
+    │                        TypeError, as torch's own refusal is)
     ├── StoreUnreachable     an object store did not answer, or its retries ran out
     ├── ConvertError         a conversion stopped (names the file and the fix; rerun resumes)
     ├── StageError           staging cannot start or go on (space, lock, manifest)

@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader
 from torch.utils.data import IterableDataset
 
-from autotune.errors import UsageError
+from autotune.errors import TorchTooOld, UsageError
 from autotune.online import cache, ddp, why
 from autotune.online.budget import Budget
 from autotune.online.config import TUNED, Config
@@ -404,7 +404,7 @@ def _in_order(in_order: bool) -> dict[str, bool]:
     if _TORCH_IN_ORDER:
         return {"in_order": in_order}
     if not in_order:
-        raise UsageError(f"in_order=False needs torch 2.6 or newer (DataLoader's in_order=), "
+        raise TorchTooOld(f"in_order=False needs torch 2.6 or newer (DataLoader's in_order=), "
                          f"but torch {torch.__version__} is installed; leave in_order out "
                          "(batches come in order), or pip install 'torch>=2.6' keeping your "
                          "CUDA build's index.")

@@ -42,3 +42,13 @@ def test_out_of_order_on_an_older_torch_is_named_in_one_line(old_torch: None) ->
         autotune.DataLoader(TensorDataset(torch.arange(8)), batch_size=2, in_order=False)
     msg = str(e.value)
     assert "\n" not in msg and "torch 2.6 or newer" in msg and torch.__version__ in msg, msg
+
+
+def test_a_callers_type_error_fallback_for_an_older_torch_still_works(old_torch: None) -> None:
+    """Code written for several torches tries the keyword and falls back where torch's
+    DataLoader refuses it with a TypeError; autotune's refusal is one too."""
+    try:
+        dl = autotune.DataLoader(TensorDataset(torch.arange(8)), batch_size=2, in_order=False)
+    except TypeError:
+        dl = autotune.DataLoader(TensorDataset(torch.arange(8)), batch_size=2)
+    assert [b.tolist() for (b,) in dl] == [[0, 1], [2, 3], [4, 5], [6, 7]]
