@@ -294,5 +294,18 @@ def unwritable_reason(path: str | os.PathLike[str]) -> tuple[Path, str | None]:
     return top, "cannot be written (read-only or not this user's)"
 
 
+def user_cache_dir() -> Path | None:
+    """$XDG_CACHE_HOME, else ~/.cache: this user's cache folder, autotune's below it; None
+    where the process has no home to put it in: HOME unset and no passwd entry for its
+    uid (a container started with `--user 12345`, env cleared). `~/.cache` would then
+    stay relative, and a folder named `~` appeared in whatever the working directory was."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):   # the XDG spec: a relative value is to be ignored
+        return Path(xdg)
+    home = os.path.expanduser("~")
+    return Path(home) / ".cache" if os.path.isabs(home) else None
+
+
 __all__ = ["PidLock", "fsync_dir", "pwrite_all", "rmdir_quietly", "sha256_fd", "sha256_file", "unwritable_reason",
+           "user_cache_dir",
            "write_json_atomic", "write_text_atomic"]

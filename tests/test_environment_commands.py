@@ -58,10 +58,11 @@ def _hidden_ancestor(path: str) -> str | None:
 
 
 def _namespace(setup: str, argv: list[str], *, user: int | None = None,
-               cgroup: Path | None = None, tmp: Path) -> subprocess.CompletedProcess:
+               cgroup: Path | None = None, tmp: Path, home: bool = True) -> subprocess.CompletedProcess:
     """Run `argv` in a private mount namespace after the shell `setup`, optionally in a
-    memory cgroup and as another user. The interpreter's install, when it sits under a
-    directory `user` cannot enter, is bound into a tmpfs there (inside the namespace only)."""
+    memory cgroup and as another user (HOME=`tmp`, or unset without `home`). The
+    interpreter's install, when it sits under a directory `user` cannot enter, is bound
+    into a tmpfs there (inside the namespace only)."""
     if shutil.which("unshare") is None or shutil.which("setpriv") is None:
         pytest.skip("needs unshare and setpriv (util-linux)")
     pre = []
@@ -80,7 +81,8 @@ def _namespace(setup: str, argv: list[str], *, user: int | None = None,
                     f"mkdir -p {sys.base_prefix}", f"mount --bind {hold} {sys.base_prefix}"]
     if setup:
         pre.append(setup)
-    env = f"env HOME={tmp} PYTHONPATH={ROOT} PATH={os.environ.get('PATH', '/usr/bin:/bin')}"
+    env = (f"env {f'HOME={tmp}' if home else '-u HOME -u XDG_CACHE_HOME -u AUTOTUNE_CACHE_DIR'} "
+           f"PYTHONPATH={ROOT} PATH={os.environ.get('PATH', '/usr/bin:/bin')}")
     run = " ".join(f"'{a}'" for a in argv)
     if user is not None:
         run = f"setpriv --reuid {user} --regid {user} --clear-groups {env} {run}"
@@ -130,6 +132,52 @@ def test_probe_as_nobody_says_caches_are_evicted_file_by_file(world_dataset, wor
     assert "warning: steady-state pass not run" in out
     assert env["shm"]["fstype"] not in (None, "tmpfs")
     assert f"/dev/shm is not a tmpfs ({env['shm']['fstype']})" in out
+
+
+NO_HOME = """
+import json, logging
+import torch
+import autotune
+from autotune.errors import AutotuneError, UsageError
+from autotune.online import cache
+from autotune_converters.objstore.upload import default_work_dir
+
+logging.basicConfig(level=logging.INFO)
+dl = autotune.DataLoader(torch.utils.data.TensorDataset(torch.arange(64)), batch_size=8)
+seen = [sum(len(b) for (b,) in dl) for _ in range(2)]
+try:
+    cache.store("k", {"num_workers": 1})
+    stored = "stored"
+except AutotuneError as e:
+    stored = str(e)
+try:
+    work = str(default_work_dir("s3://bucket/train"))
+except UsageError as e:
+    work = str(e)
+print(json.dumps({"seen": seen, "stored": stored, "loaded": cache.load("k"), "work": work}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setpriv to a uid without a passwd entry needs root")
+def test_a_uid_with_no_home_trains_and_leaves_no_folder_named_tilde(world_tmp):
+    """A container started with --user 54321 and its environment cleared: no HOME and no
+    passwd entry, so ~ stays ~. The start-point cache went to ./~/.cache/autotune in the
+    working directory; an upload's conversion folder raised RuntimeError from Path.home()."""
+    import pwd
+
+    uid = 54321
+    with pytest.raises(KeyError):
+        pwd.getpwuid(uid)
+    script = world_tmp / "train.py"
+    script.write_text(NO_HOME)
+    os.chmod(script, 0o644)
+    r = _namespace("", [sys.executable, str(script)], user=uid, tmp=world_tmp, home=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    assert d["seen"] == [64, 64] and d["loaded"] is None
+    assert d["stored"].startswith("no cache folder: HOME is not set"), d
+    assert "--work-dir" in d["work"] and "s3://bucket/train" in d["work"], d
+    assert not (world_tmp / "~").exists(), os.listdir(world_tmp)   # its working directory
 
 
 DATALOADER = """

@@ -17,11 +17,19 @@ _ROOT_ATTRS = ("root", "path", "data_dir", "directory", "folder")
 LOCK_WAIT_S = 2.0
 
 
-def cache_file() -> Path:
-    """$AUTOTUNE_CACHE_DIR/online.json, else ~/.cache/autotune/online.json."""
-    base = os.environ.get("AUTOTUNE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "autotune")
-    return Path(base) / "online.json"
+NO_HOME = ("no cache folder: HOME is not set and this uid has no passwd entry; set "
+           "AUTOTUNE_CACHE_DIR (or HOME) to keep the start point between runs")
+
+
+def cache_file() -> Path | None:
+    """$AUTOTUNE_CACHE_DIR/online.json, else $XDG_CACHE_HOME or ~/.cache, then
+    autotune/online.json; None without a home (user_cache_dir): nothing is read or kept."""
+    from autotune_base.fsutil import user_cache_dir
+
+    if given := os.environ.get("AUTOTUNE_CACHE_DIR"):
+        return Path(given) / "online.json"
+    base = user_cache_dir()
+    return base / "autotune" / "online.json" if base is not None else None
 
 
 def dataset_key(dataset: Any, key: str | None, batch_size: int | None, cores: int,
@@ -48,6 +56,8 @@ def dataset_key(dataset: Any, key: str | None, batch_size: int | None, cores: in
 def load(key: str, path: Path | None = None) -> dict[str, Any] | None:
     """The stored settings for `key`, None when there are none or the file is unreadable."""
     path = path or cache_file()
+    if path is None:
+        return None
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -66,6 +76,8 @@ def store(key: str, settings: dict[str, Any], path: Path | None = None) -> None:
     from autotune_base.fsutil import PidLock
 
     path = path or cache_file()
+    if path is None:
+        raise AutotuneError(NO_HOME)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = PidLock(path.with_name(path.name + ".lock"), lambda holder: AutotuneError(
         f"{path}: not written, {holder} has held its lock for {LOCK_WAIT_S:g} s"))
@@ -85,14 +97,14 @@ def remember(key: str, config: Any, *, cut: bool) -> None:
     from autotune.online.decisions import emit
 
     if cut:
-        emit("cache", f"{cache_file()}: not written: this run's start point was cut to its "
+        emit("cache", f"{cache_file() or 'the cache'}: not written: this run's start point was cut to its "
              "/dev/shm or memory room, or a pool failed", why="cut")
         return
     try:
         store(key, {k: v for k, v in config.kwargs().items()
                     if k in ("num_workers", "prefetch_factor")})
     except (OSError, AutotuneError) as e:   # a lock held, a foreign lock file
-        emit("cache", f"{cache_file()}: not written ({e})", why=str(e))
+        emit("cache", f"{cache_file() or 'the start point'}: not written ({e})", why=str(e))
 
 
 def _update(path: Path, key: str, settings: dict[str, Any]) -> None:

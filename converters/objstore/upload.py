@@ -159,8 +159,16 @@ def publish(store: Store, url: S3Url, local: Path, m: Manifest, *, workers: int 
 
 
 def default_work_dir(dst: str) -> Path:
-    """Where the local conversion for a bucket DST is made (the user's cache)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    """Where the local conversion for a bucket DST is made (the user's cache); a
+    UsageError naming --work-dir where the process has no home (user_cache_dir)."""
+    from autotune_base.fsutil import user_cache_dir
+
+    base = user_cache_dir()
+    if base is None:
+        raise UsageError(f"{dst}: no folder to convert in before the upload: HOME is not set "
+                         "and this uid has no passwd entry; give --work-dir DIR (local disk "
+                         "with room for the converted copy), or set HOME or XDG_CACHE_HOME.",
+                         setting="work_dir")
     return base / "autotune" / f"convert-{hashlib.sha256(dst.encode()).hexdigest()[:16]}"
 
 
