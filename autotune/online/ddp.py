@@ -81,6 +81,38 @@ class RankSync:
         return Shared(slowest, per_worker_all, per_batch_all, failed_any)
 
 
+def say_whole_dataset(ref: Any) -> None:
+    """Say it (event `whole-dataset`, at WARNING) when whole_dataset_per_rank has a word."""
+    from autotune.online.decisions import emit
+
+    if whole := whole_dataset_per_rank(ref):
+        emit("whole-dataset", whole, warn=True)
+
+
+def whole_dataset_per_rank(ref: Any) -> str | None:
+    """What to say when a map-style loader under torch.distributed shuffles with no sampler
+    of its own (`shuffle=True`): every rank then trains on the whole dataset, each in an
+    order of its own, which torch's DataLoader never says. None otherwise (one rank, a
+    sampler or batch sampler given, shuffle=False: a validation loader often reads all
+    of it on purpose)."""
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    if type(ref.sampler) is not RandomSampler or type(ref.batch_sampler) is not BatchSampler:
+        return None
+    try:
+        n = f" ({len(ref.dataset):,} samples)"
+    except TypeError:
+        n = ""
+    return (f"shuffle=True with no sampler under torch.distributed: each of the "
+            f"{dist.get_world_size()} ranks trains on the whole dataset{n} every epoch, in an "
+            "order of its own. Pass sampler=DistributedSampler(dataset) instead, and call "
+            "its set_epoch(epoch) before each epoch (Lightning adds one only to torch's own "
+            "DataLoader)")
+
+
 def nccl_in_use() -> bool:
     """Whether this job's ranks may talk through NCCL (its /dev/shm segments then share the
     node's): the initialised process group's backend names it ("nccl", "cpu:gloo,cuda:nccl"),

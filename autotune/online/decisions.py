@@ -18,7 +18,7 @@ log = logging.getLogger("autotune.online")
 # Taken by the node's ranks together (or the same for each): said once a node.
 SHARED = frozenset({"start", "try", "keep", "reject", "settle", "retune", "bound",
                     "bound-raised", "switch", "switched", "fit", "iterable", "set-epoch",
-                    "cache", "oom-group"})
+                    "cache", "oom-group", "whole-dataset"})
 
 
 def _rank_env(name: str) -> int | None:

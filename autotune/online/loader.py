@@ -134,6 +134,7 @@ class DataLoader:
                                          tuning=self._tuning)
         else:
             keep_fresh_workers(dataset, self._fixed, tuning=self._tuning)
+            ddp.say_whole_dataset(self._ref)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         # Under torch.distributed (map-style): the gloo group and this rank's share of the
         # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.
@@ -184,8 +185,7 @@ class DataLoader:
         self._meter = Meter(self._window(self._target), early=self._sync is None,
                             group=self._target.num_workers)
 
-    def _window(self, cfg: Config) -> int:
-        # Under DDP the window closes at the agreed decision steps, not when full.
+    def _window(self, cfg: Config) -> int:  # under DDP: closed at the agreed decision steps
         return 10**9 if self._sync is not None else window_batches(cfg.num_workers,
                                                                    cfg.prefetch_factor)
 

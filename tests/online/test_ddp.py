@@ -86,3 +86,48 @@ def _cores() -> int:
     return usable_cores()
 
 
+
+
+def _whole(rank: int, world: int, rdv: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    import autotune
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    said = []
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            if getattr(record, "autotune_event", None) == "whole-dataset":
+                said.append([name, record.levelname, record.getMessage()])
+    log = logging.getLogger("autotune.online")
+    log.addHandler(Said())
+    log.setLevel(logging.DEBUG)
+    ds = Slow(40, 0.0)
+    for name, kw in (("shuffle", dict(shuffle=True)), ("in order", dict(shuffle=False)),
+                     ("sampler", dict(sampler=DistributedSampler(ds)))):
+        autotune.DataLoader(ds, batch_size=4, _controller=False, **kw).close()
+    with open(os.path.join(out, f"whole{rank}.json"), "w") as f:
+        json.dump(said, f)
+    dist.destroy_process_group()
+
+
+def test_shuffle_with_no_sampler_under_ddp_says_each_rank_trains_on_everything(tmp_path):
+    """torch's DataLoader says nothing when each rank reads the whole dataset (shuffle=True
+    and no DistributedSampler: Lightning adds its sampler only to torch's own loaders)."""
+    ctx = multiprocessing.get_context("fork")
+    rdv = str(tmp_path / "rendezvous")
+    procs = [ctx.Process(target=_whole, args=(r, 2, rdv, str(tmp_path))) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    r0, r1 = (json.loads((tmp_path / f"whole{r}.json").read_text()) for r in range(2))
+    assert [(n, level) for n, level, _ in r0] == [("shuffle", "WARNING")], r0
+    assert [(n, level) for n, level, _ in r1] == [("shuffle", "DEBUG")], r1   # once a node
+    msg = r0[0][2]
+    assert "each of the 2 ranks trains on the whole dataset (40 samples)" in msg, msg
+    assert "sampler=DistributedSampler(dataset)" in msg and "set_epoch" in msg, msg
