@@ -171,6 +171,9 @@ def loader_info(iterable: Any) -> dict[str, Any]:
         v = getattr(getattr(iterable, "batch_sampler", None), "batch_size", None)
         if isinstance(v, int) and not isinstance(v, bool):
             info["batch_size"] = v
+    sampler = getattr(iterable, "sampler", None)
+    if sampler is not None:   # RandomSampler under DDP: each rank reads the whole dataset
+        info["sampler"] = type(sampler).__name__
     ds = getattr(iterable, "dataset", None)
     if ds is not None:
         info["dataset"] = _dataset_info(ds)

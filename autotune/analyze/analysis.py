@@ -150,7 +150,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     acc = LogPass(warmup, times, parser.other_kind)
     lines, profiles = _stream(parser, inp.log, acc, warnings)
     used_warm = _finish(acc, warnings)
-    meta, loader, dataset = _job(parser, dataset, inp.dataset)
+    meta, loader, dataset = _job(parser, dataset, inp.dataset, warnings)
     profile = profiles[-1] if profiles else None
     if acc.measured.n == 0 and profile is None:
         raise _no_timing(inp.log, fmt, lines, parser)
@@ -214,15 +214,33 @@ def _finish(acc: LogPass, warnings: list[str]) -> bool:
     return used_warm
 
 
-def _job(parser: LogParser, dataset: str | None, run_dataset: str | None
+def _job(parser: LogParser, dataset: str | None, run_dataset: str | None, warnings: list[str]
          ) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
     """The step log's header: its metadata, the loader it describes, the dataset (given,
-    else the monitor's run.json, else the loader's)."""
+    else the monitor's run.json, else the loader's); a warning where it shows every rank
+    reading the whole dataset."""
     meta = getattr(parser, "meta", {}) or {}
     loader = meta.get("loader") if isinstance(meta.get("loader"), dict) else None
+    if loader is not None and (whole := whole_dataset_warning(meta, loader)):
+        warnings.append(whole)
     if dataset is None:
         dataset = run_dataset or ((loader or {}).get("dataset") or {}).get("root")
     return meta, loader, dataset
+
+
+def whole_dataset_warning(meta: dict[str, Any], loader: dict[str, Any]) -> str | None:
+    """A torch DataLoader that shuffled with no sampler of its own (RandomSampler) in a job
+    of several ranks: each rank trained on the whole dataset, in an order of its own."""
+    world = meta.get("world_size")
+    if loader.get("sampler") != "RandomSampler" or loader.get("type") != "DataLoader" or \
+            type(world) is not int or world < 2:
+        return None
+    n = (loader.get("dataset") or {}).get("len")
+    size = f" ({n:,} samples)" if type(n) is int else ""
+    return (f"the loader shuffled with no sampler of its own (RandomSampler) in a job of "
+            f"{world} ranks: each rank trained on the whole dataset{size} every epoch, in an "
+            "order of its own; pass sampler=DistributedSampler(dataset) and call its "
+            "set_epoch(epoch) each epoch")
 
 
 def _system(metrics: Path | None, window: Any, warnings: list[str]) -> SystemFigures | None:

@@ -304,3 +304,32 @@ def test_a_dataset_too_small_for_a_cold_search_gets_a_warm_next_search(tmp_path,
     assert v.bottleneck == "compute" and v.next_command.startswith("autotune search "), v
     assert v.next_command.endswith(" --batch-size 16 --warm") is warm, v.next_command
     assert any("too few for a cold search" in e for e in v.evidence) is warm
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_ddp_loader_shuffling_with_no_sampler_is_warned_about(tmp_path, monkeypatch, sampled):
+    """A torchrun rank's torch DataLoader with shuffle=True and no DistributedSampler: every
+    rank trains on all of the dataset. The header names the sampler; analyze says it."""
+    import torch
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    ds = TensorDataset(torch.arange(40))
+    kw = dict(sampler=DistributedSampler(ds, num_replicas=2, rank=0)) if sampled else \
+        dict(shuffle=True)
+    log = tmp_path / "steps.jsonl"
+    it = autotune.instrument(DataLoader(ds, batch_size=4, **kw), log=log)
+    for _ in range(3):
+        for _ in it:
+            pass
+    it.close()
+    headers, _ = _records(log)
+    want = "DistributedSampler" if sampled else "RandomSampler"
+    assert headers[0]["loader"]["sampler"] == want and headers[0]["world_size"] == 2
+    said = [w for w in analyze(log, warmup=0).warnings if "whole dataset" in w]
+    if sampled:
+        assert said == []
+    else:
+        assert len(said) == 1 and "a job of 2 ranks" in said[0] and "(40 samples)" in said[0]
+        assert "sampler=DistributedSampler(dataset)" in said[0]
