@@ -238,9 +238,9 @@ def whole_dataset_warning(meta: dict[str, Any], loader: dict[str, Any]) -> str |
     n = (loader.get("dataset") or {}).get("len")
     size = f" ({n:,} samples)" if type(n) is int else ""
     return (f"the loader shuffled with no sampler of its own (RandomSampler) in a job of "
-            f"{world} ranks: each rank trained on the whole dataset{size} every epoch, in an "
-            "order of its own; pass sampler=DistributedSampler(dataset) and call its "
-            "set_epoch(epoch) each epoch")
+            f"{world} ranks: unless each rank's dataset was its own share, each rank trained "
+            f"on the whole dataset{size} every epoch, in an order of its own; pass "
+            "sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch")
 
 
 def _system(metrics: Path | None, window: Any, warnings: list[str]) -> SystemFigures | None:

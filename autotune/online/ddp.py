@@ -106,11 +106,11 @@ def whole_dataset_per_rank(ref: Any) -> str | None:
         n = f" ({len(ref.dataset):,} samples)"
     except TypeError:
         n = ""
-    return (f"shuffle=True with no sampler under torch.distributed: each of the "
-            f"{dist.get_world_size()} ranks trains on the whole dataset{n} every epoch, in an "
-            "order of its own. Pass sampler=DistributedSampler(dataset) instead, and call "
-            "its set_epoch(epoch) before each epoch (Lightning adds one only to torch's own "
-            "DataLoader)")
+    return (f"shuffle=True with no sampler under torch.distributed: unless each rank's "
+            f"dataset is its own share, each of the {dist.get_world_size()} ranks trains on "
+            f"the whole dataset{n} every epoch, in an order of its own. Pass "
+            "sampler=DistributedSampler(dataset) instead, and call its set_epoch(epoch) "
+            "before each epoch (Lightning adds one only to torch's own DataLoader)")
 
 
 def nccl_in_use() -> bool:

@@ -130,4 +130,5 @@ def test_shuffle_with_no_sampler_under_ddp_says_each_rank_trains_on_everything(t
     assert [(n, level) for n, level, _ in r1] == [("shuffle", "DEBUG")], r1   # once a node
     msg = r0[0][2]
     assert "each of the 2 ranks trains on the whole dataset (40 samples)" in msg, msg
+    assert "unless each rank's dataset is its own share" in msg, msg
     assert "sampler=DistributedSampler(dataset)" in msg and "set_epoch" in msg, msg
