@@ -229,15 +229,16 @@ def _job(parser: LogParser, dataset: str | None, run_dataset: str | None, warnin
 
 
 def whole_dataset_warning(meta: dict[str, Any], loader: dict[str, Any]) -> str | None:
-    """A torch DataLoader that shuffled with no sampler of its own (RandomSampler) in a job
-    of several ranks: each rank trained on the whole dataset, in an order of its own."""
+    """A torch DataLoader that shuffled with torch's RandomSampler (shuffle=True, or one
+    given) in a job of several ranks: each rank trained on the whole dataset, in an order
+    of its own, unless each rank's dataset was its own share."""
     world = meta.get("world_size")
     if loader.get("sampler") != "RandomSampler" or loader.get("type") != "DataLoader" or \
             type(world) is not int or world < 2:
         return None
     n = (loader.get("dataset") or {}).get("len")
     size = f" ({n:,} samples)" if type(n) is int else ""
-    return (f"the loader shuffled with no sampler of its own (RandomSampler) in a job of "
+    return (f"the loader shuffled with a RandomSampler, not a DistributedSampler, in a job of "
             f"{world} ranks: unless each rank's dataset was its own share, each rank trained "
             f"on the whole dataset{size} every epoch, in an order of its own; pass "
             "sampler=DistributedSampler(dataset) and call its set_epoch(epoch) each epoch")

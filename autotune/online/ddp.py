@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from autotune.online.decisions import decided_together, emit
 from autotune.online.measure import WindowStats
 
 TIMEOUT_S = 300
@@ -52,6 +53,7 @@ class RankSync:
         # epochs, an early exit) must not hang the others for gloo's default 30 minutes.
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
         local = int(os.environ.get("LOCAL_WORLD_SIZE", "0")) or _guess_local(dist, group)
+        decided_together()
         return cls(group, dist.get_rank(), dist.get_world_size(), local)
 
     def broadcast(self, obj: Any) -> Any:
@@ -81,26 +83,21 @@ class RankSync:
         return Shared(slowest, per_worker_all, per_batch_all, failed_any)
 
 
-def say_whole_dataset(ref: Any) -> None:
+def say_whole_dataset(ref: Any, shuffle: bool | None) -> None:
     """Say it (event `whole-dataset`, at WARNING) when whole_dataset_per_rank has a word."""
-    from autotune.online.decisions import emit
-
-    if whole := whole_dataset_per_rank(ref):
+    if whole := whole_dataset_per_rank(ref, shuffle):
         emit("whole-dataset", whole, warn=True)
 
 
-def whole_dataset_per_rank(ref: Any) -> str | None:
-    """What to say when a map-style loader under torch.distributed shuffles with no sampler
-    of its own (`shuffle=True`): every rank then trains on the whole dataset, each in an
-    order of its own, which torch's DataLoader never says. None otherwise (one rank, a
-    sampler or batch sampler given, shuffle=False: a validation loader often reads all
-    of it on purpose)."""
-    from torch.utils.data import BatchSampler, RandomSampler
-
+def whole_dataset_per_rank(ref: Any, shuffle: bool | None) -> str | None:
+    """What to say when a map-style loader under torch.distributed was given `shuffle=True`
+    (torch's RandomSampler, no sampler of the user's): every rank then trains on the whole
+    dataset, each in an order of its own, which torch's DataLoader never says. None
+    otherwise (one rank; a sampler given, a RandomSampler of the user's included;
+    shuffle=False: a validation loader often reads all of it on purpose)."""
     dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    if type(ref.sampler) is not RandomSampler or type(ref.batch_sampler) is not BatchSampler:
+    if shuffle is not True or not (dist.is_available() and dist.is_initialized()) or \
+            dist.get_world_size() < 2:
         return None
     try:
         n = f" ({len(ref.dataset):,} samples)"

@@ -1,11 +1,14 @@
 """The tuning's decisions as records: one logging record on "autotune.online" each, its
 fields riding along for handlers and tests (autotune.online.controller re-exports `emit`).
 
-Under torchrun every rank is a process with a loader of its own: a decision the node's
-ranks take together, or one about what they share (the node's /dev/shm), is said at its
-level by the node's first rank (LOCAL_RANK 0, or none set) and at DEBUG by the others, as
-Lightning's and Accelerate's messages are; what one rank saw of itself (its verdict, its
-failure) is said by each, its rank named."""
+Under torchrun every rank is a process with a loader of its own. What is the same on every
+rank of a node (NODE: its /dev/shm fit, a dataset's kind), and the decisions the ranks take
+together (DECIDED, once a loader of this process joined the ranks' group: map-style, under
+an initialised torch.distributed), are said at their level by the node's first rank
+(LOCAL_RANK 0, or none set) and at DEBUG by the others, as Lightning's and Accelerate's
+messages are. What a rank saw of itself (its verdict, its failure), and the decisions of
+ranks that tune apart, each rank says, its rank named where RANK and WORLD_SIZE are set.
+torch.multiprocessing.spawn sets none of these: there every rank says everything."""
 
 from __future__ import annotations
 
@@ -15,10 +18,19 @@ from typing import Any
 
 log = logging.getLogger("autotune.online")
 
-# Taken by the node's ranks together (or the same for each): said once a node.
-SHARED = frozenset({"start", "try", "keep", "reject", "settle", "retune", "bound",
-                    "bound-raised", "switch", "switched", "fit", "iterable", "set-epoch",
-                    "cache", "oom-group", "whole-dataset"})
+# The same on each rank of a node: said once a node.
+NODE = frozenset({"fit", "iterable", "set-epoch", "cache", "oom-group", "whole-dataset"})
+# Taken by the ranks together where they decide together (autotune.online.ddp.RankSync).
+DECIDED = frozenset({"start", "try", "keep", "reject", "settle", "retune", "bound",
+                     "bound-raised", "switch", "switched"})
+_together = False
+
+
+def decided_together() -> None:
+    """This process's ranks decide together (a RankSync was made): DECIDED events are
+    said once a node from now on."""
+    global _together
+    _together = True
 
 
 def _rank_env(name: str) -> int | None:
@@ -31,11 +43,12 @@ def _rank_env(name: str) -> int | None:
 def emit(event: str, msg: str, *, warn: bool = False, **fields: Any) -> None:
     """One decision, one record; the fields ride along for handlers and tests. `warn`:
     at WARNING, which Python shows without any logging set up (a decision the user must
-    act on), not INFO. On a node's other ranks a SHARED event is at DEBUG; any other event
-    of a job of several ranks names its rank."""
+    act on), not INFO. On a node's other ranks a NODE event, and a DECIDED one where the
+    ranks decide together, is at DEBUG; any other event of a job of several ranks names
+    its rank."""
     level = logging.WARNING if warn else logging.INFO
-    if event in SHARED:
-        if _rank_env("LOCAL_RANK"):  # one of this node's ranks, not the first
+    if event in NODE or (event in DECIDED and _together):
+        if (_rank_env("LOCAL_RANK") or 0) > 0:  # one of this node's ranks, not the first
             level = logging.DEBUG
     elif (_rank_env("WORLD_SIZE") or 1) > 1 and (rank := _rank_env("RANK")) is not None:
         msg = f"rank {rank}: {msg}"

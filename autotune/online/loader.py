@@ -134,7 +134,7 @@ class DataLoader:
                                          tuning=self._tuning)
         else:
             keep_fresh_workers(dataset, self._fixed, tuning=self._tuning)
-            ddp.say_whole_dataset(self._ref)
+            ddp.say_whole_dataset(self._ref, shuffle)
         me = weakref.ref(self)  # no cycle: a dropped loader stops its workers at once, as torch's
         # Under torch.distributed (map-style): the gloo group and this rank's share of the
         # node; without one (an IterableDataset) the share still comes from LOCAL_WORLD_SIZE.

@@ -108,7 +108,10 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         f"{baseline.reason}")
     shm = _shm_outcome(s, trials, verdict, rec)
     return SearchResult(dataset=str(s.root), study=name, storage=url,
-                        options=options_dict(s.opts), space=s.space.to_dict(),
+                        # The ranks as measured (LOCAL_WORLD_SIZE where none was given).
+                        options={**options_dict(s.opts),
+                                 "procs_per_node": s.base.procs_per_node},
+                        space=s.space.to_dict(),
                         ceilings=ceilings, trials=trials, baseline=baseline, best=best,
                         recommended=rec, verdict=verdict, stop_reason=stop_reason,
                         seconds=seconds, batch_size=s.base.batch_size, out_dir=str(s.out),

@@ -107,7 +107,7 @@ def _arg(k: str, v: Any) -> str:
 
 
 _SAMPLER = ("sampler = torch.utils.data.distributed.DistributedSampler(dataset)"
-            "  # this rank's share, shuffled")
+            "  # this rank's share, shuffled: sampler.set_epoch(epoch) before each epoch")
 
 
 def _order_arg(iterable: bool, ranks: int) -> list[str]:
@@ -170,6 +170,10 @@ def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterabl
         lines.append("    sampler.set_epoch(epoch)  # this epoch's order")
     elif iterable and not factory:
         lines.append("    dataset.set_epoch(epoch)  # this epoch's shard order and buffer")
+    elif iterable and ranks > 1:
+        lines.insert(lines.index("loader = torch.utils.data.DataLoader("),
+                     "# your IterableDataset splits itself between the ranks (the search "
+                     "gave each rank RANK and WORLD_SIZE)")
     lines += ["    for images, labels in loader:", "        ...  # your step"]
     return "\n".join(lines)
 

@@ -63,11 +63,9 @@ class SearchResult:
 
     @property
     def ranks(self) -> int:
-        """The ranks a node each measurement ran (--procs-per-node, or LOCAL_WORLD_SIZE
-        where it was not given: the recommended trial's ranks then say), each its share."""
+        """The ranks a node each measurement ran, each its share (options' procs_per_node:
+        --procs-per-node, else LOCAL_WORLD_SIZE, as the search resolved it)."""
         n = self.options.get("procs_per_node")
-        if n is None and self.recommended is not None and self.recommended.per_rank:
-            n = len(self.recommended.per_rank)
         return n if isinstance(n, int) and n > 1 else 1
 
     @property

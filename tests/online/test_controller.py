@@ -485,8 +485,10 @@ def test_under_torchrun_a_shared_decision_is_said_once_a_node_and_a_ranks_own_na
     """8 ranks on a node printed each decision and the /dev/shm fit warning 8 times: the
     node's other ranks now say what they share at DEBUG, and their own findings with
     their rank."""
+    from autotune.online import decisions
     from autotune.online.decisions import emit
 
+    monkeypatch.setattr(decisions, "_together", False)   # no RankSync in this process
     caplog.set_level(logging.DEBUG, logger="autotune.online")
     for local, rank in ((0, 8), (3, 11)):
         monkeypatch.setenv("LOCAL_RANK", str(local))
@@ -499,6 +501,14 @@ def test_under_torchrun_a_shared_decision_is_said_once_a_node_and_a_ranks_own_na
                     ("WARNING", "rank 8: AU 0.41 after tuning"),
                     ("DEBUG", "num_workers=2 holds too much /dev/shm"),
                     ("WARNING", "rank 11: AU 0.41 after tuning")], said
+    caplog.clear()
+    # Ranks that tune apart (no RankSync in this process): each says its own decisions.
+    emit("try", "try num_workers=3")
+    monkeypatch.setenv("LOCAL_RANK", "-1")   # a script's "not distributed"
+    emit("fit", "num_workers=2 holds too much /dev/shm", warn=True)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "rank 11: try num_workers=3"),
+        ("WARNING", "num_workers=2 holds too much /dev/shm")]
     caplog.clear()
     for name in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):  # one process, no launcher: as before
         monkeypatch.delenv(name)
