@@ -101,11 +101,13 @@ def max_live_batches(batch_bytes: int, budget_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class BatchBytes:
-    """One batch's bytes, and how many of them are 4-byte floats (what uint8 would make a
-    quarter)."""
+    """One batch's bytes, how many of them are 4-byte floats (what uint8 would make a
+    quarter), and its tensors (each an open file while a worker hands it over:
+    autotune.online.openfiles)."""
 
     total: int
     float32: int = 0
+    tensors: int = 0
 
     @property
     def as_uint8(self) -> int:
@@ -120,7 +122,7 @@ def measure_batch(batch: Any, _depth: int = 0) -> BatchBytes:
     if hasattr(batch, "element_size") and hasattr(batch, "numel"):
         n = int(batch.element_size() * batch.numel())
         f32 = n if str(getattr(batch, "dtype", "")) in ("torch.float32", "float32") else 0
-        return BatchBytes(n, f32)
+        return BatchBytes(n, f32, 1)
     nbytes = getattr(batch, "nbytes", None)
     if isinstance(nbytes, int):
         f32 = nbytes if str(getattr(batch, "dtype", "")) == "float32" else 0
@@ -130,7 +132,8 @@ def measure_batch(batch: Any, _depth: int = 0) -> BatchBytes:
         parts = [measure_batch(v, _depth + 1) for v in batch.values()]
     elif isinstance(batch, (list, tuple)):
         parts = [measure_batch(v, _depth + 1) for v in batch]
-    return BatchBytes(sum(p.total for p in parts), sum(p.float32 for p in parts))
+    return BatchBytes(sum(p.total for p in parts), sum(p.float32 for p in parts),
+                      sum(p.tensors for p in parts))
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,7 @@ def test_measure_batch_counts_float32_apart():
     torch = pytest.importorskip("torch")
     b = measure_batch({"x": torch.zeros(2, 3, dtype=torch.float32),
                        "y": [torch.zeros(4, dtype=torch.uint8)]})
-    assert b == BatchBytes(2 * 3 * 4 + 4, 24)
+    assert b == BatchBytes(2 * 3 * 4 + 4, 24, tensors=2)
 
 
 def test_a_missing_dev_shm_is_a_budget_of_zero_not_unknown():

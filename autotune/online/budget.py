@@ -8,6 +8,7 @@ import logging
 import os
 import time
 import weakref
+from dataclasses import replace
 from typing import Any, Callable
 
 from autotune.cpus import usable_cores
@@ -18,6 +19,7 @@ from autotune.online.limits import over_budget, shm_room
 from autotune.online.measure import WindowStats
 from autotune.online.memory import own_pss, pss_bytes
 from autotune.online.weakowner import WeakOwner
+from autotune.shmfit import measure_batch
 
 log = logging.getLogger("autotune.online")
 
@@ -98,6 +100,7 @@ class Budget:
         self.env, self.env_error = read_environment()
         self.stage_clock: Any = None  # autotune's own ImageDataset's stage seconds
         self.oom_group = False
+        self.tensors = 0  # in the first batch (first_batch): open files while in flight
         self.shm_source = ""
         self.shared_mem: MemoryFigures | None = None
         self.said_why = False
@@ -156,10 +159,17 @@ class Budget:
                  f"budgets halved (/dev/shm {(ctl.shm or 0) / 2**20:,.0f} MiB, memory "
                  f"{ctl.budget / 2**20:,.0f} MiB)", shm_budget=ctl.shm, budget=ctl.budget)
 
+    def first_batch(self, batch: Any) -> None:
+        """The first batch's bytes (the loader's, for /dev/shm) and its tensors (open files
+        in flight: autotune.online.openfiles)."""
+        b = measure_batch(batch)
+        self._dl._batch_bytes, self.tensors = b.total, b.tensors
+
     def memory(self) -> MemoryFigures:
-        # Under DDP every rank's controller must see the same figures: the agreed ones.
+        # Under DDP every rank's controller must see the same figures: the agreed ones
+        # (a batch's tensors are the same on each: this rank's count).
         if self.shared_mem is not None:
-            return self.shared_mem
+            return replace(self.shared_mem, tensors=self.tensors)
         return self.memory_here()
 
     def memory_here(self) -> MemoryFigures:
@@ -167,8 +177,8 @@ class Budget:
         pids = pools[-1].pids() if pools else []
         sizes = [s for s in (pss_bytes(p) for p in pids) if s]
         if sizes:
-            return MemoryFigures(sum(sizes) // len(sizes), batch_bytes or 0, True)
-        return MemoryFigures(own_pss(), batch_bytes or 0, False)
+            return MemoryFigures(sum(sizes) // len(sizes), batch_bytes or 0, True, self.tensors)
+        return MemoryFigures(own_pss(), batch_bytes or 0, False, self.tensors)
 
     # ---- the workers' time budget
 

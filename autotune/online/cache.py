@@ -97,8 +97,8 @@ def remember(key: str, config: Any, *, cut: bool) -> None:
     from autotune.online.decisions import emit
 
     if cut:
-        emit("cache", f"{cache_file() or 'the cache'}: not written: this run's start point was cut to its "
-             "/dev/shm or memory room, or a pool failed", why="cut")
+        emit("cache", f"{cache_file() or 'the cache'}: not written: this run's start point "
+             "was cut to its /dev/shm, memory or open-files room, or a pool failed", why="cut")
         return
     try:
         store(key, {k: v for k, v in config.kwargs().items()

@@ -6,8 +6,10 @@ training loop:
 * **/dev/shm refused**: a worker's collate allocates the batch in shared memory and torch's
   allocator raises "unable to allocate shared memory(shm) for file </torch_…>: No space
   left on device" (or "unable to write to file </torch_…>", "unable to resize file
-  </torch_…>"); it comes back as the worker's exception. Too many batches in flight for
-  the open-files limit shows as "received 0 items of ancdata".
+  </torch_…>"); it comes back as the worker's exception.
+* **the open-files limit** (`ulimit -n`): too many batches' tensors in flight for it shows
+  as "received 0 items of ancdata" or "Too many open files" in the training process
+  (autotune.online.openfiles keeps a pool within it from the first batch on).
 * **a worker killed**: by the OOM killer or anyone (SIGKILL), by a Bus error writing a batch
   into a full /dev/shm (SIGBUS), or SIGTERM. torch's SIGCHLD handler raises "DataLoader worker
   (pid X) is killed by signal" in the training thread wherever it is, mid-step too; the pools
@@ -33,13 +35,15 @@ from typing import Any, Iterable, Iterator
 # outside; SIGSEGV, SIGABRT, SIGFPE and SIGILL come from the code a worker runs: the user's.
 RECOVERABLE_SIGNALS = frozenset({signal.SIGKILL, signal.SIGBUS, signal.SIGTERM})
 _SHM_MARKERS = ("unable to allocate shared memory", "unable to write to file </torch_",
-                "unable to resize file </torch_", "received 0 items of ancdata",
-                "Too many open files. Communication with the workers")
+                "unable to resize file </torch_")
+# The open-files limit (EMFILE): the training process could not take a batch's tensors.
+_FILES_MARKERS = ("Too many open files", "received 0 items of ancdata", "[Errno 24]")
 
 
 @dataclass(frozen=True)
 class PoolFailure:
-    """Why a pool failed: `kind` "shm" or "killed", `detail` one line for the log."""
+    """Why a pool failed: `kind` "shm", "files" (the open-files limit) or "killed",
+    `detail` one line for the log."""
 
     kind: str
     detail: str
@@ -101,6 +105,17 @@ def classify(exc: BaseException, procs: Iterable[Any]) -> PoolFailure | None:
     """The failure of ours that `exc` (raised while fetching from a pool with these worker
     processes) reports, or None: the user's error, to raise as it is."""
     msg = str(exc)
+    handover = isinstance(exc, EOFError) and _in_fd_handover(exc)
+    if handover:
+        msg = "a worker could not hand a batch's tensors over (EOFError receiving them)"
+    if handover or (isinstance(exc, (RuntimeError, OSError))
+                    and any(m in msg for m in _FILES_MARKERS)):
+        import resource
+
+        lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+        lim = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return PoolFailure("files", f"the open-files limit ({lim}, ulimit -n) refused a "
+                           f"batch: {lines[-1] if lines else msg}")
     if isinstance(exc, (RuntimeError, OSError)) and (
             any(m in msg for m in _SHM_MARKERS)
             or ("No space left on device" in msg and "/torch_" in msg)):
@@ -110,6 +125,17 @@ def classify(exc: BaseException, procs: Iterable[Any]) -> PoolFailure | None:
                                        and "DataLoader worker (pid" in msg):
         return killed(dead_workers(procs))
     return None
+
+
+def _in_fd_handover(exc: BaseException) -> bool:
+    """Whether `exc` was raised receiving a tensor's file from a worker (torch's
+    rebuild_storage_fd): the worker, past its open-files limit, closed the connection."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in ("rebuild_storage_fd", "recvfds"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def unregister(it: Any) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.online import failure
+from autotune.online import failure, openfiles
 from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
 from autotune.online.limits import room_fits
@@ -47,8 +47,9 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
                 f"({back} batches in flight fetched again, none lost or repeated)")
     alone = not to.num_workers
     if alone:
-        tail += "; every later batch of this run is made in the training process" + \
-            _shm_fix(dl, failed, why_)
+        tail += "; every later batch of this run is made in the training process" + (
+            f": to give it workers back, {openfiles.FIX}" if why_.kind == "files"
+            else _shm_fix(dl, failed, why_))
     # At WARNING where it leaves no worker, as the start point's fit says it: the loss the
     # user installed autotune.DataLoader for, which a user without logging set up saw
     # nothing of.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.online import openfiles
 from autotune.online.config import Config
 from autotune.online.memory import footprint
 
@@ -18,6 +19,7 @@ class MemoryFigures:
     per_worker: int   # bytes of PSS per worker (measured, or the estimate before any)
     per_batch: int    # bytes of one batch
     measured: bool    # per_worker was read from the pool's workers
+    tensors: int = 0  # tensors in one batch: open files in flight (autotune.online.openfiles)
 
 
 def shm_fits(shm: int | None, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
@@ -92,7 +94,12 @@ def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> Non
     if held:
         shm = (f"{mib(shm_room(ctl) or 0)} of /dev/shm left beside the {mib(held)} the "
                "batches of another autotune.DataLoader of this process hold there now")
-    if per_batch is not None:
+    files = openfiles.over(cfg, ctl.memory().tensors) if per_batch is not None else None
+    if files:
+        text = (f"start at {fitted.short()} instead of {cfg.short()}: {files}; "
+                + ("every batch is made in the training process: " if not fitted.num_workers
+                   else "") + f"to give it more, {openfiles.FIX}")
+    elif per_batch is not None:
         text = (f"start at {fitted.short()} instead of {cfg.short()}: the first batch is "
                 f"{mib(per_batch)}, and {cfg.short()} would hold more in /dev/shm or memory "
                 f"than the budget ({shm}, {mib(ctl.budget)} of memory)"
@@ -118,8 +125,12 @@ def fit(ctl: Any, cfg: Config) -> Config:
     least = ctl.min_workers()
     while cfg.num_workers and (footprint(
             cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > ctl.budget
-            or not room_fits(ctl, cfg, mem.per_batch)):
-        if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
+            or not room_fits(ctl, cfg, mem.per_batch) or openfiles.over(cfg, mem.tensors)):
+        pf = cfg.prefetch_factor or 2
+        if pf > 1 and "prefetch_factor" not in ctl.fixed and \
+                openfiles.worker_needs(mem.tensors, pf) > (openfiles.limit() or 0) > 0:
+            cfg = ctl.make(cfg.num_workers, pf // 2)  # a worker's files: its batches ahead
+        elif cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
                 "prefetch_factor" not in ctl.fixed:
             cfg = ctl.make(1, 1)  # one worker, one batch ahead: the last step before none
         elif cfg.num_workers > least:
@@ -147,6 +158,8 @@ def over_budget(cand: Config, cur: Config, mem: MemoryFigures, budget: int,
                 + (f", {mib(need_shm + beside)} with the current pool's beside it during "
                    "the switch" if beside else "")
                 + f", over its budget of {mib(shm or 0)}")
+    if files := openfiles.over(cand, mem.tensors, also=cur):
+        return files
     if need <= budget:
         return None
     return (f"{cand.short()} needs {mib(need)} during the switch (workers' PSS "

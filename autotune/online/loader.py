@@ -46,7 +46,6 @@ from autotune.online.memory import default_budget, over_limit
 from autotune.online.pool import Pool, warn_unpinned
 from autotune.online.switch import Switch, Switcher
 from autotune.online.untuned import DeferredIter, keep_fresh_workers, keep_iterable_workers
-from autotune.shmfit import measure_batch
 
 _UNSET: Any = object()
 
@@ -303,7 +302,7 @@ class DataLoader:
 
     def _after_batch(self, batch: Any, step: float | None, wait: float) -> None:
         if self._batch_bytes is None:
-            self._batch_bytes = measure_batch(batch).total
+            self._budget.first_batch(batch)
         if self._epoch.probing is not None:
             cfg, self._epoch.probing = self._ctl.refit(self._epoch.probing), None
             self._target = self._sw.agreed = cfg

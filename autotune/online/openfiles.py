@@ -1,0 +1,86 @@
+"""The open-files limit a pool's processes run under (RLIMIT_NOFILE, `ulimit -n`).
+
+With torch's default sharing strategy on Linux ("file_descriptor") every tensor of a batch
+a worker has made is an open file in that worker until the training process takes the
+batch, and one in the training process while it rebuilds it. Over the limit a worker's
+queue thread fails with EMFILE and drops the batch: the epoch then waits for it for ever
+(torch's default timeout=0), or the training process fails with "received 0 items of
+ancdata". A user who gave no num_workers loads in the training process and never meets
+this; the workers autotune starts must not bring it.
+
+Measured on Linux with torch 2.13 (one worker, a step slower than the loading, the queue
+full): a worker's peak was about 25 + T x (P + 0.75) descriptors for T tensors a batch and
+prefetch_factor P (T=48: 100, 157, 253, 445 for P = 1, 2, 4, 8; T=96, P=4: 493), the
+training process's its own files plus about T (a rebuilt tensor keeps its file open while
+it lives: the batch in the step's hands) while the batches came in order; one failed at
+ulimit -n 210 with T=64, 2 workers 1 batch ahead, so `main_needs` counts every batch that
+may arrive ahead of its turn too. Both stay above what was measured: a worker fewer than
+the limit would allow costs some speed, a worker over it the run.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+from typing import Any
+
+WORKER_OWN = 32   # a worker's files before any batch: interpreter, libraries, pipes (25 seen)
+FIX = ("raise the open-files limit (`ulimit -n 65536` in the job's shell, docker run "
+       "--ulimit nofile=65536:65536), or call torch.multiprocessing.set_sharing_strategy("
+       "'file_system') first")
+
+
+def limit() -> int | None:
+    """This process's soft RLIMIT_NOFILE, which its workers inherit; None: no limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _shares_by_fd() -> bool:
+    import torch.multiprocessing as mp
+
+    return mp.get_sharing_strategy() == "file_descriptor"
+
+
+def open_now() -> int:
+    """The files this process holds open now (its own, the user's included)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64
+
+
+def worker_needs(tensors: int, prefetch_factor: int | None) -> int:
+    """A worker's open files at its peak: its own and prefetch_factor + 1 batches' tensors."""
+    return WORKER_OWN + tensors * ((prefetch_factor or 2) + 1)
+
+
+def main_needs(tensors: int, workers: int, ahead: int) -> int:
+    """The training process's: what it holds now, and one open file per tensor of every
+    batch it has taken and not yet freed (a rebuilt tensor keeps its file open while it
+    lives): the batch the step holds, the one being rebuilt, and up to `ahead` more that
+    workers handed over before the one the loop waits for (kept until their turn, in
+    order); each worker's pipes."""
+    return open_now() + tensors * (ahead + 2) + 4 * workers + 8
+
+
+def over(cfg: Any, tensors: int, also: Any = None) -> str | None:
+    """Why `cfg`'s pool (with `also`'s beside it during a switch) would run past the
+    open-files limit, with `tensors` tensors a batch; None when it fits, when there is no
+    limit, no worker, no tensor counted, or the sharing strategy is "file_system"."""
+    lim = limit()
+    if lim is None or not tensors or not cfg.num_workers or not _shares_by_fd():
+        return None
+    w = worker_needs(tensors, cfg.prefetch_factor)
+    if w > lim:
+        return (f"{cfg.short()}: a worker would hold about {w:,} open files ({tensors:,} "
+                f"tensors a batch, {(cfg.prefetch_factor or 2) + 1} batches), over this "
+                f"process's limit of {lim:,} (ulimit -n)")
+    pools = [c for c in (cfg, also) if c is not None and c.num_workers]
+    m = main_needs(tensors, sum(c.num_workers for c in pools),
+                   sum(c.num_workers * (c.prefetch_factor or 2) for c in pools) - 1)
+    if m > lim:
+        return (f"{cfg.short()}: the training process would hold about {m:,} open files "
+                f"(its own {open_now():,}, a batch's {tensors:,} tensors, the workers' "
+                f"pipes), over its limit of {lim:,} (ulimit -n)")
+    return None
