@@ -77,6 +77,7 @@ def loader_kwargs(search_json: str | os.PathLike[str], batch_size: int | None = 
                                          p, warn)
     shm, env = side.get("shm") or d.get("shm"), _environment()
     kw = _fitted_to_shm(kw, shm, measured, _shm_here(env, shm), p, warn)
+    kw = _fitted_to_open_files(kw, shm, p, warn)
     if warn:
         _warn_if_other_machine(d, side, p)
         _warn_if_memory_short(d, side, env, p)
@@ -181,7 +182,6 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, here: Any, p: Pa
     container's 64 MiB /dev/shm under a search made outside it, puts more batches there
     than fit, and the first epoch dies ("unable to allocate shared memory"). The bytes
     scale with the batch (about: a sample's bytes times it)."""
-    from autotune.params import PARAMS
     from autotune.shmfit import fits, max_live_batches, needed_bytes
 
     if not isinstance(shm, dict) or not shm.get("batch_bytes") \
@@ -204,11 +204,7 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, here: Any, p: Pa
     live = max_live_batches(batch, budget)
     w = min(workers, max(live - 1, 0))                 # each worker one batch ahead at least
     pf = max(1, min(prefetch or 2, (live - 1) // w)) if w else None
-    # In kw's order; without workers, no setting that needs them (torch refuses those).
-    out = {k: (w if k == "num_workers" else pf if k == "prefetch_factor" else v)
-           for k, v in kw.items() if w or not getattr(PARAMS.get(k), "workers_only", False)}
-    if w and "prefetch_factor" not in out:
-        out["prefetch_factor"] = pf
+    out = _with_workers(kw, w, pf)
     if warn:
         now = f"num_workers={w}" + (f", prefetch_factor={pf}" if w else "")
         scaled = (f" (the search measured {int(shm['batch_bytes']) / MiB:.1f} MiB at {at})"
@@ -223,6 +219,48 @@ def _fitted_to_shm(kw: dict[str, Any], shm: Any, measured: Any, here: Any, p: Pa
             f"memory'; handing back {now}, which fits. {again}, or give the container a "
             "larger /dev/shm (docker run --shm-size).", RuntimeWarning, stacklevel=3)
     return out
+
+
+def _with_workers(kw: dict[str, Any], w: int, pf: int | None) -> dict[str, Any]:
+    """`kw` with `w` workers `pf` batches ahead, in kw's order; without workers, no setting
+    that needs them (torch refuses those)."""
+    from autotune.params import PARAMS
+
+    out = {k: (w if k == "num_workers" else pf if k == "prefetch_factor" else v)
+           for k, v in kw.items() if w or not getattr(PARAMS.get(k), "workers_only", False)}
+    if w and "prefetch_factor" not in out:
+        out["prefetch_factor"] = pf
+    return out
+
+
+def _fitted_to_open_files(kw: dict[str, Any], shm: Any, p: Path, warn: bool) -> dict[str, Any]:
+    """`kw` with its prefetch, then its workers, cut to what this process's open-files
+    limit holds (autotune.online.openfiles) for the tensors of the batch the search
+    measured: each one in flight is an open file, and past the limit a worker drops its
+    batch and the epoch waits for it for ever. A search made where `ulimit -n` is high
+    says nothing of a container's or a batch system's lower one."""
+    from autotune.online import openfiles
+    from autotune.online.config import Config
+
+    tensors = shm.get("batch_tensors") if isinstance(shm, dict) else None
+    workers = int(kw.get("num_workers") or 0)
+    if not isinstance(tensors, int) or tensors <= 0 or not workers:
+        return kw
+    cfg = Config(workers, kw.get("prefetch_factor") or 2, False, False)
+    why = openfiles.over(cfg, tensors)
+    if why is None:
+        return kw
+    while cfg.num_workers and openfiles.over(cfg, tensors):
+        pf = cfg.prefetch_factor or 2
+        w = cfg.num_workers if pf > 1 else cfg.num_workers - 1
+        cfg = Config(w, (max(1, pf // 2) if pf > 1 else 1) if w else None, False, False)
+    if warn:
+        now = f"num_workers={cfg.num_workers}" + (
+            f", prefetch_factor={cfg.prefetch_factor}" if cfg.num_workers else "")
+        warnings.warn(f"{p}: {why}: a worker past it drops its batch and the epoch waits for "
+                      f"it for ever; handing back {now}, which fits. To keep the search's, "
+                      f"{openfiles.FIX}.", RuntimeWarning, stacklevel=3)
+    return _with_workers(kw, cfg.num_workers, cfg.prefetch_factor)
 
 
 def _batch_size_from(d: dict[str, Any], rec: dict[str, Any]) -> str:

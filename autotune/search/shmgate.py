@@ -155,6 +155,7 @@ class ShmGate:
         b = self.batch
         return {
             "batch_bytes": b.total if b else None,
+            "batch_tensors": b.tensors if b else None,   # open files a batch in flight
             "batch_size": self.base_batch_size,      # what batch_bytes was measured at
             "float32_bytes": b.float32 if b else None,
             "budget_bytes": self.budget.budget_bytes, "budget": self.budget.to_dict(),

@@ -89,3 +89,62 @@ def test_the_training_process_running_out_of_files_is_named_as_such():
     except EOFError as e:
         assert classify(e, []).kind == "files"
     assert classify(EOFError(), []) is None   # any other EOFError is the user's
+
+
+_HANDOFF = textwrap.dedent("""
+    import json, socket, sys, warnings, torch, autotune
+
+    class Many(torch.utils.data.Dataset):
+        def __len__(self):
+            return 400
+
+        def __getitem__(self, i):
+            return [torch.full((8,), i) for _ in range(48)]
+
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        kw = autotune.loader_kwargs(sys.argv[1])
+    print(json.dumps({"kw": kw, "said": [str(w.message) for w in ws]}), flush=True)
+    seen = sorted(int(v) for b in torch.utils.data.DataLoader(Many(), **kw) for v in b[0][:, 0])
+    print("epoch", seen == list(range(400)), flush=True)
+""")
+
+
+def test_a_search_from_a_machine_with_more_open_files_is_fitted_here(tmp_path):
+    """A search made where `ulimit -n` is high recommended 2 workers 2 batches ahead for a
+    batch of 48 tensors. Handed to a plain DataLoader under `ulimit -n 140` they dropped
+    batches and the epoch waited for ever. loader_kwargs now fits them to this process's
+    limit, says so, and the epoch ends with every sample."""
+    import json
+    import socket
+
+    p = tmp_path / "search.json"
+    config = {"num_workers": 2, "prefetch_factor": 2, "persistent_workers": False,
+              "pin_memory": False}
+    p.write_text(json.dumps({
+        "batch_size": 4, "batch_size_from": "option",
+        "recommended": {"config": config}, "loader_kwargs": {"batch_size": 4, **config},
+        "host": {"hostname": socket.gethostname()},
+        "shm": {"batch_bytes": 48 * 8 * 4 * 8, "batch_size": 4, "budget_bytes": None,
+                "batch_tensors": 48}}))
+    script = tmp_path / "train.py"
+    script.write_text(_HANDOFF)
+
+    def low_limit() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (140, hard))
+
+    try:
+        r = subprocess.run([sys.executable, str(script), str(p)], capture_output=True,
+                           text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path,
+                           preexec_fn=low_limit, timeout=60)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the epoch hung past 60 s: {(e.stderr or b'')[-2000:]!r}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout.splitlines()
+    d = json.loads(out[0])
+    assert (d["kw"]["num_workers"], d["kw"].get("prefetch_factor")) != (2, 2), d
+    said = [w for w in d["said"] if "open files" in w]
+    assert len(said) == 1 and "limit of 140 (ulimit -n)" in said[0], d["said"]
+    assert "epoch waits for it for ever" in said[0] and "ulimit -n 65536" in said[0]
+    assert out[1] == "epoch True", r.stdout
