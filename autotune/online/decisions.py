@@ -7,9 +7,8 @@ together (DECIDED, once a loader of this process joined the ranks' group: map-st
 an initialised torch.distributed), are said at their level by the node's first rank
 (LOCAL_RANK 0, or none set) and at DEBUG by the others, as Lightning's and Accelerate's
 messages are. What a rank saw of itself (its verdict, its failure), and the decisions of
-ranks that tune apart, each rank says, its rank named where RANK and WORLD_SIZE are set
-(Slurm's srun: SLURM_LOCALID, SLURM_PROCID and SLURM_NTASKS). torch.multiprocessing.spawn
-sets none of these: there every rank says everything."""
+ranks that tune apart, each rank says, its rank named where RANK and WORLD_SIZE are set.
+torch.multiprocessing.spawn sets none of these: there every rank says everything."""
 
 from __future__ import annotations
 
@@ -34,14 +33,11 @@ def decided_together() -> None:
     _together = True
 
 
-def _rank_env(*names: str) -> int | None:
-    """The first of `names` set to an integer (torchrun's, then Slurm's srun's)."""
-    for name in names:
-        try:
-            return int(os.environ[name])
-        except (KeyError, ValueError):
-            continue
-    return None
+def _rank_env(name: str) -> int | None:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def emit(event: str, msg: str, *, warn: bool = False, **fields: Any) -> None:
@@ -52,9 +48,8 @@ def emit(event: str, msg: str, *, warn: bool = False, **fields: Any) -> None:
     its rank."""
     level = logging.WARNING if warn else logging.INFO
     if event in NODE or (event in DECIDED and _together):
-        if (_rank_env("LOCAL_RANK", "SLURM_LOCALID") or 0) > 0:  # one of this node's ranks, not the first
+        if (_rank_env("LOCAL_RANK") or 0) > 0:  # one of this node's ranks, not the first
             level = logging.DEBUG
-    elif (_rank_env("WORLD_SIZE", "SLURM_NTASKS") or 1) > 1 and \
-            (rank := _rank_env("RANK", "SLURM_PROCID")) is not None:
+    elif (_rank_env("WORLD_SIZE") or 1) > 1 and (rank := _rank_env("RANK")) is not None:
         msg = f"rank {rank}: {msg}"
     log.log(level, msg, extra={"autotune_event": event, "autotune": fields})
