@@ -117,26 +117,35 @@ def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> Non
 
 def fit(ctl: Any, cfg: Config) -> Config:
     """`cfg`, or fewer workers (the last step before none: one worker, one batch ahead)
-    until it fits the controller `ctl`'s memory and /dev/shm budgets; the settings given
-    stay, and a loader that needs a worker (ctl.min_workers) keeps one, one batch ahead."""
+    until it fits the controller `ctl`'s memory and /dev/shm budgets, and a shorter queue
+    first where the open-files limit is what it runs past (a batch's files are in flight
+    per batch ahead); the settings given stay, and a loader that needs a worker
+    (ctl.min_workers) keeps one, one batch ahead."""
+    mem = ctl.memory()
+    cfg = _fewer_files_ahead(ctl, cfg, mem.tensors)
     if "num_workers" in ctl.fixed:
         return cfg
-    mem = ctl.memory()
     least = ctl.min_workers()
     while cfg.num_workers and (footprint(
             cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > ctl.budget
             or not room_fits(ctl, cfg, mem.per_batch) or openfiles.over(cfg, mem.tensors)):
-        pf = cfg.prefetch_factor or 2
-        if pf > 1 and "prefetch_factor" not in ctl.fixed and \
-                openfiles.worker_needs(mem.tensors, pf) > (openfiles.limit() or 0) > 0:
-            cfg = ctl.make(cfg.num_workers, pf // 2)  # a worker's files: its batches ahead
-        elif cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
+        if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
                 "prefetch_factor" not in ctl.fixed:
             cfg = ctl.make(1, 1)  # one worker, one batch ahead: the last step before none
         elif cfg.num_workers > least:
             cfg = ctl.make(cfg.num_workers - 1, cfg.prefetch_factor)
         else:
             break
+    return cfg
+
+
+def _fewer_files_ahead(ctl: Any, cfg: Config, tensors: int) -> Config:
+    """`cfg` with its prefetch_factor halved (unless given) while the open-files limit is
+    what it runs past: both the workers' files and the training process's grow with the
+    batches ahead, and fewer batches ahead keep the workers' parallelism."""
+    while cfg.num_workers and (cfg.prefetch_factor or 2) > 1 and \
+            "prefetch_factor" not in ctl.fixed and openfiles.over(cfg, tensors):
+        cfg = ctl.make(cfg.num_workers, (cfg.prefetch_factor or 2) // 2)
     return cfg
 
 
@@ -158,7 +167,9 @@ def over_budget(cand: Config, cur: Config, mem: MemoryFigures, budget: int,
                 + (f", {mib(need_shm + beside)} with the current pool's beside it during "
                    "the switch" if beside else "")
                 + f", over its budget of {mib(shm or 0)}")
-    if files := openfiles.over(cand, mem.tensors, also=cur):
+    # The files this process holds as a fixed allowance, not as read now: the ranks of a
+    # DDP job must take the same decision from the same figures, and each holds others.
+    if files := openfiles.over(cand, mem.tensors, also=cur, own=openfiles.OWN_ALLOWANCE):
         return files
     if need <= budget:
         return None

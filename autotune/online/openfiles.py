@@ -25,6 +25,7 @@ import resource
 from typing import Any
 
 WORKER_OWN = 32   # a worker's files before any batch: interpreter, libraries, pipes (25 seen)
+OWN_ALLOWANCE = 64  # the training process's own files where they are not read (a DDP step)
 FIX = ("raise the open-files limit (`ulimit -n 65536` in the job's shell, docker run "
        "--ulimit nofile=65536:65536), or call torch.multiprocessing.set_sharing_strategy("
        "'file_system') first")
@@ -55,19 +56,20 @@ def worker_needs(tensors: int, prefetch_factor: int | None) -> int:
     return WORKER_OWN + tensors * ((prefetch_factor or 2) + 1)
 
 
-def main_needs(tensors: int, workers: int, ahead: int) -> int:
+def main_needs(tensors: int, workers: int, ahead: int, own: int | None = None) -> int:
     """The training process's: what it holds now, and one open file per tensor of every
     batch it has taken and not yet freed (a rebuilt tensor keeps its file open while it
     lives): the batch the step holds, the one being rebuilt, and up to `ahead` more that
     workers handed over before the one the loop waits for (kept until their turn, in
-    order); each worker's pipes."""
-    return open_now() + tensors * (ahead + 2) + 4 * workers + 8
+    order); each worker's pipes. `own`: the process's own files (default: read now)."""
+    return (open_now() if own is None else own) + tensors * (ahead + 2) + 4 * workers + 8
 
 
-def over(cfg: Any, tensors: int, also: Any = None) -> str | None:
+def over(cfg: Any, tensors: int, also: Any = None, own: int | None = None) -> str | None:
     """Why `cfg`'s pool (with `also`'s beside it during a switch) would run past the
     open-files limit, with `tensors` tensors a batch; None when it fits, when there is no
-    limit, no worker, no tensor counted, or the sharing strategy is "file_system"."""
+    limit, no worker, no tensor counted, or the sharing strategy is "file_system". `own`:
+    main_needs'."""
     lim = limit()
     if lim is None or not tensors or not cfg.num_workers or not _shares_by_fd():
         return None
@@ -78,9 +80,10 @@ def over(cfg: Any, tensors: int, also: Any = None) -> str | None:
                 f"process's limit of {lim:,} (ulimit -n)")
     pools = [c for c in (cfg, also) if c is not None and c.num_workers]
     m = main_needs(tensors, sum(c.num_workers for c in pools),
-                   sum(c.num_workers * (c.prefetch_factor or 2) for c in pools) - 1)
+                   sum(c.num_workers * (c.prefetch_factor or 2) for c in pools) - 1, own)
     if m > lim:
         return (f"{cfg.short()}: the training process would hold about {m:,} open files "
-                f"(its own {open_now():,}, a batch's {tensors:,} tensors, the workers' "
-                f"pipes), over its limit of {lim:,} (ulimit -n)")
+                f"(its own {open_now() if own is None else own:,}, the tensors of the "
+                f"batches it may hold, {tensors:,} a batch, the workers' pipes), over its "
+                f"limit of {lim:,} (ulimit -n)")
     return None

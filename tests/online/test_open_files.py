@@ -148,3 +148,35 @@ def test_a_search_from_a_machine_with_more_open_files_is_fitted_here(tmp_path):
     assert len(said) == 1 and "limit of 140 (ulimit -n)" in said[0], d["said"]
     assert "epoch waits for it for ever" in said[0] and "ulimit -n 65536" in said[0]
     assert out[1] == "epoch True", r.stdout
+
+
+def test_the_fit_shortens_the_queue_first_and_keeps_what_the_user_gave(monkeypatch):
+    """The batches ahead are what the files grow with, in the workers and in this process:
+    the prefetch is halved before a worker is cut, a num_workers given is kept with its
+    prefetch still fitted, a prefetch_factor given is kept, and with the file_system
+    sharing strategy (no file a tensor) nothing is cut for files."""
+    from autotune.online import openfiles
+    from autotune.online.controller import Controller, MemoryFigures
+    from autotune.online.limits import fit
+
+    monkeypatch.setattr(openfiles, "limit", lambda: 1024)
+    monkeypatch.setattr(openfiles, "open_now", lambda: 60)
+    monkeypatch.setattr(openfiles, "_shares_by_fd", lambda: True)
+
+    def ctl(**fixed):
+        return Controller(fixed=fixed, cuda=False, budget=10**12, bound=16,
+                          memory=lambda: MemoryFigures(1, 1, True, tensors=48))
+
+    c = ctl()
+    # 8 x 8 ahead: 64 batches of 48 tensors in this process alone; 8 x 2 holds 60 + 48 x 17
+    got = fit(c, c.make(8, 8))
+    assert (got.num_workers, got.prefetch_factor) == (8, 2), got
+    c = ctl(num_workers=8)
+    got = fit(c, c.make(8, 8))
+    assert (got.num_workers, got.prefetch_factor) == (8, 2), got
+    c = ctl(prefetch_factor=8)
+    got = fit(c, c.make(8, 8))
+    assert got.prefetch_factor == 8 and got.num_workers < 8, got
+    monkeypatch.setattr(openfiles, "_shares_by_fd", lambda: False)
+    c = ctl()
+    assert fit(c, c.make(8, 8)) == c.make(8, 8)
