@@ -254,7 +254,8 @@ def _failure(cfg: BenchConfig, child: dict[str, Any] | None, system: dict[str, A
     ctx = {"nofile_limit": (child or {}).get("nofile_limit"), "step": cfg.step,
            "factory": cfg.dataset_factory,
            "shm_used_bytes": (shm.get("used_mib_max") or 0) * 2**20 or None,
-           "shm_total_bytes": (shm.get("total_mib") or 0) * 2**20 or None}
+           "shm_total_bytes": (shm.get("total_mib") or 0) * 2**20 or None,
+           "log_tail": log_tail}
     if stopped:
         return Failure("pruned", stopped, "not an error: the search stopped a configuration "
                                           "that was clearly slower than the best so far")

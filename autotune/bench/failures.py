@@ -158,13 +158,20 @@ def _resources(s: _Seen) -> Failure | None:
             or re.search(r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)", text) \
             or "killed by signal: Bus error" in text or "out of shared memory" in text:
         return Failure("shm", f"shared memory (/dev/shm) ran out{s.shm_note}: {s.first}", SHM_HINT)
+    # An EOFError receiving a tensor's file (torch's rebuild_storage_fd): the worker, past
+    # its own open-files limit, dropped the connection it hands the file over on.
     if "Too many open files" in text or "received 0 items of ancdata" in text \
-            or s.err.get("errno") == 24 or "[Errno 24]" in text:
+            or s.err.get("errno") == 24 or "[Errno 24]" in text \
+            or (s.etype == "EOFError" and "rebuild_storage_fd" in text):
         lim = s.ctx.get("nofile_limit")
         return Failure("open_files",
                        f"too many open files (limit {lim if lim else '?'}, `ulimit -n`): "
                        f"{s.first}", FILES_HINT)
     m = re.search(r"DataLoader timed out after (\S+) seconds", text)
+    if m and _workers_out_of_files(s.ctx.get("log_tail") or ""):
+        return _open_files(s.ctx, f"no batch arrived for {m.group(1)} s (DataLoader timeout) "
+                                  f"during {s.phase}: a worker's queue thread ran out of open "
+                                  "files and dropped its batch")
     if m:
         return Failure("timeout",
                        f"no batch arrived for {m.group(1)} s (DataLoader timeout) during "
@@ -173,6 +180,18 @@ def _resources(s: _Seen) -> Failure | None:
                        "the dataset code for a deadlock; raise --batch-timeout if a first cold "
                        "batch is legitimately that slow")
     return None
+
+
+def _workers_out_of_files(log_tail: str) -> bool:
+    """Whether a worker printed EMFILE from its queue thread (multiprocessing's _feed): the
+    batch is dropped, and the training side waits for it until a timeout."""
+    return "Too many open files" in log_tail and "_feed" in log_tail
+
+
+def _open_files(ctx: dict[str, Any], what: str) -> Failure:
+    lim = ctx.get("nofile_limit")
+    return Failure("open_files", f"too many open files (limit {lim if lim else '?'}, "
+                                 f"`ulimit -n`): {what}", FILES_HINT)
 
 
 def _workers(s: _Seen) -> Failure | None:
@@ -226,6 +245,10 @@ def _otherwise(s: _Seen) -> Failure:
 def classify_exit(returncode: int | None, *, timed_out: bool, timeout_s: float, phase: str,
                   log_tail: str, oom_kills: int, ctx: dict[str, Any]) -> Failure:
     """The failure for a child that ended without a result file."""
+    if timed_out and _workers_out_of_files(log_tail):
+        return _open_files(ctx, "no result after {:g} s (hard timeout) during {}: a worker's "
+                           "queue thread ran out of open files and dropped its batch".format(
+                               timeout_s, phase))
     if timed_out:
         return Failure("hung",
                        f"no result after {timeout_s:g} s (hard timeout) during {phase}; the "

@@ -190,6 +190,27 @@ def test_too_many_open_files(small_dataset: Path, no_leftovers) -> None:
     no_leftovers(r)
 
 
+def test_a_worker_out_of_open_files_is_named_not_a_hung_storage(small_dataset: Path,
+                                                                  tmp_path: Path,
+                                                                  no_leftovers) -> None:
+    """96 tensors a batch under ulimit -n 140: the worker's queue thread fails with EMFILE
+    and drops the batch, so the measurement waits until the DataLoader timeout. It read as
+    "a worker is hung or the storage stalled", with a hint about mounts."""
+    factory = tmp_path / "many.py"
+    factory.write_text("import torch\n"
+                       "class Many(torch.utils.data.Dataset):\n"
+                       "    def __len__(self):\n        return 400\n"
+                       "    def __getitem__(self, i):\n"
+                       "        return [torch.full((8,), i) for _ in range(96)]\n"
+                       "def make(root):\n    return Many()\n")
+    r = run_bench(small_dataset, _cfg(dataset_factory=f"{factory}:make", max_open_files=140,
+                                      batch_timeout_s=5, prefetch_factor=2))
+    assert r.failed and r.failure_kind == "open_files", (r.failure_kind, r.reason)
+    assert "too many open files (limit 140" in r.reason and "ulimit -n" in r.hint, r.reason
+    assert "storage" not in r.hint
+    no_leftovers(r)
+
+
 @pytest.mark.root
 def test_full_dev_shm(small_dataset: Path, no_leftovers, tiny_shm) -> None:
     r = run_bench(small_dataset, _cfg(), popen=tiny_shm)
