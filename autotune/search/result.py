@@ -53,6 +53,9 @@ class SearchResult:
     # /dev/shm: the first batch's bytes, the per-rank budget, the configurations not run
     # because their batches do not fit, and the size that runs them (autotune.search.shmgate).
     shm: dict[str, Any] | None = None
+    # The trials' open-files limit: the tensors a batch, the configurations not run
+    # because their pools would pass it (autotune.search.filesgate).
+    open_files: dict[str, Any] | None = None
     # The whole run (autotune.search.runcache): which epochs the verdict describes.
     run: dict[str, Any] | None = None
 
@@ -143,7 +146,7 @@ class SearchResult:
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
             "environment": self.environment, "max_memory": self.max_memory,
-            "shm": self.shm,
+            "shm": self.shm, "open_files": self.open_files,
             "run": self.run,
         }
 

@@ -24,6 +24,7 @@ from autotune.errors import UsageError
 from autotune.search import recommend as rec_mod
 from autotune.search import sharedtrials
 from autotune.search.ceilings import Ceilings
+from autotune.search.filesgate import FilesGate, files_gate
 from autotune.search.precheck import batch_note, check_seconds, check_window, cold_need
 from autotune.search.records import TrialRecord
 from autotune.search.space import SearchSpace
@@ -80,6 +81,7 @@ class Session:
         # Which configurations' batches fit in /dev/shm (autotune.search.shmgate); set by
         # fit_shm() after prepare(), None before (nothing refused).
         self.shm_gate: Any = None
+        self.files_gate = FilesGate()  # and the trials' open-files limit (filesgate)
         # Other hosts' trials, claims, heartbeats; this host (its class keys the ceilings,
         # the baseline and what counts as measured: figures compare within one class).
         self.shared: SharedStudy = shared or SharedStudy(
@@ -198,19 +200,21 @@ class Session:
         # What /dev/shm cuts counts only what a cold pass could measure: a larger /dev/shm
         # would not run the rest, and the verdict must not say it would.
         self.shm_gate.apply(self.space, runnable=lambda p: self.cold_unfit(p) is None)
+        self.files_gate = files_gate(self.shm_gate, getattr(self.opts, "max_open_files", None))
+        self.files_gate.apply(self.space)
 
     def unfit_hint(self, params: dict[str, Any]) -> str:
-        if self.cold_unfit(params) is None and self.shm_gate is not None and \
-                self.shm_gate.why(params):
-            return self.shm_gate.hint
+        for gate in (self.shm_gate, self.files_gate) if self.cold_unfit(params) is None else ():
+            if gate is not None and gate.why(params):
+                return gate.hint
         return "a smaller batch size, --warm, or a larger dataset"
 
     def unfit(self, params: dict[str, Any]) -> str | None:
         """Why this configuration is not run: one cold pass cannot hold its measurement (the
-        reason a larger /dev/shm would not remove), or its batches do not fit in /dev/shm;
-        None when it can run."""
-        return self.cold_unfit(params) or (self.shm_gate.why(params)
-                                           if self.shm_gate is not None else None)
+        reason a larger /dev/shm would not remove), its batches do not fit in /dev/shm, or
+        its pool would run past the open-files limit; None when it can run."""
+        return self.cold_unfit(params) or (self.shm_gate.why(params) if self.shm_gate
+                                           is not None else None) or self.files_gate.why(params)
 
     def cold_unfit(self, params: dict[str, Any]) -> str | None:
         """Why one cold pass cannot hold a measurement of `params`; None when it can."""
@@ -295,11 +299,13 @@ class Session:
             return None  # another host of this class measures it: read at the end
         else:
             bp = rec_mod.baseline_params(self.cores_per_rank, self.cuda)
-            if self.shm_gate is not None and (why := self.shm_gate.why(bp)):
-                # Not run, and not stored: a later search with a larger /dev/shm runs it.
+            gate = next((g for g in (self.shm_gate, self.files_gate) if g and g.why(bp)), None)
+            if gate is not None:
+                # Not run, and not stored: a later search with more room runs it.
+                why = gate.why(bp)
                 self.say(f"baseline (rule of thumb) {bp}: {why}")
-                self.shm_gate.baseline_skipped = {"params": bp, "reason": why}
-                return TrialRecord(-1, bp, "skipped", reason=why, hint=self.shm_gate.hint,
+                gate.baseline_skipped = {"params": bp, "reason": why}
+                return TrialRecord(-1, bp, "skipped", reason=why, hint=gate.hint,
                                    host=dict(self.shared.host))
             self.say(f"baseline (rule of thumb): {bp}")
             b = self.bench(bp, "baseline")

@@ -3,6 +3,8 @@ measure a new one, tell Optuna, stop at the budget, the deadline or a ceiling.""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import random
 import time
 from typing import Any
@@ -205,6 +207,20 @@ def _answer_duplicate(s: Session, trial: Any, prev: TrialRecord) -> None:
                      else TrialState.FAIL)
 
 
+def _out_of_files(s: Session, trial: Any, claim: str, params: dict[str, Any],
+                  e: Exception) -> bool:
+    """Whether `e` is this process's own open-files limit, met starting a measurement: not
+    the configuration's failure (every trial would meet it), so the trial is ended as
+    interrupted and the command says so in one line."""
+    if not (isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE)):
+        return False
+    with contextlib.suppress(Exception):  # ending it may need a descriptor too
+        _end(s, trial, claim, TrialRecord(
+            trial.number, params, "interrupted", host=s.shared.host,
+            reason=f"the search ran out of file descriptors ({e}); measured again on resume"))
+    return True
+
+
 def _measure(s: Session, trial: Any, params: dict[str, Any],
              measured: dict[tuple, TrialRecord], which: str, claim: str) -> TrialRecord:
     from optuna.exceptions import UpdateFinishedTrialError
@@ -222,6 +238,8 @@ def _measure(s: Session, trial: Any, params: dict[str, Any],
                                           reason=str(e)))
         raise
     except Exception as e:  # noqa: BLE001 - a bug of ours: the trial never stays RUNNING
+        if _out_of_files(s, trial, claim, params, e):
+            raise
         rec = TrialRecord(trial.number, params, "failed",
                           reason=f"internal error: {type(e).__name__}: {e}",
                           hint="a bug in autotune: rerun with --debug and report the traceback")
