@@ -5,8 +5,11 @@ With torch's default sharing strategy every tensor of a batch in flight is an op
 the worker that made it and in the training process that takes it (autotune.online.
 openfiles). A batch of many tensors (a list or dict of them a sample, a detection
 target per object) under a container's `ulimit -n 1024` cannot run many workers deep:
-such a trial's worker drops its batch with EMFILE and the measurement waits for the
-DataLoader timeout, then fails; the user's own run with that recommendation would hang.
+such a trial fails ("received 0 items of ancdata"), or its worker drops a batch with
+EMFILE and the measurement waits for the DataLoader timeout; the user's own run with that
+recommendation would do the same. The count is openfiles' (above what was measured: at
+ulimit -n 300 with 48 tensors a batch, 1 worker 4 deep and 2 workers 2 deep ran and are
+refused; 2 x 4 and 4 workers failed).
 The tensors a batch come from the search's first batch (autotune.search.shmgate), counted
 at the search's batch size and not scaled with another: a default collate stacks a field
 into one tensor whatever the batch size. The training process's own files are counted as
@@ -65,7 +68,7 @@ class FilesGate:
         return (f"{REASON_PREFIX}: not run: {w} worker(s) x prefetch "
                 f"{params.get('prefetch_factor') or 2} with {self.tensors:,} tensors a batch "
                 f"hold about {n:,} open files, over the trials' limit of {self.limit:,} "
-                "(ulimit -n): a worker would drop its batch and the trial hang")
+                "(ulimit -n): run, it would fail (EMFILE) or wait on a batch a worker dropped")
 
     hint = FIX
 
