@@ -259,7 +259,7 @@ def _fitted_to_open_files(kw: dict[str, Any], shm: Any, p: Path, warn: bool) -> 
             f", prefetch_factor={cfg.prefetch_factor}" if cfg.num_workers else "")
         warnings.warn(f"{p}: {why}: a worker past it drops its batch and the epoch waits for "
                       f"it for ever; handing back {now}, which fits. To keep the search's, "
-                      f"{openfiles.FIX}.", RuntimeWarning, stacklevel=3)
+                      f"{openfiles.fix()}.", RuntimeWarning, stacklevel=3)
     return _with_workers(kw, cfg.num_workers, cfg.prefetch_factor)
 
 

@@ -48,7 +48,7 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     alone = not to.num_workers
     if alone:
         tail += "; every later batch of this run is made in the training process" + (
-            f": to give it workers back, {openfiles.FIX}" if why_.kind == "files"
+            f": to give it workers back, {openfiles.fix()}" if why_.kind == "files"
             else _shm_fix(dl, failed, why_))
     # At WARNING where it leaves no worker, as the start point's fit says it: the loss the
     # user installed autotune.DataLoader for, which a user without logging set up saw

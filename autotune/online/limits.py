@@ -98,7 +98,7 @@ def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> Non
     if files:
         text = (f"start at {fitted.short()} instead of {cfg.short()}: {files}; "
                 + ("every batch is made in the training process: " if not fitted.num_workers
-                   else "") + f"to give it more, {openfiles.FIX}")
+                   else "") + f"to give it more, {openfiles.fix()}")
     elif per_batch is not None:
         text = (f"start at {fitted.short()} instead of {cfg.short()}: the first batch is "
                 f"{mib(per_batch)}, and {cfg.short()} would hold more in /dev/shm or memory "

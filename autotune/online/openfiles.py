@@ -26,9 +26,28 @@ from typing import Any
 
 WORKER_OWN = 32   # a worker's files before any batch: interpreter, libraries, pipes (25 seen)
 OWN_ALLOWANCE = 64  # the training process's own files where they are not read (a DDP step)
-FIX = ("raise the open-files limit (`ulimit -n 65536` in the job's shell, docker run "
-       "--ulimit nofile=65536:65536), or call torch.multiprocessing.set_sharing_strategy("
-       "'file_system') first")
+ENOUGH = 65536    # an open-files limit no loader of ours comes near
+
+
+def fix(here: bool = True) -> str:
+    """The fix for a pool the limit cuts. A soft limit below the hard one (a container's
+    1024 under 524288) can be raised without privilege, in the job's shell: said with the
+    figure; otherwise the container's or the scheduler's limit must change. `here` False:
+    the limit is not this process's (a search's --max-open-files), both ways are named."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    if not here:
+        how = (f"`ulimit -n {ENOUGH}` in the job's shell, docker run --ulimit nofile="
+               f"{ENOUGH}:{ENOUGH}, or LimitNOFILE=")
+    elif soft != inf and (hard == inf or hard > soft):
+        to = ENOUGH if hard == inf else min(hard, ENOUGH)
+        how = (f"`ulimit -n {to}` in the job's shell: its hard limit is "
+               f"{'unlimited' if hard == inf else f'{hard:,}'}, so no privilege is needed")
+    else:
+        how = (f"`ulimit -n` is at its hard limit: docker run --ulimit nofile={ENOUGH}:"
+               f"{ENOUGH}, or LimitNOFILE= or the scheduler's limit")
+    return (f"raise the open-files limit ({how}), or call torch.multiprocessing."
+            "set_sharing_strategy('file_system') first")
 
 
 def limit() -> int | None:

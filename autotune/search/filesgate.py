@@ -23,7 +23,7 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.online.openfiles import FIX, OWN_ALLOWANCE, main_needs, worker_needs
+from autotune.online.openfiles import OWN_ALLOWANCE, fix, main_needs, worker_needs
 
 REASON_PREFIX = "open files"
 
@@ -56,6 +56,7 @@ class FilesGate:
     skipped: int = 0
     added_zero: bool = False
     baseline_skipped: dict[str, Any] | None = None
+    given: bool = False   # the limit is --max-open-files, not this process's
 
     def why(self, params: dict[str, Any]) -> str | None:
         """The one-line reason `params` is not run, or None when it stays within the limit."""
@@ -70,7 +71,9 @@ class FilesGate:
                 f"hold about {n:,} open files, over the trials' limit of {self.limit:,} "
                 "(ulimit -n): run, it would fail (EMFILE) or wait on a batch a worker dropped")
 
-    hint = FIX
+    @property
+    def hint(self) -> str:
+        return fix(here=not self.given)
 
     def apply(self, space: Any) -> None:
         """Count what the space loses to the limit; add num_workers=0 when nothing with
@@ -84,7 +87,7 @@ class FilesGate:
         space.notes.append(f"open files: {len(over)} of the space's {len(grid)} "
                            f"configurations not run: {self.tensors:,} tensors a batch, each "
                            f"an open file while in flight, over the trials' limit of {lim} "
-                           f"(ulimit -n); to run them: {FIX}")
+                           f"(ulimit -n); to run them: {self.hint}")
         if len(over) == len(grid) and 0 not in (space.choices.get("num_workers") or []):
             space.choices["num_workers"] = sorted({0, *(space.choices.get("num_workers") or [])})
             self.added_zero = True
@@ -105,7 +108,8 @@ def files_gate(shm_gate: Any, max_open_files: int | None) -> FilesGate:
 
     batch = getattr(shm_gate, "batch", None)
     return FilesGate(batch.tensors if batch is not None else None,
-                     trial_limit(max_open_files), _shares_by_fd())
+                     trial_limit(max_open_files), _shares_by_fd(),
+                     given=max_open_files is not None)
 
 
 __all__ = ["REASON_PREFIX", "FilesGate", "files_gate", "needs", "trial_limit"]
