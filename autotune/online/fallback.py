@@ -88,25 +88,31 @@ def _shm_fix(dl: Any, failed: Config, why_: failure.PoolFailure) -> str:
 
 def _say_nothing_less(dl: Any, failed: Config, why_: failure.PoolFailure) -> None:
     """Before torch's error is raised (the user's settings leave nothing less to try): at
-    WARNING, that the failure was /dev/shm's, what the user's setting holds there and the
-    fix, as the start point's fit says it (limits.say_fit)."""
+    WARNING, that the failure was /dev/shm's (what the user's setting holds there) or the
+    open-files limit's, and the fix, as the start point's fit says it (limits.say_fit)."""
+    mine = {k: dl._fixed[k] for k in ("num_workers", "prefetch_factor") if k in dl._fixed}
+    given = ", ".join(f"{k}={v}" for k, v in mine.items())
+    if why_.kind == "files":
+        emit("no-fallback", f"{failed.short()} failed ({why_.detail}); {given} as given "
+             "leaves nothing less within the open-files limit, so torch's error is raised. "
+             f"To run it, {openfiles.fix()}; or give fewer num_workers", warn=True,
+             config=failed.kwargs(), why=why_.detail)
     if why_.kind != "shm":
         return
     from autotune.shmfit import needed_bytes
 
-    per, mine = dl._batch_bytes, {k: dl._fixed[k] for k in ("num_workers", "prefetch_factor")
-                                  if k in dl._fixed}
+    per = dl._batch_bytes
     need = ""
     if per:
         pf = failed.prefetch_factor if "prefetch_factor" in mine else 1  # the least
         held = needed_bytes(failed.num_workers, pf, per)
         need = (f": batches of {per / 2**20:,.0f} MiB, about {held / 2**20:,.0f} MiB of "
                 f"/dev/shm at num_workers={failed.num_workers}, prefetch_factor={pf}")
-    emit("no-fallback", f"{failed.short()} failed ({why_.detail}); "
-         + ", ".join(f"{k}={v}" for k, v in mine.items()) + " as given leaves nothing less "
-         f"to try, so torch's error is raised{need}. Give the job more /dev/shm (docker run "
-         "--shm-size), fewer num_workers, or a smaller batch element (uint8, normalised on "
-         "the accelerator)", warn=True, config=failed.kwargs(), why=why_.detail)
+    emit("no-fallback", f"{failed.short()} failed ({why_.detail}); {given} as given "
+         f"leaves nothing less to try, so torch's error is raised{need}. Give the job more "
+         "/dev/shm (docker run --shm-size), fewer num_workers, or a smaller batch element "
+         "(uint8, normalised on the accelerator)", warn=True, config=failed.kwargs(),
+         why=why_.detail)
 
 
 def _stop_all(dl: Any) -> int:
@@ -141,11 +147,27 @@ def fallback(dl: Any, failed: Config, why_: failure.PoolFailure) -> Config | Non
         held = ctl.beside() if ctl.beside is not None else 0
         ctl.shm = min(ctl.shm if ctl.shm is not None else need + held, need - 1 + held)
 
+    # Within the open-files limit first, from a batch's tensors (none before a first
+    # batch); where nothing less fits it (the user's num_workers), the largest less all
+    # the same: the count errs high (8 workers 1 deep ran at ulimit -n 1024 with 128
+    # tensors a batch), and what else is left is torch's error.
+    tensors = getattr(getattr(dl, "_budget", None), "tensors", 0)
+    for files in ((tensors, 0) if tensors else (0,)):
+        if (to := _less_than(dl, ctl, failed, files)) is not None:
+            return to
+    return None
+
+
+def _less_than(dl: Any, ctl: Controller | None, failed: Config, tensors: int) -> Config | None:
+    """The first configuration that needs less than `failed`: the last that served a full
+    window, else fewer workers and a shorter queue; with `tensors`, within the open-files
+    limit too."""
     def less(c: Config) -> bool:
         return (c != failed and c.num_workers <= failed.num_workers
                 and c.queue <= failed.queue
                 and (ctl is None or ctl.needs_as_much(c) is None)
-                and (ctl is None or room_fits(ctl, c, dl._batch_bytes or 0)))
+                and (ctl is None or room_fits(ctl, c, dl._batch_bytes or 0))
+                and not (tensors and c.num_workers and openfiles.over(c, tensors)))
 
     for seen in (dl._latest, dl._first):
         if seen is not None and less(seen.config):

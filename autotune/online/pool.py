@@ -263,6 +263,13 @@ class Pool:
         stop = getattr(self.it, "_shutdown_workers", None)
         if stop is not None:
             stop()
+        # Batches received ahead of their turn: each tensor an open file (torch's default
+        # sharing) and a /dev/shm file. A failed pool's iterator outlives this call (the
+        # error's traceback holds it) while the next pool forks, and every new worker
+        # inherited ~900 such files under ulimit -n 1024: the next pool hung on EMFILE.
+        info = getattr(self.it, "_task_info", None)
+        if isinstance(info, dict):
+            info.clear()
         self.it = None
         # A worker whose batch /dev/shm refused (ENOSPC), or that was killed between torch's
         # shm_open and its unlink, leaves the batch's file there for good: in a container's

@@ -205,3 +205,57 @@ def test_the_fit_shortens_the_queue_first_and_keeps_what_the_user_gave(monkeypat
     monkeypatch.setattr(openfiles, "_shares_by_fd", lambda: False)
     c = ctl()
     assert fit(c, c.make(8, 8)) == c.make(8, 8)
+
+
+_DETECTION = textwrap.dedent("""
+    import logging, torch, autotune
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+
+    class Det(torch.utils.data.Dataset):   # torchvision detection's shape: a target dict
+        def __len__(self):
+            return 1000
+
+        def __getitem__(self, i):
+            return torch.full((3, 8, 8), float(i)), {"boxes": torch.zeros(5, 4),
+                                                      "labels": torch.zeros(5), "i": torch.tensor(i)}
+
+    dl = autotune.DataLoader(Det(), batch_size=32, num_workers=8,
+                             collate_fn=lambda b: tuple(zip(*b)))   # 128 tensors a batch
+    for epoch in range(3):
+        seen = sorted(int(t["i"]) for _, targets in dl for t in targets)
+        print("epoch", epoch, seen == list(range(1000)), flush=True)
+    dl.close()
+""")
+
+
+def test_a_pool_the_open_files_limit_refused_is_followed_by_one_that_runs_or_a_named_error(
+        tmp_path):
+    """num_workers=8 given, 128 tensors a batch (a detection collate), soft ulimit -n 1024:
+    8 workers 2 deep fail ("received 0 items of ancdata"), as torch's own DataLoader does.
+    The fallback's new pool forked while the failed one's batches received ahead of their
+    turn were still held (the error's traceback kept its iterator): every new worker
+    inherited ~900 open files and the epoch hung on EMFILE. Now those batches are dropped
+    first, and 8 workers 1 deep carry the epochs on; where they fail too, torch's error is
+    raised after a WARNING that names the limit and its fix. Never a hang."""
+    script = tmp_path / "det.py"
+    script.write_text(_DETECTION)
+
+    def soft_1024() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"))
+    try:
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, preexec_fn=soft_1024, timeout=150)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the run hung past 150 s: {(e.stderr or b'')[-3000:]!r}")
+    if r.returncode == 0:
+        assert r.stdout.split() == ["epoch", "0", "True", "epoch", "1", "True",
+                                    "epoch", "2", "True"], r.stdout
+    else:
+        said = [ln for ln in r.stderr.splitlines() if ln.startswith("WARNING")
+                and "leaves nothing less within the open-files limit" in ln]
+        assert said and "(1024, ulimit -n)" in said[0] and _raise_to() in said[0], \
+            r.stderr[-3000:]
+        assert r.stderr.rstrip().endswith("received 0 items of ancdata"), r.stderr[-2000:]
