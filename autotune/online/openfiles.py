@@ -14,8 +14,11 @@ prefetch_factor P (T=48: 100, 157, 253, 445 for P = 1, 2, 4, 8; T=96, P=4: 493),
 training process's its own files plus about T (a rebuilt tensor keeps its file open while
 it lives: the batch in the step's hands) while the batches came in order; one failed at
 ulimit -n 210 with T=64, 2 workers 1 batch ahead, so `main_needs` counts every batch that
-may arrive ahead of its turn too. Both stay above what was measured: a worker fewer than
-the limit would allow costs some speed, a worker over it the run.
+may arrive ahead of its turn too. A forked worker also starts with every file the training
+process holds then (500 files opened before the loader: its worker started with 515), so a
+worker's count includes the training process's own files where workers fork. Both stay
+above what was measured: a worker fewer than the limit would allow costs some speed, a
+worker over it the run.
 """
 
 from __future__ import annotations
@@ -70,9 +73,20 @@ def open_now() -> int:
         return 64
 
 
-def worker_needs(tensors: int, prefetch_factor: int | None) -> int:
-    """A worker's open files at its peak: its own and prefetch_factor + 1 batches' tensors."""
-    return WORKER_OWN + tensors * ((prefetch_factor or 2) + 1)
+def forks() -> bool:
+    """Whether workers start by fork (Linux's default before Python 3.14), and so inherit
+    every file the training process holds when they start: 500 files opened before the
+    loader made a worker start with 515. A loader's own multiprocessing_context is not
+    seen here: with spawn or forkserver the count errs high."""
+    import multiprocessing as mp
+
+    return (mp.get_start_method(allow_none=True) or mp.get_context().get_start_method()) == "fork"
+
+
+def worker_needs(tensors: int, prefetch_factor: int | None, inherited: int = 0) -> int:
+    """A worker's open files at its peak: its own, those it inherited from the process that
+    forked it, and prefetch_factor + 1 batches' tensors."""
+    return WORKER_OWN + inherited + tensors * ((prefetch_factor or 2) + 1)
 
 
 def main_needs(tensors: int, workers: int, ahead: int, own: int | None = None) -> int:
@@ -92,17 +106,20 @@ def over(cfg: Any, tensors: int, also: Any = None, own: int | None = None) -> st
     lim = limit()
     if lim is None or not tensors or not cfg.num_workers or not _shares_by_fd():
         return None
-    w = worker_needs(tensors, cfg.prefetch_factor)
+    mine = open_now() if own is None else own
+    inherited = mine if forks() else 0
+    w = worker_needs(tensors, cfg.prefetch_factor, inherited)
     if w > lim:
         return (f"{cfg.short()}: a worker would hold about {w:,} open files ({tensors:,} "
-                f"tensors a batch, {(cfg.prefetch_factor or 2) + 1} batches), over this "
-                f"process's limit of {lim:,} (ulimit -n)")
+                f"tensors a batch, {(cfg.prefetch_factor or 2) + 1} batches"
+                + (f", {inherited:,} inherited from this process" if inherited else "")
+                + f"), over this process's limit of {lim:,} (ulimit -n)")
     pools = [c for c in (cfg, also) if c is not None and c.num_workers]
     m = main_needs(tensors, sum(c.num_workers for c in pools),
-                   sum(c.num_workers * (c.prefetch_factor or 2) for c in pools) - 1, own)
+                   sum(c.num_workers * (c.prefetch_factor or 2) for c in pools) - 1, mine)
     if m > lim:
         return (f"{cfg.short()}: the training process would hold about {m:,} open files "
-                f"(its own {open_now() if own is None else own:,}, the tensors of the "
+                f"(its own {mine:,}, the tensors of the "
                 f"batches it may hold, {tensors:,} a batch, the workers' pipes), over its "
                 f"limit of {lim:,} (ulimit -n)")
     return None

@@ -23,7 +23,7 @@ import resource
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.online.openfiles import OWN_ALLOWANCE, fix, main_needs, worker_needs
+from autotune.online.openfiles import OWN_ALLOWANCE, fix, forks, main_needs, worker_needs
 
 REASON_PREFIX = "open files"
 
@@ -40,7 +40,7 @@ def trial_limit(max_open_files: int | None) -> int | None:
 def needs(params: dict[str, Any], tensors: int) -> int:
     """The most open files either side of `params`' pool holds, `tensors` tensors a batch."""
     w, pf = params.get("num_workers") or 0, params.get("prefetch_factor")
-    return max(worker_needs(tensors, pf),
+    return max(worker_needs(tensors, pf, OWN_ALLOWANCE if forks() else 0),
                main_needs(tensors, w, w * (pf or 2) - 1, own=OWN_ALLOWANCE))
 
 
