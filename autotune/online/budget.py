@@ -351,12 +351,12 @@ class Budget:
         why_not = over_budget(more, cfg.with_(num_workers=0), mem(), ctl.budget, shm)
         if why_not is None:
             return
-        from autotune.online.openfiles import fix
+        from autotune.online.openfiles import fix as files_fix
 
         fix = ("a larger /dev/shm (`docker run --shm-size`, a Kubernetes emptyDir of medium "
                "Memory), a smaller batch element (uint8, normalised on the accelerator) or a "
                "smaller batch lets more workers run" if "/dev/shm" in why_not else
-               f"to let more workers run, {fix()}" if "(ulimit -n)" in why_not else
+               f"to let more workers run, {files_fix()}" if "(ulimit -n)" in why_not else
                "more memory for the job, or a lighter dataset per worker, lets more run")
         v.summary += f"; but more workers do not fit: {why_not}; {fix}"
         v.advice = [a for a in v.advice if "num_workers" not in a] + [fix]

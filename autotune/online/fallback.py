@@ -25,6 +25,10 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
             _say_nothing_less(dl, dl._pools[0].config, yours)  # the user's pool
         raise exc
     failed = dl._pools[0].config if dl._pools[0].recoverable else serving[0].config
+    for p in serving:
+        # Before the choice reads this process's open files, and before a new pool forks
+        # with them: the failed pool's batches received ahead of their turn (~900 files).
+        p.drop_held()
     to = fallback(dl, failed, why_)
     if to is None:
         _say_nothing_less(dl, failed, why_)

@@ -44,6 +44,8 @@ def fix(here: bool = True) -> str:
                f"{ENOUGH}:{ENOUGH}, or LimitNOFILE=")
     elif soft != inf and (hard == inf or hard > soft):
         to = ENOUGH if hard == inf else min(hard, ENOUGH)
+        if to <= soft:   # already above ENOUGH: the figure that raises it
+            to = soft * 4 if hard == inf else min(hard, soft * 4)
         how = (f"`ulimit -n {to}` in the job's shell: its hard limit is "
                f"{'unlimited' if hard == inf else f'{hard:,}'}, so no privilege is needed")
     else:
@@ -80,7 +82,8 @@ def forks() -> bool:
     seen here: with spawn or forkserver the count errs high."""
     import multiprocessing as mp
 
-    return (mp.get_start_method(allow_none=True) or mp.get_context().get_start_method()) == "fork"
+    # get_context() would fix the default for good: a later set_start_method would raise.
+    return (mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0]) == "fork"
 
 
 def worker_needs(tensors: int, prefetch_factor: int | None, inherited: int = 0) -> int:

@@ -255,6 +255,16 @@ class Pool:
     def pids(self) -> list[int]:
         return [p.pid for p in self._procs() if p.pid is not None]
 
+    def drop_held(self) -> None:
+        """Drop the batches received ahead of their turn: each tensor an open file (torch's
+        default sharing) and a /dev/shm file. A failed pool's iterator outlives its pool
+        (the error's traceback holds it) while the next pool forks, and every new worker
+        inherited ~900 such files under ulimit -n 1024: the next pool hung on EMFILE. Only
+        for a pool that is done: its iterator cannot deliver them any more."""
+        info = getattr(self.it, "_task_info", None)
+        if isinstance(info, dict):
+            info.clear()
+
     def shutdown(self) -> list[int]:
         """Stop the workers and return the pids still present afterwards (should be none)."""
         if self._starter is not None:
@@ -263,13 +273,7 @@ class Pool:
         stop = getattr(self.it, "_shutdown_workers", None)
         if stop is not None:
             stop()
-        # Batches received ahead of their turn: each tensor an open file (torch's default
-        # sharing) and a /dev/shm file. A failed pool's iterator outlives this call (the
-        # error's traceback holds it) while the next pool forks, and every new worker
-        # inherited ~900 such files under ulimit -n 1024: the next pool hung on EMFILE.
-        info = getattr(self.it, "_task_info", None)
-        if isinstance(info, dict):
-            info.clear()
+        self.drop_held()
         self.it = None
         # A worker whose batch /dev/shm refused (ENOSPC), or that was killed between torch's
         # shm_open and its unlink, leaves the batch's file there for good: in a container's

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from autotune.online.openfiles import OWN_ALLOWANCE, fix, forks, main_needs, worker_needs
 
@@ -75,11 +75,14 @@ class FilesGate:
     def hint(self) -> str:
         return fix(here=not self.given)
 
-    def apply(self, space: Any) -> None:
-        """Count what the space loses to the limit; add num_workers=0 when nothing with
-        workers stays within it (loading in the training process opens no such file)."""
+    def apply(self, space: Any, runnable: Callable[[dict[str, Any]], bool] | None = None,
+              refused: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        """Count what the space loses to the limit (of the configurations `runnable` says
+        could run otherwise); add num_workers=0 when nothing with workers is left, this gate
+        and `refused` (the /dev/shm gate's reason) together (loading in the training process
+        opens no such file)."""
         grid = space.grid()
-        over = [p for p in grid if self.why(p)]
+        over = [p for p in grid if self.why(p) and (runnable is None or runnable(p))]
         self.skipped = len(over)
         if not over:
             return
@@ -88,11 +91,12 @@ class FilesGate:
                            f"configurations not run: {self.tensors:,} tensors a batch, each "
                            f"an open file while in flight, over the trials' limit of {lim} "
                            f"(ulimit -n); to run them: {self.hint}")
-        if len(over) == len(grid) and 0 not in (space.choices.get("num_workers") or []):
+        if all(self.why(p) or (refused is not None and refused(p)) for p in grid) and \
+                0 not in (space.choices.get("num_workers") or []):
             space.choices["num_workers"] = sorted({0, *(space.choices.get("num_workers") or [])})
             self.added_zero = True
             space.notes.append("num_workers=0 added to the space: no configuration with "
-                               f"workers stays within {lim} open files")
+                               f"workers stays within {lim} open files and /dev/shm")
 
     def to_dict(self) -> dict[str, Any]:
         """search.json's `open_files`."""

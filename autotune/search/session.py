@@ -201,7 +201,7 @@ class Session:
         # would not run the rest, and the verdict must not say it would.
         self.shm_gate.apply(self.space, runnable=lambda p: self.cold_unfit(p) is None)
         self.files_gate = files_gate(self.shm_gate, getattr(self.opts, "max_open_files", None))
-        self.files_gate.apply(self.space)
+        self.files_gate.apply(self.space, lambda p: self.cold_unfit(p) is None, self.shm_gate.why)
 
     def unfit_hint(self, params: dict[str, Any]) -> str:
         for gate in (self.shm_gate, self.files_gate) if self.cold_unfit(params) is None else ():

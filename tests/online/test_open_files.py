@@ -258,7 +258,11 @@ def test_a_pool_the_open_files_limit_refused_is_followed_by_one_that_runs_or_a_n
                 and "leaves nothing less within the open-files limit" in ln]
         assert said and "(1024, ulimit -n)" in said[0] and _raise_to() in said[0], \
             r.stderr[-3000:]
-        assert r.stderr.rstrip().endswith("received 0 items of ancdata"), r.stderr[-2000:]
+        # torch's error: where the training process met the limit ("received 0 items of
+        # ancdata"), or met it elsewhere in the hand-over (EMFILE, EOFError).
+        last = r.stderr.rstrip().splitlines()[-1]
+        assert any(m in last for m in ("ancdata", "Too many open files", "EOFError")), \
+            r.stderr[-2000:]
 
 
 def test_a_forked_workers_count_includes_the_files_it_inherits():
