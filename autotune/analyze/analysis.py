@@ -162,7 +162,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     run, said = run_facts(inp.run, inp.run_dir, system, f["steps"], dataset,
                           warmup_only=used_warm, loader=loader)
     verdict, warm = _verdict(f, (shortest or f["step_q"]).get("p50"), loader, system, probe_d,
-                             dataset, parser, shm_failure=(run or {}).get("shm"), warmup_only=used_warm)
+                             dataset, parser, **_failures(run), warmup_only=used_warm)
     verdict.evidence.extend(e for e in (parser.caveat, conf["note"], across_note) if e)
     verdict.evidence.extend(_next_search_notes(verdict, loader, warm))
     verdict.evidence.extend(trend.epochs_described(acc.epochs))
@@ -179,12 +179,17 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         epoch_starts=starts, share_from=share_from, confidence=conf, run=run)
 
 
+def _failures(run: dict[str, Any] | None) -> dict[str, Any]:
+    """RuleInputs' causes of a failed job, from the analysis's `run` section."""
+    return {"shm_failure": (run or {}).get("shm"), "files_failure": (run or {}).get("files")}
+
+
 def _verdict(f: dict[str, Any], step_s: float | None, loader: dict[str, Any] | None,
              system: SystemFigures | None, probe: dict[str, Any] | None, dataset: str | None,
              parser: LogParser, **run: Any) -> tuple[Verdict, str | None]:
     """The verdict engine on the log's figures (`step_s`: the step's own time; `run`: how
-    the run went, RuleInputs' shm_failure and warmup_only), and why its next search is
-    --warm (None: it is not)."""
+    the run went, RuleInputs' shm_failure, files_failure and warmup_only), and why its next
+    search is --warm (None: it is not)."""
     cores, procs = _cores(getattr(parser, "meta", {}) or {}), procs_per_node(parser)
     warm = warm_because(loader, f["bs"], cores, procs)
     return decide(RuleInputs(au=f["au"], data_share=f["data_share"], step_time_s=step_s,

@@ -5,7 +5,8 @@
   logged before it; a stop the user asked for (Ctrl-C: status 130 or SIGINT, or a signal
   the monitor forwarded) is not a failure and is not said;
 * for a failed job, whether /dev/shm was the likely cause: its log's last lines name a
-  /dev/shm failure, or the monitor saw /dev/shm nearly full; for one that ended well, that
+  /dev/shm failure, or the monitor saw /dev/shm nearly full; or the open-files limit: its
+  log's last lines name it (EMFILE, "received 0 items of ancdata"); for one that ended well, that
   it was seen nearly full, with little room left for more workers or larger batches;
 * which disk the monitor watched and why: without --data it watched the disk of the
   directory it ran in, which may not hold the dataset.
@@ -20,10 +21,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from autotune.bench.failures import SHM_HINT, shm_failure_line
+from autotune.bench.failures import FILES_HINT, SHM_HINT, files_failure_line, shm_failure_line
 from autotune.monitor.figures import SystemFigures
 from autotune.monitor.run import signal_name
-from autotune.verdict.rules.failed_on_shm import decides
+from autotune.verdict.rules import failed_on_files, failed_on_shm
 
 # /dev/shm this full at a sample counts as nearly full: samples are --interval apart and a
 # batch handed over between two (tens of MiB) fills the rest, so a job that died of a full
@@ -90,6 +91,16 @@ def shm_cause(log: Path | None, system: SystemFigures | None) -> dict[str, Any] 
             "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT}
 
 
+def files_cause(log: Path | None) -> dict[str, Any] | None:
+    """Why the open-files limit is the likely cause of a failed job (its log's line), or
+    None. From the log alone: the monitor does not sample a process's open files."""
+    line = files_failure_line(_log_tail(log)) if log is not None else None
+    if line is None:
+        return None
+    return {"log_line": line, "evidence": f"{log.name if log else 'the log'} says {line[:200]!r}",
+            "fix": FILES_HINT}
+
+
 def shm_room(system: SystemFigures | None) -> str | None:
     """A job that did not fail but was seen with /dev/shm nearly full: more workers, a
     deeper prefetch or a larger batch may fail for it (None when it had room)."""
@@ -129,8 +140,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
               steps: int, dataset: str | None, *, warmup_only: bool = False,
               loader: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The `run` section of the analysis (None without a run.json) and its warnings
-    (`warmup_only`, `loader`: whether a /dev/shm failure is the verdict, as
-    autotune.verdict.rules.failed_on_shm decides)."""
+    (`warmup_only`, `loader`: whether a /dev/shm or an open-files failure is the verdict,
+    as autotune.verdict.rules.failed_on_shm and failed_on_files decide)."""
     if run is None:
         return None, []
     warnings: list[str] = []
@@ -138,7 +149,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     kind, status = outcome(run)
     secs = run.get("seconds")
     after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
-    shm = None
+    shm = files = None
     if kind == "unknown":
         warnings.append(f"how the job ended is unknown: {where} has no exit status, so the "
                         "monitor itself ended before the job did (killed, e.g. by SIGKILL, or "
@@ -148,12 +159,18 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
         log = run_dir / "train.log" if run_dir is not None else None
         why = f"; its output, with the error, is in {log}" if log is not None else ""
         shm = shm_cause(log if log is not None and log.is_file() else None, system)
-        what = ("" if decides(shm, warmup_only, loader) else f"; the verdict describes only "
+        files = files_cause(log if log is not None and log.is_file() else None)
+        decided = (failed_on_shm.decides(shm, warmup_only, loader)
+                   or failed_on_files.decides(files, warmup_only, loader))
+        what = ("" if decided else f"; the verdict describes only "
                 f"the {steps:,} step(s) measured before it, not why it failed")
         warnings.append(f"the job failed: {status}{after} ({where}){what}{why}")
         if shm is not None:
             warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
                             f"fix: {shm['fix']}")
+        if files is not None:
+            warnings.append(f"the open-files limit was the likely cause of the failure "
+                            f"({files['evidence']}); fix: {files['fix']}")
     elif kind == "ok" and (room := shm_room(system)):
         warnings.append(room)
     disk = watched_disk(run, system)
@@ -169,7 +186,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     return {"returncode": _int(run.get("returncode")), "signal": _int(run.get("signal")),
             "seconds": secs if isinstance(secs, (int, float)) else None,
             "forwarded_signals": run.get("forwarded_signals") or [], "outcome": kind,
-            "status": status, "shm": shm, "disk": disk}, warnings
+            "status": status, "shm": shm, "files": files, "disk": disk}, warnings
 
 
-__all__ = ["SHM_NEARLY_FULL", "outcome", "run_facts", "shm_cause", "shm_room", "watched_disk"]
+__all__ = ["SHM_NEARLY_FULL", "files_cause", "outcome", "run_facts", "shm_cause", "shm_room",
+           "watched_disk"]

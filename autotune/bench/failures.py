@@ -29,16 +29,33 @@ _SHM_LINE = re.compile(
     r"|bus error|out of shared memory|insufficient shared memory", re.IGNORECASE)
 
 
+# A line of a job's output that names the open-files limit (EMFILE): the message itself,
+# or torch's when the training process could not take a batch's file descriptors.
+_FILES_LINE = re.compile(r"Too many open files|received 0 items of ancdata|\[Errno 24\]")
+
+
 def shm_failure_line(text: str) -> str | None:
-    """The last line of `text` that names a /dev/shm failure (stripped), or None."""
+    """The last line of `text` that names a /dev/shm failure (stripped), or None. Not
+    torch's "unable to open shared memory object <...>: Too many open files (24)": that is
+    the open-files limit (files_failure_line)."""
+    return _last_line(_SHM_LINE, text, unless=_FILES_LINE)
+
+
+def files_failure_line(text: str) -> str | None:
+    """The last line of `text` that names the open-files limit (stripped), or None."""
+    return _last_line(_FILES_LINE, text)
+
+
+def _last_line(pattern: re.Pattern[str], text: str,
+               unless: re.Pattern[str] | None = None) -> str | None:
     found = None
-    for m in _SHM_LINE.finditer(text):
-        found = m
-    if found is None:
-        return None
-    start = text.rfind("\n", 0, found.start()) + 1
-    end = text.find("\n", found.end())
-    return text[start:end if end >= 0 else len(text)].strip()
+    for m in pattern.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        end = text.find("\n", m.end())
+        line = text[start:end if end >= 0 else len(text)].strip()
+        if unless is None or not unless.search(line):
+            found = line
+    return found
 
 
 OOM_HINT = ("use fewer workers, a lower prefetch_factor or a smaller batch (each worker "
@@ -154,10 +171,8 @@ def _users_code(s: _Seen) -> Failure | None:
 def _resources(s: _Seen) -> Failure | None:
     """/dev/shm, open files, the DataLoader's timeout."""
     text = s.text
-    if (re.search(r"No space left on device", text) and re.search(r"shm|torch_|shared memory", text)) \
-            or re.search(r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)", text) \
-            or "killed by signal: Bus error" in text or "out of shared memory" in text:
-        return Failure("shm", f"shared memory (/dev/shm) ran out{s.shm_note}: {s.first}", SHM_HINT)
+    # The open-files limit first: torch's worker-side EMFILE reads "unable to open shared
+    # memory object <...>: Too many open files (24)", which the /dev/shm test would take.
     # An EOFError receiving a tensor's file (torch's rebuild_storage_fd): the worker, past
     # its own open-files limit, dropped the connection it hands the file over on.
     if "Too many open files" in text or "received 0 items of ancdata" in text \
@@ -167,6 +182,10 @@ def _resources(s: _Seen) -> Failure | None:
         return Failure("open_files",
                        f"too many open files (limit {lim if lim else '?'}, `ulimit -n`): "
                        f"{s.first}", FILES_HINT)
+    if (re.search(r"No space left on device", text) and re.search(r"shm|torch_|shared memory", text)) \
+            or re.search(r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)", text) \
+            or "killed by signal: Bus error" in text or "out of shared memory" in text:
+        return Failure("shm", f"shared memory (/dev/shm) ran out{s.shm_note}: {s.first}", SHM_HINT)
     m = re.search(r"DataLoader timed out after (\S+) seconds", text)
     if m and _workers_out_of_files(s.ctx.get("log_tail") or ""):
         return _open_files(s.ctx, f"no batch arrived for {m.group(1)} s (DataLoader timeout) "

@@ -200,3 +200,43 @@ def test_a_job_that_dies_of_shm_in_its_warm_up_gets_that_as_its_verdict(tmp_path
                                log="ValueError: bad label\n", shm_used_mib=60))
     assert any(w.startswith("/dev/shm was the likely cause") for w in seen.warnings)
     assert "(/dev/shm)" not in seen.verdict.summary, seen.verdict.summary
+
+
+FILES_LINE = "RuntimeError: received 0 items of ancdata"
+EMFILE_IN_WORKER = ("RuntimeError: unable to open shared memory object </torch_28185_1355_37> "
+                    "in read-write mode: Too many open files (24)")
+
+
+def test_a_job_that_dies_of_the_open_files_limit_in_its_warm_up_gets_that_as_its_verdict(
+        tmp_path):
+    # torch's error when the training process cannot take a batch's file descriptors
+    # (a detection collate's 128 tensors a batch under a container's soft ulimit -n 1024),
+    # after one step: before, "loader-configuration-bound (main process)" from that step.
+    a = analyze(monitor_dir(tmp_path / "run", run={"returncode": 1}, steps=1,
+                            log=f"Traceback (most recent call last):\n{FILES_LINE}\n"))
+    v = a.verdict
+    assert v.bottleneck == "loader" and v.summary.startswith(
+        "loader-configuration-bound (open files): the job failed"), v.summary
+    assert any("the job failed on the open-files limit" in e and "ancdata" in e
+               for e in v.evidence), v.evidence
+    assert "ulimit -n" in v.advice[0] and "file_system" in v.advice[0]
+    assert "--compute-ms MS" in v.next_command, v.next_command
+    said = [w for w in a.warnings if w.startswith("the open-files limit was the likely cause")]
+    assert said and "ulimit -n" in said[0], a.warnings
+    assert not any(w.startswith("/dev/shm was") for w in a.warnings), a.warnings
+    failed = [w for w in a.warnings if w.startswith("the job failed")]
+    assert failed and "not why it failed" not in failed[0], failed
+    assert json.loads(json.dumps(a.to_dict()))["run"]["files"]["log_line"] == FILES_LINE
+
+
+def test_a_worker_out_of_open_files_is_not_read_as_dev_shm(tmp_path):
+    # torch's worker-side EMFILE names "shared memory": it is the open-files limit, and a
+    # job that trained first keeps its steps' verdict with the cause said beside it.
+    ok = analyze(monitor_dir(tmp_path / "ok", run={}))
+    a = analyze(monitor_dir(tmp_path / "run", run={"returncode": 1},
+                            log=f"epoch 0\n{EMFILE_IN_WORKER}\n"))
+    assert a.verdict.bottleneck == ok.verdict.bottleneck
+    assert "(open files)" not in a.verdict.summary and "(/dev/shm)" not in a.verdict.summary
+    assert any(w.startswith("the open-files limit was the likely cause") and
+               "Too many open files" in w for w in a.warnings), a.warnings
+    assert not any("/dev/shm" in w for w in a.warnings), a.warnings

@@ -28,6 +28,11 @@ WORKER_TB = ("Caught SampleError in DataLoader worker process 1.\nOriginal Trace
      "open_files", "limit 1024"),
     ({"type": "OSError", "message": "[Errno 24] Too many open files", "errno": 24,
       "phase": "warmup"}, "open_files", "ulimit -n"),
+    # A worker past the limit: torch's message names shared memory, the cause is EMFILE.
+    ({"type": "RuntimeError", "message": "Caught RuntimeError in DataLoader worker process 0."
+      "\nRuntimeError: unable to open shared memory object </torch_28185_1355_37> in "
+      "read-write mode: Too many open files (24)", "phase": "measure"}, "open_files",
+     "limit 1024"),
     ({"type": "RuntimeError", "message": "DataLoader timed out after 3.0 seconds",
       "phase": "measure"}, "timeout", "3.0 s"),
     ({"type": "RuntimeError", "message": "DataLoader worker (pid(s) 5, 6) exited unexpectedly",

@@ -9,6 +9,8 @@ what a rule is), read in the order of RULES; the first that applies decides:
 
   failed_on_shm    the job failed in its warm-up, /dev/shm the likely cause: loader
                    (/dev/shm)
+  failed_on_files  the job failed in its warm-up, the open-files limit the likely cause:
+                   loader (open files)
   no_data_time     no AU and no starved GPU (the GPU rule: busy under 40 % says
                    input-bound when the log gives no data time): unknown
   healthy          AU >= 0.90: compute-bound, the input keeps up
@@ -38,6 +40,7 @@ from autotune.verdict.rules._inputs import RuleInputs
 from autotune.verdict.rules._load import budget_of
 from autotune.verdict.rules.at_cpu_quota import AtCpuQuota
 from autotune.verdict.rules.at_read_cap import AtReadCap
+from autotune.verdict.rules.failed_on_files import FailedOnFiles
 from autotune.verdict.rules.failed_on_shm import FailedOnShm
 from autotune.verdict.rules.healthy import Healthy
 from autotune.verdict.rules.main_process import MainProcess
@@ -48,9 +51,9 @@ from autotune.verdict.rules.timer_waits import TimerWaits
 from autotune.verdict.rules.without_budget import WithoutBudget
 
 # The order the rules are read in: the first that applies decides.
-RULES: tuple[JobRule, ...] = (FailedOnShm(), NoDataTime(), Healthy(), AtReadCap(), AtCpuQuota(),
-                              WithoutBudget(), StorageBlocked(), OnCpu(), TimerWaits(),
-                              MainProcess())
+RULES: tuple[JobRule, ...] = (FailedOnShm(), FailedOnFiles(), NoDataTime(), Healthy(),
+                              AtReadCap(), AtCpuQuota(), WithoutBudget(), StorageBlocked(),
+                              OnCpu(), TimerWaits(), MainProcess())
 
 
 def decide(inp: RuleInputs) -> Verdict:

@@ -44,6 +44,8 @@ class RuleInputs:
     job_args: str = ""
     # The job failed and /dev/shm was the likely cause (autotune.analyze.runinfo.shm_cause).
     shm_failure: dict[str, Any] | None = None
+    # The job failed and the open-files limit was the likely cause (runinfo.files_cause).
+    files_failure: dict[str, Any] | None = None
     # Every step was within the warm-up: the step time is start-up, not the step's.
     warmup_only: bool = False
     # Why a next search must be --warm: the job's dataset is too small for its cold pass.
