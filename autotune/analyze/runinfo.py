@@ -101,6 +101,21 @@ def files_cause(log: Path | None) -> dict[str, Any] | None:
             "fix": FILES_HINT}
 
 
+def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,
+               log: Path | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A failure has one likely cause: the open-files limit the log names over a /dev/shm
+    only seen nearly full (batches in flight fill both), and of two lines in the log the
+    later, the one that ended the job."""
+    if shm is None or files is None:
+        return shm, files
+    if not shm.get("log_line"):
+        return None, files
+    tail = _log_tail(log) if log is not None else ""
+    if tail.rfind(files["log_line"]) > tail.rfind(shm["log_line"]):
+        return None, files
+    return shm, None
+
+
 def shm_room(system: SystemFigures | None) -> str | None:
     """A job that did not fail but was seen with /dev/shm nearly full: more workers, a
     deeper prefetch or a larger batch may fail for it (None when it had room)."""
@@ -150,6 +165,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     secs = run.get("seconds")
     after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
     shm = files = None
+    decided = False
     if kind == "unknown":
         warnings.append(f"how the job ended is unknown: {where} has no exit status, so the "
                         "monitor itself ended before the job did (killed, e.g. by SIGKILL, or "
@@ -158,8 +174,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     if kind == "failed":
         log = run_dir / "train.log" if run_dir is not None else None
         why = f"; its output, with the error, is in {log}" if log is not None else ""
-        shm = shm_cause(log if log is not None and log.is_file() else None, system)
-        files = files_cause(log if log is not None and log.is_file() else None)
+        log = log if log is not None and log.is_file() else None
+        shm, files = _one_cause(shm_cause(log, system), files_cause(log), log)
         decided = (failed_on_shm.decides(shm, warmup_only, loader)
                    or failed_on_files.decides(files, warmup_only, loader))
         what = ("" if decided else f"; the verdict describes only "
@@ -186,7 +202,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     return {"returncode": _int(run.get("returncode")), "signal": _int(run.get("signal")),
             "seconds": secs if isinstance(secs, (int, float)) else None,
             "forwarded_signals": run.get("forwarded_signals") or [], "outcome": kind,
-            "status": status, "shm": shm, "files": files, "disk": disk}, warnings
+            "status": status, "shm": shm, "files": files, "disk": disk,
+            "verdict_is_failure": kind == "failed" and decided}, warnings
 
 
 __all__ = ["SHM_NEARLY_FULL", "files_cause", "outcome", "run_facts", "shm_cause", "shm_room",

@@ -31,7 +31,8 @@ _SHM_LINE = re.compile(
 
 # A line of a job's output that names the open-files limit (EMFILE): the message itself,
 # or torch's when the training process could not take a batch's file descriptors.
-_FILES_LINE = re.compile(r"Too many open files|received 0 items of ancdata|\[Errno 24\]")
+_FILES_LINE = re.compile(r"Too many open files|received 0 items of ancdata|\[Errno 24\]",
+                         re.IGNORECASE)
 
 
 def shm_failure_line(text: str) -> str | None:

@@ -226,7 +226,24 @@ def test_a_job_that_dies_of_the_open_files_limit_in_its_warm_up_gets_that_as_its
     assert not any(w.startswith("/dev/shm was") for w in a.warnings), a.warnings
     failed = [w for w in a.warnings if w.startswith("the job failed")]
     assert failed and "not why it failed" not in failed[0], failed
-    assert json.loads(json.dumps(a.to_dict()))["run"]["files"]["log_line"] == FILES_LINE
+    d = json.loads(json.dumps(a.to_dict()))["run"]
+    assert d["files"]["log_line"] == FILES_LINE and d["verdict_is_failure"] is True
+    text = _rendered(a)
+    assert "job: FAILED (exit status 1): the verdict is its failure" in text, text
+    assert "the open-files limit: the likely cause" in text
+    # Batches in flight fill /dev/shm too: seen nearly full, it is not a second cause.
+    both = analyze(monitor_dir(tmp_path / "both", run={"returncode": 1}, steps=1,
+                               log=f"{FILES_LINE}\n", shm_used_mib=60))
+    assert both.verdict.summary.startswith("loader-configuration-bound (open files)")
+    assert not any(w.startswith("/dev/shm was") for w in both.warnings), both.warnings
+    # Two lines in the log: the later one ended the job.
+    later = analyze(monitor_dir(tmp_path / "later", run={"returncode": 1}, steps=1,
+                                log=f"{SHM_LINE}\nretrying\n{FILES_LINE}\n"))
+    assert later.verdict.summary.startswith("loader-configuration-bound (open files)")
+    earlier = analyze(monitor_dir(tmp_path / "earlier", run={"returncode": 1}, steps=1,
+                                  log=f"{FILES_LINE}\nretrying\n{SHM_LINE}\n"))
+    assert earlier.verdict.summary.startswith("loader-configuration-bound (/dev/shm)")
+    assert not any(w.startswith("the open-files limit was") for w in earlier.warnings)
 
 
 def test_a_worker_out_of_open_files_is_not_read_as_dev_shm(tmp_path):

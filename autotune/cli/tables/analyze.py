@@ -39,7 +39,7 @@ def verdict_lines(a: Analysis) -> list[Text]:
 
 def run_lines(run: dict[str, Any] | None) -> list[Text]:
     """What the monitor's run.json adds: the disk it watched, a job that failed (and
-    /dev/shm when it was the likely cause), one stopped (Ctrl-C, a scheduler's SIGTERM) or
+    /dev/shm or the open-files limit when it was the likely cause), one stopped (Ctrl-C, a scheduler's SIGTERM) or
     whose end is unknown; a job that ended well says nothing more."""
     if not run:
         return []
@@ -59,11 +59,14 @@ def run_lines(run: dict[str, Any] | None) -> list[Text]:
         out.append(Text(f"job: stopped ({printable(run['status'])}){after}: the verdict "
                         "describes the steps before it", style="dim"))
     if run.get("outcome") == "failed":
-        out.append(Text(f"job: FAILED ({printable(run['status'])}): the verdict describes "
-                        "only the steps before it", style="bold red"))
-        if run.get("shm"):
-            out.append(Text("  /dev/shm: the likely cause (see the warning for the fix)",
-                            style="red"))
+        out.append(Text(f"job: FAILED ({printable(run['status'])}): " + (
+            "the verdict is its failure (every step logged was start-up)"
+            if run.get("verdict_is_failure") else
+            "the verdict describes only the steps before it"), style="bold red"))
+        for key, what in (("shm", "/dev/shm"), ("files", "the open-files limit")):
+            if run.get(key):
+                out.append(Text(f"  {what}: the likely cause (see the warning for the fix)",
+                                style="red"))
     return out
 
 
