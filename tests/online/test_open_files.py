@@ -45,6 +45,25 @@ def _raise_to() -> str:
     return f"`ulimit -n {65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)}`"
 
 
+def _run_at_soft_limit(tmp_path: Path, code: str, soft: int,
+                       timeout: int) -> subprocess.CompletedProcess:
+    """`code` as a script in a process whose soft open-files limit is `soft` (the hard one
+    this process's); a run past `timeout` is a hang, and fails the test."""
+    script = tmp_path / "train.py"
+    script.write_text(code)
+
+    def low_limit() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"))
+    try:
+        return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, preexec_fn=low_limit, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the run hung past {timeout} s: {(e.stderr or b'')[-3000:]!r}")
+
+
 def test_the_fix_names_the_hard_limit_where_the_soft_one_may_rise_to_it():
     """A container's soft 1024 under a hard 524288 needs no privilege to raise: the fix says
     so with the figure; a soft limit already at the hard one needs the container's."""
@@ -69,19 +88,7 @@ def test_a_low_open_files_limit_is_fitted_not_a_hang(tmp_path):
     here after 60 s; at ulimit -n 190 with 64 tensors the run died of an EOFError instead).
     Now the start point is fitted to the limit, both epochs deliver every sample, and the
     decision names the limit and its fix."""
-    script = tmp_path / "train.py"
-    script.write_text(_TRAIN)
-
-    def low_limit() -> None:
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        resource.setrlimit(resource.RLIMIT_NOFILE, (140, hard))
-
-    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"))
-    try:
-        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                           env=env, cwd=tmp_path, preexec_fn=low_limit, timeout=60)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the epoch hung past 60 s: {(e.stderr or b'')[-2000:]!r}")
+    r = _run_at_soft_limit(tmp_path, _TRAIN, 140, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[:2] == ["epoch 0 True", "epoch 1 True"], r.stdout
     fit = [ln for ln in r.stderr.splitlines() if ln.startswith(("INFO start at", "WARNING start at"))
@@ -237,19 +244,7 @@ def test_a_pool_the_open_files_limit_refused_is_followed_by_one_that_runs_or_a_n
     inherited ~900 open files and the epoch hung on EMFILE. Now those batches are dropped
     first, and 8 workers 1 deep carry the epochs on; where they fail too, torch's error is
     raised after a WARNING that names the limit and its fix. Never a hang."""
-    script = tmp_path / "det.py"
-    script.write_text(_DETECTION)
-
-    def soft_1024() -> None:
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
-
-    env = dict(os.environ, PYTHONPATH=str(ROOT), AUTOTUNE_CACHE_DIR=str(tmp_path / "cache"))
-    try:
-        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                           env=env, cwd=tmp_path, preexec_fn=soft_1024, timeout=150)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the run hung past 150 s: {(e.stderr or b'')[-3000:]!r}")
+    r = _run_at_soft_limit(tmp_path, _DETECTION, 1024, timeout=150)
     if r.returncode == 0:
         assert r.stdout.split() == ["epoch", "0", "True", "epoch", "1", "True",
                                     "epoch", "2", "True"], r.stdout
