@@ -71,9 +71,11 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f}"
 
 
-def shm_cause(log: Path | None, system: SystemFigures | None) -> dict[str, Any] | None:
-    """Why /dev/shm is the likely cause of a failed job (its log's line, its peak), or None."""
-    line = shm_failure_line(_log_tail(log)) if log is not None else None
+def shm_cause(log: Path | None, system: SystemFigures | None,
+              tail: str) -> dict[str, Any] | None:
+    """Why /dev/shm is the likely cause of a failed job (its log's line in `tail`, the log's
+    last output; its peak), or None."""
+    line = shm_failure_line(tail) if log is not None else None
     peak = system.shm_peak if system is not None else None
     share = peak["used_bytes"] / peak["total_bytes"] if peak else None
     full = share is not None and share >= SHM_NEARLY_FULL
@@ -91,10 +93,11 @@ def shm_cause(log: Path | None, system: SystemFigures | None) -> dict[str, Any] 
             "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT}
 
 
-def files_cause(log: Path | None) -> dict[str, Any] | None:
-    """Why the open-files limit is the likely cause of a failed job (its log's line), or
-    None. From the log alone: the monitor does not sample a process's open files."""
-    line = files_failure_line(_log_tail(log)) if log is not None else None
+def files_cause(log: Path | None, tail: str) -> dict[str, Any] | None:
+    """Why the open-files limit is the likely cause of a failed job (its log's line in
+    `tail`), or None. From the log alone: the monitor does not sample a process's open
+    files."""
+    line = files_failure_line(tail) if log is not None else None
     if line is None:
         return None
     return {"log_line": line, "evidence": f"{log.name if log else 'the log'} says {line[:200]!r}",
@@ -102,7 +105,7 @@ def files_cause(log: Path | None) -> dict[str, Any] | None:
 
 
 def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,
-               log: Path | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+               tail: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A failure has one likely cause: the open-files limit the log names over a /dev/shm
     only seen nearly full (batches in flight fill both), and of two lines in the log the
     later, the one that ended the job."""
@@ -110,7 +113,6 @@ def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,
         return shm, files
     if not shm.get("log_line"):
         return None, files
-    tail = _log_tail(log) if log is not None else ""
     if tail.rfind(files["log_line"]) > tail.rfind(shm["log_line"]):
         return None, files
     return shm, None
@@ -175,7 +177,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
         log = run_dir / "train.log" if run_dir is not None else None
         why = f"; its output, with the error, is in {log}" if log is not None else ""
         log = log if log is not None and log.is_file() else None
-        shm, files = _one_cause(shm_cause(log, system), files_cause(log), log)
+        tail = _log_tail(log) if log is not None else ""   # read once, for both causes
+        shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, tail), tail)
         decided = (failed_on_shm.decides(shm, warmup_only, loader)
                    or failed_on_files.decides(files, warmup_only, loader))
         what = ("" if decided else f"; the verdict describes only "

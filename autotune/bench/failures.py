@@ -179,10 +179,7 @@ def _resources(s: _Seen) -> Failure | None:
     if "Too many open files" in text or "received 0 items of ancdata" in text \
             or s.err.get("errno") == 24 or "[Errno 24]" in text \
             or (s.etype == "EOFError" and "rebuild_storage_fd" in text):
-        lim = s.ctx.get("nofile_limit")
-        return Failure("open_files",
-                       f"too many open files (limit {lim if lim else '?'}, `ulimit -n`): "
-                       f"{s.first}", FILES_HINT)
+        return _open_files(s.ctx, s.first)
     if (re.search(r"No space left on device", text) and re.search(r"shm|torch_|shared memory", text)) \
             or re.search(r"unable to (write to|open|allocate)[^\n]*(shared memory|torch_|shm)", text) \
             or "killed by signal: Bus error" in text or "out of shared memory" in text:

@@ -23,7 +23,8 @@ import resource
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autotune.online.openfiles import OWN_ALLOWANCE, fix, forks, main_needs, worker_needs
+from autotune.online.openfiles import (OWN_ALLOWANCE, fix, forks, limit, main_needs,
+                                       worker_needs)
 
 REASON_PREFIX = "open files"
 
@@ -31,10 +32,10 @@ REASON_PREFIX = "open files"
 def trial_limit(max_open_files: int | None) -> int | None:
     """The soft open-files limit a trial's measurement runs under: --max-open-files, capped
     at the hard limit as the measurement process caps it, or this process's; None: none."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if max_open_files is not None:
-        return max_open_files if hard == resource.RLIM_INFINITY else min(max_open_files, hard)
-    return None if soft == resource.RLIM_INFINITY else int(soft)
+    if max_open_files is None:
+        return limit()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    return max_open_files if hard == resource.RLIM_INFINITY else min(max_open_files, hard)
 
 
 def needs(params: dict[str, Any], tensors: int) -> int:
