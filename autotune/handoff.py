@@ -235,11 +235,11 @@ def _with_workers(kw: dict[str, Any], w: int, pf: int | None) -> dict[str, Any]:
 
 def _fitted_to_open_files(kw: dict[str, Any], shm: Any, p: Path, warn: bool) -> dict[str, Any]:
     """`kw` with its prefetch, then its workers, cut to what this process's open-files
-    limit holds (autotune.online.openfiles) for the tensors of the batch the search
+    limit holds (autotune.openfiles) for the tensors of the batch the search
     measured: each one in flight is an open file, and past the limit a worker drops its
     batch and the epoch waits for it for ever. A search made where `ulimit -n` is high
     says nothing of a container's or a batch system's lower one."""
-    from autotune.online import openfiles
+    from autotune import openfiles
     from autotune.online.config import Config
 
     tensors = shm.get("batch_tensors") if isinstance(shm, dict) else None

@@ -103,7 +103,7 @@ def max_live_batches(batch_bytes: int, budget_bytes: int) -> int:
 class BatchBytes:
     """One batch's bytes, how many of them are 4-byte floats (what uint8 would make a
     quarter), and its tensors (each an open file while a worker hands it over:
-    autotune.online.openfiles)."""
+    autotune.openfiles)."""
 
     total: int
     float32: int = 0

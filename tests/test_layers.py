@@ -7,7 +7,7 @@
     convert   autotune_converters: scan, plan, pool, workdir, conversion, ranks, Ray, stage
     formats   autotune_converters: source/writer contracts, folder, wds, lmdb, manifest, registry
     storage   autotune_converters.storage (one interface: local, s3) and objstore (client, URLs)
-    system    autotune: cgroups, cpus, environment, block devices, read caps, caches, shm fit
+    system    autotune: cgroups, cpus, environment, block devices, read caps, caches, shm fit, open files
     base      autotune_base (errors, units, filesystem-safe I/O), autotune.errors, params
 
 Read from the source with `ast` (imports inside functions count: a lazy import is still an
@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("autotune_base", "autotune.errors", "autotune.thresholds", "autotune.params",
               "autotune.configfiles")),
     ("system", ("autotune.cgroups", "autotune.blockdev", "autotune.readcap", "autotune.cpus",
-                "autotune.cache", "autotune.environment", "autotune.shmfit")),
+                "autotune.cache", "autotune.environment", "autotune.shmfit",
+                "autotune.openfiles")),
     ("storage", ("autotune_converters.objstore", "autotune_converters.objstore.url",
                  "autotune_converters.objstore.client", "autotune_converters.storage")),
     ("formats", ("autotune_converters.source", "autotune_converters.writer",

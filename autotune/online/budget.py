@@ -161,7 +161,7 @@ class Budget:
 
     def first_batch(self, batch: Any) -> None:
         """The first batch's bytes (the loader's, for /dev/shm) and its tensors (open files
-        in flight: autotune.online.openfiles)."""
+        in flight: autotune.openfiles)."""
         b = measure_batch(batch)
         self._dl._batch_bytes, self.tensors = b.total, b.tensors
 
@@ -351,7 +351,7 @@ class Budget:
         why_not = over_budget(more, cfg.with_(num_workers=0), mem(), ctl.budget, shm)
         if why_not is None:
             return
-        from autotune.online.openfiles import fix as files_fix
+        from autotune.openfiles import fix as files_fix
 
         fix = ("a larger /dev/shm (`docker run --shm-size`, a Kubernetes emptyDir of medium "
                "Memory), a smaller batch element (uint8, normalised on the accelerator) or a "

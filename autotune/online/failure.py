@@ -9,7 +9,7 @@ training loop:
   </torch_…>"); it comes back as the worker's exception.
 * **the open-files limit** (`ulimit -n`): too many batches' tensors in flight for it shows
   as "received 0 items of ancdata" or "Too many open files" in the training process
-  (autotune.online.openfiles keeps a pool within it from the first batch on).
+  (autotune.openfiles keeps a pool within it from the first batch on).
 * **a worker killed**: by the OOM killer or anyone (SIGKILL), by a Bus error writing a batch
   into a full /dev/shm (SIGBUS), or SIGTERM. torch's SIGCHLD handler raises "DataLoader worker
   (pid X) is killed by signal" in the training thread wherever it is, mid-step too; the pools

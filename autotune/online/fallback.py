@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.online import failure, openfiles
+from autotune import openfiles
+from autotune.online import failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
 from autotune.online.limits import room_fits

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.online import openfiles
+from autotune import openfiles
 from autotune.online.config import Config
 from autotune.online.memory import footprint
 
@@ -19,7 +19,7 @@ class MemoryFigures:
     per_worker: int   # bytes of PSS per worker (measured, or the estimate before any)
     per_batch: int    # bytes of one batch
     measured: bool    # per_worker was read from the pool's workers
-    tensors: int = 0  # tensors in one batch: open files in flight (autotune.online.openfiles)
+    tensors: int = 0  # tensors in one batch: open files in flight (autotune.openfiles)
 
 
 def shm_fits(shm: int | None, cfg: Config, per_batch: int, also: Config | None = None) -> bool:

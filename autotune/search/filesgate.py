@@ -23,7 +23,7 @@ import resource
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from autotune.online.openfiles import (OWN_ALLOWANCE, fix, forks, limit, main_needs,
+from autotune.openfiles import (OWN_ALLOWANCE, fix, forks, limit, main_needs,
                                        worker_needs)
 
 REASON_PREFIX = "open files"
@@ -109,7 +109,7 @@ class FilesGate:
 
 def files_gate(shm_gate: Any, max_open_files: int | None) -> FilesGate:
     """The gate from the first batch the /dev/shm gate measured and the trials' limit."""
-    from autotune.online.openfiles import _shares_by_fd
+    from autotune.openfiles import _shares_by_fd
 
     batch = getattr(shm_gate, "batch", None)
     return FilesGate(batch.tensors if batch is not None else None,

@@ -67,7 +67,7 @@ def _run_at_soft_limit(tmp_path: Path, code: str, soft: int,
 def test_the_fix_names_the_hard_limit_where_the_soft_one_may_rise_to_it():
     """A container's soft 1024 under a hard 524288 needs no privilege to raise: the fix says
     so with the figure; a soft limit already at the hard one needs the container's."""
-    code = "from autotune.online.openfiles import fix; print(fix())"
+    code = "from autotune.openfiles import fix; print(fix())"
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     for soft_hard, said in (((140, hard), "so no privilege is needed"),
                             ((140, 140), "at its hard limit: docker run --ulimit nofile=")):
@@ -187,7 +187,7 @@ def test_the_fit_shortens_the_queue_first_and_keeps_what_the_user_gave(monkeypat
     the prefetch is halved before a worker is cut, a num_workers given is kept with its
     prefetch still fitted, a prefetch_factor given is kept, and with the file_system
     sharing strategy (no file a tensor) nothing is cut for files."""
-    from autotune.online import openfiles
+    from autotune import openfiles
     from autotune.online.controller import Controller, MemoryFigures
     from autotune.online.limits import fit
 
@@ -266,7 +266,7 @@ def test_a_forked_workers_count_includes_the_files_it_inherits(monkeypatch):
     a batch, 100 files here: the worker's 276 pass a limit of 270 where the training
     process's 256 do not. (The limit is read as 270 rather than set: lowering this test
     process's own would fail whatever else it opens meanwhile.)"""
-    from autotune.online import openfiles
+    from autotune import openfiles
     from autotune.online.config import Config
 
     monkeypatch.setattr(openfiles, "limit", lambda: 270)
