@@ -21,7 +21,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from autotune.bench.failures import FILES_HINT, SHM_HINT, files_failure_line, shm_failure_line
+from autotune.bench.failures import SHM_HINT, files_failure_line, files_hint, shm_failure_line
 from autotune.monitor.figures import SystemFigures
 from autotune.monitor.run import signal_name
 from autotune.verdict.rules import failed_on_files, failed_on_shm
@@ -101,7 +101,7 @@ def files_cause(log: Path | None, tail: str) -> dict[str, Any] | None:
     if line is None:
         return None
     return {"log_line": line, "evidence": f"{log.name if log else 'the log'} says {line[:200]!r}",
-            "fix": FILES_HINT}
+            "fix": files_hint(here=False)}
 
 
 def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,

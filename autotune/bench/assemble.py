@@ -251,7 +251,8 @@ def _failure(cfg: BenchConfig, child: dict[str, Any] | None, system: dict[str, A
              oom_kills: int, stopped: str | None) -> Failure | None:
     """Why the measurement gave no figure, or None."""
     shm = system.get("shm", {})
-    ctx = {"nofile_limit": (child or {}).get("nofile_limit"), "step": cfg.step,
+    ctx = {"nofile_limit": (child or {}).get("nofile_limit"),
+           "max_open_files": cfg.max_open_files, "step": cfg.step,
            "factory": cfg.dataset_factory,
            "shm_used_bytes": (shm.get("used_mib_max") or 0) * 2**20 or None,
            "shm_total_bytes": (shm.get("total_mib") or 0) * 2**20 or None,

@@ -13,12 +13,11 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from autotune import openfiles
+
 SHM_HINT = ("DataLoader workers pass batches through /dev/shm: enlarge it (docker run "
             "--shm-size=8g, or `mount -o remount,size=8G /dev/shm` as root), or lower "
             "num_workers, prefetch_factor or the batch size")
-FILES_HINT = ("raise the limit (`ulimit -n 65536` in the shell that starts training; "
-              "LimitNOFILE= under systemd), or lower num_workers / prefetch_factor, or call "
-              "torch.multiprocessing.set_sharing_strategy('file_system') at start-up")
 # A line of a job's output that names a /dev/shm failure: PyTorch's own messages (libshm's
 # "unable to allocate shared memory(shm)", "unable to write to file </torch_...>: No space
 # left on device", a worker "killed by signal: Bus error", "insufficient shared memory").
@@ -116,7 +115,7 @@ def classify_error(err: dict[str, Any], ctx: dict[str, Any]) -> Failure:
     """The failure for an exception the child caught and reported: the first rule that
     names it (the user's code, a resource, a worker), else a crash.
 
-    ctx: nofile_limit, shm_used_bytes, shm_total_bytes, step, batch_timeout_s, workers.
+    ctx: nofile_limit, max_open_files, shm_used_bytes, shm_total_bytes, step, batch_timeout_s, workers.
     """
     msg, tb = err.get("message", ""), err.get("traceback", "")
     text = f"{msg}\n{tb}"
@@ -205,10 +204,18 @@ def _workers_out_of_files(log_tail: str) -> bool:
     return "Too many open files" in log_tail and "_feed" in log_tail
 
 
+def files_hint(here: bool = True) -> str:
+    """The fix for a measurement past its open-files limit: openfiles.fix's (the hard
+    limit's figure where the soft one may rise to it), or a smaller pool. `here` False:
+    the limit was --max-open-files, not this process's."""
+    return f"{openfiles.fix(here)}; or lower num_workers / prefetch_factor"
+
+
 def _open_files(ctx: dict[str, Any], what: str) -> Failure:
     lim = ctx.get("nofile_limit")
     return Failure("open_files", f"too many open files (limit {lim if lim else '?'}, "
-                                 f"`ulimit -n`): {what}", FILES_HINT)
+                                 f"`ulimit -n`): {what}",
+                   files_hint(here=ctx.get("max_open_files") is None))
 
 
 def _workers(s: _Seen) -> Failure | None:

@@ -196,6 +196,18 @@ def test_a_worker_out_of_open_files_is_named_not_a_hung_storage(small_dataset: P
     """96 tensors a batch under ulimit -n 140: the worker's queue thread fails with EMFILE
     and drops the batch, so the measurement waits until the DataLoader timeout. It read as
     "a worker is hung or the storage stalled", with a hint about mounts."""
+    r = run_bench(small_dataset, _cfg(dataset_factory=f"{_many_tensors(tmp_path)}:make",
+                                      max_open_files=140, batch_timeout_s=5, prefetch_factor=2))
+    assert r.failed and r.failure_kind == "open_files", (r.failure_kind, r.reason)
+    assert "too many open files (limit 140" in r.reason and "ulimit -n" in r.hint, r.reason
+    assert "storage" not in r.hint
+    # --max-open-files is not this process's limit: both ways to raise one are named.
+    assert "docker run --ulimit" in r.hint and "no privilege" not in r.hint, r.hint
+    no_leftovers(r)
+
+
+def _many_tensors(tmp_path: Path) -> Path:
+    """A dataset factory whose batches are 96 tensors a sample: past ulimit -n 140."""
     factory = tmp_path / "many.py"
     factory.write_text("import torch\n"
                        "class Many(torch.utils.data.Dataset):\n"
@@ -203,12 +215,37 @@ def test_a_worker_out_of_open_files_is_named_not_a_hung_storage(small_dataset: P
                        "    def __getitem__(self, i):\n"
                        "        return [torch.full((8,), i) for _ in range(96)]\n"
                        "def make(root):\n    return Many()\n")
-    r = run_bench(small_dataset, _cfg(dataset_factory=f"{factory}:make", max_open_files=140,
-                                      batch_timeout_s=5, prefetch_factor=2))
-    assert r.failed and r.failure_kind == "open_files", (r.failure_kind, r.reason)
-    assert "too many open files (limit 140" in r.reason and "ulimit -n" in r.hint, r.reason
-    assert "storage" not in r.hint
-    no_leftovers(r)
+    return factory
+
+
+def test_bench_under_a_low_soft_limit_names_the_hard_one(small_dataset: Path,
+                                                         tmp_path: Path) -> None:
+    """A container's soft limit under a far higher hard one (bench run in that shell, no
+    --max-open-files): the hint said `ulimit -n 65536` whatever the hard limit was, as
+    though it needed privilege. It now names the hard limit's figure, as the loader does."""
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard <= 1024:
+        pytest.skip(f"the hard open-files limit is {hard}: no room to lower the soft one")
+    script = tmp_path / "bench_low.py"
+    script.write_text(
+        "import json, sys\n"
+        "from autotune.bench import BenchConfig, run_bench\n"
+        "cfg = BenchConfig.from_preset('decode-only', num_workers=2, batch_size=4, seconds=3,\n"
+        "    cold=False, timeout_s=90, batch_timeout_s=5, prefetch_factor=2,\n"
+        "    dataset_factory=sys.argv[2])\n"
+        "r = run_bench(sys.argv[1], cfg)\n"
+        "print(json.dumps({'kind': r.failure_kind, 'reason': r.reason, 'hint': r.hint}))\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    p = subprocess.run([sys.executable, str(script), str(small_dataset),
+                        f"{_many_tensors(tmp_path)}:make"], capture_output=True, text=True,
+                       env=env, timeout=180, preexec_fn=lambda: resource.setrlimit(
+                           resource.RLIMIT_NOFILE, (140, hard)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.splitlines()[-1])
+    assert r["kind"] == "open_files" and "limit 140" in r["reason"], r
+    assert "so no privilege is needed" in r["hint"] and "ulimit -n" in r["hint"], r["hint"]
 
 
 @pytest.mark.root
