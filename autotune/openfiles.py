@@ -32,14 +32,19 @@ OWN_ALLOWANCE = 64  # the training process's own files where they are not read (
 ENOUGH = 65536    # an open-files limit no loader of ours comes near
 
 
-def fix(here: bool = True) -> str:
+def fix(here: bool = True, job: tuple[int | None, int | None] | None = None) -> str:
     """The fix for a pool the limit cuts. A soft limit below the hard one (a container's
     1024 under 524288) can be raised without privilege, in the job's shell: said with the
-    figure; otherwise the container's or the scheduler's limit must change. `here` False:
-    the limit is not this process's (a search's --max-open-files), both ways are named."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    figure; otherwise the container's or the scheduler's limit must change. `job`: the
+    job's own (soft, hard), None for unlimited (what the monitor read from its
+    /proc/PID/limits), in place of this process's. `here` False and no `job`: the limit is
+    not this process's (a search's --max-open-files), both ways are named."""
     inf = resource.RLIM_INFINITY
-    if not here:
+    if job is not None:
+        soft, hard = (inf if x is None else x for x in job)
+    else:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if job is None and not here:
         how = (f"`ulimit -n {ENOUGH}` in the job's shell, docker run --ulimit nofile="
                f"{ENOUGH}:{ENOUGH}, or LimitNOFILE=")
     elif soft != inf and (hard == inf or hard > soft):

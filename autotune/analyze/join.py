@@ -29,7 +29,7 @@ def join_metrics(path: str | os.PathLike[str],
     info: dict[str, Any] = {}
     total = kept = bad = 0
     interval_max = 0.0
-    shm_peak: dict[str, float] | None = None   # over every sample, in the window or not
+    peaks: dict[str, Any] = {"shm": None, "files": None}   # every sample's, in the window or not
     # Every sample's figures until one falls in the window: used when none does (summed
     # as they come, as the window's are: a day's records held whole took a gigabyte).
     early: tuple[dict[str, list[float]], dict[str, str], dict[str, Any]] = (
@@ -53,7 +53,7 @@ def join_metrics(path: str | os.PathLike[str],
                 continue
             total += 1
             interval_max = max(interval_max, dt)
-            shm_peak = _fuller(shm_peak, rec.get("shm"), t)
+            _peaks(peaks, rec, t)
             if window is not None:
                 lo, hi = window
                 overlap = min(hi, t) - max(lo, t - dt)
@@ -75,7 +75,30 @@ def join_metrics(path: str | os.PathLike[str],
         (series, unavailable, info), kept = early, n_early
     return finish(series, unavailable, info, source=str(p), joined_by=joined_by,
                   samples=kept, samples_total=total, bad_lines=bad, window=window,
-                  shm_peak=shm_peak)
+                  shm_peak=peaks["shm"], files_peak=peaks["files"])
+
+
+def _peaks(peaks: dict[str, Any], rec: dict[str, Any], t: float) -> None:
+    """/dev/shm at its fullest and the open-files limit at its nearest, `rec` counted."""
+    peaks["shm"] = _fuller(peaks["shm"], rec.get("shm"), t)
+    peaks["files"] = _nearer_limit(peaks["files"], rec.get("proc"), t)
+
+
+def _nearer_limit(peak: dict[str, Any] | None, proc: Any, t: float) -> dict[str, Any] | None:
+    """The nearer to its open-files limit of `peak` and a sample's process-tree section
+    (by the share of the soft limit its busiest process held)."""
+    try:
+        n, lim = proc["open_files"], proc["open_files_limit"]
+        if not (isinstance(n, int) and isinstance(lim, int) and lim > 0):
+            return peak
+    except (TypeError, KeyError):
+        return peak
+    if peak is None or n / lim > peak["open"] / peak["limit"]:
+        hard = proc.get("open_files_hard")
+        return {"open": n, "limit": lim, "hard": hard if isinstance(hard, int) else None,
+                "pid": proc.get("open_files_pid"),
+                "root": proc.get("open_files_pid") == proc.get("root_pid"), "time": t}
+    return peak
 
 
 def _fuller(peak: dict[str, float] | None, shm: Any, t: float) -> dict[str, float] | None:

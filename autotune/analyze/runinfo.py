@@ -6,8 +6,9 @@
   the monitor forwarded) is not a failure and is not said;
 * for a failed job, whether /dev/shm was the likely cause: its log's last lines name a
   /dev/shm failure, or the monitor saw /dev/shm nearly full; or the open-files limit: its
-  log's last lines name it (EMFILE, "received 0 items of ancdata"); for one that ended well, that
-  it was seen nearly full, with little room left for more workers or larger batches;
+  log's last lines name it (EMFILE, "received 0 items of ancdata"), or the monitor saw one
+  of its processes near its limit; for one that ended well, that either was seen nearly
+  full, with little room left for more workers or larger batches;
 * which disk the monitor watched and why: without --data it watched the disk of the
   directory it ran in, which may not hold the dataset.
 
@@ -24,12 +25,15 @@ from typing import Any
 from autotune.bench.failures import SHM_HINT, files_failure_line, files_hint, shm_failure_line
 from autotune.monitor.figures import SystemFigures
 from autotune.monitor.run import signal_name
-from autotune.verdict.rules import failed_on_files, failed_on_shm
+from autotune.verdict.rules._case import failed_in_start_up
 
 # /dev/shm this full at a sample counts as nearly full: samples are --interval apart and a
 # batch handed over between two (tens of MiB) fills the rest, so a job that died of a full
 # /dev/shm is seldom sampled at 100 %.
 SHM_NEARLY_FULL = 0.75
+# As near the open-files limit, for the same reason: one batch's tensors (a hundred files
+# or more) arrive between two samples, and a process at the limit drops or fails at once.
+FILES_NEARLY_FULL = 0.75
 LOG_TAIL_BYTES = 256 * 1024    # the job's last output, where a failure is printed
 USER_STOPS = ("SIGINT", "SIGTERM")
 
@@ -93,29 +97,65 @@ def shm_cause(log: Path | None, system: SystemFigures | None,
             "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT}
 
 
-def files_cause(log: Path | None, tail: str) -> dict[str, Any] | None:
+def _files_share(system: SystemFigures | None) -> tuple[dict[str, Any] | None, float | None]:
+    peak = system.files_peak if system is not None else None
+    return peak, (peak["open"] / peak["limit"] if peak and peak.get("limit") else None)
+
+
+def _files_seen(peak: dict[str, Any], share: float, system: SystemFigures | None) -> str:
+    who = "the command's process" if peak.get("root") else "one of the job's processes"
+    return (f"{Path(system.source).name if system else 'the metrics'}: {who} (pid "
+            f"{peak.get('pid')}) held {peak['open']:,} open files of its limit of "
+            f"{peak['limit']:,} ({share:.0%}) at the sample nearest it")
+
+
+def _job_fix(peak: dict[str, Any] | None) -> str:
+    """The fix, with the job's own soft and hard limits where the monitor read them."""
+    return files_hint(here=False, job=(peak["limit"], peak.get("hard")) if peak else None)
+
+
+def files_cause(log: Path | None, system: SystemFigures | None,
+                tail: str) -> dict[str, Any] | None:
     """Why the open-files limit is the likely cause of a failed job (its log's line in
-    `tail`), or None. From the log alone: the monitor does not sample a process's open
-    files."""
+    `tail`; the monitor's sample nearest the limit), or None."""
     line = files_failure_line(tail) if log is not None else None
-    if line is None:
+    peak, share = _files_share(system)
+    near = share is not None and share >= FILES_NEARLY_FULL
+    if line is None and not near:
         return None
-    return {"log_line": line, "evidence": f"{log.name if log else 'the log'} says {line[:200]!r}",
-            "fix": files_hint(here=False)}
+    said = [f"{log.name if log else 'the log'} says {line[:200]!r}"] if line else []
+    if peak is not None and share is not None:
+        said.append(_files_seen(peak, share, system))
+    return {"log_line": line, "peak_open": peak["open"] if peak else None,
+            "limit": peak["limit"] if peak else None, "peak_share": share,
+            "nearly_full": near, "evidence": "; ".join(said), "fix": _job_fix(peak)}
+
+
+def files_room(system: SystemFigures | None) -> str | None:
+    """A job that did not fail but was seen near its open-files limit: more workers, a
+    deeper prefetch or a batch of more tensors may hang it (None when it had room)."""
+    peak, share = _files_share(system)
+    if peak is None or share is None or share < FILES_NEARLY_FULL:
+        return None
+    return (f"{_files_seen(peak, share, system)}: the job fits with little room; more "
+            "workers, a deeper prefetch or a batch of more tensors may stop an epoch (a "
+            "worker's batch dropped on 'Too many open files') or fail with 'received 0 "
+            f"items of ancdata'. Fix: {_job_fix(peak)}")
 
 
 def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,
                tail: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A failure has one likely cause: the open-files limit the log names over a /dev/shm
-    only seen nearly full (batches in flight fill both), and of two lines in the log the
-    later, the one that ended the job."""
+    """A failure has one likely cause: a limit its log names over one only seen nearly
+    full (batches in flight fill both), of two lines in the log the later, the one that
+    ended the job, and of two seen nearly full only, the fuller."""
     if shm is None or files is None:
         return shm, files
-    if not shm.get("log_line"):
-        return None, files
-    if tail.rfind(files["log_line"]) > tail.rfind(shm["log_line"]):
-        return None, files
-    return shm, None
+    shm_line, files_line = shm.get("log_line"), files.get("log_line")
+    if shm_line and files_line:
+        return (None, files) if tail.rfind(files_line) > tail.rfind(shm_line) else (shm, None)
+    if shm_line or files_line:
+        return (shm, None) if shm_line else (None, files)
+    return (None, files) if (files["peak_share"] or 0) > (shm["peak_share"] or 0) else (shm, None)
 
 
 def shm_room(system: SystemFigures | None) -> str | None:
@@ -158,7 +198,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
               loader: dict[str, Any] | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The `run` section of the analysis (None without a run.json) and its warnings
     (`warmup_only`, `loader`: whether a /dev/shm or an open-files failure is the verdict,
-    as autotune.verdict.rules.failed_on_shm and failed_on_files decide)."""
+    as autotune.verdict.rules.failed_on_shm and failed_on_files decide: failed_in_start_up)."""
     if run is None:
         return None, []
     warnings: list[str] = []
@@ -178,9 +218,9 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
         why = f"; its output, with the error, is in {log}" if log is not None else ""
         log = log if log is not None and log.is_file() else None
         tail = _log_tail(log) if log is not None else ""   # read once, for both causes
-        shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, tail), tail)
-        decided = (failed_on_shm.decides(shm, warmup_only, loader)
-                   or failed_on_files.decides(files, warmup_only, loader))
+        shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
+        decided = (failed_in_start_up(shm, warmup_only, loader)
+                   or failed_in_start_up(files, warmup_only, loader))
         what = ("" if decided else f"; the verdict describes only "
                 f"the {steps:,} step(s) measured before it, not why it failed")
         warnings.append(f"the job failed: {status}{after} ({where}){what}{why}")
@@ -190,8 +230,8 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
         if files is not None:
             warnings.append(f"the open-files limit was the likely cause of the failure "
                             f"({files['evidence']}); fix: {files['fix']}")
-    elif kind == "ok" and (room := shm_room(system)):
-        warnings.append(room)
+    elif kind == "ok":
+        warnings += [room for room in (shm_room(system), files_room(system)) if room]
     disk = watched_disk(run, system)
     if (disk is not None and disk["measured"] and disk["from"] != "--data"
             and not _on_disk(dataset, disk["device"])):

@@ -204,11 +204,12 @@ def _workers_out_of_files(log_tail: str) -> bool:
     return "Too many open files" in log_tail and "_feed" in log_tail
 
 
-def files_hint(here: bool = True) -> str:
-    """The fix for a measurement past its open-files limit: openfiles.fix's (the hard
-    limit's figure where the soft one may rise to it), or a smaller pool. `here` False:
-    the limit was --max-open-files, not this process's."""
-    return f"{openfiles.fix(here)}; or lower num_workers / prefetch_factor"
+def files_hint(here: bool = True, job: tuple[int | None, int | None] | None = None) -> str:
+    """The fix for a run past its open-files limit: openfiles.fix's (the hard limit's
+    figure where the soft one may rise to it), or a smaller pool. `here` False: the limit
+    was --max-open-files or another job's, not this process's; `job`: that job's (soft,
+    hard), where known."""
+    return f"{openfiles.fix(here, job)}; or lower num_workers / prefetch_factor"
 
 
 def _open_files(ctx: dict[str, Any], what: str) -> Failure:

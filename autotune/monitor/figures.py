@@ -65,6 +65,10 @@ class SystemFigures:
     # /dev/shm at its fullest over the whole run, not only the window (a job that dies of a
     # full /dev/shm fills it after its last step): {"used_bytes", "total_bytes", "time"}.
     shm_peak: dict[str, float] | None = None
+    # The open-files limit at its nearest over the whole run: the sample at which one
+    # process of the job held the largest share of its soft limit: {"open", "limit",
+    # "hard" (None: unlimited), "pid", "root" (the command itself, not a child), "time"}.
+    files_peak: dict[str, Any] | None = None
     # The job's cgroup CPU quota over the window (autotune.monitor.quota): "cores" (None:
     # no quota), "quota_file", "quota", "stat_file", and summed over the joined samples
     # "periods", "throttled", "throttled_s", "throttled_share" (throttled / periods).

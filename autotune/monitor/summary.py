@@ -12,7 +12,7 @@ MAIN_FIGURES: tuple[tuple[str, str], ...] = (
     ("disk", "rareq_sz_kib"), ("disk", "aqu_sz"), ("disk", "util_pct"),
     ("disk", "writes_per_s"), ("disk", "write_mib_s"),
     ("cpu", "total_pct"), ("cpu", "iowait_pct"), ("cpu", "busiest_core_pct"),
-    ("proc", "cpu_pct"), ("proc", "rss_bytes"), ("proc", "processes"),
+    ("proc", "cpu_pct"), ("proc", "rss_bytes"), ("proc", "processes"), ("proc", "open_files"),
     ("shm", "used_bytes"),
 )
 GPU_FIGURES = ("util_pct", "mem_util_pct", "mem_used_bytes")

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 from pathlib import Path
+
+import pytest
 
 from rich.console import Console
 
@@ -257,3 +260,45 @@ def test_a_worker_out_of_open_files_is_not_read_as_dev_shm(tmp_path):
     assert any(w.startswith("the open-files limit was the likely cause") and
                "Too many open files" in w for w in a.warnings), a.warnings
     assert not any("/dev/shm" in w for w in a.warnings), a.warnings
+
+
+# A job that holds 340 files open under a soft limit of 400 it set itself, as a DataLoader
+# whose batches of many tensors hold their files in flight does, then ends as argv[1] says.
+HOLDING_JOB = """
+import os, resource, sys, time, autotune
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
+fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(340)]
+for _ in autotune.instrument(range(40), batch_size=8):
+    time.sleep(0.02)
+if sys.argv[1] == "fail":
+    print("RuntimeError: DataLoader timed out after 5 seconds", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_a_job_seen_near_its_open_files_limit_is_told_so_with_its_own_hard_limit(tmp_path):
+    """The log of a job whose worker dropped a batch on EMFILE says only that the
+    DataLoader timed out: the monitor's count of the job's open files names the cause, and
+    the fix the job's own hard limit (read from /proc/PID/limits, not analyze's)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 600:
+        pytest.skip(f"the hard open-files limit is {hard}")
+    to = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    for end in ("fail", "ok"):
+        run = run_monitored([sys.executable, "-c", HOLDING_JOB, end], tmp_path / end,
+                            gpu=False, data=tmp_path, interval=0.1)
+        assert run.returncode == (1 if end == "fail" else 0)
+        a = analyze(tmp_path / end)
+        said = [w for w in a.warnings if "open files of its limit of 400" in w]
+        assert len(said) == 1, a.warnings
+        assert f"`ulimit -n {to}` in the job's shell" in said[0], said[0]
+        if end == "fail":
+            assert said[0].startswith("the open-files limit was the likely cause"), said[0]
+            files = a.to_dict()["run"]["files"]
+            assert files["log_line"] is None and files["nearly_full"] and files["limit"] == 400
+            assert 340 <= files["peak_open"] < 400, files
+            # Only seen, not named by the log: the steps' verdict stands.
+            assert "(open files)" not in a.verdict.summary, a.verdict.summary
+        else:
+            assert "the job fits with little room" in said[0], said[0]

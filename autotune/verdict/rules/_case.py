@@ -81,6 +81,33 @@ class JobRule(Rule[Case, Verdict]):
     from_budget: ClassVar[bool] = False
 
 
+def failed_in_start_up(failure: dict[str, Any] | None, warmup_only: bool,
+                       loader: dict[str, Any] | None) -> bool:
+    """Whether a job's failure (RuleInputs' shm_failure, files_failure) is its verdict (the
+    run's warnings ask too): every step it logged was within the warm-up, its own log
+    names the failure (a limit only seen nearly full may be another process's doing), and
+    it had workers (without, no batch is handed over through /dev/shm or a file)."""
+    return (warmup_only and bool((failure or {}).get("log_line"))
+            and (loader or {}).get("num_workers") != 0)
+
+
+class FailureRule(JobRule):
+    """A failure in the job's start-up as its verdict: `failure` names the RuleInputs
+    field that holds it (runinfo's cause: its log line, evidence and fix)."""
+
+    failure: ClassVar[str] = ""
+
+    def applies(self, case: Case) -> bool:
+        inp = case.inp
+        return failed_in_start_up(getattr(inp, self.failure), inp.warmup_only, inp.loader)
+
+    def seen(self, case: Case, what: str) -> dict[str, Any]:
+        """The failure, its evidence line added: "the job failed on `what`: ..."."""
+        f = getattr(case.inp, self.failure) or {}
+        case.evidence.append(f"the job failed on {what}: {f.get('evidence') or 'its log says so'}")
+        return f
+
+
 class BudgetRule(JobRule):
     """A rule of the time budget: it applies when the loading's dominant state is `state`."""
 

@@ -11,38 +11,27 @@ that trained a while first keeps the verdict of its steps, the cause said beside
 
 from __future__ import annotations
 
-from typing import Any
-
 from autotune.verdict._types import Verdict
-from autotune.verdict.rules._case import Case, JobRule
+from autotune.verdict.rules._case import Case, FailureRule
 
 
-def decides(files_failure: dict[str, Any] | None, warmup_only: bool,
-            loader: dict[str, Any] | None) -> bool:
-    """Whether the open-files failure is the verdict (the run's warnings ask too): named by
-    the job's own log, and the job had workers (without, no batch is handed over)."""
-    return (warmup_only and bool((files_failure or {}).get("log_line"))
-            and (loader or {}).get("num_workers") != 0)
-
-
-class FailedOnFiles(JobRule):
+class FailedOnFiles(FailureRule):
     name = "failed on the open-files limit"
-
-    def applies(self, case: Case) -> bool:
-        inp = case.inp
-        return decides(inp.files_failure, inp.warmup_only, inp.loader)
+    failure = "files_failure"
 
     def conclude(self, case: Case) -> Verdict:
-        files = case.inp.files_failure or {}
-        case.evidence.append("the job failed on the open-files limit: "
-                             f"{files.get('evidence') or 'its log says so'}")
+        files = self.seen(case, "the open-files limit")
         return Verdict(
             "loader", "loader-configuration-bound (open files): the job failed because its "
             "DataLoader's batches in flight ran past the open-files limit (ulimit -n; each "
             "tensor of a batch a worker hands over is an open file)", case.evidence,
             case.cmd["search"],
-            ["raise the job's open-files limit (`ulimit -n 65536` in the shell that starts "
-             "it, where its hard limit allows; else docker run --ulimit nofile=65536:65536 "
-             "or LimitNOFILE=), or lower num_workers or prefetch_factor, or call "
-             "torch.multiprocessing.set_sharing_strategy('file_system') at start-up; "
-             "autotune.DataLoader keeps the workers it starts within the limit"])
+            [f"{files.get('fix') or _FIX}; autotune.DataLoader keeps the workers it "
+             "starts within the limit"])
+
+
+# Where the cause carries no fix of its own (the job's limits not read).
+_FIX = ("raise the job's open-files limit (`ulimit -n 65536` in the shell that starts it, "
+        "where its hard limit allows; else docker run --ulimit nofile=65536:65536 or "
+        "LimitNOFILE=), or lower num_workers or prefetch_factor, or call "
+        "torch.multiprocessing.set_sharing_strategy('file_system') at start-up")

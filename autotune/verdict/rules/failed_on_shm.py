@@ -8,31 +8,16 @@ the failure and its cause said beside it (autotune.analyze.runinfo)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from autotune.verdict._types import Verdict
-from autotune.verdict.rules._case import Case, JobRule
+from autotune.verdict.rules._case import Case, FailureRule
 
 
-def decides(shm_failure: dict[str, Any] | None, warmup_only: bool,
-            loader: dict[str, Any] | None) -> bool:
-    """Whether the /dev/shm failure is the verdict (the run's warnings ask too). The job's
-    own log must name it: a /dev/shm seen nearly full may be another process's; and
-    without workers no batch goes through /dev/shm at all."""
-    return (warmup_only and bool((shm_failure or {}).get("log_line"))
-            and (loader or {}).get("num_workers") != 0)
-
-
-class FailedOnShm(JobRule):
+class FailedOnShm(FailureRule):
     name = "failed on /dev/shm"
-
-    def applies(self, case: Case) -> bool:
-        inp = case.inp
-        return decides(inp.shm_failure, inp.warmup_only, inp.loader)
+    failure = "shm_failure"
 
     def conclude(self, case: Case) -> Verdict:
-        shm = case.inp.shm_failure or {}
-        case.evidence.append(f"the job failed on /dev/shm: {shm.get('evidence') or 'its log says so'}")
+        self.seen(case, "/dev/shm")
         return Verdict(
             "loader", "loader-configuration-bound (/dev/shm): the job failed because its "
             "DataLoader workers' batches did not fit in /dev/shm (workers x prefetch_factor "
