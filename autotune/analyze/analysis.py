@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from autotune.analyze import trend
-from autotune.analyze.inputs import detect_format, load_probe, make_parser, resolve_inputs
+from autotune.analyze.inputs import (Inputs, detect_format, load_probe, make_parser,
+                                     resolve_inputs)
 from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.logpass import LogPass
-from autotune.analyze.runinfo import run_facts
+from autotune.analyze.runinfo import failed_unlogged, run_facts
 from autotune.analyze.parsers import LogParser, ProfileSummary, Skip
 from autotune.analyze.reader import STDIN, LineTimes, iter_lines, spooled
 from autotune.verdict.rules import RuleInputs, decide
@@ -144,7 +145,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
         return _from_stdin(kw)
     inp = resolve_inputs(log, metrics, dataset)
     warnings = list(inp.notes)
-    fmt = "regex" if regex is not None else (detect_format(inp.log) if format == "auto" else format)
+    fmt = _format(inp, format, regex)
     parser = make_parser(fmt, regex)
     times = LineTimes.for_log(inp.log)
     acc = LogPass(warmup, times, parser.other_kind)
@@ -153,7 +154,7 @@ def analyze(log: str | os.PathLike[str], *, metrics: str | os.PathLike[str] | No
     meta, loader, dataset = _job(parser, dataset, inp.dataset, warnings)
     profile = profiles[-1] if profiles else None
     if acc.measured.n == 0 and profile is None:
-        raise _no_timing(inp.log, fmt, lines, parser)
+        raise _unlogged(inp, _no_timing(inp.log, fmt, lines, parser))
     f = _figures(acc, parser, fmt, batch_size, meta, profile, times, warnings)
     system = _system(inp.metrics, f["window"], warnings)
     steady, starts, share_from, conf = _shares(acc, parser, f["data_share"], profile, warnings)
@@ -339,6 +340,25 @@ def _cores(meta: dict[str, Any]) -> float | None:
     """The step log header's usable cores (fractional under a CPU quota: 0.5)."""
     c = meta.get("cores")
     return c if isinstance(c, (int, float)) and not isinstance(c, bool) and c > 0 else None
+
+
+def _format(inp: Inputs, format: str, regex: str | os.PathLike[str] | None) -> str:
+    """The log's format: regex with a pattern file, the one asked for, else detected."""
+    if regex is not None:
+        return "regex"
+    if format != "auto":
+        return format
+    try:
+        return detect_format(inp.log)
+    except UsageError as e:
+        raise _unlogged(inp, e) from None
+
+
+def _unlogged(inp: Inputs, e: UsageError) -> UsageError:
+    """A log with no step timing: where the monitor saw the job fail, its failure and
+    likely cause (the format was never the question); else `e` as it is."""
+    said = failed_unlogged(inp.run, inp.run_dir, inp.metrics)
+    return UsageError(f"{inp.run_dir or inp.log}: {said}") if said else e
 
 
 def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:

@@ -22,6 +22,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.bench.failures import SHM_HINT, files_failure_line, files_hint, shm_failure_line
 from autotune.monitor.figures import SystemFigures
 from autotune.monitor.run import signal_name
@@ -156,6 +157,37 @@ def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,
     if shm_line or files_line:
         return (shm, None) if shm_line else (None, files)
     return (None, files) if (files["peak_share"] or 0) > (shm["peak_share"] or 0) else (shm, None)
+
+
+def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
+                    metrics: Path | None) -> str | None:
+    """A monitored job that failed before it logged a step (nothing for the verdict to
+    read, as a job that dies on its first batch does): how it ended and its likely cause,
+    in a line; None where it did not fail."""
+    if run is None or outcome(run)[0] != "failed":
+        return None
+    status, secs = outcome(run)[1], run.get("seconds")
+    log = run_dir / "train.log" if run_dir is not None else None
+    log = log if log is not None and log.is_file() else None
+    tail = _log_tail(log) if log is not None else ""
+    system = None
+    if metrics is not None:
+        from autotune.analyze.join import join_metrics
+
+        try:
+            system = join_metrics(metrics, None)
+        except AutotuneError:
+            pass   # no sample: the log alone
+    shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
+    said = [f"the job failed ({status}" + (f" after {secs:,.1f} s" if isinstance(secs, (int, float))
+                                         else "") + ") before it logged a step: no step "
+            "timing to analyse"]
+    for cause, what in ((files, "the open-files limit"), (shm, "/dev/shm")):
+        if cause is not None:
+            said.append(f"{what} was the likely cause ({cause['evidence']}); fix: {cause['fix']}")
+    if log is not None:
+        said.append(f"its output, with the error, is in {log}")
+    return "; ".join(said)
 
 
 def shm_room(system: SystemFigures | None) -> str | None:

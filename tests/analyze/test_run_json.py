@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from autotune.analyze import analyze
+from autotune.errors import UsageError
 from autotune.cli.tables.analyze import analysis_renderable
 from autotune.monitor.run import run_monitored
 
@@ -269,9 +270,10 @@ import os, resource, sys, time, autotune
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
 fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(340)]
-for _ in autotune.instrument(range(40), batch_size=8):
+time.sleep(0.5 if sys.argv[1] == "early" else 0)
+for _ in autotune.instrument(range(0 if sys.argv[1] == "early" else 40), batch_size=8):
     time.sleep(0.02)
-if sys.argv[1] == "fail":
+if sys.argv[1] in ("fail", "early"):
     print("RuntimeError: DataLoader timed out after 5 seconds", file=sys.stderr)
     sys.exit(1)
 """
@@ -302,3 +304,28 @@ def test_a_job_seen_near_its_open_files_limit_is_told_so_with_its_own_hard_limit
             assert "(open files)" not in a.verdict.summary, a.verdict.summary
         else:
             assert "the job fits with little room" in said[0], said[0]
+
+
+def test_a_job_that_failed_before_its_first_step_is_told_its_cause_not_a_format_error(
+        tmp_path):
+    """A job that dies on its first batch (the usual way a container's limit shows)
+    logged no step: analyze said "no known step-timing format", as though the log were
+    the question. It now says how the job ended and its likely cause, still exit 2."""
+    run = run_monitored([sys.executable, "-c", HOLDING_JOB, "early"], tmp_path / "early",
+                        gpu=False, data=tmp_path, interval=0.1)
+    assert run.returncode == 1
+    with pytest.raises(UsageError) as e:
+        analyze(tmp_path / "early")
+    msg = str(e.value)
+    assert "the job failed (exit status 1" in msg and "before it logged a step" in msg, msg
+    assert "the open-files limit was the likely cause" in msg and "of its limit of 400" in msg
+    assert "step-timing format" not in msg and msg.endswith("train.log"), msg
+    # A job that failed of something else before its first step: no cause is made up.
+    other = monitor_dir(tmp_path / "other", run={"returncode": 1}, steps=0,
+                        log="ValueError: bad label in sample 3\n")
+    with pytest.raises(UsageError) as e:
+        analyze(other)
+    assert "before it logged a step" in str(e.value) and "likely cause" not in str(e.value)
+    # One that did not fail keeps the format error.
+    with pytest.raises(UsageError, match="step-timing format"):
+        analyze(monitor_dir(tmp_path / "ok", run={}, steps=0, log="hello\n"))
