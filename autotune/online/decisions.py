@@ -19,7 +19,8 @@ from typing import Any
 log = logging.getLogger("autotune.online")
 
 # The same on each rank of a node: said once a node.
-NODE = frozenset({"fit", "iterable", "set-epoch", "cache", "oom-group", "whole-dataset"})
+NODE = frozenset({"fit", "iterable", "set-epoch", "cache", "oom-group", "whole-dataset",
+                  "unsendable"})
 # Taken by the ranks together where they decide together (autotune.online.ddp.RankSync).
 DECIDED = frozenset({"start", "try", "keep", "reject", "settle", "retune", "bound",
                      "bound-raised", "switch", "switched"})

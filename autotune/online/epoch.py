@@ -15,6 +15,7 @@ from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
 from autotune.online.fallback import recover_or_raise
 from autotune.online.pool import Pool
+from autotune.online.sendable import why_unsendable
 from autotune.online.stream import IndexStream, length_of
 from autotune.online.weakowner import WeakOwner
 
@@ -116,6 +117,23 @@ class Epoch:
         return (dl._tuning and dl._batch_bytes is None and cfg.num_workers > 0
                 and dl.worker_init_fn is None
                 and "num_workers" not in dl._fixed and isinstance(dl._ctl, Controller))
+
+    def probed(self, batch: Any) -> Config:
+        """The start point once the epoch's first batch was made here: refitted to that
+        batch, or no workers where a worker could not send it back (its queue thread would
+        drop every batch and the epoch wait for ever)."""
+        dl, cfg, self.probing = self._dl, self.probing, None
+        assert cfg is not None
+        why = why_unsendable(batch)
+        if why is None:
+            return dl._ctl.refit(cfg)
+        dl._tuning = False
+        emit("unsendable", f"the first batch cannot be sent from a worker process ({why}): "
+             "a worker's queue thread would drop every batch and the epoch wait for ever, "
+             "so loading stays in this process (num_workers=0, torch's default) and tuning "
+             "stops; return tensors, arrays, numbers or strings from the dataset and "
+             "collate_fn to let workers load it", warn=True, error=why)
+        return Config(0, None, False, cfg.pin_memory)
 
     def begin(self) -> None:
         dl = self._dl

@@ -304,7 +304,7 @@ class DataLoader:
         if self._batch_bytes is None:
             self._budget.first_batch(batch)
         if self._epoch.probing is not None:
-            cfg, self._epoch.probing = self._ctl.refit(self._epoch.probing), None
+            cfg = self._epoch.probed(batch)
             self._target = self._sw.agreed = cfg
             if cfg.num_workers:
                 self._sw.begin(cfg, "start: the first batch was made in this process")
