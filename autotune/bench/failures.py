@@ -65,7 +65,7 @@ OOM_HINT = ("use fewer workers, a lower prefetch_factor or a smaller batch (each
 @dataclass(frozen=True)
 class Failure:
     kind: str      # worker_error, worker_killed, worker_crashed, shm, open_files, oom,
-                   # timeout, hung, step_error, startup, no_batches, crashed
+                   # unsendable, timeout, hung, step_error, startup, no_batches, crashed
     reason: str
     hint: str
 
@@ -184,6 +184,9 @@ def _resources(s: _Seen) -> Failure | None:
             or "killed by signal: Bus error" in text or "out of shared memory" in text:
         return Failure("shm", f"shared memory (/dev/shm) ran out{s.shm_note}: {s.first}", SHM_HINT)
     m = re.search(r"DataLoader timed out after (\S+) seconds", text)
+    if m and (why := unsendable_line(s.ctx.get("log_tail") or "")):
+        return _unsendable(f"no batch arrived for {m.group(1)} s (DataLoader timeout) "
+                           f"during {s.phase}", why)
     if m and _workers_out_of_files(s.ctx.get("log_tail") or ""):
         return _open_files(s.ctx, f"no batch arrived for {m.group(1)} s (DataLoader timeout) "
                                   f"during {s.phase}: a worker's queue thread ran out of open "
@@ -210,6 +213,29 @@ def files_hint(here: bool = True, job: tuple[int | None, int | None] | None = No
     was --max-open-files or another job's, not this process's; `job`: that job's (soft,
     hard), where known."""
     return f"{openfiles.fix(here, job)}; or lower num_workers / prefetch_factor"
+
+
+# What a worker's queue thread prints when it cannot pickle a batch (it then drops it).
+_PICKLE_ERROR = re.compile(r"^\s*((?:\w+\.)*(?:TypeError|PicklingError|AttributeError)"
+                           r": .*(?:pickle|Pickl).*)$", re.MULTILINE)
+
+
+def unsendable_line(log_tail: str) -> str | None:
+    """The pickling error a worker's queue thread (multiprocessing's _feed) printed, the
+    batch it could not send dropped; None when there is none."""
+    if "_feed" not in log_tail:
+        return None
+    found = _PICKLE_ERROR.findall(log_tail[log_tail.index("_feed"):])
+    return found[0].strip()[:300] if found else None
+
+
+def _unsendable(what: str, why: str) -> Failure:
+    return Failure("unsendable", f"{what}: a worker could not send its batch back ({why}), "
+                   "so it dropped it", "the dataset's samples (or collate_fn's batch) hold "
+                   "something that cannot be pickled (a generator, a lock, a lambda, an "
+                   "open handle): return tensors, arrays, numbers or strings to load in "
+                   "workers; --workers 0 loads in the training process, where nothing is "
+                   "pickled (autotune.DataLoader stays there for such a dataset by itself)")
 
 
 def _open_files(ctx: dict[str, Any], what: str) -> Failure:
@@ -270,6 +296,8 @@ def _otherwise(s: _Seen) -> Failure:
 def classify_exit(returncode: int | None, *, timed_out: bool, timeout_s: float, phase: str,
                   log_tail: str, oom_kills: int, ctx: dict[str, Any]) -> Failure:
     """The failure for a child that ended without a result file."""
+    if timed_out and (why := unsendable_line(log_tail)):
+        return _unsendable(f"no result after {timeout_s:g} s (hard timeout) during {phase}", why)
     if timed_out and _workers_out_of_files(log_tail):
         return _open_files(ctx, "no result after {:g} s (hard timeout) during {}: a worker's "
                            "queue thread ran out of open files and dropped its batch".format(

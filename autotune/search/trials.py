@@ -59,7 +59,7 @@ def run_trials(s: Session, measured: dict[tuple, TrialRecord],
                  f"trial {len(measured) + 1} of {opts.trials}" + (" (study total)" if shared else ""))
         with s.shared.heartbeats.during(trial):
             rec = _measure(s, trial, params, measured, which, claim)
-        stop = _at_ceiling(s, rec) or _step_fails_alike(last, rec)
+        stop = _at_ceiling(s, rec) or _step_fails_alike(last, rec) or _cannot_send(rec)
         if stop:
             return stop
         last = rec
@@ -73,6 +73,15 @@ def _step_fails_alike(prev: TrialRecord | None, rec: TrialRecord) -> str | None:
     if (rec.failure_kind == "step_error" and prev is not None
             and prev.failure_kind == "step_error" and prev.reason == rec.reason):
         return f"the step failed the same way in two configurations in a row: {rec.reason}"
+    return None
+
+
+def _cannot_send(rec: TrialRecord) -> str | None:
+    """Why to stop: a worker could not pickle its batch (the dataset's samples hold a
+    generator, a lock, ...). Every configuration with workers fails alike, each after the
+    whole batch timeout; a loader setting does not fix it."""
+    if rec.failure_kind == "unsendable":
+        return (f"{rec.reason}; every configuration with workers fails alike: {rec.hint}")
     return None
 
 

@@ -248,6 +248,26 @@ def test_bench_under_a_low_soft_limit_names_the_hard_one(small_dataset: Path,
     assert "so no privilege is needed" in r["hint"] and "ulimit -n" in r["hint"], r["hint"]
 
 
+def test_a_batch_a_worker_cannot_pickle_is_named_not_a_hung_storage(small_dataset: Path,
+                                                                     tmp_path: Path,
+                                                                     no_leftovers) -> None:
+    """A sample holding a generator: each worker's queue thread fails to pickle its batch
+    and drops it, and the measurement waits until the DataLoader timeout. It read as "a
+    worker is hung or the storage stalled", with a hint about mounts."""
+    factory = tmp_path / "lazy.py"
+    factory.write_text("import torch\n"
+                       "class Lazy(torch.utils.data.Dataset):\n"
+                       "    def __len__(self):\n        return 400\n"
+                       "    def __getitem__(self, i):\n"
+                       "        return torch.zeros(4), (i * k for k in range(3))\n"
+                       "def make(root):\n    return {\"dataset\": Lazy(), \"collate_fn\": lambda b: b}\n")
+    r = run_bench(small_dataset, _cfg(dataset_factory=f"{factory}:make", batch_timeout_s=5))
+    assert r.failed and r.failure_kind == "unsendable", (r.failure_kind, r.reason)
+    assert "cannot pickle 'generator' object" in r.reason, r.reason
+    assert "storage" not in r.hint and "--workers 0" in r.hint, r.hint
+    no_leftovers(r)
+
+
 @pytest.mark.root
 def test_full_dev_shm(small_dataset: Path, no_leftovers, tiny_shm) -> None:
     r = run_bench(small_dataset, _cfg(), popen=tiny_shm)
