@@ -355,10 +355,11 @@ def _format(inp: Inputs, format: str, regex: str | os.PathLike[str] | None) -> s
 
 
 def _unlogged(inp: Inputs, e: UsageError) -> UsageError:
-    """A log with no step timing: where the monitor saw the job fail, its failure and
-    likely cause (the format was never the question); else `e` as it is."""
+    """A log with no step timing: where the monitor saw the job fail (often before its
+    first step), how and its likely cause first, then `e`; else `e` as it is."""
     said = failed_unlogged(inp.run, inp.run_dir, inp.metrics)
-    return UsageError(f"{inp.run_dir or inp.log}: {said}") if said else e
+    return UsageError(f"{inp.run_dir or inp.log}: {said}. No step timing to analyse (the "
+                      f"job may have failed before its first step): {e}") if said else e
 
 
 def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:

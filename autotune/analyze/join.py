@@ -14,7 +14,8 @@ from typing import Any
 
 from autotune.analyze.reader import bounded_lines
 from autotune.errors import UsageError
-from autotune.monitor.figures import FIGURES, SystemFigures, collect, finish  # noqa: F401
+from autotune.monitor.figures import (FIGURES, SystemFigures, collect, finish,  # noqa: F401
+                                      finite_number)
 
 
 def join_metrics(path: str | os.PathLike[str],
@@ -84,30 +85,37 @@ def _peaks(peaks: dict[str, Any], rec: dict[str, Any], t: float) -> None:
     peaks["files"] = _nearer_limit(peaks["files"], rec.get("proc"), t)
 
 
+def _count(x: Any) -> int | None:
+    """`x` where it is a count a /proc file could give (a metrics file is a stranger's)."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31 else None
+
+
 def _nearer_limit(peak: dict[str, Any] | None, proc: Any, t: float) -> dict[str, Any] | None:
     """The nearer to its open-files limit of `peak` and a sample's process-tree section
-    (by the share of the soft limit its busiest process held)."""
-    try:
-        n, lim = proc["open_files"], proc["open_files_limit"]
-        if not (isinstance(n, int) and isinstance(lim, int) and lim > 0):
-            return peak
-    except (TypeError, KeyError):
+    (by the share of the soft limit its busiest process held). "hard" is there only where
+    the sample gave it: null, unlimited; a number; absent, not known."""
+    if not isinstance(proc, dict):
+        return peak
+    n, lim = _count(proc.get("open_files")), _count(proc.get("open_files_limit"))
+    if n is None or not lim:
         return peak
     if peak is None or n / lim > peak["open"] / peak["limit"]:
-        hard = proc.get("open_files_hard")
-        return {"open": n, "limit": lim, "hard": hard if isinstance(hard, int) else None,
-                "pid": proc.get("open_files_pid"),
-                "root": proc.get("open_files_pid") == proc.get("root_pid"), "time": t}
+        pid = _count(proc.get("open_files_pid"))
+        out = {"open": n, "limit": lim, "pid": pid,
+               "root": pid is not None and pid == proc.get("root_pid"), "time": t}
+        hard = proc.get("open_files_hard", False)
+        if hard is None or _count(hard):
+            out["hard"] = hard
+        return out
     return peak
 
 
 def _fuller(peak: dict[str, float] | None, shm: Any, t: float) -> dict[str, float] | None:
     """The fuller of `peak` and a sample's /dev/shm section (by the share used)."""
-    try:
-        used, total = float(shm["used_bytes"]), float(shm["total_bytes"])
-    except (TypeError, KeyError, ValueError):
+    if not isinstance(shm, dict):
         return peak
-    if total <= 0:
+    used, total = finite_number(shm.get("used_bytes")), finite_number(shm.get("total_bytes"))
+    if used is None or total is None or total <= 0 or used < 0:
         return peak
     if peak is None or used / total > peak["used_bytes"] / peak["total_bytes"]:
         return {"used_bytes": used, "total_bytes": total, "time": t}

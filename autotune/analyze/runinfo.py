@@ -62,6 +62,12 @@ def outcome(run: dict[str, Any]) -> tuple[str, str]:
     return "failed", status
 
 
+def _after(secs: Any) -> str:
+    """" after N s" for run.json's seconds (a stranger's file: a figure a float can hold)."""
+    ok = isinstance(secs, (int, float)) and not isinstance(secs, bool) and 0 <= secs < 1e12
+    return f" after {secs:,.1f} s" if ok else ""
+
+
 def _log_tail(path: Path) -> str:
     try:
         with path.open("rb") as f:
@@ -105,14 +111,16 @@ def _files_share(system: SystemFigures | None) -> tuple[dict[str, Any] | None, f
 
 def _files_seen(peak: dict[str, Any], share: float, system: SystemFigures | None) -> str:
     who = "the command's process" if peak.get("root") else "one of the job's processes"
-    return (f"{Path(system.source).name if system else 'the metrics'}: {who} (pid "
-            f"{peak.get('pid')}) held {peak['open']:,} open files of its limit of "
+    pid = f" (pid {peak['pid']})" if peak.get("pid") is not None else ""
+    return (f"{Path(system.source).name if system else 'the metrics'}: {who}{pid} held "
+            f"{peak['open']:,} open files of its limit of "
             f"{peak['limit']:,} ({share:.0%}) at the sample nearest it")
 
 
 def _job_fix(peak: dict[str, Any] | None) -> str:
     """The fix, with the job's own soft and hard limits where the monitor read them."""
-    return files_hint(here=False, job=(peak["limit"], peak.get("hard")) if peak else None)
+    known = peak is not None and "hard" in peak
+    return files_hint(here=False, job=(peak["limit"], peak["hard"]) if known else None)
 
 
 def files_cause(log: Path | None, system: SystemFigures | None,
@@ -166,7 +174,7 @@ def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
     in a line; None where it did not fail."""
     if run is None or outcome(run)[0] != "failed":
         return None
-    status, secs = outcome(run)[1], run.get("seconds")
+    status = outcome(run)[1]
     log = run_dir / "train.log" if run_dir is not None else None
     log = log if log is not None and log.is_file() else None
     tail = _log_tail(log) if log is not None else ""
@@ -179,15 +187,19 @@ def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
         except AutotuneError:
             pass   # no sample: the log alone
     shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
-    said = [f"the job failed ({status}" + (f" after {secs:,.1f} s" if isinstance(secs, (int, float))
-                                         else "") + ") before it logged a step: no step "
-            "timing to analyse"]
+    said = [f"the job failed ({status}{_after(run.get('seconds'))})"]
     for cause, what in ((files, "the open-files limit"), (shm, "/dev/shm")):
         if cause is not None:
-            said.append(f"{what} was the likely cause ({cause['evidence']}); fix: {cause['fix']}")
+            said.append(f"{what} {_was(cause)} ({cause['evidence']}); fix: {cause['fix']}")
     if log is not None:
         said.append(f"its output, with the error, is in {log}")
     return "; ".join(said)
+
+
+def _was(cause: dict[str, Any]) -> str:
+    """A cause its log names was the likely one; one only seen by the monitor may have
+    been (the log may name another error the monitor cannot see)."""
+    return "was the likely cause" if cause.get("log_line") else "may have been the cause"
 
 
 def shm_room(system: SystemFigures | None) -> str | None:
@@ -236,8 +248,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     warnings: list[str] = []
     where = f"{run_dir / 'run.json'}" if run_dir is not None else "run.json"
     kind, status = outcome(run)
-    secs = run.get("seconds")
-    after = f" after {secs:,.1f} s" if isinstance(secs, (int, float)) else ""
+    after = _after(run.get("seconds"))
     shm = files = None
     decided = False
     if kind == "unknown":
@@ -260,7 +271,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
             warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
                             f"fix: {shm['fix']}")
         if files is not None:
-            warnings.append(f"the open-files limit was the likely cause of the failure "
+            warnings.append(f"the open-files limit {_was(files)} of the failure "
                             f"({files['evidence']}); fix: {files['fix']}")
     elif kind == "ok":
         warnings += [room for room in (shm_room(system), files_room(system)) if room]
@@ -275,7 +286,7 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
             f"dataset's; rerun with `autotune monitor --data "
             f"{shlex.quote(dataset) if dataset else 'DATASET'} -- ...`")
     return {"returncode": _int(run.get("returncode")), "signal": _int(run.get("signal")),
-            "seconds": secs if isinstance(secs, (int, float)) else None,
+            "seconds": run.get("seconds") if _after(run.get("seconds")) else None,
             "forwarded_signals": run.get("forwarded_signals") or [], "outcome": kind,
             "status": status, "shm": shm, "files": files, "disk": disk,
             "verdict_is_failure": kind == "failed" and decided}, warnings

@@ -215,18 +215,30 @@ def files_hint(here: bool = True, job: tuple[int | None, int | None] | None = No
     return f"{openfiles.fix(here, job)}; or lower num_workers / prefetch_factor"
 
 
-# What a worker's queue thread prints when it cannot pickle a batch (it then drops it).
-_PICKLE_ERROR = re.compile(r"^\s*((?:\w+\.)*(?:TypeError|PicklingError|AttributeError)"
-                           r": .*(?:pickle|Pickl).*)$", re.MULTILINE)
+# A frame of multiprocessing's queue feeder thread, where a worker's batch is pickled.
+_FEED_FRAME = re.compile(r'^\s*File "[^"\n]*queues\.py", line \d+, in _feed$', re.MULTILINE)
 
 
 def unsendable_line(log_tail: str) -> str | None:
-    """The pickling error a worker's queue thread (multiprocessing's _feed) printed, the
-    batch it could not send dropped; None when there is none."""
-    if "_feed" not in log_tail:
-        return None
-    found = _PICKLE_ERROR.findall(log_tail[log_tail.index("_feed"):])
-    return found[0].strip()[:300] if found else None
+    """The error a worker's queue thread (multiprocessing's _feed) met pickling a batch,
+    which it then dropped: the exception line that ends that traceback, whatever its type
+    (TypeError for a generator, RuntimeError for a non-leaf tensor that requires grad,
+    ValueError for a ctypes pointer...). None when there is none, or when it is the
+    open-files limit (EMFILE while torch shares a tensor) or a failure to send, not to
+    pickle (the training process gone)."""
+    for m in _FEED_FRAME.finditer(log_tail):
+        frames, end = [], None
+        for line in log_tail[m.end():].splitlines()[1:40]:
+            if not line.strip() or line.startswith((" ", "\t", "Traceback")):
+                frames.append(line)   # the traceback's frames, or another's interleaved
+                continue
+            end = line.strip()
+            break
+        if (end is None or not any("dumps(" in f for f in frames)
+                or _FILES_LINE.search(end)):
+            continue
+        return end[:300]
+    return None
 
 
 def _unsendable(what: str, why: str) -> Failure:

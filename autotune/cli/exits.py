@@ -111,9 +111,9 @@ BY_COMMAND: dict[str, dict[int, str]] = {
         ERROR: "the --json file could not be written (its folder is checked before the log "
                "is read: a disk that filled up since)",
         USAGE: "usage error: a bad option, an unknown format, a log, --metrics or --probe "
-               "file that is missing or cannot be read, or no step timing in the log (a "
-               "monitored job that failed before its first step: the message says how it "
-               "ended and its likely cause, /dev/shm or the open-files limit, with the fix)",
+               "file that is missing or cannot be read, or no step timing in the log (for "
+               "a monitored job that failed, the message says first how it ended and what "
+               "may have caused it, /dev/shm or the open-files limit, with the fix)",
     },
     "monitor": {
         USAGE: "usage error: no command, a command that cannot be started, a bad option, or "

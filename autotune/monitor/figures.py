@@ -7,6 +7,7 @@ window (`autotune search`), so that one verdict engine reads the same figures fr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,19 +107,31 @@ _PLAIN = {"proc": (("cpu_pct", "proc_cpu_pct"), ("processes", "proc_processes"))
                    ("cap_read_mib_s", "disk_cap_read_mib_s"))}
 
 
+def finite_number(x: Any) -> float | None:
+    """`x` as a figure: a finite number a float holds, else None (a metrics file may be a
+    stranger's: a string, a bool or a 400-digit integer is no figure)."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return None
+    try:
+        f = float(x)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
 def _section(rec: dict[str, Any], name: str, series: dict[str, list[float]],
              unavailable: dict[str, str]) -> dict[str, Any] | None:
     """A sample's section when it was measured (its plain figures added to the series);
     None, with the reason kept, when the monitor could not measure it."""
     sec = rec.get(name)
-    if not sec:
+    if not sec or not isinstance(sec, dict):
         return None
     if not sec.get("available"):
-        unavailable[name] = sec.get("reason", "")
+        unavailable[name] = str(sec.get("reason", ""))
         return None
     for key, fig in _PLAIN.get(name, ()):
-        if sec.get(key) is not None:
-            series[fig].append(float(sec[key]))
+        if (v := finite_number(sec.get(key))) is not None:
+            series[fig].append(v)
     return sec
 
 
@@ -128,30 +141,45 @@ def _summed(rec: dict[str, Any], info: dict[str, Any], unavailable: dict[str, st
     reason a section was not measured."""
     for name in ("budget", "cpu_quota"):
         sec = rec.get(name)
-        if not sec:
+        if not sec or not isinstance(sec, dict):
             continue
         if not sec.get("available"):
-            unavailable[name] = sec.get("reason", "")
+            unavailable[name] = str(sec.get("reason", ""))
         elif name == "budget":
-            b = TimeBudget.from_dict(sec)
-            if "budget" in info:
-                info["budget"].add(b)
-            else:
-                info["budget"] = b
+            try:
+                b = TimeBudget.from_dict(sec)
+                if "budget" in info:
+                    info["budget"].add(b)
+                else:
+                    info["budget"] = b
+            except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+                unavailable[name] = "a budget section that does not read as one"
         else:
             q = info.setdefault("quota", {"periods": 0.0, "throttled": 0.0, "throttled_s": 0.0})
-            q.update({k: sec.get(k) for k in _QUOTA_SETTING})
+            q.update({k: _setting(sec.get(k)) for k in _QUOTA_SETTING})
+            q["cores"] = c if (c := finite_number(sec.get("cores"))) and c > 0 else None
             for k in _QUOTA_COUNTS:
-                q[k] += float(sec.get(k) or 0)
+                q[k] += finite_number(sec.get(k)) or 0.0
+
+
+def _setting(x: Any) -> str | int | None:
+    """A quota setting as the monitor writes it (a file's name, a figure), else None."""
+    if isinstance(x, str):
+        return x[:200]
+    return x if isinstance(x, int) and not isinstance(x, bool) and abs(x) < 2**63 else None
+
+
+def _list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else []
 
 
 def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: dict[str, str],
             info: dict[str, Any]) -> None:
     cpu = _section(rec, "cpu", series, unavailable) or {}
-    per = [float(x) for x in cpu.get("per_core_pct") or []]
-    if cpu:
-        series["cpu_total_pct"].append(float(cpu["total_pct"]))
-        series["cpu_iowait_pct"].append(float(cpu.get("iowait_pct", 0.0)))
+    per = [v for x in _list(cpu.get("per_core_pct")) if (v := finite_number(x)) is not None]
+    if cpu and (total := finite_number(cpu.get("total_pct"))) is not None:
+        series["cpu_total_pct"].append(total)
+        series["cpu_iowait_pct"].append(finite_number(cpu.get("iowait_pct", 0.0)) or 0.0)
         if per:
             top = max(per)
             series["busiest_core_pct"].append(top)
@@ -160,7 +188,8 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
             info["cores"] = max(info.get("cores", 0), len(per))
     _section(rec, "proc", series, unavailable)
     sched = _section(rec, "sched", series, unavailable)
-    ids = (sched or {}).get("cpus")
+    ids = [i for i in _list((sched or {}).get("cpus"))
+           if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**20]
     if ids:
         series["job_cpus"].append(float(len(ids)))
         if per and max(ids) < len(per):
@@ -173,8 +202,8 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
     # Summed over the joined window: thread-seconds and periods add, shares follow.
     _summed(rec, info, unavailable)
     gpu = _section(rec, "gpu", series, unavailable)
-    utils = [float(d["util_pct"]) for d in (gpu or {}).get("devices") or []
-             if d.get("util_pct") is not None]
+    utils = [v for d in _list((gpu or {}).get("devices"))
+             if isinstance(d, dict) and (v := finite_number(d.get("util_pct"))) is not None]
     if utils:
         series["gpu_util_pct"].append(sum(utils) / len(utils))
         info["gpus"] = max(info.get("gpus", 0), len(utils))

@@ -56,6 +56,13 @@ class RankSync:
         decided_together()
         return cls(group, dist.get_rank(), dist.get_world_size(), local)
 
+    def any(self, flag: bool) -> bool:
+        """Whether `flag` is true on some rank (a collective: every rank calls it at the
+        same step)."""
+        t = torch.tensor([float(flag)], dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return bool(t.item() > 0)
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's object on every rank."""
         box = [obj]

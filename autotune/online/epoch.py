@@ -125,14 +125,19 @@ class Epoch:
         dl, cfg, self.probing = self._dl, self.probing, None
         assert cfg is not None
         why = why_unsendable(batch)
+        # Ranks that decide together stop together (every rank makes its first batch at
+        # the same step): one rank without workers would fall out of their exchanges.
+        if dl._sync is not None and dl._sync.any(why is not None) and why is None:
+            why = "another rank's first batch could not be pickled"
         if why is None:
             return dl._ctl.refit(cfg)
-        dl._tuning = False
+        dl._tuning, dl._sync = False, None
         emit("unsendable", f"the first batch cannot be sent from a worker process ({why}): "
              "a worker's queue thread would drop every batch and the epoch wait for ever, "
              "so loading stays in this process (num_workers=0, torch's default) and tuning "
              "stops; return tensors, arrays, numbers or strings from the dataset and "
-             "collate_fn to let workers load it", warn=True, error=why)
+             "collate_fn (no tensor that requires grad) to let workers load it", warn=True,
+             error=why)
         return Config(0, None, False, cfg.pin_memory)
 
     def begin(self) -> None:

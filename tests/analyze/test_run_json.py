@@ -270,7 +270,7 @@ import os, resource, sys, time, autotune
 hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 resource.setrlimit(resource.RLIMIT_NOFILE, (400, hard))
 fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(340)]
-time.sleep(0.5 if sys.argv[1] == "early" else 0)
+time.sleep(1.5)   # held long enough for the monitor's samples, 0.1 s apart, on a busy machine
 for _ in autotune.instrument(range(0 if sys.argv[1] == "early" else 40), batch_size=8):
     time.sleep(0.02)
 if sys.argv[1] in ("fail", "early"):
@@ -296,7 +296,8 @@ def test_a_job_seen_near_its_open_files_limit_is_told_so_with_its_own_hard_limit
         assert len(said) == 1, a.warnings
         assert f"`ulimit -n {to}` in the job's shell" in said[0], said[0]
         if end == "fail":
-            assert said[0].startswith("the open-files limit was the likely cause"), said[0]
+            # Only seen, the log naming no cause: it may have been.
+            assert said[0].startswith("the open-files limit may have been the cause"), said[0]
             files = a.to_dict()["run"]["files"]
             assert files["log_line"] is None and files["nearly_full"] and files["limit"] == 400
             assert 340 <= files["peak_open"] < 400, files
@@ -310,22 +311,25 @@ def test_a_job_that_failed_before_its_first_step_is_told_its_cause_not_a_format_
         tmp_path):
     """A job that dies on its first batch (the usual way a container's limit shows)
     logged no step: analyze said "no known step-timing format", as though the log were
-    the question. It now says how the job ended and its likely cause, still exit 2."""
+    the question. It now says first how the job ended and what may have caused it, still
+    exit 2."""
     run = run_monitored([sys.executable, "-c", HOLDING_JOB, "early"], tmp_path / "early",
                         gpu=False, data=tmp_path, interval=0.1)
     assert run.returncode == 1
     with pytest.raises(UsageError) as e:
         analyze(tmp_path / "early")
     msg = str(e.value)
-    assert "the job failed (exit status 1" in msg and "before it logged a step" in msg, msg
-    assert "the open-files limit was the likely cause" in msg and "of its limit of 400" in msg
-    assert "step-timing format" not in msg and msg.endswith("train.log"), msg
+    assert "the job failed (exit status 1" in msg and "No step timing to analyse" in msg, msg
+    assert "the open-files limit may have been the cause" in msg and "of its limit of 400" in msg
+    # How the job ended first; the format's own hint still follows, in case it was that.
+    assert msg.index("the job failed") < msg.index("step-timing format"), msg
     # A job that failed of something else before its first step: no cause is made up.
     other = monitor_dir(tmp_path / "other", run={"returncode": 1}, steps=0,
                         log="ValueError: bad label in sample 3\n")
     with pytest.raises(UsageError) as e:
         analyze(other)
-    assert "before it logged a step" in str(e.value) and "likely cause" not in str(e.value)
+    assert "No step timing to analyse" in str(e.value)
+    assert "cause" not in str(e.value).split("No step timing")[0], str(e.value)
     # One that did not fail keeps the format error.
     with pytest.raises(UsageError, match="step-timing format"):
         analyze(monitor_dir(tmp_path / "ok", run={}, steps=0, log="hello\n"))

@@ -62,3 +62,35 @@ def test_classify_exit() -> None:
     crash = classify_exit(2, timed_out=False, timeout_s=30, phase="startup",
                           log_tail="Traceback...\nImportError: no torch", oom_kills=0, ctx=ctx)
     assert crash.kind == "crashed" and "no torch" in crash.reason
+
+
+def _feed_traceback(error: str, via: str = "    obj = _ForkingPickler.dumps(obj)\n") -> str:
+    return ('Traceback (most recent call last):\n'
+            '  File "/usr/lib/python3.11/multiprocessing/queues.py", line 244, in _feed\n'
+            + via + '  File "/usr/lib/python3.11/multiprocessing/reduction.py", line 51, in '
+            'dumps\n    cls(buf, protocol).dump(obj)\n' + error + "\n")
+
+
+def test_a_workers_pickling_error_is_read_from_its_queue_threads_traceback():
+    """The exception line that ends the _feed traceback, whatever its type; not EMFILE
+    (the open-files limit), not a failed send, not a '_feed' elsewhere in the text. The
+    real run is tests/bench/test_bench_failures.py."""
+    from autotune.bench.failures import unsendable_line
+
+    for err in ("TypeError: cannot pickle 'generator' object",
+                "RuntimeError: Cowardly refusing to serialize non-leaf tensor which requires_grad",
+                "ValueError: ctypes objects containing pointers cannot be pickled",
+                "_pickle.PicklingError: Can't pickle <function <lambda> at 0x7f>",
+                "RecursionError: maximum recursion depth exceeded while pickling an object"):
+        assert unsendable_line(_feed_traceback(err)) == err
+        # Two workers' tracebacks interleaved.
+        assert unsendable_line("Traceback (most recent call last):\n"
+                               + _feed_traceback(err)) == err
+    for not_it in (_feed_traceback("OSError: [Errno 24] Too many open files"),
+                   _feed_traceback("RuntimeError: unable to open shared memory object "
+                                   "</torch_1_2_3> in read-write mode: Too many open files (24)"),
+                   _feed_traceback("BrokenPipeError: [Errno 32] Broken pipe",
+                                   via="    send_bytes(obj)\n").replace(
+                                       "dumps\n    cls(buf, protocol).dump(obj)", "send"),
+                   "rss_feed data_feed: TypeError: cannot pickle 'x' object\n"):
+        assert unsendable_line(not_it) is None, not_it

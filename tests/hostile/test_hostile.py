@@ -396,3 +396,47 @@ def test_analyze_never_tracebacks(tmp_path_factory, fmt, lines, gz, cut):
         except ALLOWED as e:
             answers.append(("error", type(e).__name__, str(e)))
     assert answers[0] == answers[1]
+
+
+# -- a monitor's metrics.jsonl, a stranger's: any JSON value where a figure should be ------
+FIGURE = st.one_of(st.none(), st.booleans(), st.integers(-10, 10**6), st.just(10**400),
+                   st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=5),
+                   st.lists(st.integers(0, 3), max_size=3), st.dictionaries(st.text(max_size=3),
+                                                                            st.integers(),
+                                                                            max_size=2))
+SECTION_KEYS = {
+    "proc": ("cpu_pct", "processes", "open_files", "open_files_limit", "open_files_hard",
+             "open_files_pid", "root_pid"),
+    "cpu": ("total_pct", "iowait_pct", "per_core_pct"),
+    "disk": ("util_pct", "r_await_ms", "reads_per_s", "read_mib_s", "device", "cap_iops"),
+    "shm": ("used_bytes", "total_bytes"),
+    "gpu": ("devices",),
+    "sched": ("cpus", "wanted_pct"),
+    "cpu_quota": ("periods", "throttled", "throttled_s", "cores"),
+    "budget": ("wall_s", "samples", "classes"),
+}
+SECTION = st.sampled_from(sorted(SECTION_KEYS)).flatmap(lambda name: st.tuples(
+    st.just(name), st.one_of(FIGURE, st.fixed_dictionaries(
+        {"available": st.one_of(st.just(True), FIGURE)},
+        optional={k: FIGURE for k in SECTION_KEYS[name]}))))
+
+
+@given(samples=st.lists(st.lists(SECTION, max_size=4), min_size=1, max_size=6))
+def test_analyze_never_tracebacks_on_a_strangers_metrics(tmp_path_factory, samples):
+    """A metrics.jsonl whose sections hold strings, bools, 400-digit integers, NaN, lists
+    where figures should be: analyze answers, or says what is wrong, never a traceback (a
+    400-digit open-files count once raised OverflowError, a list for a section
+    AttributeError)."""
+    from autotune.analyze.analysis import analyze
+
+    d = tmp_path_factory.mktemp("mon")
+    (d / "steps.jsonl").write_text("".join(_steps_line(k, 0.02) + "\n" for k in range(30)))
+    recs = [{"time": 1000.0 + 0.5 * (k + 1), "interval_s": 0.5, **dict(secs)}
+            for k, secs in enumerate(samples)]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "run.json").write_text(json.dumps({"command": ["python"], "returncode": 1,
+                                            "seconds": 10**400}))
+    try:
+        _within(60, analyze, d, batch_size=64)
+    except ALLOWED:
+        pass

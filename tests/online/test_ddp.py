@@ -57,21 +57,27 @@ def _rank(rank: int, world: int, rdv: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.slow
-def test_two_gloo_ranks_decide_alike_at_the_same_steps(tmp_path):
+def _two_ranks(target, tmp_path, seconds: float, hung_says: str) -> None:
+    """`target(rank, 2, rendezvous, tmp_path)` in two forked ranks; both end well within
+    `seconds` (a rank still running is killed and said hung)."""
     ctx = multiprocessing.get_context("fork")
     rdv = str(tmp_path / "rendezvous")
-    procs = [ctx.Process(target=_rank, args=(r, 2, rdv, str(tmp_path))) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, 2, rdv, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + seconds
     for p in procs:
         p.join(max(1.0, deadline - time.monotonic()))
     hung = [p for p in procs if p.is_alive()]
     for p in hung:
         p.kill()
-    assert not hung, "a rank hung: the decision steps disagreed"
+    assert not hung, hung_says
     assert [p.exitcode for p in procs] == [0, 0]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_decide_alike_at_the_same_steps(tmp_path):
+    _two_ranks(_rank, tmp_path, 240, "a rank hung: the decision steps disagreed")
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["same_batches"] and r1["same_batches"]
     assert r0["events"] == r1["events"]
@@ -132,3 +138,48 @@ def test_shuffle_with_no_sampler_under_ddp_says_each_rank_trains_on_everything(t
     assert "each of the 2 ranks trains on the whole dataset (40 samples)" in msg, msg
     assert "unless each rank's dataset is its own share" in msg, msg
     assert "sampler=DistributedSampler(dataset)" in msg and "set_epoch" in msg, msg
+
+
+class _LazyOnRank1:
+    """Rank 1's samples hold a generator (no worker can send them); rank 0's do not."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        import torch
+
+        x = torch.full((2,), i)
+        return (x, (k for k in range(2))) if self.rank == 1 else (x, None)
+
+
+def _rank_unsendable(rank: int, world: int, rdv: str, out: str) -> None:
+    import torch.distributed as dist
+
+    import autotune
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    loader = autotune.DataLoader(_LazyOnRank1(rank), batch_size=4, collate_fn=list,
+                                 key="ddp-unsendable")
+    seen = [sorted(int(s[0][0]) for b in loader for s in b) for _ in range(3)]
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"whole": all(s == list(range(64)) for s in seen),
+                   "workers": loader.num_workers}, f)
+    loader.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_a_rank_whose_batch_no_worker_can_send_stops_every_ranks_tuning(tmp_path):
+    """Rank 1's first batch cannot be pickled: it loads in its own process. Rank 0's can:
+    had it gone on tuning, the ranks' exchanges would fall on other steps and one would
+    wait for the other (5 minutes, gloo's timeout here), or rank 0 alone would start
+    workers. Both stop at num_workers=0, together."""
+    _two_ranks(_rank_unsendable, tmp_path, 120, "a rank hung")
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got == {"whole": True, "workers": 0}, (r, got)

@@ -7,7 +7,9 @@ workers autotune starts where the user gave none must not hang it."""
 
 from __future__ import annotations
 
+import functools
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -74,3 +76,13 @@ def test_what_the_check_lets_through_and_what_it_stops():
     assert "lock" in why_unsendable({"x": [threading.Lock()]})
     # An array of objects is looked into; one of numbers never fails.
     assert why_unsendable(np.array([threading.Lock()], dtype=object)) is not None
+    # torch's own refusal in a worker: a non-leaf tensor that requires grad.
+    leaf = torch.ones(2, requires_grad=True)
+    assert "non-leaf tensor" in why_unsendable([leaf * 2]) and why_unsendable([leaf]) is None
+    # A partial is pickled through, and what it holds may fail.
+    assert why_unsendable([functools.partial(lambda x: x, 1)]) is not None
+    # A socket goes multiprocessing's way: taken as sent, with no descriptor or thread made.
+    with socket.socket() as sock:
+        fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+        assert why_unsendable([sock]) is None
+        assert (len(os.listdir("/proc/self/fd")), threading.active_count()) == (fds, threads)

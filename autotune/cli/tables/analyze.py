@@ -65,8 +65,9 @@ def run_lines(run: dict[str, Any] | None) -> list[Text]:
             "the verdict describes only the steps before it"), style="bold red"))
         for key, what in (("shm", "/dev/shm"), ("files", "the open-files limit")):
             if run.get(key):
-                out.append(Text(f"  {what}: the likely cause (see the warning for the fix)",
-                                style="red"))
+                how = ("the likely cause" if key == "shm" or run[key].get("log_line")
+                       else "may have been the cause")
+                out.append(Text(f"  {what}: {how} (see the warning for the fix)", style="red"))
     return out
 
 
