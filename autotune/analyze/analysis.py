@@ -24,7 +24,7 @@ from typing import Any
 
 from autotune.analyze import trend
 from autotune.analyze.inputs import (Inputs, detect_format, load_probe, make_parser,
-                                     resolve_inputs)
+                                     resolve_inputs, step_log_beside)
 from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.logpass import LogPass
 from autotune.analyze.runinfo import failed_unlogged, run_facts
@@ -358,8 +358,12 @@ def _unlogged(inp: Inputs, e: UsageError) -> UsageError:
     """A log with no step timing: where the monitor saw the job fail (often before its
     first step), how and its likely cause first, then `e`; else `e` as it is."""
     said = failed_unlogged(inp.run, inp.run_dir, inp.metrics)
-    return UsageError(f"{inp.run_dir or inp.log}: {said}. No step timing to analyse (the "
-                      f"job may have failed before its first step): {e}") if said else e
+    if said:
+        return UsageError(f"{inp.run_dir or inp.log}: {said}. No step timing to analyse (the "
+                          f"job may have failed before its first step): {e}")
+    steps = step_log_beside(Path(inp.log))
+    return UsageError(f"{e}. {steps.parent} holds autotune's step log: `autotune analyze "
+                      f"{steps.parent}` reads it") if steps else e
 
 
 def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:

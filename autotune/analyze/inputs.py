@@ -29,6 +29,13 @@ class Inputs:
     run_dir: Path | None = None          # the folder it is in (its train.log)
 
 
+def step_log_beside(log: Path) -> Path | None:
+    """autotune's step log in the folder of `log` (another file), where it holds steps:
+    a monitor's run folder analysed through its train.log."""
+    steps = log.parent / RUN_FILES["steps"]
+    return steps if log.name != steps.name and _has_steps(steps) else None
+
+
 def _has_steps(path: Path) -> bool:
     try:
         with path.open("rb") as f:

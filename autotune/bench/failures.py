@@ -15,9 +15,11 @@ from typing import Any
 
 from autotune import openfiles
 
-SHM_HINT = ("DataLoader workers pass batches through /dev/shm: enlarge it (docker run "
-            "--shm-size=8g, or `mount -o remount,size=8G /dev/shm` as root), or lower "
-            "num_workers, prefetch_factor or the batch size")
+SHM_HINT = ("DataLoader workers pass batches through /dev/shm: enlarge it (the container's: "
+            "docker run --shm-size, or a Kubernetes emptyDir with medium: Memory; a host's, "
+            "as root: `mount -o remount,size=8G /dev/shm`; `autotune search` in the same "
+            "place names the size its batches need), or lower num_workers, prefetch_factor "
+            "or the batch size")
 # A line of a job's output that names a /dev/shm failure: PyTorch's own messages (libshm's
 # "unable to allocate shared memory(shm)", "unable to write to file </torch_...>: No space
 # left on device", a worker "killed by signal: Bus error", "insufficient shared memory").

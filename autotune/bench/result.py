@@ -73,7 +73,8 @@ class BenchResult:
         if self.cache.get("ram_backed"):
             return "RAM-backed (never cold)"
         if self.cold:
-            return f"cold ({self.cold_method or '?'})"
+            # A run refused or failed before its cache drop (/dev/shm too small) has no method.
+            return f"cold ({self.cold_method})" if self.cold_method else "cold (not measured)"
         frac = self.cache.get("resident_fraction_at_start")
         return "WARM" + (f" ({frac:.0%} of sampled pages cached at start)" if frac is not None else "")
 

@@ -265,8 +265,9 @@ def scratch_file(directory: str | os.PathLike[str], size: int,
 def fio_binary() -> str:
     exe = shutil.which("fio")
     if not exe:
-        raise ToolMissing("fio is not installed; install it (Debian/Ubuntu: `apt-get install "
-                          "fio`, RHEL: `dnf install fio`, conda: `conda install -c "
+        raise ToolMissing("fio is not installed; install it (as root or with sudo, "
+                          "Debian/Ubuntu: `apt-get install fio`, RHEL: `dnf install fio`; "
+                          "without privilege, in your conda environment: `conda install -c "
                           "conda-forge fio`).")
     return exe
 

@@ -210,7 +210,7 @@ def _why_not_convert(before: SearchResult, convert: str, always: bool) -> str | 
     if v is None or (v.bottleneck != "storage" and not always):
         return ("no configuration completed" if v is None else
                 f"the verdict is {v.bottleneck}, not storage: converting and staging would not "
-                "help. " + " ".join(v.advice))
+                "help. " + " ".join(a if a.endswith(".") else f"{a}." for a in v.advice))
     return None
 
 

@@ -333,3 +333,12 @@ def test_a_job_that_failed_before_its_first_step_is_told_its_cause_not_a_format_
     # One that did not fail keeps the format error.
     with pytest.raises(UsageError, match="step-timing format"):
         analyze(monitor_dir(tmp_path / "ok", run={}, steps=0, log="hello\n"))
+
+
+def test_a_run_folders_train_log_with_no_timing_points_at_its_step_log(tmp_path):
+    """A job wrapped in autotune.instrument prints no step lines of its own: analyzing its
+    train.log said "wrap the loader with autotune.instrument(loader)", which it was."""
+    run = monitor_dir(tmp_path / "run", run={}, log="epoch 0 done\nepoch 1 done\n")
+    with pytest.raises(UsageError) as e:
+        analyze(run / "train.log")
+    assert f"`autotune analyze {run}` reads it" in str(e.value), str(e.value)
