@@ -152,7 +152,7 @@ class Epoch:
             emit("switched", f"switched {last.short()} -> {cfg.short()} at the epoch boundary "
                  "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
                  old=last.kwargs(), reason="epoch")
-        self.pos = 0
+        self.pos, self.seen_at_begin = 0, dl._latest
         pool, reused, cfg = self.first_pool(cfg)
         for p in dl._pools:
             self.retire(p)
@@ -272,6 +272,8 @@ class Epoch:
             sw.pending = None
         if completed and self.epochs == 1 and dl.summary is None:
             dl._summarize()
+        if completed and self.epoch_cfg is not None:
+            sw.epoch_unmeasured(self.epoch_cfg, self.served, dl._latest is not self.seen_at_begin)
 
     def retire(self, pool: Pool) -> None:
         t = time.perf_counter()

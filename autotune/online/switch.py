@@ -72,6 +72,23 @@ class Switcher:
         self.pending, dl._target = pool, cfg
         self.current = Switch(pool, dl._running, reason, t, time.perf_counter() - t)
 
+    def epoch_unmeasured(self, ran: Config, served: int, measured: bool) -> None:
+        """After an IterableDataset's epoch that ran a trial (`ran`, not the kept
+        configuration) and closed no window: its workers start anew each epoch and their
+        first queue of batches is not counted, so an epoch this short never measures it.
+        Back to the kept configuration from the next epoch on, and tuning stops (it stayed
+        on the trial for good, the kept one reported)."""
+        dl = self._dl
+        kept = dl._ctl.tuned
+        if (measured or not (dl._iterable and dl._tuning) or ran.persistent_workers
+                or ran != dl._target or ran == kept):
+            return   # kept workers carry a window on into the next epoch
+        dl._target, dl._tuning = kept, False
+        emit("unmeasured", f"an epoch of {served} batches is too short to measure "
+             f"{ran.short()} (a new pool's first {ran.queue} batches are not counted, and a "
+             f"window needs {dl._window(ran)} more): back to {kept.short()} from the next "
+             "epoch on, and tuning stops", config=kept.kwargs(), tried=ran.kwargs())
+
     def keeps_workers(self) -> bool:
         """Whether the serving pool's workers are the user's to keep (persistent_workers=True
         given) and the loop has changed the dataset since they started: torch's kept

@@ -80,6 +80,25 @@ def test_an_iterable_datasets_kept_workers_are_never_replaced(decisions):
     assert len(said) == 1 and "persistent_workers=True" in said[0], said
 
 
+def test_an_iterable_trial_an_epoch_is_too_short_to_measure_goes_back(decisions):
+    """240 samples, batches of 16, 2 workers: 16 batches an epoch. A trial of prefetch 4
+    starts new workers at an epoch boundary, whose first 8 batches are not counted, and a
+    window needs 16: it ran for good, while tuned_kwargs named prefetch 2 (a user's walk
+    in a container, on WebDataset shards). It goes back after one such epoch, said."""
+    loader = autotune.DataLoader(Stream(240, 0.002), batch_size=16, num_workers=2)
+    runs = []
+    for _ in range(4):
+        assert sorted(int(v) for b in loader for v in b[:, 0]) == list(range(240))
+        runs.append(loader._epoch.epoch_cfg.prefetch_factor)
+    loader.close()
+    said = [r.getMessage() for e, r in decisions() if e == "unmeasured"]
+    tried = [r.autotune["config"] for e, r in decisions() if e == "try"]
+    if not tried:
+        pytest.skip("no trial began in the first epoch (a busy machine's wait shares)")
+    assert len(said) == 1 and "too short to measure" in said[0], said
+    assert runs[-1] == loader.tuned_kwargs.get("prefetch_factor", 2) == 2, (runs, said)
+
+
 def test_an_iterable_dataset_warns_of_worker_settings_without_workers():
     with pytest.warns(UserWarning, match="num_workers"):
         loader = autotune.DataLoader(Unsplit(16), batch_size=8, prefetch_factor=4)
