@@ -361,9 +361,16 @@ def _unlogged(inp: Inputs, e: UsageError) -> UsageError:
     if said:
         return UsageError(f"{inp.run_dir or inp.log}: {said}. No step timing to analyse (the "
                           f"job may have failed before its first step): {e}")
-    steps = step_log_beside(Path(inp.log))
-    return UsageError(f"{e}. {steps.parent} holds autotune's step log: `autotune analyze "
-                      f"{steps.parent}` reads it") if steps else e
+    steps = step_log_beside(Path(inp.log)) if not _spooled(inp.log) else None
+    return UsageError(f"{inp.log}: no step timing in it, but {steps.parent} holds "
+                      f"autotune's step log: `autotune analyze {steps.parent}` reads it ({e})",
+                      setting="format") if steps else e
+
+
+def _spooled(log: Any) -> bool:
+    """Whether `log` is standard input's temporary copy (reader.spooled): its folder is
+    no run folder."""
+    return Path(log).name.startswith("autotune-stdin-")
 
 
 def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:

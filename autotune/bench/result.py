@@ -74,7 +74,8 @@ class BenchResult:
             return "RAM-backed (never cold)"
         if self.cold:
             # A run refused or failed before its cache drop (/dev/shm too small) has no method.
-            return f"cold ({self.cold_method})" if self.cold_method else "cold (not measured)"
+            return (f"cold ({self.cold_method})" if self.cold_method else
+                    "cold (not measured)" if self.failed else "cold (?)")
         frac = self.cache.get("resident_fraction_at_start")
         return "WARM" + (f" ({frac:.0%} of sampled pages cached at start)" if frac is not None else "")
 

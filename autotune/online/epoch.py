@@ -14,6 +14,7 @@ from autotune.online import datastate, failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, emit
 from autotune.online.fallback import recover_or_raise
+from autotune.online.measure import MIN_WINDOW
 from autotune.online.pool import Pool
 from autotune.online.sendable import why_unsendable
 from autotune.online.stream import IndexStream, length_of
@@ -152,7 +153,7 @@ class Epoch:
             emit("switched", f"switched {last.short()} -> {cfg.short()} at the epoch boundary "
                  "(an IterableDataset switches between epochs)", config=cfg.kwargs(),
                  old=last.kwargs(), reason="epoch")
-        self.pos, self.seen_at_begin = 0, dl._latest
+        self.pos, self.seen_at_begin = 0, (dl._latest, cfg)
         pool, reused, cfg = self.first_pool(cfg)
         for p in dl._pools:
             self.retire(p)
@@ -272,8 +273,11 @@ class Epoch:
             sw.pending = None
         if completed and self.epochs == 1 and dl.summary is None:
             dl._summarize()
-        if completed and self.epoch_cfg is not None:
-            sw.epoch_unmeasured(self.epoch_cfg, self.served, dl._latest is not self.seen_at_begin)
+        # An epoch left early counts once it served a window's worth (a loop that breaks
+        # at N batches every epoch); one a fallback cut ran another configuration.
+        latest, began = self.seen_at_begin
+        if (completed or self.served >= MIN_WINDOW) and began == self.epoch_cfg:
+            sw.epoch_unmeasured(began, self.served, dl._latest is not latest)
 
     def retire(self, pool: Pool) -> None:
         t = time.perf_counter()

@@ -85,9 +85,9 @@ class Switcher:
             return   # kept workers carry a window on into the next epoch
         dl._target, dl._tuning = kept, False
         emit("unmeasured", f"an epoch of {served} batches is too short to measure "
-             f"{ran.short()} (a new pool's first {ran.queue} batches are not counted, and a "
-             f"window needs {dl._window(ran)} more): back to {kept.short()} from the next "
-             "epoch on, and tuning stops", config=kept.kwargs(), tried=ran.kwargs())
+             f"{ran.short()} (up to the new pool's first {ran.queue} batches are not "
+             f"counted, and a window needs {dl._window(ran)}): back to {kept.short()} from "
+             "the next epoch on, and tuning stops", config=kept.kwargs(), tried=ran.kwargs())
 
     def keeps_workers(self) -> bool:
         """Whether the serving pool's workers are the user's to keep (persistent_workers=True

@@ -341,4 +341,6 @@ def test_a_run_folders_train_log_with_no_timing_points_at_its_step_log(tmp_path)
     run = monitor_dir(tmp_path / "run", run={}, log="epoch 0 done\nepoch 1 done\n")
     with pytest.raises(UsageError) as e:
         analyze(run / "train.log")
-    assert f"`autotune analyze {run}` reads it" in str(e.value), str(e.value)
+    msg = str(e.value)
+    assert msg.startswith(f"{run / 'train.log'}: no step timing in it, but {run} holds"), msg
+    assert f"`autotune analyze {run}` reads it" in msg, msg
