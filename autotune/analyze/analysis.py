@@ -29,7 +29,7 @@ from autotune.analyze.join import SystemFigures, join_metrics
 from autotune.analyze.logpass import LogPass
 from autotune.analyze.runinfo import failed_unlogged, run_facts
 from autotune.analyze.parsers import LogParser, ProfileSummary, Skip
-from autotune.analyze.reader import STDIN, LineTimes, iter_lines, spooled
+from autotune.analyze.reader import SPOOL_PREFIX, STDIN, LineTimes, iter_lines, spooled
 from autotune.verdict.rules import RuleInputs, decide
 from autotune.errors import UsageError
 from autotune.verdict import Verdict
@@ -361,16 +361,11 @@ def _unlogged(inp: Inputs, e: UsageError) -> UsageError:
     if said:
         return UsageError(f"{inp.run_dir or inp.log}: {said}. No step timing to analyse (the "
                           f"job may have failed before its first step): {e}")
-    steps = step_log_beside(Path(inp.log)) if not _spooled(inp.log) else None
+    spool = Path(inp.log).name.startswith(SPOOL_PREFIX)   # standard input's copy
+    steps = step_log_beside(Path(inp.log)) if not spool else None
     return UsageError(f"{inp.log}: no step timing in it, but {steps.parent} holds "
                       f"autotune's step log: `autotune analyze {steps.parent}` reads it ({e})",
                       setting="format") if steps else e
-
-
-def _spooled(log: Any) -> bool:
-    """Whether `log` is standard input's temporary copy (reader.spooled): its folder is
-    no run folder."""
-    return Path(log).name.startswith("autotune-stdin-")
 
 
 def _no_timing(log: Path, fmt: str, lines: dict[str, Any], parser: LogParser) -> UsageError:

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.analyze.reader import bounded_lines
 from autotune.errors import UsageError
 from autotune.monitor.figures import (FIGURES, SystemFigures, collect, finish,  # noqa: F401
-                                      finite_number)
+                                      finite_number, whole_number)
 
 
 def join_metrics(path: str | os.PathLike[str],
@@ -85,26 +85,21 @@ def _peaks(peaks: dict[str, Any], rec: dict[str, Any], t: float) -> None:
     peaks["files"] = _nearer_limit(peaks["files"], rec.get("proc"), t)
 
 
-def _count(x: Any) -> int | None:
-    """`x` where it is a count a /proc file could give (a metrics file is a stranger's)."""
-    return x if isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31 else None
-
-
 def _nearer_limit(peak: dict[str, Any] | None, proc: Any, t: float) -> dict[str, Any] | None:
     """The nearer to its open-files limit of `peak` and a sample's process-tree section
     (by the share of the soft limit its busiest process held). "hard" is there only where
     the sample gave it: null, unlimited; a number; absent, not known."""
     if not isinstance(proc, dict):
         return peak
-    n, lim = _count(proc.get("open_files")), _count(proc.get("open_files_limit"))
+    n, lim = whole_number(proc.get("open_files")), whole_number(proc.get("open_files_limit"))
     if n is None or not lim:
         return peak
     if peak is None or n / lim > peak["open"] / peak["limit"]:
-        pid = _count(proc.get("open_files_pid"))
+        pid = whole_number(proc.get("open_files_pid"))
         out = {"open": n, "limit": lim, "pid": pid,
                "root": pid is not None and pid == proc.get("root_pid"), "time": t}
         hard = proc.get("open_files_hard", False)
-        if hard is None or _count(hard):
+        if hard is None or whole_number(hard):
             out["hard"] = hard
         return out
     return peak

@@ -79,10 +79,13 @@ def _open(path: Path) -> IO[bytes]:
         raise UsageError(f"{path}: {e.strerror}") from e
 
 
+SPOOL_PREFIX = "autotune-stdin-"   # standard input's temporary copy: its folder is no run's
+
+
 @contextmanager
 def spooled(stream: BinaryIO) -> Iterator[Path]:
     """A byte stream (standard input) copied to a temporary file, removed afterwards."""
-    fd, name = tempfile.mkstemp(prefix="autotune-stdin-", suffix=".log")
+    fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, suffix=".log")
     try:
         with os.fdopen(fd, "wb") as f:
             shutil.copyfileobj(stream, f, 1 << 20)

@@ -172,12 +172,9 @@ def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
     """A monitored job that failed before it logged a step (nothing for the verdict to
     read, as a job that dies on its first batch does): how it ended and its likely cause,
     in a line; None where it did not fail."""
-    if run is None or outcome(run)[0] != "failed":
+    kind, status = outcome(run) if run is not None else ("", "")
+    if run is None or kind != "failed":
         return None
-    status = outcome(run)[1]
-    log = run_dir / "train.log" if run_dir is not None else None
-    log = log if log is not None and log.is_file() else None
-    tail = _log_tail(log) if log is not None else ""
     system = None
     if metrics is not None:
         from autotune.analyze.join import join_metrics
@@ -186,7 +183,7 @@ def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
             system = join_metrics(metrics, None)
         except AutotuneError:
             pass   # no sample: the log alone
-    shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
+    log, shm, files = _causes(run_dir, system)
     said = [f"the job failed ({status}{_after(run.get('seconds'))})"]
     for cause, what in ((files, "the open-files limit"), (shm, "/dev/shm")):
         if cause is not None:
@@ -194,6 +191,16 @@ def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
     if log is not None:
         said.append(f"its output, with the error, is in {log}")
     return "; ".join(said)
+
+
+def _causes(run_dir: Path | None, system: SystemFigures | None
+            ) -> tuple[Path | None, dict[str, Any] | None, dict[str, Any] | None]:
+    """A failed job's train.log (None where there is none) and its one likely cause,
+    /dev/shm or the open-files limit (the log's tail read once, for both)."""
+    log = run_dir / "train.log" if run_dir is not None else None
+    log = log if log is not None and log.is_file() else None
+    tail = _log_tail(log) if log is not None else ""
+    return log, *_one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
 
 
 def _was(cause: dict[str, Any]) -> str:
@@ -257,11 +264,9 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
                         f"its machine lost); the verdict describes only the {steps:,} step(s) "
                         "logged, and the job may have run on, or failed, after them")
     if kind == "failed":
-        log = run_dir / "train.log" if run_dir is not None else None
-        why = f"; its output, with the error, is in {log}" if log is not None else ""
-        log = log if log is not None and log.is_file() else None
-        tail = _log_tail(log) if log is not None else ""   # read once, for both causes
-        shm, files = _one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
+        why = (f"; its output, with the error, is in {run_dir / 'train.log'}"
+               if run_dir is not None else "")
+        _, shm, files = _causes(run_dir, system)
         decided = (failed_in_start_up(shm, warmup_only, loader)
                    or failed_in_start_up(files, warmup_only, loader))
         what = ("" if decided else f"; the verdict describes only "

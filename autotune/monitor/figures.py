@@ -119,6 +119,12 @@ def finite_number(x: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
+def whole_number(x: Any, below: int = 2**31) -> int | None:
+    """`x` where it is a whole number from 0 below `below` (a count, an id a /proc file
+    could give), else None: a metrics file may be a stranger's."""
+    return x if isinstance(x, int) and not isinstance(x, bool) and 0 <= x < below else None
+
+
 def _section(rec: dict[str, Any], name: str, series: dict[str, list[float]],
              unavailable: dict[str, str]) -> dict[str, Any] | None:
     """A sample's section when it was measured (its plain figures added to the series);
@@ -188,8 +194,7 @@ def collect(rec: dict[str, Any], series: dict[str, list[float]], unavailable: di
             info["cores"] = max(info.get("cores", 0), len(per))
     _section(rec, "proc", series, unavailable)
     sched = _section(rec, "sched", series, unavailable)
-    ids = [i for i in _list((sched or {}).get("cpus"))
-           if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 2**20]
+    ids = [i for i in _list((sched or {}).get("cpus")) if whole_number(i, 2**20) is not None]
     if ids:
         series["job_cpus"].append(float(len(ids)))
         if per and max(ids) < len(per):
