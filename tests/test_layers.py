@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("autotune_base", "autotune.errors", "autotune.thresholds", "autotune.params",
               "autotune.configfiles")),
     ("system", ("autotune.cgroups", "autotune.blockdev", "autotune.readcap", "autotune.cpus",
-                "autotune.cache", "autotune.environment", "autotune.shmfit",
+                "autotune.cache", "autotune.environment", "autotune.shmfit", "autotune.sendable",
                 "autotune.openfiles")),
     ("storage", ("autotune_converters.objstore", "autotune_converters.objstore.url",
                  "autotune_converters.objstore.client", "autotune_converters.storage")),

@@ -243,13 +243,16 @@ def unsendable_line(log_tail: str) -> str | None:
     return None
 
 
+UNSENDABLE_HINT = ("the dataset's samples (or collate_fn's batch) hold something that "
+                   "cannot be pickled (a generator, a lock, a lambda, an open handle): return "
+                   "tensors, arrays, numbers or strings to load in workers; num_workers=0 "
+                   "(bench: --workers 0) loads in the training process, where nothing is "
+                   "pickled (autotune.DataLoader stays there for such a dataset by itself)")
+
+
 def _unsendable(what: str, why: str) -> Failure:
     return Failure("unsendable", f"{what}: a worker could not send its batch back ({why}), "
-                   "so it dropped it", "the dataset's samples (or collate_fn's batch) hold "
-                   "something that cannot be pickled (a generator, a lock, a lambda, an "
-                   "open handle): return tensors, arrays, numbers or strings to load in "
-                   "workers; --workers 0 loads in the training process, where nothing is "
-                   "pickled (autotune.DataLoader stays there for such a dataset by itself)")
+                   "so it dropped it", UNSENDABLE_HINT)
 
 
 def _open_files(ctx: dict[str, Any], what: str) -> Failure:

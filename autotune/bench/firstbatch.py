@@ -1,6 +1,7 @@
 """The first batch a measurement would load, made in the calling process before any worker
 starts: its bytes decide whether a configuration's batches fit in /dev/shm
-(`autotune.shmfit`).
+(`autotune.shmfit`), and whether a worker could send it at all: it must pickle
+(`autotune.sendable`).
 
 The dataset is built as the bench child builds it (the user's factory with its
 collate_fn, else autotune's reader and the preset's transform) and one batch of the
@@ -11,16 +12,33 @@ so this works in the smallest /dev/shm.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.shmfit import BatchBytes, measure_batch
 
 
-def first_batch_bytes(dataset: str | os.PathLike[str], cfg: Any) -> BatchBytes:
-    """Bytes of one batch of `cfg.batch_size` from `dataset` (a BenchConfig's pipeline).
+@dataclass(frozen=True)
+class FirstBatch:
+    """What the first batch tells before any worker starts: its bytes, and why a worker
+    could not send it (the pickling error), None when it could."""
+
+    bytes: BatchBytes
+    unsendable: str | None = None
+
+
+def first_batch(dataset: str | os.PathLike[str], cfg: Any) -> FirstBatch:
+    """One batch of `cfg.batch_size` from `dataset` (a BenchConfig's pipeline), measured.
 
     Raises what reading the dataset raises (a missing file, a sample that cannot be
     decoded): callers treat that as "not measured" and let the measurement say it."""
+    from autotune.sendable import why_unsendable
+
+    batch = _make(dataset, cfg)
+    return FirstBatch(measure_batch(batch), why_unsendable(batch))
+
+
+def _make(dataset: str | os.PathLike[str], cfg: Any) -> Any:
     import torch.utils.data
 
     collate = None
@@ -43,7 +61,6 @@ def first_batch_bytes(dataset: str | os.PathLike[str], cfg: Any) -> BatchBytes:
                                          shuffle=False, **kw)
     it = iter(loader)
     try:
-        batch = next(it)
+        return next(it)
     finally:
         del it
-    return measure_batch(batch)

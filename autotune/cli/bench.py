@@ -125,12 +125,13 @@ options override them."""
 
         # Read once, by this command (the measurement runs in a child process of its own).
         env = read_environment(args.dataset, runs_fio=False)
-        from autotune.bench.shmcheck import shm_refusal
+        from autotune.bench.refusal import refusal
 
         with hold_if(args.delayacct), spinner(not args.quiet) as prog:
-            # A configuration whose batches cannot fit in /dev/shm is refused before any
-            # process starts (exit 1, the figures and the fix), not left to die or hang.
-            res = shm_refusal(args.dataset, cfg, env=env)
+            # A configuration whose batches cannot fit in /dev/shm, or that no worker could
+            # send, is refused before any process starts (exit 1, the figures and the
+            # fix), not left to die or hang.
+            res = refusal(args.dataset, cfg, env=env)
             if res is None:
                 res = run_bench(args.dataset, cfg, timeline=args.timeline, progress=prog)
         res.environment = {**res.environment, **env.to_dict()}

@@ -16,7 +16,7 @@ from autotune.online.controller import Controller, emit
 from autotune.online.fallback import recover_or_raise
 from autotune.online.measure import MIN_WINDOW
 from autotune.online.pool import Pool
-from autotune.online.sendable import why_unsendable
+from autotune.sendable import why_unsendable
 from autotune.online.stream import IndexStream, length_of
 from autotune.online.weakowner import WeakOwner
 

@@ -124,7 +124,8 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         host=dict(s.shared.host), hosts=hosts_summary(trials, s.shared.host),
                         environment=s.env.to_dict(),
                         max_memory={"mib": s.max_mem, "source": s.max_mem_source},
-                        shm=shm, open_files=s.files_gate.to_dict())
+                        shm=shm, open_files=s.files_gate.to_dict(),
+                        sendable=s.send_gate.to_dict())
 
 
 def _fit_now(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,

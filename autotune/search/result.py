@@ -56,6 +56,9 @@ class SearchResult:
     # The trials' open-files limit: the tensors a batch, the configurations not run
     # because their pools would pass it (autotune.search.filesgate).
     open_files: dict[str, Any] | None = None
+    # Whether a worker could send the first batch: the pickling error, the configurations
+    # with workers not run for it (autotune.search.sendgate).
+    sendable: dict[str, Any] | None = None
     # The whole run (autotune.search.runcache): which epochs the verdict describes.
     run: dict[str, Any] | None = None
 
@@ -146,7 +149,7 @@ class SearchResult:
             "stop_reason": self.stop_reason, "seconds": self.seconds,
             "report_html": self.report_html, "warnings": self.warnings,
             "environment": self.environment, "max_memory": self.max_memory,
-            "shm": self.shm, "open_files": self.open_files,
+            "shm": self.shm, "open_files": self.open_files, "sendable": self.sendable,
             "run": self.run,
         }
 

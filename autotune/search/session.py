@@ -25,6 +25,7 @@ from autotune.search import recommend as rec_mod
 from autotune.search import sharedtrials
 from autotune.search.ceilings import Ceilings
 from autotune.search.filesgate import FilesGate, files_gate
+from autotune.search.sendgate import SendGate
 from autotune.search.precheck import batch_note, check_seconds, check_window, cold_need
 from autotune.search.records import TrialRecord
 from autotune.search.space import SearchSpace
@@ -82,6 +83,7 @@ class Session:
         # fit_shm() after prepare(), None before (nothing refused).
         self.shm_gate: Any = None
         self.files_gate = FilesGate()  # and the trials' open-files limit (filesgate)
+        self.send_gate = SendGate()    # and whether a worker could send a batch (sendgate)
         # Other hosts' trials, claims, heartbeats; this host (its class keys the ceilings,
         # the baseline and what counts as measured: figures compare within one class).
         self.shared: SharedStudy = shared or SharedStudy(
@@ -202,19 +204,24 @@ class Session:
         self.shm_gate.apply(self.space, runnable=lambda p: self.cold_unfit(p) is None)
         self.files_gate = files_gate(self.shm_gate, getattr(self.opts, "max_open_files", None))
         self.files_gate.apply(self.space, lambda p: self.cold_unfit(p) is None, self.shm_gate.why)
+        self.send_gate = SendGate(self.shm_gate.unsendable)
+        self.send_gate.apply(self.space, lambda p: self.cold_unfit(p) is None)
+
+    def gate(self, params: dict[str, Any]) -> Any:
+        """The first gate that refuses `params` (a batch no worker sends, /dev/shm, open
+        files), or None."""
+        return next((g for g in (self.send_gate, self.shm_gate, self.files_gate)
+                     if g is not None and g.why(params)), None)
 
     def unfit_hint(self, params: dict[str, Any]) -> str:
-        for gate in (self.shm_gate, self.files_gate) if self.cold_unfit(params) is None else ():
-            if gate is not None and gate.why(params):
-                return gate.hint
-        return "a smaller batch size, --warm, or a larger dataset"
+        gate = self.gate(params) if self.cold_unfit(params) is None else None
+        return gate.hint if gate is not None else "a smaller batch size, --warm, or a larger dataset"
 
     def unfit(self, params: dict[str, Any]) -> str | None:
         """Why this configuration is not run: one cold pass cannot hold its measurement (the
         reason a larger /dev/shm would not remove), its batches do not fit in /dev/shm, or
         its pool would run past the open-files limit; None when it can run."""
-        return self.cold_unfit(params) or (self.shm_gate.why(params) if self.shm_gate
-                                           is not None else None) or self.files_gate.why(params)
+        return self.cold_unfit(params) or ((g := self.gate(params)) and g.why(params))
 
     def cold_unfit(self, params: dict[str, Any]) -> str | None:
         """Why one cold pass cannot hold a measurement of `params`; None when it can."""
@@ -249,7 +256,7 @@ class Session:
         """One measurement of `params` (a pruned one when `trial` says so)."""
         opts = self.opts
         cfg = self.config(params, seconds).validate()
-        on_tick = self._pruner(trial, cfg.seconds) if trial is not None and not opts.grid else None
+        on_tick = _pruner(self, trial, cfg.seconds) if trial is not None and not opts.grid else None
         popen = opts.popen or (self.warm.popen if self.warm is not None else None)
         r = run_bench(self.root, cfg, popen=popen, throttle=opts.throttle,
                       monitor_path=opts.monitor_path,
@@ -266,21 +273,6 @@ class Session:
                           f"/dev/shm) is over --max-memory {self.max_mem:,.0f} MiB")
             rec.hint = "fewer workers or a lower prefetch_factor"
         return rec
-
-    def _pruner(self, trial: Any, window_s: float) -> Callable[[float, float], str | None]:
-        ticks = 0
-
-        def on_tick(secs: float, ips: float) -> str | None:
-            nonlocal ticks
-            ticks += 1
-            trial.report(ips, ticks)
-            if not trial.should_prune():
-                return None
-            return (f"pruned after {secs:.0f} s of the {window_s:g} s window: "
-                    f"{ips:,.0f} images/s so far, under {self.opts.prune_below:.0%} of the "
-                    f"best trial's {self.study.best_value:,.0f}")
-
-        return on_tick
 
     def revise(self, rec: TrialRecord) -> None:
         assert self.ceilings is not None
@@ -299,8 +291,7 @@ class Session:
             return None  # another host of this class measures it: read at the end
         else:
             bp = rec_mod.baseline_params(self.cores_per_rank, self.cuda)
-            gate = next((g for g in (self.shm_gate, self.files_gate) if g and g.why(bp)), None)
-            if gate is not None:
+            if (gate := self.gate(bp)) is not None:
                 # Not run, and not stored: a later search with more room runs it.
                 why = gate.why(bp)
                 self.say(f"baseline (rule of thumb) {bp}: {why}")
@@ -353,3 +344,21 @@ class Session:
 
     def timed_out(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def _pruner(s: Session, trial: Any, window_s: float) -> Callable[[float, float], str | None]:
+    """A measurement's tick: reports the running rate to the trial; why to stop it when
+    Optuna's pruner says so."""
+    ticks = 0
+
+    def on_tick(secs: float, ips: float) -> str | None:
+        nonlocal ticks
+        ticks += 1
+        trial.report(ips, ticks)
+        if not trial.should_prune():
+            return None
+        return (f"pruned after {secs:.0f} s of the {window_s:g} s window: "
+                f"{ips:,.0f} images/s so far, under {s.opts.prune_below:.0%} of the "
+                f"best trial's {s.study.best_value:,.0f}")
+
+    return on_tick

@@ -45,6 +45,7 @@ class ShmGate:
     largest_skipped: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     base_batch_size: int | None = None   # the measured batch's size (None: never scaled)
+    unsendable: str | None = None   # why the batch does not pickle (autotune.sendable)
 
     @property
     def active(self) -> bool:
@@ -181,24 +182,26 @@ def skipped_for_shm(trials: list[Any]) -> int:
 
 def measure_gate(root: Any, base: Any, ranks: int, say: Any, env: Any) -> ShmGate:
     """The gate of a search: the budget of `env` (the search's one Environment) and the
-    first batch's bytes."""
+    first batch's bytes; with them, whether that batch pickles (autotune.search.sendgate)."""
+    from autotune.bench.firstbatch import first_batch
     from autotune.shmfit import shm_budget
 
     budget = shm_budget(env, ranks)
-    if budget.budget_bytes is None:
-        return ShmGate(budget, None, note=f"/dev/shm budget unknown ({budget.source}): "
-                                          "no configuration refused for it")
-    from autotune.bench.firstbatch import first_batch_bytes
-
-    say(f"measuring one batch of {base.batch_size} (no workers) against /dev/shm's "
-        f"{_mib(budget.budget_bytes)}")
+    known = budget.budget_bytes is not None
+    say(f"measuring one batch of {base.batch_size} (no workers)"
+        + (f" against /dev/shm's {_mib(budget.budget_bytes)}" if known else ""))
     try:
-        batch = first_batch_bytes(root, base)
+        first = first_batch(root, base)
     except Exception as e:  # noqa: BLE001 - the trials will say what is wrong with the data
         return ShmGate(budget, None, note=f"first batch not measured ({type(e).__name__}: "
                                           f"{str(e)[:200]}): no configuration refused for "
                                           "/dev/shm", base_batch_size=base.batch_size)
-    return ShmGate(budget, batch, base_batch_size=base.batch_size)
+    # With the budget unknown the batch refuses nothing here (the gate is not active), but
+    # its tensors still count against the open-files limit.
+    return ShmGate(budget, first.bytes, base_batch_size=base.batch_size,
+                   unsendable=first.unsendable,
+                   note=None if known else (f"/dev/shm budget unknown ({budget.source}): no "
+                                            "configuration refused for it"))
 
 
 __all__ = ["REASON_PREFIX", "ShmGate", "measure_gate", "skipped_for_shm"]

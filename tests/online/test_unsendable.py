@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from autotune.online.sendable import why_unsendable
+from autotune.sendable import why_unsendable
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -50,17 +50,17 @@ def _env_64mib() -> SimpleNamespace:
 
 def test_bench_refuses_workers_whose_float32_batches_cannot_fit(tiny_jpegs):
     from autotune.bench import BenchConfig
-    from autotune.bench.shmcheck import shm_refusal
+    from autotune.bench.refusal import refusal
 
     cfg = BenchConfig.from_preset("resnet50", batch_size=64, num_workers=2, prefetch_factor=2)
-    r = shm_refusal(tiny_jpegs, cfg, env=_env_64mib())
+    r = refusal(tiny_jpegs, cfg, env=_env_64mib())
     assert r is not None and r.failed and r.failure_kind == "shm"
     fit = r.system["shm_fit"]
     assert fit["batch_bytes"] == 64 * 3 * 224 * 224 * 4 + 64 * 8   # measured, labels int64
     assert "5 batches of 36.8 MiB" in r.reason and "64.0 MiB" in r.reason
     assert "--shm-size=256m" in r.hint and "sizeLimit: 256Mi" in r.hint and "uint8" in r.hint
     # No workers: nothing in /dev/shm, nothing refused (and no batch measured for it).
-    assert shm_refusal(tiny_jpegs, BenchConfig.from_preset("resnet50", batch_size=64,
+    assert refusal(tiny_jpegs, BenchConfig.from_preset("resnet50", batch_size=64,
                                                            num_workers=0), env=_env_64mib()) is None
 
 
