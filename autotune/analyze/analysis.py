@@ -436,7 +436,8 @@ def _figures(acc: LogPass, parser: LogParser, fmt: str, batch_size: int | None,
         times_from = ("the monitor's line times (" + times.source + ")" if acc.times_used and times
                       else "the log's timestamps")
     if m.n:
-        trend_d = trend.findings(acc.epochs, acc.timeline, acc.hist_data, acc.first_epoch)
+        trend_d = trend.findings(acc.epochs, acc.timeline, acc.hist_data, acc.first_epoch,
+                                 meta.get("loader"))
     else:
         trend_d = {"findings": ["no trend: the log holds totals only (a profiler table or a "
                                 "run summary)"],

@@ -34,10 +34,12 @@ def _moved(a: float | None, b: float | None) -> str | None:
 
 
 def findings(epochs: dict[int, EpochStats], timeline: Timeline, data: LogHistogram,
-             first_epoch: int | None) -> dict[str, Any]:
+             first_epoch: int | None, loader: Any = None) -> dict[str, Any]:
+    """`loader`: the step log's header's loader settings (a stranger's: any type), which
+    say what an epoch-start spike can come from."""
     eps = [epochs[k] for k in sorted(epochs)]
     segs = timeline.segments(SEGMENTS)
-    out = (_epoch_starts(eps, first_epoch) + _first_epoch_apart(eps) + _over_the_run(segs)
+    out = (_epoch_starts(eps, first_epoch, loader) + _first_epoch_apart(eps) + _over_the_run(segs)
            + _stalls(data))
     if not out:
         out.append("steady: no growth after the first epoch, no spike at epoch starts, no "
@@ -48,7 +50,22 @@ def findings(epochs: dict[int, EpochStats], timeline: Timeline, data: LogHistogr
             "epochs_listed": min(len(eps), 1000), "by_segment": seg_d}
 
 
-def _epoch_starts(eps: list[EpochStats], first_epoch: int | None) -> list[str]:
+def _start_cause(loader: Any) -> str:
+    """What an epoch-start spike comes from, by the loader the log's header names."""
+    lw = loader if isinstance(loader, dict) else {}
+    w = lw.get("num_workers")
+    if isinstance(w, int) and not isinstance(w, bool) and w == 0:
+        return ("with no workers (num_workers=0) it is the dataset's or the sampler's own "
+                "work at an epoch's start, not a worker start")
+    if lw.get("persistent_workers") is True:
+        return ("the workers are kept (persistent_workers=True), but torch's kept workers "
+                "load nothing between epochs: the epoch's first batches are made after "
+                "iter() (with a dataset's or sampler's own work at the epoch's start)")
+    return ("the DataLoader starts its workers anew each epoch (persistent_workers=True "
+            "keeps them)")
+
+
+def _epoch_starts(eps: list[EpochStats], first_epoch: int | None, loader: Any = None) -> list[str]:
     """The first batch of each epoch against the rest of that epoch."""
     spikes = []
     for e in eps:
@@ -65,9 +82,8 @@ def _epoch_starts(eps: list[EpochStats], first_epoch: int | None) -> list[str]:
         usual = sorted(s[2] for s in later)
         return [f"data wait spikes at epoch starts: in {len(later)} of {len(spikes) - 1} "
                 f"later epoch(s) the first batch waits {firsts[len(firsts) // 2]:.2f} s "
-                f"(median) against {usual[len(usual) // 2]:.3f} s per batch otherwise: the "
-                "DataLoader starts its workers anew each epoch (persistent_workers=True "
-                "keeps them)"]
+                f"(median) against {usual[len(usual) // 2]:.3f} s per batch otherwise: "
+                + _start_cause(loader)]
     if spiky and spiky[0][0] == first_epoch:
         return [f"the first batch of the run waits {spiky[0][1]:.2f} s (worker start-up, "
                 "left out as warm-up)"]

@@ -18,13 +18,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 def own_log(path: Path, epochs: list[list[tuple[float, float]]], *, t0: float = 1_000_000.0,
             workers: int = 4, batch: int = 32, dataset_type: str | None = None,
-            transform: str | None = None) -> Path:
+            transform: str | None = None, persistent: bool | None = None) -> Path:
     """An instrument() log: per epoch, (wait_s, step_s) per step, back to back from t0."""
     ds = {"root": "/data/train", **({"type": dataset_type} if dataset_type else {}),
           **({"transform": transform} if transform else {})}
     lines = [json.dumps({"autotune": "steps", "version": 1, "cores": 8,
                          "loader": {"num_workers": workers, "prefetch_factor": 2,
-                                    "dataset": ds}})]
+                                    "dataset": ds,
+                                    **({"persistent_workers": persistent}
+                                       if persistent is not None else {})}})]
     t = t0
     for e, steps in enumerate(epochs):
         for i, (w, s) in enumerate(steps):
@@ -157,6 +159,19 @@ def test_epoch_start_spikes_and_first_epoch_falls(tmp_path):
     assert "later ones 9% (median)" in ep[0]
     steady = analyze(own_log(tmp_path / "t.jsonl", [warm, warm, warm])).verdict.evidence
     assert not any(e.startswith("this verdict describes epochs") for e in steady), steady
+
+
+def test_epoch_start_spikes_of_kept_workers_or_none_do_not_ask_for_persistent_workers(tmp_path):
+    """A user's walk: a log whose header says persistent_workers=True was told that "the
+    DataLoader starts its workers anew each epoch (persistent_workers=True keeps them)"."""
+    warm = [(2.0, 0.1)] + [(0.01, 0.1)] * 39
+    kept = " | ".join(analyze(own_log(tmp_path / "k.jsonl", [warm] * 4,
+                                      persistent=True)).trend["findings"])
+    assert "spikes at epoch starts" in kept and "the workers are kept" in kept, kept
+    assert "keeps them" not in kept, kept
+    none = " | ".join(analyze(own_log(tmp_path / "n.jsonl", [warm] * 4,
+                                      workers=0)).trend["findings"])
+    assert "with no workers (num_workers=0)" in none and "keeps them" not in none, none
 
 
 def test_data_time_growing_over_the_run(tmp_path):
