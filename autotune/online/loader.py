@@ -342,7 +342,8 @@ class DataLoader:
         if first is None or last is None:
             msg = (f"{self._epoch.served} batches, {self._meter.counted} of them measured "
                    f"(not the first, nor a new pool's queue): fewer than one window "
-                   f"({self._meter.size}); nothing measured")
+                   f"({window_batches(self._running.num_workers, self._running.prefetch_factor)})"
+                   "; nothing measured")
         else:
             # The configuration kept so far, not a trial under way (the target): a trial
             # begun in the last window was reported as the first epoch's change, and the

@@ -86,7 +86,8 @@ class Switcher:
         dl._target, dl._tuning = kept, False
         emit("unmeasured", f"an epoch of {served} batches is too short to measure "
              f"{ran.short()} (up to the new pool's first {ran.queue} batches are not "
-             f"counted, and a window needs {dl._window(ran)}): back to {kept.short()} from "
+             f"counted, and a window needs "
+             f"{window_batches(ran.num_workers, ran.prefetch_factor)}): back to {kept.short()} from "
              "the next epoch on, and tuning stops", config=kept.kwargs(), tried=ran.kwargs())
 
     def keeps_workers(self) -> bool:

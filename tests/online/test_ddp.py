@@ -183,3 +183,33 @@ def test_a_rank_whose_batch_no_worker_can_send_stops_every_ranks_tuning(tmp_path
     for r in range(2):
         got = json.loads((tmp_path / f"rank{r}.json").read_text())
         assert got == {"whole": True, "workers": 0}, (r, got)
+
+
+def _rank_short(rank: int, world: int, rdv: str, out: str) -> None:
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    import autotune
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    ds = Slow(48, 0.001)
+    loader = autotune.DataLoader(ds, batch_size=4, key="ddp-short",
+                                 sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    n = sum(1 for _ in loader)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"batches": n, "summary": loader.summary}, f)
+    loader.close()
+    dist.destroy_process_group()
+
+
+def test_a_ddp_epoch_shorter_than_a_window_names_the_window_not_a_placeholder(tmp_path):
+    """A user's walk (torchrun, 2 ranks, 7 batches an epoch) read "fewer than one window
+    (1000000000)": under DDP the meter closes no window of its own (the ranks decide at
+    agreed steps), and its placeholder size was printed."""
+    _two_ranks(_rank_short, tmp_path, 120, "a rank hung")
+    for r in range(2):
+        got = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert got["batches"] == 6, got
+        assert "fewer than one window (" in got["summary"], got
+        assert "1000000000" not in got["summary"], got
