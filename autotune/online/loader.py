@@ -41,7 +41,7 @@ from autotune.online.config import TUNED, Config
 from autotune.cpus import usable_cores
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.epoch import Epoch, EpochIter
-from autotune.online.measure import Meter, WindowStats, window_batches
+from autotune.online.measure import Meter, WindowStats, window_of
 from autotune.online.memory import default_budget, over_limit
 from autotune.online.pool import Pool, warn_unpinned
 from autotune.online.switch import Switch, Switcher
@@ -185,8 +185,7 @@ class DataLoader:
                             group=self._target.num_workers)
 
     def _window(self, cfg: Config) -> int:  # under DDP: closed at the agreed decision steps
-        return 10**9 if self._sync is not None else window_batches(cfg.num_workers,
-                                                                   cfg.prefetch_factor)
+        return 10**9 if self._sync is not None else window_of(cfg)
 
     def _init_state(self) -> None:
         self._pools: list[Pool] = []          # the serving pool, and one retiring before it
@@ -342,8 +341,7 @@ class DataLoader:
         if first is None or last is None:
             msg = (f"{self._epoch.served} batches, {self._meter.counted} of them measured "
                    f"(not the first, nor a new pool's queue): fewer than one window "
-                   f"({window_batches(self._running.num_workers, self._running.prefetch_factor)})"
-                   "; nothing measured")
+                   f"({window_of(self._running)}); nothing measured")
         else:
             # The configuration kept so far, not a trial under way (the target): a trial
             # begun in the last window was reported as the first epoch's change, and the

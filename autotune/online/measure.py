@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 MIN_WINDOW = 10
 MIN_BATCHES = 5         # a window closed early on time still has this many batches
@@ -27,6 +28,11 @@ MIN_ROUNDS = 3          # ... and it holds this many rounds of the workers
 def window_batches(num_workers: int, prefetch_factor: int | None) -> int:
     """Batches in one measured window for a configuration."""
     return max(MIN_WINDOW, 2 * num_workers * (prefetch_factor or 0))
+
+
+def window_of(cfg: Any) -> int:
+    """Batches in one measured window of `cfg` (a Config)."""
+    return window_batches(cfg.num_workers, cfg.prefetch_factor)
 
 
 @dataclass(frozen=True)

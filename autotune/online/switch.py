@@ -13,7 +13,7 @@ from typing import Any
 from autotune.online import datastate, failure
 from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
-from autotune.online.measure import window_batches
+from autotune.online.measure import window_of
 from autotune.online.pool import Pool
 from autotune.online.weakowner import WeakOwner
 
@@ -45,7 +45,7 @@ class Switcher:
         self.forced: list[Config] = []      # tests: configurations to switch to, in turn
         self.failed: Config | None = None   # DDP: this rank's new pool could not start
         self.agreed = target                # DDP: the configuration the ranks agreed on
-        self.next_decision = window_batches(target.num_workers, target.prefetch_factor)
+        self.next_decision = window_of(target)
         self.kept_said = False              # keeps_workers() said why tuning stopped
 
     @property
@@ -86,8 +86,7 @@ class Switcher:
         dl._target, dl._tuning = kept, False
         emit("unmeasured", f"an epoch of {served} batches is too short to measure "
              f"{ran.short()} (up to the new pool's first {ran.queue} batches are not "
-             f"counted, and a window needs "
-             f"{window_batches(ran.num_workers, ran.prefetch_factor)}): back to {kept.short()} from "
+             f"counted, and a window needs {window_of(ran)}): back to {kept.short()} from "
              "the next epoch on, and tuning stops", config=kept.kwargs(), tried=ran.kwargs())
 
     def keeps_workers(self) -> bool:
@@ -205,7 +204,7 @@ class Switcher:
         """DDP: the agreed decision step (every rank is here at this same step)."""
         dl = self._dl
         assert dl._sync is not None
-        need = window_batches(self.agreed.num_workers, self.agreed.prefetch_factor)
+        need = window_of(self.agreed)
         self.next_decision = dl._steps + need
         local = dl._meter.peek() if len(dl._meter.steps) >= need else None
         busy = self.current is not None or self.pending is not None
@@ -232,5 +231,4 @@ class Switcher:
             return
         if self.agreed != dl._running and self.pending is None and self.current is None:
             self.begin(self.agreed, "controller")
-        self.next_decision = dl._steps + window_batches(self.agreed.num_workers,
-                                                        self.agreed.prefetch_factor)
+        self.next_decision = dl._steps + window_of(self.agreed)
