@@ -149,6 +149,13 @@ def read_pss_bytes(pid: int) -> int | None:
     dataset's index): RSS counts them once per process, PSS divides them among the
     processes that share them, so the tree's PSS is what its cgroup is charged for them.
     """
+    return read_rollup_bytes(pid, ("Pss",))
+
+
+def read_rollup_bytes(pid: int, fields: tuple[str, ...]) -> int | None:
+    """The sum of `fields` of /proc/<pid>/smaps_rollup ("Pss", "Private_Dirty",
+    "Anonymous" ...), as read_pss_bytes reads Pss: 0 when the process is gone, None when
+    unreadable or a field is missing."""
     data = read_proc(f"/proc/{pid}/smaps_rollup", 8192)
     if not data:
         # Gone since the listing, or exiting (its memory already released: an empty
@@ -159,13 +166,17 @@ def read_pss_bytes(pid: int) -> int | None:
         if not os.path.exists(f"/proc/{pid}") or read_rss_bytes(pid) == 0:
             return 0
         return None
+    want = {f.encode() + b":" for f in fields}
+    total, seen = 0, 0
     for line in data.splitlines():
-        if line.startswith(b"Pss:"):
+        key = line.split(b" ", 1)[0]
+        if key in want:
             try:
-                return int(line.split()[1]) * 1024
+                total += int(line.split()[1]) * 1024
             except (IndexError, ValueError):
                 return None
-    return None
+            seen += 1
+    return total if seen == len(want) else None
 
 
 def count_open_files(pid: int) -> int | None:

@@ -12,7 +12,7 @@ fallback    the epoch carried on at a configuration that needs less after such a
 controller  start point, hill climbing, bounds, settling, tuning again
 ddp         the ranks' decisions at agreed steps over a gloo group
 measure     windows of (step, wait), noise
-memory      PSS, batch bytes, the default budget
+memory      a worker's own memory, batch bytes, the default budget
 cache       ~/.cache/autotune/online.json ($AUTOTUNE_CACHE_DIR; none without a home)
 why         once, why AU stays under 0.90 after tuning (the workers' CPU time)
 """

@@ -17,7 +17,7 @@ from autotune.online.config import Config
 from autotune.online.controller import Controller, MemoryFigures, emit
 from autotune.online.limits import over_budget, shm_room
 from autotune.online.measure import WindowStats
-from autotune.online.memory import own_pss, pss_bytes
+from autotune.online.memory import worker_memory
 from autotune.online.weakowner import WeakOwner
 from autotune.shmfit import measure_batch
 
@@ -173,12 +173,11 @@ class Budget:
         return self.memory_here()
 
     def memory_here(self) -> MemoryFigures:
-        pools, batch_bytes = self._dl._pools, self._dl._batch_bytes
-        pids = pools[-1].pids() if pools else []
-        sizes = [s for s in (pss_bytes(p) for p in pids) if s]
-        if sizes:
-            return MemoryFigures(sum(sizes) // len(sizes), batch_bytes or 0, True, self.tensors)
-        return MemoryFigures(own_pss(), batch_bytes or 0, False, self.tensors)
+        pools = self._dl._pools
+        size, measured, try_one = worker_memory(pools[-1].pids() if pools else [],
+                                                self._dl.multiprocessing_context, self.oom_group)
+        return MemoryFigures(size, self._dl._batch_bytes or 0, measured, self.tensors,
+                             try_one=try_one)
 
     # ---- the workers' time budget
 

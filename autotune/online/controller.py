@@ -3,7 +3,7 @@
 As tf.data's autotune does, it changes one knob (num_workers, then prefetch_factor) a step
 at a time and keeps a change only when the wait share of a full window fell beyond the
 noise of the two windows; it is bounded by the worker bound and a memory budget (workers'
-PSS plus the batches in flight, both pools counted during a switch's overlap). It settles
+own memory plus the batches in flight, both pools counted during a switch's overlap). It settles
 when AU >= 0.95 or no knob helps, and tunes again only when the wait share stays above the
 settled one for several windows. At the worker bound with the workers blocked on storage
 the bound rises (more reads in flight hide a latency); when one worker past the cores then
@@ -138,6 +138,7 @@ class Controller:
                 "cached for this dataset and machine" if stored else "torch's default")
         wanted, cfg = cfg, limits.fit(self, cfg)
         self._current = cfg
+        source += f" gave {wanted.short()}, cut to fit the budgets" if cfg != wanted else ""
         emit("start", f"start at {cfg.short()} ({source}; worker bound {self.bound})",
              config=cfg.kwargs(), source=source, bound=self.bound)
         if cfg != wanted:   # refit, after the first batch, then sees nothing more to cut

@@ -1,5 +1,5 @@
 """What a configuration may hold, for the controller (autotune.online.controller): the
-memory budget (workers' PSS plus the batches in flight, both pools counted during a switch's
+memory budget (workers' own memory plus the batches in flight, both pools counted during a switch's
 overlap), the /dev/shm budget its batches fill, and the start point shrunk until it fits."""
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from autotune.online.memory import footprint
 class MemoryFigures:
     """What the budget check needs, measured by the loader when asked."""
 
-    per_worker: int   # bytes of PSS per worker (measured, or the estimate before any)
+    per_worker: int   # a worker's own bytes (USS measured, or the estimate before any)
     per_batch: int    # bytes of one batch
     measured: bool    # per_worker was read from the pool's workers
     tensors: int = 0  # tensors in one batch: open files in flight (autotune.openfiles)
+    # The figure is an estimate no forked worker starts at (autotune.online.memory): one
+    # worker may be started to measure it where only that estimate refuses it.
+    try_one: bool = False
 
 
 def shm_fits(shm: int | None, cfg: Config, per_batch: int, also: Config | None = None) -> bool:
@@ -106,13 +109,25 @@ def say_fit(ctl: Any, cfg: Config, fitted: Config, per_batch: int | None) -> Non
                 + no_worker_text(ctl, cfg, fitted, per_batch))
     else:
         text = (f"{cfg.short()} cut to {fitted.short()} before the first batch: this rank's "
-                f"budgets are {shm} and {mib(ctl.budget)} of memory")
-        if not fitted.num_workers:
-            text += ("; workers hand their batches over through /dev/shm, so every batch is "
-                     "made in the training process until it has room (docker run "
-                     "--shm-size, or fewer ranks on the node)")
+                f"budgets are {shm} and {mib(ctl.budget)} of memory" + _cut_by(ctl, fitted))
     emit("fit", text, warn=not fitted.num_workers, config=fitted.kwargs(), old=cfg.kwargs(),
          batch_bytes=per_batch, shm_budget=ctl.shm, budget=ctl.budget)
+
+
+def _cut_by(ctl: Any, fitted: Config) -> str:
+    """Which budget left `fitted` without a worker before the first batch ("" while it has
+    some): /dev/shm where not even one worker's batch has room, else memory."""
+    if fitted.num_workers:
+        return ""
+    if not room_fits(ctl, Config(1, 1, False, fitted.pin_memory), 0):
+        return ("; workers hand their batches over through /dev/shm, so every batch is "
+                "made in the training process until it has room (docker run --shm-size, "
+                "or fewer ranks on the node)")
+    mem = ctl.memory()
+    return (f"; a worker's memory, {mib(mem.per_worker)} "
+            + ("measured" if mem.measured else "estimated (this process's anonymous "
+               "memory)") + " each, is over the memory budget, so every batch is made in "
+            "the training process (memory_budget=, or a higher memory limit, gives it room)")
 
 
 def fit(ctl: Any, cfg: Config) -> Config:
@@ -129,6 +144,8 @@ def fit(ctl: Any, cfg: Config) -> Config:
     while cfg.num_workers and (footprint(
             cfg.num_workers, cfg.prefetch_factor, mem.per_worker, mem.per_batch) > ctl.budget
             or not room_fits(ctl, cfg, mem.per_batch) or openfiles.over(cfg, mem.tensors)):
+        if measure_one(ctl, cfg, mem):
+            break
         if cfg.num_workers == 1 and (cfg.prefetch_factor or 2) > 1 and \
                 "prefetch_factor" not in ctl.fixed:
             cfg = ctl.make(1, 1)  # one worker, one batch ahead: the last step before none
@@ -137,6 +154,22 @@ def fit(ctl: Any, cfg: Config) -> Config:
         else:
             break
     return cfg
+
+
+def measure_one(ctl: Any, cfg: Config, mem: MemoryFigures) -> bool:
+    """Whether `cfg`, one forked worker as few batches ahead as it may go, is kept although
+    the estimate of a worker's memory is over the budget: that estimate (everything the
+    worker could copy) is what no forked worker starts at (17-20 MiB of its own, measured,
+    against a 395 MiB estimate, with torch 2.14.1), and with no worker none is ever
+    measured, so the loader would stay without one for good. Its batches must fit the
+    memory budget and /dev/shm as they are, and it goes first where memory runs out: the
+    OOM killer's first choice, and a pool autotune chose falls back to none."""
+    if not (mem.try_one and not mem.measured and cfg.num_workers == 1):
+        return False
+    if (cfg.prefetch_factor or 2) > 1 and "prefetch_factor" not in ctl.fixed:
+        return False   # one batch ahead first
+    return (footprint(1, cfg.prefetch_factor, 0, mem.per_batch) <= ctl.budget
+            and room_fits(ctl, cfg, mem.per_batch) and not openfiles.over(cfg, mem.tensors))
 
 
 def _fewer_files_ahead(ctl: Any, cfg: Config, tensors: int) -> Config:
@@ -173,7 +206,7 @@ def over_budget(cand: Config, cur: Config, mem: MemoryFigures, budget: int,
         return files
     if need <= budget:
         return None
-    return (f"{cand.short()} needs {mib(need)} during the switch (workers' PSS "
+    return (f"{cand.short()} needs {mib(need)} during the switch (workers' own "
             f"{mib(mem.per_worker)} each{'' if mem.measured else ', estimated'}, batch "
             f"{mib(mem.per_batch)}), over the memory budget of {mib(budget)}")
 

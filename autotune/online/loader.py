@@ -90,7 +90,7 @@ class DataLoader:
     Extra keywords: `key` names the dataset in the settings cache
     (~/.cache/autotune/online.json); `memory_budget` (bytes; default half of what the
     job's cgroup has left under its memory limit, else half the host's available memory;
-    one above the cgroup's limit is warned about) bounds the workers' PSS plus the batches
+    one above the cgroup's limit is warned about) bounds the workers' own memory plus the batches
     in flight.
     """
 
@@ -210,7 +210,7 @@ class DataLoader:
 
     @property
     def memory_budget(self) -> int:
-        """Bytes the workers' PSS and the batches in flight may take (both pools during a
+        """Bytes the workers' own memory and the batches in flight may take (both pools during a
         switch); settable while training."""
         return int(self._ctl.budget)
 

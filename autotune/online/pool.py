@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader as TorchLoader
 
 from autotune.bench import mpdir
+from autotune.bench.procs import oom_first
 from autotune.bench.shmleft import remove_left
 from autotune.monitor.proctree import pid_alive
 from autotune.online import failure
@@ -38,13 +39,17 @@ log = logging.getLogger("autotune.online")
 
 class ReadyInit:
     """worker_init_fn wrapper: this worker's multiprocessing folder, the user's function,
-    then this worker's ready flag (None: no flag).
+    then this worker's ready flag (None: no flag). `oom_first`: a worker of a pool
+    autotune chose is the OOM killer's first choice (autotune.bench.procs.oom_first), so
+    that where memory runs out it is a worker that goes, and the loader falls back to
+    fewer (autotune.online.fallback), not the training process, the largest.
 
     Module-level so that spawn and forkserver workers can unpickle it."""
 
     def __init__(self, user_fn: Callable[[int], None] | None, flags: Any,
-                 mp_dir: str | None = None) -> None:
+                 mp_dir: str | None = None, oom_first: bool = False) -> None:
         self.user_fn, self.flags, self.mp_dir = user_fn, flags, mp_dir
+        self.oom_first = oom_first
         # The training process, made here, in it: its workers check it is still there.
         self.main_pid = os.getpid()
 
@@ -53,6 +58,8 @@ class ReadyInit:
         # release that fails must not fail the worker.
         with contextlib.suppress(Exception):
             release_forkserver()
+        if self.oom_first:
+            oom_first()
         if self.mp_dir is not None:
             use_temp_dir(self.mp_dir)
         if self.user_fn is not None:
@@ -139,7 +146,7 @@ class Pool:
         # What its workers hold of the dataset, where a kept pool is checked against it
         # (set by Epoch.new_pool).
         self.dataset_state: tuple[Any, ...] | None = None
-        self._forks = w > 0 and _start_method(mp_context) == "fork"
+        self._forks = w > 0 and start_method(mp_context) == "fork"
         # A RawArray is lock-free to read: the main process polls it once per batch.
         self._flags = multiprocessing.RawArray("b", w) if w else None
         mp_dir = None
@@ -152,7 +159,8 @@ class Pool:
         if w:
             kw.update(num_workers=w, prefetch_factor=config.prefetch_factor,
                       persistent_workers=True, multiprocessing_context=mp_context,
-                      worker_init_fn=ReadyInit(worker_init_fn, self._flags, mp_dir))
+                      worker_init_fn=ReadyInit(worker_init_fn, self._flags, mp_dir,
+                                               oom_first=recoverable))
         else:
             # timeout= is the workers' (torch asserts it is 0 without them).
             kw.update(worker_init_fn=worker_init_fn, timeout=0)
@@ -337,7 +345,7 @@ def share_temp_dir() -> str | None:
     return None
 
 
-def _start_method(ctx: Any) -> str:
+def start_method(ctx: Any) -> str:
     """The start method of a DataLoader's multiprocessing_context (None: the default)."""
     if ctx is None:
         return multiprocessing.get_start_method()

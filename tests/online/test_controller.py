@@ -514,3 +514,28 @@ def test_under_torchrun_a_shared_decision_is_said_once_a_node_and_a_ranks_own_na
         monkeypatch.delenv(name)
     emit("verdict", "AU 0.41 after tuning", warn=True)
     assert [r.getMessage() for r in caplog.records] == ["AU 0.41 after tuning"]
+
+
+def test_a_forked_workers_estimate_alone_leaves_one_worker_to_measure(decisions):
+    """A user's walk: 2 ranks under a 3 GiB limit ran every epoch with num_workers=0, for
+    the estimate of a worker (the training process's 720 MiB PSS) was over each rank's
+    budget, and with no worker none was ever measured (a forked one held 17-20 MiB of its
+    own). Where only that estimate refuses it, one forked worker, one batch ahead, starts
+    to be measured; not where its batches would not fit, nor once a worker was measured."""
+    mib = 2**20
+
+    def ctl(per_batch=mib, measured=False, try_one=True, budget=100 * mib):
+        return Controller(fixed={}, cuda=False, budget=budget, bound=4,
+                          memory=lambda: MemoryFigures(400 * mib, per_batch, measured,
+                                                       try_one=try_one))
+    start = ctl().start()
+    assert (start.num_workers, start.prefetch_factor) == (1, 1), start
+    said = [r.getMessage() for e, r in decisions() if e == "start"]
+    assert "gave num_workers=4" in said[-1] and "cut to fit the budgets" in said[-1], said
+    assert ctl(try_one=False).start().num_workers == 0          # spawned: the estimate holds
+    # Said as memory's cut, not /dev/shm's (which had room): the walk's warning named
+    # `docker run --shm-size` for it.
+    cut = [r.getMessage() for e, r in decisions() if e == "fit"][-1]
+    assert "a worker's memory, 400 MiB estimated" in cut and "--shm-size" not in cut, cut
+    assert ctl(measured=True).start().num_workers == 0          # a measured worker's figure
+    assert ctl(per_batch=60 * mib).start().num_workers == 0     # its batches alone too large

@@ -197,3 +197,35 @@ def test_another_loaders_batches_are_out_of_the_room_but_under_ddp(ddp, tmp_path
     assert p.exitcode == 0
     assert held > 0
     assert beside == (0 if ddp else held)
+
+
+def test_a_training_process_larger_than_the_budget_still_gets_a_measured_worker(monkeypatch,
+                                                                                 decisions):
+    """A user's walk: under a 3 GiB limit with two ranks each rank's budget (~470 MiB) was
+    under the estimate of one worker (the training process's PSS, 720 MiB with torch
+    2.14.1), so every epoch ran without a worker, though a forked worker held 17-20 MiB
+    of its own. Here the training process holds 300 MiB of its own and the budget is 150
+    MiB: one worker, one batch ahead, is started and measured by what it holds itself
+    (its USS, not its share of the parent's pages), as the OOM killer's first choice."""
+    from autotune.online import controller
+
+    monkeypatch.setattr(controller, "_worker_bound", lambda: 2)
+    held = bytearray(300 * MiB)
+    held[::4096] = b"x" * len(held[::4096])   # touched: the training process's own pages
+    loader = autotune.DataLoader(Slow(240, 0.002), batch_size=4, key="measure-one",
+                                 memory_budget=150 * MiB)
+    workers, adj = set(), set()
+    for _ in range(2):
+        for _ in loader:
+            workers.add(loader.num_workers)
+            for p in loader._pools[-1].pids():
+                with open(f"/proc/{p}/oom_score_adj") as f:
+                    adj.add(int(f.read()))
+    mem = loader._memory()
+    loader.close()
+    assert max(workers) >= 1, (workers, [r.getMessage() for _, r in decisions()])
+    assert mem.measured and mem.per_worker < 100 * MiB, mem   # not the parent's 300 MiB
+    assert adj == {1000}, adj
+    start = [r.getMessage() for e, r in decisions() if e == "start"][0]
+    assert "start at num_workers=1, prefetch_factor=1" in start, start
+    del held
