@@ -296,7 +296,7 @@ def _err(e: BaseException) -> str:
     return getattr(e, "strerror", None) or str(e)
 
 
-def _working_set(d: Path, kind: str, notes: list[str]) -> tuple[int | None, int | None]:
+def cgroup_usage(d: Path, kind: str, notes: list[str]) -> tuple[int | None, int | None]:
     """(usage, inactive file bytes) of one cgroup; a file that cannot be read is a note
     naming it and what the figure becomes."""
     usage = inactive = None
@@ -384,7 +384,7 @@ def read_memory_limit(*, cgroup_file: str | os.PathLike[str] = CGROUP_FILE,
     for lim_i, src_i, kind_i, d_i in limited:
         # Every limit on the way up is enforced: a looser ancestor nearly full (its other
         # children's memory) leaves less than the tightest limit does.
-        u, ina = _working_set(d_i, kind_i, notes)
+        u, ina = cgroup_usage(d_i, kind_i, notes)
         if d_i == d:
             usage, inactive = u, ina
         rem = max(0, lim_i - max(0, (u or 0) - (ina or 0)))

@@ -30,7 +30,7 @@ def join_metrics(path: str | os.PathLike[str],
     info: dict[str, Any] = {}
     total = kept = bad = 0
     interval_max = 0.0
-    peaks: dict[str, Any] = {"shm": None, "files": None}   # every sample's, in the window or not
+    peaks: dict[str, Any] = {"shm": None, "files": None, "memory": None}   # every sample's
     # Every sample's figures until one falls in the window: used when none does (summed
     # as they come, as the window's are: a day's records held whole took a gigabyte).
     early: tuple[dict[str, list[float]], dict[str, str], dict[str, Any]] = (
@@ -76,13 +76,32 @@ def join_metrics(path: str | os.PathLike[str],
         (series, unavailable, info), kept = early, n_early
     return finish(series, unavailable, info, source=str(p), joined_by=joined_by,
                   samples=kept, samples_total=total, bad_lines=bad, window=window,
-                  shm_peak=peaks["shm"], files_peak=peaks["files"])
+                  shm_peak=peaks["shm"], files_peak=peaks["files"],
+                  memory_peak=peaks["memory"])
 
 
 def _peaks(peaks: dict[str, Any], rec: dict[str, Any], t: float) -> None:
-    """/dev/shm at its fullest and the open-files limit at its nearest, `rec` counted."""
+    """/dev/shm at its fullest, the open-files limit at its nearest and the memory
+    cgroup's working set at its fullest, `rec` counted."""
     peaks["shm"] = _fuller(peaks["shm"], rec.get("shm"), t)
     peaks["files"] = _nearer_limit(peaks["files"], rec.get("proc"), t)
+    peaks["memory"] = _fuller_memory(peaks["memory"], rec.get("memcg"), t)
+
+
+def _fuller_memory(peak: dict[str, Any] | None, mem: Any, t: float) -> dict[str, Any] | None:
+    """The fuller of `peak` and a sample's memory-cgroup section (by its working set's
+    share of the limit), with the most OOM kills any sample counted."""
+    if not isinstance(mem, dict):
+        return peak
+    ws, lim = finite_number(mem.get("working_set_bytes")), finite_number(mem.get("limit_bytes"))
+    if ws is None or lim is None or lim <= 0 or ws < 0:
+        return peak
+    kills = max(whole_number(mem.get("oom_kills")) or 0, (peak or {}).get("oom_kills") or 0)
+    if peak is None or ws / lim > peak["working_set_bytes"] / peak["limit_bytes"]:
+        file = mem.get("limit_file")
+        peak = {"working_set_bytes": ws, "limit_bytes": lim, "time": t,
+                "limit_file": file[:300] if isinstance(file, str) else None}
+    return {**peak, "oom_kills": kills}
 
 
 def _nearer_limit(peak: dict[str, Any] | None, proc: Any, t: float) -> dict[str, Any] | None:

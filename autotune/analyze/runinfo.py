@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.bench.failures import SHM_HINT, files_failure_line, files_hint, shm_failure_line
-from autotune.monitor.figures import SystemFigures
+from autotune.monitor.figures import SystemFigures, whole_number
 from autotune.monitor.run import signal_name
 from autotune.verdict.rules._case import failed_in_start_up
 
@@ -35,6 +36,17 @@ SHM_NEARLY_FULL = 0.75
 # As near the open-files limit, for the same reason: one batch's tensors (a hundred files
 # or more) arrive between two samples, and a process at the limit drops or fails at once.
 FILES_NEARLY_FULL = 0.75
+# The memory cgroup's working set this near its limit at a sample: the OOM killer acts at
+# the limit itself, and a sample every --interval misses the last allocations before it.
+MEMORY_NEARLY_FULL = 0.90
+MEMORY_HINT = ("use less memory: fewer DataLoader workers or a lower prefetch_factor (each "
+               "worker holds its own copy of what it touches of the dataset), a smaller batch, "
+               "or a higher memory limit (docker run --memory, a Kubernetes pod's "
+               "resources.limits.memory); autotune.DataLoader counts each worker's own memory "
+               "against half of what the job has left, and where the limit is reached it is "
+               "a worker that goes and the loader carries on with fewer")
+# torch's line for a worker the OOM killer (or anyone) ended with SIGKILL.
+_WORKER_KILLED = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: Killed\.?")
 LOG_TAIL_BYTES = 256 * 1024    # the job's last output, where a failure is printed
 USER_STOPS = ("SIGINT", "SIGTERM")
 
@@ -101,7 +113,9 @@ def shm_cause(log: Path | None, system: SystemFigures | None,
                     f"({share:.0%}) at its fullest")
     return {"log_line": line, "peak_used_bytes": peak["used_bytes"] if peak else None,
             "total_bytes": peak["total_bytes"] if peak else None, "peak_share": share,
-            "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT}
+            "nearly_full": full, "evidence": "; ".join(said), "fix": SHM_HINT,
+            # Little but a loader's batches fills /dev/shm: seen full, it is the likely one.
+            "seen_is_likely": True}
 
 
 def _files_share(system: SystemFigures | None) -> tuple[dict[str, Any] | None, float | None]:
@@ -140,6 +154,55 @@ def files_cause(log: Path | None, system: SystemFigures | None,
             "nearly_full": near, "evidence": "; ".join(said), "fix": _job_fix(peak)}
 
 
+def _memory_share(system: SystemFigures | None) -> tuple[dict[str, Any] | None, float | None]:
+    peak = system.memory_peak if system is not None else None
+    return peak, (peak["working_set_bytes"] / peak["limit_bytes"] if peak else None)
+
+
+def memory_cause(run: dict[str, Any], system: SystemFigures | None,
+                 tail: str) -> dict[str, Any] | None:
+    """Why the memory limit is the likely cause of a failed job, or None: the kernel counted
+    OOM kills in its cgroup while it ran (run.json's `memory`, else the samples'), or it
+    was killed by SIGKILL (torch's line for a worker, or its own status) with its working
+    set seen near the limit."""
+    mem = run.get("memory") if isinstance(run.get("memory"), dict) else {}
+    peak, share = _memory_share(system)
+    kills = whole_number(mem.get("oom_kills"))
+    kills = max(kills or 0, (peak or {}).get("oom_kills") or 0)
+    line = m.group(0) if (m := _WORKER_KILLED.search(tail)) else None
+    near = share is not None and share >= MEMORY_NEARLY_FULL
+    if not kills and not (near and (line or run.get("signal") == signal.SIGKILL)):
+        return None
+    limit = whole_number(mem.get("limit_bytes"), 2**62) or (peak or {}).get("limit_bytes")
+    said = []
+    if kills:
+        said.append(f"the kernel's OOM killer ended {kills} process(es) in the job's memory "
+                    f"cgroup" + (f" (limit {_mib(limit)} MiB)" if limit else ""))
+    if line:
+        said.append(f"the log says {line!r}")
+    if peak is not None and share is not None:
+        said.append(f"{Path(system.source).name if system else 'the metrics'}: its working "
+                    f"set at {_mib(peak['working_set_bytes'])} of {_mib(peak['limit_bytes'])} "
+                    f"MiB ({share:.0%}) at its fullest sample")
+    return {"log_line": line, "oom_kills": kills, "counted": bool(kills), "limit_bytes": limit,
+            "limit_file": mem.get("limit_file") or (peak or {}).get("limit_file"),
+            "peak_working_set_bytes": peak["working_set_bytes"] if peak else None,
+            "peak_share": share, "nearly_full": near, "evidence": "; ".join(said),
+            "fix": MEMORY_HINT}
+
+
+def memory_room(system: SystemFigures | None) -> str | None:
+    """A job that did not fail but whose memory cgroup was seen near its limit (None when
+    it had room)."""
+    peak, share = _memory_share(system)
+    if peak is None or share is None or share < MEMORY_NEARLY_FULL:
+        return None
+    return (f"the job's memory cgroup was {share:.0%} full at its fullest sample "
+            f"({_mib(peak['working_set_bytes'])} of {_mib(peak['limit_bytes'])} MiB, its "
+            "working set): the job fits with little room; more workers, a deeper prefetch or "
+            "a larger batch may bring the OOM killer. To make room: " + MEMORY_HINT)
+
+
 def files_room(system: SystemFigures | None) -> str | None:
     """A job that did not fail but was seen near its open-files limit: more workers, a
     deeper prefetch or a batch of more tensors may hang it (None when it had room)."""
@@ -152,19 +215,22 @@ def files_room(system: SystemFigures | None) -> str | None:
             f"items of ancdata'. Fix: {_job_fix(peak)}")
 
 
-def _one_cause(shm: dict[str, Any] | None, files: dict[str, Any] | None,
-               tail: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A failure has one likely cause: a limit its log names over one only seen nearly
-    full (batches in flight fill both), of two lines in the log the later, the one that
-    ended the job, and of two seen nearly full only, the fuller."""
-    if shm is None or files is None:
-        return shm, files
-    shm_line, files_line = shm.get("log_line"), files.get("log_line")
-    if shm_line and files_line:
-        return (None, files) if tail.rfind(files_line) > tail.rfind(shm_line) else (shm, None)
-    if shm_line or files_line:
-        return (shm, None) if shm_line else (None, files)
-    return (None, files) if (files["peak_share"] or 0) > (shm["peak_share"] or 0) else (shm, None)
+def _one_cause(causes: dict[str, dict[str, Any] | None], tail: str
+               ) -> dict[str, dict[str, Any] | None]:
+    """A failure has one likely cause: OOM kills the kernel counted over anything else, a
+    limit its log names over one only seen nearly full (batches in flight fill /dev/shm,
+    open files and memory alike), of two lines in the log the later, the one that ended
+    the job, and of those only seen nearly full, the fuller."""
+    named = {k: c for k, c in causes.items() if c is not None}
+    if len(named) < 2:
+        return causes
+
+    def rank(c: dict[str, Any]) -> tuple[bool, bool, int, float]:
+        line = c.get("log_line")
+        return (bool(c.get("counted")), bool(line), tail.rfind(line) if line else -1,
+                c.get("peak_share") or 0.0)
+    best = max(named, key=lambda k: rank(named[k]))
+    return {k: (c if k == best else None) for k, c in causes.items()}
 
 
 def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
@@ -183,30 +249,42 @@ def failed_unlogged(run: dict[str, Any] | None, run_dir: Path | None,
             system = join_metrics(metrics, None)
         except AutotuneError:
             pass   # no sample: the log alone
-    log, shm, files = _causes(run_dir, system)
+    log, causes = _causes(run, run_dir, system)
     said = [f"the job failed ({status}{_after(run.get('seconds'))})"]
-    for cause, what in ((files, "the open-files limit"), (shm, "/dev/shm")):
+    for what, cause in causes.items():
         if cause is not None:
             said.append(f"{what} {_was(cause)} ({cause['evidence']}); fix: {cause['fix']}")
     if log is not None:
-        said.append(f"its output, with the error, is in {log}")
+        said.append(f"its output{_with_error(causes['the memory limit'])} is in {log}")
     return "; ".join(said)
 
 
-def _causes(run_dir: Path | None, system: SystemFigures | None
-            ) -> tuple[Path | None, dict[str, Any] | None, dict[str, Any] | None]:
-    """A failed job's train.log (None where there is none) and its one likely cause,
-    /dev/shm or the open-files limit (the log's tail read once, for both)."""
+def _causes(run: dict[str, Any], run_dir: Path | None, system: SystemFigures | None
+            ) -> tuple[Path | None, dict[str, dict[str, Any] | None]]:
+    """A failed job's train.log (None where there is none) and its one likely cause, by
+    name (the memory limit, the open-files limit, /dev/shm; the others None), the log's
+    tail read once for all."""
     log = run_dir / "train.log" if run_dir is not None else None
     log = log if log is not None and log.is_file() else None
     tail = _log_tail(log) if log is not None else ""
-    return log, *_one_cause(shm_cause(log, system, tail), files_cause(log, system, tail), tail)
+    return log, _one_cause({"the memory limit": memory_cause(run, system, tail),
+                            "the open-files limit": files_cause(log, system, tail),
+                            "/dev/shm": shm_cause(log, system, tail)}, tail)
+
+
+def _with_error(memory: dict[str, Any] | None) -> str:
+    """What the job's output holds: no error where the OOM killer ended the job itself."""
+    if memory is not None and memory.get("counted") and not memory.get("log_line"):
+        return " (the OOM killer's SIGKILL prints nothing there)"
+    return ", with the error,"
 
 
 def _was(cause: dict[str, Any]) -> str:
-    """A cause its log names was the likely one; one only seen by the monitor may have
-    been (the log may name another error the monitor cannot see)."""
-    return "was the likely cause" if cause.get("log_line") else "may have been the cause"
+    """A cause its log names, or OOM kills the kernel counted, was the likely one, as is a
+    /dev/shm seen nearly full; another only seen by the monitor may have been (the log may
+    name another error it cannot see)."""
+    return ("was the likely cause" if cause.get("log_line") or cause.get("counted")
+            or cause.get("seen_is_likely") else "may have been the cause")
 
 
 def shm_room(system: SystemFigures | None) -> str | None:
@@ -256,30 +334,32 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     where = f"{run_dir / 'run.json'}" if run_dir is not None else "run.json"
     kind, status = outcome(run)
     after = _after(run.get("seconds"))
-    shm = files = None
+    shm = files = memory = None
     decided = False
     if kind == "unknown":
         warnings.append(f"how the job ended is unknown: {where} has no exit status, so the "
                         "monitor itself ended before the job did (killed, e.g. by SIGKILL, or "
                         f"its machine lost); the verdict describes only the {steps:,} step(s) "
                         "logged, and the job may have run on, or failed, after them")
+        if (mem := memory_cause(run, system, "")) is not None:   # the monitor killed too?
+            warnings.append(f"the memory limit may have ended the monitor with the job "
+                            f"({mem['evidence']}); fix: {mem['fix']}")
     if kind == "failed":
-        why = (f"; its output, with the error, is in {run_dir / 'train.log'}"
+        _, causes = _causes(run, run_dir, system)
+        shm, files = causes["/dev/shm"], causes["the open-files limit"]
+        memory = causes["the memory limit"]
+        why = (f"; its output{_with_error(memory)} is in {run_dir / 'train.log'}"
                if run_dir is not None else "")
-        _, shm, files = _causes(run_dir, system)
         decided = (failed_in_start_up(shm, warmup_only, loader)
                    or failed_in_start_up(files, warmup_only, loader))
         what = ("" if decided else f"; the verdict describes only "
                 f"the {steps:,} step(s) measured before it, not why it failed")
         warnings.append(f"the job failed: {status}{after} ({where}){what}{why}")
-        if shm is not None:
-            warnings.append(f"/dev/shm was the likely cause of the failure ({shm['evidence']}); "
-                            f"fix: {shm['fix']}")
-        if files is not None:
-            warnings.append(f"the open-files limit {_was(files)} of the failure "
-                            f"({files['evidence']}); fix: {files['fix']}")
+        warnings += [f"{what} {_was(c)} of the failure ({c['evidence']}); fix: {c['fix']}"
+                     for what, c in causes.items() if c is not None]
     elif kind == "ok":
-        warnings += [room for room in (shm_room(system), files_room(system)) if room]
+        warnings += [room for room in (shm_room(system), files_room(system),
+                                       memory_room(system)) if room]
     disk = watched_disk(run, system)
     if (disk is not None and disk["measured"] and disk["from"] != "--data"
             and not _on_disk(dataset, disk["device"])):
@@ -293,9 +373,10 @@ def run_facts(run: dict[str, Any] | None, run_dir: Path | None, system: SystemFi
     return {"returncode": _int(run.get("returncode")), "signal": _int(run.get("signal")),
             "seconds": run.get("seconds") if _after(run.get("seconds")) else None,
             "forwarded_signals": run.get("forwarded_signals") or [], "outcome": kind,
-            "status": status, "shm": shm, "files": files, "disk": disk,
+            "status": status, "shm": shm, "files": files, "memory": memory, "disk": disk,
             "verdict_is_failure": kind == "failed" and decided}, warnings
 
 
-__all__ = ["SHM_NEARLY_FULL", "files_cause", "outcome", "run_facts", "shm_cause", "shm_room",
+__all__ = ["MEMORY_NEARLY_FULL", "SHM_NEARLY_FULL", "files_cause", "memory_cause", "memory_room",
+           "outcome", "run_facts", "shm_cause", "shm_room",
            "watched_disk"]

@@ -70,6 +70,10 @@ class SystemFigures:
     # process of the job held the largest share of its soft limit: {"open", "limit",
     # "hard" (None: unlimited), "pid", "root" (the command itself, not a child), "time"}.
     files_peak: dict[str, Any] | None = None
+    # The job's memory cgroup at its fullest over the whole run (autotune.monitor.memcg):
+    # {"working_set_bytes", "limit_bytes", "limit_file", "time", "oom_kills" (the most any
+    # sample counted since the monitor started)}.
+    memory_peak: dict[str, Any] | None = None
     # The job's cgroup CPU quota over the window (autotune.monitor.quota): "cores" (None:
     # no quota), "quota_file", "quota", "stat_file", and summed over the joined samples
     # "periods", "throttled", "throttled_s", "throttled_share" (throttled / periods).

@@ -15,12 +15,15 @@ Files in OUT:
                      and "budget": where each process class's time went over the interval
                      (autotune.monitor.tasks: a TimeBudget.to_dict()), and "cpu_quota":
                      the job's cgroup CPU quota and how often it throttled the job over
-                     the interval (autotune.monitor.quota)
+                     the interval (autotune.monitor.quota), and "memcg": its memory
+                     cgroup's limit, working set and OOM kills (autotune.monitor.memcg)
     steps.jsonl      written by the command itself when it wraps its loader with
                      autotune.instrument() (AUTOTUNE_STEPS_LOG points there)
     run.json         the command, data path, the path whose disk was watched (`watched`:
                      --data, else the current directory), times, exit status, and
-                     `cpu_quota`: the quota's whole-run throttling (null: not seen)
+                     `cpu_quota`: the quota's whole-run throttling (null: not seen), and
+                     `memory`: the memory limit, the fullest working set sampled and the
+                     OOM kills in the job's cgroup (null: no limit binds it)
 
 The command runs in its own process group, so a Ctrl-C at the terminal reaches it once,
 forwarded by the monitor (to the whole group, as the terminal would: DataLoader workers
@@ -46,6 +49,7 @@ from typing import IO, Any
 from autotune.errors import AutotuneError, UsageError
 from autotune.instrumentation import STEPS_LOG_ENV
 from autotune.monitor.launchers import StepWriters
+from autotune.monitor.memcg import MemcgSampler
 from autotune.monitor.quota import QuotaSampler, quota_section
 from autotune.monitor.tasks import TaskSampler
 from autotune.runqueue import RunQueueSampler
@@ -123,6 +127,7 @@ class MonitorRun:
     errors: list[str] = field(default_factory=list)
     watched: str | None = None    # the path whose disk was sampled (data, else the cwd)
     cpu_quota: dict[str, Any] | None = None   # the quota's whole-run throttling, if seen
+    memory: dict[str, Any] | None = None      # the memory cgroup's limit, peak, OOM kills
 
     @property
     def seconds(self) -> float:
@@ -136,7 +141,7 @@ class MonitorRun:
                 "metrics": self.metrics,
                 "steps": self.steps, "samples": self.samples, "log_bytes": self.log_bytes,
                 "forwarded_signals": self.forwarded, "summary": self.summary,
-                "errors": self.errors, "cpu_quota": self.cpu_quota}
+                "errors": self.errors, "cpu_quota": self.cpu_quota, "memory": self.memory}
 
 
 class _Tee:
@@ -266,7 +271,7 @@ def budget_section(tasks: TaskSampler | None) -> dict[str, Any] | None:
 
 
 def _sample_writer(path: Path, rq: RunQueueSampler | None, tasks: TaskSampler | None = None,
-                   quota: QuotaSampler | None = None
+                   quota: QuotaSampler | None = None, memcg: MemcgSampler | None = None
                    ) -> tuple[Callable[[Any], None], IO[str], list[int]]:
     fh = path.open("w", encoding="utf-8")
     count = [0]
@@ -277,6 +282,8 @@ def _sample_writer(path: Path, rq: RunQueueSampler | None, tasks: TaskSampler | 
             d["budget"] = budget_section(tasks)
         if quota is not None:
             d["cpu_quota"] = quota_section(quota)
+        if memcg is not None:
+            d["memcg"] = memcg.section()
         if rq is not None:
             # Run-queue wait of the job's tasks: CPU-starved or waiting on I/O?
             try:
@@ -359,9 +366,9 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
     tasks = TaskSampler(proc.pid, delayacct_since=hold.since if hold is not None else None,
                         trainers=StepWriters(steps))
     tasks.start()
-    quota = QuotaSampler(proc.pid)
-    quota_section(quota)          # the baseline
-    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks, quota)
+    quota, memcg = QuotaSampler(proc.pid), MemcgSampler(proc.pid)
+    quota_section(quota), memcg.section()          # the baselines
+    write_sample, metrics_fh, count = _sample_writer(out / METRICS, rq, tasks, quota, memcg)
     watched = os.path.abspath(data) if data is not None else os.getcwd()
     # run.json from the start, without an exit status: a monitor killed before the end
     # (SIGKILL, its node lost) leaves one that says so, which `analyze` reads as "how the
@@ -401,7 +408,7 @@ def _run(cmd: list[str], out: Path, steps: Path, full_env: dict[str, str],
                      steps=str(steps) if steps.exists() else None, samples=count[0],
                      log_bytes=tee.offset, forwarded=forwarder.forwarded,
                      summary=mon.summary(), errors=errors, watched=watched,
-                     cpu_quota=quota.totals())
+                     cpu_quota=quota.totals(), memory=memcg.totals())
     _write_run(out, {k: v for k, v in run.to_dict().items() if k != "summary"}, errors)
     return run
 

@@ -410,6 +410,7 @@ SECTION_KEYS = {
     "cpu": ("total_pct", "iowait_pct", "per_core_pct"),
     "disk": ("util_pct", "r_await_ms", "reads_per_s", "read_mib_s", "device", "cap_iops"),
     "shm": ("used_bytes", "total_bytes"),
+    "memcg": ("working_set_bytes", "limit_bytes", "oom_kills", "limit_file"),
     "gpu": ("devices",),
     "sched": ("cpus", "wanted_pct"),
     "cpu_quota": ("periods", "throttled", "throttled_s", "cores"),

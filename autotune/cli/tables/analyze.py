@@ -39,7 +39,7 @@ def verdict_lines(a: Analysis) -> list[Text]:
 
 def run_lines(run: dict[str, Any] | None) -> list[Text]:
     """What the monitor's run.json adds: the disk it watched, a job that failed (and
-    /dev/shm or the open-files limit when it was the likely cause), one stopped (Ctrl-C, a scheduler's SIGTERM) or
+    /dev/shm, the open-files or the memory limit when it was the likely cause), one stopped (Ctrl-C, a scheduler's SIGTERM) or
     whose end is unknown; a job that ended well says nothing more."""
     if not run:
         return []
@@ -63,10 +63,11 @@ def run_lines(run: dict[str, Any] | None) -> list[Text]:
             "the verdict is its failure (every step logged was start-up)"
             if run.get("verdict_is_failure") else
             "the verdict describes only the steps before it"), style="bold red"))
-        for key, what in (("shm", "/dev/shm"), ("files", "the open-files limit")):
+        for key, what in (("shm", "/dev/shm"), ("files", "the open-files limit"),
+                          ("memory", "the memory limit")):
             if run.get(key):
                 how = ("the likely cause" if key == "shm" or run[key].get("log_line")
-                       else "may have been the cause")
+                       or run[key].get("counted") else "may have been the cause")
                 out.append(Text(f"  {what}: {how} (see the warning for the fix)", style="red"))
     return out
 
