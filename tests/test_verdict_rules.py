@@ -233,6 +233,10 @@ def test_cpu_heavy_workers_with_the_cores_full_is_decode():
     assert v.bottleneck == "decode", v
     assert "convert --max-side" in v.advice[0]
     assert any("want 2.10 core(s) (on a CPU + runnable) of 2 usable" in e for e in v.evidence)
+    # Under a quota of 1.5 cores (a user's walk read "want 1.47 core(s) ... of 1 usable",
+    # while every header said 1.5): the quota's figure, not the whole cores it rounds to.
+    q = decide(inputs(0.2, s, workers=2, job_cores=1.5))
+    assert any("(on a CPU + runnable) of 1.5 usable" in e for e in q.evidence), q.evidence
 
 
 def test_a_share_over_100_percent_says_its_threads_ran_at_once():

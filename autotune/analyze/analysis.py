@@ -329,8 +329,10 @@ def warm_because(loader: dict[str, Any] | None, batch_size: int | None,
 
     if not cold_pass_refused(n, batch_size, int(cores or 1), procs):
         return None
-    return (f"the job's dataset ({n:,} samples, the step log) makes {n // batch_size:,} "
-            f"batches of {batch_size} per epoch, too few for a cold search to measure most "
+    ranks = f" on each of its {procs} ranks" if procs > 1 else ""
+    return (f"the job's dataset ({n:,} samples, the step log) makes "
+            f"{n // max(1, procs) // batch_size:,} whole batches of {batch_size} per "
+            f"epoch{ranks}, too few for a cold search to measure most "
             "of its space (each configuration's warm-up and 10 batches, twice its prefetch "
             "queue): the next search measures warm (--warm), as the job's later epochs "
             "read it")

@@ -17,6 +17,7 @@ from autotune.bench.failures import Failure, classify_error, classify_exit
 from autotune.bench.result import BenchResult
 from autotune.bench.stats import INPUT_BOUND_AU, UNSTEADY_SPREAD, Batch, window_figures
 from autotune.blockdev import BlockDevice
+from autotune.cpus import job_cores
 from autotune.data.presets import usable_cores
 from autotune.monitor import Sample, SystemMonitor, resolve_disk, summarize
 from autotune.monitor.figures import figures_of
@@ -196,19 +197,21 @@ def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
         warnings.append("JPEG draft decoding is ON (libjpeg decodes at reduced scale): the "
                         "decode cost differs from torchvision's pipeline.")
     cores = usable_cores()
+    # The fractional figure under a quota (1.5 usable), as every header says it.
+    said = f"{job_cores():g}"
     for w in child.get("warnings", []):
         if "pin_memory" in w or "worker processes in total" in w:
             continue  # said above / below in our own words
         warnings.append(f"torch: {w}")
     per_node = cfg.num_workers * cfg.procs_per_node
     if per_node > cores:
-        warnings.append(f"{cfg.num_workers} workers x {cfg.procs_per_node} rank(s) on {cores} "
+        warnings.append(f"{cfg.num_workers} workers x {cfg.procs_per_node} rank(s) on {said} "
                         "usable cores: more workers than cores only pay off while workers wait "
                         "on storage, not on decoding." if cfg.procs_per_node > 1 else
-                        f"{cfg.num_workers} workers on {cores} usable cores: more workers than "
+                        f"{cfg.num_workers} workers on {said} usable cores: more workers than "
                         "cores only pay off while workers wait on storage, not on decoding.")
     if cfg.procs_per_node > cores:
-        warnings.append(f"{cfg.procs_per_node} ranks on {cores} usable cores: more ranks than "
+        warnings.append(f"{cfg.procs_per_node} ranks on {said} usable cores: more ranks than "
                         "cores share them (allowed; the figures say what that costs).")
     if cfg.in_memory:
         info = child.get("dataset") or {}

@@ -68,5 +68,8 @@ def confirm(s: Session, pool: list[TrialRecord], baseline: TrialRecord | None) -
         r.window_s = r.measured_s or win
         s.study.set_user_attr(f"{CONFIRMED}{s.shared.host_key}:{ckey(t.params)}",
                               _stored(r.to_dict()))
-        s.say(f"  {label}: {r.images_per_s:,.0f} images/s" if r.ok else f"  {label}: {r.reason}")
+        short = (f" (measured over {r.window_s:.1f} s, not the {win:g} s asked: its pass of "
+                 "the dataset ended first)" if r.ok and r.window_s < 0.9 * win else "")
+        s.say(f"  {label}: {r.images_per_s:,.0f} images/s{short}" if r.ok
+              else f"  {label}: {r.reason}")
     return True

@@ -298,7 +298,10 @@ def test_a_dataset_too_small_for_a_cold_search_gets_a_warm_next_search(tmp_path,
                              log=log)
     for _ in range(max(1, 80 * 16 // samples)):
         for _ in it:
-            time.sleep(0.02)        # the step: far longer than a batch of 16 rows in RAM
+            # The step: far longer than a batch of 16 rows in RAM, and long enough that
+            # a busy machine's scheduling delays stay under a tenth of it (at 20 ms the
+            # wait once reached 10 %, with a CI run beside the tests).
+            time.sleep(0.05)
     it.close()
     v = analyze(log).verdict
     assert v.bottleneck == "compute" and v.next_command.startswith("autotune search "), v
@@ -333,3 +336,15 @@ def test_a_ddp_loader_shuffling_with_no_sampler_is_warned_about(tmp_path, monkey
     else:
         assert len(said) == 1 and "a job of 2 ranks" in said[0] and "(40 samples)" in said[0]
         assert "sampler=DistributedSampler(dataset)" in said[0]
+
+
+def test_the_warm_reason_counts_whole_batches_and_each_ranks_share():
+    """A user's walk: 400 samples in batches of 32 under 2 ranks read "makes 12 batches of
+    32 per epoch" (13 with the last one, 6 a rank)."""
+    from autotune.analyze.analysis import warm_because
+
+    loader = {"dataset": {"len": 400}}
+    one = warm_because(loader, 32, 2.0)
+    assert one is not None and "makes 12 whole batches of 32 per epoch," in one, one
+    two = warm_because(loader, 32, 2.0, procs=2)
+    assert two is not None and "makes 6 whole batches of 32 per epoch on each of its 2 ranks" in two

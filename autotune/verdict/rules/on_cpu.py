@@ -66,7 +66,10 @@ def _cpu_line(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[int | None
             else SystemFigures.med(s.cpu_total_pct)
     used = max(wanted, (pct or 0.0) / 100.0 * cores) if cores else wanted
     free = max(0.0, cores - used) if cores else None
+    # A quota's fractional figure as its header says it (1.5), whole cores for the sums.
+    have = (f"{inp.job_cores:g}" if inp.job_cores and abs(inp.job_cores - (cores or 0)) > 1e-6
+            else cores or "?")
     ev.append(f"CPU: the job's processes want {wanted:.2f} core(s) (on a CPU + runnable) of "
-              f"{cores or '?'} usable; the CPUs are {num(pct)} % busy; "
+              f"{have} usable; the CPUs are {num(pct)} % busy; "
               f"{num(free, '{:.1f}')} core(s) free")
     return cores, wanted, free
