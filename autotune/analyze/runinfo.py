@@ -161,17 +161,22 @@ def _memory_share(system: SystemFigures | None) -> tuple[dict[str, Any] | None, 
 
 def memory_cause(run: dict[str, Any], system: SystemFigures | None,
                  tail: str) -> dict[str, Any] | None:
-    """Why the memory limit is the likely cause of a failed job, or None: the kernel counted
-    OOM kills in its cgroup while it ran (run.json's `memory`, else the samples'), or it
-    was killed by SIGKILL (torch's line for a worker, or its own status) with its working
-    set seen near the limit."""
+    """Why the memory limit is the cause of a failed job, or None: the kernel counted OOM
+    kills in its cgroup while it ran (run.json's `memory`, else the samples'), or it was
+    killed by SIGKILL (torch's line for a worker, or its own status) with its working set
+    seen near the limit. Kills count as the likely cause ("counted") only where a kill
+    ended the job or a worker its log names: autotune.DataLoader carries on past a worker
+    the OOM killer took, and another process of a shared cgroup may be the one killed, so
+    a job that failed later of another error only may have failed of it."""
     mem = run.get("memory") if isinstance(run.get("memory"), dict) else {}
     peak, share = _memory_share(system)
     kills = whole_number(mem.get("oom_kills"))
     kills = max(kills or 0, (peak or {}).get("oom_kills") or 0)
     line = m.group(0) if (m := _WORKER_KILLED.search(tail)) else None
     near = share is not None and share >= MEMORY_NEARLY_FULL
-    if not kills and not (near and (line or run.get("signal") == signal.SIGKILL)):
+    killed = (_int(run.get("signal")) == signal.SIGKILL
+              or _int(run.get("returncode")) == 128 + signal.SIGKILL)
+    if not kills and not (near and (line or killed)):
         return None
     limit = whole_number(mem.get("limit_bytes"), 2**62) or (peak or {}).get("limit_bytes")
     said = []
@@ -184,7 +189,8 @@ def memory_cause(run: dict[str, Any], system: SystemFigures | None,
         said.append(f"{Path(system.source).name if system else 'the metrics'}: its working "
                     f"set at {_mib(peak['working_set_bytes'])} of {_mib(peak['limit_bytes'])} "
                     f"MiB ({share:.0%}) at its fullest sample")
-    return {"log_line": line, "oom_kills": kills, "counted": bool(kills), "limit_bytes": limit,
+    return {"log_line": line, "oom_kills": kills, "counted": bool(kills) and bool(line or killed),
+            "job_killed": killed, "limit_bytes": limit,
             "limit_file": mem.get("limit_file") or (peak or {}).get("limit_file"),
             "peak_working_set_bytes": peak["working_set_bytes"] if peak else None,
             "peak_share": share, "nearly_full": near, "evidence": "; ".join(said),
@@ -274,7 +280,7 @@ def _causes(run: dict[str, Any], run_dir: Path | None, system: SystemFigures | N
 
 def _with_error(memory: dict[str, Any] | None) -> str:
     """What the job's output holds: no error where the OOM killer ended the job itself."""
-    if memory is not None and memory.get("counted") and not memory.get("log_line"):
+    if memory is not None and memory.get("counted") and memory.get("job_killed"):
         return " (the OOM killer's SIGKILL prints nothing there)"
     return ", with the error,"
 

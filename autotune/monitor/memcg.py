@@ -43,6 +43,23 @@ def oom_kills(d: Path, kind: str) -> int | None:
     return None
 
 
+def v2_max(d: Path) -> tuple[int, Path] | None:
+    """The tightest memory.max from cgroup v2 directory `d` up (bytes, file); None where
+    every one is "max" (no limit the OOM killer acts at)."""
+    best: tuple[int, Path] | None = None
+    while (f := d / "memory.max").is_file():
+        try:
+            raw = f.read_text().strip()
+        except OSError:
+            break
+        if raw.isdigit() and (best is None or int(raw) < best[0]):
+            best = (int(raw), f)
+        if d.parent == d:
+            break
+        d = d.parent
+    return best
+
+
 class MemcgSampler:
     """Per-interval figures of the memory cgroup whose limit binds process `pid`."""
 
@@ -65,7 +82,15 @@ class MemcgSampler:
             if lim.limit_bytes is not None and lim.kind is not None:
                 self._limit, self._file, self._kind = lim.limit_bytes, lim.source, lim.kind
                 self._dir = Path(lim.source).parent
-                self._kills0 = oom_kills(self._dir, self._kind)
+                if lim.source.endswith("memory.high"):
+                    # v2's memory.high throttles and reclaims, it kills nothing: the OOM
+                    # killer acts at a memory.max, this cgroup's or an ancestor's.
+                    found = v2_max(self._dir)
+                    self._dir = found[1].parent if found else None
+                    self._limit, self._file = found if found else (None, "")
+                    self._file = str(self._file)
+                if self._dir is not None:
+                    self._kills0 = oom_kills(self._dir, self._kind)
         return self._dir is not None
 
     def section(self) -> dict[str, Any] | None:
@@ -100,4 +125,4 @@ class MemcgSampler:
                 "peak_working_set_bytes": ws, "peak_time": t, "oom_kills": self._kills}
 
 
-__all__ = ["MemcgSampler", "oom_kills"]
+__all__ = ["MemcgSampler", "oom_kills", "v2_max"]

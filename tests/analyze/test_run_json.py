@@ -344,3 +344,27 @@ def test_a_run_folders_train_log_with_no_timing_points_at_its_step_log(tmp_path)
     msg = str(e.value)
     assert msg.startswith(f"{run / 'train.log'}: no step timing in it, but {run} holds"), msg
     assert f"`autotune analyze {run}` reads it" in msg, msg
+
+
+def test_an_oom_kill_that_did_not_end_the_job_is_no_more_than_a_possible_cause(tmp_path):
+    """A review: with autotune.DataLoader's workers the OOM killer's first choice (and a
+    worker it takes replaced by fewer), a job that lost a worker and later failed of its
+    own error was told the memory limit was the likely cause and that its log held no
+    error; a /dev/shm line in the log lost to the count."""
+    mem = {"limit_bytes": 700 * MIB, "limit_file": "/sys/fs/cgroup/x/memory.max", "oom_kills": 1}
+    later = analyze(monitor_dir(tmp_path / "later", run={"returncode": 1, "memory": mem},
+                                log="Traceback (most recent call last):\nValueError: bad\n"))
+    said = [w for w in later.warnings if w.startswith("the memory limit")]
+    assert said and said[0].startswith("the memory limit may have been the cause"), said
+    assert any("with the error" in w for w in later.warnings), later.warnings
+    shm = analyze(monitor_dir(tmp_path / "shm", run={"returncode": 1, "memory": mem},
+                              log=f"Traceback (most recent call last):\n{SHM_LINE}\n"))
+    assert any(w.startswith("/dev/shm was the likely cause") for w in shm.warnings)
+    assert not any(w.startswith("the memory limit") for w in shm.warnings), shm.warnings
+    killed = analyze(monitor_dir(tmp_path / "killed", run={"returncode": 137, "signal": 9,
+                                                           "memory": mem}))
+    said = [w for w in killed.warnings if w.startswith("the memory limit")]
+    assert said and said[0].startswith("the memory limit was the likely cause"), said
+    assert "OOM killer ended 1 process(es)" in said[0] and "limit 700 MiB" in said[0], said
+    assert any("prints nothing there" in w for w in killed.warnings), killed.warnings
+    assert json.loads(json.dumps(killed.to_dict()))["run"]["memory"]["counted"] is True

@@ -80,3 +80,19 @@ def test_oom_kill_counters_of_both_cgroup_versions(tmp_path):
     assert oom_kills(tmp_path / "missing", "v2") is None
     (tmp_path / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\n")
     assert oom_kills(tmp_path, "v1") is None      # a kernel before 4.13 does not count
+
+
+def test_v2_memory_high_is_no_kill_limit_its_max_above_is(tmp_path):
+    """A review: under cgroup v2 the tightest limit may be memory.high, which throttles
+    and kills nothing; the OOM figures take the memory.max that binds, here or above."""
+    from autotune.monitor.memcg import v2_max
+
+    pod = tmp_path / "pod"
+    job = pod / "job"
+    job.mkdir(parents=True)
+    (pod / "memory.max").write_text(f"{800 * MiB}\n")
+    (job / "memory.max").write_text("max\n")
+    (job / "memory.high").write_text(f"{300 * MiB}\n")
+    assert v2_max(job) == (800 * MiB, pod / "memory.max")
+    (pod / "memory.max").write_text("max\n")
+    assert v2_max(job) is None
