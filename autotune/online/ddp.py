@@ -8,7 +8,9 @@ configuration after the last. There every rank hands in its window's figures; wh
 still switching or has too few batches measured, all skip; otherwise every rank's controller
 gets the slowest rank's figures (the largest wait share) and the largest memory figures, so
 that all take the same decision and start the same switch at the same step. Each rank's own
-switch then completes on its own time: pools are local, so no rank waits for another's.
+switch then completes on its own time: pools are local, so no rank waits for another's. The
+start point each rank refits at its first batch becomes the least of the ranks' (`least`);
+a rank's pool that failed is told with its fallback, which every rank takes at the step.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from autotune.online.decisions import decided_together, emit
 from autotune.online.measure import WindowStats
 
 TIMEOUT_S = 300
-_FIELDS = 8  # wait_s, step_s, batches, noise, busy, per_worker, per_batch, failed
+# wait_s, step_s, batches, noise, busy, per_worker, per_batch, failed, and the failed
+# configuration's and its fallback's num_workers and prefetch_factor (-1: none)
+_FIELDS = 12
+Failure = tuple[int, int, int, int]   # failed (workers, prefetch), fallback (workers, prefetch)
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,11 @@ class Shared:
     slowest: WindowStats | None  # None: some rank is busy (switching, too few batches)
     per_worker: int
     per_batch: int
-    failed: bool                 # some rank's new pool could not start
+    failed: bool                 # some rank's new pool could not start, or its pool failed
+    # The failed configuration and the fallback every rank takes, as (num_workers,
+    # prefetch_factor or -1); fallback None: a new pool that could not start.
+    failed_cfg: tuple[int, int] | None = None
+    fallback: tuple[int, int] | None = None
 
 
 class RankSync:
@@ -63,6 +72,22 @@ class RankSync:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=self.group)
         return bool(t.item() > 0)
 
+    def least(self, cfg: Any, ctl: Any) -> Any:
+        """The fewest workers and batches ahead of every rank's `cfg` (a collective: every
+        rank calls it at the same step), adopted by the controller `ctl`: a start point
+        each rank fitted to its own figures (its memory, its batch) is one all can hold,
+        and the ranks' decision steps, which follow the agreed configuration, stay alike."""
+        t = torch.tensor([float(cfg.num_workers), float(cfg.prefetch_factor or 0)],
+                         dtype=torch.float64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        w, pf = int(t[0].item()), int(t[1].item())
+        if (w, pf) == (cfg.num_workers, cfg.prefetch_factor or 0):
+            return cfg
+        out = ctl.make(w, pf or None)
+        ctl.adopt(out)
+        ctl.cut = True
+        return out
+
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's object on every rank."""
         box = [obj]
@@ -70,17 +95,27 @@ class RankSync:
         return box[0]
 
     def exchange(self, stats: WindowStats | None, busy: bool, per_worker: int,
-                 per_batch: int, failed: bool) -> Shared:
+                 per_batch: int, failed: Failure | None) -> Shared:
         """Every rank's figures in, the agreed ones out (a collective: every rank calls it at
-        the same step)."""
+        the same step). `failed`: this rank's failed configuration and the fallback it took
+        (fallback -1, -1: a new pool that could not start); of several ranks', the one that
+        fell back furthest."""
         s = stats or WindowStats(0, 0.0, 0.0, 0.0)
         mine = torch.tensor([s.wait_s, s.step_s, s.batches, s.noise, float(busy or stats is None),
-                             per_worker, per_batch, float(failed)], dtype=torch.float64)
+                             per_worker, per_batch, float(failed is not None),
+                             *(failed or (-1, -1, -1, -1))], dtype=torch.float64)
         rows = [torch.empty(_FIELDS, dtype=torch.float64) for _ in range(self.world)]
         torch.distributed.all_gather(rows, mine, group=self.group)
         table = torch.stack(rows)
         per_worker_all, per_batch_all = int(table[:, 5].max()), int(table[:, 6].max())
         failed_any = bool(table[:, 7].max() > 0)
+        if failed_any:
+            # Every rank the same row: a fallback before a start failure (fallback -1), the
+            # fewest workers fallen back to, then the lowest rank.
+            rows = [r for r in table.tolist() if r[7] > 0]
+            f = min(rows, key=lambda r: (r[10] < 0, r[10], r[11]))
+            return Shared(None, per_worker_all, per_batch_all, True, (int(f[8]), int(f[9])),
+                          (int(f[10]), int(f[11])) if f[10] >= 0 else None)
         if table[:, 4].max() > 0:
             return Shared(None, per_worker_all, per_batch_all, failed_any)
         wall = table[:, 0] + table[:, 1]

@@ -130,8 +130,9 @@ class Epoch:
         # the same step): one rank without workers would fall out of their exchanges.
         if dl._sync is not None and dl._sync.any(why is not None) and why is None:
             why = "another rank's first batch could not be pickled"
-        if why is None:
-            return dl._ctl.refit(cfg)
+        if why is None:   # refitted to this rank's figures, then to every rank's
+            fitted = dl._ctl.refit(cfg)
+            return fitted if dl._sync is None else dl._sync.least(fitted, dl._ctl)
         dl._tuning, dl._sync = False, None
         emit("unsendable", f"the first batch cannot be sent from a worker process ({why}): "
              "a worker's queue thread would drop every batch and the epoch wait for ever, "

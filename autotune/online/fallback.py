@@ -35,11 +35,15 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
         _say_nothing_less(dl, failed, why_)
         raise exc
     back = _stop_all(dl)
-    dl._target = dl._sw.agreed = to
-    if isinstance(dl._ctl, Controller):  # tuning or not: the failed one stays out
-        dl._ctl.fell_back(failed, to, why_.detail)
+    dl._target = to
     if dl._sync is not None:
-        dl._sw.failed = failed  # the other ranks' controllers hear of it at the next step
+        # Every rank's controller hears of it at the next decision step and falls back
+        # alike there; until then the agreed configuration (which sets that step) stays.
+        dl._sw.failed = (failed, to)
+    else:
+        dl._sw.agreed = to
+        if isinstance(dl._ctl, Controller):  # tuning or not: the failed one stays out
+            dl._ctl.fell_back(failed, to, why_.detail)
     pos = dl._epoch.pos
     lose = dl._iterable and pos > 0  # a new pool starts the dataset's iterator again
     if lose:

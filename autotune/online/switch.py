@@ -43,7 +43,9 @@ class Switcher:
         self.pending: Pool | None = None    # the new pool, its workers coming up
         self.current: Switch | None = None  # from the decision to the new pool's first batch
         self.forced: list[Config] = []      # tests: configurations to switch to, in turn
-        self.failed: Config | None = None   # DDP: this rank's new pool could not start
+        # DDP: this rank's failed configuration and the fallback it took (None: a new pool
+        # that could not start), told to every rank at the next decision step.
+        self.failed: tuple[Config, Config | None] | None = None
         self.agreed = target                # DDP: the configuration the ranks agreed on
         self.next_decision = window_of(target)
         self.kept_said = False              # keeps_workers() said why tuning stopped
@@ -130,7 +132,7 @@ class Switcher:
         dl._epoch.retire(pool)
         dl._target = dl._running
         if dl._sync is not None:
-            self.failed = pool.config  # told to every rank at the next decision step
+            self.failed = (pool.config, None)  # told to every rank at the next decision step
             return
         new = dl._ctl.failed(pool.config, reason) if dl._tuning else None
         if new is not None and new != dl._running:
@@ -212,7 +214,7 @@ class Switcher:
         failed, self.failed = self.failed, None
         try:
             shared = dl._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
-                                       failed is not None)
+                                       _failure(*failed) if failed is not None else None)
         except RuntimeError as e:  # a rank out of step (uneven epochs) or gone
             dl._sync, dl._tuning = None, False
             log.warning("ranks out of step at step %d (%s): tuning stopped at %s", dl._steps,
@@ -221,8 +223,7 @@ class Switcher:
             return
         dl._budget.shared_mem = MemoryFigures(shared.per_worker, shared.per_batch, mem.measured)
         if shared.failed:
-            new = dl._ctl.failed(self.agreed, "a rank's new pool could not start")
-            self.agreed = new or dl._ctl.tuned
+            self.agreed = _agree_failed(dl._ctl, shared)
         elif shared.slowest is not None:
             dl._meter.reset(dl._window(dl._running), group=dl._running.num_workers)
             dl._on_window(shared.slowest)
@@ -232,3 +233,27 @@ class Switcher:
         if self.agreed != dl._running and self.pending is None and self.current is None:
             self.begin(self.agreed, "controller")
         self.next_decision = dl._steps + window_of(self.agreed)
+
+
+def _failure(failed: Config, to: Config | None) -> tuple[int, int, int, int]:
+    """A rank's failure as the exchange carries it (prefetch_factor None, and no fallback,
+    as -1)."""
+    return (failed.num_workers, failed.prefetch_factor or -1,
+            to.num_workers if to is not None else -1,
+            (to.prefetch_factor or -1) if to is not None else -1)
+
+
+def _agree_failed(ctl: Any, shared: Any) -> Config:
+    """What every rank takes after a rank's failure, from the same figures on each: the
+    fallback that rank took (its pool failed mid-run: every rank carries on there, none
+    tries the failed configuration again), else the controller's next step past a new
+    pool that could not start."""
+    w, pf = shared.failed_cfg
+    failed = ctl.make(w, pf if pf > 0 else None)
+    if shared.fallback is None:
+        return ctl.failed(failed, "a rank's new pool could not start") or ctl.tuned
+    to = ctl.make(shared.fallback[0], shared.fallback[1] if shared.fallback[1] > 0 else None)
+    ctl.fell_back(failed, to, "a rank's pool failed")
+    emit("failed", f"{failed.short()} failed on a rank: every rank carries on at {to.short()} "
+         "and none tries it again", config=to.kwargs(), failed=failed.kwargs())
+    return to

@@ -213,3 +213,82 @@ def test_a_ddp_epoch_shorter_than_a_window_names_the_window_not_a_placeholder(tm
         assert got["batches"] == 6, got
         assert "fewer than one window (" in got["summary"], got
         assert "1000000000" not in got["summary"], got
+
+
+def _rank_worker_killed(rank: int, world: int, rdv: str, out: str) -> None:
+    import signal
+
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    import autotune
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    ds = Slow(400, 0.003)
+    sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=1)
+    loader = autotune.DataLoader(ds, batch_size=4, sampler=sampler, key="ddp-killed")
+    seen, killed = [], None
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        got = []
+        for i, b in enumerate(loader):
+            time.sleep(0.002)
+            got += b.flatten().tolist()
+            pids = loader._pools[-1].pids()
+            if rank == 0 and killed is None and epoch == 0 and i >= 20 and pids:
+                killed = pids[0]
+                os.kill(killed, signal.SIGKILL)      # as the OOM killer would
+        seen.append(sorted(got) == sorted(sampler_indices(sampler)))
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"whole": seen, "killed": killed,
+                   "failed": sorted(c.short() for c in loader._ctl.failed_configs),
+                   "agreed": loader._sw.agreed.short(), "next": loader._sw.next_decision,
+                   "steps": loader._steps}, f)
+    loader.close()
+    dist.destroy_process_group()
+
+
+def sampler_indices(sampler) -> list[int]:
+    return [i for i in sampler]
+
+
+def test_a_worker_killed_on_one_rank_moves_every_rank_to_the_same_fallback(tmp_path):
+    """A review: the rank whose worker the OOM killer took fell back at once and set its
+    agreed configuration to the fallback; at the next decision step it marked that
+    fallback failed while the others marked the configuration that did fail, and their
+    decision steps, which follow the agreed configuration, could fall apart. Now every
+    rank falls back alike at that step, from the same figures."""
+    _two_ranks(_rank_worker_killed, tmp_path, 180, "a rank hung")
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["killed"] is not None, r0
+    assert r0["whole"] == r1["whole"] == [True, True, True], (r0, r1)
+    assert r0["failed"] == r1["failed"] and r0["failed"], (r0, r1)
+    assert (r0["agreed"], r0["next"], r0["steps"]) == (r1["agreed"], r1["next"], r1["steps"])
+
+
+def _rank_least(rank: int, world: int, rdv: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from autotune.online.config import Config
+    from autotune.online.controller import Controller, MemoryFigures
+    from autotune.online.ddp import RankSync
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    sync = RankSync(dist.new_group(backend="gloo"), rank, world, world)
+    ctl = Controller(fixed={}, cuda=False, budget=10**12, bound=4,
+                     memory=lambda: MemoryFigures(1, 0, True))
+    mine = Config(2, 1, True, False) if rank == 0 else Config(1, 4, True, False)
+    got = sync.least(mine, ctl)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"got": got.short(), "current": ctl._current.short(), "cut": ctl.cut}, f)
+    dist.destroy_process_group()
+
+
+def test_each_ranks_refitted_start_point_becomes_the_least_of_them(tmp_path):
+    """A review: rank 0's start point is broadcast, but each rank refits it to its own
+    figures at the first batch (its memory, its batch): one could cut to fewer workers
+    than another, and the decision steps, which follow the agreed configuration, differ."""
+    _two_ranks(_rank_least, tmp_path, 60, "a rank hung")
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["got"] == r1["got"] == "num_workers=1, prefetch_factor=1", (r0, r1)
+    assert r0["current"] == r1["current"] == r0["got"] and r0["cut"] and r1["cut"]
