@@ -159,9 +159,14 @@ def batch_len(item: Any) -> int | None:
 def loader_info(iterable: Any) -> dict[str, Any]:
     """The DataLoader settings that matter to the analysis, read without importing torch."""
     info: dict[str, Any] = {"type": type(iterable).__name__}
+    # autotune.DataLoader: the settings it runs or is starting, not the first batch's, made
+    # in the training process before any worker starts (a Lightning callback's header is
+    # written then, and said num_workers 0 of a loader that ran a worker throughout).
+    planned = getattr(iterable, "planned_kwargs", None)
+    planned = planned if isinstance(planned, dict) else {}
     for key in ("num_workers", "prefetch_factor", "batch_size", "pin_memory",
                 "persistent_workers"):
-        v = getattr(iterable, key, None)
+        v = planned[key] if key in planned else getattr(iterable, key, None)
         if isinstance(v, (int, float, bool)) or v is None:
             if v is not None:
                 info[key] = v

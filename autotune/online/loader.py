@@ -222,21 +222,18 @@ class DataLoader:
             warnings.warn(over, stacklevel=2)
         self._ctl.budget = int(value)
 
-    @property
-    def num_workers(self) -> int:
-        return self._running.num_workers
+    # The pool serving now (the training process itself for the first batch).
+    num_workers = property(lambda self: self._running.num_workers)
+    prefetch_factor = property(lambda self: self._running.prefetch_factor)
+    persistent_workers = property(lambda self: self._running.persistent_workers)
+    pin_memory = property(lambda self: self._running.pin_memory)
 
     @property
-    def prefetch_factor(self) -> int | None:
-        return self._running.prefetch_factor
-
-    @property
-    def persistent_workers(self) -> bool:
-        return self._running.persistent_workers
-
-    @property
-    def pin_memory(self) -> bool:
-        return self._running.pin_memory
+    def planned_kwargs(self) -> dict[str, Any]:
+        """The settings the loader runs, or is starting now (its first pool's while the
+        first batch is made in the training process), as DataLoader keywords: what a
+        step log's header records (autotune.instrumentation.loader_info)."""
+        return self._target.kwargs()
 
     @property
     def tuned_kwargs(self) -> dict[str, Any]:

@@ -348,3 +348,25 @@ def test_the_warm_reason_counts_whole_batches_and_each_ranks_share():
     assert one is not None and "makes 12 whole batches of 32 per epoch," in one, one
     two = warm_because(loader, 32, 2.0, procs=2)
     assert two is not None and "makes 6 whole batches of 32 per epoch on each of its 2 ranks" in two
+
+
+def test_a_header_written_at_an_autotune_loaders_first_batch_records_its_workers():
+    """A user's walk: Lightning's InstrumentCallback writes the step log's header at the
+    first batch, which autotune.DataLoader makes in the training process before its
+    workers start; the header said num_workers 0 and analyze answered "too few workers:
+    0, set num_workers" of a loader that ran a worker throughout."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import TensorDataset
+
+    from autotune.instrumentation import loader_info
+
+    dl = autotune.DataLoader(TensorDataset(torch.zeros(64, 3)), batch_size=4,
+                             key="header-at-first-batch")
+    seen = []
+    for i, _ in enumerate(dl):
+        if i == 0:
+            seen = [dl.num_workers, loader_info(dl)]
+    dl.close()
+    now, info = seen
+    assert now == 0 and info["num_workers"] == dl.planned_kwargs["num_workers"] > 0, seen
+    assert info["type"] == "DataLoader" and info["batch_size"] == 4, info

@@ -195,3 +195,20 @@ def test_kept_workers_leave_no_folder_in_tmp_at_exit(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "KEPT 2" in r.stdout   # the workers were alive when the script ended
     assert left == [], left
+
+
+def test_a_spawned_pool_handed_on_at_an_epochs_end_says_how_long_its_workers_took(decisions):
+    """A user's walk (spawn, 13 batches an epoch): the first pool's spawned workers were
+    not up when epoch 0 ended; handed on to epoch 1, its start read "workers up in 0.00 s",
+    its ready flags never having been read."""
+    loader = autotune.DataLoader(_Heavy(8), batch_size=4, shuffle=False,
+                                 multiprocessing_context="spawn", key="spawn-handed-on")
+    try:
+        for _ in range(3):
+            assert [x for b in loader for x in b.flatten().tolist()] == list(range(8))
+    finally:
+        loader.close()
+    ups = [r.autotune.get("startup_s") for e, r in decisions() if e in ("started", "switched")]
+    assert ups and all(u is None or u > 0.05 for u in ups), ups
+    said = [r.getMessage() for e, r in decisions() if e in ("started", "switched")]
+    assert not any("up in 0.00 s" in m for m in said), said
