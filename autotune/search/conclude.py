@@ -125,7 +125,7 @@ def conclude(s: Session, name: str, url: str, baseline: TrialRecord | None, stop
                         environment=s.env.to_dict(),
                         max_memory={"mib": s.max_mem, "source": s.max_mem_source},
                         shm=shm, open_files=s.files_gate.to_dict(),
-                        sendable=s.send_gate.to_dict())
+                        sendable=s.send_gate.to_dict(), endpoint=_endpoint(str(s.root)))
 
 
 def _fit_now(s: Session, measured: list[TrialRecord], baseline: TrialRecord | None,
@@ -193,3 +193,20 @@ def write_outputs(res: Any) -> None:
     d = res.to_dict()
     write_json(res.json_file, d)
     write_text_atomic(res.report_html, report_html.render([(f"search: {res.dataset}", d)]))
+
+
+def _endpoint(dataset: str) -> str | None:
+    """An s3:// dataset's S3-compatible endpoint as the search read it (--endpoint-url is
+    handed on as AWS_ENDPOINT_URL), shown without user:password or query; None for AWS or
+    a local dataset."""
+    if not dataset.startswith("s3://"):
+        return None
+    from autotune_converters.objstore.client import S3Config
+
+    try:
+        ep = S3Config.from_env().endpoint_url
+    except Exception:  # noqa: BLE001  (a figure for the printed code, never a failure)
+        return None
+    from autotune_converters.objstore.url import shown_endpoint
+
+    return shown_endpoint(ep) if ep else None

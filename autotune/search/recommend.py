@@ -134,13 +134,15 @@ def dataloader_snippet(params: dict[str, Any], batch_size: int, *,
 
 def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterable: bool,
                batch_size_from: str = "option", factory: str | None = None,
-               ranks: int = 1) -> str:
+               ranks: int = 1, endpoint: str | None = None) -> str:
     """The lines that build `autotune.open_dataset(dataset)` (or, when the search measured
     the user's own Dataset, `factory` "file.py:function", that function's) and its
     DataLoader with the recommended settings, and the epoch loop around them (runnable once
     `transform` and the step are the user's). A batch size the user never chose (the
     preset's) is marked to be replaced. With `ranks` > 1 (a --procs-per-node search) a
-    map-style dataset gets a DistributedSampler and its set_epoch, as each DDP rank needs."""
+    map-style dataset gets a DistributedSampler and its set_epoch, as each DDP rank needs.
+    `endpoint`: an s3:// dataset's S3-compatible endpoint, which the code then names (the
+    search's --endpoint-url is no argument of open_dataset: it reads AWS_ENDPOINT_URL)."""
     kw = kwargs_of(params, batch_size, iterable=iterable)
     args = [_arg(k, v) for k, v in kw.items()]
     note = {"preset": "  # the preset's, measured: put yours (a model setting)",
@@ -159,6 +161,11 @@ def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterabl
         lines = ["import autotune", "import torch", "",
                  "# transform: yours (a PIL image in RGB in, a tensor out)",
                  f"dataset = autotune.open_dataset({', '.join(ds_args)})"]
+    if endpoint:
+        lines[:3] = ["import os", "", "import autotune", "import torch", "",
+                     "# the bucket's endpoint, where the search read it (credentials as boto3 "
+                     "finds them)",
+                     f"os.environ.setdefault('AWS_ENDPOINT_URL', {endpoint!r})", ""]
     sampler = ranks > 1 and not iterable
     if sampler:
         lines.append(_SAMPLER)

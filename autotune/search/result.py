@@ -59,6 +59,9 @@ class SearchResult:
     # Whether a worker could send the first batch: the pickling error, the configurations
     # with workers not run for it (autotune.search.sendgate).
     sendable: dict[str, Any] | None = None
+    # An s3:// dataset's endpoint as the search read it (no user:password): the training
+    # code must read the bucket there too.
+    endpoint: str | None = None
     # The whole run (autotune.search.runcache): which epochs the verdict describes.
     run: dict[str, Any] | None = None
 
@@ -93,7 +96,7 @@ class SearchResult:
                 "code": rec_mod.train_code(self.dataset, rec.params, bs, iterable=self.iterable,
                                            batch_size_from=self.batch_size_from,
                                            factory=self.options.get("dataset_factory"),
-                                           ranks=self.ranks)}
+                                           ranks=self.ranks, endpoint=self.endpoint)}
 
     @property
     def cold(self) -> bool:
@@ -150,6 +153,7 @@ class SearchResult:
             "report_html": self.report_html, "warnings": self.warnings,
             "environment": self.environment, "max_memory": self.max_memory,
             "shm": self.shm, "open_files": self.open_files, "sendable": self.sendable,
+            "endpoint": self.endpoint,
             "run": self.run,
         }
 

@@ -84,6 +84,12 @@ class S3Config:
         if self.client not in ("boto3", "obstore"):
             raise UsageError(f"the S3 client must be boto3 or obstore (AUTOTUNE_S3_CLIENT), "
                              f"but got {self.client!r}.")
+        if self.endpoint_url and urlsplit(self.endpoint_url).scheme not in ("http", "https"):
+            # boto3 raised "Invalid endpoint" from deep inside: an internal error, exit 1.
+            raise UsageError(f"the S3 endpoint (--endpoint-url, AWS_ENDPOINT_URL) must be a "
+                             f"URL with its scheme, http:// or https://, but got "
+                             f"{self.endpoint_url.rsplit('@', 1)[-1]!r} (any user:password "
+                             "left out).")
 
     @classmethod
     def from_env(cls, endpoint_url: str | None = None, **kw: Any) -> S3Config:

@@ -116,6 +116,11 @@ def test_search_a_bucket(s3_endpoint: str, s3_client, bucket: str, upload,  # no
     c = d["ceilings"]
     assert c["storage"] > 0 and c["storage_unit"] == "samples/s"
     assert any("GETs of the dataset's objects" in e for e in c["evidence"])
+    # The printed training code reads the bucket where the search did (a user's walk: pasted
+    # as printed, it went to AWS, and open_dataset has no --endpoint-url).
+    assert d["endpoint"] == s3_endpoint, d["endpoint"]
+    code = d["train"]["code"]
+    assert f"os.environ.setdefault('AWS_ENDPOINT_URL', {s3_endpoint!r})" in code, code
 
 
 def test_ranged_reads_of_a_large_object_are_its_bytes(s3_endpoint: str, s3_client,  # noqa: ANN001
@@ -243,3 +248,16 @@ def test_table_shows_the_ranged_reads_or_the_note() -> None:
     assert "Ranged GETs of p/big.bin" in t and "12.2" in t and "7.5" in t
     obj.ranged, obj.ranged_note = None, "no large object: the largest, p/x, is 9 bytes"
     assert "ranged reads: no large object" in text(obj)
+
+
+def test_an_endpoint_without_its_scheme_is_a_usage_error_that_shows_no_password() -> None:
+    """A user's walk: `--endpoint-url 127.0.0.1:43303` was an internal error (boto3's
+    "Invalid endpoint", exit 1)."""
+    from autotune_converters.objstore.client import S3Config
+    from autotune.errors import UsageError
+
+    with pytest.raises(UsageError) as e:
+        S3Config(endpoint_url="ak:s3cr3t@host:9000")
+    assert "http://" in str(e.value) and "'host:9000'" in str(e.value)
+    assert "s3cr3t" not in str(e.value)
+    assert S3Config(endpoint_url="http://host:9000").endpoint_url == "http://host:9000"
