@@ -43,7 +43,7 @@ class OnCpu(BudgetRule):
                 or wanted >= CPU_SATURATED * cores)
         if full:
             return Verdict("decode", f"decode-bound (CPU): {head} and the usable cores are full "
-                           f"({wanted:.1f} wanted of {cores or '?'}) while the step waits "
+                           f"({wanted:.1f} wanted of {_shown(inp, cores)}) while the step waits "
                            f"{pct(inp.data_share)} of the time", ev, cmd["search"], DECODE_ADVICE)
         others = (f"; other processes hold {cores - wanted - free:.1f} of the rest, and more "
                   "workers get more of it" if free is not None and cores - wanted - free >= 0.25
@@ -66,10 +66,15 @@ def _cpu_line(inp: RuleInputs, b: TimeBudget, ev: list[str]) -> tuple[int | None
             else SystemFigures.med(s.cpu_total_pct)
     used = max(wanted, (pct or 0.0) / 100.0 * cores) if cores else wanted
     free = max(0.0, cores - used) if cores else None
-    # A quota's fractional figure as its header says it (1.5), whole cores for the sums.
-    have = (f"{inp.job_cores:g}" if inp.job_cores and abs(inp.job_cores - (cores or 0)) > 1e-6
-            else cores or "?")
     ev.append(f"CPU: the job's processes want {wanted:.2f} core(s) (on a CPU + runnable) of "
-              f"{have} usable; the CPUs are {num(pct)} % busy; "
+              f"{_shown(inp, cores)} usable; the CPUs are {num(pct)} % busy; "
               f"{num(free, '{:.1f}')} core(s) free")
     return cores, wanted, free
+
+
+def _shown(inp: RuleInputs, cores: int | None) -> str:
+    """The usable cores as the header says them: a quota's fractional figure (1.5), where
+    the sums use whole cores."""
+    if inp.job_cores and abs(inp.job_cores - (cores or 0)) > 1e-6:
+        return f"{inp.job_cores:g}"
+    return str(cores or "?")
