@@ -131,7 +131,8 @@ def detect_format(log: str | os.PathLike[str]) -> str:
         raise UsageError(f"{log}: no known step-timing format in its first {min(seen, 5000)} "
                          f"lines and last MiB (known: {', '.join(BUILTIN)}); pass --format, or "
                          "--regex FILE with a pattern for your lines, or wrap the loader with "
-                         "autotune.instrument(loader)")
+                         "autotune.instrument(loader) (Lightning: InstrumentCallback()); a "
+                         "step log written elsewhere (log=PATH) is analysed by that path")
     return best
 
 
