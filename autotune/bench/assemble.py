@@ -313,7 +313,8 @@ def _figures(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
                       if "ready" in marks and "spawn" in parent_marks else None),
         "scan_s": (marks["scanned"] - marks["go"]) if "scanned" in marks and "go" in marks else None,
     }
-    res.warnings.extend(_window_warnings(cfg, child, f))
+    res.warnings.extend(_window_warnings(cfg, child, f,
+                                         "://" in str((res.dataset or {}).get("path", ""))))
 
 
 def _rank_figures(res: BenchResult, cfg: BenchConfig, ranks: list[dict[str, Any]]) -> None:
@@ -345,16 +346,21 @@ def _rank_figures(res: BenchResult, cfg: BenchConfig, ranks: list[dict[str, Any]
         res.warnings.append(f"only {len(per)} of {cfg.procs_per_node} ranks measured a window")
 
 
-def _window_warnings(cfg: BenchConfig, child: dict[str, Any], f: Any) -> list[str]:
+def _window_warnings(cfg: BenchConfig, child: dict[str, Any], f: Any,
+                     remote: bool = False) -> list[str]:
     """What makes the window's figure rough: shortened, warm passes, unsteady sub-windows
-    (too few batches is a failure: see _too_few)."""
+    (too few batches is a failure: see _too_few). `remote`: an object store's dataset,
+    which no page cache holds."""
     out = []
     if child.get("stop_reason") == "epoch_end":
         out.append(
             f"window shortened: cold, so the measurement stopped at the end of the first pass "
             f"over the dataset after {f.wall_s:.1f} s of the requested {cfg.seconds:g} s "
-            f"({f.batches} batches); a second pass would be served from the page cache. Use a "
-            "larger dataset for a longer cold window.")
+            f"({f.batches} batches); "
+            + ("a cold window is one pass (an object store's second would be read from it "
+               "again, with its objects' and connections' state warm)" if remote else
+               "a second pass would be served from the page cache")
+            + ". Use a larger dataset for a longer cold window.")
     if not cfg.cold and (child.get("epochs") or 1) > 1:
         out.append(f"WARM: the window spanned {child.get('epochs')} passes over the dataset.")
     if len(f.window_rates) > 1 and f.spread > UNSTEADY_SPREAD:

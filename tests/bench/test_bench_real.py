@@ -171,6 +171,16 @@ def test_cold_window_stops_at_the_end_of_the_first_pass(small_dataset: Path, tmp
     assert r.window["shortened"] and r.window["stop_reason"] == "epoch_end"
     assert r.window["batches"] == 64 // 4 - 2 and r.window["seconds"] < 60
     assert any(w.startswith("window shortened") for w in r.warnings)
+    said = [w for w in r.warnings if w.startswith("window shortened")][0]
+    assert "served from the page cache" in said, said
+    # An object store's pass is no page cache's (a user's walk: bench of s3:// said it was).
+    from types import SimpleNamespace
+
+    from autotune.bench.assemble import _window_warnings
+
+    s3 = _window_warnings(cfg, {"stop_reason": "epoch_end"},
+                          SimpleNamespace(wall_s=1.0, batches=14, window_rates=[]), remote=True)
+    assert "page cache" not in s3[0] and "object store" in s3[0], s3
     assert "SHORTENED" in _render(r)
     phases = {json.loads(line)["phase"] for line in tl.read_text().splitlines()}
     assert "startup" in phases
