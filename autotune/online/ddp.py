@@ -26,9 +26,9 @@ from autotune.online.decisions import decided_together, emit
 from autotune.online.measure import WindowStats
 
 TIMEOUT_S = 300
-# wait_s, step_s, batches, noise, busy, per_worker, per_batch, failed, and the failed
-# configuration's and its fallback's num_workers and prefetch_factor (-1: none)
-_FIELDS = 12
+# wait_s, step_s, batches, noise, busy, per_worker, per_batch, failed, the failed
+# configuration's and its fallback's num_workers and prefetch_factor (-1: none), switching
+_FIELDS = 13
 Failure = tuple[int, int, int, int]   # failed (workers, prefetch), fallback (workers, prefetch)
 
 
@@ -44,6 +44,7 @@ class Shared:
     # prefetch_factor or -1); fallback None: a new pool that could not start.
     failed_cfg: tuple[int, int] | None = None
     fallback: tuple[int, int] | None = None
+    switching: bool = False      # some rank's switch is under way (its new pool not serving)
 
 
 class RankSync:
@@ -95,7 +96,7 @@ class RankSync:
         return box[0]
 
     def exchange(self, stats: WindowStats | None, busy: bool, per_worker: int,
-                 per_batch: int, failed: Failure | None) -> Shared:
+                 per_batch: int, failed: Failure | None, switching: bool = False) -> Shared:
         """Every rank's figures in, the agreed ones out (a collective: every rank calls it at
         the same step). `failed`: this rank's failed configuration and the fallback it took
         (fallback -1, -1: a new pool that could not start); of several ranks', the one that
@@ -103,7 +104,8 @@ class RankSync:
         s = stats or WindowStats(0, 0.0, 0.0, 0.0)
         mine = torch.tensor([s.wait_s, s.step_s, s.batches, s.noise, float(busy or stats is None),
                              per_worker, per_batch, float(failed is not None),
-                             *(failed or (-1, -1, -1, -1))], dtype=torch.float64)
+                             *(failed or (-1, -1, -1, -1)), float(switching)],
+                            dtype=torch.float64)
         rows = [torch.empty(_FIELDS, dtype=torch.float64) for _ in range(self.world)]
         torch.distributed.all_gather(rows, mine, group=self.group)
         table = torch.stack(rows)
@@ -115,7 +117,8 @@ class RankSync:
             rows = [r for r in table.tolist() if r[7] > 0]
             f = min(rows, key=lambda r: (r[10] < 0, r[10], r[11]))
             return Shared(None, per_worker_all, per_batch_all, True, (int(f[8]), int(f[9])),
-                          (int(f[10]), int(f[11])) if f[10] >= 0 else None)
+                          (int(f[10]), int(f[11])) if f[10] >= 0 else None,
+                          bool(table[:, 12].max() > 0))
         if table[:, 4].max() > 0:
             return Shared(None, per_worker_all, per_batch_all, failed_any)
         wall = table[:, 0] + table[:, 1]

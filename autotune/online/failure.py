@@ -105,6 +105,15 @@ def classify(exc: BaseException, procs: Iterable[Any]) -> PoolFailure | None:
     """The failure of ours that `exc` (raised while fetching from a pool with these worker
     processes) reports, or None: the user's error, to raise as it is."""
     msg = str(exc)
+    if isinstance(exc, (EOFError, ConnectionError)) and _in_fd_handover(exc):
+        # A worker killed (the OOM killer) while it handed a batch's tensors over: its
+        # end of the connection closed under us (ConnectionResetError, or EOFError). Seen
+        # in 2 runs of 21 of a worker SIGKILLed mid-run; it raised into the user's loop.
+        procs = list(procs)
+        # One that is still dying is waited for, up to a second, on this error path only.
+        gone = killed(dead_workers(procs)) or killed(ending(procs, 1.0))
+        if gone is not None:
+            return gone
     handover = isinstance(exc, EOFError) and _in_fd_handover(exc)
     if handover:
         msg = "a worker could not hand a batch's tensors over (EOFError receiving them)"

@@ -39,7 +39,7 @@ def recover_or_raise(dl: Any, exc: Exception) -> None:
     if dl._sync is not None:
         # Every rank's controller hears of it at the next decision step and falls back
         # alike there; until then the agreed configuration (which sets that step) stays.
-        dl._sw.failed = (failed, to)
+        dl._sw.note_failed(failed, to)
     else:
         dl._sw.agreed = to
         if isinstance(dl._ctl, Controller):  # tuning or not: the failed one stays out

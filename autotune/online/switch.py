@@ -54,6 +54,14 @@ class Switcher:
     def _dl(self) -> Any:
         return self._owner()  # the loader
 
+    def note_failed(self, failed: Config, to: Config | None) -> None:
+        """DDP: a failure to tell the ranks at the next decision step. One this rank fell
+        back from (`to`: where it runs now) replaces any before it (a later fallback's
+        failed configuration is the earlier one's fallback, and needs as much as what
+        failed first); a new pool that could not start does not replace one."""
+        if self.failed is None or to is not None:
+            self.failed = (failed, to)
+
     def drop(self) -> None:
         """Forget the switch under way (its pool is retired by the caller)."""
         self.pending, self.current = None, None
@@ -132,7 +140,7 @@ class Switcher:
         dl._epoch.retire(pool)
         dl._target = dl._running
         if dl._sync is not None:
-            self.failed = (pool.config, None)  # told to every rank at the next decision step
+            self.note_failed(pool.config, None)  # told to every rank at the next decision step
             return
         new = dl._ctl.failed(pool.config, reason) if dl._tuning else None
         if new is not None and new != dl._running:
@@ -156,7 +164,9 @@ class Switcher:
             self.drop()
             dl._epoch.retire(pool)
             dl._target = dl._running
-            if dl._tuning and isinstance(dl._ctl, Controller):
+            if dl._sync is not None:   # every rank falls back alike at the next step
+                self.note_failed(pool.config, dl._running)
+            elif dl._tuning and isinstance(dl._ctl, Controller):
                 dl._ctl.fell_back(pool.config, dl._running, str(e))
             return
         dl._pools.append(pool)
@@ -217,7 +227,8 @@ class Switcher:
         failed, self.failed = self.failed, None
         try:
             shared = dl._sync.exchange(local, busy, mem.per_worker, mem.per_batch,
-                                       _failure(*failed) if failed is not None else None)
+                                       _failure(*failed) if failed is not None else None,
+                                       switching=busy)
         except RuntimeError as e:  # a rank out of step (uneven epochs) or gone
             dl._sync, dl._tuning = None, False
             log.warning("ranks out of step at step %d (%s): tuning stopped at %s", dl._steps,
@@ -225,6 +236,12 @@ class Switcher:
                                                        "autotune": {"step": dl._steps}})
             return
         dl._budget.shared_mem = MemoryFigures(shared.per_worker, shared.per_batch, mem.measured)
+        if shared.failed and shared.switching:
+            # A rank still switching would finish its switch after the ranks fell back (into
+            # the failed configuration, or a larger one): the failure is told again at the
+            # next step, once no rank is (no switch begins meanwhile).
+            self.failed = failed
+            return
         if shared.failed:
             self.agreed = _agree_failed(dl._ctl, shared)
         elif shared.slowest is not None:

@@ -65,6 +65,8 @@ def shown_endpoint(endpoint: str | None) -> str:
         return "AWS S3"
     parts = urlsplit(endpoint)
     host = parts.hostname or ""
+    if ":" in host:   # an IPv6 address: urlsplit drops its brackets, a URL needs them
+        host = f"[{host}]"
     if parts.port:
         host = f"{host}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path, "", ""))

@@ -29,6 +29,8 @@ def test_parse_urls() -> None:
 def test_endpoint_shown_without_secrets() -> None:
     assert shown_endpoint("http://user:pw@host:9000/?X-Amz-Signature=abc") == "http://host:9000/"
     assert shown_endpoint(None) == "AWS S3"
+    # IPv6: urlsplit drops the brackets; the endpoint printed into training code needs them.
+    assert shown_endpoint("http://u:p@[::1]:9000") == "http://[::1]:9000"
 
 
 def test_endpoint_from_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -292,3 +292,84 @@ def test_each_ranks_refitted_start_point_becomes_the_least_of_them(tmp_path):
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
     assert r0["got"] == r1["got"] == "num_workers=1, prefetch_factor=1", (r0, r1)
     assert r0["current"] == r1["current"] == r0["got"] and r0["cut"] and r1["cut"]
+
+
+def _rank_held(rank: int, world: int, rdv: str, out: str) -> None:
+    """Rank 1's switch to each trial is held not ready for 60 steps; MODE "kill": rank 0's
+    serving pool at prefetch 4 loses a worker meanwhile; MODE "activate": rank 0's hand-over
+    to the trial fails (/dev/shm's error). A barrier each step, as DDP's all-reduce."""
+    import signal
+
+    import torch.distributed as dist
+    from torch.utils.data import DistributedSampler
+
+    import autotune
+    import autotune.online.controller as controller
+    from autotune.online import ddp
+    from autotune.online import pool as poolmod
+    ddp.TIMEOUT_S = 20
+    controller._worker_bound = lambda: 4
+    mode = os.environ["HELD_MODE"]
+    os.environ.update(LOCAL_WORLD_SIZE=str(world), WORLD_SIZE=str(world), RANK=str(rank),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", init_method=f"file://{rdv}", rank=rank, world_size=world)
+    ds = Slow(2400, 0.002)
+    loader = autotune.DataLoader(ds, batch_size=4, key=f"held-{mode}",
+                                 sampler=DistributedSampler(ds, world, rank, shuffle=False))
+    ready, opened, held = poolmod.Pool.ready, poolmod.Pool.open, {}
+
+    def held_ready(self):
+        sw = loader._sw
+        if rank == 1 and sw.current is not None and sw.current.reason == "controller" \
+                and self is sw.pending:
+            until = held.setdefault(id(self), loader._steps + 60)
+            if loader._steps < until:
+                return False
+        return ready(self)
+
+    def failing_open(self, stream, start=0):
+        sw = loader._sw
+        if mode == "activate" and rank == 0 and stream is not None and sw.current is not None \
+                and sw.current.reason == "controller" and self is sw.pending:
+            raise RuntimeError("unable to write to file </torch_1_2_3>: No space left on device")
+        return opened(self, stream, start)
+    poolmod.Pool.ready, poolmod.Pool.open = held_ready, failing_open
+    decisions, killed = [], None
+    decide = loader._sw.decide_together
+
+    def counted():
+        decisions.append(loader._steps)
+        return decide()
+    loader._sw.decide_together = counted
+    for _ in range(2):
+        for _ in loader:
+            time.sleep(0.003)
+            if mode == "kill" and rank == 0 and killed is None and \
+                    loader._running.prefetch_factor == 4 and loader._sw.current is None:
+                if pids := loader._pools[-1].pids():
+                    killed = pids[0]
+                    os.kill(killed, signal.SIGKILL)
+            dist.barrier()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"decisions": decisions, "sync": loader._sync is not None,
+                   "failed": sorted(c.short() for c in loader._ctl.failed_configs),
+                   "agreed": loader._sw.agreed.short()}, f)
+    loader.close()
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["kill", "activate"])
+def test_a_failure_while_another_rank_switches_keeps_the_ranks_together(tmp_path, monkeypatch,
+                                                                       mode):
+    """A review, with repros: a failure agreed while another rank's switch was still coming
+    up left that rank to finish its switch into the failed configuration, and a failure
+    at a new pool's hand-over was never told to the other ranks; either way the decision
+    steps split and each rank waited in gloo for its timeout."""
+    monkeypatch.setenv("HELD_MODE", mode)
+    _two_ranks(_rank_held, tmp_path, 240, "a rank hung")
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2))
+    assert r0["sync"] and r1["sync"], (r0, r1)            # never out of step
+    assert r0["decisions"] == r1["decisions"], (r0["decisions"], r1["decisions"])
+    assert r0["failed"] == r1["failed"] and r0["failed"], (r0, r1)
+    assert r0["agreed"] == r1["agreed"], (r0, r1)

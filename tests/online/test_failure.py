@@ -421,3 +421,30 @@ def test_a_killed_spawned_worker_leaves_no_multiprocessing_folder(tmp_path):
         assert sorted(os.listdir(tmp)) == []
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_worker_killed_mid_handover_is_a_killed_worker_not_the_users_error():
+    """A review: a worker SIGKILLed (the OOM killer) while it handed a batch's tensors over
+    reset the connection torch was reading them from; ConnectionResetError out of
+    rebuild_storage_fd was no failure of ours and raised into the user's loop (2 runs in
+    21 of a two-rank test)."""
+    import multiprocessing
+    import signal
+
+    from autotune.online import failure
+
+    p = multiprocessing.get_context("fork").Process(target=time.sleep, args=(30,))
+    p.start()
+    os.kill(p.pid, signal.SIGKILL)
+
+    def rebuild_storage_fd():   # torch's frame, as _in_fd_handover finds it
+        raise ConnectionResetError(104, "Connection reset by peer")
+    try:
+        rebuild_storage_fd()
+    except ConnectionResetError as e:
+        got = failure.classify(e, [p])
+    assert got is not None and got.kind == "killed" and "SIGKILL" in got.detail, got
+    try:
+        rebuild_storage_fd()
+    except ConnectionResetError as e:   # no worker gone: not ours, raised as it is
+        assert failure.classify(e, []) is None
