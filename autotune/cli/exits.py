@@ -113,7 +113,7 @@ BY_COMMAND: dict[str, dict[int, str]] = {
         USAGE: "usage error: a bad option, an unknown format, a log, --metrics or --probe "
                "file that is missing or cannot be read, or no step timing in the log (for "
                "a monitored job that failed, the message says first how it ended and what "
-               "may have caused it, /dev/shm or the open-files limit, with the fix)",
+               "may have caused it, /dev/shm, the open-files or the memory limit, with the fix)",
     },
     "monitor": {
         USAGE: "usage error: no command, a command that cannot be started, a bad option, or "

@@ -138,7 +138,9 @@ def test_a_job_that_exited_unreaped_keeps_its_cgroups_totals(cpu_cgroup):
             time.sleep(0.05)
 
     totals = _totals_across(cg, 1.0, exited_unreaped)
-    assert totals["throttled_share"] >= 0.5, totals
+    # Kept, not reset (null). Not a share's size: on a busy machine the job may not get
+    # the CPU to reach its quota in every period (0.33 once in a CI run beside others).
+    assert totals["throttled_share"] is not None and totals["throttled"] > 0, totals
 
 
 @pytest.mark.root
@@ -155,7 +157,7 @@ def test_a_job_whose_cgroup_turns_to_the_root_keeps_its_cgroups_totals(cpu_cgrou
                     "cannot be moved to its root")
     totals = _totals_across(
         cg, 5.0, lambda p: (root / "cgroup.procs").write_text(f"{p.pid}\n"))
-    assert totals["throttled_share"] >= 0.5, totals
+    assert totals["throttled_share"] is not None and totals["throttled"] > 0, totals
 
 
 def test_the_cpu_hierarchys_path_is_read_from_either_version():
