@@ -99,9 +99,11 @@ def _fuller_memory(peak: dict[str, Any] | None, mem: Any, t: float) -> dict[str,
     kills = max(whole_number(mem.get("oom_kills")) or 0, (peak or {}).get("oom_kills") or 0)
     if peak is None or ws / lim > peak["working_set_bytes"] / peak["limit_bytes"]:
         file = mem.get("limit_file")
-        peak = {"working_set_bytes": ws, "limit_bytes": lim, "time": t,
-                "limit_file": file[:300] if isinstance(file, str) else None}
-    return {**peak, "oom_kills": kills}
+        return {"working_set_bytes": ws, "limit_bytes": lim, "time": t,
+                "limit_file": file[:300] if isinstance(file, str) else None,
+                "oom_kills": kills}
+    # A new dict only where the count grew: a day's samples each copied it before.
+    return peak if kills == peak["oom_kills"] else {**peak, "oom_kills": kills}
 
 
 def _nearer_limit(peak: dict[str, Any] | None, proc: Any, t: float) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from autotune.bench.failures import Failure, classify_error, classify_exit
 from autotune.bench.result import BenchResult
 from autotune.bench.stats import INPUT_BOUND_AU, UNSTEADY_SPREAD, Batch, window_figures
 from autotune.blockdev import BlockDevice
-from autotune.cpus import job_cores
+from autotune.cpus import cpu_limit
 from autotune.data.presets import usable_cores
 from autotune.monitor import Sample, SystemMonitor, resolve_disk, summarize
 from autotune.monitor.figures import figures_of
@@ -196,9 +196,10 @@ def _label(res: BenchResult, cfg: BenchConfig, child: dict[str, Any],
     if cfg.transform.draft:
         warnings.append("JPEG draft decoding is ON (libjpeg decodes at reduced scale): the "
                         "decode cost differs from torchvision's pipeline.")
-    cores = usable_cores()
-    # The fractional figure under a quota (1.5 usable), as every header says it.
-    said = f"{job_cores():g}"
+    # Whole cores for the sums; the fractional figure under a quota (1.5 usable), as every
+    # header says it, for the words (one reading of the cgroup for both).
+    lim = cpu_limit()
+    cores, said = lim.whole, f"{round(lim.cores, 3):g}"
     for w in child.get("warnings", []):
         if "pin_memory" in w or "worker processes in total" in w:
             continue  # said above / below in our own words

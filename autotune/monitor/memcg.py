@@ -79,18 +79,17 @@ class MemcgSampler:
         if not self._read:
             self._read = True
             lim = read_memory_limit(cgroup_file=f"/proc/{self.pid}/cgroup")
-            if lim.limit_bytes is not None and lim.kind is not None:
-                self._limit, self._file, self._kind = lim.limit_bytes, lim.source, lim.kind
-                self._dir = Path(lim.source).parent
-                if lim.source.endswith("memory.high"):
-                    # v2's memory.high throttles and reclaims, it kills nothing: the OOM
-                    # killer acts at a memory.max, this cgroup's or an ancestor's.
-                    found = v2_max(self._dir)
-                    self._dir = found[1].parent if found else None
-                    self._limit, self._file = found if found else (None, "")
-                    self._file = str(self._file)
-                if self._dir is not None:
-                    self._kills0 = oom_kills(self._dir, self._kind)
+            if lim.limit_bytes is None or lim.kind is None:
+                return False
+            found: tuple[int, Path] | None = (lim.limit_bytes, Path(lim.source))
+            if lim.source.endswith("memory.high"):
+                # v2's memory.high throttles and reclaims, it kills nothing: the OOM killer
+                # acts at a memory.max, this cgroup's or an ancestor's.
+                found = v2_max(Path(lim.source).parent)
+            if found is not None:
+                self._limit, self._file, self._kind = found[0], str(found[1]), lim.kind
+                self._dir = found[1].parent
+                self._kills0 = oom_kills(self._dir, self._kind)
         return self._dir is not None
 
     def section(self) -> dict[str, Any] | None:

@@ -198,6 +198,7 @@ class Switcher:
         # still starting, never saw its ready flags read: it said "up in 0.00 s").
         up = ((pool.ready_at or time.perf_counter()) - pool.started_at
               if pool.started_at else None)
+        took = "?" if up is None else f"{up:.2f}"
         cfg = pool.config
         dl._meter.reset(dl._window(cfg), skip=cfg.queue, group=cfg.num_workers)
         if dl._tuning and sw.reason == "controller":
@@ -209,7 +210,7 @@ class Switcher:
         # The first pool after the batch made in this process is a start, not a decision.
         event = "started" if sw.reason.startswith("start") else "switched"
         emit(event, f"switched {sw.old.short()} -> {cfg.short()} ({sw.reason}): workers "
-             f"up in {'?' if up is None else f'{up:.2f}'} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
+             f"up in {took} s, {sw.batches} batches of overlap, cost {cost:.3f} s of wait "
              f"beyond the old pool's (starting and stopping pools took {sw.main_s:.3f} s "
              "here, partly while waiting anyway)",
              config=cfg.kwargs(), old=sw.old.kwargs(), cost_s=cost, startup_s=up,

@@ -161,11 +161,12 @@ def train_code(dataset: str, params: dict[str, Any], batch_size: int, *, iterabl
         lines = ["import autotune", "import torch", "",
                  "# transform: yours (a PIL image in RGB in, a tensor out)",
                  f"dataset = autotune.open_dataset({', '.join(ds_args)})"]
-    if endpoint:
-        lines[:3] = ["import os", "", "import autotune", "import torch", "",
-                     "# the bucket's endpoint, where the search read it (credentials as boto3 "
-                     "finds them)",
-                     f"os.environ.setdefault('AWS_ENDPOINT_URL', {endpoint!r})", ""]
+    if endpoint:   # after the imports, whichever they are (a factory's too)
+        blank = lines.index("")
+        lines = ["import os", "", *lines[:blank], "",
+                 "# the bucket's endpoint, where the search read it (credentials as boto3 "
+                 "finds them)",
+                 f"os.environ.setdefault('AWS_ENDPOINT_URL', {endpoint!r})", *lines[blank:]]
     sampler = ranks > 1 and not iterable
     if sampler:
         lines.append(_SAMPLER)
