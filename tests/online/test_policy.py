@@ -100,8 +100,10 @@ def test_an_iterable_trial_an_epoch_is_too_short_to_measure_goes_back(decisions,
     loader.close()
     said = [r.getMessage() for e, r in decisions() if e == "unmeasured"]
     tried = [r.autotune["config"] for e, r in decisions() if e == "try"]
-    if not tried:
-        pytest.skip("no trial began in the first epoch (a busy machine's wait shares)")
+    # A trial always begins: with no step the wait share is ~1 however busy the machine,
+    # and the first epoch's 16 batches less its queue close a window (checked under three
+    # CPU hogs on 2 cores).
+    assert tried, [r.getMessage() for _, r in decisions()]
     assert 4 in runs, runs   # the trial ran an epoch
     assert len(said) == 1 and "too short to measure" in said[0], said
     assert runs[-1] == loader.tuned_kwargs["prefetch_factor"] == 2, (runs, said)
